@@ -1,0 +1,80 @@
+# idemgate developer tasks. `make help` lists them.
+#
+# Tool versions are pinned here and nowhere else. Each tool is built once from
+# the Go module proxy into $(TOOLS_DIR)/<name>-<version>/ and reused from there.
+
+BUF_VERSION                := v1.75.0
+PROTOC_GEN_GO_VERSION      := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+STATICCHECK_VERSION        := v0.8.2
+BENCHSTAT_VERSION          := v0.0.0-20260908200009-22c9c6c9d4da
+
+TOOLS_DIR ?= $(HOME)/.cache/idemgate/tools
+BUF                := $(TOOLS_DIR)/buf-$(BUF_VERSION)/buf
+PROTOC_GEN_GO      := $(TOOLS_DIR)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION)/protoc-gen-go
+PROTOC_GEN_GO_GRPC := $(TOOLS_DIR)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION)/protoc-gen-go-grpc
+STATICCHECK        := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
+BENCHSTAT          := $(TOOLS_DIR)/benchstat-$(BENCHSTAT_VERSION)/benchstat
+PLUGIN_PATH        := $(dir $(PROTOC_GEN_GO)):$(dir $(PROTOC_GEN_GO_GRPC)):$(PATH)
+
+# DATABASE_URL is the PostgreSQL database `make run` serves from.
+DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/idemgate?sslmode=disable
+# BENCH_COUNT is how many times `make bench` runs each benchmark for benchstat.
+BENCH_COUNT ?= 6
+# GO_TEST_FLAGS are passed to `go test` by `make test`.
+GO_TEST_FLAGS ?= -race -count=1 -timeout=15m
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets with what they do.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: tools
+tools: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(STATICCHECK) $(BENCHSTAT) ## Build the pinned tools once (buf, protoc plugins, staticcheck, benchstat).
+
+$(BUF):
+	GOBIN=$(@D) go install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
+$(PROTOC_GEN_GO):
+	GOBIN=$(@D) go install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+$(PROTOC_GEN_GO_GRPC):
+	GOBIN=$(@D) go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+$(STATICCHECK):
+	GOBIN=$(@D) go install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+$(BENCHSTAT):
+	GOBIN=$(@D) go install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
+
+.PHONY: generate
+generate: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate gen/ from proto/ with buf and the local plugins.
+	PATH=$(PLUGIN_PATH) $(BUF) generate
+
+.PHONY: lint
+lint: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(STATICCHECK) ## go vet, staticcheck, gofmt, buf lint, buf format, and a check that gen/ is fresh.
+	go vet ./...
+	$(STATICCHECK) ./...
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); \
+	  if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
+	$(BUF) lint
+	$(BUF) format -d --exit-code
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	  PATH=$(PLUGIN_PATH) $(BUF) generate --output "$$tmp" && \
+	  if ! diff -r gen "$$tmp/gen"; then echo "gen/ is stale: run make generate and commit it"; exit 1; fi
+
+.PHONY: test
+test: ## Run every test with the race detector against the local PostgreSQL.
+	go test $(GO_TEST_FLAGS) ./...
+
+.PHONY: bench
+bench: $(BENCHSTAT) ## Run the benchmarks BENCH_COUNT times and summarise them with benchstat.
+	go test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) -timeout=60m ./interceptor/ | tee bench.txt
+	$(BENCHSTAT) bench.txt
+
+.PHONY: run
+run: ## Run the dedupe service on 127.0.0.1:50051 against DATABASE_URL (created if missing).
+	@psql "$(subst /idemgate?,/postgres?,$(DATABASE_URL))" -tAc "SELECT 1 FROM pg_database WHERE datname = 'idemgate'" | grep -q 1 || \
+	  psql "$(subst /idemgate?,/postgres?,$(DATABASE_URL))" -c "CREATE DATABASE idemgate"
+	go run ./cmd/dedupesvc --database-url "$(DATABASE_URL)"
+
+.PHONY: run-example
+run-example: ## Run the example payments tool server on 127.0.0.1:50052, gated by the dedupe service.
+	go run ./cmd/payments-server

@@ -1,0 +1,14 @@
+// Package dedupesvc is the Dedupe gRPC service: it reserves idempotency keys,
+// stores the outcome of the attempt that ran, and answers duplicates with that
+// outcome. It is shared infrastructure that every gated tool server calls
+// through the interceptor package.
+//
+// The service is a thin, validating layer over a [Store]; the PostgreSQL
+// implementation lives in dedupesvc/pgstore. Run it with cmd/dedupesvc, or
+// embed it:
+//
+//	store := pgstore.New(pool)
+//	srv := grpc.NewServer()
+//	idemgatev1.RegisterDedupeServiceServer(srv, dedupesvc.NewServer(store))
+//	go dedupesvc.NewSweeper(store).Run(ctx)
+package dedupesvc

@@ -1,0 +1,154 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgate/idemgate/migrations"
+)
+
+// Migration is one numbered SQL file of the migrations package.
+type Migration struct {
+	// Version is the file's number prefix.
+	Version int64
+	// Name is the file name.
+	Name string
+	// SQL is the file's content.
+	SQL string
+}
+
+// Migrations returns the embedded migrations in version order.
+func Migrations() ([]Migration, error) {
+	entries, err := fs.Glob(migrations.FS, "*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var out []Migration
+	for _, name := range entries {
+		prefix, _, ok := strings.Cut(name, "_")
+		version, err := strconv.ParseInt(prefix, 10, 64)
+		if !ok || err != nil || version <= 0 {
+			return nil, fmt.Errorf("pgstore: migration %q is not named NNN_name.sql", name)
+		}
+		body, err := fs.ReadFile(migrations.FS, name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Migration{Version: version, Name: name, SQL: string(body)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	for i := 1; i < len(out); i++ {
+		if out[i].Version == out[i-1].Version {
+			return nil, fmt.Errorf("pgstore: migrations %q and %q share version %d", out[i-1].Name, out[i].Name, out[i].Version)
+		}
+	}
+	return out, nil
+}
+
+// createVersionsSQL makes the table that records which migrations ran. A
+// plain table and a primary key instead of an advisory lock: two migrators
+// racing collide on the key, and the loser finds the version applied.
+const createVersionsSQL = `
+CREATE TABLE IF NOT EXISTS idemgate_schema_migrations (
+    version    bigint      PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)`
+
+// Migrate applies every embedded migration the database lacks, each in its
+// own transaction together with its version row, and returns the names of
+// those it applied. It is safe to run from several processes at once.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
+	all, err := Migrations()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := pool.Exec(ctx, createVersionsSQL); err != nil {
+		// Two first-ever migrators can collide creating the table itself.
+		if _, retryErr := pool.Exec(ctx, createVersionsSQL); retryErr != nil {
+			return nil, fmt.Errorf("pgstore: create migrations table: %w", err)
+		}
+	}
+	var applied []string
+	for _, m := range all {
+		ran, err := applyOne(ctx, pool, m)
+		if err != nil {
+			return applied, err
+		}
+		if ran {
+			applied = append(applied, m.Name)
+		}
+	}
+	return applied, nil
+}
+
+func applyOne(ctx context.Context, pool *pgxpool.Pool, m Migration) (bool, error) {
+	done, err := isApplied(ctx, pool, m.Version)
+	if err != nil || done {
+		return false, err
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO idemgate_schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name)
+		return err
+	})
+	if err == nil {
+		return true, nil
+	}
+	// Another migrator may have applied it meanwhile; that is success.
+	if done, checkErr := isApplied(ctx, pool, m.Version); checkErr == nil && done {
+		return false, nil
+	}
+	return false, fmt.Errorf("pgstore: apply migration %s: %w", m.Name, err)
+}
+
+func isApplied(ctx context.Context, pool *pgxpool.Pool, version int64) (bool, error) {
+	var one int
+	err := pool.QueryRow(ctx, `SELECT 1 FROM idemgate_schema_migrations WHERE version = $1`, version).Scan(&one)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("pgstore: read migration versions: %w", err)
+	}
+	return true, nil
+}
+
+// MigrationStatus is one migration and whether the database has it.
+type MigrationStatus struct {
+	Migration
+	// Applied reports whether the database has run it.
+	Applied bool
+}
+
+// Status reports every embedded migration and whether the database has it.
+func Status(ctx context.Context, pool *pgxpool.Pool) ([]MigrationStatus, error) {
+	all, err := Migrations()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]MigrationStatus, 0, len(all))
+	for _, m := range all {
+		done, err := isApplied(ctx, pool, m.Version)
+		if err != nil {
+			var pgErr interface{ SQLState() string }
+			if errors.As(err, &pgErr) && pgErr.SQLState() == "42P01" { // undefined_table: nothing applied yet
+				done = false
+			} else {
+				return nil, err
+			}
+		}
+		out = append(out, MigrationStatus{Migration: m, Applied: done})
+	}
+	return out, nil
+}

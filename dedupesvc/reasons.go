@@ -1,0 +1,16 @@
+package dedupesvc
+
+// ErrorInfo reasons the Dedupe service returns. They are stable: callers may
+// switch on them.
+const (
+	// ReasonInvalidRequest: a request field is missing or out of range;
+	// INVALID_ARGUMENT. The ErrorInfo metadata names the field.
+	ReasonInvalidRequest = "DEDUPE_REQUEST_INVALID"
+	// ReasonReservationNotHeld: Finish or Release from an attempt that does not
+	// hold the reservation (taken over, or already completed);
+	// FAILED_PRECONDITION. The stored record is unchanged.
+	ReasonReservationNotHeld = "RESERVATION_NOT_HELD"
+	// ReasonStoreUnavailable: the database failed or could not be reached;
+	// UNAVAILABLE with RetryInfo. Every Dedupe RPC is safe to retry.
+	ReasonStoreUnavailable = "DEDUPE_STORE_UNAVAILABLE"
+)

@@ -1,0 +1,84 @@
+package dedupesvc
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// SweeperConfig configures a Sweeper. Zero fields take their defaults.
+type SweeperConfig struct {
+	// Interval is the pause between sweeps. Defaults to 1m.
+	Interval time.Duration
+	// BatchSize is how many expired records one statement deletes, so no
+	// sweep holds many row locks or a long transaction. Defaults to 1000.
+	BatchSize int
+	// MaxBatches bounds the batches of one sweep, so a backlog is worked off
+	// over several sweeps instead of monopolising the store. Defaults to 100.
+	MaxBatches int
+	// Logger receives one line per sweep that deleted something, and store
+	// errors. Defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Sweeper deletes expired records in bounded batches, so the table stays the
+// size of the retention window. Expired records already count as absent to
+// Begin; sweeping only reclaims their space.
+type Sweeper struct {
+	store Store
+	cfg   SweeperConfig
+}
+
+// NewSweeper returns a Sweeper over store.
+func NewSweeper(store Store, cfg SweeperConfig) *Sweeper {
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Minute
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = 1000
+	}
+	if cfg.MaxBatches <= 0 {
+		cfg.MaxBatches = 100
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Sweeper{store: store, cfg: cfg}
+}
+
+// Run sweeps every Interval until ctx is done. Store errors are logged and the
+// next sweep tries again.
+func (s *Sweeper) Run(ctx context.Context) {
+	ticker := time.NewTicker(s.cfg.Interval)
+	defer ticker.Stop()
+	for {
+		if _, err := s.SweepOnce(ctx); err != nil && ctx.Err() == nil {
+			s.cfg.Logger.ErrorContext(ctx, "sweeping expired records failed", slog.Any("error", err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+// SweepOnce deletes expired records batch by batch until a batch comes back
+// short or MaxBatches ran, and returns how many it deleted.
+func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
+	total := 0
+	for range s.cfg.MaxBatches {
+		n, err := s.store.DeleteExpired(ctx, s.cfg.BatchSize)
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if n < s.cfg.BatchSize {
+			break
+		}
+	}
+	if total > 0 {
+		s.cfg.Logger.InfoContext(ctx, "swept expired records", slog.Int("deleted", total))
+	}
+	return total, nil
+}

@@ -1,0 +1,95 @@
+package interceptor
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"google.golang.org/protobuf/reflect/protoregistry"
+)
+
+// TenantFunc returns the tenant of a call, which namespaces its keys so two
+// tenants using one key never share a record. An error fails the call with
+// that error (return a status error such as UNAUTHENTICATED).
+type TenantFunc func(ctx context.Context) (string, error)
+
+type options struct {
+	tenant         TenantFunc
+	files          *protoregistry.Files
+	types          *protoregistry.Types
+	logger         *slog.Logger
+	dedupeTimeout  time.Duration
+	inFlightRetry  time.Duration
+	storeRetry     time.Duration
+	defaultLease   time.Duration
+	defaultRetain  time.Duration
+	outcomeTimeout time.Duration
+}
+
+var defaultOptions = options{
+	tenant:         func(context.Context) (string, error) { return "", nil },
+	files:          protoregistry.GlobalFiles,
+	types:          protoregistry.GlobalTypes,
+	logger:         slog.Default(),
+	dedupeTimeout:  5 * time.Second,
+	inFlightRetry:  time.Second,
+	storeRetry:     time.Second,
+	defaultLease:   DefaultLease,
+	defaultRetain:  DefaultRetention,
+	outcomeTimeout: 10 * time.Second,
+}
+
+// Option configures New.
+type Option func(*options)
+
+// WithTenant sets the function that names the tenant of each call. Defaults
+// to one that returns "" (a single tenant).
+func WithTenant(f TenantFunc) Option {
+	return func(o *options) { o.tenant = f }
+}
+
+// WithFiles sets the registry searched for service descriptors and their
+// policies. Defaults to protoregistry.GlobalFiles, which holds every
+// generated .pb.go file linked into the binary.
+func WithFiles(files *protoregistry.Files) Option {
+	return func(o *options) { o.files = files }
+}
+
+// WithTypes sets the registry searched for response message types to replay
+// into. Defaults to protoregistry.GlobalTypes; a type it lacks is replayed as
+// a dynamicpb message built from the descriptor.
+func WithTypes(types *protoregistry.Types) Option {
+	return func(o *options) { o.types = types }
+}
+
+// WithLogger sets the logger for failures the caller does not see (a Finish
+// or Release that could not be stored). Defaults to slog.Default().
+func WithLogger(logger *slog.Logger) Option {
+	return func(o *options) { o.logger = logger }
+}
+
+// WithDedupeTimeout bounds each Begin call, within the caller's own deadline,
+// so a hung Dedupe service fails the call with UNAVAILABLE instead of hanging
+// it. Defaults to 5s.
+func WithDedupeTimeout(d time.Duration) Option {
+	return func(o *options) { o.dedupeTimeout = d }
+}
+
+// WithOutcomeTimeout bounds storing the outcome (Finish or Release) after the
+// handler returned. It runs detached from the caller's context, so a caller
+// that gave up still gets its outcome recorded. Defaults to 10s.
+func WithOutcomeTimeout(d time.Duration) Option {
+	return func(o *options) { o.outcomeTimeout = d }
+}
+
+// WithInFlightRetryAfter sets the RetryInfo delay sent with
+// IDEMPOTENCY_IN_FLIGHT. Defaults to 1s.
+func WithInFlightRetryAfter(d time.Duration) Option {
+	return func(o *options) { o.inFlightRetry = d }
+}
+
+// WithStoreRetryAfter sets the RetryInfo delay sent with
+// IDEMPOTENCY_STORE_UNAVAILABLE. Defaults to 1s.
+func WithStoreRetryAfter(d time.Duration) Option {
+	return func(o *options) { o.storeRetry = d }
+}

@@ -1,0 +1,146 @@
+package interceptor
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/descriptorpb"
+	"google.golang.org/protobuf/types/dynamicpb"
+
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+)
+
+// Policy defaults, used when a method's (idemgate.v1.policy) leaves a field
+// unset.
+const (
+	// DefaultRetention is how long an outcome is replayed: 24h.
+	DefaultRetention = 24 * time.Hour
+	// DefaultLease is how long a reservation is held before it counts as
+	// abandoned and the next attempt may take it over: 5m.
+	DefaultLease = 5 * time.Minute
+	// MinLease is the shortest lease a policy may set: 1s.
+	MinLease = time.Second
+	// MaxRetention is the longest retention a policy may set: 365 days.
+	MaxRetention = 365 * 24 * time.Hour
+)
+
+// Policy is the resolved idemgate policy of one method.
+type Policy struct {
+	// Gated reports whether calls are deduplicated: the method is marked
+	// mutating and its idempotency_level does not say it is safe.
+	Gated bool
+	// Retention is how long an outcome is replayed.
+	Retention time.Duration
+	// Lease is how long a reservation is held before it counts as abandoned.
+	Lease time.Duration
+}
+
+// String describes the policy as logged, for example
+// "gated(retention=24h0m0s, lease=5m0s)" or "ungated".
+func (p Policy) String() string {
+	if !p.Gated {
+		return "ungated"
+	}
+	return fmt.Sprintf("gated(retention=%s, lease=%s)", p.Retention, p.Lease)
+}
+
+// gatedMethod is what the interceptor needs at call time, resolved once.
+type gatedMethod struct {
+	policy Policy
+	// output makes the method's response message to replay into.
+	output protoreflect.MessageType
+	// outputName is the response's full name, checked against the stored
+	// outcome's type URL.
+	outputName protoreflect.FullName
+}
+
+// resolvePolicies walks every service in files and returns the gated methods
+// by full method name ("/pkg.Service/Method"). Every misconfigured method is
+// reported, not only the first.
+func resolvePolicies(files *protoregistry.Files, types *protoregistry.Types, o options) (map[string]*gatedMethod, error) {
+	gated := map[string]*gatedMethod{}
+	var errs []error
+	files.RangeFiles(func(fd protoreflect.FileDescriptor) bool {
+		services := fd.Services()
+		for i := range services.Len() {
+			methods := services.Get(i).Methods()
+			for j := range methods.Len() {
+				md := methods.Get(j)
+				policy, err := methodPolicy(md, o)
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				if !policy.Gated {
+					continue
+				}
+				fullMethod := fmt.Sprintf("/%s/%s", md.Parent().FullName(), md.Name())
+				gated[fullMethod] = &gatedMethod{
+					policy:     policy,
+					output:     messageType(types, md.Output()),
+					outputName: md.Output().FullName(),
+				}
+			}
+		}
+		return true
+	})
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return gated, nil
+}
+
+// methodPolicy reads md's (idemgate.v1.policy) and idempotency_level.
+func methodPolicy(md protoreflect.MethodDescriptor, o options) (Policy, error) {
+	opts, _ := md.Options().(*descriptorpb.MethodOptions)
+	if opts == nil || !proto.HasExtension(opts, idemgatev1.E_Policy) {
+		return Policy{}, nil
+	}
+	raw, _ := proto.GetExtension(opts, idemgatev1.E_Policy).(*idemgatev1.MethodPolicy)
+	if !raw.GetMutating() {
+		return Policy{}, nil
+	}
+	name := md.FullName()
+	switch opts.GetIdempotencyLevel() {
+	case descriptorpb.MethodOptions_NO_SIDE_EFFECTS:
+		return Policy{}, fmt.Errorf("idemgate: method %s is marked both mutating and idempotency_level = NO_SIDE_EFFECTS: remove one of them", name)
+	case descriptorpb.MethodOptions_IDEMPOTENT:
+		return Policy{}, nil // safe to repeat by its own declaration
+	}
+	if md.IsStreamingClient() || md.IsStreamingServer() {
+		return Policy{}, fmt.Errorf("idemgate: streaming method %s is marked mutating, but only unary methods can be gated: a stream's outcome is not one message to store and replay", name)
+	}
+	p := Policy{Gated: true, Retention: o.defaultRetain, Lease: o.defaultLease}
+	if d := raw.GetRetention(); d != nil {
+		if err := d.CheckValid(); err != nil {
+			return Policy{}, fmt.Errorf("idemgate: method %s: policy retention: %w", name, err)
+		}
+		p.Retention = d.AsDuration()
+	}
+	if d := raw.GetLease(); d != nil {
+		if err := d.CheckValid(); err != nil {
+			return Policy{}, fmt.Errorf("idemgate: method %s: policy lease: %w", name, err)
+		}
+		p.Lease = d.AsDuration()
+	}
+	switch {
+	case p.Lease < MinLease:
+		return Policy{}, fmt.Errorf("idemgate: method %s: policy lease %s is below the minimum %s", name, p.Lease, MinLease)
+	case p.Retention > MaxRetention:
+		return Policy{}, fmt.Errorf("idemgate: method %s: policy retention %s is above the maximum %s", name, p.Retention, MaxRetention)
+	case p.Retention < p.Lease:
+		return Policy{}, fmt.Errorf("idemgate: method %s: policy retention %s is shorter than its lease %s: an outcome must outlive its reservation", name, p.Retention, p.Lease)
+	}
+	return p, nil
+}
+
+func messageType(types *protoregistry.Types, md protoreflect.MessageDescriptor) protoreflect.MessageType {
+	if mt, err := types.FindMessageByName(md.FullName()); err == nil {
+		return mt
+	}
+	return dynamicpb.NewMessageType(md)
+}

@@ -1,0 +1,33 @@
+package interceptor
+
+// ErrorInfo reasons of the errors the interceptor returns. They are stable:
+// callers may switch on them (grpcerr-style: status.FromError, then the
+// ErrorInfo detail).
+const (
+	// ReasonKeyMissing: a gated method was called without the
+	// idempotency-key metadata. INVALID_ARGUMENT; send a key minted once per
+	// logical action.
+	ReasonKeyMissing = "IDEMPOTENCY_KEY_MISSING"
+	// ReasonKeyInvalid: the key is empty, longer than 255 bytes, not
+	// printable ASCII, or sent twice with different values. INVALID_ARGUMENT.
+	ReasonKeyInvalid = "IDEMPOTENCY_KEY_INVALID"
+	// ReasonKeyReused: the key was first used with a different request.
+	// FAILED_PRECONDITION; the handler did not run. Use a new key for a new
+	// action.
+	ReasonKeyReused = "IDEMPOTENCY_KEY_REUSED"
+	// ReasonInFlight: another call with the key is running now. ABORTED with
+	// RetryInfo; retry with the same key to get its outcome.
+	ReasonInFlight = "IDEMPOTENCY_IN_FLIGHT"
+	// ReasonStoreUnavailable: the Dedupe service could not be reached or
+	// failed. UNAVAILABLE with RetryInfo; the handler did not run (fail
+	// closed), so retrying with the same key is safe.
+	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"
+	// ReasonStoreRejected: the Dedupe service refused the interceptor's
+	// request (a misconfiguration, such as a tenant longer than the scope
+	// limit). INTERNAL; the handler did not run.
+	ReasonStoreRejected = "IDEMPOTENCY_STORE_REJECTED"
+	// ReasonOutcomeTypeMismatch: the stored outcome is not of the method's
+	// response type (the method's response type changed within the
+	// retention). INTERNAL; the handler is not run again.
+	ReasonOutcomeTypeMismatch = "IDEMPOTENCY_OUTCOME_TYPE_MISMATCH"
+)
