@@ -47,7 +47,7 @@ INSERT INTO idemgate_records AS r (
     retention_ms, lease_expires_at, expires_at)
 VALUES (
     $1, $2, $3, 'in_flight', $4, 1,
-    $6, now() + $5 * interval '1 millisecond', now() + $6 * interval '1 millisecond')
+    $6::bigint, now() + $5::bigint * interval '1 millisecond', now() + $6::bigint * interval '1 millisecond')
 ON CONFLICT (scope, idempotency_key) DO UPDATE SET
     fingerprint = excluded.fingerprint,
     state = 'in_flight',

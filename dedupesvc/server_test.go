@@ -1,0 +1,138 @@
+package dedupesvc_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/grpcerr"
+)
+
+// fakeStore records calls and answers what the test sets.
+type fakeStore struct {
+	calls int
+	begin dedupesvc.BeginResult
+	err   error
+}
+
+func (f *fakeStore) Begin(context.Context, dedupesvc.BeginParams) (dedupesvc.BeginResult, error) {
+	f.calls++
+	return f.begin, f.err
+}
+func (f *fakeStore) Finish(context.Context, dedupesvc.FinishParams) error   { f.calls++; return f.err }
+func (f *fakeStore) Release(context.Context, dedupesvc.ReleaseParams) error { f.calls++; return f.err }
+func (f *fakeStore) DeleteExpired(context.Context, int) (int, error)        { f.calls++; return 0, f.err }
+
+func validBegin() *idemgatev1.BeginRequest {
+	return &idemgatev1.BeginRequest{
+		Scope:        "/pkg.S/M",
+		Key:          "order-1",
+		Fingerprint:  make([]byte, 32),
+		AttemptToken: "attempt-1",
+		Lease:        durationpb.New(10 * time.Second),
+		Retention:    durationpb.New(time.Hour),
+	}
+}
+
+func TestBeginValidation(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		mutate func(*idemgatev1.BeginRequest)
+		field  string
+	}{
+		{"no scope", func(r *idemgatev1.BeginRequest) { r.Scope = "" }, "scope"},
+		{"scope too long", func(r *idemgatev1.BeginRequest) { r.Scope = strings.Repeat("s", 1025) }, "scope"},
+		{"no key", func(r *idemgatev1.BeginRequest) { r.Key = "" }, "key"},
+		{"key too long", func(r *idemgatev1.BeginRequest) { r.Key = strings.Repeat("k", 256) }, "key"},
+		{"key not printable", func(r *idemgatev1.BeginRequest) { r.Key = "a\nb" }, "key"},
+		{"short fingerprint", func(r *idemgatev1.BeginRequest) { r.Fingerprint = []byte{1} }, "fingerprint"},
+		{"no token", func(r *idemgatev1.BeginRequest) { r.AttemptToken = "" }, "attempt_token"},
+		{"token too long", func(r *idemgatev1.BeginRequest) { r.AttemptToken = strings.Repeat("t", 129) }, "attempt_token"},
+		{"token not printable", func(r *idemgatev1.BeginRequest) { r.AttemptToken = "t\x00" }, "attempt_token"},
+		{"no lease", func(r *idemgatev1.BeginRequest) { r.Lease = nil }, "lease"},
+		{"lease under 1s", func(r *idemgatev1.BeginRequest) { r.Lease = durationpb.New(time.Millisecond) }, "lease"},
+		{"invalid lease", func(r *idemgatev1.BeginRequest) { r.Lease = &durationpb.Duration{Seconds: 1, Nanos: -1} }, "lease"},
+		{"no retention", func(r *idemgatev1.BeginRequest) { r.Retention = nil }, "retention"},
+		{"retention under lease", func(r *idemgatev1.BeginRequest) { r.Retention = durationpb.New(5 * time.Second) }, "retention"},
+		{"retention over a year", func(r *idemgatev1.BeginRequest) { r.Retention = durationpb.New(400 * 24 * time.Hour) }, "retention"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			store := &fakeStore{}
+			req := validBegin()
+			tt.mutate(req)
+			_, err := dedupesvc.NewServer(store).Begin(context.Background(), req)
+			wantInvalid(t, err, tt.field)
+			if store.calls != 0 {
+				t.Fatal("an invalid request reached the store")
+			}
+		})
+	}
+}
+
+func TestFinishAndReleaseValidation(t *testing.T) {
+	t.Parallel()
+	srv := dedupesvc.NewServer(&fakeStore{})
+	ok := &anypb.Any{TypeUrl: "type.googleapis.com/x.Y"}
+	finishes := map[string]struct {
+		req   *idemgatev1.FinishRequest
+		field string
+	}{
+		"no epoch":    {&idemgatev1.FinishRequest{Scope: "s", Key: "k", AttemptToken: "t", Outcome: ok}, "epoch"},
+		"no outcome":  {&idemgatev1.FinishRequest{Scope: "s", Key: "k", AttemptToken: "t", Epoch: 1}, "outcome"},
+		"no type url": {&idemgatev1.FinishRequest{Scope: "s", Key: "k", AttemptToken: "t", Epoch: 1, Outcome: &anypb.Any{Value: []byte("x")}}, "outcome.type_url"},
+		"no key":      {&idemgatev1.FinishRequest{Scope: "s", AttemptToken: "t", Epoch: 1, Outcome: ok}, "key"},
+	}
+	for name, tt := range finishes {
+		_, err := srv.Finish(context.Background(), tt.req)
+		t.Run("Finish "+name, func(t *testing.T) { wantInvalid(t, err, tt.field) })
+	}
+	_, err := srv.Release(context.Background(), &idemgatev1.ReleaseRequest{Scope: "s", Key: "k", AttemptToken: "t"})
+	wantInvalid(t, err, "epoch")
+}
+
+func TestStoreErrorsAreMapped(t *testing.T) {
+	t.Parallel()
+	secret := errors.New(`pgstore: ERROR: duplicate key value violates unique constraint, Key (scope)=(other-tenant-secret)`)
+	srv := dedupesvc.NewServer(&fakeStore{err: secret})
+	_, err := srv.Begin(context.Background(), validBegin())
+	if status.Code(err) != codes.Unavailable || grpcerr.Reason(err) != dedupesvc.ReasonStoreUnavailable {
+		t.Fatalf("store failure: %v, want UNAVAILABLE %s", err, dedupesvc.ReasonStoreUnavailable)
+	}
+	if _, ok := grpcerr.RetryDelay(err); !ok {
+		t.Error("UNAVAILABLE without RetryInfo")
+	}
+	if strings.Contains(err.Error(), "other-tenant-secret") {
+		t.Fatalf("the driver's error leaked to the caller: %v", err)
+	}
+
+	srv = dedupesvc.NewServer(&fakeStore{err: dedupesvc.ErrNotHeld})
+	_, err = srv.Finish(context.Background(), &idemgatev1.FinishRequest{Scope: "s", Key: "k", AttemptToken: "t", Epoch: 1, Outcome: &anypb.Any{TypeUrl: "type.googleapis.com/x.Y"}})
+	if status.Code(err) != codes.FailedPrecondition || grpcerr.Reason(err) != dedupesvc.ReasonReservationNotHeld {
+		t.Fatalf("not held: %v, want FAILED_PRECONDITION %s", err, dedupesvc.ReasonReservationNotHeld)
+	}
+}
+
+func wantInvalid(t *testing.T, err error, field string) {
+	t.Helper()
+	if status.Code(err) != codes.InvalidArgument || grpcerr.Reason(err) != dedupesvc.ReasonInvalidRequest {
+		t.Fatalf("got %v, want INVALID_ARGUMENT %s", err, dedupesvc.ReasonInvalidRequest)
+	}
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetMetadata()["field"] != field {
+			t.Fatalf("error names field %q, want %q (%v)", info.GetMetadata()["field"], field, err)
+		}
+	}
+}

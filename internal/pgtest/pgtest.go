@@ -1,0 +1,101 @@
+// Package pgtest gives each test its own migrated PostgreSQL schema on the
+// local server, so tests run in parallel and leave nothing behind.
+//
+// The server is IDEMGATE_TEST_DATABASE_URL, or the local one at
+// postgres://postgres@127.0.0.1:5432/postgres. When it cannot be reached a
+// test skips, except under CI=true, where it fails: CI must never pass by
+// skipping the store.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgate/idemgate/dedupesvc/pgstore"
+)
+
+// DefaultURL is the server tests use when IDEMGATE_TEST_DATABASE_URL is unset.
+const DefaultURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// URL returns the server URL tests use.
+func URL() string {
+	if u := os.Getenv("IDEMGATE_TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return DefaultURL
+}
+
+// Schema creates a fresh, migrated schema and returns a pool whose
+// connections use it, plus the schema's name. Both are gone when the test
+// ends.
+func Schema(tb testing.TB) (*pgxpool.Pool, string) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	admin, err := pgx.Connect(ctx, URL())
+	if err != nil {
+		unreachable(tb, err)
+	}
+	defer admin.Close(ctx)
+
+	schema := "idemgate_test_" + strings.ToLower(rand.Text()[:12])
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		tb.Fatalf("pgtest: create schema: %v", err)
+	}
+	tb.Cleanup(func() { dropSchema(tb, schema) })
+
+	cfg, err := pgxpool.ParseConfig(URL())
+	if err != nil {
+		tb.Fatalf("pgtest: parse %s: %v", URL(), err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	cfg.MaxConns = 16
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		tb.Fatalf("pgtest: open pool: %v", err)
+	}
+	tb.Cleanup(pool.Close)
+	if _, err := pgstore.Migrate(ctx, pool); err != nil {
+		tb.Fatalf("pgtest: migrate: %v", err)
+	}
+	return pool, schema
+}
+
+// Pool is Schema without the schema's name.
+func Pool(tb testing.TB) *pgxpool.Pool {
+	tb.Helper()
+	pool, _ := Schema(tb)
+	return pool
+}
+
+func dropSchema(tb testing.TB, schema string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, URL())
+	if err != nil {
+		tb.Errorf("pgtest: drop schema %s: %v", schema, err)
+		return
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+		tb.Errorf("pgtest: drop schema %s: %v", schema, err)
+	}
+}
+
+func unreachable(tb testing.TB, err error) {
+	tb.Helper()
+	msg := fmt.Sprintf("pgtest: PostgreSQL at %s is unreachable: %v (start it with: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start)", URL(), err)
+	if os.Getenv("CI") == "true" {
+		tb.Fatal(msg)
+	}
+	tb.Skip(msg)
+}

@@ -1,0 +1,75 @@
+// Package testsvc implements the TestService of proto/idemgate/testing: a
+// handler that counts its executions and does what each request asks (wait,
+// fail), for the interceptor's tests and benchmarks.
+package testsvc
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
+	"github.com/idemgate/idemgate/interceptor"
+)
+
+// Server counts executions per method; every method behaves the same.
+type Server struct {
+	testingv1.UnimplementedTestServiceServer
+
+	executions atomic.Int64
+	failFirst  atomic.Int64
+}
+
+// Executions is how many times any handler ran.
+func (s *Server) Executions() int64 { return s.executions.Load() }
+
+// FailNext makes the next n executions fail with UNAVAILABLE after they
+// count as run, as a handler whose downstream call failed would.
+func (s *Server) FailNext(n int64) { s.failFirst.Store(n) }
+
+func (s *Server) handle(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+	n := s.executions.Add(1)
+	if d := req.GetDelay().AsDuration(); d > 0 {
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	if s.failFirst.Add(-1) >= 0 {
+		return nil, status.Error(codes.Unavailable, "testsvc: downstream failed on purpose")
+	}
+	if c := req.GetFailCode(); c != 0 {
+		return nil, status.Errorf(codes.Code(c), "testsvc: failing with code %d on request", c)
+	}
+	key, _ := interceptor.KeyFromContext(ctx)
+	return &testingv1.MutateResponse{Payload: req.GetPayload(), Execution: n, Key: key}, nil
+}
+
+// Mutate implements testingv1.TestServiceServer.
+func (s *Server) Mutate(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+	return s.handle(ctx, req)
+}
+
+// MutateOther implements testingv1.TestServiceServer.
+func (s *Server) MutateOther(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+	return s.handle(ctx, req)
+}
+
+// Read implements testingv1.TestServiceServer.
+func (s *Server) Read(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+	return s.handle(ctx, req)
+}
+
+// Put implements testingv1.TestServiceServer.
+func (s *Server) Put(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+	return s.handle(ctx, req)
+}
+
+// Unmarked implements testingv1.TestServiceServer.
+func (s *Server) Unmarked(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+	return s.handle(ctx, req)
+}
