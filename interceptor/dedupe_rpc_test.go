@@ -35,11 +35,11 @@ func TestDedupeRPCsAreSafeToRetry(t *testing.T) {
 	}
 
 	// The first answer is lost on the way back; the attempt asks again.
-	first, err := h.dedupe.Begin(ctx, beginReq)
+	first, err := h.Dedupe.Begin(ctx, beginReq)
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := h.dedupe.Begin(ctx, beginReq)
+	again, err := h.Dedupe.Begin(ctx, beginReq)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,27 +51,27 @@ func TestDedupeRPCsAreSafeToRetry(t *testing.T) {
 	outcome, _ := anypb.New(&testingv1.MutateResponse{Payload: "first"})
 	other, _ := anypb.New(&testingv1.MutateResponse{Payload: "second"})
 	intruder := &idemgatev1.FinishRequest{Scope: "/x.S/M", Key: "k", AttemptToken: "attempt-2", Epoch: epoch, Outcome: other}
-	if _, err := h.dedupe.Finish(ctx, intruder); err == nil {
+	if _, err := h.Dedupe.Finish(ctx, intruder); err == nil {
 		t.Fatal("a Finish from an attempt without the reservation succeeded")
 	} else {
 		wantStatus(t, err, codes.FailedPrecondition, dedupesvc.ReasonReservationNotHeld)
 	}
 
 	finish := &idemgatev1.FinishRequest{Scope: "/x.S/M", Key: "k", AttemptToken: "attempt-1", Epoch: epoch, Outcome: outcome}
-	if _, err := h.dedupe.Finish(ctx, finish); err != nil {
+	if _, err := h.Dedupe.Finish(ctx, finish); err != nil {
 		t.Fatal(err)
 	}
 	retried := proto.Clone(finish).(*idemgatev1.FinishRequest)
 	retried.Outcome = other
-	if _, err := h.dedupe.Finish(ctx, retried); err != nil {
+	if _, err := h.Dedupe.Finish(ctx, retried); err != nil {
 		t.Fatalf("retried Finish: %v, want success", err)
 	}
-	if _, err := h.dedupe.Finish(ctx, intruder); err == nil {
+	if _, err := h.Dedupe.Finish(ctx, intruder); err == nil {
 		t.Fatal("a Finish from an attempt without the reservation succeeded after completion")
 	}
 
 	beginReq.AttemptToken = "attempt-3"
-	replay, err := h.dedupe.Begin(ctx, beginReq)
+	replay, err := h.Dedupe.Begin(ctx, beginReq)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestStoredOutcomeOfAnotherTypeIsNotRerun(t *testing.T) {
 	req := &testingv1.MutateRequest{Payload: "x"}
 	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(req)
 	fp := sha256.Sum256(b)
-	begun, err := h.dedupe.Begin(ctx, &idemgatev1.BeginRequest{
+	begun, err := h.Dedupe.Begin(ctx, &idemgatev1.BeginRequest{
 		Scope: mutateInfo.FullMethod, Key: "k-8", Fingerprint: fp[:], AttemptToken: "older-binary",
 		Lease: durationpb.New(interceptor.DefaultLease), Retention: durationpb.New(interceptor.DefaultRetention),
 	})
@@ -95,7 +95,7 @@ func TestStoredOutcomeOfAnotherTypeIsNotRerun(t *testing.T) {
 		t.Fatal(err)
 	}
 	wrong, _ := anypb.New(&emptypb.Empty{})
-	if _, err := h.dedupe.Finish(ctx, &idemgatev1.FinishRequest{
+	if _, err := h.Dedupe.Finish(ctx, &idemgatev1.FinishRequest{
 		Scope: mutateInfo.FullMethod, Key: "k-8", AttemptToken: "older-binary", Epoch: begun.GetReserved().GetEpoch(), Outcome: wrong,
 	}); err != nil {
 		t.Fatal(err)

@@ -142,7 +142,7 @@ func TestBadKeysAreRefusedBeforeAnyDedupeCall(t *testing.T) {
 	// Bytes a gRPC client will not even send still get a clear refusal.
 	for _, key := range []string{"tab\there", "caf\u00e9", "nul\x00"} {
 		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(interceptor.KeyHeader, key))
-		_, err := h.gate.UnaryServerInterceptor()(ctx, &testingv1.MutateRequest{}, mutateInfo, func(ctx context.Context, req any) (any, error) {
+		_, err := h.Gate.UnaryServerInterceptor()(ctx, &testingv1.MutateRequest{}, mutateInfo, func(ctx context.Context, req any) (any, error) {
 			return h.svc.Mutate(ctx, req.(*testingv1.MutateRequest))
 		})
 		wantStatus(t, err, codes.InvalidArgument, interceptor.ReasonKeyInvalid)
@@ -151,7 +151,7 @@ func TestBadKeysAreRefusedBeforeAnyDedupeCall(t *testing.T) {
 	if r := h.mutate(withKey(strings.Repeat("k", 255)), &testingv1.MutateRequest{}); r.err != nil {
 		t.Fatalf("255-byte key: %v", r.err)
 	}
-	if got := h.dedupeCalls.Load(); got != 2 { // Begin and Finish of the 255-byte key only
+	if got := h.DedupeCalls.Load(); got != 2 { // Begin and Finish of the 255-byte key only
 		t.Fatalf("Dedupe service got %d calls, want 2 (the refused calls must not reach it)", got)
 	}
 	if got := h.svc.Executions(); got != 1 {
@@ -174,7 +174,7 @@ func TestSafeMethodsAreNotGated(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	if got := h.dedupeCalls.Load(); got != 0 {
+	if got := h.DedupeCalls.Load(); got != 0 {
 		t.Fatalf("Dedupe service got %d calls for ungated methods, want 0", got)
 	}
 	if got := h.svc.Executions(); got != 4 {
@@ -185,7 +185,7 @@ func TestSafeMethodsAreNotGated(t *testing.T) {
 func TestDedupeServiceDownFailsClosed(t *testing.T) {
 	t.Parallel()
 	h := setup(t, interceptor.WithDedupeTimeout(2*time.Second))
-	h.dedupeSrv.Stop()
+	h.DedupeServer.Stop()
 
 	r := h.mutate(withKey("k-3"), &testingv1.MutateRequest{Payload: "x"})
 	wantStatus(t, r.err, codes.Unavailable, interceptor.ReasonStoreUnavailable)
@@ -248,10 +248,10 @@ func TestExpiredRecordRunsAfreshAndIsSwept(t *testing.T) {
 
 	time.Sleep(2100 * time.Millisecond)
 	var rows int
-	if err := h.pool.QueryRow(context.Background(), "SELECT count(*) FROM idemgate_records").Scan(&rows); err != nil || rows != 2 {
+	if err := h.Pool.QueryRow(context.Background(), "SELECT count(*) FROM idemgate_records").Scan(&rows); err != nil || rows != 2 {
 		t.Fatalf("before sweeping: %d rows (%v), want 2", rows, err)
 	}
-	n, err := h.store.DeleteExpired(context.Background(), 100)
+	n, err := h.Store.DeleteExpired(context.Background(), 100)
 	if err != nil || n != 2 {
 		t.Fatalf("DeleteExpired = %d, %v; want 2 expired rows deleted", n, err)
 	}
@@ -298,7 +298,7 @@ func TestTenantFunctionErrorFailsTheCall(t *testing.T) {
 	if status.Code(r.err) != codes.Unauthenticated {
 		t.Fatalf("got %v, want the tenant function's UNAUTHENTICATED", r.err)
 	}
-	if h.svc.Executions() != 0 || h.dedupeCalls.Load() != 0 {
+	if h.svc.Executions() != 0 || h.DedupeCalls.Load() != 0 {
 		t.Fatal("the call went on after the tenant function failed")
 	}
 }

@@ -99,3 +99,15 @@ func unreachable(tb testing.TB, err error) {
 	}
 	tb.Skip(msg)
 }
+
+// SchemaURL creates a fresh, migrated schema like Schema and returns a
+// connection URL that selects it, for code that opens its own pool.
+func SchemaURL(tb testing.TB) string {
+	tb.Helper()
+	_, schema := Schema(tb)
+	sep := "?"
+	if strings.Contains(URL(), "?") {
+		sep = "&"
+	}
+	return URL() + sep + "search_path=" + schema
+}

@@ -1,0 +1,71 @@
+// Command payments-server runs the example PaymentsService tool server,
+// gated by the idemgate interceptor against a running dedupe service.
+//
+//	payments-server [-listen 127.0.0.1:50052] [-dedupe 127.0.0.1:50051]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/idemgate/idemgate/examples/payments"
+	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/interceptor"
+)
+
+func main() {
+	listen := flag.String("listen", envOr("PAYMENTS_LISTEN", "127.0.0.1:50052"), "gRPC listen `address` of the tool server (env PAYMENTS_LISTEN)")
+	dedupeAddr := flag.String("dedupe", envOr("IDEMGATE_DEDUPE_ADDR", "127.0.0.1:50051"), "`address` of the dedupe service (env IDEMGATE_DEDUPE_ADDR)")
+	flag.Parse()
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := run(*listen, *dedupeAddr, logger); err != nil {
+		logger.Error("payments-server failed", slog.Any("error", err))
+		os.Exit(1)
+	}
+}
+
+func run(listen, dedupeAddr string, logger *slog.Logger) error {
+	// Plaintext is for this loopback example only; use TLS between machines.
+	conn, err := grpc.NewClient(dedupeAddr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+	if err != nil {
+		return fmt.Errorf("dedupe client: %w", err)
+	}
+	defer conn.Close()
+	gate, err := interceptor.New(idemgatev1.NewDedupeServiceClient(conn), interceptor.WithLogger(logger))
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(gate.UnaryServerInterceptor()))
+	paymentsv1.RegisterPaymentsServiceServer(srv, &payments.Server{Ledger: &payments.Ledger{}})
+
+	lis, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() { <-ctx.Done(); srv.GracefulStop() }()
+	logger.Info("payments tool server serving", slog.String("address", lis.Addr().String()), slog.String("dedupe", dedupeAddr),
+		slog.String("ChargeCard", gate.Policy(paymentsv1.PaymentsService_ChargeCard_FullMethodName).String()),
+		slog.String("GetBalance", gate.Policy(paymentsv1.PaymentsService_GetBalance_FullMethodName).String()))
+	return srv.Serve(lis)
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

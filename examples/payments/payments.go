@@ -1,0 +1,117 @@
+// Package payments is the example tool server: PaymentsService over an
+// in-memory ledger that counts every side effect, so a test or a newcomer can
+// see whether a retried charge ran twice.
+//
+// ChargeCard and SendReceipt are marked mutating in
+// proto/examples/payments/v1/payments.proto and are gated by the interceptor;
+// GetBalance is NO_SIDE_EFFECTS and is not.
+package payments
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
+	"github.com/idemgate/idemgate/interceptor"
+)
+
+// Ledger records every executed charge and receipt. Its zero value is ready.
+type Ledger struct {
+	mu        sync.Mutex
+	charges   []Charge
+	receipts  int
+	perClient map[string]*balance
+}
+
+// Charge is one executed charge.
+type Charge struct {
+	// ID is the charge's id, "ch_000001" onwards.
+	ID string
+	// CustomerID is the charged customer.
+	CustomerID string
+	// AmountCents is the charged amount.
+	AmountCents int64
+	// IdempotencyKey is the key the charge ran under, as a payment provider
+	// would receive it.
+	IdempotencyKey string
+}
+
+type balance struct {
+	chargedCents, charges, receipts int64
+}
+
+// Charges returns every executed charge in order.
+func (l *Ledger) Charges() []Charge {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]Charge(nil), l.charges...)
+}
+
+// Receipts returns how many receipts were sent.
+func (l *Ledger) Receipts() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.receipts
+}
+
+func (l *Ledger) customer(id string) *balance {
+	if l.perClient == nil {
+		l.perClient = map[string]*balance{}
+	}
+	b, ok := l.perClient[id]
+	if !ok {
+		b = &balance{}
+		l.perClient[id] = b
+	}
+	return b
+}
+
+// Server implements PaymentsService on a Ledger.
+type Server struct {
+	paymentsv1.UnimplementedPaymentsServiceServer
+	// Ledger receives the side effects.
+	Ledger *Ledger
+}
+
+// ChargeCard implements paymentsv1.PaymentsServiceServer.
+func (s *Server) ChargeCard(ctx context.Context, req *paymentsv1.ChargeCardRequest) (*paymentsv1.ChargeCardResponse, error) {
+	if req.GetCustomerId() == "" || req.GetAmountCents() <= 0 {
+		return nil, status.Error(codes.InvalidArgument, "customer_id is required and amount_cents must be positive")
+	}
+	key, _ := interceptor.KeyFromContext(ctx) // handed on, as to a payment provider
+	l := s.Ledger
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := Charge{ID: fmt.Sprintf("ch_%06d", len(l.charges)+1), CustomerID: req.GetCustomerId(), AmountCents: req.GetAmountCents(), IdempotencyKey: key}
+	l.charges = append(l.charges, c)
+	b := l.customer(c.CustomerID)
+	b.charges++
+	b.chargedCents += c.AmountCents
+	return &paymentsv1.ChargeCardResponse{ChargeId: c.ID, CustomerId: c.CustomerID, AmountCents: c.AmountCents}, nil
+}
+
+// SendReceipt implements paymentsv1.PaymentsServiceServer.
+func (s *Server) SendReceipt(_ context.Context, req *paymentsv1.SendReceiptRequest) (*paymentsv1.SendReceiptResponse, error) {
+	if req.GetCustomerId() == "" || req.GetChargeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "customer_id and charge_id are required")
+	}
+	l := s.Ledger
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.receipts++
+	l.customer(req.GetCustomerId()).receipts++
+	return &paymentsv1.SendReceiptResponse{MessageId: fmt.Sprintf("msg_%06d", l.receipts)}, nil
+}
+
+// GetBalance implements paymentsv1.PaymentsServiceServer.
+func (s *Server) GetBalance(_ context.Context, req *paymentsv1.GetBalanceRequest) (*paymentsv1.GetBalanceResponse, error) {
+	l := s.Ledger
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := l.customer(req.GetCustomerId())
+	return &paymentsv1.GetBalanceResponse{CustomerId: req.GetCustomerId(), ChargedCents: b.chargedCents, Charges: b.charges, Receipts: b.receipts}, nil
+}

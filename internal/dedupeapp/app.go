@@ -1,0 +1,127 @@
+package dedupeapp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/dedupesvc/pgstore"
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+)
+
+// OpenPool connects to cfg.DatabaseURL with the configured pool size and
+// checks the connection.
+func OpenPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
+	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	if cfg.MaxConns > 0 {
+		pcfg.MaxConns = int32(cfg.MaxConns)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("open database pool: %w", err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to %s@%s:%d/%s: %w", pcfg.ConnConfig.User, pcfg.ConnConfig.Host, pcfg.ConnConfig.Port, pcfg.ConnConfig.Database, err)
+	}
+	return pool, nil
+}
+
+// Serve runs the Dedupe service on lis until ctx is done, then stops
+// gracefully: health turns NOT_SERVING first, in-flight calls get
+// cfg.ShutdownTimeout to finish, and the rest are cut. It returns nil after a
+// clean stop.
+func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logger) error {
+	pool, err := OpenPool(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if cfg.MigrateOnStart {
+		applied, err := pgstore.Migrate(ctx, pool)
+		if err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+		logger.Info("migrations applied", slog.Any("applied", applied))
+	}
+
+	store := pgstore.New(pool)
+	healthSrv := health.NewServer()
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
+		logging.UnaryServerInterceptor(grpcLogger(logger), logging.WithLevels(codeLevel)),
+	))
+	idemgatev1.RegisterDedupeServiceServer(srv, dedupesvc.NewServer(store, dedupesvc.WithLogger(logger)))
+	healthpb.RegisterHealthServer(srv, healthSrv)
+	healthSrv.SetServingStatus(idemgatev1.DedupeService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+
+	sweepCtx, stopSweeping := context.WithCancel(context.WithoutCancel(ctx))
+	sweeper := dedupesvc.NewSweeper(store, dedupesvc.SweeperConfig{Interval: cfg.SweepInterval, BatchSize: cfg.SweepBatch, Logger: logger})
+	sweepDone := make(chan struct{})
+	go func() { defer close(sweepDone); sweeper.Run(sweepCtx) }()
+	defer func() { stopSweeping(); <-sweepDone }()
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(lis) }()
+	logger.Info("dedupe service serving", slog.String("address", lis.Addr().String()), slog.String("store", "postgres"))
+
+	select {
+	case err := <-serveErr:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	logger.Info("shutting down: health NOT_SERVING, draining in-flight calls", slog.Duration("timeout", cfg.ShutdownTimeout))
+	healthSrv.Shutdown()
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(cfg.ShutdownTimeout):
+		logger.Warn("graceful stop timed out; cutting the remaining calls")
+		srv.Stop()
+		<-stopped
+	}
+	if err := <-serveErr; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return err
+	}
+	logger.Info("stopped")
+	return nil
+}
+
+// grpcLogger adapts slog to go-grpc-middleware's logging interceptor.
+func grpcLogger(l *slog.Logger) logging.Logger {
+	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
+		l.Log(ctx, slog.Level(lvl), msg, fields...)
+	})
+}
+
+// codeLevel logs the answers that are part of normal deduplication (a
+// refused stale Finish, a bad request from a client) below warnings, and
+// store trouble as errors.
+func codeLevel(code codes.Code) logging.Level {
+	switch code {
+	case codes.OK:
+		return logging.LevelDebug
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.Canceled, codes.DeadlineExceeded:
+		return logging.LevelInfo
+	case codes.Unavailable, codes.Internal, codes.Unknown, codes.DataLoss:
+		return logging.LevelError
+	default:
+		return logging.LevelWarn
+	}
+}

@@ -1,0 +1,102 @@
+package dedupeapp_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"flag"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/dedupeapp"
+	"github.com/idemgate/idemgate/internal/pgtest"
+)
+
+func TestParseConfig(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"DATABASE_URL": "postgres://env/db", "IDEMGATE_SWEEP_INTERVAL": "30s"}
+	cfg, err := dedupeapp.ParseConfig("dedupesvc", []string{"-listen", "127.0.0.1:7000"}, func(k string) string { return env[k] }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Listen != "127.0.0.1:7000" || cfg.DatabaseURL != "postgres://env/db" || cfg.SweepInterval != 30*time.Second ||
+		!cfg.MigrateOnStart || cfg.SweepBatch != 1000 || cfg.ShutdownTimeout != 10*time.Second || cfg.LogLevel != slog.LevelInfo {
+		t.Fatalf("config %+v: flags, environment and defaults not applied", cfg)
+	}
+
+	bad := []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{nil, nil, "DATABASE_URL"},
+		{[]string{"-database-url", "x", "-sweep-batch", "0"}, nil, "-sweep-batch must be positive"},
+		{[]string{"-database-url", "x", "-log-level", "loud"}, nil, "-log-level"},
+		{[]string{"-database-url", "x"}, map[string]string{"IDEMGATE_SHUTDOWN_TIMEOUT": "soon"}, "IDEMGATE_SHUTDOWN_TIMEOUT"},
+		{[]string{"-database-url", "x", "extra"}, nil, "unexpected argument"},
+	}
+	for _, tt := range bad {
+		_, err := dedupeapp.ParseConfig("dedupesvc", tt.args, func(k string) string { return tt.env[k] }, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("ParseConfig(%v, %v) = %v, want an error mentioning %q", tt.args, tt.env, err, tt.want)
+		}
+	}
+	if _, err := dedupeapp.ParseConfig("dedupesvc", []string{"-h"}, func(string) string { return "" }, io.Discard); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: %v, want flag.ErrHelp", err)
+	}
+}
+
+func TestServeAnswersAndStopsGracefully(t *testing.T) {
+	t.Parallel()
+	cfg := dedupeapp.Config{
+		DatabaseURL: pgtest.SchemaURL(t), MigrateOnStart: true,
+		SweepInterval: time.Minute, SweepBatch: 100, ShutdownTimeout: 5 * time.Second,
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- dedupeapp.Serve(ctx, cfg, lis, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	callCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	h, err := healthpb.NewHealthClient(conn).Check(callCtx, &healthpb.HealthCheckRequest{Service: "idemgate.v1.DedupeService"}, grpc.WaitForReady(true))
+	if err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health = %v, %v; want SERVING", h, err)
+	}
+	fp := sha256.Sum256([]byte("r"))
+	res, err := idemgatev1.NewDedupeServiceClient(conn).Begin(callCtx, &idemgatev1.BeginRequest{
+		Scope: "/x.S/M", Key: "k", Fingerprint: fp[:], AttemptToken: "a",
+		Lease: durationpb.New(time.Minute), Retention: durationpb.New(time.Hour),
+	})
+	if err != nil || res.GetReserved() == nil {
+		t.Fatalf("Begin = %v, %v; want reserved", res, err)
+	}
+
+	stop()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Fatalf("Serve returned %v after a clean stop", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not stop within 10s of its context ending")
+	}
+}

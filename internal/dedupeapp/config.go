@@ -1,0 +1,136 @@
+// Package dedupeapp is the dedupesvc binary minus main: configuration from
+// flags and environment, the gRPC server with health and logging, migrations
+// on start, the sweeper, and graceful shutdown.
+package dedupeapp
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is the dedupesvc configuration. Every field has a flag and an
+// environment variable; the flag wins.
+type Config struct {
+	// Listen is the gRPC listen address. Defaults to 127.0.0.1:50051
+	// (IDEMGATE_LISTEN).
+	Listen string
+	// DatabaseURL is the PostgreSQL connection URL. Required (DATABASE_URL).
+	DatabaseURL string
+	// MigrateOnStart applies pending migrations before serving. Defaults to
+	// true (IDEMGATE_MIGRATE_ON_START).
+	MigrateOnStart bool
+	// MaxConns sizes the database connection pool; 0 takes pgxpool's default
+	// of max(4, CPUs). Defaults to 0 (IDEMGATE_DB_MAX_CONNS).
+	MaxConns int
+	// SweepInterval is the pause between sweeps of expired records. Defaults
+	// to 1m (IDEMGATE_SWEEP_INTERVAL).
+	SweepInterval time.Duration
+	// SweepBatch is how many expired records one delete removes. Defaults to
+	// 1000 (IDEMGATE_SWEEP_BATCH).
+	SweepBatch int
+	// ShutdownTimeout bounds the graceful stop on SIGTERM: in-flight calls
+	// get this long to finish. Defaults to 10s (IDEMGATE_SHUTDOWN_TIMEOUT).
+	ShutdownTimeout time.Duration
+	// LogLevel is debug, info, warn or error. Defaults to info
+	// (IDEMGATE_LOG_LEVEL).
+	LogLevel slog.Level
+}
+
+// ParseConfig reads args (without the program name) and the environment
+// through getenv. It returns flag.ErrHelp after printing usage for -h.
+func ParseConfig(name string, args []string, getenv func(string) string, usage io.Writer) (Config, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(usage)
+	var cfg Config
+	var errs []error
+	env := func(key, def string) string {
+		if v := getenv(key); v != "" {
+			return v
+		}
+		return def
+	}
+	durationEnv := func(key string, def time.Duration) time.Duration {
+		v := getenv(key)
+		if v == "" {
+			return def
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", key, v, err))
+		}
+		return d
+	}
+	intEnv := func(key string, def int) int {
+		v := getenv(key)
+		if v == "" {
+			return def
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", key, v, err))
+		}
+		return n
+	}
+	boolEnv := func(key string, def bool) bool {
+		v := getenv(key)
+		if v == "" {
+			return def
+		}
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", key, v, err))
+		}
+		return b
+	}
+
+	fs.StringVar(&cfg.Listen, "listen", env("IDEMGATE_LISTEN", "127.0.0.1:50051"), "gRPC listen `address` (env IDEMGATE_LISTEN)")
+	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", ""), "PostgreSQL connection `URL`, required (env DATABASE_URL)")
+	fs.BoolVar(&cfg.MigrateOnStart, "migrate-on-start", boolEnv("IDEMGATE_MIGRATE_ON_START", true), "apply pending migrations before serving (env IDEMGATE_MIGRATE_ON_START)")
+	fs.IntVar(&cfg.MaxConns, "db-max-conns", intEnv("IDEMGATE_DB_MAX_CONNS", 0), "database pool size; 0 means max(4, CPUs) (env IDEMGATE_DB_MAX_CONNS)")
+	fs.DurationVar(&cfg.SweepInterval, "sweep-interval", durationEnv("IDEMGATE_SWEEP_INTERVAL", time.Minute), "pause between sweeps of expired records (env IDEMGATE_SWEEP_INTERVAL)")
+	fs.IntVar(&cfg.SweepBatch, "sweep-batch", intEnv("IDEMGATE_SWEEP_BATCH", 1000), "expired records deleted per statement (env IDEMGATE_SWEEP_BATCH)")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", durationEnv("IDEMGATE_SHUTDOWN_TIMEOUT", 10*time.Second), "time in-flight calls get to finish on SIGTERM (env IDEMGATE_SHUTDOWN_TIMEOUT)")
+	level := fs.String("log-level", env("IDEMGATE_LOG_LEVEL", "info"), "log `level`: debug, info, warn or error (env IDEMGATE_LOG_LEVEL)")
+	if len(errs) > 0 {
+		return Config{}, errors.Join(errs...)
+	}
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if err := cfg.LogLevel.UnmarshalText([]byte(strings.ToUpper(*level))); err != nil {
+		return Config{}, fmt.Errorf("-log-level %q: want debug, info, warn or error", *level)
+	}
+	return cfg, cfg.validate()
+}
+
+func (c Config) validate() error {
+	var errs []error
+	if c.DatabaseURL == "" {
+		errs = append(errs, errors.New("-database-url (or DATABASE_URL) is required, for example postgres://postgres@127.0.0.1:5432/idemgate"))
+	}
+	if c.Listen == "" {
+		errs = append(errs, errors.New("-listen must not be empty"))
+	}
+	if c.MaxConns < 0 {
+		errs = append(errs, fmt.Errorf("-db-max-conns must be 0 or more, got %d", c.MaxConns))
+	}
+	if c.SweepInterval <= 0 {
+		errs = append(errs, fmt.Errorf("-sweep-interval must be positive, got %s", c.SweepInterval))
+	}
+	if c.SweepBatch <= 0 {
+		errs = append(errs, fmt.Errorf("-sweep-batch must be positive, got %d", c.SweepBatch))
+	}
+	if c.ShutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("-shutdown-timeout must be positive, got %s", c.ShutdownTimeout))
+	}
+	return errors.Join(errs...)
+}
