@@ -40,7 +40,8 @@ const maxBeginRounds = 4
 
 // reserveSQL takes the key when it is free: no row, or a row that expired, or
 // a row with the same fingerprint that was released or whose lease ran out.
-// It returns nothing when another row blocks it.
+// It returns nothing when another row blocks it. It repeats the conditions
+// decide checked, because only this statement's view of the row is atomic.
 const reserveSQL = `
 INSERT INTO idemgate_records AS r (
     scope, idempotency_key, fingerprint, state, attempt_token, epoch,
@@ -67,51 +68,64 @@ WHERE r.expires_at <= now()
                 AND r.attempt_token <> excluded.attempt_token)))
 RETURNING epoch, lease_expires_at`
 
-// readSQL reads the row that blocked reserveSQL, with the database's clock so
-// expiry is judged by one clock across every dedupe service replica.
+// readSQL reads a key's row with the database's clock, so expiry is judged by
+// one clock across every dedupe service replica.
 const readSQL = `
 SELECT fingerprint, state, attempt_token, epoch, outcome_type_url, outcome_value,
        lease_expires_at, completed_at, expires_at, now()
 FROM idemgate_records
 WHERE scope = $1 AND idempotency_key = $2`
 
-// Begin implements dedupesvc.Store.
+// Begin implements dedupesvc.Store. It reads first, so a duplicate (a replay,
+// an in-flight or mismatched key) costs one read and no commit; only when the
+// read finds the key free does it write, and then the single upsert decides
+// who holds it.
 func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.BeginResult, error) {
 	for range maxBeginRounds {
+		row, found, err := s.read(ctx, p.Scope, p.Key)
+		if err != nil {
+			return dedupesvc.BeginResult{}, err
+		}
+		if found {
+			if res, decided := row.decide(p); decided {
+				return res, nil
+			}
+		}
 		var res dedupesvc.BeginResult
-		err := s.pool.QueryRow(ctx, reserveSQL,
+		err = s.pool.QueryRow(ctx, reserveSQL,
 			p.Scope, p.Key, p.Fingerprint, p.AttemptToken, p.Lease.Milliseconds(), p.Retention.Milliseconds(),
 		).Scan(&res.Epoch, &res.LeaseExpiresAt)
-		if err == nil {
+		switch {
+		case err == nil:
 			res.State = dedupesvc.BeginReserved
 			return res, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
+		case !errors.Is(err, pgx.ErrNoRows):
 			return dedupesvc.BeginResult{}, fmt.Errorf("pgstore: reserve: %w", err)
 		}
-
-		var (
-			row     record
-			typeURL *string
-			dbNow   time.Time
-		)
-		err = s.pool.QueryRow(ctx, readSQL, p.Scope, p.Key).Scan(
-			&row.fingerprint, &row.state, &row.attemptToken, &row.epoch, &typeURL, &row.outcomeValue,
-			&row.leaseExpiresAt, &row.completedAt, &row.expiresAt, &dbNow)
-		if errors.Is(err, pgx.ErrNoRows) {
-			continue // swept between the two statements: reserve again
-		}
-		if err != nil {
-			return dedupesvc.BeginResult{}, fmt.Errorf("pgstore: read record: %w", err)
-		}
-		if typeURL != nil {
-			row.outcomeTypeURL = *typeURL
-		}
-		if res, decided := row.decide(p, dbNow); decided {
-			return res, nil
-		}
+		// Another attempt reserved the key between the read and the upsert:
+		// read again to learn what it holds.
 	}
 	return dedupesvc.BeginResult{}, fmt.Errorf("pgstore: the record of the key kept changing over %d rounds", maxBeginRounds)
+}
+
+func (s *Store) read(ctx context.Context, scope, key string) (record, bool, error) {
+	var (
+		row     record
+		typeURL *string
+	)
+	err := s.pool.QueryRow(ctx, readSQL, scope, key).Scan(
+		&row.fingerprint, &row.state, &row.attemptToken, &row.epoch, &typeURL, &row.outcomeValue,
+		&row.leaseExpiresAt, &row.completedAt, &row.expiresAt, &row.now)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return record{}, false, nil
+	case err != nil:
+		return record{}, false, fmt.Errorf("pgstore: read record: %w", err)
+	}
+	if typeURL != nil {
+		row.outcomeTypeURL = *typeURL
+	}
+	return row, true, nil
 }
 
 // record is one row as read by readSQL.
@@ -125,12 +139,15 @@ type record struct {
 	leaseExpiresAt time.Time
 	completedAt    *time.Time
 	expiresAt      time.Time
+	// now is the database's clock when the row was read.
+	now time.Time
 }
 
-// decide turns the row that blocked a reservation into Begin's answer. It
-// reports false when the row no longer blocks one (it changed between the two
-// statements), so the caller reserves again.
-func (r record) decide(p dedupesvc.BeginParams, now time.Time) (dedupesvc.BeginResult, bool) {
+// decide turns an existing row into Begin's answer. It reports false when the
+// row does not block a reservation (expired, released, or abandoned with the
+// same request), so the caller tries to reserve.
+func (r record) decide(p dedupesvc.BeginParams) (dedupesvc.BeginResult, bool) {
+	now := r.now
 	if !r.expiresAt.After(now) {
 		return dedupesvc.BeginResult{}, false
 	}

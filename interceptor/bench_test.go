@@ -1,0 +1,122 @@
+package interceptor_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/metadata"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
+	"github.com/idemgate/idemgate/interceptor"
+)
+
+// The benchmarks run the whole stack on this machine: a client, the gated
+// tool server, the Dedupe service and PostgreSQL, all over loopback. Compare
+// them as ratios within one run (make bench), never as absolute times.
+
+var concurrencies = []int{1, 64}
+
+// benchSeq numbers operations across every round of every benchmark: b.Run
+// calls a benchmark several times while it sizes b.N, and a fresh-key
+// benchmark must never meet a key of an earlier round.
+var benchSeq atomic.Int64
+
+// parallel runs op b.N times over c goroutines; op gets a number unique
+// across the test binary.
+func parallel(b *testing.B, c int, op func(n int64) error) {
+	seq := &benchSeq
+	if c == 1 {
+		for b.Loop() {
+			if err := op(seq.Add(1)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return
+	}
+	b.SetParallelism((c + 1) / 2) // RunParallel starts GOMAXPROCS × parallelism goroutines
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := op(seq.Add(1)); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+func BenchmarkUngatedCall(b *testing.B) {
+	h := setup(b)
+	req := &testingv1.MutateRequest{Payload: "read"}
+	for _, c := range concurrencies {
+		b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) {
+			parallel(b, c, func(int64) error {
+				_, err := h.client.Read(context.Background(), req)
+				return err
+			})
+		})
+	}
+}
+
+func BenchmarkGatedFreshKey(b *testing.B) {
+	h := setup(b)
+	req := &testingv1.MutateRequest{Payload: "charge"}
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	for _, c := range concurrencies {
+		b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) {
+			parallel(b, c, func(n int64) error {
+				ctx := metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, fmt.Sprintf("fresh-%s-%d-%d", run, c, n))
+				_, err := h.client.Mutate(ctx, req)
+				return err
+			})
+		})
+	}
+}
+
+func BenchmarkGatedReplay(b *testing.B) {
+	h := setup(b)
+	req := &testingv1.MutateRequest{Payload: "charge"}
+	ctx := metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, "replayed-key")
+	if _, err := h.client.Mutate(ctx, req); err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range concurrencies {
+		b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) {
+			parallel(b, c, func(int64) error {
+				_, err := h.client.Mutate(ctx, req)
+				return err
+			})
+		})
+	}
+}
+
+// BenchmarkSQLFloor runs the store's Begin and Finish statements directly on
+// pgx, with no gRPC: the floor a gated fresh-key call cannot go below.
+func BenchmarkSQLFloor(b *testing.B) {
+	h := setup(b)
+	fp := sha256.Sum256([]byte("charge"))
+	outcome := dedupesvc.Outcome{TypeURL: "type.googleapis.com/idemgate.testing.v1.MutateResponse", Value: []byte("\n\x06charge\x10\x01")}
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	ctx := context.Background()
+	for _, c := range concurrencies {
+		b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) {
+			parallel(b, c, func(n int64) error {
+				key := fmt.Sprintf("floor-%s-%d-%d", run, c, n)
+				res, err := h.Store.Begin(ctx, dedupesvc.BeginParams{
+					Scope: "/bench.S/M", Key: key, Fingerprint: fp[:], AttemptToken: key,
+					Lease: time.Minute, Retention: time.Hour,
+				})
+				if err != nil {
+					return err
+				}
+				return h.Store.Finish(ctx, dedupesvc.FinishParams{Scope: "/bench.S/M", Key: key, AttemptToken: key, Epoch: res.Epoch, Outcome: outcome})
+			})
+		})
+	}
+}
