@@ -5,14 +5,28 @@ import (
 	"time"
 )
 
+// Notifier wakes Begins that wait for an in-flight attempt's outcome when the
+// record of their key changes. It is a hint: a waiter also polls, so a lost
+// notification only delays it.
+type Notifier interface {
+	// Subscribe returns a channel that receives after the record of (scope,
+	// key) changes, and a function that ends the subscription.
+	Subscribe(scope, key string) (<-chan struct{}, func())
+}
+
 type options struct {
-	logger          *slog.Logger
-	storeRetryAfter time.Duration
+	logger           *slog.Logger
+	storeRetryAfter  time.Duration
+	notifier         Notifier
+	pollInterval     time.Duration
+	unknownRetention time.Duration
 }
 
 var defaultOptions = options{
-	logger:          slog.Default(),
-	storeRetryAfter: 200 * time.Millisecond,
+	logger:           slog.Default(),
+	storeRetryAfter:  200 * time.Millisecond,
+	pollInterval:     200 * time.Millisecond,
+	unknownRetention: 7 * 24 * time.Hour,
 }
 
 // Option configures NewServer.
@@ -27,4 +41,24 @@ func WithLogger(logger *slog.Logger) Option {
 // DEDUPE_STORE_UNAVAILABLE. Defaults to 200ms.
 func WithStoreRetryAfter(d time.Duration) Option {
 	return func(o *options) { o.storeRetryAfter = d }
+}
+
+// WithNotifier sets what wakes a Begin that waits for an in-flight outcome
+// (pgstore.Listener for PostgreSQL). Defaults to none: waiters poll.
+func WithNotifier(n Notifier) Option {
+	return func(o *options) { o.notifier = n }
+}
+
+// WithPollInterval sets how often a waiting Begin re-reads its record when no
+// notification came. Each waiter costs one short read per interval and holds
+// no database connection in between. Defaults to 200ms.
+func WithPollInterval(d time.Duration) Option {
+	return func(o *options) { o.pollInterval = d }
+}
+
+// WithUnknownRetention sets how long an outcome-unknown record is kept, and
+// keeps blocking its key, when nobody resolves it. After that it counts as
+// absent and the sweeper deletes it with a warning. Defaults to 7 days.
+func WithUnknownRetention(d time.Duration) Option {
+	return func(o *options) { o.unknownRetention = d }
 }

@@ -10,6 +10,12 @@ const (
 	// hold the reservation (taken over, or already completed);
 	// FAILED_PRECONDITION. The stored record is unchanged.
 	ReasonReservationNotHeld = "RESERVATION_NOT_HELD"
+	// ReasonRecordNotUnknown: Resolve of a record whose outcome is known, or
+	// that is still in flight within its lease; FAILED_PRECONDITION. Nothing
+	// changed.
+	ReasonRecordNotUnknown = "RECORD_NOT_UNKNOWN"
+	// ReasonRecordNotFound: Resolve of a key with no live record; NOT_FOUND.
+	ReasonRecordNotFound = "RECORD_NOT_FOUND"
 	// ReasonStoreUnavailable: the database failed or could not be reached;
 	// UNAVAILABLE with RetryInfo. Every Dedupe RPC is safe to retry.
 	ReasonStoreUnavailable = "DEDUPE_STORE_UNAVAILABLE"

@@ -32,6 +32,10 @@ const (
 	MaxRetention = 365 * 24 * time.Hour
 	// MaxTypeURLBytes is the longest outcome type URL accepted.
 	MaxTypeURLBytes = 512
+	// MaxWait is the longest a Begin may wait for an in-flight outcome.
+	MaxWait = time.Minute
+	// MaxLease is the longest lease a Heartbeat may renew to.
+	MaxLease = 24 * time.Hour
 )
 
 // Server implements idemgatev1.DedupeServiceServer over a Store.
@@ -66,14 +70,35 @@ func (s *Server) Begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.store.Begin(ctx, BeginParams{
-		Scope:        req.GetScope(),
-		Key:          req.GetKey(),
-		Fingerprint:  req.GetFingerprint(),
-		AttemptToken: req.GetAttemptToken(),
-		Lease:        lease,
-		Retention:    retention,
-	})
+	var maxWait time.Duration
+	if req.GetMaxWait() != nil {
+		if maxWait, err = duration("max_wait", req.GetMaxWait(), 0, MaxWait); err != nil {
+			return nil, err
+		}
+	}
+	var onLost LostOutcome
+	switch req.GetOnLostOutcome() {
+	case idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_UNSPECIFIED, idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_FAIL_CLOSED:
+		onLost = FailClosed
+	case idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_REEXECUTE:
+		onLost = Reexecute
+	default:
+		return nil, invalid("on_lost_outcome", fmt.Sprintf("on_lost_outcome %d is not a LostOutcomePolicy", req.GetOnLostOutcome()))
+	}
+	params := BeginParams{
+		Scope:            req.GetScope(),
+		Key:              req.GetKey(),
+		Fingerprint:      req.GetFingerprint(),
+		AttemptToken:     req.GetAttemptToken(),
+		Lease:            lease,
+		Retention:        retention,
+		OnLostOutcome:    onLost,
+		UnknownRetention: s.opts.unknownRetention,
+	}
+	res, err := s.store.Begin(ctx, params)
+	if err == nil && res.State == BeginInFlight && maxWait > 0 {
+		res, err = s.wait(ctx, params, res, maxWait)
+	}
 	if err != nil {
 		return nil, s.storeError(ctx, "Begin", err)
 	}
@@ -95,9 +120,57 @@ func (s *Server) Begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 		}}}, nil
 	case BeginFingerprintMismatch:
 		return &idemgatev1.BeginResponse{Result: &idemgatev1.BeginResponse_FingerprintMismatch_{FingerprintMismatch: &idemgatev1.BeginResponse_FingerprintMismatch{}}}, nil
+	case BeginOutcomeUnknown:
+		return &idemgatev1.BeginResponse{Result: &idemgatev1.BeginResponse_OutcomeUnknown_{OutcomeUnknown: &idemgatev1.BeginResponse_OutcomeUnknown{
+			Epoch:          res.Epoch,
+			LeaseExpiredAt: timestamppb.New(res.LeaseExpiresAt),
+		}}}, nil
 	default:
 		return nil, status.Errorf(codes.Internal, "dedupesvc: store answered Begin with unknown state %d", res.State)
 	}
+}
+
+// waitMargin is kept from the caller's deadline, so a wait that runs out
+// still answers in_flight instead of DEADLINE_EXCEEDED.
+const waitMargin = 50 * time.Millisecond
+
+// wait re-reads an in-flight key until its outcome is known, the key is free
+// for this attempt, or maxWait (within the caller's deadline) runs out. It
+// holds no database connection while it waits: a notification or the poll
+// timer wakes it, and each look is one short Begin.
+func (s *Server) wait(ctx context.Context, p BeginParams, res BeginResult, maxWait time.Duration) (BeginResult, error) {
+	deadline := time.Now().Add(maxWait)
+	if d, ok := ctx.Deadline(); ok && d.Add(-waitMargin).Before(deadline) {
+		deadline = d.Add(-waitMargin)
+	}
+	var wake <-chan struct{}
+	if s.opts.notifier != nil {
+		ch, unsubscribe := s.opts.notifier.Subscribe(p.Scope, p.Key)
+		defer unsubscribe()
+		wake = ch
+	}
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	for res.State == BeginInFlight {
+		remaining := time.Until(deadline)
+		if remaining <= 0 {
+			return res, nil
+		}
+		timer.Reset(min(s.opts.pollInterval, remaining))
+		select {
+		case <-wake:
+		case <-timer.C:
+		case <-ctx.Done():
+			return res, nil
+		}
+		next, err := s.store.Begin(ctx, p)
+		if err != nil {
+			return res, err
+		}
+		res = next
+	}
+	return res, nil
 }
 
 // Finish implements idemgatev1.DedupeServiceServer.
@@ -108,25 +181,16 @@ func (s *Server) Finish(ctx context.Context, req *idemgatev1.FinishRequest) (*id
 	if req.GetEpoch() <= 0 {
 		return nil, invalid("epoch", "epoch must be the positive epoch Begin answered")
 	}
-	outcome := req.GetOutcome()
-	switch {
-	case outcome == nil:
-		return nil, invalid("outcome", "outcome is required")
-	case outcome.GetTypeUrl() == "":
-		return nil, invalid("outcome.type_url", "outcome.type_url is required")
-	case len(outcome.GetTypeUrl()) > MaxTypeURLBytes:
-		return nil, invalid("outcome.type_url", fmt.Sprintf("outcome.type_url is longer than %d bytes", MaxTypeURLBytes))
+	outcome, err := validOutcome("outcome", req.GetOutcome())
+	if err != nil {
+		return nil, err
 	}
-	value := outcome.GetValue()
-	if value == nil {
-		value = []byte{} // an empty message is a stored outcome, not a missing one
-	}
-	err := s.store.Finish(ctx, FinishParams{
+	err = s.store.Finish(ctx, FinishParams{
 		Scope:        req.GetScope(),
 		Key:          req.GetKey(),
 		AttemptToken: req.GetAttemptToken(),
 		Epoch:        req.GetEpoch(),
-		Outcome:      Outcome{TypeURL: outcome.GetTypeUrl(), Value: value},
+		Outcome:      outcome,
 	})
 	if err != nil {
 		return nil, s.storeError(ctx, "Finish", err)
@@ -154,19 +218,89 @@ func (s *Server) Release(ctx context.Context, req *idemgatev1.ReleaseRequest) (*
 	return &idemgatev1.ReleaseResponse{}, nil
 }
 
+// Heartbeat implements idemgatev1.DedupeServiceServer.
+func (s *Server) Heartbeat(ctx context.Context, req *idemgatev1.HeartbeatRequest) (*idemgatev1.HeartbeatResponse, error) {
+	if err := validateRecordID(req.GetScope(), req.GetKey(), req.GetAttemptToken()); err != nil {
+		return nil, err
+	}
+	if req.GetEpoch() <= 0 {
+		return nil, invalid("epoch", "epoch must be the positive epoch Begin answered")
+	}
+	lease, err := duration("lease", req.GetLease(), MinLease, MaxLease)
+	if err != nil {
+		return nil, err
+	}
+	until, err := s.store.Heartbeat(ctx, HeartbeatParams{
+		Scope:        req.GetScope(),
+		Key:          req.GetKey(),
+		AttemptToken: req.GetAttemptToken(),
+		Epoch:        req.GetEpoch(),
+		Lease:        lease,
+	})
+	if err != nil {
+		return nil, s.storeError(ctx, "Heartbeat", err)
+	}
+	return &idemgatev1.HeartbeatResponse{LeaseExpiresAt: timestamppb.New(until)}, nil
+}
+
+// Resolve implements idemgatev1.DedupeServiceServer.
+func (s *Server) Resolve(ctx context.Context, req *idemgatev1.ResolveRequest) (*idemgatev1.ResolveResponse, error) {
+	if err := validateRecordID(req.GetScope(), req.GetKey(), "resolve"); err != nil {
+		return nil, err
+	}
+	params := ResolveParams{Scope: req.GetScope(), Key: req.GetKey()}
+	switch r := req.GetResolution().(type) {
+	case *idemgatev1.ResolveRequest_Complete:
+		outcome, err := validOutcome("complete", r.Complete)
+		if err != nil {
+			return nil, err
+		}
+		params.Complete = &outcome
+	case *idemgatev1.ResolveRequest_Release_:
+	default:
+		return nil, invalid("resolution", "resolution is required: complete with an outcome, or release")
+	}
+	if err := s.store.Resolve(ctx, params); err != nil {
+		return nil, s.storeError(ctx, "Resolve", err)
+	}
+	return &idemgatev1.ResolveResponse{}, nil
+}
+
 // storeError maps a store error to the status the caller gets. Driver errors
 // are logged here and never sent: they can name another tenant's rows.
 func (s *Server) storeError(ctx context.Context, rpc string, err error) error {
 	switch {
 	case errors.Is(err, ErrNotHeld):
 		return grpcerr.New(codes.FailedPrecondition, ReasonReservationNotHeld,
-			"the reservation is not held by this attempt: it was taken over or already completed; the stored record is unchanged", nil, 0)
+			"the reservation is not held by this attempt: its lease ran out and the record was taken over or settled; the stored record is unchanged", nil, 0)
+	case errors.Is(err, ErrNotUnknown):
+		return grpcerr.New(codes.FailedPrecondition, ReasonRecordNotUnknown,
+			"the record's outcome is not unknown: it is settled, or its attempt is still running within its lease; nothing changed", nil, 0)
+	case errors.Is(err, ErrRecordNotFound):
+		return grpcerr.New(codes.NotFound, ReasonRecordNotFound,
+			"no live record for this scope and key: it never existed or has expired", nil, 0)
 	case ctx.Err() != nil:
 		return status.FromContextError(ctx.Err()).Err()
 	}
 	s.opts.logger.ErrorContext(ctx, "dedupe store failed", slog.String("rpc", rpc), slog.Any("error", err))
 	return grpcerr.New(codes.Unavailable, ReasonStoreUnavailable,
 		"the dedupe store failed or is unreachable; the call is safe to retry", nil, s.opts.storeRetryAfter)
+}
+
+func validOutcome(field string, outcome *anypb.Any) (Outcome, error) {
+	switch {
+	case outcome == nil:
+		return Outcome{}, invalid(field, field+" is required")
+	case outcome.GetTypeUrl() == "":
+		return Outcome{}, invalid(field+".type_url", field+".type_url is required")
+	case len(outcome.GetTypeUrl()) > MaxTypeURLBytes:
+		return Outcome{}, invalid(field+".type_url", fmt.Sprintf("%s.type_url is longer than %d bytes", field, MaxTypeURLBytes))
+	}
+	value := outcome.GetValue()
+	if value == nil {
+		value = []byte{} // an empty message is a stored outcome, not a missing one
+	}
+	return Outcome{TypeURL: outcome.GetTypeUrl(), Value: value}, nil
 }
 
 func validateRecordID(scope, key, token string) error {

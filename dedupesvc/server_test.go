@@ -31,7 +31,15 @@ func (f *fakeStore) Begin(context.Context, dedupesvc.BeginParams) (dedupesvc.Beg
 }
 func (f *fakeStore) Finish(context.Context, dedupesvc.FinishParams) error   { f.calls++; return f.err }
 func (f *fakeStore) Release(context.Context, dedupesvc.ReleaseParams) error { f.calls++; return f.err }
-func (f *fakeStore) DeleteExpired(context.Context, int) (int, error)        { f.calls++; return 0, f.err }
+func (f *fakeStore) Heartbeat(context.Context, dedupesvc.HeartbeatParams) (time.Time, error) {
+	f.calls++
+	return time.Time{}, f.err
+}
+func (f *fakeStore) Resolve(context.Context, dedupesvc.ResolveParams) error { f.calls++; return f.err }
+func (f *fakeStore) DeleteExpired(context.Context, int) (int, []dedupesvc.RecordID, error) {
+	f.calls++
+	return 0, nil, f.err
+}
 
 func validBegin() *idemgatev1.BeginRequest {
 	return &idemgatev1.BeginRequest{

@@ -18,24 +18,76 @@ type Store interface {
 	// A record past its expiry counts as absent.
 	Begin(ctx context.Context, params BeginParams) (BeginResult, error)
 
-	// Finish stores the outcome of the attempt holding the reservation. It
-	// returns nil when the same attempt already finished (the outcome is left
-	// as it was) and ErrNotHeld when the attempt does not hold the record.
+	// Finish stores the outcome of the attempt holding the reservation, also
+	// when its record was meanwhile marked outcome-unknown: the real outcome
+	// settles it. It returns nil when the same attempt already finished (the
+	// outcome is left as it was) and ErrNotHeld when the attempt does not
+	// hold the record.
 	Finish(ctx context.Context, params FinishParams) error
 
-	// Release frees the reservation so the next attempt runs. It returns nil
-	// when the attempt already released it or the record is gone, and
-	// ErrNotHeld when another attempt holds the record or it is completed.
+	// Release frees the reservation (in flight or outcome-unknown) so the
+	// next attempt runs. It returns nil when the attempt already released it
+	// or the record is gone, and ErrNotHeld when another attempt holds the
+	// record or it is completed.
 	Release(ctx context.Context, params ReleaseParams) error
 
-	// DeleteExpired deletes up to limit records past their expiry and returns
-	// how many it deleted.
-	DeleteExpired(ctx context.Context, limit int) (int, error)
+	// Heartbeat renews the attempt's lease and returns its new end, or
+	// ErrNotHeld when the attempt no longer holds an in-flight reservation.
+	Heartbeat(ctx context.Context, params HeartbeatParams) (time.Time, error)
+
+	// Resolve settles a record whose outcome is unknown (marked so, or in
+	// flight with its lease run out): it completes it with params.Complete,
+	// or releases it when that is nil. It returns nil for a retry that
+	// already took effect, ErrRecordNotFound for no live record, and
+	// ErrNotUnknown for a record in another state.
+	Resolve(ctx context.Context, params ResolveParams) error
+
+	// DeleteExpired deletes up to limit records past their expiry. It
+	// returns how many it deleted and which of them were outcome-unknown, so
+	// the caller can log each one that was never resolved.
+	DeleteExpired(ctx context.Context, limit int) (deleted int, unknown []RecordID, err error)
 }
 
-// ErrNotHeld is returned by Finish and Release when the calling attempt does
-// not hold the reservation: another attempt took it over, or it is completed.
-var ErrNotHeld = errors.New("dedupesvc: the reservation is not held by this attempt")
+// Errors a Store returns for the cases the service answers differently from
+// a failed store.
+var (
+	// ErrNotHeld: Finish, Release or Heartbeat from an attempt that does not
+	// hold the reservation: another attempt took it over, or it is settled.
+	ErrNotHeld = errors.New("dedupesvc: the reservation is not held by this attempt")
+	// ErrNotUnknown: Resolve of a record whose outcome is known or that is
+	// still in flight within its lease.
+	ErrNotUnknown = errors.New("dedupesvc: the record's outcome is not unknown")
+	// ErrRecordNotFound: Resolve of a key with no live record.
+	ErrRecordNotFound = errors.New("dedupesvc: no record for the key")
+)
+
+// RecordID names one record.
+type RecordID struct {
+	// Scope namespaces Key.
+	Scope string
+	// Key is the idempotency key.
+	Key string
+}
+
+// LostOutcome says what Begin does when the previous attempt's lease ran out
+// before it stored an outcome.
+type LostOutcome int
+
+const (
+	// FailClosed marks the record outcome-unknown and answers
+	// BeginOutcomeUnknown until it is resolved. The zero value.
+	FailClosed LostOutcome = iota
+	// Reexecute lets the calling attempt take the reservation over.
+	Reexecute
+)
+
+// String returns the policy's name as logged.
+func (l LostOutcome) String() string {
+	if l == Reexecute {
+		return "reexecute"
+	}
+	return "fail_closed"
+}
 
 // BeginParams are the inputs of Store.Begin.
 type BeginParams struct {
@@ -52,6 +104,12 @@ type BeginParams struct {
 	// Retention is how long the record is kept, counted from Begin and again
 	// from Finish.
 	Retention time.Duration
+	// OnLostOutcome says what to do when the previous attempt's lease ran out
+	// without an outcome.
+	OnLostOutcome LostOutcome
+	// UnknownRetention is how long a record marked outcome-unknown is kept
+	// (and keeps blocking its key) when nobody resolves it.
+	UnknownRetention time.Duration
 }
 
 // BeginState is the answer of Store.Begin.
@@ -66,6 +124,9 @@ const (
 	BeginInFlight
 	// BeginFingerprintMismatch means the key was first used with another request.
 	BeginFingerprintMismatch
+	// BeginOutcomeUnknown means an attempt's lease ran out before it stored an
+	// outcome; nothing may run until the record is resolved.
+	BeginOutcomeUnknown
 )
 
 // String returns the state's name as logged.
@@ -79,6 +140,8 @@ func (s BeginState) String() string {
 		return "in_flight"
 	case BeginFingerprintMismatch:
 		return "fingerprint_mismatch"
+	case BeginOutcomeUnknown:
+		return "outcome_unknown"
 	default:
 		return "unknown"
 	}
@@ -89,10 +152,11 @@ func (s BeginState) String() string {
 type BeginResult struct {
 	// State says what the caller may do.
 	State BeginState
-	// Epoch is the reservation's epoch (BeginReserved).
+	// Epoch is the reservation's epoch (BeginReserved), or the epoch whose
+	// outcome was lost (BeginOutcomeUnknown).
 	Epoch int64
 	// LeaseExpiresAt is when the reservation counts as abandoned
-	// (BeginReserved, BeginInFlight).
+	// (BeginReserved, BeginInFlight), or when it did (BeginOutcomeUnknown).
 	LeaseExpiresAt time.Time
 	// Outcome is the stored outcome (BeginCompleted).
 	Outcome Outcome
@@ -134,4 +198,28 @@ type ReleaseParams struct {
 	AttemptToken string
 	// Epoch as returned by Begin.
 	Epoch int64
+}
+
+// HeartbeatParams are the inputs of Store.Heartbeat.
+type HeartbeatParams struct {
+	// Scope as passed to Begin.
+	Scope string
+	// Key as passed to Begin.
+	Key string
+	// AttemptToken as passed to Begin.
+	AttemptToken string
+	// Epoch as returned by Begin.
+	Epoch int64
+	// Lease is how long from now the reservation is held.
+	Lease time.Duration
+}
+
+// ResolveParams are the inputs of Store.Resolve.
+type ResolveParams struct {
+	// Scope of the record.
+	Scope string
+	// Key of the record.
+	Key string
+	// Complete is the outcome to store; nil releases the record instead.
+	Complete *Outcome
 }

@@ -16,14 +16,17 @@ type SweeperConfig struct {
 	// MaxBatches bounds the batches of one sweep, so a backlog is worked off
 	// over several sweeps instead of monopolising the store. Defaults to 100.
 	MaxBatches int
-	// Logger receives one line per sweep that deleted something, and store
-	// errors. Defaults to slog.Default().
+	// Logger receives one line per sweep that deleted something, a warning
+	// for every outcome-unknown record deleted unresolved, and store errors.
+	// Defaults to slog.Default().
 	Logger *slog.Logger
 }
 
 // Sweeper deletes expired records in bounded batches, so the table stays the
 // size of the retention window. Expired records already count as absent to
-// Begin; sweeping only reclaims their space.
+// Begin; sweeping only reclaims their space. An outcome-unknown record expires
+// only after the unknown retention (see WithUnknownRetention), and each one
+// deleted unresolved is logged.
 type Sweeper struct {
 	store Store
 	cfg   SweeperConfig
@@ -68,8 +71,12 @@ func (s *Sweeper) Run(ctx context.Context) {
 func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 	total := 0
 	for range s.cfg.MaxBatches {
-		n, err := s.store.DeleteExpired(ctx, s.cfg.BatchSize)
+		n, unknown, err := s.store.DeleteExpired(ctx, s.cfg.BatchSize)
 		total += n
+		for _, id := range unknown {
+			s.cfg.Logger.WarnContext(ctx, "deleted an outcome-unknown record nobody resolved within its limit; its side effect may or may not have happened",
+				slog.String("scope", id.Scope), slog.String("key", id.Key))
+		}
 		if err != nil {
 			return total, err
 		}

@@ -123,6 +123,12 @@ func TestNewRejectsInconsistentPolicies(t *testing.T) {
 			&idemgatev1.MethodPolicy{Mutating: true, Retention: durationpb.New(time.Minute), Lease: durationpb.New(time.Hour)}), "shorter than its lease"},
 		{"lease under 1s", method("Tiny", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN,
 			&idemgatev1.MethodPolicy{Mutating: true, Lease: durationpb.New(time.Millisecond)}), "below the minimum"},
+		{"unknown replay code", method("Codes", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN,
+			&idemgatev1.MethodPolicy{Mutating: true, ReplayCodes: []string{"invalid_argument"}}), `replay_codes has "invalid_argument"`},
+		{"OK as a replay code", method("Ok", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN,
+			&idemgatev1.MethodPolicy{Mutating: true, ReplayCodes: []string{"OK"}}), `replay_codes has "OK"`},
+		{"max_wait over 60s", method("Wait", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN,
+			&idemgatev1.MethodPolicy{Mutating: true, MaxWait: durationpb.New(2 * time.Minute)}), "max_wait 2m0s is outside"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -135,16 +141,31 @@ func TestNewRejectsInconsistentPolicies(t *testing.T) {
 		})
 	}
 
+	t.Run("a reconciler for an ungated method", func(t *testing.T) {
+		t.Parallel()
+		files := filesWith(t, method("Get", false, descriptorpb.MethodOptions_NO_SIDE_EFFECTS, nil))
+		_, err := interceptor.New(idemgatev1.NewDedupeServiceClient(nil), interceptor.WithFiles(files),
+			interceptor.WithReconciler("/bad.v1.BadService/Get", func(context.Context, string, proto.Message) (interceptor.Resolution, error) {
+				return interceptor.StillUnknown(), nil
+			}))
+		if err == nil || !strings.Contains(err.Error(), "/bad.v1.BadService/Get, which is not a gated method") {
+			t.Fatalf("New: %v, want the reconciler refused", err)
+		}
+	})
+
 	t.Run("a consistent file builds and gates only the mutating method", func(t *testing.T) {
 		t.Parallel()
 		files := filesWith(t,
-			method("Charge", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN, &idemgatev1.MethodPolicy{Mutating: true, Lease: durationpb.New(30 * time.Second)}),
+			method("Charge", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN, &idemgatev1.MethodPolicy{
+				Mutating: true, Lease: durationpb.New(30 * time.Second), ReplayCodes: []string{"NOT_FOUND", "FAILED_PRECONDITION"},
+				OnLostOutcome: idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_REEXECUTE, MaxWait: durationpb.New(0),
+			}),
 			method("Get", false, descriptorpb.MethodOptions_NO_SIDE_EFFECTS, nil))
 		g, err := interceptor.New(idemgatev1.NewDedupeServiceClient(nil), interceptor.WithFiles(files))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := g.Policy("/bad.v1.BadService/Charge").String(); got != "gated(retention=24h0m0s, lease=30s)" {
+		if got := g.Policy("/bad.v1.BadService/Charge").String(); got != "gated(retention=24h0m0s, lease=30s, on_lost_outcome=reexecute, replay_codes=[NOT_FOUND FAILED_PRECONDITION], max_wait=0s)" {
 			t.Errorf("Charge policy %s", got)
 		}
 		if got := g.Policy("/bad.v1.BadService/Get").String(); got != "ungated" {

@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
+	"time"
 
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -53,13 +56,18 @@ type Gate struct {
 	dedupe  idemgatev1.DedupeServiceClient
 	methods map[string]*gatedMethod
 	opts    options
+	counts  counters
+	// background tracks Finish retries still running after their caller got
+	// its response.
+	background sync.WaitGroup
 }
 
 // New resolves the policy of every method in the descriptor registry (see
 // WithFiles) and returns a Gate that deduplicates the gated ones through
 // dedupe. It fails, naming each method, when a policy is inconsistent: a
 // method marked both mutating and NO_SIDE_EFFECTS, a streaming method marked
-// mutating, or a lease or retention out of range.
+// mutating, a lease, retention or max_wait out of range, an unknown replay
+// code, or a reconciler for a method that is not gated.
 func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 	if dedupe == nil {
 		return nil, fmt.Errorf("idemgate: New needs a Dedupe service client, got nil")
@@ -75,6 +83,19 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 	return &Gate{dedupe: dedupe, methods: methods, opts: o}, nil
 }
 
+// Close waits until every outcome still being retried in the background is
+// stored or given up, or ctx ends. Call it after the gRPC server stopped.
+func (g *Gate) Close(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() { g.background.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // Policy returns the resolved policy of a full method name
 // ("/pkg.Service/Method"); a method it does not gate reports Gated false.
 func (g *Gate) Policy(fullMethod string) Policy {
@@ -86,7 +107,9 @@ func (g *Gate) Policy(fullMethod string) Policy {
 
 // UnaryServerInterceptor returns the server interceptor that gates unary
 // calls. Put it after authentication (the tenant function may read the
-// caller's identity) and before anything that retries the handler.
+// caller's identity) and after any panic recovery (a panicking handler is a
+// lost outcome, and the interceptor re-panics), before anything that retries
+// the handler.
 func (g *Gate) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		m, ok := g.methods[info.FullMethod]
@@ -96,6 +119,18 @@ func (g *Gate) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		return g.gate(ctx, req, info.FullMethod, m, handler)
 	}
 }
+
+// call is one gated call's identity in the Dedupe service.
+type call struct {
+	method *gatedMethod
+	key    string
+	scope  string
+	token  string
+}
+
+// maxReconcileRounds bounds Begin after a reconciler settled a record: the
+// next Begin normally replays or reserves, unless another caller raced.
+const maxReconcileRounds = 3
 
 func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMethod, handler grpc.UnaryHandler) (any, error) {
 	key, err := keyFromMetadata(ctx)
@@ -114,79 +149,274 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "idemgate: fingerprint the request of %s: %v", fullMethod, err)
 	}
-	scope := scopeOf(fullMethod, tenant)
-	token := rand.Text()
-
-	beginCtx, cancel := context.WithTimeout(ctx, g.opts.dedupeTimeout)
-	begun, err := g.dedupe.Begin(beginCtx, &idemgatev1.BeginRequest{
-		Scope:        scope,
-		Key:          key,
-		Fingerprint:  fingerprint,
-		AttemptToken: token,
-		Lease:        durationpb.New(m.policy.Lease),
-		Retention:    durationpb.New(m.policy.Retention),
-	})
-	cancel()
-	if err != nil {
-		return nil, g.beginError(ctx, err)
+	c := call{method: m, key: key, scope: scopeOf(fullMethod, tenant), token: rand.Text()}
+	beginReq := &idemgatev1.BeginRequest{
+		Scope:         c.scope,
+		Key:           key,
+		Fingerprint:   fingerprint,
+		AttemptToken:  c.token,
+		Lease:         durationpb.New(m.policy.Lease),
+		Retention:     durationpb.New(m.policy.Retention),
+		OnLostOutcome: m.policy.OnLostOutcome,
+		MaxWait:       durationpb.New(m.policy.MaxWait),
 	}
 
-	switch result := begun.GetResult().(type) {
-	case *idemgatev1.BeginResponse_Reserved_:
-		return g.run(ctx, req, key, scope, token, result.Reserved.GetEpoch(), handler)
-	case *idemgatev1.BeginResponse_Completed_:
-		return g.replay(ctx, m, result.Completed.GetOutcome())
-	case *idemgatev1.BeginResponse_InFlight_:
-		return nil, grpcerr.New(codes.Aborted, ReasonInFlight,
-			"another call with this idempotency key is running now; retry with the same key to get its outcome",
-			nil, g.opts.inFlightRetry)
-	case *idemgatev1.BeginResponse_FingerprintMismatch_:
-		return nil, grpcerr.New(codes.FailedPrecondition, ReasonKeyReused,
-			"this idempotency key was first used with a different request; use a new key for a new action",
-			nil, 0)
-	default:
-		return nil, grpcerr.New(codes.Internal, ReasonStoreRejected,
-			fmt.Sprintf("the Dedupe service answered Begin with an unknown result %T", result), nil, 0)
+	for round := 0; ; round++ {
+		beginCtx, cancel := context.WithTimeout(ctx, g.opts.dedupeTimeout+m.policy.MaxWait)
+		begun, err := g.dedupe.Begin(beginCtx, beginReq)
+		cancel()
+		if err != nil {
+			return nil, g.beginError(ctx, err)
+		}
+
+		switch result := begun.GetResult().(type) {
+		case *idemgatev1.BeginResponse_Reserved_:
+			return g.run(ctx, req, c, result.Reserved.GetEpoch(), handler)
+		case *idemgatev1.BeginResponse_Completed_:
+			return g.replay(ctx, m, result.Completed.GetOutcome())
+		case *idemgatev1.BeginResponse_InFlight_:
+			return nil, grpcerr.New(codes.Aborted, ReasonInFlight,
+				"another call with this idempotency key is still running; retry with the same key to get its outcome",
+				nil, g.opts.inFlightRetry)
+		case *idemgatev1.BeginResponse_FingerprintMismatch_:
+			return nil, grpcerr.New(codes.FailedPrecondition, ReasonKeyReused,
+				"this idempotency key was first used with a different request; use a new key for a new action",
+				nil, 0)
+		case *idemgatev1.BeginResponse_OutcomeUnknown_:
+			if m.reconcile == nil || round >= maxReconcileRounds {
+				return nil, outcomeUnknown(key)
+			}
+			resp, settled, err := g.reconcile(ctx, c, msg)
+			if err != nil || settled {
+				return resp, err
+			}
+			// Released, or another caller settled it first: Begin again.
+		default:
+			return nil, grpcerr.New(codes.Internal, ReasonStoreRejected,
+				fmt.Sprintf("the Dedupe service answered Begin with an unknown result %T", result), nil, 0)
+		}
 	}
 }
 
-// run executes the handler under the reservation and records what happened.
-// Recording is detached from the caller's context: a caller that timed out
-// after the side effect ran must still leave its outcome behind.
-func (g *Gate) run(ctx context.Context, req any, key, scope, token string, epoch int64, handler grpc.UnaryHandler) (any, error) {
-	resp, handlerErr := handler(contextWithKey(ctx, key), req)
-	recordCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.opts.outcomeTimeout)
+func outcomeUnknown(key string) error {
+	return grpcerr.New(codes.FailedPrecondition, ReasonOutcomeUnknown,
+		"an earlier attempt with this idempotency key stopped before its outcome was stored, so its side effect may or may not have happened; "+
+			"it will not run again until an operator resolves the record (idemctl, or the Dedupe service's Resolve)",
+		map[string]string{"key": key}, 0)
+}
+
+// reconcile asks the method's Reconciler what happened to a lost outcome and
+// settles the record with its answer. It reports settled with the call's
+// answer, or not settled when the caller should Begin again.
+func (g *Gate) reconcile(ctx context.Context, c call, req proto.Message) (any, bool, error) {
+	res, err := c.method.reconcile(ctx, c.key, req)
+	if err != nil {
+		g.opts.logger.WarnContext(ctx, "idemgate: the reconciler failed; the outcome stays unknown", slog.String("scope", c.scope), slog.Any("error", err))
+		return nil, true, outcomeUnknown(c.key)
+	}
+	resolve := &idemgatev1.ResolveRequest{Scope: c.scope, Key: c.key}
+	switch res.kind {
+	case resolvedResponse:
+		if res.response == nil || res.response.ProtoReflect().Descriptor().FullName() != c.method.outputName {
+			return nil, true, status.Errorf(codes.Internal, "idemgate: the reconciler of %s answered %T, not a %s", c.scope, res.response, c.method.outputName)
+		}
+		outcome, err := marshalAny(res.response)
+		if err != nil {
+			return nil, true, status.Errorf(codes.Internal, "idemgate: serialize the reconciler's response: %v", err)
+		}
+		resolve.Resolution = &idemgatev1.ResolveRequest_Complete{Complete: outcome}
+	case resolvedError:
+		outcome, err := marshalAny(status.Convert(res.err).Proto())
+		if err != nil {
+			return nil, true, status.Errorf(codes.Internal, "idemgate: serialize the reconciler's error: %v", err)
+		}
+		resolve.Resolution = &idemgatev1.ResolveRequest_Complete{Complete: outcome}
+	case resolvedNotRun:
+		resolve.Resolution = &idemgatev1.ResolveRequest_Release_{Release: &idemgatev1.ResolveRequest_Release{}}
+	default:
+		return nil, true, outcomeUnknown(c.key)
+	}
+	resolveCtx, cancel := context.WithTimeout(ctx, g.opts.dedupeTimeout)
 	defer cancel()
+	if _, err := g.dedupe.Resolve(resolveCtx, resolve); err != nil {
+		if code := status.Code(err); code != codes.FailedPrecondition && code != codes.NotFound {
+			return nil, true, g.beginError(ctx, err)
+		}
+	}
+	// Settled by us, or by a racing caller, or expired meanwhile: either way
+	// the next Begin replays the settled outcome or reserves a free key.
+	g.counts.reconciled.Add(1)
+	return nil, false, nil
+}
+
+// run executes the handler under the reservation, renewing its lease while it
+// runs, and records what happened. Recording is detached from the caller's
+// context: a caller that timed out after the side effect ran must still leave
+// its outcome behind.
+func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, handler grpc.UnaryHandler) (resp any, err error) {
+	stopHeartbeats := g.heartbeat(ctx, c, epoch)
+	defer func() {
+		if p := recover(); p != nil {
+			stopHeartbeats()
+			g.counts.outcomesLost.Add(1)
+			g.opts.logger.ErrorContext(ctx, "idemgate: the handler panicked; its outcome is lost, not released, so the key will not silently run again",
+				slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Any("panic", p))
+			panic(p)
+		}
+	}()
+	resp, handlerErr := handler(contextWithKey(ctx, c.key), req)
+	stopHeartbeats()
 
 	if handlerErr != nil {
-		_, err := g.dedupe.Release(recordCtx, &idemgatev1.ReleaseRequest{Scope: scope, Key: key, AttemptToken: token, Epoch: epoch})
-		if err != nil {
-			g.opts.logger.ErrorContext(ctx, "idemgate: could not release the reservation after the handler failed; the key stays in flight until its lease ends",
-				slog.String("scope", scope), slog.Int64("epoch", epoch), slog.Any("error", err))
+		final, st, unwrapped := c.method.finalStatus(handlerErr)
+		if !final {
+			g.release(ctx, c, epoch)
+			return resp, unwrapped
 		}
-		return resp, handlerErr
+		outcome, err := marshalAny(st.Proto())
+		if err != nil {
+			g.opts.logger.ErrorContext(ctx, "idemgate: could not serialize a final error to store it; releasing instead", slog.String("scope", c.scope), slog.Any("error", err))
+			g.release(ctx, c, epoch)
+			return resp, unwrapped
+		}
+		g.finish(ctx, c, epoch, outcome)
+		// The caller gets exactly what duplicates will be replayed.
+		return nil, status.FromProto(st.Proto()).Err()
 	}
 
 	respMsg, ok := resp.(proto.Message)
 	if !ok {
 		return resp, nil // grpc will fail to encode it anyway
 	}
-	outcome := &anypb.Any{}
-	if err := anypb.MarshalFrom(outcome, respMsg, proto.MarshalOptions{Deterministic: true}); err != nil {
-		g.opts.logger.ErrorContext(ctx, "idemgate: could not serialize the response to store it", slog.String("scope", scope), slog.Any("error", err))
+	outcome, err := marshalAny(respMsg)
+	if err != nil {
+		g.opts.logger.ErrorContext(ctx, "idemgate: could not serialize the response to store it", slog.String("scope", c.scope), slog.Any("error", err))
+		g.counts.outcomesLost.Add(1)
 		return resp, nil
 	}
-	_, err := g.dedupe.Finish(recordCtx, &idemgatev1.FinishRequest{Scope: scope, Key: key, AttemptToken: token, Epoch: epoch, Outcome: outcome})
-	if err != nil {
-		g.opts.logger.ErrorContext(ctx, "idemgate: could not store the outcome after the handler succeeded; the caller got the response",
-			slog.String("scope", scope), slog.Int64("epoch", epoch), slog.Any("error", err))
-	}
+	g.finish(ctx, c, epoch, outcome)
 	return resp, nil
 }
 
-// replay returns the stored outcome as the method's response. A stored type
-// that is not the response type is an error, never a reason to run again.
+// heartbeat renews the reservation about every third of the lease until the
+// returned function is called, which also waits for the renewing goroutine.
+func (g *Gate) heartbeat(ctx context.Context, c call, epoch int64) (stop func()) {
+	lease := c.method.policy.Lease
+	hbCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ticker := time.NewTicker(lease / 3)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-hbCtx.Done():
+				return
+			case <-ticker.C:
+			}
+			callCtx, cancelCall := context.WithTimeout(hbCtx, lease/3)
+			_, err := g.dedupe.Heartbeat(callCtx, &idemgatev1.HeartbeatRequest{
+				Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch, Lease: durationpb.New(lease),
+			})
+			cancelCall()
+			switch {
+			case err == nil:
+			case hbCtx.Err() != nil:
+				return
+			case status.Code(err) == codes.FailedPrecondition:
+				g.counts.fenced.Add(1)
+				g.opts.logger.WarnContext(ctx, "idemgate: the reservation was lost while the handler ran (its lease ran out); its outcome will be refused",
+					slog.String("scope", c.scope), slog.Int64("epoch", epoch))
+				return
+			default:
+				g.counts.heartbeatFailures.Add(1)
+				g.opts.logger.WarnContext(ctx, "idemgate: could not renew the reservation's lease", slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Any("error", err))
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// release gives the reservation up after a handler error, so a retry runs.
+func (g *Gate) release(ctx context.Context, c call, epoch int64) {
+	releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.opts.outcomeTimeout)
+	defer cancel()
+	_, err := g.dedupe.Release(releaseCtx, &idemgatev1.ReleaseRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch})
+	if err != nil {
+		g.counts.releaseFailures.Add(1)
+		g.opts.logger.ErrorContext(ctx, "idemgate: could not release the reservation after the handler failed; the key stays in flight until its lease runs out",
+			slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Any("error", err))
+	}
+}
+
+// finish stores the outcome. The first attempt runs before the caller gets
+// its answer, so a duplicate right after it replays; if the Dedupe service
+// cannot take it, retries with backoff go on in the background within the
+// finish retry budget, and an outcome still not stored then is counted and
+// logged as lost.
+func (g *Gate) finish(ctx context.Context, c call, epoch int64, outcome *anypb.Any) {
+	req := &idemgatev1.FinishRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch, Outcome: outcome}
+	detached := context.WithoutCancel(ctx)
+	if g.tryFinish(detached, req) {
+		return
+	}
+	g.background.Add(1)
+	go func() {
+		defer g.background.Done()
+		deadline := time.Now().Add(g.opts.finishBudget)
+		backoff := 100 * time.Millisecond
+		for time.Now().Add(backoff).Before(deadline) {
+			time.Sleep(backoff)
+			backoff = min(2*backoff, 5*time.Second)
+			g.counts.finishRetries.Add(1)
+			if g.tryFinish(detached, req) {
+				return
+			}
+		}
+		g.counts.outcomesLost.Add(1)
+		g.opts.logger.ErrorContext(ctx, "idemgate: gave up storing an outcome after the side effect ran; the caller got its response, "+
+			"and the key goes down its on_lost_outcome path when the lease runs out",
+			slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Duration("budget", g.opts.finishBudget))
+	}()
+}
+
+// tryFinish makes one Finish attempt and reports whether it is settled: stored,
+// or refused for good (fenced, or rejected as invalid).
+func (g *Gate) tryFinish(ctx context.Context, req *idemgatev1.FinishRequest) bool {
+	callCtx, cancel := context.WithTimeout(ctx, g.opts.outcomeTimeout)
+	defer cancel()
+	_, err := g.dedupe.Finish(callCtx, req)
+	switch status.Code(err) {
+	case codes.OK:
+		return true
+	case codes.FailedPrecondition:
+		g.counts.fenced.Add(1)
+		g.opts.logger.WarnContext(ctx, "idemgate: the outcome was refused because the reservation had been taken over; the newer outcome stands",
+			slog.String("scope", req.GetScope()), slog.Int64("epoch", req.GetEpoch()))
+		return true
+	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.ResourceExhausted:
+		g.counts.outcomesLost.Add(1)
+		g.opts.logger.ErrorContext(ctx, "idemgate: the Dedupe service rejected the outcome", slog.String("scope", req.GetScope()), slog.Any("error", err))
+		return true
+	default:
+		g.opts.logger.WarnContext(ctx, "idemgate: could not store the outcome; retrying", slog.String("scope", req.GetScope()), slog.Any("error", err))
+		return false
+	}
+}
+
+// replay returns the stored outcome: the method's response, or the final
+// error it ended with. A stored type that is neither is an error, never a
+// reason to run again.
 func (g *Gate) replay(ctx context.Context, m *gatedMethod, outcome *anypb.Any) (any, error) {
+	if outcome.MessageName() == statusName {
+		st := &spb.Status{}
+		if err := proto.Unmarshal(outcome.GetValue(), st); err != nil {
+			return nil, grpcerr.New(codes.Internal, ReasonOutcomeTypeMismatch,
+				fmt.Sprintf("the stored error outcome does not decode: %v; the call was not run again", err), nil, 0)
+		}
+		g.markReplayed(ctx)
+		return nil, status.FromProto(st).Err()
+	}
 	if outcome.MessageName() != m.outputName {
 		return nil, grpcerr.New(codes.Internal, ReasonOutcomeTypeMismatch,
 			fmt.Sprintf("the stored outcome is a %s, not this method's response type %s; the call was not run again", outcome.MessageName(), m.outputName),
@@ -197,10 +427,22 @@ func (g *Gate) replay(ctx context.Context, m *gatedMethod, outcome *anypb.Any) (
 		return nil, grpcerr.New(codes.Internal, ReasonOutcomeTypeMismatch,
 			fmt.Sprintf("the stored outcome does not decode as %s: %v; the call was not run again", m.outputName, err), nil, 0)
 	}
+	g.markReplayed(ctx)
+	return resp, nil
+}
+
+func (g *Gate) markReplayed(ctx context.Context) {
 	if err := grpc.SetHeader(ctx, metadata.Pairs(ReplayedHeader, "true")); err != nil {
 		g.opts.logger.WarnContext(ctx, "idemgate: could not set the replayed header", slog.Any("error", err))
 	}
-	return resp, nil
+}
+
+var statusName = (&spb.Status{}).ProtoReflect().Descriptor().FullName()
+
+func marshalAny(m proto.Message) (*anypb.Any, error) {
+	outcome := &anypb.Any{}
+	err := anypb.MarshalFrom(outcome, m, proto.MarshalOptions{Deterministic: true})
+	return outcome, err
 }
 
 // beginError maps a failed Begin. The caller's own cancellation stays what it

@@ -251,7 +251,7 @@ func TestExpiredRecordRunsAfreshAndIsSwept(t *testing.T) {
 	if err := h.Pool.QueryRow(context.Background(), "SELECT count(*) FROM idemgate_records").Scan(&rows); err != nil || rows != 2 {
 		t.Fatalf("before sweeping: %d rows (%v), want 2", rows, err)
 	}
-	n, err := h.Store.DeleteExpired(context.Background(), 100)
+	n, _, err := h.Store.DeleteExpired(context.Background(), 100)
 	if err != nil || n != 2 {
 		t.Fatalf("DeleteExpired = %d, %v; want 2 expired rows deleted", n, err)
 	}

@@ -21,9 +21,9 @@ type options struct {
 	dedupeTimeout  time.Duration
 	inFlightRetry  time.Duration
 	storeRetry     time.Duration
-	defaultLease   time.Duration
-	defaultRetain  time.Duration
 	outcomeTimeout time.Duration
+	finishBudget   time.Duration
+	reconcilers    map[string]Reconciler
 }
 
 var defaultOptions = options{
@@ -34,9 +34,8 @@ var defaultOptions = options{
 	dedupeTimeout:  5 * time.Second,
 	inFlightRetry:  time.Second,
 	storeRetry:     time.Second,
-	defaultLease:   DefaultLease,
-	defaultRetain:  DefaultRetention,
-	outcomeTimeout: 10 * time.Second,
+	outcomeTimeout: 5 * time.Second,
+	finishBudget:   time.Minute,
 }
 
 // Option configures New.
@@ -75,11 +74,34 @@ func WithDedupeTimeout(d time.Duration) Option {
 	return func(o *options) { o.dedupeTimeout = d }
 }
 
-// WithOutcomeTimeout bounds storing the outcome (Finish or Release) after the
-// handler returned. It runs detached from the caller's context, so a caller
-// that gave up still gets its outcome recorded. Defaults to 10s.
+// WithOutcomeTimeout bounds each attempt to store an outcome (Finish or
+// Release) after the handler returned. It runs detached from the caller's
+// context, so a caller that gave up still gets its outcome recorded.
+// Defaults to 5s.
 func WithOutcomeTimeout(d time.Duration) Option {
 	return func(o *options) { o.outcomeTimeout = d }
+}
+
+// WithFinishRetryBudget bounds how long the interceptor keeps retrying, with
+// backoff, to store an outcome the Dedupe service could not take. The caller
+// gets its response after the first attempt; the retries go on in the
+// background (Close waits for them). When the budget runs out the outcome is
+// lost: the record's lease runs out and it goes down the method's
+// on_lost_outcome path. Defaults to 1m.
+func WithFinishRetryBudget(d time.Duration) Option {
+	return func(o *options) { o.finishBudget = d }
+}
+
+// WithReconciler registers the Reconciler of one gated method, by full
+// method name ("/pkg.Service/Method"). New fails when the method is not
+// gated. Defaults to none: a lost outcome answers IDEMPOTENCY_OUTCOME_UNKNOWN.
+func WithReconciler(fullMethod string, r Reconciler) Option {
+	return func(o *options) {
+		if o.reconcilers == nil {
+			o.reconcilers = map[string]Reconciler{}
+		}
+		o.reconcilers[fullMethod] = r
+	}
 }
 
 // WithInFlightRetryAfter sets the RetryInfo delay sent with

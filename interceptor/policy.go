@@ -3,8 +3,10 @@ package interceptor
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
@@ -19,9 +21,15 @@ import (
 const (
 	// DefaultRetention is how long an outcome is replayed: 24h.
 	DefaultRetention = 24 * time.Hour
-	// DefaultLease is how long a reservation is held before it counts as
-	// abandoned and the next attempt may take it over: 5m.
-	DefaultLease = 5 * time.Minute
+	// DefaultLease is how long a reservation is held without a heartbeat
+	// before it counts as abandoned: 10s. The interceptor renews it about
+	// every third of the lease while the handler runs.
+	DefaultLease = 10 * time.Second
+	// DefaultMaxWait is how long a duplicate waits for an in-flight
+	// original's outcome before it gets ABORTED: 3s.
+	DefaultMaxWait = 3 * time.Second
+	// MaxMaxWait is the longest max_wait a policy may set: 60s.
+	MaxMaxWait = 60 * time.Second
 	// MinLease is the shortest lease a policy may set: 1s.
 	MinLease = time.Second
 	// MaxRetention is the longest retention a policy may set: 365 days.
@@ -35,18 +43,61 @@ type Policy struct {
 	Gated bool
 	// Retention is how long an outcome is replayed.
 	Retention time.Duration
-	// Lease is how long a reservation is held before it counts as abandoned.
+	// Lease is how long a reservation is held without a heartbeat before it
+	// counts as abandoned.
 	Lease time.Duration
+	// OnLostOutcome says what a call finds after an attempt lost its lease
+	// without an outcome.
+	OnLostOutcome idemgatev1.LostOutcomePolicy
+	// ReplayCodes are the status codes whose errors are stored and replayed.
+	ReplayCodes []codes.Code
+	// MaxWait is how long a duplicate waits for an in-flight outcome.
+	MaxWait time.Duration
 }
 
 // String describes the policy as logged, for example
-// "gated(retention=24h0m0s, lease=5m0s)" or "ungated".
+// "gated(retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[], max_wait=3s)"
+// or "ungated".
 func (p Policy) String() string {
 	if !p.Gated {
 		return "ungated"
 	}
-	return fmt.Sprintf("gated(retention=%s, lease=%s)", p.Retention, p.Lease)
+	onLost := "fail_closed"
+	if p.OnLostOutcome == idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_REEXECUTE {
+		onLost = "reexecute"
+	}
+	names := make([]string, len(p.ReplayCodes))
+	for i, c := range p.ReplayCodes {
+		names[i] = codeName(c)
+	}
+	return fmt.Sprintf("gated(retention=%s, lease=%s, on_lost_outcome=%s, replay_codes=[%s], max_wait=%s)",
+		p.Retention, p.Lease, onLost, strings.Join(names, " "), p.MaxWait)
 }
+
+// codeName spells a code the way google.rpc.Code and replay_codes do.
+func codeName(c codes.Code) string {
+	return strings.ToUpper(toSnake(c.String()))
+}
+
+func toSnake(camel string) string {
+	var b strings.Builder
+	for i, r := range camel {
+		if i > 0 && r >= 'A' && r <= 'Z' {
+			b.WriteByte('_')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// codeByName maps every code name ("INVALID_ARGUMENT") to its code.
+var codeByName = func() map[string]codes.Code {
+	m := map[string]codes.Code{}
+	for c := codes.OK; c <= codes.Unauthenticated; c++ {
+		m[codeName(c)] = c
+	}
+	return m
+}()
 
 // gatedMethod is what the interceptor needs at call time, resolved once.
 type gatedMethod struct {
@@ -56,6 +107,10 @@ type gatedMethod struct {
 	// outputName is the response's full name, checked against the stored
 	// outcome's type URL.
 	outputName protoreflect.FullName
+	// replay holds policy.ReplayCodes for a lookup per error.
+	replay map[codes.Code]bool
+	// reconcile is the method's Reconciler, or nil.
+	reconcile Reconciler
 }
 
 // resolvePolicies walks every service in files and returns the gated methods
@@ -79,15 +134,26 @@ func resolvePolicies(files *protoregistry.Files, types *protoregistry.Types, o o
 					continue
 				}
 				fullMethod := fmt.Sprintf("/%s/%s", md.Parent().FullName(), md.Name())
+				replay := map[codes.Code]bool{}
+				for _, c := range policy.ReplayCodes {
+					replay[c] = true
+				}
 				gated[fullMethod] = &gatedMethod{
 					policy:     policy,
 					output:     messageType(types, md.Output()),
 					outputName: md.Output().FullName(),
+					replay:     replay,
+					reconcile:  o.reconcilers[fullMethod],
 				}
 			}
 		}
 		return true
 	})
+	for fullMethod := range o.reconcilers {
+		if _, ok := gated[fullMethod]; !ok {
+			errs = append(errs, fmt.Errorf("idemgate: a reconciler is registered for %s, which is not a gated method", fullMethod))
+		}
+	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -114,7 +180,31 @@ func methodPolicy(md protoreflect.MethodDescriptor, o options) (Policy, error) {
 	if md.IsStreamingClient() || md.IsStreamingServer() {
 		return Policy{}, fmt.Errorf("idemgate: streaming method %s is marked mutating, but only unary methods can be gated: a stream's outcome is not one message to store and replay", name)
 	}
-	p := Policy{Gated: true, Retention: o.defaultRetain, Lease: o.defaultLease}
+	p := Policy{Gated: true, Retention: DefaultRetention, Lease: DefaultLease, MaxWait: DefaultMaxWait,
+		OnLostOutcome: idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_FAIL_CLOSED}
+	switch raw.GetOnLostOutcome() {
+	case idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_UNSPECIFIED, idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_FAIL_CLOSED:
+	case idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_REEXECUTE:
+		p.OnLostOutcome = raw.GetOnLostOutcome()
+	default:
+		return Policy{}, fmt.Errorf("idemgate: method %s: policy on_lost_outcome %d is not a LostOutcomePolicy", name, raw.GetOnLostOutcome())
+	}
+	for _, codeText := range raw.GetReplayCodes() {
+		c, ok := codeByName[codeText]
+		if !ok || c == codes.OK {
+			return Policy{}, fmt.Errorf("idemgate: method %s: policy replay_codes has %q, which is not an error code name such as \"INVALID_ARGUMENT\"", name, codeText)
+		}
+		p.ReplayCodes = append(p.ReplayCodes, c)
+	}
+	if d := raw.GetMaxWait(); d != nil {
+		if err := d.CheckValid(); err != nil {
+			return Policy{}, fmt.Errorf("idemgate: method %s: policy max_wait: %w", name, err)
+		}
+		p.MaxWait = d.AsDuration()
+		if p.MaxWait < 0 || p.MaxWait > MaxMaxWait {
+			return Policy{}, fmt.Errorf("idemgate: method %s: policy max_wait %s is outside 0s to %s", name, p.MaxWait, MaxMaxWait)
+		}
+	}
 	if d := raw.GetRetention(); d != nil {
 		if err := d.CheckValid(); err != nil {
 			return Policy{}, fmt.Errorf("idemgate: method %s: policy retention: %w", name, err)

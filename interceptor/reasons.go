@@ -18,6 +18,12 @@ const (
 	// ReasonInFlight: another call with the key is running now. ABORTED with
 	// RetryInfo; retry with the same key to get its outcome.
 	ReasonInFlight = "IDEMPOTENCY_IN_FLIGHT"
+	// ReasonOutcomeUnknown: an earlier attempt with the key lost its lease
+	// before it stored an outcome (the tool server died or hung mid-call), so
+	// its side effect may or may not have happened, and the method's
+	// on_lost_outcome is FAIL_CLOSED. FAILED_PRECONDITION; nothing runs until
+	// an operator resolves the record or a Reconciler settles it.
+	ReasonOutcomeUnknown = "IDEMPOTENCY_OUTCOME_UNKNOWN"
 	// ReasonStoreUnavailable: the Dedupe service could not be reached or
 	// failed. UNAVAILABLE with RetryInfo; the handler did not run (fail
 	// closed), so retrying with the same key is safe.

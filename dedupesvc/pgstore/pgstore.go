@@ -5,11 +5,15 @@
 // READ COMMITTED; the reservation commits before the tool's handler runs and
 // no row lock outlives a statement. The SQL avoids advisory locks and other
 // PostgreSQL-only features, so the same schema runs on CockroachDB and
-// YugabyteDB.
+// YugabyteDB; the one exception, NOTIFY to wake waiting duplicates, is a
+// hint that can be turned off (WithoutNotify), leaving waiters to poll.
 package pgstore
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -20,28 +24,108 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc"
 )
 
+// DefaultChannel is the NOTIFY channel record changes are announced on.
+const DefaultChannel = "idemgate_records"
+
 // Store is a dedupesvc.Store on a PostgreSQL connection pool. The schema must
 // be migrated first (Migrate).
 type Store struct {
-	pool *pgxpool.Pool
+	pool    *pgxpool.Pool
+	channel string // "" when notifications are off
+	// finishSQL, releaseSQL, resolveCompleteSQL, resolveReleaseSQL and
+	// markUnknownSQL change a record's state; with notifications on they also
+	// announce the change, in the same statement.
+	finishSQL, releaseSQL, resolveCompleteSQL, resolveReleaseSQL, markUnknownSQL string
 }
 
 var _ dedupesvc.Store = (*Store)(nil)
 
-// New returns a Store on pool. The caller owns the pool and closes it.
-func New(pool *pgxpool.Pool) *Store {
-	return &Store{pool: pool}
+// Option configures New.
+type Option func(*Store)
+
+// WithChannel sets the NOTIFY channel that state changes are announced on.
+// Defaults to DefaultChannel.
+func WithChannel(channel string) Option {
+	return func(s *Store) { s.channel = channel }
 }
 
-// maxBeginRounds bounds the loop between the reserving upsert and the read of
-// the row that blocked it: the row can change between the two (it expires, is
-// released or is swept), which needs one more round, never many.
+// WithoutNotify stops announcing state changes, for databases without
+// LISTEN/NOTIFY (CockroachDB); waiting duplicates then poll. Defaults to
+// announcing.
+func WithoutNotify() Option {
+	return func(s *Store) { s.channel = "" }
+}
+
+// New returns a Store on pool. The caller owns the pool and closes it.
+func New(pool *pgxpool.Pool, opts ...Option) *Store {
+	s := &Store{pool: pool, channel: DefaultChannel}
+	for _, opt := range opts {
+		opt(s)
+	}
+	s.finishSQL = s.announced(finishSQL, 7)
+	s.releaseSQL = s.announced(releaseSQL, 5)
+	s.resolveCompleteSQL = s.announced(resolveCompleteSQL, 5)
+	s.resolveReleaseSQL = s.announced(resolveReleaseSQL, 3)
+	s.markUnknownSQL = s.announced(markUnknownSQL, 5)
+	return s
+}
+
+// announced wraps a state-changing UPDATE so that, when notifications are on,
+// the same statement also sends one NOTIFY per changed row, delivered when it
+// commits. The channel and the record's notify ID become parameters
+// $next and $next+1.
+func (s *Store) announced(update string, next int) string {
+	if s.channel == "" {
+		return update + "\nRETURNING 1"
+	}
+	return fmt.Sprintf("WITH changed AS (%s\nRETURNING 1)\nSELECT pg_notify($%d, $%d) FROM changed", update, next, next+1)
+}
+
+// change runs one of the announced statements and reports how many rows it
+// changed.
+func (s *Store) change(ctx context.Context, sql, scope, key string, args ...any) (int, error) {
+	if s.channel != "" {
+		args = append(args, s.channel, NotifyID(scope, key))
+	}
+	rows, err := s.pool.Query(ctx, sql, args...)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	return n, rows.Err()
+}
+
+// NotifyID is the NOTIFY payload that names a record: a hash, so a payload
+// stays short and never carries a tenant's key in clear.
+func NotifyID(scope, key string) string {
+	h := sha256.New()
+	h.Write([]byte(scope))
+	h.Write([]byte{0})
+	h.Write([]byte(key))
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// maxBeginRounds bounds Begin's loop of read and write: the row can change
+// between the two (it expires, is released, taken or swept), which needs one
+// more round, never many.
 const maxBeginRounds = 4
 
+// readSQL reads a key's row with the database's clock, so expiry is judged by
+// one clock across every dedupe service replica.
+const readSQL = `
+SELECT fingerprint, state, attempt_token, epoch, outcome_type_url, outcome_value,
+       lease_expires_at, completed_at, expires_at, now()
+FROM idemgate_records
+WHERE scope = $1 AND idempotency_key = $2`
+
 // reserveSQL takes the key when it is free: no row, or a row that expired, or
-// a row with the same fingerprint that was released or whose lease ran out.
-// It returns nothing when another row blocks it. It repeats the conditions
-// decide checked, because only this statement's view of the row is atomic.
+// a row with the same fingerprint that was released or (under REEXECUTE,
+// $7) whose holder's lease ran out. It returns nothing when the row blocks
+// it. It repeats what decide checked, because only this statement's view of
+// the row is atomic.
 const reserveSQL = `
 INSERT INTO idemgate_records AS r (
     scope, idempotency_key, fingerprint, state, attempt_token, epoch,
@@ -64,36 +148,52 @@ ON CONFLICT (scope, idempotency_key) DO UPDATE SET
 WHERE r.expires_at <= now()
    OR (r.fingerprint = excluded.fingerprint
        AND (r.state = 'released'
-            OR (r.state = 'in_flight' AND r.lease_expires_at <= now()
+            OR ($7::boolean AND r.state = 'in_flight' AND r.lease_expires_at <= now()
                 AND r.attempt_token <> excluded.attempt_token)))
 RETURNING epoch, lease_expires_at`
 
-// readSQL reads a key's row with the database's clock, so expiry is judged by
-// one clock across every dedupe service replica.
-const readSQL = `
-SELECT fingerprint, state, attempt_token, epoch, outcome_type_url, outcome_value,
-       lease_expires_at, completed_at, expires_at, now()
-FROM idemgate_records
-WHERE scope = $1 AND idempotency_key = $2`
+// markUnknownSQL turns an in-flight row whose lease ran out into an
+// outcome-unknown one (FAIL_CLOSED), kept for the unknown retention so it is
+// not swept before someone resolves it. The epoch test makes it a no-op when
+// the holder renewed its lease or finished meanwhile.
+const markUnknownSQL = `
+UPDATE idemgate_records
+SET state = 'unknown',
+    expires_at = greatest(expires_at, now() + $4::bigint * interval '1 millisecond')
+WHERE scope = $1 AND idempotency_key = $2 AND epoch = $3
+  AND state = 'in_flight' AND lease_expires_at <= now()`
 
 // Begin implements dedupesvc.Store. It reads first, so a duplicate (a replay,
-// an in-flight or mismatched key) costs one read and no commit; only when the
-// read finds the key free does it write, and then the single upsert decides
-// who holds it.
+// an in-flight, unknown or mismatched key) costs one read and no commit; only
+// when the read finds the key free does it write, and then the single upsert
+// decides who holds it.
 func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.BeginResult, error) {
 	for range maxBeginRounds {
 		row, found, err := s.read(ctx, p.Scope, p.Key)
 		if err != nil {
 			return dedupesvc.BeginResult{}, err
 		}
-		if found {
-			if res, decided := row.decide(p); decided {
-				return res, nil
-			}
-		}
+		next := nextReserve
 		var res dedupesvc.BeginResult
+		if found {
+			res, next = row.decide(p)
+		}
+		switch next {
+		case nextDone:
+			return res, nil
+		case nextMarkUnknown:
+			n, err := s.change(ctx, s.markUnknownSQL, p.Scope, p.Key, p.Scope, p.Key, row.epoch, p.UnknownRetention.Milliseconds())
+			if err != nil {
+				return dedupesvc.BeginResult{}, fmt.Errorf("pgstore: mark outcome unknown: %w", err)
+			}
+			if n == 1 {
+				return dedupesvc.BeginResult{State: dedupesvc.BeginOutcomeUnknown, Epoch: row.epoch, LeaseExpiresAt: row.leaseExpiresAt}, nil
+			}
+			continue // the holder renewed or settled meanwhile: look again
+		}
 		err = s.pool.QueryRow(ctx, reserveSQL,
 			p.Scope, p.Key, p.Fingerprint, p.AttemptToken, p.Lease.Milliseconds(), p.Retention.Milliseconds(),
+			p.OnLostOutcome == dedupesvc.Reexecute,
 		).Scan(&res.Epoch, &res.LeaseExpiresAt)
 		switch {
 		case err == nil:
@@ -102,10 +202,24 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 		case !errors.Is(err, pgx.ErrNoRows):
 			return dedupesvc.BeginResult{}, fmt.Errorf("pgstore: reserve: %w", err)
 		}
-		// Another attempt reserved the key between the read and the upsert:
-		// read again to learn what it holds.
+		// Another attempt took the key between the read and the upsert.
 	}
 	return dedupesvc.BeginResult{}, fmt.Errorf("pgstore: the record of the key kept changing over %d rounds", maxBeginRounds)
+}
+
+// record is one row as read by readSQL.
+type record struct {
+	fingerprint    []byte
+	state          string
+	attemptToken   string
+	epoch          int64
+	outcomeTypeURL string
+	outcomeValue   []byte
+	leaseExpiresAt time.Time
+	completedAt    *time.Time
+	expiresAt      time.Time
+	// now is the database's clock when the row was read.
+	now time.Time
 }
 
 func (s *Store) read(ctx context.Context, scope, key string) (record, bool, error) {
@@ -128,31 +242,23 @@ func (s *Store) read(ctx context.Context, scope, key string) (record, bool, erro
 	return row, true, nil
 }
 
-// record is one row as read by readSQL.
-type record struct {
-	fingerprint    []byte
-	state          string
-	attemptToken   string
-	epoch          int64
-	outcomeTypeURL string
-	outcomeValue   []byte
-	leaseExpiresAt time.Time
-	completedAt    *time.Time
-	expiresAt      time.Time
-	// now is the database's clock when the row was read.
-	now time.Time
-}
+// next is what Begin does after reading a row.
+type next int
 
-// decide turns an existing row into Begin's answer. It reports false when the
-// row does not block a reservation (expired, released, or abandoned with the
-// same request), so the caller tries to reserve.
-func (r record) decide(p dedupesvc.BeginParams) (dedupesvc.BeginResult, bool) {
-	now := r.now
-	if !r.expiresAt.After(now) {
-		return dedupesvc.BeginResult{}, false
+const (
+	nextDone        next = iota // the row answers the call
+	nextReserve                 // the key is free: try to reserve it
+	nextMarkUnknown             // the holder's lease ran out: mark it unknown
+)
+
+// decide turns an existing row into Begin's answer, or into the write that
+// must come first.
+func (r record) decide(p dedupesvc.BeginParams) (dedupesvc.BeginResult, next) {
+	if !r.expiresAt.After(r.now) {
+		return dedupesvc.BeginResult{}, nextReserve
 	}
-	if string(r.fingerprint) != string(p.Fingerprint) {
-		return dedupesvc.BeginResult{State: dedupesvc.BeginFingerprintMismatch}, true
+	if !bytes.Equal(r.fingerprint, p.Fingerprint) {
+		return dedupesvc.BeginResult{State: dedupesvc.BeginFingerprintMismatch}, nextDone
 	}
 	switch r.state {
 	case "completed":
@@ -164,23 +270,29 @@ func (r record) decide(p dedupesvc.BeginParams) (dedupesvc.BeginResult, bool) {
 		if r.completedAt != nil {
 			res.CompletedAt = *r.completedAt
 		}
-		return res, true
+		return res, nextDone
+	case "unknown":
+		return dedupesvc.BeginResult{State: dedupesvc.BeginOutcomeUnknown, Epoch: r.epoch, LeaseExpiresAt: r.leaseExpiresAt}, nextDone
 	case "in_flight":
 		if r.attemptToken == p.AttemptToken {
 			// The same attempt asks again because it lost our first answer.
-			return dedupesvc.BeginResult{State: dedupesvc.BeginReserved, Epoch: r.epoch, LeaseExpiresAt: r.leaseExpiresAt}, true
+			return dedupesvc.BeginResult{State: dedupesvc.BeginReserved, Epoch: r.epoch, LeaseExpiresAt: r.leaseExpiresAt}, nextDone
 		}
-		if !r.leaseExpiresAt.After(now) {
-			return dedupesvc.BeginResult{}, false
+		if r.leaseExpiresAt.After(r.now) {
+			return dedupesvc.BeginResult{State: dedupesvc.BeginInFlight, LeaseExpiresAt: r.leaseExpiresAt}, nextDone
 		}
-		return dedupesvc.BeginResult{State: dedupesvc.BeginInFlight, LeaseExpiresAt: r.leaseExpiresAt}, true
+		if p.OnLostOutcome == dedupesvc.Reexecute {
+			return dedupesvc.BeginResult{}, nextReserve
+		}
+		return dedupesvc.BeginResult{}, nextMarkUnknown
 	default: // released
-		return dedupesvc.BeginResult{}, false
+		return dedupesvc.BeginResult{}, nextReserve
 	}
 }
 
-// finishSQL stores the outcome if the attempt still holds the reservation,
-// and restarts the retention from now.
+// finishSQL stores the outcome if the attempt still holds the reservation
+// (in flight, or marked unknown after its lease ran out: the real outcome
+// settles it), and restarts the retention from now.
 const finishSQL = `
 UPDATE idemgate_records
 SET state = 'completed',
@@ -189,7 +301,7 @@ SET state = 'completed',
     completed_at = now(),
     expires_at = now() + retention_ms * interval '1 millisecond'
 WHERE scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
-  AND state = 'in_flight'`
+  AND state IN ('in_flight', 'unknown')`
 
 // holderSQL tells a refused Finish or Release whether it is a retry of one
 // that already took effect.
@@ -200,11 +312,11 @@ WHERE scope = $1 AND idempotency_key = $2`
 
 // Finish implements dedupesvc.Store.
 func (s *Store) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
-	tag, err := s.pool.Exec(ctx, finishSQL, p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Outcome.TypeURL, p.Outcome.Value)
+	n, err := s.change(ctx, s.finishSQL, p.Scope, p.Key, p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Outcome.TypeURL, p.Outcome.Value)
 	if err != nil {
 		return fmt.Errorf("pgstore: finish: %w", err)
 	}
-	if tag.RowsAffected() == 1 {
+	if n == 1 {
 		return nil
 	}
 	state, mine, err := s.holder(ctx, p.Scope, p.Key, p.AttemptToken, p.Epoch)
@@ -225,15 +337,15 @@ const releaseSQL = `
 UPDATE idemgate_records
 SET state = 'released', lease_expires_at = now()
 WHERE scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
-  AND state = 'in_flight'`
+  AND state IN ('in_flight', 'unknown')`
 
 // Release implements dedupesvc.Store.
 func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
-	tag, err := s.pool.Exec(ctx, releaseSQL, p.Scope, p.Key, p.AttemptToken, p.Epoch)
+	n, err := s.change(ctx, s.releaseSQL, p.Scope, p.Key, p.Scope, p.Key, p.AttemptToken, p.Epoch)
 	if err != nil {
 		return fmt.Errorf("pgstore: release: %w", err)
 	}
-	if tag.RowsAffected() == 1 {
+	if n == 1 {
 		return nil
 	}
 	state, mine, err := s.holder(ctx, p.Scope, p.Key, p.AttemptToken, p.Epoch)
@@ -262,6 +374,80 @@ func (s *Store) holder(ctx context.Context, scope, key, token string, epoch int6
 	return state, mine, nil
 }
 
+// heartbeatSQL renews the lease of the holder of an in-flight reservation,
+// and keeps the record from expiring under a handler that outlives its
+// retention.
+const heartbeatSQL = `
+UPDATE idemgate_records
+SET lease_expires_at = now() + $5::bigint * interval '1 millisecond',
+    expires_at = greatest(expires_at, now() + $5::bigint * interval '1 millisecond')
+WHERE scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
+  AND state = 'in_flight'
+RETURNING lease_expires_at`
+
+// Heartbeat implements dedupesvc.Store.
+func (s *Store) Heartbeat(ctx context.Context, p dedupesvc.HeartbeatParams) (time.Time, error) {
+	var until time.Time
+	err := s.pool.QueryRow(ctx, heartbeatSQL, p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Lease.Milliseconds()).Scan(&until)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return time.Time{}, dedupesvc.ErrNotHeld
+	case err != nil:
+		return time.Time{}, fmt.Errorf("pgstore: heartbeat: %w", err)
+	}
+	return until, nil
+}
+
+// unknownSQL is the condition a record must meet to be resolved: marked
+// unknown, or still in flight with its lease run out (nobody has called with
+// the key since), and not expired.
+const unknownSQL = `
+WHERE scope = $1 AND idempotency_key = $2 AND expires_at > now()
+  AND (state = 'unknown' OR (state = 'in_flight' AND lease_expires_at <= now()))`
+
+const resolveCompleteSQL = `
+UPDATE idemgate_records
+SET state = 'completed',
+    outcome_type_url = $3,
+    outcome_value = $4,
+    completed_at = now(),
+    expires_at = now() + retention_ms * interval '1 millisecond'` + unknownSQL
+
+const resolveReleaseSQL = `
+UPDATE idemgate_records
+SET state = 'released', lease_expires_at = now()` + unknownSQL
+
+// Resolve implements dedupesvc.Store.
+func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
+	var (
+		n   int
+		err error
+	)
+	if p.Complete != nil {
+		n, err = s.change(ctx, s.resolveCompleteSQL, p.Scope, p.Key, p.Scope, p.Key, p.Complete.TypeURL, p.Complete.Value)
+	} else {
+		n, err = s.change(ctx, s.resolveReleaseSQL, p.Scope, p.Key, p.Scope, p.Key)
+	}
+	if err != nil {
+		return fmt.Errorf("pgstore: resolve: %w", err)
+	}
+	if n == 1 {
+		return nil
+	}
+	row, found, err := s.read(ctx, p.Scope, p.Key)
+	switch {
+	case err != nil:
+		return err
+	case !found || !row.expiresAt.After(row.now):
+		return dedupesvc.ErrRecordNotFound
+	case p.Complete != nil && row.state == "completed" && row.outcomeTypeURL == p.Complete.TypeURL && bytes.Equal(row.outcomeValue, p.Complete.Value):
+		return nil // a retried Resolve
+	case p.Complete == nil && row.state == "released":
+		return nil // a retried Resolve
+	}
+	return dedupesvc.ErrNotUnknown
+}
+
 // deleteExpiredSQL deletes one bounded batch of expired rows, oldest first,
 // through the expires_at index. The outer expiry test re-checks each row, so
 // a row reserved anew between the two scans survives.
@@ -272,13 +458,30 @@ WHERE (scope, idempotency_key) IN (
     WHERE expires_at <= now()
     ORDER BY expires_at
     LIMIT $1)
-  AND expires_at <= now()`
+  AND expires_at <= now()
+RETURNING scope, idempotency_key, state = 'unknown'`
 
 // DeleteExpired implements dedupesvc.Store.
-func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, error) {
-	tag, err := s.pool.Exec(ctx, deleteExpiredSQL, limit)
+func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.RecordID, error) {
+	rows, err := s.pool.Query(ctx, deleteExpiredSQL, limit)
 	if err != nil {
-		return 0, fmt.Errorf("pgstore: delete expired: %w", err)
+		return 0, nil, fmt.Errorf("pgstore: delete expired: %w", err)
 	}
-	return int(tag.RowsAffected()), nil
+	var (
+		deleted int
+		unknown []dedupesvc.RecordID
+		id      dedupesvc.RecordID
+		wasLost bool
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id.Scope, &id.Key, &wasLost}, func() error {
+		deleted++
+		if wasLost {
+			unknown = append(unknown, id)
+		}
+		return nil
+	})
+	if err != nil {
+		return deleted, unknown, fmt.Errorf("pgstore: delete expired: %w", err)
+	}
+	return deleted, unknown, nil
 }

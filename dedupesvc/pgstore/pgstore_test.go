@@ -28,7 +28,12 @@ var (
 func fingerprint(s string) []byte { sum := sha256.Sum256([]byte(s)); return sum[:] }
 
 func begin(token string, fp []byte, lease, retention time.Duration) dedupesvc.BeginParams {
-	return dedupesvc.BeginParams{Scope: "/pkg.S/M", Key: "key-1", Fingerprint: fp, AttemptToken: token, Lease: lease, Retention: retention}
+	return dedupesvc.BeginParams{Scope: "/pkg.S/M", Key: "key-1", Fingerprint: fp, AttemptToken: token, Lease: lease, Retention: retention, UnknownRetention: long}
+}
+
+func reexecute(p dedupesvc.BeginParams) dedupesvc.BeginParams {
+	p.OnLostOutcome = dedupesvc.Reexecute
+	return p
 }
 
 func mustBegin(t *testing.T, s *pgstore.Store, p dedupesvc.BeginParams, want dedupesvc.BeginState) dedupesvc.BeginResult {
@@ -114,12 +119,12 @@ func TestBegin(t *testing.T) {
 		}
 	})
 
-	t.Run("an abandoned lease is taken over with a higher epoch", func(t *testing.T) {
+	t.Run("under REEXECUTE an abandoned lease is taken over with a higher epoch", func(t *testing.T) {
 		t.Parallel()
 		s := pgstore.New(pgtest.Pool(t))
 		old := mustBegin(t, s, begin("t1", fpA, short, long), dedupesvc.BeginReserved)
 		time.Sleep(2 * short)
-		taken := mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginReserved)
+		taken := mustBegin(t, s, reexecute(begin("t2", fpA, long, long)), dedupesvc.BeginReserved)
 		if taken.Epoch != old.Epoch+1 {
 			t.Fatalf("takeover epoch %d, want %d", taken.Epoch, old.Epoch+1)
 		}
@@ -150,7 +155,7 @@ func TestBegin(t *testing.T) {
 func TestBeginConcurrent(t *testing.T) {
 	t.Parallel()
 
-	race := func(t *testing.T, s *pgstore.Store, n int) (reserved []string) {
+	race := func(t *testing.T, s *pgstore.Store, n int, onLost dedupesvc.LostOutcome) (reserved []string) {
 		t.Helper()
 		var (
 			mu sync.Mutex
@@ -161,7 +166,9 @@ func TestBeginConcurrent(t *testing.T) {
 			wg.Go(func() {
 				<-start
 				token := fmt.Sprintf("racer-%d", i)
-				res, err := s.Begin(ctx, begin(token, fpA, long, long))
+				p := begin(token, fpA, long, long)
+				p.OnLostOutcome = onLost
+				res, err := s.Begin(ctx, p)
 				if err != nil {
 					t.Errorf("Begin: %v", err)
 					return
@@ -185,17 +192,17 @@ func TestBeginConcurrent(t *testing.T) {
 	t.Run("64 racers on a new key: exactly one reserves", func(t *testing.T) {
 		t.Parallel()
 		s := pgstore.New(pgtest.Pool(t))
-		if got := race(t, s, 64); len(got) != 1 {
+		if got := race(t, s, 64, dedupesvc.FailClosed); len(got) != 1 {
 			t.Fatalf("%d racers reserved (%v), want exactly 1", len(got), got)
 		}
 	})
 
-	t.Run("32 racers on an abandoned lease: exactly one takes over", func(t *testing.T) {
+	t.Run("32 racers on an abandoned lease under REEXECUTE: exactly one takes over", func(t *testing.T) {
 		t.Parallel()
 		s := pgstore.New(pgtest.Pool(t))
 		mustBegin(t, s, begin("crashed", fpA, short, long), dedupesvc.BeginReserved)
 		time.Sleep(2 * short)
-		if got := race(t, s, 32); len(got) != 1 {
+		if got := race(t, s, 32, dedupesvc.Reexecute); len(got) != 1 {
 			t.Fatalf("%d racers took over (%v), want exactly 1", len(got), got)
 		}
 	})
@@ -346,10 +353,10 @@ type countingStore struct {
 	batches *[]int
 }
 
-func (c countingStore) DeleteExpired(ctx context.Context, limit int) (int, error) {
-	n, err := c.Store.DeleteExpired(ctx, limit)
+func (c countingStore) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.RecordID, error) {
+	n, unknown, err := c.Store.DeleteExpired(ctx, limit)
 	*c.batches = append(*c.batches, n)
-	return n, err
+	return n, unknown, err
 }
 
 func TestMigrate(t *testing.T) {

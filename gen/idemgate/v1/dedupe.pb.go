@@ -45,7 +45,15 @@ type BeginRequest struct {
 	Lease *durationpb.Duration `protobuf:"bytes,5,opt,name=lease,proto3" json:"lease,omitempty"`
 	// retention is how long the completed outcome is kept and replayed.
 	// Between lease and 365 days.
-	Retention     *durationpb.Duration `protobuf:"bytes,6,opt,name=retention,proto3" json:"retention,omitempty"`
+	Retention *durationpb.Duration `protobuf:"bytes,6,opt,name=retention,proto3" json:"retention,omitempty"`
+	// on_lost_outcome says what to answer when the key's previous attempt lost
+	// its lease without an outcome: outcome_unknown (FAIL_CLOSED, the default)
+	// or a takeover (REEXECUTE).
+	OnLostOutcome LostOutcomePolicy `protobuf:"varint,7,opt,name=on_lost_outcome,json=onLostOutcome,proto3,enum=idemgate.v1.LostOutcomePolicy" json:"on_lost_outcome,omitempty"`
+	// max_wait, when above zero, makes a Begin that finds another attempt in
+	// flight wait up to this long (and within its deadline) for that attempt's
+	// outcome instead of answering in_flight at once. At most 60s.
+	MaxWait       *durationpb.Duration `protobuf:"bytes,8,opt,name=max_wait,json=maxWait,proto3" json:"max_wait,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -122,10 +130,24 @@ func (x *BeginRequest) GetRetention() *durationpb.Duration {
 	return nil
 }
 
+func (x *BeginRequest) GetOnLostOutcome() LostOutcomePolicy {
+	if x != nil {
+		return x.OnLostOutcome
+	}
+	return LostOutcomePolicy_LOST_OUTCOME_POLICY_UNSPECIFIED
+}
+
+func (x *BeginRequest) GetMaxWait() *durationpb.Duration {
+	if x != nil {
+		return x.MaxWait
+	}
+	return nil
+}
+
 // BeginResponse says what the caller may do.
 type BeginResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// result is exactly one of the four answers.
+	// result is exactly one of the five answers.
 	//
 	// Types that are valid to be assigned to Result:
 	//
@@ -133,6 +155,7 @@ type BeginResponse struct {
 	//	*BeginResponse_Completed_
 	//	*BeginResponse_InFlight_
 	//	*BeginResponse_FingerprintMismatch_
+	//	*BeginResponse_OutcomeUnknown_
 	Result        isBeginResponse_Result `protobuf_oneof:"result"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -211,6 +234,15 @@ func (x *BeginResponse) GetFingerprintMismatch() *BeginResponse_FingerprintMisma
 	return nil
 }
 
+func (x *BeginResponse) GetOutcomeUnknown() *BeginResponse_OutcomeUnknown {
+	if x != nil {
+		if x, ok := x.Result.(*BeginResponse_OutcomeUnknown_); ok {
+			return x.OutcomeUnknown
+		}
+	}
+	return nil
+}
+
 type isBeginResponse_Result interface {
 	isBeginResponse_Result()
 }
@@ -231,6 +263,10 @@ type BeginResponse_FingerprintMismatch_ struct {
 	FingerprintMismatch *BeginResponse_FingerprintMismatch `protobuf:"bytes,4,opt,name=fingerprint_mismatch,json=fingerprintMismatch,proto3,oneof"`
 }
 
+type BeginResponse_OutcomeUnknown_ struct {
+	OutcomeUnknown *BeginResponse_OutcomeUnknown `protobuf:"bytes,5,opt,name=outcome_unknown,json=outcomeUnknown,proto3,oneof"`
+}
+
 func (*BeginResponse_Reserved_) isBeginResponse_Result() {}
 
 func (*BeginResponse_Completed_) isBeginResponse_Result() {}
@@ -238,6 +274,8 @@ func (*BeginResponse_Completed_) isBeginResponse_Result() {}
 func (*BeginResponse_InFlight_) isBeginResponse_Result() {}
 
 func (*BeginResponse_FingerprintMismatch_) isBeginResponse_Result() {}
+
+func (*BeginResponse_OutcomeUnknown_) isBeginResponse_Result() {}
 
 // FinishRequest stores the outcome of a reserved attempt.
 type FinishRequest struct {
@@ -468,6 +506,276 @@ func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{5}
 }
 
+// HeartbeatRequest renews a lease.
+type HeartbeatRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// scope as sent to Begin.
+	Scope string `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
+	// key as sent to Begin.
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// attempt_token as sent to Begin.
+	AttemptToken string `protobuf:"bytes,3,opt,name=attempt_token,json=attemptToken,proto3" json:"attempt_token,omitempty"`
+	// epoch as answered by Begin.
+	Epoch int64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// lease is how long from now the reservation is held. Between 1s and 24h.
+	Lease         *durationpb.Duration `protobuf:"bytes,5,opt,name=lease,proto3" json:"lease,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatRequest) Reset() {
+	*x = HeartbeatRequest{}
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatRequest) ProtoMessage() {}
+
+func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
+func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
+	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *HeartbeatRequest) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *HeartbeatRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *HeartbeatRequest) GetAttemptToken() string {
+	if x != nil {
+		return x.AttemptToken
+	}
+	return ""
+}
+
+func (x *HeartbeatRequest) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *HeartbeatRequest) GetLease() *durationpb.Duration {
+	if x != nil {
+		return x.Lease
+	}
+	return nil
+}
+
+// HeartbeatResponse says until when the lease now runs.
+type HeartbeatResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// lease_expires_at is the renewed end of the lease.
+	LeaseExpiresAt *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=lease_expires_at,json=leaseExpiresAt,proto3" json:"lease_expires_at,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *HeartbeatResponse) Reset() {
+	*x = HeartbeatResponse{}
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatResponse) ProtoMessage() {}
+
+func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
+func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
+	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *HeartbeatResponse) GetLeaseExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LeaseExpiresAt
+	}
+	return nil
+}
+
+// ResolveRequest settles an outcome-unknown record.
+type ResolveRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// scope of the record.
+	Scope string `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
+	// key of the record.
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// resolution is what really happened.
+	//
+	// Types that are valid to be assigned to Resolution:
+	//
+	//	*ResolveRequest_Complete
+	//	*ResolveRequest_Release_
+	Resolution    isResolveRequest_Resolution `protobuf_oneof:"resolution"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveRequest) Reset() {
+	*x = ResolveRequest{}
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveRequest) ProtoMessage() {}
+
+func (x *ResolveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveRequest.ProtoReflect.Descriptor instead.
+func (*ResolveRequest) Descriptor() ([]byte, []int) {
+	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ResolveRequest) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *ResolveRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ResolveRequest) GetResolution() isResolveRequest_Resolution {
+	if x != nil {
+		return x.Resolution
+	}
+	return nil
+}
+
+func (x *ResolveRequest) GetComplete() *anypb.Any {
+	if x != nil {
+		if x, ok := x.Resolution.(*ResolveRequest_Complete); ok {
+			return x.Complete
+		}
+	}
+	return nil
+}
+
+func (x *ResolveRequest) GetRelease() *ResolveRequest_Release {
+	if x != nil {
+		if x, ok := x.Resolution.(*ResolveRequest_Release_); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
+type isResolveRequest_Resolution interface {
+	isResolveRequest_Resolution()
+}
+
+type ResolveRequest_Complete struct {
+	// complete stores this outcome, replayed to every duplicate from now on.
+	Complete *anypb.Any `protobuf:"bytes,3,opt,name=complete,proto3,oneof"`
+}
+
+type ResolveRequest_Release_ struct {
+	// release frees the key: the next call runs the side effect.
+	Release *ResolveRequest_Release `protobuf:"bytes,4,opt,name=release,proto3,oneof"`
+}
+
+func (*ResolveRequest_Complete) isResolveRequest_Resolution() {}
+
+func (*ResolveRequest_Release_) isResolveRequest_Resolution() {}
+
+// ResolveResponse is empty: success means the record is settled.
+type ResolveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveResponse) Reset() {
+	*x = ResolveResponse{}
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveResponse) ProtoMessage() {}
+
+func (x *ResolveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveResponse.ProtoReflect.Descriptor instead.
+func (*ResolveResponse) Descriptor() ([]byte, []int) {
+	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{9}
+}
+
 // Reserved means the caller holds the key and runs the side effect.
 type BeginResponse_Reserved struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -482,7 +790,7 @@ type BeginResponse_Reserved struct {
 
 func (x *BeginResponse_Reserved) Reset() {
 	*x = BeginResponse_Reserved{}
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[6]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -494,7 +802,7 @@ func (x *BeginResponse_Reserved) String() string {
 func (*BeginResponse_Reserved) ProtoMessage() {}
 
 func (x *BeginResponse_Reserved) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[6]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -539,7 +847,7 @@ type BeginResponse_Completed struct {
 
 func (x *BeginResponse_Completed) Reset() {
 	*x = BeginResponse_Completed{}
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[7]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -551,7 +859,7 @@ func (x *BeginResponse_Completed) String() string {
 func (*BeginResponse_Completed) ProtoMessage() {}
 
 func (x *BeginResponse_Completed) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[7]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -599,7 +907,7 @@ type BeginResponse_InFlight struct {
 
 func (x *BeginResponse_InFlight) Reset() {
 	*x = BeginResponse_InFlight{}
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[8]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -611,7 +919,7 @@ func (x *BeginResponse_InFlight) String() string {
 func (*BeginResponse_InFlight) ProtoMessage() {}
 
 func (x *BeginResponse_InFlight) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[8]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +951,7 @@ type BeginResponse_FingerprintMismatch struct {
 
 func (x *BeginResponse_FingerprintMismatch) Reset() {
 	*x = BeginResponse_FingerprintMismatch{}
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[9]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -655,7 +963,7 @@ func (x *BeginResponse_FingerprintMismatch) String() string {
 func (*BeginResponse_FingerprintMismatch) ProtoMessage() {}
 
 func (x *BeginResponse_FingerprintMismatch) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[9]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,23 +979,120 @@ func (*BeginResponse_FingerprintMismatch) Descriptor() ([]byte, []int) {
 	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{1, 3}
 }
 
+// OutcomeUnknown means an attempt's lease ran out before it stored an
+// outcome: its side effect may or may not have happened. Nothing runs
+// until the record is resolved.
+type BeginResponse_OutcomeUnknown struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// epoch of the attempt whose outcome was lost.
+	Epoch int64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// lease_expired_at is when that attempt's lease ran out.
+	LeaseExpiredAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=lease_expired_at,json=leaseExpiredAt,proto3" json:"lease_expired_at,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *BeginResponse_OutcomeUnknown) Reset() {
+	*x = BeginResponse_OutcomeUnknown{}
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BeginResponse_OutcomeUnknown) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BeginResponse_OutcomeUnknown) ProtoMessage() {}
+
+func (x *BeginResponse_OutcomeUnknown) ProtoReflect() protoreflect.Message {
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BeginResponse_OutcomeUnknown.ProtoReflect.Descriptor instead.
+func (*BeginResponse_OutcomeUnknown) Descriptor() ([]byte, []int) {
+	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{1, 4}
+}
+
+func (x *BeginResponse_OutcomeUnknown) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *BeginResponse_OutcomeUnknown) GetLeaseExpiredAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LeaseExpiredAt
+	}
+	return nil
+}
+
+// Release marks the side effect as not having happened.
+type ResolveRequest_Release struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveRequest_Release) Reset() {
+	*x = ResolveRequest_Release{}
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveRequest_Release) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveRequest_Release) ProtoMessage() {}
+
+func (x *ResolveRequest_Release) ProtoReflect() protoreflect.Message {
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveRequest_Release.ProtoReflect.Descriptor instead.
+func (*ResolveRequest_Release) Descriptor() ([]byte, []int) {
+	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{8, 0}
+}
+
 var File_idemgate_v1_dedupe_proto protoreflect.FileDescriptor
 
 const file_idemgate_v1_dedupe_proto_rawDesc = "" +
 	"\n" +
-	"\x18idemgate/v1/dedupe.proto\x12\videmgate.v1\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe7\x01\n" +
+	"\x18idemgate/v1/dedupe.proto\x12\videmgate.v1\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18idemgate/v1/policy.proto\"\xe5\x02\n" +
 	"\fBeginRequest\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12 \n" +
 	"\vfingerprint\x18\x03 \x01(\fR\vfingerprint\x12#\n" +
 	"\rattempt_token\x18\x04 \x01(\tR\fattemptToken\x12/\n" +
 	"\x05lease\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x05lease\x127\n" +
-	"\tretention\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\tretention\"\xd4\x05\n" +
+	"\tretention\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\tretention\x12F\n" +
+	"\x0fon_lost_outcome\x18\a \x01(\x0e2\x1e.idemgate.v1.LostOutcomePolicyR\ronLostOutcome\x124\n" +
+	"\bmax_wait\x18\b \x01(\v2\x19.google.protobuf.DurationR\amaxWait\"\x98\a\n" +
 	"\rBeginResponse\x12A\n" +
 	"\breserved\x18\x01 \x01(\v2#.idemgate.v1.BeginResponse.ReservedH\x00R\breserved\x12D\n" +
 	"\tcompleted\x18\x02 \x01(\v2$.idemgate.v1.BeginResponse.CompletedH\x00R\tcompleted\x12B\n" +
 	"\tin_flight\x18\x03 \x01(\v2#.idemgate.v1.BeginResponse.InFlightH\x00R\binFlight\x12c\n" +
-	"\x14fingerprint_mismatch\x18\x04 \x01(\v2..idemgate.v1.BeginResponse.FingerprintMismatchH\x00R\x13fingerprintMismatch\x1af\n" +
+	"\x14fingerprint_mismatch\x18\x04 \x01(\v2..idemgate.v1.BeginResponse.FingerprintMismatchH\x00R\x13fingerprintMismatch\x12T\n" +
+	"\x0foutcome_unknown\x18\x05 \x01(\v2).idemgate.v1.BeginResponse.OutcomeUnknownH\x00R\x0eoutcomeUnknown\x1af\n" +
 	"\bReserved\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12D\n" +
 	"\x10lease_expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\x1a\xb5\x01\n" +
@@ -698,7 +1103,10 @@ const file_idemgate_v1_dedupe_proto_rawDesc = "" +
 	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x1aP\n" +
 	"\bInFlight\x12D\n" +
 	"\x10lease_expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\x1a\x15\n" +
-	"\x13FingerprintMismatchB\b\n" +
+	"\x13FingerprintMismatch\x1al\n" +
+	"\x0eOutcomeUnknown\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12D\n" +
+	"\x10lease_expired_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiredAtB\b\n" +
 	"\x06result\"\xa2\x01\n" +
 	"\rFinishRequest\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x10\n" +
@@ -712,11 +1120,30 @@ const file_idemgate_v1_dedupe_proto_rawDesc = "" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12#\n" +
 	"\rattempt_token\x18\x03 \x01(\tR\fattemptToken\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\"\x11\n" +
-	"\x0fReleaseResponse2\xe7\x01\n" +
+	"\x0fReleaseResponse\"\xa6\x01\n" +
+	"\x10HeartbeatRequest\x12\x14\n" +
+	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12#\n" +
+	"\rattempt_token\x18\x03 \x01(\tR\fattemptToken\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\x12/\n" +
+	"\x05lease\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x05lease\"Y\n" +
+	"\x11HeartbeatResponse\x12D\n" +
+	"\x10lease_expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\"\xc6\x01\n" +
+	"\x0eResolveRequest\x12\x14\n" +
+	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x122\n" +
+	"\bcomplete\x18\x03 \x01(\v2\x14.google.protobuf.AnyH\x00R\bcomplete\x12?\n" +
+	"\arelease\x18\x04 \x01(\v2#.idemgate.v1.ResolveRequest.ReleaseH\x00R\arelease\x1a\t\n" +
+	"\aReleaseB\f\n" +
+	"\n" +
+	"resolution\"\x11\n" +
+	"\x0fResolveResponse2\x83\x03\n" +
 	"\rDedupeService\x12C\n" +
 	"\x05Begin\x12\x19.idemgate.v1.BeginRequest\x1a\x1a.idemgate.v1.BeginResponse\"\x03\x90\x02\x02\x12F\n" +
 	"\x06Finish\x12\x1a.idemgate.v1.FinishRequest\x1a\x1b.idemgate.v1.FinishResponse\"\x03\x90\x02\x02\x12I\n" +
-	"\aRelease\x12\x1b.idemgate.v1.ReleaseRequest\x1a\x1c.idemgate.v1.ReleaseResponse\"\x03\x90\x02\x02B9Z7github.com/idemgate/idemgate/gen/idemgate/v1;idemgatev1b\x06proto3"
+	"\aRelease\x12\x1b.idemgate.v1.ReleaseRequest\x1a\x1c.idemgate.v1.ReleaseResponse\"\x03\x90\x02\x02\x12O\n" +
+	"\tHeartbeat\x12\x1d.idemgate.v1.HeartbeatRequest\x1a\x1e.idemgate.v1.HeartbeatResponse\"\x03\x90\x02\x02\x12I\n" +
+	"\aResolve\x12\x1b.idemgate.v1.ResolveRequest\x1a\x1c.idemgate.v1.ResolveResponse\"\x03\x90\x02\x02B9Z7github.com/idemgate/idemgate/gen/idemgate/v1;idemgatev1b\x06proto3"
 
 var (
 	file_idemgate_v1_dedupe_proto_rawDescOnce sync.Once
@@ -730,7 +1157,7 @@ func file_idemgate_v1_dedupe_proto_rawDescGZIP() []byte {
 	return file_idemgate_v1_dedupe_proto_rawDescData
 }
 
-var file_idemgate_v1_dedupe_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_idemgate_v1_dedupe_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_idemgate_v1_dedupe_proto_goTypes = []any{
 	(*BeginRequest)(nil),                      // 0: idemgate.v1.BeginRequest
 	(*BeginResponse)(nil),                     // 1: idemgate.v1.BeginResponse
@@ -738,38 +1165,57 @@ var file_idemgate_v1_dedupe_proto_goTypes = []any{
 	(*FinishResponse)(nil),                    // 3: idemgate.v1.FinishResponse
 	(*ReleaseRequest)(nil),                    // 4: idemgate.v1.ReleaseRequest
 	(*ReleaseResponse)(nil),                   // 5: idemgate.v1.ReleaseResponse
-	(*BeginResponse_Reserved)(nil),            // 6: idemgate.v1.BeginResponse.Reserved
-	(*BeginResponse_Completed)(nil),           // 7: idemgate.v1.BeginResponse.Completed
-	(*BeginResponse_InFlight)(nil),            // 8: idemgate.v1.BeginResponse.InFlight
-	(*BeginResponse_FingerprintMismatch)(nil), // 9: idemgate.v1.BeginResponse.FingerprintMismatch
-	(*durationpb.Duration)(nil),               // 10: google.protobuf.Duration
-	(*anypb.Any)(nil),                         // 11: google.protobuf.Any
-	(*timestamppb.Timestamp)(nil),             // 12: google.protobuf.Timestamp
+	(*HeartbeatRequest)(nil),                  // 6: idemgate.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),                 // 7: idemgate.v1.HeartbeatResponse
+	(*ResolveRequest)(nil),                    // 8: idemgate.v1.ResolveRequest
+	(*ResolveResponse)(nil),                   // 9: idemgate.v1.ResolveResponse
+	(*BeginResponse_Reserved)(nil),            // 10: idemgate.v1.BeginResponse.Reserved
+	(*BeginResponse_Completed)(nil),           // 11: idemgate.v1.BeginResponse.Completed
+	(*BeginResponse_InFlight)(nil),            // 12: idemgate.v1.BeginResponse.InFlight
+	(*BeginResponse_FingerprintMismatch)(nil), // 13: idemgate.v1.BeginResponse.FingerprintMismatch
+	(*BeginResponse_OutcomeUnknown)(nil),      // 14: idemgate.v1.BeginResponse.OutcomeUnknown
+	(*ResolveRequest_Release)(nil),            // 15: idemgate.v1.ResolveRequest.Release
+	(*durationpb.Duration)(nil),               // 16: google.protobuf.Duration
+	(LostOutcomePolicy)(0),                    // 17: idemgate.v1.LostOutcomePolicy
+	(*anypb.Any)(nil),                         // 18: google.protobuf.Any
+	(*timestamppb.Timestamp)(nil),             // 19: google.protobuf.Timestamp
 }
 var file_idemgate_v1_dedupe_proto_depIdxs = []int32{
-	10, // 0: idemgate.v1.BeginRequest.lease:type_name -> google.protobuf.Duration
-	10, // 1: idemgate.v1.BeginRequest.retention:type_name -> google.protobuf.Duration
-	6,  // 2: idemgate.v1.BeginResponse.reserved:type_name -> idemgate.v1.BeginResponse.Reserved
-	7,  // 3: idemgate.v1.BeginResponse.completed:type_name -> idemgate.v1.BeginResponse.Completed
-	8,  // 4: idemgate.v1.BeginResponse.in_flight:type_name -> idemgate.v1.BeginResponse.InFlight
-	9,  // 5: idemgate.v1.BeginResponse.fingerprint_mismatch:type_name -> idemgate.v1.BeginResponse.FingerprintMismatch
-	11, // 6: idemgate.v1.FinishRequest.outcome:type_name -> google.protobuf.Any
-	12, // 7: idemgate.v1.BeginResponse.Reserved.lease_expires_at:type_name -> google.protobuf.Timestamp
-	11, // 8: idemgate.v1.BeginResponse.Completed.outcome:type_name -> google.protobuf.Any
-	12, // 9: idemgate.v1.BeginResponse.Completed.completed_at:type_name -> google.protobuf.Timestamp
-	12, // 10: idemgate.v1.BeginResponse.Completed.expires_at:type_name -> google.protobuf.Timestamp
-	12, // 11: idemgate.v1.BeginResponse.InFlight.lease_expires_at:type_name -> google.protobuf.Timestamp
-	0,  // 12: idemgate.v1.DedupeService.Begin:input_type -> idemgate.v1.BeginRequest
-	2,  // 13: idemgate.v1.DedupeService.Finish:input_type -> idemgate.v1.FinishRequest
-	4,  // 14: idemgate.v1.DedupeService.Release:input_type -> idemgate.v1.ReleaseRequest
-	1,  // 15: idemgate.v1.DedupeService.Begin:output_type -> idemgate.v1.BeginResponse
-	3,  // 16: idemgate.v1.DedupeService.Finish:output_type -> idemgate.v1.FinishResponse
-	5,  // 17: idemgate.v1.DedupeService.Release:output_type -> idemgate.v1.ReleaseResponse
-	15, // [15:18] is the sub-list for method output_type
-	12, // [12:15] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	16, // 0: idemgate.v1.BeginRequest.lease:type_name -> google.protobuf.Duration
+	16, // 1: idemgate.v1.BeginRequest.retention:type_name -> google.protobuf.Duration
+	17, // 2: idemgate.v1.BeginRequest.on_lost_outcome:type_name -> idemgate.v1.LostOutcomePolicy
+	16, // 3: idemgate.v1.BeginRequest.max_wait:type_name -> google.protobuf.Duration
+	10, // 4: idemgate.v1.BeginResponse.reserved:type_name -> idemgate.v1.BeginResponse.Reserved
+	11, // 5: idemgate.v1.BeginResponse.completed:type_name -> idemgate.v1.BeginResponse.Completed
+	12, // 6: idemgate.v1.BeginResponse.in_flight:type_name -> idemgate.v1.BeginResponse.InFlight
+	13, // 7: idemgate.v1.BeginResponse.fingerprint_mismatch:type_name -> idemgate.v1.BeginResponse.FingerprintMismatch
+	14, // 8: idemgate.v1.BeginResponse.outcome_unknown:type_name -> idemgate.v1.BeginResponse.OutcomeUnknown
+	18, // 9: idemgate.v1.FinishRequest.outcome:type_name -> google.protobuf.Any
+	16, // 10: idemgate.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	19, // 11: idemgate.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	18, // 12: idemgate.v1.ResolveRequest.complete:type_name -> google.protobuf.Any
+	15, // 13: idemgate.v1.ResolveRequest.release:type_name -> idemgate.v1.ResolveRequest.Release
+	19, // 14: idemgate.v1.BeginResponse.Reserved.lease_expires_at:type_name -> google.protobuf.Timestamp
+	18, // 15: idemgate.v1.BeginResponse.Completed.outcome:type_name -> google.protobuf.Any
+	19, // 16: idemgate.v1.BeginResponse.Completed.completed_at:type_name -> google.protobuf.Timestamp
+	19, // 17: idemgate.v1.BeginResponse.Completed.expires_at:type_name -> google.protobuf.Timestamp
+	19, // 18: idemgate.v1.BeginResponse.InFlight.lease_expires_at:type_name -> google.protobuf.Timestamp
+	19, // 19: idemgate.v1.BeginResponse.OutcomeUnknown.lease_expired_at:type_name -> google.protobuf.Timestamp
+	0,  // 20: idemgate.v1.DedupeService.Begin:input_type -> idemgate.v1.BeginRequest
+	2,  // 21: idemgate.v1.DedupeService.Finish:input_type -> idemgate.v1.FinishRequest
+	4,  // 22: idemgate.v1.DedupeService.Release:input_type -> idemgate.v1.ReleaseRequest
+	6,  // 23: idemgate.v1.DedupeService.Heartbeat:input_type -> idemgate.v1.HeartbeatRequest
+	8,  // 24: idemgate.v1.DedupeService.Resolve:input_type -> idemgate.v1.ResolveRequest
+	1,  // 25: idemgate.v1.DedupeService.Begin:output_type -> idemgate.v1.BeginResponse
+	3,  // 26: idemgate.v1.DedupeService.Finish:output_type -> idemgate.v1.FinishResponse
+	5,  // 27: idemgate.v1.DedupeService.Release:output_type -> idemgate.v1.ReleaseResponse
+	7,  // 28: idemgate.v1.DedupeService.Heartbeat:output_type -> idemgate.v1.HeartbeatResponse
+	9,  // 29: idemgate.v1.DedupeService.Resolve:output_type -> idemgate.v1.ResolveResponse
+	25, // [25:30] is the sub-list for method output_type
+	20, // [20:25] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_idemgate_v1_dedupe_proto_init() }
@@ -777,11 +1223,17 @@ func file_idemgate_v1_dedupe_proto_init() {
 	if File_idemgate_v1_dedupe_proto != nil {
 		return
 	}
+	file_idemgate_v1_policy_proto_init()
 	file_idemgate_v1_dedupe_proto_msgTypes[1].OneofWrappers = []any{
 		(*BeginResponse_Reserved_)(nil),
 		(*BeginResponse_Completed_)(nil),
 		(*BeginResponse_InFlight_)(nil),
 		(*BeginResponse_FingerprintMismatch_)(nil),
+		(*BeginResponse_OutcomeUnknown_)(nil),
+	}
+	file_idemgate_v1_dedupe_proto_msgTypes[8].OneofWrappers = []any{
+		(*ResolveRequest_Complete)(nil),
+		(*ResolveRequest_Release_)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -789,7 +1241,7 @@ func file_idemgate_v1_dedupe_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idemgate_v1_dedupe_proto_rawDesc), len(file_idemgate_v1_dedupe_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,9 +19,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	DedupeService_Begin_FullMethodName   = "/idemgate.v1.DedupeService/Begin"
-	DedupeService_Finish_FullMethodName  = "/idemgate.v1.DedupeService/Finish"
-	DedupeService_Release_FullMethodName = "/idemgate.v1.DedupeService/Release"
+	DedupeService_Begin_FullMethodName     = "/idemgate.v1.DedupeService/Begin"
+	DedupeService_Finish_FullMethodName    = "/idemgate.v1.DedupeService/Finish"
+	DedupeService_Release_FullMethodName   = "/idemgate.v1.DedupeService/Release"
+	DedupeService_Heartbeat_FullMethodName = "/idemgate.v1.DedupeService/Heartbeat"
+	DedupeService_Resolve_FullMethodName   = "/idemgate.v1.DedupeService/Resolve"
 )
 
 // DedupeServiceClient is the client API for DedupeService service.
@@ -44,6 +46,17 @@ type DedupeServiceClient interface {
 	Finish(ctx context.Context, in *FinishRequest, opts ...grpc.CallOption) (*FinishResponse, error)
 	// Release gives the reservation up, so the next attempt with the key runs.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
+	// Heartbeat renews the lease of a running attempt. An attempt that no
+	// longer holds the reservation (its lease ran out and the record was taken
+	// over or marked outcome-unknown) gets FAILED_PRECONDITION
+	// (RESERVATION_NOT_HELD): it has been fenced off.
+	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
+	// Resolve settles a record whose outcome is unknown (its lease ran out
+	// without an outcome): complete it with the outcome the side effect really
+	// had, or release it so the next call runs. A record in any other state
+	// gets FAILED_PRECONDITION (RECORD_NOT_UNKNOWN), except that a retried
+	// Resolve that already took effect succeeds.
+	Resolve(ctx context.Context, in *ResolveRequest, opts ...grpc.CallOption) (*ResolveResponse, error)
 }
 
 type dedupeServiceClient struct {
@@ -84,6 +97,26 @@ func (c *dedupeServiceClient) Release(ctx context.Context, in *ReleaseRequest, o
 	return out, nil
 }
 
+func (c *dedupeServiceClient) Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HeartbeatResponse)
+	err := c.cc.Invoke(ctx, DedupeService_Heartbeat_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dedupeServiceClient) Resolve(ctx context.Context, in *ResolveRequest, opts ...grpc.CallOption) (*ResolveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResolveResponse)
+	err := c.cc.Invoke(ctx, DedupeService_Resolve_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DedupeServiceServer is the server API for DedupeService service.
 // All implementations must embed UnimplementedDedupeServiceServer
 // for forward compatibility.
@@ -104,6 +137,17 @@ type DedupeServiceServer interface {
 	Finish(context.Context, *FinishRequest) (*FinishResponse, error)
 	// Release gives the reservation up, so the next attempt with the key runs.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
+	// Heartbeat renews the lease of a running attempt. An attempt that no
+	// longer holds the reservation (its lease ran out and the record was taken
+	// over or marked outcome-unknown) gets FAILED_PRECONDITION
+	// (RESERVATION_NOT_HELD): it has been fenced off.
+	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
+	// Resolve settles a record whose outcome is unknown (its lease ran out
+	// without an outcome): complete it with the outcome the side effect really
+	// had, or release it so the next call runs. A record in any other state
+	// gets FAILED_PRECONDITION (RECORD_NOT_UNKNOWN), except that a retried
+	// Resolve that already took effect succeeds.
+	Resolve(context.Context, *ResolveRequest) (*ResolveResponse, error)
 	mustEmbedUnimplementedDedupeServiceServer()
 }
 
@@ -122,6 +166,12 @@ func (UnimplementedDedupeServiceServer) Finish(context.Context, *FinishRequest) 
 }
 func (UnimplementedDedupeServiceServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedDedupeServiceServer) Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Heartbeat not implemented")
+}
+func (UnimplementedDedupeServiceServer) Resolve(context.Context, *ResolveRequest) (*ResolveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Resolve not implemented")
 }
 func (UnimplementedDedupeServiceServer) mustEmbedUnimplementedDedupeServiceServer() {}
 func (UnimplementedDedupeServiceServer) testEmbeddedByValue()                       {}
@@ -198,6 +248,42 @@ func _DedupeService_Release_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DedupeService_Heartbeat_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HeartbeatRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DedupeServiceServer).Heartbeat(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DedupeService_Heartbeat_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DedupeServiceServer).Heartbeat(ctx, req.(*HeartbeatRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DedupeService_Resolve_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResolveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DedupeServiceServer).Resolve(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DedupeService_Resolve_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DedupeServiceServer).Resolve(ctx, req.(*ResolveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // DedupeService_ServiceDesc is the grpc.ServiceDesc for DedupeService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -216,6 +302,14 @@ var DedupeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Release",
 			Handler:    _DedupeService_Release_Handler,
+		},
+		{
+			MethodName: "Heartbeat",
+			Handler:    _DedupeService_Heartbeat_Handler,
+		},
+		{
+			MethodName: "Resolve",
+			Handler:    _DedupeService_Resolve_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

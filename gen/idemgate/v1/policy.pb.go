@@ -23,6 +23,64 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// LostOutcomePolicy says how a method treats a reservation whose lease ran
+// out before its attempt stored an outcome.
+type LostOutcomePolicy int32
+
+const (
+	// LOST_OUTCOME_POLICY_UNSPECIFIED means LOST_OUTCOME_POLICY_FAIL_CLOSED.
+	LostOutcomePolicy_LOST_OUTCOME_POLICY_UNSPECIFIED LostOutcomePolicy = 0
+	// LOST_OUTCOME_POLICY_FAIL_CLOSED marks the record outcome-unknown: calls
+	// with the key get FAILED_PRECONDITION (IDEMPOTENCY_OUTCOME_UNKNOWN) and
+	// nothing runs until an operator or a reconciler resolves it.
+	LostOutcomePolicy_LOST_OUTCOME_POLICY_FAIL_CLOSED LostOutcomePolicy = 1
+	// LOST_OUTCOME_POLICY_REEXECUTE lets the next call take the reservation
+	// over with a higher epoch and run again: for side effects that are safe to
+	// repeat after a crash, or that the handler dedupes downstream by key.
+	LostOutcomePolicy_LOST_OUTCOME_POLICY_REEXECUTE LostOutcomePolicy = 2
+)
+
+// Enum value maps for LostOutcomePolicy.
+var (
+	LostOutcomePolicy_name = map[int32]string{
+		0: "LOST_OUTCOME_POLICY_UNSPECIFIED",
+		1: "LOST_OUTCOME_POLICY_FAIL_CLOSED",
+		2: "LOST_OUTCOME_POLICY_REEXECUTE",
+	}
+	LostOutcomePolicy_value = map[string]int32{
+		"LOST_OUTCOME_POLICY_UNSPECIFIED": 0,
+		"LOST_OUTCOME_POLICY_FAIL_CLOSED": 1,
+		"LOST_OUTCOME_POLICY_REEXECUTE":   2,
+	}
+)
+
+func (x LostOutcomePolicy) Enum() *LostOutcomePolicy {
+	p := new(LostOutcomePolicy)
+	*p = x
+	return p
+}
+
+func (x LostOutcomePolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LostOutcomePolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_idemgate_v1_policy_proto_enumTypes[0].Descriptor()
+}
+
+func (LostOutcomePolicy) Type() protoreflect.EnumType {
+	return &file_idemgate_v1_policy_proto_enumTypes[0]
+}
+
+func (x LostOutcomePolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LostOutcomePolicy.Descriptor instead.
+func (LostOutcomePolicy) EnumDescriptor() ([]byte, []int) {
+	return file_idemgate_v1_policy_proto_rawDescGZIP(), []int{0}
+}
+
 // MethodPolicy declares, next to a gRPC method, whether the idemgate interceptor
 // deduplicates it and how. Annotate a method with
 //
@@ -42,9 +100,27 @@ type MethodPolicy struct {
 	// it the record counts as absent and the next call with the key runs afresh.
 	// Must be at least lease. Defaults to 24h.
 	Retention *durationpb.Duration `protobuf:"bytes,2,opt,name=retention,proto3" json:"retention,omitempty"`
-	// lease is how long a reservation is held for the running handler before it
-	// counts as abandoned (the tool server died mid-call). Defaults to 5m.
-	Lease         *durationpb.Duration `protobuf:"bytes,3,opt,name=lease,proto3" json:"lease,omitempty"`
+	// lease is how long a reservation is held without a heartbeat before it
+	// counts as abandoned (the tool server died or hung mid-call). While the
+	// handler runs, the interceptor renews it about every third of the lease,
+	// so a slow but live handler keeps it for as long as it runs. At least 1s.
+	// Defaults to 10s.
+	Lease *durationpb.Duration `protobuf:"bytes,3,opt,name=lease,proto3" json:"lease,omitempty"`
+	// on_lost_outcome says what a call finds when an earlier attempt's lease
+	// ran out without an outcome, so its side effect may or may not have
+	// happened. Defaults to LOST_OUTCOME_POLICY_FAIL_CLOSED.
+	OnLostOutcome LostOutcomePolicy `protobuf:"varint,4,opt,name=on_lost_outcome,json=onLostOutcome,proto3,enum=idemgate.v1.LostOutcomePolicy" json:"on_lost_outcome,omitempty"`
+	// replay_codes are the gRPC status codes, by name ("INVALID_ARGUMENT"),
+	// whose errors are final for this method: they are stored, with their
+	// details, and replayed to duplicates like a response. Errors with other
+	// codes release the key, so a retry runs again. A handler can override
+	// this per error with interceptor.FinalError and interceptor.RetryableError.
+	// Defaults to none.
+	ReplayCodes []string `protobuf:"bytes,5,rep,name=replay_codes,json=replayCodes,proto3" json:"replay_codes,omitempty"`
+	// max_wait is how long a duplicate that arrives while the first call runs
+	// waits for its outcome, within its own deadline, before it gets ABORTED.
+	// 0s answers at once. At most 60s. Defaults to 3s.
+	MaxWait       *durationpb.Duration `protobuf:"bytes,6,opt,name=max_wait,json=maxWait,proto3" json:"max_wait,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -100,6 +176,27 @@ func (x *MethodPolicy) GetLease() *durationpb.Duration {
 	return nil
 }
 
+func (x *MethodPolicy) GetOnLostOutcome() LostOutcomePolicy {
+	if x != nil {
+		return x.OnLostOutcome
+	}
+	return LostOutcomePolicy_LOST_OUTCOME_POLICY_UNSPECIFIED
+}
+
+func (x *MethodPolicy) GetReplayCodes() []string {
+	if x != nil {
+		return x.ReplayCodes
+	}
+	return nil
+}
+
+func (x *MethodPolicy) GetMaxWait() *durationpb.Duration {
+	if x != nil {
+		return x.MaxWait
+	}
+	return nil
+}
+
 var file_idemgate_v1_policy_proto_extTypes = []protoimpl.ExtensionInfo{
 	{
 		ExtendedType:  (*descriptorpb.MethodOptions)(nil),
@@ -125,11 +222,18 @@ var File_idemgate_v1_policy_proto protoreflect.FileDescriptor
 
 const file_idemgate_v1_policy_proto_rawDesc = "" +
 	"\n" +
-	"\x18idemgate/v1/policy.proto\x12\videmgate.v1\x1a google/protobuf/descriptor.proto\x1a\x1egoogle/protobuf/duration.proto\"\x94\x01\n" +
+	"\x18idemgate/v1/policy.proto\x12\videmgate.v1\x1a google/protobuf/descriptor.proto\x1a\x1egoogle/protobuf/duration.proto\"\xb5\x02\n" +
 	"\fMethodPolicy\x12\x1a\n" +
 	"\bmutating\x18\x01 \x01(\bR\bmutating\x127\n" +
 	"\tretention\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\tretention\x12/\n" +
-	"\x05lease\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05lease:S\n" +
+	"\x05lease\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05lease\x12F\n" +
+	"\x0fon_lost_outcome\x18\x04 \x01(\x0e2\x1e.idemgate.v1.LostOutcomePolicyR\ronLostOutcome\x12!\n" +
+	"\freplay_codes\x18\x05 \x03(\tR\vreplayCodes\x124\n" +
+	"\bmax_wait\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\amaxWait*\x80\x01\n" +
+	"\x11LostOutcomePolicy\x12#\n" +
+	"\x1fLOST_OUTCOME_POLICY_UNSPECIFIED\x10\x00\x12#\n" +
+	"\x1fLOST_OUTCOME_POLICY_FAIL_CLOSED\x10\x01\x12!\n" +
+	"\x1dLOST_OUTCOME_POLICY_REEXECUTE\x10\x02:S\n" +
 	"\x06policy\x12\x1e.google.protobuf.MethodOptions\x18\x92\x94\x03 \x01(\v2\x19.idemgate.v1.MethodPolicyR\x06policyB9Z7github.com/idemgate/idemgate/gen/idemgate/v1;idemgatev1b\x06proto3"
 
 var (
@@ -144,22 +248,26 @@ func file_idemgate_v1_policy_proto_rawDescGZIP() []byte {
 	return file_idemgate_v1_policy_proto_rawDescData
 }
 
+var file_idemgate_v1_policy_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_idemgate_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
 var file_idemgate_v1_policy_proto_goTypes = []any{
-	(*MethodPolicy)(nil),               // 0: idemgate.v1.MethodPolicy
-	(*durationpb.Duration)(nil),        // 1: google.protobuf.Duration
-	(*descriptorpb.MethodOptions)(nil), // 2: google.protobuf.MethodOptions
+	(LostOutcomePolicy)(0),             // 0: idemgate.v1.LostOutcomePolicy
+	(*MethodPolicy)(nil),               // 1: idemgate.v1.MethodPolicy
+	(*durationpb.Duration)(nil),        // 2: google.protobuf.Duration
+	(*descriptorpb.MethodOptions)(nil), // 3: google.protobuf.MethodOptions
 }
 var file_idemgate_v1_policy_proto_depIdxs = []int32{
-	1, // 0: idemgate.v1.MethodPolicy.retention:type_name -> google.protobuf.Duration
-	1, // 1: idemgate.v1.MethodPolicy.lease:type_name -> google.protobuf.Duration
-	2, // 2: idemgate.v1.policy:extendee -> google.protobuf.MethodOptions
-	0, // 3: idemgate.v1.policy:type_name -> idemgate.v1.MethodPolicy
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	3, // [3:4] is the sub-list for extension type_name
-	2, // [2:3] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	2, // 0: idemgate.v1.MethodPolicy.retention:type_name -> google.protobuf.Duration
+	2, // 1: idemgate.v1.MethodPolicy.lease:type_name -> google.protobuf.Duration
+	0, // 2: idemgate.v1.MethodPolicy.on_lost_outcome:type_name -> idemgate.v1.LostOutcomePolicy
+	2, // 3: idemgate.v1.MethodPolicy.max_wait:type_name -> google.protobuf.Duration
+	3, // 4: idemgate.v1.policy:extendee -> google.protobuf.MethodOptions
+	1, // 5: idemgate.v1.policy:type_name -> idemgate.v1.MethodPolicy
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	5, // [5:6] is the sub-list for extension type_name
+	4, // [4:5] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_idemgate_v1_policy_proto_init() }
@@ -172,13 +280,14 @@ func file_idemgate_v1_policy_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idemgate_v1_policy_proto_rawDesc), len(file_idemgate_v1_policy_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   1,
 			NumExtensions: 1,
 			NumServices:   0,
 		},
 		GoTypes:           file_idemgate_v1_policy_proto_goTypes,
 		DependencyIndexes: file_idemgate_v1_policy_proto_depIdxs,
+		EnumInfos:         file_idemgate_v1_policy_proto_enumTypes,
 		MessageInfos:      file_idemgate_v1_policy_proto_msgTypes,
 		ExtensionInfos:    file_idemgate_v1_policy_proto_extTypes,
 	}.Build()

@@ -23,6 +23,59 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ErrorMark says how the handler marks its error.
+type ErrorMark int32
+
+const (
+	// ERROR_MARK_UNSPECIFIED leaves the error unmarked: the policy decides.
+	ErrorMark_ERROR_MARK_UNSPECIFIED ErrorMark = 0
+	// ERROR_MARK_FINAL wraps it in interceptor.FinalError.
+	ErrorMark_ERROR_MARK_FINAL ErrorMark = 1
+	// ERROR_MARK_RETRYABLE wraps it in interceptor.RetryableError.
+	ErrorMark_ERROR_MARK_RETRYABLE ErrorMark = 2
+)
+
+// Enum value maps for ErrorMark.
+var (
+	ErrorMark_name = map[int32]string{
+		0: "ERROR_MARK_UNSPECIFIED",
+		1: "ERROR_MARK_FINAL",
+		2: "ERROR_MARK_RETRYABLE",
+	}
+	ErrorMark_value = map[string]int32{
+		"ERROR_MARK_UNSPECIFIED": 0,
+		"ERROR_MARK_FINAL":       1,
+		"ERROR_MARK_RETRYABLE":   2,
+	}
+)
+
+func (x ErrorMark) Enum() *ErrorMark {
+	p := new(ErrorMark)
+	*p = x
+	return p
+}
+
+func (x ErrorMark) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ErrorMark) Descriptor() protoreflect.EnumDescriptor {
+	return file_idemgate_testing_v1_testing_proto_enumTypes[0].Descriptor()
+}
+
+func (ErrorMark) Type() protoreflect.EnumType {
+	return &file_idemgate_testing_v1_testing_proto_enumTypes[0]
+}
+
+func (x ErrorMark) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ErrorMark.Descriptor instead.
+func (ErrorMark) EnumDescriptor() ([]byte, []int) {
+	return file_idemgate_testing_v1_testing_proto_rawDescGZIP(), []int{0}
+}
+
 // MutateRequest says what the handler does.
 type MutateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -31,7 +84,14 @@ type MutateRequest struct {
 	// delay makes the handler sleep before it answers.
 	Delay *durationpb.Duration `protobuf:"bytes,2,opt,name=delay,proto3" json:"delay,omitempty"`
 	// fail_code, when not 0, makes the handler fail with that gRPC code.
-	FailCode      int32 `protobuf:"varint,3,opt,name=fail_code,json=failCode,proto3" json:"fail_code,omitempty"`
+	FailCode int32 `protobuf:"varint,3,opt,name=fail_code,json=failCode,proto3" json:"fail_code,omitempty"`
+	// fail_detail, with fail_code, is attached to the error as a
+	// google.rpc.ErrorInfo reason, so replays can be checked for details.
+	FailDetail string `protobuf:"bytes,4,opt,name=fail_detail,json=failDetail,proto3" json:"fail_detail,omitempty"`
+	// fail_mark, with fail_code, wraps the error in an explicit mark.
+	FailMark ErrorMark `protobuf:"varint,5,opt,name=fail_mark,json=failMark,proto3,enum=idemgate.testing.v1.ErrorMark" json:"fail_mark,omitempty"`
+	// panic makes the handler panic after it counted its execution.
+	Panic         bool `protobuf:"varint,6,opt,name=panic,proto3" json:"panic,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -85,6 +145,27 @@ func (x *MutateRequest) GetFailCode() int32 {
 		return x.FailCode
 	}
 	return 0
+}
+
+func (x *MutateRequest) GetFailDetail() string {
+	if x != nil {
+		return x.FailDetail
+	}
+	return ""
+}
+
+func (x *MutateRequest) GetFailMark() ErrorMark {
+	if x != nil {
+		return x.FailMark
+	}
+	return ErrorMark_ERROR_MARK_UNSPECIFIED
+}
+
+func (x *MutateRequest) GetPanic() bool {
+	if x != nil {
+		return x.Panic
+	}
+	return false
 }
 
 // MutateResponse reports which execution answered.
@@ -155,19 +236,32 @@ var File_idemgate_testing_v1_testing_proto protoreflect.FileDescriptor
 
 const file_idemgate_testing_v1_testing_proto_rawDesc = "" +
 	"\n" +
-	"!idemgate/testing/v1/testing.proto\x12\x13idemgate.testing.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x18idemgate/v1/policy.proto\"w\n" +
+	"!idemgate/testing/v1/testing.proto\x12\x13idemgate.testing.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x18idemgate/v1/policy.proto\"\xeb\x01\n" +
 	"\rMutateRequest\x12\x18\n" +
 	"\apayload\x18\x01 \x01(\tR\apayload\x12/\n" +
 	"\x05delay\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x12\x1b\n" +
-	"\tfail_code\x18\x03 \x01(\x05R\bfailCode\"Z\n" +
+	"\tfail_code\x18\x03 \x01(\x05R\bfailCode\x12\x1f\n" +
+	"\vfail_detail\x18\x04 \x01(\tR\n" +
+	"failDetail\x12;\n" +
+	"\tfail_mark\x18\x05 \x01(\x0e2\x1e.idemgate.testing.v1.ErrorMarkR\bfailMark\x12\x14\n" +
+	"\x05panic\x18\x06 \x01(\bR\x05panic\"Z\n" +
 	"\x0eMutateResponse\x12\x18\n" +
 	"\apayload\x18\x01 \x01(\tR\apayload\x12\x1c\n" +
 	"\texecution\x18\x02 \x01(\x03R\texecution\x12\x10\n" +
-	"\x03key\x18\x03 \x01(\tR\x03key2\xd6\x03\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key*W\n" +
+	"\tErrorMark\x12\x1a\n" +
+	"\x16ERROR_MARK_UNSPECIFIED\x10\x00\x12\x14\n" +
+	"\x10ERROR_MARK_FINAL\x10\x01\x12\x18\n" +
+	"\x14ERROR_MARK_RETRYABLE\x10\x022\x9f\a\n" +
 	"\vTestService\x12Y\n" +
 	"\x06Mutate\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x06\x92\xa1\x19\x02\b\x01\x12f\n" +
 	"\vMutateOther\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x0e\x92\xa1\x19\n" +
-	"\b\x01\x12\x02\b\x02\x1a\x02\b\x01\x12T\n" +
+	"\b\x01\x12\x02\b\x02\x1a\x02\b\x01\x12i\n" +
+	"\x10MutateShortLease\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\f\x92\xa1\x19\b\b\x01\x1a\x02\b\x012\x00\x12j\n" +
+	"\x0fMutateReexecute\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x0e\x92\xa1\x19\n" +
+	"\b\x01\x1a\x02\b\x01 \x022\x00\x12\x8c\x01\n" +
+	"\x12MutateReplayErrors\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"-\x92\xa1\x19)\b\x01*\x10INVALID_ARGUMENT*\x13FAILED_PRECONDITION\x12a\n" +
+	"\fMutateNoWait\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\b\x92\xa1\x19\x04\b\x012\x00\x12T\n" +
 	"\x04Read\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x03\x90\x02\x01\x12Y\n" +
 	"\x03Put\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\t\x92\xa1\x19\x02\b\x01\x90\x02\x02\x12S\n" +
 	"\bUnmarked\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponseB@Z>github.com/idemgate/idemgate/gen/idemgate/testing/v1;testingv1b\x06proto3"
@@ -184,29 +278,40 @@ func file_idemgate_testing_v1_testing_proto_rawDescGZIP() []byte {
 	return file_idemgate_testing_v1_testing_proto_rawDescData
 }
 
+var file_idemgate_testing_v1_testing_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_idemgate_testing_v1_testing_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_idemgate_testing_v1_testing_proto_goTypes = []any{
-	(*MutateRequest)(nil),       // 0: idemgate.testing.v1.MutateRequest
-	(*MutateResponse)(nil),      // 1: idemgate.testing.v1.MutateResponse
-	(*durationpb.Duration)(nil), // 2: google.protobuf.Duration
+	(ErrorMark)(0),              // 0: idemgate.testing.v1.ErrorMark
+	(*MutateRequest)(nil),       // 1: idemgate.testing.v1.MutateRequest
+	(*MutateResponse)(nil),      // 2: idemgate.testing.v1.MutateResponse
+	(*durationpb.Duration)(nil), // 3: google.protobuf.Duration
 }
 var file_idemgate_testing_v1_testing_proto_depIdxs = []int32{
-	2, // 0: idemgate.testing.v1.MutateRequest.delay:type_name -> google.protobuf.Duration
-	0, // 1: idemgate.testing.v1.TestService.Mutate:input_type -> idemgate.testing.v1.MutateRequest
-	0, // 2: idemgate.testing.v1.TestService.MutateOther:input_type -> idemgate.testing.v1.MutateRequest
-	0, // 3: idemgate.testing.v1.TestService.Read:input_type -> idemgate.testing.v1.MutateRequest
-	0, // 4: idemgate.testing.v1.TestService.Put:input_type -> idemgate.testing.v1.MutateRequest
-	0, // 5: idemgate.testing.v1.TestService.Unmarked:input_type -> idemgate.testing.v1.MutateRequest
-	1, // 6: idemgate.testing.v1.TestService.Mutate:output_type -> idemgate.testing.v1.MutateResponse
-	1, // 7: idemgate.testing.v1.TestService.MutateOther:output_type -> idemgate.testing.v1.MutateResponse
-	1, // 8: idemgate.testing.v1.TestService.Read:output_type -> idemgate.testing.v1.MutateResponse
-	1, // 9: idemgate.testing.v1.TestService.Put:output_type -> idemgate.testing.v1.MutateResponse
-	1, // 10: idemgate.testing.v1.TestService.Unmarked:output_type -> idemgate.testing.v1.MutateResponse
-	6, // [6:11] is the sub-list for method output_type
-	1, // [1:6] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	3,  // 0: idemgate.testing.v1.MutateRequest.delay:type_name -> google.protobuf.Duration
+	0,  // 1: idemgate.testing.v1.MutateRequest.fail_mark:type_name -> idemgate.testing.v1.ErrorMark
+	1,  // 2: idemgate.testing.v1.TestService.Mutate:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 3: idemgate.testing.v1.TestService.MutateOther:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 4: idemgate.testing.v1.TestService.MutateShortLease:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 5: idemgate.testing.v1.TestService.MutateReexecute:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 6: idemgate.testing.v1.TestService.MutateReplayErrors:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 7: idemgate.testing.v1.TestService.MutateNoWait:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 8: idemgate.testing.v1.TestService.Read:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 9: idemgate.testing.v1.TestService.Put:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 10: idemgate.testing.v1.TestService.Unmarked:input_type -> idemgate.testing.v1.MutateRequest
+	2,  // 11: idemgate.testing.v1.TestService.Mutate:output_type -> idemgate.testing.v1.MutateResponse
+	2,  // 12: idemgate.testing.v1.TestService.MutateOther:output_type -> idemgate.testing.v1.MutateResponse
+	2,  // 13: idemgate.testing.v1.TestService.MutateShortLease:output_type -> idemgate.testing.v1.MutateResponse
+	2,  // 14: idemgate.testing.v1.TestService.MutateReexecute:output_type -> idemgate.testing.v1.MutateResponse
+	2,  // 15: idemgate.testing.v1.TestService.MutateReplayErrors:output_type -> idemgate.testing.v1.MutateResponse
+	2,  // 16: idemgate.testing.v1.TestService.MutateNoWait:output_type -> idemgate.testing.v1.MutateResponse
+	2,  // 17: idemgate.testing.v1.TestService.Read:output_type -> idemgate.testing.v1.MutateResponse
+	2,  // 18: idemgate.testing.v1.TestService.Put:output_type -> idemgate.testing.v1.MutateResponse
+	2,  // 19: idemgate.testing.v1.TestService.Unmarked:output_type -> idemgate.testing.v1.MutateResponse
+	11, // [11:20] is the sub-list for method output_type
+	2,  // [2:11] is the sub-list for method input_type
+	2,  // [2:2] is the sub-list for extension type_name
+	2,  // [2:2] is the sub-list for extension extendee
+	0,  // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_idemgate_testing_v1_testing_proto_init() }
@@ -219,13 +324,14 @@ func file_idemgate_testing_v1_testing_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idemgate_testing_v1_testing_proto_rawDesc), len(file_idemgate_testing_v1_testing_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   2,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_idemgate_testing_v1_testing_proto_goTypes,
 		DependencyIndexes: file_idemgate_testing_v1_testing_proto_depIdxs,
+		EnumInfos:         file_idemgate_testing_v1_testing_proto_enumTypes,
 		MessageInfos:      file_idemgate_testing_v1_testing_proto_msgTypes,
 	}.Build()
 	File_idemgate_testing_v1_testing_proto = out.File

@@ -19,11 +19,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	TestService_Mutate_FullMethodName      = "/idemgate.testing.v1.TestService/Mutate"
-	TestService_MutateOther_FullMethodName = "/idemgate.testing.v1.TestService/MutateOther"
-	TestService_Read_FullMethodName        = "/idemgate.testing.v1.TestService/Read"
-	TestService_Put_FullMethodName         = "/idemgate.testing.v1.TestService/Put"
-	TestService_Unmarked_FullMethodName    = "/idemgate.testing.v1.TestService/Unmarked"
+	TestService_Mutate_FullMethodName             = "/idemgate.testing.v1.TestService/Mutate"
+	TestService_MutateOther_FullMethodName        = "/idemgate.testing.v1.TestService/MutateOther"
+	TestService_MutateShortLease_FullMethodName   = "/idemgate.testing.v1.TestService/MutateShortLease"
+	TestService_MutateReexecute_FullMethodName    = "/idemgate.testing.v1.TestService/MutateReexecute"
+	TestService_MutateReplayErrors_FullMethodName = "/idemgate.testing.v1.TestService/MutateReplayErrors"
+	TestService_MutateNoWait_FullMethodName       = "/idemgate.testing.v1.TestService/MutateNoWait"
+	TestService_Read_FullMethodName               = "/idemgate.testing.v1.TestService/Read"
+	TestService_Put_FullMethodName                = "/idemgate.testing.v1.TestService/Put"
+	TestService_Unmarked_FullMethodName           = "/idemgate.testing.v1.TestService/Unmarked"
 )
 
 // TestServiceClient is the client API for TestService service.
@@ -37,6 +41,15 @@ type TestServiceClient interface {
 	Mutate(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
 	// MutateOther is gated too, so one key on two methods can be tested.
 	MutateOther(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
+	// MutateShortLease fails closed when its 1s lease runs out.
+	MutateShortLease(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
+	// MutateReexecute is taken over when its 1s lease runs out.
+	MutateReexecute(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
+	// MutateReplayErrors stores INVALID_ARGUMENT and FAILED_PRECONDITION
+	// errors as final outcomes.
+	MutateReplayErrors(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
+	// MutateNoWait answers ABORTED at once to a duplicate in flight.
+	MutateNoWait(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
 	// Read has no side effects and is never gated.
 	Read(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
 	// Put is idempotent by nature, so the mutating mark is ignored.
@@ -67,6 +80,46 @@ func (c *testServiceClient) MutateOther(ctx context.Context, in *MutateRequest, 
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(MutateResponse)
 	err := c.cc.Invoke(ctx, TestService_MutateOther_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *testServiceClient) MutateShortLease(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MutateResponse)
+	err := c.cc.Invoke(ctx, TestService_MutateShortLease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *testServiceClient) MutateReexecute(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MutateResponse)
+	err := c.cc.Invoke(ctx, TestService_MutateReexecute_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *testServiceClient) MutateReplayErrors(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MutateResponse)
+	err := c.cc.Invoke(ctx, TestService_MutateReplayErrors_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *testServiceClient) MutateNoWait(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MutateResponse)
+	err := c.cc.Invoke(ctx, TestService_MutateNoWait_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -114,6 +167,15 @@ type TestServiceServer interface {
 	Mutate(context.Context, *MutateRequest) (*MutateResponse, error)
 	// MutateOther is gated too, so one key on two methods can be tested.
 	MutateOther(context.Context, *MutateRequest) (*MutateResponse, error)
+	// MutateShortLease fails closed when its 1s lease runs out.
+	MutateShortLease(context.Context, *MutateRequest) (*MutateResponse, error)
+	// MutateReexecute is taken over when its 1s lease runs out.
+	MutateReexecute(context.Context, *MutateRequest) (*MutateResponse, error)
+	// MutateReplayErrors stores INVALID_ARGUMENT and FAILED_PRECONDITION
+	// errors as final outcomes.
+	MutateReplayErrors(context.Context, *MutateRequest) (*MutateResponse, error)
+	// MutateNoWait answers ABORTED at once to a duplicate in flight.
+	MutateNoWait(context.Context, *MutateRequest) (*MutateResponse, error)
 	// Read has no side effects and is never gated.
 	Read(context.Context, *MutateRequest) (*MutateResponse, error)
 	// Put is idempotent by nature, so the mutating mark is ignored.
@@ -135,6 +197,18 @@ func (UnimplementedTestServiceServer) Mutate(context.Context, *MutateRequest) (*
 }
 func (UnimplementedTestServiceServer) MutateOther(context.Context, *MutateRequest) (*MutateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method MutateOther not implemented")
+}
+func (UnimplementedTestServiceServer) MutateShortLease(context.Context, *MutateRequest) (*MutateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MutateShortLease not implemented")
+}
+func (UnimplementedTestServiceServer) MutateReexecute(context.Context, *MutateRequest) (*MutateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MutateReexecute not implemented")
+}
+func (UnimplementedTestServiceServer) MutateReplayErrors(context.Context, *MutateRequest) (*MutateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MutateReplayErrors not implemented")
+}
+func (UnimplementedTestServiceServer) MutateNoWait(context.Context, *MutateRequest) (*MutateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MutateNoWait not implemented")
 }
 func (UnimplementedTestServiceServer) Read(context.Context, *MutateRequest) (*MutateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Read not implemented")
@@ -198,6 +272,78 @@ func _TestService_MutateOther_Handler(srv interface{}, ctx context.Context, dec 
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(TestServiceServer).MutateOther(ctx, req.(*MutateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TestService_MutateShortLease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MutateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TestServiceServer).MutateShortLease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TestService_MutateShortLease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TestServiceServer).MutateShortLease(ctx, req.(*MutateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TestService_MutateReexecute_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MutateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TestServiceServer).MutateReexecute(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TestService_MutateReexecute_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TestServiceServer).MutateReexecute(ctx, req.(*MutateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TestService_MutateReplayErrors_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MutateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TestServiceServer).MutateReplayErrors(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TestService_MutateReplayErrors_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TestServiceServer).MutateReplayErrors(ctx, req.(*MutateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TestService_MutateNoWait_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MutateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TestServiceServer).MutateNoWait(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TestService_MutateNoWait_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TestServiceServer).MutateNoWait(ctx, req.(*MutateRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -270,6 +416,22 @@ var TestService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MutateOther",
 			Handler:    _TestService_MutateOther_Handler,
+		},
+		{
+			MethodName: "MutateShortLease",
+			Handler:    _TestService_MutateShortLease_Handler,
+		},
+		{
+			MethodName: "MutateReexecute",
+			Handler:    _TestService_MutateReexecute_Handler,
+		},
+		{
+			MethodName: "MutateReplayErrors",
+			Handler:    _TestService_MutateReplayErrors_Handler,
+		},
+		{
+			MethodName: "MutateNoWait",
+			Handler:    _TestService_MutateNoWait_Handler,
 		},
 		{
 			MethodName: "Read",
