@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -43,6 +44,29 @@ type Server struct {
 	idemgatev1.UnimplementedDedupeServiceServer
 	store Store
 	opts  options
+	waits waitCounters
+}
+
+type waitCounters struct {
+	started, notified, polled, outcomes atomic.Int64
+}
+
+// WaitStats counts how Begins waited for in-flight outcomes.
+type WaitStats struct {
+	// Started counts Begins that found the key in flight and waited.
+	Started int64
+	// Notified counts re-reads a notification woke.
+	Notified int64
+	// Polled counts re-reads the poll timer woke.
+	Polled int64
+	// Outcomes counts waits that ended with something other than in flight:
+	// a replay, a reservation, or an unknown outcome.
+	Outcomes int64
+}
+
+// WaitStats returns the wait counters since the Server was built.
+func (s *Server) WaitStats() WaitStats {
+	return WaitStats{Started: s.waits.started.Load(), Notified: s.waits.notified.Load(), Polled: s.waits.polled.Load(), Outcomes: s.waits.outcomes.Load()}
 }
 
 // NewServer returns the Dedupe service over store.
@@ -149,6 +173,7 @@ func (s *Server) wait(ctx context.Context, p BeginParams, res BeginResult, maxWa
 		defer unsubscribe()
 		wake = ch
 	}
+	s.waits.started.Add(1)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	<-timer.C
@@ -160,7 +185,9 @@ func (s *Server) wait(ctx context.Context, p BeginParams, res BeginResult, maxWa
 		timer.Reset(min(s.opts.pollInterval, remaining))
 		select {
 		case <-wake:
+			s.waits.notified.Add(1)
 		case <-timer.C:
+			s.waits.polled.Add(1)
 		case <-ctx.Done():
 			return res, nil
 		}
@@ -170,6 +197,7 @@ func (s *Server) wait(ctx context.Context, p BeginParams, res BeginResult, maxWa
 		}
 		res = next
 	}
+	s.waits.outcomes.Add(1)
 	return res, nil
 }
 

@@ -30,12 +30,19 @@ type harness struct {
 
 func setup(tb testing.TB, opts ...interceptor.Option) *harness {
 	tb.Helper()
+	return setupWith(tb, stacktest.Config{GateOptions: opts})
+}
+
+func setupWith(tb testing.TB, cfg stacktest.Config) *harness {
+	tb.Helper()
 	h := &harness{svc: &testsvc.Server{}, codec: &recordingCodec{}}
-	h.Stack = stacktest.Start(tb, func(s *grpc.Server) { testingv1.RegisterTestServiceServer(s, h.svc) },
-		opts, grpc.WithDefaultCallOptions(grpc.ForceCodec(h.codec)))
+	cfg.ToolDial = append(cfg.ToolDial, grpc.WithDefaultCallOptions(grpc.ForceCodec(h.codec)))
+	h.Stack = stacktest.Start(tb, h.register, cfg)
 	h.client = testingv1.NewTestServiceClient(h.Tool)
 	return h
 }
+
+func (h *harness) register(s *grpc.Server) { testingv1.RegisterTestServiceServer(s, h.svc) }
 
 // withKey returns a context that sends key as the idempotency key.
 func withKey(key string) context.Context {
@@ -94,3 +101,6 @@ func wantStatus(tb testing.TB, err error, code codes.Code, reason string) {
 		tb.Fatalf("reason = %q, want %q (err: %v)", got, reason, err)
 	}
 }
+
+// grpcHeader receives response headers through grpc.Header.
+type grpcHeader struct{ metadata.MD }

@@ -21,7 +21,7 @@ func setup(t *testing.T) (paymentsv1.PaymentsServiceClient, *payments.Ledger, *s
 	ledger := &payments.Ledger{}
 	stack := stacktest.Start(t, func(s *grpc.Server) {
 		paymentsv1.RegisterPaymentsServiceServer(s, &payments.Server{Ledger: ledger})
-	}, nil)
+	}, stacktest.Config{})
 	return paymentsv1.NewPaymentsServiceClient(stack.Tool), ledger, stack
 }
 

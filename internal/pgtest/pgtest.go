@@ -53,21 +53,29 @@ func Schema(tb testing.TB) (*pgxpool.Pool, string) {
 	}
 	tb.Cleanup(func() { dropSchema(tb, schema) })
 
+	pool := OpenPool(tb, schema)
+	if _, err := pgstore.Migrate(ctx, pool); err != nil {
+		tb.Fatalf("pgtest: migrate: %v", err)
+	}
+	return pool, schema
+}
+
+// OpenPool opens one more pool on schema, as a second dedupe service replica
+// would; it is closed when the test ends.
+func OpenPool(tb testing.TB, schema string) *pgxpool.Pool {
+	tb.Helper()
 	cfg, err := pgxpool.ParseConfig(URL())
 	if err != nil {
 		tb.Fatalf("pgtest: parse %s: %v", URL(), err)
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	cfg.MaxConns = 16
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		tb.Fatalf("pgtest: open pool: %v", err)
 	}
 	tb.Cleanup(pool.Close)
-	if _, err := pgstore.Migrate(ctx, pool); err != nil {
-		tb.Fatalf("pgtest: migrate: %v", err)
-	}
-	return pool, schema
+	return pool
 }
 
 // Pool is Schema without the schema's name.

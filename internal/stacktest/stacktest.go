@@ -1,13 +1,16 @@
-// Package stacktest starts the whole idemgate stack for a test: a Dedupe
-// service on a fresh PostgreSQL schema and a tool server gated by the
-// interceptor, both on loopback TCP, torn down when the test ends.
+// Package stacktest starts the whole idemgate stack for a test: Dedupe
+// service replicas on a fresh PostgreSQL schema and tool servers gated by the
+// interceptor, all on loopback TCP, torn down when the test ends.
 package stacktest
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"net"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
@@ -20,14 +23,37 @@ import (
 	"github.com/idemgate/idemgate/internal/pgtest"
 )
 
+// Config shapes a stack. The zero value is the production shape: NOTIFY on,
+// default options.
+type Config struct {
+	// GateOptions configure the interceptor.
+	GateOptions []interceptor.Option
+	// ToolDial are extra dial options for the connection to the tool server.
+	ToolDial []grpc.DialOption
+	// ToolInterceptors run on the tool server before the gate (a panic
+	// recovery, for example).
+	ToolInterceptors []grpc.UnaryServerInterceptor
+	// DedupeClientInterceptor, when set, sits on the gate's connection to the
+	// Dedupe service, to inject faults.
+	DedupeClientInterceptor grpc.UnaryClientInterceptor
+	// NoNotify turns LISTEN/NOTIFY off: waiting duplicates only poll.
+	NoNotify bool
+	// PollInterval is the Dedupe service's poll interval. Defaults to 200ms.
+	PollInterval time.Duration
+}
+
 // Stack is a running Dedupe service and gated tool server.
 type Stack struct {
 	// Pool is the schema's connection pool.
 	Pool *pgxpool.Pool
+	// Schema is the test's schema, also the NOTIFY channel.
+	Schema string
 	// Store is the PostgreSQL store behind the Dedupe service.
 	Store *pgstore.Store
 	// DedupeServer is the Dedupe gRPC server; Stop it to take the store away.
 	DedupeServer *grpc.Server
+	// Service is the Dedupe service behind DedupeServer.
+	Service *dedupesvc.Server
 	// DedupeCalls counts the RPCs the Dedupe service received.
 	DedupeCalls atomic.Int64
 	// Dedupe is a client of the Dedupe service.
@@ -39,29 +65,72 @@ type Stack struct {
 }
 
 // Start runs the stack; register adds the tool's services to the gated
-// server. toolDial are extra dial options for the connection to the tool.
-func Start(tb testing.TB, register func(*grpc.Server), gateOpts []interceptor.Option, toolDial ...grpc.DialOption) *Stack {
+// server.
+func Start(tb testing.TB, register func(*grpc.Server), cfg Config) *Stack {
 	tb.Helper()
 	s := &Stack{}
-	s.Pool = pgtest.Pool(tb)
-	s.Store = pgstore.New(s.Pool)
+	s.Pool, s.Schema = pgtest.Schema(tb)
+	s.Store, s.DedupeServer, s.Service, s.Dedupe = s.replica(tb, s.Pool, cfg)
+	s.Gate, s.Tool = s.tool(tb, s.Dedupe, register, cfg)
+	return s
+}
 
-	s.DedupeServer = grpc.NewServer(grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+// SecondTool starts another Dedupe service replica on the same schema (its
+// own pool and listener) and another gated tool server that uses it, and
+// returns a connection to that tool server and the replica's service.
+func (s *Stack) SecondTool(tb testing.TB, register func(*grpc.Server), cfg Config) (*grpc.ClientConn, *dedupesvc.Server) {
+	tb.Helper()
+	_, _, service, dedupe := s.replica(tb, pgtest.OpenPool(tb, s.Schema), cfg)
+	_, conn := s.tool(tb, dedupe, register, cfg)
+	return conn, service
+}
+
+func (s *Stack) replica(tb testing.TB, pool *pgxpool.Pool, cfg Config) (*pgstore.Store, *grpc.Server, *dedupesvc.Server, idemgatev1.DedupeServiceClient) {
+	tb.Helper()
+	storeOpts := []pgstore.Option{pgstore.WithChannel(s.Schema)}
+	serverOpts := []dedupesvc.Option{dedupesvc.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}
+	if cfg.PollInterval > 0 {
+		serverOpts = append(serverOpts, dedupesvc.WithPollInterval(cfg.PollInterval))
+	}
+	if cfg.NoNotify {
+		storeOpts = append(storeOpts, pgstore.WithoutNotify())
+	} else {
+		listener := pgstore.NewListener(pool, s.Schema, slog.Default())
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); listener.Run(ctx) }()
+		tb.Cleanup(func() { cancel(); <-done })
+		serverOpts = append(serverOpts, dedupesvc.WithNotifier(listener))
+	}
+	store := pgstore.New(pool, storeOpts...)
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		s.DedupeCalls.Add(1)
 		return handler(ctx, req)
 	}))
-	idemgatev1.RegisterDedupeServiceServer(s.DedupeServer, dedupesvc.NewServer(s.Store))
-	s.Dedupe = idemgatev1.NewDedupeServiceClient(Serve(tb, s.DedupeServer, grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig)))
+	service := dedupesvc.NewServer(store, serverOpts...)
+	idemgatev1.RegisterDedupeServiceServer(srv, service)
+	dial := []grpc.DialOption{grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig)}
+	if cfg.DedupeClientInterceptor != nil {
+		dial = append(dial, grpc.WithChainUnaryInterceptor(cfg.DedupeClientInterceptor))
+	}
+	return store, srv, service, idemgatev1.NewDedupeServiceClient(Serve(tb, srv, dial...))
+}
 
-	gate, err := interceptor.New(s.Dedupe, gateOpts...)
+func (s *Stack) tool(tb testing.TB, dedupe idemgatev1.DedupeServiceClient, register func(*grpc.Server), cfg Config) (*interceptor.Gate, *grpc.ClientConn) {
+	tb.Helper()
+	gate, err := interceptor.New(dedupe, cfg.GateOptions...)
 	if err != nil {
 		tb.Fatalf("interceptor.New: %v", err)
 	}
-	s.Gate = gate
-	toolSrv := grpc.NewServer(grpc.ChainUnaryInterceptor(gate.UnaryServerInterceptor()))
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = gate.Close(ctx)
+	})
+	chain := append(append([]grpc.UnaryServerInterceptor{}, cfg.ToolInterceptors...), gate.UnaryServerInterceptor())
+	toolSrv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
 	register(toolSrv)
-	s.Tool = Serve(tb, toolSrv, toolDial...)
-	return s
+	return gate, Serve(tb, toolSrv, cfg.ToolDial...)
 }
 
 // Serve starts srv on a loopback port and returns a client connection to it.

@@ -5,8 +5,11 @@ package testsvc
 
 import (
 	"context"
+
 	"sync/atomic"
 	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -39,14 +42,36 @@ func (s *Server) handle(ctx context.Context, req *testingv1.MutateRequest) (*tes
 			return nil, status.FromContextError(ctx.Err()).Err()
 		}
 	}
+	if req.GetPanic() {
+		panic("testsvc: panicking on request")
+	}
 	if s.failFirst.Add(-1) >= 0 {
 		return nil, status.Error(codes.Unavailable, "testsvc: downstream failed on purpose")
 	}
 	if c := req.GetFailCode(); c != 0 {
-		return nil, status.Errorf(codes.Code(c), "testsvc: failing with code %d on request", c)
+		return nil, requestedError(req, n)
 	}
 	key, _ := interceptor.KeyFromContext(ctx)
 	return &testingv1.MutateResponse{Payload: req.GetPayload(), Execution: n, Key: key}, nil
+}
+
+// requestedError builds the error a request asks for. Its message names the
+// execution, so a replay can be told from a fresh run.
+func requestedError(req *testingv1.MutateRequest, execution int64) error {
+	st := status.Newf(codes.Code(req.GetFailCode()), "testsvc: execution %d failing with code %d on request", execution, req.GetFailCode())
+	if d := req.GetFailDetail(); d != "" {
+		if withDetail, err := st.WithDetails(&errdetails.ErrorInfo{Reason: d, Domain: "testsvc.idemgate.dev"}); err == nil {
+			st = withDetail
+		}
+	}
+	switch req.GetFailMark() {
+	case testingv1.ErrorMark_ERROR_MARK_FINAL:
+		return interceptor.FinalError(st.Err())
+	case testingv1.ErrorMark_ERROR_MARK_RETRYABLE:
+		return interceptor.RetryableError(st.Err())
+	default:
+		return st.Err()
+	}
 }
 
 // Mutate implements testingv1.TestServiceServer.
@@ -56,6 +81,26 @@ func (s *Server) Mutate(ctx context.Context, req *testingv1.MutateRequest) (*tes
 
 // MutateOther implements testingv1.TestServiceServer.
 func (s *Server) MutateOther(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+	return s.handle(ctx, req)
+}
+
+// MutateShortLease implements testingv1.TestServiceServer.
+func (s *Server) MutateShortLease(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+	return s.handle(ctx, req)
+}
+
+// MutateReexecute implements testingv1.TestServiceServer.
+func (s *Server) MutateReexecute(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+	return s.handle(ctx, req)
+}
+
+// MutateReplayErrors implements testingv1.TestServiceServer.
+func (s *Server) MutateReplayErrors(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+	return s.handle(ctx, req)
+}
+
+// MutateNoWait implements testingv1.TestServiceServer.
+func (s *Server) MutateNoWait(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
 	return s.handle(ctx, req)
 }
 
