@@ -114,7 +114,7 @@ func TestLostOutcomeFailsClosedUntilResolved(t *testing.T) {
 		}
 		ok := shortLease(withKey("panicked"), h, &testingv1.MutateRequest{Payload: "charge B"})
 		wantStatus(t, ok.err, codes.FailedPrecondition, interceptor.ReasonKeyReused) // another request: still refused
-		shortLease(withKey("panicked"), h, req)                                       // the same request runs (and panics) again
+		shortLease(withKey("panicked"), h, req)                                      // the same request runs (and panics) again
 		if h.svc.Executions() != before+1 {
 			t.Fatalf("after Resolve(release) the handler ran %d more times, want 1", h.svc.Executions()-before)
 		}
