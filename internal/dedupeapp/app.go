@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
@@ -61,24 +62,38 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 		logger.Info("migrations applied", slog.Any("applied", applied))
 	}
 
-	store := pgstore.New(pool)
+	background, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	var backgroundDone sync.WaitGroup
+	defer func() { stopBackground(); backgroundDone.Wait() }()
+
+	serverOpts := []dedupesvc.Option{
+		dedupesvc.WithLogger(logger),
+		dedupesvc.WithPollInterval(cfg.PollInterval),
+		dedupesvc.WithUnknownRetention(cfg.UnknownRetention),
+	}
+	var store *pgstore.Store
+	if cfg.Notify {
+		store = pgstore.New(pool)
+		listener := pgstore.NewListener(pool, pgstore.DefaultChannel, logger)
+		backgroundDone.Go(func() { listener.Run(background) })
+		serverOpts = append(serverOpts, dedupesvc.WithNotifier(listener))
+	} else {
+		store = pgstore.New(pool, pgstore.WithoutNotify())
+	}
 	healthSrv := health.NewServer()
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		logging.UnaryServerInterceptor(grpcLogger(logger), logging.WithLevels(codeLevel)),
 	))
-	idemgatev1.RegisterDedupeServiceServer(srv, dedupesvc.NewServer(store, dedupesvc.WithLogger(logger)))
+	idemgatev1.RegisterDedupeServiceServer(srv, dedupesvc.NewServer(store, serverOpts...))
 	healthpb.RegisterHealthServer(srv, healthSrv)
 	healthSrv.SetServingStatus(idemgatev1.DedupeService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 
-	sweepCtx, stopSweeping := context.WithCancel(context.WithoutCancel(ctx))
 	sweeper := dedupesvc.NewSweeper(store, dedupesvc.SweeperConfig{Interval: cfg.SweepInterval, BatchSize: cfg.SweepBatch, Logger: logger})
-	sweepDone := make(chan struct{})
-	go func() { defer close(sweepDone); sweeper.Run(sweepCtx) }()
-	defer func() { stopSweeping(); <-sweepDone }()
+	backgroundDone.Go(func() { sweeper.Run(background) })
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
-	logger.Info("dedupe service serving", slog.String("address", lis.Addr().String()), slog.String("store", "postgres"))
+	logger.Info("dedupe service serving", slog.String("address", lis.Addr().String()), slog.String("store", "postgres"), slog.Bool("notify", cfg.Notify))
 
 	select {
 	case err := <-serveErr:

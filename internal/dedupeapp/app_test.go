@@ -30,7 +30,8 @@ func TestParseConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.Listen != "127.0.0.1:7000" || cfg.DatabaseURL != "postgres://env/db" || cfg.SweepInterval != 30*time.Second ||
-		!cfg.MigrateOnStart || cfg.SweepBatch != 1000 || cfg.ShutdownTimeout != 10*time.Second || cfg.LogLevel != slog.LevelInfo {
+		!cfg.MigrateOnStart || cfg.SweepBatch != 1000 || cfg.ShutdownTimeout != 10*time.Second || cfg.LogLevel != slog.LevelInfo ||
+		!cfg.Notify || cfg.PollInterval != 200*time.Millisecond || cfg.UnknownRetention != 168*time.Hour {
 		t.Fatalf("config %+v: flags, environment and defaults not applied", cfg)
 	}
 
@@ -61,6 +62,7 @@ func TestServeAnswersAndStopsGracefully(t *testing.T) {
 	cfg := dedupeapp.Config{
 		DatabaseURL: pgtest.SchemaURL(t), MigrateOnStart: true,
 		SweepInterval: time.Minute, SweepBatch: 100, ShutdownTimeout: 5 * time.Second,
+		Notify: true, PollInterval: 100 * time.Millisecond, UnknownRetention: time.Hour,
 	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

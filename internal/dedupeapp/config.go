@@ -40,6 +40,17 @@ type Config struct {
 	// LogLevel is debug, info, warn or error. Defaults to info
 	// (IDEMGATE_LOG_LEVEL).
 	LogLevel slog.Level
+	// Notify announces record changes with NOTIFY and listens for them, so a
+	// waiting duplicate wakes at once; off, waiters only poll (CockroachDB has
+	// no NOTIFY). Defaults to true (IDEMGATE_NOTIFY).
+	Notify bool
+	// PollInterval is how often a waiting duplicate re-reads its record.
+	// Defaults to 200ms (IDEMGATE_POLL_INTERVAL).
+	PollInterval time.Duration
+	// UnknownRetention is how long an outcome-unknown record blocks its key
+	// when nobody resolves it; then it is deleted with a warning. Defaults to
+	// 168h (IDEMGATE_UNKNOWN_RETENTION).
+	UnknownRetention time.Duration
 }
 
 // ParseConfig reads args (without the program name) and the environment
@@ -96,6 +107,9 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 	fs.DurationVar(&cfg.SweepInterval, "sweep-interval", durationEnv("IDEMGATE_SWEEP_INTERVAL", time.Minute), "pause between sweeps of expired records (env IDEMGATE_SWEEP_INTERVAL)")
 	fs.IntVar(&cfg.SweepBatch, "sweep-batch", intEnv("IDEMGATE_SWEEP_BATCH", 1000), "expired records deleted per statement (env IDEMGATE_SWEEP_BATCH)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", durationEnv("IDEMGATE_SHUTDOWN_TIMEOUT", 10*time.Second), "time in-flight calls get to finish on SIGTERM (env IDEMGATE_SHUTDOWN_TIMEOUT)")
+	fs.BoolVar(&cfg.Notify, "notify", boolEnv("IDEMGATE_NOTIFY", true), "wake waiting duplicates with LISTEN/NOTIFY; off, they only poll (env IDEMGATE_NOTIFY)")
+	fs.DurationVar(&cfg.PollInterval, "poll-interval", durationEnv("IDEMGATE_POLL_INTERVAL", 200*time.Millisecond), "how often a waiting duplicate re-reads its record (env IDEMGATE_POLL_INTERVAL)")
+	fs.DurationVar(&cfg.UnknownRetention, "unknown-retention", durationEnv("IDEMGATE_UNKNOWN_RETENTION", 7*24*time.Hour), "how long an unresolved outcome-unknown record blocks its key (env IDEMGATE_UNKNOWN_RETENTION)")
 	level := fs.String("log-level", env("IDEMGATE_LOG_LEVEL", "info"), "log `level`: debug, info, warn or error (env IDEMGATE_LOG_LEVEL)")
 	if len(errs) > 0 {
 		return Config{}, errors.Join(errs...)
@@ -128,6 +142,12 @@ func (c Config) validate() error {
 	}
 	if c.SweepBatch <= 0 {
 		errs = append(errs, fmt.Errorf("-sweep-batch must be positive, got %d", c.SweepBatch))
+	}
+	if c.PollInterval <= 0 {
+		errs = append(errs, fmt.Errorf("-poll-interval must be positive, got %s", c.PollInterval))
+	}
+	if c.UnknownRetention <= 0 {
+		errs = append(errs, fmt.Errorf("-unknown-retention must be positive, got %s", c.UnknownRetention))
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("-shutdown-timeout must be positive, got %s", c.ShutdownTimeout))
