@@ -74,6 +74,9 @@ func TestBeginValidation(t *testing.T) {
 		{"no retention", func(r *idemgatev1.BeginRequest) { r.Retention = nil }, "retention"},
 		{"retention under lease", func(r *idemgatev1.BeginRequest) { r.Retention = durationpb.New(5 * time.Second) }, "retention"},
 		{"retention over a year", func(r *idemgatev1.BeginRequest) { r.Retention = durationpb.New(400 * 24 * time.Hour) }, "retention"},
+		{"max_wait over a minute", func(r *idemgatev1.BeginRequest) { r.MaxWait = durationpb.New(2 * time.Minute) }, "max_wait"},
+		{"negative max_wait", func(r *idemgatev1.BeginRequest) { r.MaxWait = durationpb.New(-time.Second) }, "max_wait"},
+		{"unknown on_lost_outcome", func(r *idemgatev1.BeginRequest) { r.OnLostOutcome = idemgatev1.LostOutcomePolicy(7) }, "on_lost_outcome"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -109,6 +112,16 @@ func TestFinishAndReleaseValidation(t *testing.T) {
 	}
 	_, err := srv.Release(context.Background(), &idemgatev1.ReleaseRequest{Scope: "s", Key: "k", AttemptToken: "t"})
 	wantInvalid(t, err, "epoch")
+	_, err = srv.Heartbeat(context.Background(), &idemgatev1.HeartbeatRequest{Scope: "s", Key: "k", AttemptToken: "t", Epoch: 1, Lease: durationpb.New(time.Millisecond)})
+	wantInvalid(t, err, "lease")
+	_, err = srv.Heartbeat(context.Background(), &idemgatev1.HeartbeatRequest{Scope: "s", Key: "k", AttemptToken: "t", Lease: durationpb.New(time.Second)})
+	wantInvalid(t, err, "epoch")
+	_, err = srv.Resolve(context.Background(), &idemgatev1.ResolveRequest{Scope: "s", Key: "k"})
+	wantInvalid(t, err, "resolution")
+	_, err = srv.Resolve(context.Background(), &idemgatev1.ResolveRequest{Scope: "s", Key: "k", Resolution: &idemgatev1.ResolveRequest_Complete{Complete: &anypb.Any{}}})
+	wantInvalid(t, err, "complete.type_url")
+	_, err = srv.Resolve(context.Background(), &idemgatev1.ResolveRequest{Key: "k", Resolution: &idemgatev1.ResolveRequest_Release_{Release: &idemgatev1.ResolveRequest_Release{}}})
+	wantInvalid(t, err, "scope")
 }
 
 func TestStoreErrorsAreMapped(t *testing.T) {
@@ -124,6 +137,16 @@ func TestStoreErrorsAreMapped(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), "other-tenant-secret") {
 		t.Fatalf("the driver's error leaked to the caller: %v", err)
+	}
+
+	release := &idemgatev1.ResolveRequest{Scope: "s", Key: "k", Resolution: &idemgatev1.ResolveRequest_Release_{Release: &idemgatev1.ResolveRequest_Release{}}}
+	_, err = dedupesvc.NewServer(&fakeStore{err: dedupesvc.ErrNotUnknown}).Resolve(context.Background(), release)
+	if status.Code(err) != codes.FailedPrecondition || grpcerr.Reason(err) != dedupesvc.ReasonRecordNotUnknown {
+		t.Fatalf("not unknown: %v, want FAILED_PRECONDITION %s", err, dedupesvc.ReasonRecordNotUnknown)
+	}
+	_, err = dedupesvc.NewServer(&fakeStore{err: dedupesvc.ErrRecordNotFound}).Resolve(context.Background(), release)
+	if status.Code(err) != codes.NotFound || grpcerr.Reason(err) != dedupesvc.ReasonRecordNotFound {
+		t.Fatalf("not found: %v, want NOT_FOUND %s", err, dedupesvc.ReasonRecordNotFound)
 	}
 
 	srv = dedupesvc.NewServer(&fakeStore{err: dedupesvc.ErrNotHeld})
