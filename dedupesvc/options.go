@@ -1,6 +1,7 @@
 package dedupesvc
 
 import (
+	"context"
 	"log/slog"
 	"time"
 )
@@ -9,9 +10,9 @@ import (
 // record of their key changes. It is a hint: a waiter also polls, so a lost
 // notification only delays it.
 type Notifier interface {
-	// Subscribe returns a channel that receives after the record of (scope,
-	// key) changes, and a function that ends the subscription.
-	Subscribe(scope, key string) (<-chan struct{}, func())
+	// Subscribe returns a channel that receives after the in-flight record of
+	// (scope, key) settles, and a function that ends the subscription.
+	Subscribe(ctx context.Context, scope, key string) (<-chan struct{}, func())
 }
 
 type options struct {

@@ -169,7 +169,7 @@ func (s *Server) wait(ctx context.Context, p BeginParams, res BeginResult, maxWa
 	}
 	var wake <-chan struct{}
 	if s.opts.notifier != nil {
-		ch, unsubscribe := s.opts.notifier.Subscribe(p.Scope, p.Key)
+		ch, unsubscribe := s.opts.notifier.Subscribe(ctx, p.Scope, p.Key)
 		defer unsubscribe()
 		wake = ch
 	}

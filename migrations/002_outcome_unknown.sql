@@ -13,3 +13,9 @@ ALTER TABLE idemgate_records ADD CONSTRAINT idemgate_records_state_check
 -- a scan of the few unknown rows, not of the whole table.
 CREATE INDEX IF NOT EXISTS idemgate_records_unknown_idx
     ON idemgate_records (expires_at) WHERE state = 'unknown';
+
+-- waiters is set by a duplicate that waits for this record's outcome. Only
+-- then does the change that settles it send a NOTIFY: NOTIFY serializes
+-- committing transactions, so announcing every Finish would cost every
+-- caller for the sake of the rare one that waits.
+ALTER TABLE idemgate_records ADD COLUMN IF NOT EXISTS waiters boolean NOT NULL DEFAULT false;

@@ -176,22 +176,23 @@ func TestListenerWakesSubscribersOfTheChangedKey(t *testing.T) {
 	go func() { defer close(done); l.Run(runCtx) }()
 	defer func() { cancel(); <-done }()
 
-	woken, unsubscribe := l.Subscribe("/pkg.S/M", "key-1")
-	defer unsubscribe()
-	other, unsubscribeOther := l.Subscribe("/pkg.S/M", "another key")
+	other, unsubscribeOther := l.Subscribe(ctx, "/pkg.S/M", "another key")
 	defer unsubscribeOther()
+	<-other // no such record in flight: woken at once, to read what it is
 
-	held := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
-	// The listener connects in the background; keep finishing fresh
+	// The listener connects in the background; keep settling fresh waited-for
 	// reservations until one notification arrives (a bounded wait, no timing
 	// assertion: it fails only if nothing is ever delivered).
 	deadline := time.After(20 * time.Second)
 	for {
+		held := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
+		woken, unsubscribe := l.Subscribe(ctx, "/pkg.S/M", "key-1")
 		if err := s.Release(ctx, release("t1", held.Epoch)); err != nil {
 			t.Fatal(err)
 		}
 		select {
 		case <-woken:
+			unsubscribe()
 			select {
 			case <-other:
 				t.Fatal("a subscriber of another key was woken")
@@ -199,9 +200,32 @@ func TestListenerWakesSubscribersOfTheChangedKey(t *testing.T) {
 			}
 			return
 		case <-time.After(100 * time.Millisecond):
-			held = mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
+			unsubscribe()
 		case <-deadline:
 			t.Fatal("no notification arrived within 20s")
 		}
+	}
+}
+
+func TestUnwatchedChangesSendNoNotify(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Schema(t)
+	s := pgstore.New(pool, pgstore.WithChannel(schema))
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `LISTEN "`+schema+`"`); err != nil {
+		t.Fatal(err)
+	}
+	held := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
+	if err := s.Finish(ctx, finish("t1", held.Epoch, outA)); err != nil {
+		t.Fatal(err)
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	if n, err := conn.Conn().WaitForNotification(waitCtx); err == nil {
+		t.Fatalf("a Finish nobody waited for sent NOTIFY %q", n.Payload)
 	}
 }

@@ -20,6 +20,8 @@ import (
 // notification lost meanwhile only delays a waiter until its next poll.
 type Listener struct {
 	listener *pgxlisten.Listener
+	pool     *pgxpool.Pool
+	logger   *slog.Logger
 
 	mu      sync.Mutex
 	waiters map[string]map[chan struct{}]struct{}
@@ -30,7 +32,7 @@ var _ dedupesvc.Notifier = (*Listener)(nil)
 // NewListener returns a Listener on channel (DefaultChannel unless the Store
 // was given another) that connects like pool. Run starts it.
 func NewListener(pool *pgxpool.Pool, channel string, logger *slog.Logger) *Listener {
-	l := &Listener{waiters: map[string]map[chan struct{}]struct{}{}}
+	l := &Listener{waiters: map[string]map[chan struct{}]struct{}{}, pool: pool, logger: logger}
 	connConfig := pool.Config().ConnConfig
 	l.listener = &pgxlisten.Listener{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
@@ -55,8 +57,29 @@ func (l *Listener) Run(ctx context.Context) {
 	_ = l.listener.Listen(ctx) // returns only with ctx's error
 }
 
-// Subscribe implements dedupesvc.Notifier.
-func (l *Listener) Subscribe(scope, key string) (<-chan struct{}, func()) {
+// watchSQL asks for a NOTIFY when the in-flight record settles. When the
+// record is no longer in flight it changes nothing, and the subscriber is
+// woken at once to read what it became.
+const watchSQL = `
+UPDATE idemgate_records SET waiters = true
+WHERE scope = $1 AND idempotency_key = $2 AND state = 'in_flight'`
+
+// Subscribe implements dedupesvc.Notifier. It flags the record as waited for,
+// so the change that settles it sends a NOTIFY; if that fails the waiter
+// still polls.
+func (l *Listener) Subscribe(ctx context.Context, scope, key string) (<-chan struct{}, func()) {
+	ch, unsubscribe := l.subscribe(scope, key)
+	tag, err := l.pool.Exec(ctx, watchSQL, scope, key)
+	switch {
+	case err != nil:
+		l.logger.WarnContext(ctx, "could not ask for a notification; the waiter polls", slog.Any("error", err))
+	case tag.RowsAffected() == 0:
+		l.wake(NotifyID(scope, key))
+	}
+	return ch, unsubscribe
+}
+
+func (l *Listener) subscribe(scope, key string) (<-chan struct{}, func()) {
 	id := NotifyID(scope, key)
 	ch := make(chan struct{}, 1)
 	l.mu.Lock()

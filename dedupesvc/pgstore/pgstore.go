@@ -70,15 +70,19 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	return s
 }
 
-// announced wraps a state-changing UPDATE so that, when notifications are on,
-// the same statement also sends one NOTIFY per changed row, delivered when it
-// commits. The channel and the record's notify ID become parameters
-// $next and $next+1.
+// announced wraps a state-changing UPDATE so that, when notifications are on
+// and a duplicate waits for the record (its waiters flag is set), the same
+// statement also sends a NOTIFY, delivered when it commits. The channel and
+// the record's notify ID become parameters $next and $next+1. It answers
+// how many rows changed.
 func (s *Store) announced(update string, next int) string {
 	if s.channel == "" {
-		return update + "\nRETURNING 1"
+		return fmt.Sprintf("WITH changed AS (%s\nRETURNING 1)\nSELECT count(*) FROM changed", update)
 	}
-	return fmt.Sprintf("WITH changed AS (%s\nRETURNING 1)\nSELECT pg_notify($%d, $%d) FROM changed", update, next, next+1)
+	return fmt.Sprintf(`WITH changed AS (%s
+RETURNING waiters),
+notified AS (SELECT pg_notify($%d, $%d) FROM changed WHERE waiters)
+SELECT (SELECT count(*) FROM changed) + 0 * (SELECT count(*) FROM notified)`, update, next, next+1)
 }
 
 // change runs one of the announced statements and reports how many rows it
@@ -87,15 +91,9 @@ func (s *Store) change(ctx context.Context, sql, scope, key string, args ...any)
 	if s.channel != "" {
 		args = append(args, s.channel, NotifyID(scope, key))
 	}
-	rows, err := s.pool.Query(ctx, sql, args...)
-	if err != nil {
-		return 0, err
-	}
-	n := 0
-	for rows.Next() {
-		n++
-	}
-	return n, rows.Err()
+	var n int
+	err := s.pool.QueryRow(ctx, sql, args...).Scan(&n)
+	return n, err
 }
 
 // NotifyID is the NOTIFY payload that names a record: a hash, so a payload
@@ -144,7 +142,8 @@ ON CONFLICT (scope, idempotency_key) DO UPDATE SET
     lease_expires_at = excluded.lease_expires_at,
     expires_at = excluded.expires_at,
     created_at = now(),
-    completed_at = NULL
+    completed_at = NULL,
+    waiters = false
 WHERE r.expires_at <= now()
    OR (r.fingerprint = excluded.fingerprint
        AND (r.state = 'released'
