@@ -13,6 +13,9 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -47,7 +50,10 @@ func run(listen, dedupeAddr string, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(gate.UnaryServerInterceptor()))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
+		recovery.UnaryServerInterceptor(), // a panicking handler is a lost outcome; the gate re-panics it
+		gate.UnaryServerInterceptor(),
+	))
 	paymentsv1.RegisterPaymentsServiceServer(srv, &payments.Server{Ledger: &payments.Ledger{}})
 
 	lis, err := net.Listen("tcp", listen)
@@ -57,6 +63,14 @@ func run(listen, dedupeAddr string, logger *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	go func() { <-ctx.Done(); srv.GracefulStop() }()
+	defer func() {
+		// Outcomes whose Finish is still being retried get a last chance.
+		closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := gate.Close(closeCtx); err != nil {
+			logger.Error("outcomes still unstored at exit", slog.Any("error", err))
+		}
+	}()
 	logger.Info("payments tool server serving", slog.String("address", lis.Addr().String()), slog.String("dedupe", dedupeAddr),
 		slog.String("ChargeCard", gate.Policy(paymentsv1.PaymentsService_ChargeCard_FullMethodName).String()),
 		slog.String("GetBalance", gate.Policy(paymentsv1.PaymentsService_GetBalance_FullMethodName).String()))
