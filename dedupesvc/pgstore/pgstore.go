@@ -292,15 +292,21 @@ func (r record) decide(p dedupesvc.BeginParams) (dedupesvc.BeginResult, next) {
 // finishSQL stores the outcome if the attempt still holds the reservation
 // (in flight, or marked unknown after its lease ran out: the real outcome
 // settles it), and restarts the retention from now.
-const finishSQL = `
+var finishSQL = `
 UPDATE idemgate_records
-SET state = 'completed',
-    outcome_type_url = $5,
-    outcome_value = $6,
-    completed_at = now(),
-    expires_at = now() + retention_ms * interval '1 millisecond'
+` + completeSet(5, 6) + `
 WHERE scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
   AND state IN ('in_flight', 'unknown')`
+
+// completeSet is the SET clause that stores an outcome, its type URL and
+// value taken from parameters $typeURL and $value, and restarts the retention.
+func completeSet(typeURL, value int) string {
+	return fmt.Sprintf(`SET state = 'completed',
+    outcome_type_url = $%d,
+    outcome_value = $%d,
+    completed_at = now(),
+    expires_at = now() + retention_ms * interval '1 millisecond'`, typeURL, value)
+}
 
 // holderSQL tells a refused Finish or Release whether it is a retry of one
 // that already took effect.
@@ -404,13 +410,9 @@ const unknownSQL = `
 WHERE scope = $1 AND idempotency_key = $2 AND expires_at > now()
   AND (state = 'unknown' OR (state = 'in_flight' AND lease_expires_at <= now()))`
 
-const resolveCompleteSQL = `
+var resolveCompleteSQL = `
 UPDATE idemgate_records
-SET state = 'completed',
-    outcome_type_url = $3,
-    outcome_value = $4,
-    completed_at = now(),
-    expires_at = now() + retention_ms * interval '1 millisecond'` + unknownSQL
+` + completeSet(3, 4) + unknownSQL
 
 const resolveReleaseSQL = `
 UPDATE idemgate_records

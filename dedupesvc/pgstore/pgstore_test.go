@@ -31,6 +31,16 @@ func begin(token string, fp []byte, lease, retention time.Duration) dedupesvc.Be
 	return dedupesvc.BeginParams{Scope: "/pkg.S/M", Key: "key-1", Fingerprint: fp, AttemptToken: token, Lease: lease, Retention: retention, UnknownRetention: long}
 }
 
+// completed reserves key-1 for attempt t1 and finishes it with out.
+func completed(t *testing.T, s *pgstore.Store, out dedupesvc.Outcome) dedupesvc.BeginResult {
+	t.Helper()
+	r := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
+	if err := s.Finish(ctx, finish("t1", r.Epoch, out)); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 func reexecute(p dedupesvc.BeginParams) dedupesvc.BeginParams {
 	p.OnLostOutcome = dedupesvc.Reexecute
 	return p
@@ -93,10 +103,7 @@ func TestBegin(t *testing.T) {
 	t.Run("a completed key answers its outcome", func(t *testing.T) {
 		t.Parallel()
 		s := pgstore.New(pgtest.Pool(t))
-		r := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
-		if err := s.Finish(ctx, finish("t1", r.Epoch, outA)); err != nil {
-			t.Fatal(err)
-		}
+		completed(t, s, outA)
 		got := mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginCompleted)
 		if got.Outcome.TypeURL != outA.TypeURL || !bytes.Equal(got.Outcome.Value, outA.Value) {
 			t.Fatalf("outcome %+v, want %+v", got.Outcome, outA)
@@ -214,10 +221,7 @@ func TestFinish(t *testing.T) {
 	t.Run("a retried Finish succeeds and keeps the first outcome", func(t *testing.T) {
 		t.Parallel()
 		s := pgstore.New(pgtest.Pool(t))
-		r := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
-		if err := s.Finish(ctx, finish("t1", r.Epoch, outA)); err != nil {
-			t.Fatal(err)
-		}
+		r := completed(t, s, outA)
 		if err := s.Finish(ctx, finish("t1", r.Epoch, outB)); err != nil {
 			t.Fatalf("retried Finish: %v, want success", err)
 		}
@@ -294,10 +298,7 @@ func TestRelease(t *testing.T) {
 	t.Run("a completed record cannot be released", func(t *testing.T) {
 		t.Parallel()
 		s := pgstore.New(pgtest.Pool(t))
-		r := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
-		if err := s.Finish(ctx, finish("t1", r.Epoch, outA)); err != nil {
-			t.Fatal(err)
-		}
+		r := completed(t, s, outA)
 		if err := s.Release(ctx, release("t1", r.Epoch)); !errors.Is(err, dedupesvc.ErrNotHeld) {
 			t.Fatalf("Release after Finish: %v, want ErrNotHeld", err)
 		}
