@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -31,6 +33,9 @@ const (
 	// ReplayedHeader is the response header set to "true" when the response
 	// is a stored outcome replayed instead of a fresh execution.
 	ReplayedHeader = "idempotency-replayed"
+	// KeyDerivedHeader is the response header set to "true" when a keyless
+	// call was deduplicated on its fingerprint (KEYLESS_POLICY_FINGERPRINT).
+	KeyDerivedHeader = "idempotency-key-derived"
 )
 
 // DedupeServiceConfig is a gRPC service config for the client connection to
@@ -76,11 +81,19 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	methods, err := resolvePolicies(o.files, o.types, o)
+	r, err := resolvePolicies(o.files, o.types, o.reconcilers)
 	if err != nil {
 		return nil, err
 	}
-	return &Gate{dedupe: dedupe, methods: methods, opts: o}, nil
+	if len(r.unclassified) > 0 {
+		if o.strict {
+			return nil, fmt.Errorf("idemgate: strict mode: %d methods are neither marked mutating nor declared safe with idempotency_level "+
+				"(NO_SIDE_EFFECTS or IDEMPOTENT); classify each: %s", len(r.unclassified), strings.Join(r.unclassified, ", "))
+		}
+		o.logger.Info("idemgate: these methods are neither marked mutating nor declared safe with idempotency_level, so they are not gated; "+
+			"classify them, or use WithStrict to refuse such methods", slog.Any("methods", r.unclassified))
+	}
+	return &Gate{dedupe: dedupe, methods: r.gated, opts: o}, nil
 }
 
 // Close waits until every outcome still being retried in the background is
@@ -120,6 +133,17 @@ func (g *Gate) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	}
 }
 
+// StreamServerInterceptor returns the stream interceptor. It passes every
+// stream through untouched: a streaming method marked mutating makes New
+// fail, because a stream's outcome is not one message to store and replay,
+// so no stream is ever gated. Register it to make that guarantee explicit
+// next to the unary one.
+func (g *Gate) StreamServerInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		return handler(srv, ss)
+	}
+}
+
 // call is one gated call's identity in the Dedupe service.
 type call struct {
 	method *gatedMethod
@@ -133,7 +157,11 @@ type call struct {
 const maxReconcileRounds = 3
 
 func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMethod, handler grpc.UnaryHandler) (any, error) {
-	key, err := keyFromMetadata(ctx)
+	msg, ok := req.(proto.Message)
+	if !ok {
+		return nil, status.Errorf(codes.Internal, "idemgate: request of %s is %T, not a protobuf message", fullMethod, req)
+	}
+	key, err := m.keyOf(ctx, msg)
 	if err != nil {
 		return nil, err
 	}
@@ -141,13 +169,19 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 	if err != nil {
 		return nil, err
 	}
-	msg, ok := req.(proto.Message)
-	if !ok {
-		return nil, status.Errorf(codes.Internal, "idemgate: request of %s is %T, not a protobuf message", fullMethod, req)
-	}
-	fingerprint, err := fingerprintOf(msg)
+	fingerprint, err := m.fingerprint(msg)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "idemgate: fingerprint the request of %s: %v", fullMethod, err)
+	}
+	retention := m.policy.Retention
+	if key == "" {
+		// KEYLESS_POLICY_FINGERPRINT: the request names the action, for the
+		// window only.
+		key = derivedKeyPrefix + hex.EncodeToString(fingerprint)
+		retention = m.policy.KeylessWindow
+		if err := grpc.SetHeader(ctx, metadata.Pairs(KeyDerivedHeader, "true")); err != nil {
+			g.opts.logger.WarnContext(ctx, "idemgate: could not set the derived-key header", slog.Any("error", err))
+		}
 	}
 	c := call{method: m, key: key, scope: scopeOf(fullMethod, tenant), token: rand.Text()}
 	beginReq := &idemgatev1.BeginRequest{
@@ -156,7 +190,7 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 		Fingerprint:   fingerprint,
 		AttemptToken:  c.token,
 		Lease:         durationpb.New(m.policy.Lease),
-		Retention:     durationpb.New(m.policy.Retention),
+		Retention:     durationpb.New(retention),
 		OnLostOutcome: m.policy.OnLostOutcome,
 		MaxWait:       durationpb.New(m.policy.MaxWait),
 	}
@@ -464,22 +498,47 @@ func (g *Gate) beginError(ctx context.Context, err error) error {
 	}
 }
 
-// keyFromMetadata returns the idempotency key of the call, or the status
-// error to refuse it with.
-func keyFromMetadata(ctx context.Context) (string, error) {
+// derivedKeyPrefix starts every key derived from a keyless call's
+// fingerprint, so it never collides with a caller's key of the same text.
+const derivedKeyPrefix = "derived:"
+
+// keyOf returns the call's idempotency key from the metadata or the request's
+// key field, "" for a keyless call the policy deduplicates on its
+// fingerprint, or the status error to refuse the call with.
+func (m *gatedMethod) keyOf(ctx context.Context, req proto.Message) (string, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	values := md.Get(KeyHeader)
-	if len(values) == 0 {
-		return "", grpcerr.New(codes.InvalidArgument, ReasonKeyMissing,
-			"this method has side effects and needs an idempotency key: send one in the "+KeyHeader+" metadata, minted once per logical action and reused on every retry of it",
-			nil, 0)
-	}
-	key := values[0]
-	for _, v := range values[1:] {
-		if v != key {
-			return "", grpcerr.New(codes.InvalidArgument, ReasonKeyInvalid,
-				"the "+KeyHeader+" metadata has more than one value; send exactly one key", nil, 0)
+	key, hasKey := "", len(values) > 0
+	if hasKey {
+		key = values[0]
+		for _, v := range values[1:] {
+			if v != key {
+				return "", grpcerr.New(codes.InvalidArgument, ReasonKeyInvalid,
+					"the "+KeyHeader+" metadata has more than one value; send exactly one key", nil, 0)
+			}
 		}
+	}
+	if m.keyField != nil {
+		if fieldKey := req.ProtoReflect().Get(m.keyField).String(); fieldKey != "" {
+			if hasKey && fieldKey != key {
+				return "", grpcerr.New(codes.InvalidArgument, ReasonKeyConflict,
+					fmt.Sprintf("the %s metadata and the request field %s carry different idempotency keys; send one, or the same in both", KeyHeader, m.keyField.Name()),
+					map[string]string{"field": string(m.keyField.Name())}, 0)
+			}
+			key, hasKey = fieldKey, true
+		}
+	}
+	if !hasKey {
+		if m.policy.KeylessFingerprint {
+			return "", nil
+		}
+		where := "the " + KeyHeader + " metadata"
+		if m.keyField != nil {
+			where += " or the request field " + string(m.keyField.Name())
+		}
+		return "", grpcerr.New(codes.InvalidArgument, ReasonKeyMissing,
+			"this method has side effects and needs an idempotency key: send one in "+where+", minted once per logical action and reused on every retry of it",
+			nil, 0)
 	}
 	if err := keys.Validate(key); err != nil {
 		return "", grpcerr.New(codes.InvalidArgument, ReasonKeyInvalid,
@@ -488,15 +547,51 @@ func keyFromMetadata(ctx context.Context) (string, error) {
 	return key, nil
 }
 
-// fingerprintOf hashes the deterministic encoding of the request, so the same
-// request always gives the same fingerprint within one binary.
-func fingerprintOf(msg proto.Message) ([]byte, error) {
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(msg)
+// fingerprint hashes the deterministic encoding of the request, without its
+// key field and its fields marked exclude_from_fingerprint. Deterministic
+// encoding sorts map entries, so map order never changes it.
+func (m *gatedMethod) fingerprint(req proto.Message) ([]byte, error) {
+	if m.scrub {
+		req = proto.Clone(req)
+		if m.keyField != nil {
+			req.ProtoReflect().Clear(m.keyField)
+		}
+		clearExcluded(req.ProtoReflect())
+	}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
 	if err != nil {
 		return nil, err
 	}
 	sum := sha256.Sum256(b)
 	return sum[:], nil
+}
+
+// clearExcluded clears every populated field marked exclude_from_fingerprint
+// in msg and in the messages it holds.
+func clearExcluded(msg protoreflect.Message) {
+	msg.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fieldPolicy(fd).GetExcludeFromFingerprint():
+			msg.Clear(fd)
+		case fd.IsMap():
+			if fd.MapValue().Message() != nil {
+				v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
+					clearExcluded(mv.Message())
+					return true
+				})
+			}
+		case fd.IsList():
+			if fd.Message() != nil {
+				list := v.List()
+				for i := range list.Len() {
+					clearExcluded(list.Get(i).Message())
+				}
+			}
+		case fd.Message() != nil:
+			clearExcluded(v.Message())
+		}
+		return true
+	})
 }
 
 // scopeOf joins the method and the tenant. A full method name never holds

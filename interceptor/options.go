@@ -24,6 +24,7 @@ type options struct {
 	outcomeTimeout time.Duration
 	finishBudget   time.Duration
 	reconcilers    map[string]Reconciler
+	strict         bool
 }
 
 var defaultOptions = options{
@@ -90,6 +91,15 @@ func WithOutcomeTimeout(d time.Duration) Option {
 // on_lost_outcome path. Defaults to 1m.
 func WithFinishRetryBudget(d time.Duration) Option {
 	return func(o *options) { o.finishBudget = d }
+}
+
+// WithStrict makes New refuse to build while any method in the registry
+// (other than gRPC's own grpc.* services) is neither marked mutating nor
+// declared safe with idempotency_level NO_SIDE_EFFECTS or IDEMPOTENT. By
+// default such methods are left ungated and listed once in an Info log line
+// when the Gate is built.
+func WithStrict() Option {
+	return func(o *options) { o.strict = true }
 }
 
 // WithReconciler registers the Reconciler of one gated method, by full

@@ -3,6 +3,7 @@ package interceptor
 import (
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -30,6 +31,9 @@ const (
 	DefaultMaxWait = 3 * time.Second
 	// MaxMaxWait is the longest max_wait a policy may set: 60s.
 	MaxMaxWait = 60 * time.Second
+	// DefaultKeylessWindow is how long a keyless call is deduplicated under
+	// KEYLESS_POLICY_FINGERPRINT when the policy sets no window: 60s.
+	DefaultKeylessWindow = 60 * time.Second
 	// MinLease is the shortest lease a policy may set: 1s.
 	MinLease = time.Second
 	// MaxRetention is the longest retention a policy may set: 365 days.
@@ -53,10 +57,16 @@ type Policy struct {
 	ReplayCodes []codes.Code
 	// MaxWait is how long a duplicate waits for an in-flight outcome.
 	MaxWait time.Duration
+	// KeylessFingerprint reports whether a call without a key is
+	// deduplicated on its fingerprint (KEYLESS_POLICY_FINGERPRINT) instead
+	// of refused.
+	KeylessFingerprint bool
+	// KeylessWindow is how long a keyless call is deduplicated.
+	KeylessWindow time.Duration
 }
 
 // String describes the policy as logged, for example
-// "gated(retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[], max_wait=3s)"
+// "gated(retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[], max_wait=3s, keyless=reject)"
 // or "ungated".
 func (p Policy) String() string {
 	if !p.Gated {
@@ -70,8 +80,12 @@ func (p Policy) String() string {
 	for i, c := range p.ReplayCodes {
 		names[i] = codeName(c)
 	}
-	return fmt.Sprintf("gated(retention=%s, lease=%s, on_lost_outcome=%s, replay_codes=[%s], max_wait=%s)",
-		p.Retention, p.Lease, onLost, strings.Join(names, " "), p.MaxWait)
+	keyless := "reject"
+	if p.KeylessFingerprint {
+		keyless = "fingerprint(" + p.KeylessWindow.String() + ")"
+	}
+	return fmt.Sprintf("gated(retention=%s, lease=%s, on_lost_outcome=%s, replay_codes=[%s], max_wait=%s, keyless=%s)",
+		p.Retention, p.Lease, onLost, strings.Join(names, " "), p.MaxWait, keyless)
 }
 
 // codeName spells a code the way google.rpc.Code and replay_codes do.
@@ -111,13 +125,26 @@ type gatedMethod struct {
 	replay map[codes.Code]bool
 	// reconcile is the method's Reconciler, or nil.
 	reconcile Reconciler
+	// keyField is the request's top-level string field marked
+	// (idemgate.v1.field).idempotency_key, or nil.
+	keyField protoreflect.FieldDescriptor
+	// scrub reports whether the request must be copied and cleared of the
+	// key field and excluded fields before it is fingerprinted.
+	scrub bool
 }
 
-// resolvePolicies walks every service in files and returns the gated methods
-// by full method name ("/pkg.Service/Method"). Every misconfigured method is
-// reported, not only the first.
-func resolvePolicies(files *protoregistry.Files, types *protoregistry.Types, o options) (map[string]*gatedMethod, error) {
-	gated := map[string]*gatedMethod{}
+// resolved is every method's classification, read once from descriptors.
+type resolved struct {
+	gated map[string]*gatedMethod
+	// unclassified lists methods neither marked mutating nor declared safe
+	// by idempotency_level: a policy decision nobody made.
+	unclassified []string
+}
+
+// resolvePolicies walks every service in files and resolves each method.
+// Every misconfigured method is reported, not only the first.
+func resolvePolicies(files *protoregistry.Files, types *protoregistry.Types, reconcilers map[string]Reconciler) (resolved, error) {
+	r := resolved{gated: map[string]*gatedMethod{}}
 	var errs []error
 	files.RangeFiles(func(fd protoreflect.FileDescriptor) bool {
 		services := fd.Services()
@@ -125,43 +152,121 @@ func resolvePolicies(files *protoregistry.Files, types *protoregistry.Types, o o
 			methods := services.Get(i).Methods()
 			for j := range methods.Len() {
 				md := methods.Get(j)
-				policy, err := methodPolicy(md, o)
+				fullMethod := fmt.Sprintf("/%s/%s", md.Parent().FullName(), md.Name())
+				policy, err := methodPolicy(md)
 				if err != nil {
 					errs = append(errs, err)
 					continue
 				}
 				if !policy.Gated {
+					if unclassified(md) {
+						r.unclassified = append(r.unclassified, fullMethod)
+					}
 					continue
 				}
-				fullMethod := fmt.Sprintf("/%s/%s", md.Parent().FullName(), md.Name())
-				replay := map[codes.Code]bool{}
-				for _, c := range policy.ReplayCodes {
-					replay[c] = true
+				m, err := newGatedMethod(md, policy, types)
+				if err != nil {
+					errs = append(errs, err)
+					continue
 				}
-				gated[fullMethod] = &gatedMethod{
-					policy:     policy,
-					output:     messageType(types, md.Output()),
-					outputName: md.Output().FullName(),
-					replay:     replay,
-					reconcile:  o.reconcilers[fullMethod],
-				}
+				m.reconcile = reconcilers[fullMethod]
+				r.gated[fullMethod] = m
 			}
 		}
 		return true
 	})
-	for fullMethod := range o.reconcilers {
-		if _, ok := gated[fullMethod]; !ok {
+	for fullMethod := range reconcilers {
+		if _, ok := r.gated[fullMethod]; !ok {
 			errs = append(errs, fmt.Errorf("idemgate: a reconciler is registered for %s, which is not a gated method", fullMethod))
 		}
 	}
 	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
+		return resolved{}, errors.Join(errs...)
 	}
-	return gated, nil
+	sort.Strings(r.unclassified)
+	return r, nil
+}
+
+func newGatedMethod(md protoreflect.MethodDescriptor, policy Policy, types *protoregistry.Types) (*gatedMethod, error) {
+	m := &gatedMethod{
+		policy:     policy,
+		output:     messageType(types, md.Output()),
+		outputName: md.Output().FullName(),
+		replay:     map[codes.Code]bool{},
+	}
+	for _, c := range policy.ReplayCodes {
+		m.replay[c] = true
+	}
+	input := md.Input()
+	fields := input.Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		if !fieldPolicy(fd).GetIdempotencyKey() {
+			continue
+		}
+		if fd.Kind() != protoreflect.StringKind || fd.Cardinality() == protoreflect.Repeated || fd.ContainingOneof() != nil && !fd.ContainingOneof().IsSynthetic() {
+			return nil, fmt.Errorf("idemgate: method %s: field %s is marked idempotency_key, but only a plain string field can carry the key", md.FullName(), fd.FullName())
+		}
+		if m.keyField != nil {
+			return nil, fmt.Errorf("idemgate: method %s: fields %s and %s are both marked idempotency_key; mark one", md.FullName(), m.keyField.FullName(), fd.FullName())
+		}
+		m.keyField = fd
+	}
+	m.scrub = m.keyField != nil || hasExcluded(input, map[protoreflect.FullName]bool{})
+	return m, nil
+}
+
+// hasExcluded reports whether md or any message it holds has a field marked
+// exclude_from_fingerprint. seen breaks recursive message types.
+func hasExcluded(md protoreflect.MessageDescriptor, seen map[protoreflect.FullName]bool) bool {
+	if seen[md.FullName()] {
+		return false
+	}
+	seen[md.FullName()] = true
+	fields := md.Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		if fieldPolicy(fd).GetExcludeFromFingerprint() {
+			return true
+		}
+		if fd.IsMap() {
+			fd = fd.MapValue()
+		}
+		if fd.Message() != nil && hasExcluded(fd.Message(), seen) {
+			return true
+		}
+	}
+	return false
+}
+
+func fieldPolicy(fd protoreflect.FieldDescriptor) *idemgatev1.FieldPolicy {
+	opts, _ := fd.Options().(*descriptorpb.FieldOptions)
+	if opts == nil || !proto.HasExtension(opts, idemgatev1.E_Field) {
+		return nil
+	}
+	p, _ := proto.GetExtension(opts, idemgatev1.E_Field).(*idemgatev1.FieldPolicy)
+	return p
+}
+
+// unclassified reports whether md is a method nobody decided about: not
+// marked mutating, no safe idempotency_level, and not one of gRPC's own
+// services (health, reflection), which no tool author annotates.
+func unclassified(md protoreflect.MethodDescriptor) bool {
+	if strings.HasPrefix(string(md.FullName()), "grpc.") {
+		return false
+	}
+	opts, _ := md.Options().(*descriptorpb.MethodOptions)
+	if opts.GetIdempotencyLevel() != descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN {
+		return false
+	}
+	if opts != nil && proto.HasExtension(opts, idemgatev1.E_Policy) {
+		return false // a policy that says mutating: false is a decision
+	}
+	return true
 }
 
 // methodPolicy reads md's (idemgate.v1.policy) and idempotency_level.
-func methodPolicy(md protoreflect.MethodDescriptor, o options) (Policy, error) {
+func methodPolicy(md protoreflect.MethodDescriptor) (Policy, error) {
 	opts, _ := md.Options().(*descriptorpb.MethodOptions)
 	if opts == nil || !proto.HasExtension(opts, idemgatev1.E_Policy) {
 		return Policy{}, nil
@@ -196,6 +301,20 @@ func methodPolicy(md protoreflect.MethodDescriptor, o options) (Policy, error) {
 		}
 		p.ReplayCodes = append(p.ReplayCodes, c)
 	}
+	switch raw.GetKeyless() {
+	case idemgatev1.KeylessPolicy_KEYLESS_POLICY_UNSPECIFIED, idemgatev1.KeylessPolicy_KEYLESS_POLICY_REJECT:
+	case idemgatev1.KeylessPolicy_KEYLESS_POLICY_FINGERPRINT:
+		p.KeylessFingerprint = true
+		p.KeylessWindow = DefaultKeylessWindow
+		if d := raw.GetKeylessWindow(); d != nil {
+			if err := d.CheckValid(); err != nil {
+				return Policy{}, fmt.Errorf("idemgate: method %s: policy keyless_window: %w", name, err)
+			}
+			p.KeylessWindow = d.AsDuration()
+		}
+	default:
+		return Policy{}, fmt.Errorf("idemgate: method %s: policy keyless %d is not a KeylessPolicy", name, raw.GetKeyless())
+	}
 	if d := raw.GetMaxWait(); d != nil {
 		if err := d.CheckValid(); err != nil {
 			return Policy{}, fmt.Errorf("idemgate: method %s: policy max_wait: %w", name, err)
@@ -224,6 +343,8 @@ func methodPolicy(md protoreflect.MethodDescriptor, o options) (Policy, error) {
 		return Policy{}, fmt.Errorf("idemgate: method %s: policy retention %s is above the maximum %s", name, p.Retention, MaxRetention)
 	case p.Retention < p.Lease:
 		return Policy{}, fmt.Errorf("idemgate: method %s: policy retention %s is shorter than its lease %s: an outcome must outlive its reservation", name, p.Retention, p.Lease)
+	case p.KeylessFingerprint && (p.KeylessWindow < p.Lease || p.KeylessWindow > p.Retention):
+		return Policy{}, fmt.Errorf("idemgate: method %s: policy keyless_window %s must be between the lease %s and the retention %s", name, p.KeylessWindow, p.Lease, p.Retention)
 	}
 	return p, nil
 }

@@ -11,6 +11,10 @@ const (
 	// ReasonKeyInvalid: the key is empty, longer than 255 bytes, not
 	// printable ASCII, or sent twice with different values. INVALID_ARGUMENT.
 	ReasonKeyInvalid = "IDEMPOTENCY_KEY_INVALID"
+	// ReasonKeyConflict: the idempotency-key metadata and the request's key
+	// field carry different keys. INVALID_ARGUMENT; send one, or the same in
+	// both.
+	ReasonKeyConflict = "IDEMPOTENCY_KEY_CONFLICT"
 	// ReasonKeyReused: the key was first used with a different request.
 	// FAILED_PRECONDITION; the handler did not run. Use a new key for a new
 	// action.

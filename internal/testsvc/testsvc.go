@@ -104,6 +104,23 @@ func (s *Server) MutateNoWait(ctx context.Context, req *testingv1.MutateRequest)
 	return s.handle(ctx, req)
 }
 
+// MutateKeyless implements testingv1.TestServiceServer.
+func (s *Server) MutateKeyless(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+	return s.handle(ctx, req)
+}
+
+// Watch implements testingv1.TestServiceServer: it sends the request's
+// payload twice, counting as one execution.
+func (s *Server) Watch(req *testingv1.MutateRequest, stream testingv1.TestService_WatchServer) error {
+	n := s.executions.Add(1)
+	for range 2 {
+		if err := stream.Send(&testingv1.MutateResponse{Payload: req.GetPayload(), Execution: n}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Read implements testingv1.TestServiceServer.
 func (s *Server) Read(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
 	return s.handle(ctx, req)

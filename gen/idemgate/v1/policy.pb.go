@@ -23,6 +23,64 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// KeylessPolicy says how a gated method treats a call without a key.
+type KeylessPolicy int32
+
+const (
+	// KEYLESS_POLICY_UNSPECIFIED means KEYLESS_POLICY_REJECT.
+	KeylessPolicy_KEYLESS_POLICY_UNSPECIFIED KeylessPolicy = 0
+	// KEYLESS_POLICY_REJECT refuses the call: INVALID_ARGUMENT
+	// (IDEMPOTENCY_KEY_MISSING).
+	KeylessPolicy_KEYLESS_POLICY_REJECT KeylessPolicy = 1
+	// KEYLESS_POLICY_FINGERPRINT deduplicates the call on (method, tenant,
+	// request) for keyless_window only: it catches the identical retry that
+	// comes within the window, and it also collapses two genuinely distinct
+	// identical actions within the window into one. The response carries the
+	// header "idempotency-key-derived: true".
+	KeylessPolicy_KEYLESS_POLICY_FINGERPRINT KeylessPolicy = 2
+)
+
+// Enum value maps for KeylessPolicy.
+var (
+	KeylessPolicy_name = map[int32]string{
+		0: "KEYLESS_POLICY_UNSPECIFIED",
+		1: "KEYLESS_POLICY_REJECT",
+		2: "KEYLESS_POLICY_FINGERPRINT",
+	}
+	KeylessPolicy_value = map[string]int32{
+		"KEYLESS_POLICY_UNSPECIFIED": 0,
+		"KEYLESS_POLICY_REJECT":      1,
+		"KEYLESS_POLICY_FINGERPRINT": 2,
+	}
+)
+
+func (x KeylessPolicy) Enum() *KeylessPolicy {
+	p := new(KeylessPolicy)
+	*p = x
+	return p
+}
+
+func (x KeylessPolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KeylessPolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_idemgate_v1_policy_proto_enumTypes[0].Descriptor()
+}
+
+func (KeylessPolicy) Type() protoreflect.EnumType {
+	return &file_idemgate_v1_policy_proto_enumTypes[0]
+}
+
+func (x KeylessPolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KeylessPolicy.Descriptor instead.
+func (KeylessPolicy) EnumDescriptor() ([]byte, []int) {
+	return file_idemgate_v1_policy_proto_rawDescGZIP(), []int{0}
+}
+
 // LostOutcomePolicy says how a method treats a reservation whose lease ran
 // out before its attempt stored an outcome.
 type LostOutcomePolicy int32
@@ -65,11 +123,11 @@ func (x LostOutcomePolicy) String() string {
 }
 
 func (LostOutcomePolicy) Descriptor() protoreflect.EnumDescriptor {
-	return file_idemgate_v1_policy_proto_enumTypes[0].Descriptor()
+	return file_idemgate_v1_policy_proto_enumTypes[1].Descriptor()
 }
 
 func (LostOutcomePolicy) Type() protoreflect.EnumType {
-	return &file_idemgate_v1_policy_proto_enumTypes[0]
+	return &file_idemgate_v1_policy_proto_enumTypes[1]
 }
 
 func (x LostOutcomePolicy) Number() protoreflect.EnumNumber {
@@ -78,7 +136,7 @@ func (x LostOutcomePolicy) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LostOutcomePolicy.Descriptor instead.
 func (LostOutcomePolicy) EnumDescriptor() ([]byte, []int) {
-	return file_idemgate_v1_policy_proto_rawDescGZIP(), []int{0}
+	return file_idemgate_v1_policy_proto_rawDescGZIP(), []int{1}
 }
 
 // MethodPolicy declares, next to a gRPC method, whether the idemgate interceptor
@@ -120,7 +178,14 @@ type MethodPolicy struct {
 	// max_wait is how long a duplicate that arrives while the first call runs
 	// waits for its outcome, within its own deadline, before it gets ABORTED.
 	// 0s answers at once. At most 60s. Defaults to 3s.
-	MaxWait       *durationpb.Duration `protobuf:"bytes,6,opt,name=max_wait,json=maxWait,proto3" json:"max_wait,omitempty"`
+	MaxWait *durationpb.Duration `protobuf:"bytes,6,opt,name=max_wait,json=maxWait,proto3" json:"max_wait,omitempty"`
+	// keyless says what happens to a call that carries no idempotency key.
+	// Defaults to KEYLESS_POLICY_REJECT.
+	Keyless KeylessPolicy `protobuf:"varint,7,opt,name=keyless,proto3,enum=idemgate.v1.KeylessPolicy" json:"keyless,omitempty"`
+	// keyless_window is, under KEYLESS_POLICY_FINGERPRINT, how long a keyless
+	// call is deduplicated against identical earlier ones. At least lease.
+	// Defaults to 60s.
+	KeylessWindow *durationpb.Duration `protobuf:"bytes,8,opt,name=keyless_window,json=keylessWindow,proto3" json:"keyless_window,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -197,7 +262,89 @@ func (x *MethodPolicy) GetMaxWait() *durationpb.Duration {
 	return nil
 }
 
+func (x *MethodPolicy) GetKeyless() KeylessPolicy {
+	if x != nil {
+		return x.Keyless
+	}
+	return KeylessPolicy_KEYLESS_POLICY_UNSPECIFIED
+}
+
+func (x *MethodPolicy) GetKeylessWindow() *durationpb.Duration {
+	if x != nil {
+		return x.KeylessWindow
+	}
+	return nil
+}
+
+// FieldPolicy marks fields of a gated method's request.
+type FieldPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// idempotency_key marks a top-level string field as a source of the key,
+	// as Google's AIP-155 request_id: a caller may send the key there instead
+	// of in the idempotency-key metadata. Sent in both, the two must agree.
+	// The field never enters the fingerprint.
+	IdempotencyKey bool `protobuf:"varint,1,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	// exclude_from_fingerprint keeps the field out of the request fingerprint,
+	// at any depth, so a retry that changes only it (a client timestamp, a
+	// trace id) is still the same action.
+	ExcludeFromFingerprint bool `protobuf:"varint,2,opt,name=exclude_from_fingerprint,json=excludeFromFingerprint,proto3" json:"exclude_from_fingerprint,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
+}
+
+func (x *FieldPolicy) Reset() {
+	*x = FieldPolicy{}
+	mi := &file_idemgate_v1_policy_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FieldPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FieldPolicy) ProtoMessage() {}
+
+func (x *FieldPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_idemgate_v1_policy_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FieldPolicy.ProtoReflect.Descriptor instead.
+func (*FieldPolicy) Descriptor() ([]byte, []int) {
+	return file_idemgate_v1_policy_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *FieldPolicy) GetIdempotencyKey() bool {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return false
+}
+
+func (x *FieldPolicy) GetExcludeFromFingerprint() bool {
+	if x != nil {
+		return x.ExcludeFromFingerprint
+	}
+	return false
+}
+
 var file_idemgate_v1_policy_proto_extTypes = []protoimpl.ExtensionInfo{
+	{
+		ExtendedType:  (*descriptorpb.FieldOptions)(nil),
+		ExtensionType: (*FieldPolicy)(nil),
+		Field:         51730,
+		Name:          "idemgate.v1.field",
+		Tag:           "bytes,51730,opt,name=field",
+		Filename:      "idemgate/v1/policy.proto",
+	},
 	{
 		ExtendedType:  (*descriptorpb.MethodOptions)(nil),
 		ExtensionType: (*MethodPolicy)(nil),
@@ -208,6 +355,15 @@ var file_idemgate_v1_policy_proto_extTypes = []protoimpl.ExtensionInfo{
 	},
 }
 
+// Extension fields to descriptorpb.FieldOptions.
+var (
+	// field is the idemgate policy of a request field, from the same in-house
+	// range as policy.
+	//
+	// optional idemgate.v1.FieldPolicy field = 51730;
+	E_Field = &file_idemgate_v1_policy_proto_extTypes[0]
+)
+
 // Extension fields to descriptorpb.MethodOptions.
 var (
 	// policy is the idemgate policy of a method. 50000-99999 is the field number
@@ -215,25 +371,35 @@ var (
 	// takes 51730 from it. Absent means not mutating.
 	//
 	// optional idemgate.v1.MethodPolicy policy = 51730;
-	E_Policy = &file_idemgate_v1_policy_proto_extTypes[0]
+	E_Policy = &file_idemgate_v1_policy_proto_extTypes[1]
 )
 
 var File_idemgate_v1_policy_proto protoreflect.FileDescriptor
 
 const file_idemgate_v1_policy_proto_rawDesc = "" +
 	"\n" +
-	"\x18idemgate/v1/policy.proto\x12\videmgate.v1\x1a google/protobuf/descriptor.proto\x1a\x1egoogle/protobuf/duration.proto\"\xb5\x02\n" +
+	"\x18idemgate/v1/policy.proto\x12\videmgate.v1\x1a google/protobuf/descriptor.proto\x1a\x1egoogle/protobuf/duration.proto\"\xad\x03\n" +
 	"\fMethodPolicy\x12\x1a\n" +
 	"\bmutating\x18\x01 \x01(\bR\bmutating\x127\n" +
 	"\tretention\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\tretention\x12/\n" +
 	"\x05lease\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05lease\x12F\n" +
 	"\x0fon_lost_outcome\x18\x04 \x01(\x0e2\x1e.idemgate.v1.LostOutcomePolicyR\ronLostOutcome\x12!\n" +
 	"\freplay_codes\x18\x05 \x03(\tR\vreplayCodes\x124\n" +
-	"\bmax_wait\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\amaxWait*\x80\x01\n" +
+	"\bmax_wait\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\amaxWait\x124\n" +
+	"\akeyless\x18\a \x01(\x0e2\x1a.idemgate.v1.KeylessPolicyR\akeyless\x12@\n" +
+	"\x0ekeyless_window\x18\b \x01(\v2\x19.google.protobuf.DurationR\rkeylessWindow\"p\n" +
+	"\vFieldPolicy\x12'\n" +
+	"\x0fidempotency_key\x18\x01 \x01(\bR\x0eidempotencyKey\x128\n" +
+	"\x18exclude_from_fingerprint\x18\x02 \x01(\bR\x16excludeFromFingerprint*j\n" +
+	"\rKeylessPolicy\x12\x1e\n" +
+	"\x1aKEYLESS_POLICY_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15KEYLESS_POLICY_REJECT\x10\x01\x12\x1e\n" +
+	"\x1aKEYLESS_POLICY_FINGERPRINT\x10\x02*\x80\x01\n" +
 	"\x11LostOutcomePolicy\x12#\n" +
 	"\x1fLOST_OUTCOME_POLICY_UNSPECIFIED\x10\x00\x12#\n" +
 	"\x1fLOST_OUTCOME_POLICY_FAIL_CLOSED\x10\x01\x12!\n" +
-	"\x1dLOST_OUTCOME_POLICY_REEXECUTE\x10\x02:S\n" +
+	"\x1dLOST_OUTCOME_POLICY_REEXECUTE\x10\x02:O\n" +
+	"\x05field\x12\x1d.google.protobuf.FieldOptions\x18\x92\x94\x03 \x01(\v2\x18.idemgate.v1.FieldPolicyR\x05field:S\n" +
 	"\x06policy\x12\x1e.google.protobuf.MethodOptions\x18\x92\x94\x03 \x01(\v2\x19.idemgate.v1.MethodPolicyR\x06policyB9Z7github.com/idemgate/idemgate/gen/idemgate/v1;idemgatev1b\x06proto3"
 
 var (
@@ -248,26 +414,33 @@ func file_idemgate_v1_policy_proto_rawDescGZIP() []byte {
 	return file_idemgate_v1_policy_proto_rawDescData
 }
 
-var file_idemgate_v1_policy_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_idemgate_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_idemgate_v1_policy_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_idemgate_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_idemgate_v1_policy_proto_goTypes = []any{
-	(LostOutcomePolicy)(0),             // 0: idemgate.v1.LostOutcomePolicy
-	(*MethodPolicy)(nil),               // 1: idemgate.v1.MethodPolicy
-	(*durationpb.Duration)(nil),        // 2: google.protobuf.Duration
-	(*descriptorpb.MethodOptions)(nil), // 3: google.protobuf.MethodOptions
+	(KeylessPolicy)(0),                 // 0: idemgate.v1.KeylessPolicy
+	(LostOutcomePolicy)(0),             // 1: idemgate.v1.LostOutcomePolicy
+	(*MethodPolicy)(nil),               // 2: idemgate.v1.MethodPolicy
+	(*FieldPolicy)(nil),                // 3: idemgate.v1.FieldPolicy
+	(*durationpb.Duration)(nil),        // 4: google.protobuf.Duration
+	(*descriptorpb.FieldOptions)(nil),  // 5: google.protobuf.FieldOptions
+	(*descriptorpb.MethodOptions)(nil), // 6: google.protobuf.MethodOptions
 }
 var file_idemgate_v1_policy_proto_depIdxs = []int32{
-	2, // 0: idemgate.v1.MethodPolicy.retention:type_name -> google.protobuf.Duration
-	2, // 1: idemgate.v1.MethodPolicy.lease:type_name -> google.protobuf.Duration
-	0, // 2: idemgate.v1.MethodPolicy.on_lost_outcome:type_name -> idemgate.v1.LostOutcomePolicy
-	2, // 3: idemgate.v1.MethodPolicy.max_wait:type_name -> google.protobuf.Duration
-	3, // 4: idemgate.v1.policy:extendee -> google.protobuf.MethodOptions
-	1, // 5: idemgate.v1.policy:type_name -> idemgate.v1.MethodPolicy
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	5, // [5:6] is the sub-list for extension type_name
-	4, // [4:5] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	4,  // 0: idemgate.v1.MethodPolicy.retention:type_name -> google.protobuf.Duration
+	4,  // 1: idemgate.v1.MethodPolicy.lease:type_name -> google.protobuf.Duration
+	1,  // 2: idemgate.v1.MethodPolicy.on_lost_outcome:type_name -> idemgate.v1.LostOutcomePolicy
+	4,  // 3: idemgate.v1.MethodPolicy.max_wait:type_name -> google.protobuf.Duration
+	0,  // 4: idemgate.v1.MethodPolicy.keyless:type_name -> idemgate.v1.KeylessPolicy
+	4,  // 5: idemgate.v1.MethodPolicy.keyless_window:type_name -> google.protobuf.Duration
+	5,  // 6: idemgate.v1.field:extendee -> google.protobuf.FieldOptions
+	6,  // 7: idemgate.v1.policy:extendee -> google.protobuf.MethodOptions
+	3,  // 8: idemgate.v1.field:type_name -> idemgate.v1.FieldPolicy
+	2,  // 9: idemgate.v1.policy:type_name -> idemgate.v1.MethodPolicy
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	8,  // [8:10] is the sub-list for extension type_name
+	6,  // [6:8] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_idemgate_v1_policy_proto_init() }
@@ -280,9 +453,9 @@ func file_idemgate_v1_policy_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idemgate_v1_policy_proto_rawDesc), len(file_idemgate_v1_policy_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   1,
-			NumExtensions: 1,
+			NumEnums:      2,
+			NumMessages:   2,
+			NumExtensions: 2,
 			NumServices:   0,
 		},
 		GoTypes:           file_idemgate_v1_policy_proto_goTypes,

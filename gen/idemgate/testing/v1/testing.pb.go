@@ -91,7 +91,15 @@ type MutateRequest struct {
 	// fail_mark, with fail_code, wraps the error in an explicit mark.
 	FailMark ErrorMark `protobuf:"varint,5,opt,name=fail_mark,json=failMark,proto3,enum=idemgate.testing.v1.ErrorMark" json:"fail_mark,omitempty"`
 	// panic makes the handler panic after it counted its execution.
-	Panic         bool `protobuf:"varint,6,opt,name=panic,proto3" json:"panic,omitempty"`
+	Panic bool `protobuf:"varint,6,opt,name=panic,proto3" json:"panic,omitempty"`
+	// labels is a map, whose encoding order must not change the fingerprint.
+	Labels map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// client_timestamp changes on every retry and is not part of the action.
+	ClientTimestamp string `protobuf:"bytes,8,opt,name=client_timestamp,json=clientTimestamp,proto3" json:"client_timestamp,omitempty"`
+	// request_id carries the idempotency key in the request (AIP-155).
+	RequestId string `protobuf:"bytes,9,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// meta holds a nested excluded field.
+	Meta          *Meta `protobuf:"bytes,10,opt,name=meta,proto3" json:"meta,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -168,6 +176,89 @@ func (x *MutateRequest) GetPanic() bool {
 	return false
 }
 
+func (x *MutateRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *MutateRequest) GetClientTimestamp() string {
+	if x != nil {
+		return x.ClientTimestamp
+	}
+	return ""
+}
+
+func (x *MutateRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *MutateRequest) GetMeta() *Meta {
+	if x != nil {
+		return x.Meta
+	}
+	return nil
+}
+
+// Meta is nested request metadata.
+type Meta struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// trace_id is excluded from the fingerprint, one level down.
+	TraceId string `protobuf:"bytes,1,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
+	// note is part of the fingerprint.
+	Note          string `protobuf:"bytes,2,opt,name=note,proto3" json:"note,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Meta) Reset() {
+	*x = Meta{}
+	mi := &file_idemgate_testing_v1_testing_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Meta) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Meta) ProtoMessage() {}
+
+func (x *Meta) ProtoReflect() protoreflect.Message {
+	mi := &file_idemgate_testing_v1_testing_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Meta.ProtoReflect.Descriptor instead.
+func (*Meta) Descriptor() ([]byte, []int) {
+	return file_idemgate_testing_v1_testing_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Meta) GetTraceId() string {
+	if x != nil {
+		return x.TraceId
+	}
+	return ""
+}
+
+func (x *Meta) GetNote() string {
+	if x != nil {
+		return x.Note
+	}
+	return ""
+}
+
 // MutateResponse reports which execution answered.
 type MutateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -183,7 +274,7 @@ type MutateResponse struct {
 
 func (x *MutateResponse) Reset() {
 	*x = MutateResponse{}
-	mi := &file_idemgate_testing_v1_testing_proto_msgTypes[1]
+	mi := &file_idemgate_testing_v1_testing_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -195,7 +286,7 @@ func (x *MutateResponse) String() string {
 func (*MutateResponse) ProtoMessage() {}
 
 func (x *MutateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_testing_v1_testing_proto_msgTypes[1]
+	mi := &file_idemgate_testing_v1_testing_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -208,7 +299,7 @@ func (x *MutateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MutateResponse.ProtoReflect.Descriptor instead.
 func (*MutateResponse) Descriptor() ([]byte, []int) {
-	return file_idemgate_testing_v1_testing_proto_rawDescGZIP(), []int{1}
+	return file_idemgate_testing_v1_testing_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *MutateResponse) GetPayload() string {
@@ -236,7 +327,7 @@ var File_idemgate_testing_v1_testing_proto protoreflect.FileDescriptor
 
 const file_idemgate_testing_v1_testing_proto_rawDesc = "" +
 	"\n" +
-	"!idemgate/testing/v1/testing.proto\x12\x13idemgate.testing.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x18idemgate/v1/policy.proto\"\xeb\x01\n" +
+	"!idemgate/testing/v1/testing.proto\x12\x13idemgate.testing.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x18idemgate/v1/policy.proto\"\xf7\x03\n" +
 	"\rMutateRequest\x12\x18\n" +
 	"\apayload\x18\x01 \x01(\tR\apayload\x12/\n" +
 	"\x05delay\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x12\x1b\n" +
@@ -244,7 +335,19 @@ const file_idemgate_testing_v1_testing_proto_rawDesc = "" +
 	"\vfail_detail\x18\x04 \x01(\tR\n" +
 	"failDetail\x12;\n" +
 	"\tfail_mark\x18\x05 \x01(\x0e2\x1e.idemgate.testing.v1.ErrorMarkR\bfailMark\x12\x14\n" +
-	"\x05panic\x18\x06 \x01(\bR\x05panic\"Z\n" +
+	"\x05panic\x18\x06 \x01(\bR\x05panic\x12F\n" +
+	"\x06labels\x18\a \x03(\v2..idemgate.testing.v1.MutateRequest.LabelsEntryR\x06labels\x121\n" +
+	"\x10client_timestamp\x18\b \x01(\tB\x06\x92\xa1\x19\x02\x10\x01R\x0fclientTimestamp\x12%\n" +
+	"\n" +
+	"request_id\x18\t \x01(\tB\x06\x92\xa1\x19\x02\b\x01R\trequestId\x12-\n" +
+	"\x04meta\x18\n" +
+	" \x01(\v2\x19.idemgate.testing.v1.MetaR\x04meta\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"=\n" +
+	"\x04Meta\x12!\n" +
+	"\btrace_id\x18\x01 \x01(\tB\x06\x92\xa1\x19\x02\x10\x01R\atraceId\x12\x12\n" +
+	"\x04note\x18\x02 \x01(\tR\x04note\"Z\n" +
 	"\x0eMutateResponse\x12\x18\n" +
 	"\apayload\x18\x01 \x01(\tR\apayload\x12\x1c\n" +
 	"\texecution\x18\x02 \x01(\x03R\texecution\x12\x10\n" +
@@ -252,7 +355,7 @@ const file_idemgate_testing_v1_testing_proto_rawDesc = "" +
 	"\tErrorMark\x12\x1a\n" +
 	"\x16ERROR_MARK_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10ERROR_MARK_FINAL\x10\x01\x12\x18\n" +
-	"\x14ERROR_MARK_RETRYABLE\x10\x022\x9f\a\n" +
+	"\x14ERROR_MARK_RETRYABLE\x10\x022\xdf\b\n" +
 	"\vTestService\x12Y\n" +
 	"\x06Mutate\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x06\x92\xa1\x19\x02\b\x01\x12f\n" +
 	"\vMutateOther\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x0e\x92\xa1\x19\n" +
@@ -261,7 +364,9 @@ const file_idemgate_testing_v1_testing_proto_rawDesc = "" +
 	"\x0fMutateReexecute\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x0e\x92\xa1\x19\n" +
 	"\b\x01\x1a\x02\b\x01 \x022\x00\x12\x8c\x01\n" +
 	"\x12MutateReplayErrors\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"-\x92\xa1\x19)\b\x01*\x10INVALID_ARGUMENT*\x13FAILED_PRECONDITION\x12a\n" +
-	"\fMutateNoWait\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\b\x92\xa1\x19\x04\b\x012\x00\x12T\n" +
+	"\fMutateNoWait\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\b\x92\xa1\x19\x04\b\x012\x00\x12j\n" +
+	"\rMutateKeyless\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x10\x92\xa1\x19\f\b\x01\x1a\x02\b\x018\x02B\x02\b\x02\x12R\n" +
+	"\x05Watch\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse0\x01\x12T\n" +
 	"\x04Read\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x03\x90\x02\x01\x12Y\n" +
 	"\x03Put\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\t\x92\xa1\x19\x02\b\x01\x90\x02\x02\x12S\n" +
 	"\bUnmarked\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponseB@Z>github.com/idemgate/idemgate/gen/idemgate/testing/v1;testingv1b\x06proto3"
@@ -279,39 +384,47 @@ func file_idemgate_testing_v1_testing_proto_rawDescGZIP() []byte {
 }
 
 var file_idemgate_testing_v1_testing_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_idemgate_testing_v1_testing_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_idemgate_testing_v1_testing_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_idemgate_testing_v1_testing_proto_goTypes = []any{
 	(ErrorMark)(0),              // 0: idemgate.testing.v1.ErrorMark
 	(*MutateRequest)(nil),       // 1: idemgate.testing.v1.MutateRequest
-	(*MutateResponse)(nil),      // 2: idemgate.testing.v1.MutateResponse
-	(*durationpb.Duration)(nil), // 3: google.protobuf.Duration
+	(*Meta)(nil),                // 2: idemgate.testing.v1.Meta
+	(*MutateResponse)(nil),      // 3: idemgate.testing.v1.MutateResponse
+	nil,                         // 4: idemgate.testing.v1.MutateRequest.LabelsEntry
+	(*durationpb.Duration)(nil), // 5: google.protobuf.Duration
 }
 var file_idemgate_testing_v1_testing_proto_depIdxs = []int32{
-	3,  // 0: idemgate.testing.v1.MutateRequest.delay:type_name -> google.protobuf.Duration
+	5,  // 0: idemgate.testing.v1.MutateRequest.delay:type_name -> google.protobuf.Duration
 	0,  // 1: idemgate.testing.v1.MutateRequest.fail_mark:type_name -> idemgate.testing.v1.ErrorMark
-	1,  // 2: idemgate.testing.v1.TestService.Mutate:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 3: idemgate.testing.v1.TestService.MutateOther:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 4: idemgate.testing.v1.TestService.MutateShortLease:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 5: idemgate.testing.v1.TestService.MutateReexecute:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 6: idemgate.testing.v1.TestService.MutateReplayErrors:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 7: idemgate.testing.v1.TestService.MutateNoWait:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 8: idemgate.testing.v1.TestService.Read:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 9: idemgate.testing.v1.TestService.Put:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 10: idemgate.testing.v1.TestService.Unmarked:input_type -> idemgate.testing.v1.MutateRequest
-	2,  // 11: idemgate.testing.v1.TestService.Mutate:output_type -> idemgate.testing.v1.MutateResponse
-	2,  // 12: idemgate.testing.v1.TestService.MutateOther:output_type -> idemgate.testing.v1.MutateResponse
-	2,  // 13: idemgate.testing.v1.TestService.MutateShortLease:output_type -> idemgate.testing.v1.MutateResponse
-	2,  // 14: idemgate.testing.v1.TestService.MutateReexecute:output_type -> idemgate.testing.v1.MutateResponse
-	2,  // 15: idemgate.testing.v1.TestService.MutateReplayErrors:output_type -> idemgate.testing.v1.MutateResponse
-	2,  // 16: idemgate.testing.v1.TestService.MutateNoWait:output_type -> idemgate.testing.v1.MutateResponse
-	2,  // 17: idemgate.testing.v1.TestService.Read:output_type -> idemgate.testing.v1.MutateResponse
-	2,  // 18: idemgate.testing.v1.TestService.Put:output_type -> idemgate.testing.v1.MutateResponse
-	2,  // 19: idemgate.testing.v1.TestService.Unmarked:output_type -> idemgate.testing.v1.MutateResponse
-	11, // [11:20] is the sub-list for method output_type
-	2,  // [2:11] is the sub-list for method input_type
-	2,  // [2:2] is the sub-list for extension type_name
-	2,  // [2:2] is the sub-list for extension extendee
-	0,  // [0:2] is the sub-list for field type_name
+	4,  // 2: idemgate.testing.v1.MutateRequest.labels:type_name -> idemgate.testing.v1.MutateRequest.LabelsEntry
+	2,  // 3: idemgate.testing.v1.MutateRequest.meta:type_name -> idemgate.testing.v1.Meta
+	1,  // 4: idemgate.testing.v1.TestService.Mutate:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 5: idemgate.testing.v1.TestService.MutateOther:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 6: idemgate.testing.v1.TestService.MutateShortLease:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 7: idemgate.testing.v1.TestService.MutateReexecute:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 8: idemgate.testing.v1.TestService.MutateReplayErrors:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 9: idemgate.testing.v1.TestService.MutateNoWait:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 10: idemgate.testing.v1.TestService.MutateKeyless:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 11: idemgate.testing.v1.TestService.Watch:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 12: idemgate.testing.v1.TestService.Read:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 13: idemgate.testing.v1.TestService.Put:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 14: idemgate.testing.v1.TestService.Unmarked:input_type -> idemgate.testing.v1.MutateRequest
+	3,  // 15: idemgate.testing.v1.TestService.Mutate:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 16: idemgate.testing.v1.TestService.MutateOther:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 17: idemgate.testing.v1.TestService.MutateShortLease:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 18: idemgate.testing.v1.TestService.MutateReexecute:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 19: idemgate.testing.v1.TestService.MutateReplayErrors:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 20: idemgate.testing.v1.TestService.MutateNoWait:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 21: idemgate.testing.v1.TestService.MutateKeyless:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 22: idemgate.testing.v1.TestService.Watch:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 23: idemgate.testing.v1.TestService.Read:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 24: idemgate.testing.v1.TestService.Put:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 25: idemgate.testing.v1.TestService.Unmarked:output_type -> idemgate.testing.v1.MutateResponse
+	15, // [15:26] is the sub-list for method output_type
+	4,  // [4:15] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_idemgate_testing_v1_testing_proto_init() }
@@ -325,7 +438,7 @@ func file_idemgate_testing_v1_testing_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idemgate_testing_v1_testing_proto_rawDesc), len(file_idemgate_testing_v1_testing_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   2,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

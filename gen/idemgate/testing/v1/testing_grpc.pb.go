@@ -25,6 +25,8 @@ const (
 	TestService_MutateReexecute_FullMethodName    = "/idemgate.testing.v1.TestService/MutateReexecute"
 	TestService_MutateReplayErrors_FullMethodName = "/idemgate.testing.v1.TestService/MutateReplayErrors"
 	TestService_MutateNoWait_FullMethodName       = "/idemgate.testing.v1.TestService/MutateNoWait"
+	TestService_MutateKeyless_FullMethodName      = "/idemgate.testing.v1.TestService/MutateKeyless"
+	TestService_Watch_FullMethodName              = "/idemgate.testing.v1.TestService/Watch"
 	TestService_Read_FullMethodName               = "/idemgate.testing.v1.TestService/Read"
 	TestService_Put_FullMethodName                = "/idemgate.testing.v1.TestService/Put"
 	TestService_Unmarked_FullMethodName           = "/idemgate.testing.v1.TestService/Unmarked"
@@ -50,6 +52,10 @@ type TestServiceClient interface {
 	MutateReplayErrors(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
 	// MutateNoWait answers ABORTED at once to a duplicate in flight.
 	MutateNoWait(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
+	// MutateKeyless deduplicates keyless calls on their fingerprint for 2s.
+	MutateKeyless(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
+	// Watch streams and is not gated: the stream interceptor passes it through.
+	Watch(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[MutateResponse], error)
 	// Read has no side effects and is never gated.
 	Read(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
 	// Put is idempotent by nature, so the mutating mark is ignored.
@@ -126,6 +132,35 @@ func (c *testServiceClient) MutateNoWait(ctx context.Context, in *MutateRequest,
 	return out, nil
 }
 
+func (c *testServiceClient) MutateKeyless(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MutateResponse)
+	err := c.cc.Invoke(ctx, TestService_MutateKeyless_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *testServiceClient) Watch(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[MutateResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &TestService_ServiceDesc.Streams[0], TestService_Watch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[MutateRequest, MutateResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TestService_WatchClient = grpc.ServerStreamingClient[MutateResponse]
+
 func (c *testServiceClient) Read(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(MutateResponse)
@@ -176,6 +211,10 @@ type TestServiceServer interface {
 	MutateReplayErrors(context.Context, *MutateRequest) (*MutateResponse, error)
 	// MutateNoWait answers ABORTED at once to a duplicate in flight.
 	MutateNoWait(context.Context, *MutateRequest) (*MutateResponse, error)
+	// MutateKeyless deduplicates keyless calls on their fingerprint for 2s.
+	MutateKeyless(context.Context, *MutateRequest) (*MutateResponse, error)
+	// Watch streams and is not gated: the stream interceptor passes it through.
+	Watch(*MutateRequest, grpc.ServerStreamingServer[MutateResponse]) error
 	// Read has no side effects and is never gated.
 	Read(context.Context, *MutateRequest) (*MutateResponse, error)
 	// Put is idempotent by nature, so the mutating mark is ignored.
@@ -209,6 +248,12 @@ func (UnimplementedTestServiceServer) MutateReplayErrors(context.Context, *Mutat
 }
 func (UnimplementedTestServiceServer) MutateNoWait(context.Context, *MutateRequest) (*MutateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method MutateNoWait not implemented")
+}
+func (UnimplementedTestServiceServer) MutateKeyless(context.Context, *MutateRequest) (*MutateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MutateKeyless not implemented")
+}
+func (UnimplementedTestServiceServer) Watch(*MutateRequest, grpc.ServerStreamingServer[MutateResponse]) error {
+	return status.Error(codes.Unimplemented, "method Watch not implemented")
 }
 func (UnimplementedTestServiceServer) Read(context.Context, *MutateRequest) (*MutateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Read not implemented")
@@ -348,6 +393,35 @@ func _TestService_MutateNoWait_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TestService_MutateKeyless_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MutateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TestServiceServer).MutateKeyless(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TestService_MutateKeyless_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TestServiceServer).MutateKeyless(ctx, req.(*MutateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TestService_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(MutateRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(TestServiceServer).Watch(m, &grpc.GenericServerStream[MutateRequest, MutateResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TestService_WatchServer = grpc.ServerStreamingServer[MutateResponse]
+
 func _TestService_Read_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(MutateRequest)
 	if err := dec(in); err != nil {
@@ -434,6 +508,10 @@ var TestService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _TestService_MutateNoWait_Handler,
 		},
 		{
+			MethodName: "MutateKeyless",
+			Handler:    _TestService_MutateKeyless_Handler,
+		},
+		{
 			MethodName: "Read",
 			Handler:    _TestService_Read_Handler,
 		},
@@ -446,6 +524,12 @@ var TestService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _TestService_Unmarked_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Watch",
+			Handler:       _TestService_Watch_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "idemgate/testing/v1/testing.proto",
 }
