@@ -128,7 +128,7 @@ func (s *Stack) tool(tb testing.TB, dedupe idemgatev1.DedupeServiceClient, regis
 		_ = gate.Close(ctx)
 	})
 	chain := append(append([]grpc.UnaryServerInterceptor{}, cfg.ToolInterceptors...), gate.UnaryServerInterceptor())
-	toolSrv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
+	toolSrv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...), grpc.ChainStreamInterceptor(gate.StreamServerInterceptor()))
 	register(toolSrv)
 	return gate, Serve(tb, toolSrv, cfg.ToolDial...)
 }
