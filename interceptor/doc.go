@@ -28,6 +28,18 @@
 // NO_SIDE_EFFECTS or IDEMPOTENT, are not gated: they cost a map lookup, no
 // Dedupe call and no allocation.
 //
+// While the handler runs its reservation's lease is renewed; if the tool
+// server dies mid-call, the method's on_lost_outcome decides what the next
+// call finds (FAIL_CLOSED by default: IDEMPOTENCY_OUTCOME_UNKNOWN until the
+// record is resolved, or a Reconciler settles it). Handler errors release the
+// key unless the policy's replay_codes, or FinalError, make them final.
+//
+// On the client side, NewCaller's UnaryClientInterceptor attaches the key
+// from WithKey (or mints one) to gated calls; chain it before any retrying
+// interceptor. The key may also travel in a request field marked
+// (idemgate.v1.field) = {idempotency_key: true}.
+//
 // Only unary methods can be gated: a streaming method marked mutating makes
-// New fail, because its outcome is not one message to store and replay.
+// New fail, because its outcome is not one message to store and replay; the
+// stream interceptors pass every stream through.
 package interceptor

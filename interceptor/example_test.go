@@ -1,0 +1,183 @@
+package interceptor_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/retry"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
+	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/interceptor"
+)
+
+// A tool server gates the methods its .proto marks mutating.
+func ExampleNew() {
+	conn, err := grpc.NewClient("127.0.0.1:50051",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	gate, err := interceptor.New(idemgatev1.NewDedupeServiceClient(conn))
+	if err != nil {
+		log.Fatal(err) // a misconfigured policy, named
+	}
+	srv := grpc.NewServer(
+		grpc.ChainUnaryInterceptor(gate.UnaryServerInterceptor()),
+		grpc.ChainStreamInterceptor(gate.StreamServerInterceptor()),
+	)
+	defer srv.Stop()
+
+	fmt.Println(gate.Policy(paymentsv1.PaymentsService_ChargeCard_FullMethodName))
+	fmt.Println(gate.Policy(paymentsv1.PaymentsService_GetBalance_FullMethodName))
+	// Output:
+	// gated(retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[], max_wait=3s, keyless=reject)
+	// ungated
+}
+
+// The policy surface as read from proto/idemgate/testing/v1/testing.proto:
+// a lost-outcome policy, replayed error codes, and a keyless window.
+func ExampleGate_Policy() {
+	gate, err := interceptor.New(idemgatev1.NewDedupeServiceClient(nil))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(gate.Policy(testingv1.TestService_MutateReexecute_FullMethodName))
+	fmt.Println(gate.Policy(testingv1.TestService_MutateReplayErrors_FullMethodName))
+	fmt.Println(gate.Policy(testingv1.TestService_MutateKeyless_FullMethodName))
+	// Output:
+	// gated(retention=24h0m0s, lease=1s, on_lost_outcome=reexecute, replay_codes=[], max_wait=0s, keyless=reject)
+	// gated(retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[INVALID_ARGUMENT FAILED_PRECONDITION], max_wait=3s, keyless=reject)
+	// gated(retention=24h0m0s, lease=1s, on_lost_outcome=fail_closed, replay_codes=[], max_wait=3s, keyless=fingerprint(2s))
+}
+
+// The orchestration layer mints one key per logical action and reuses it
+// for every retry of that action.
+func ExampleWithKey() {
+	caller, err := interceptor.NewCaller()
+	if err != nil {
+		log.Fatal(err)
+	}
+	conn, err := grpc.NewClient("127.0.0.1:50052",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// The caller first, then the retry interceptor: every attempt
+		// reuses the key.
+		grpc.WithChainUnaryInterceptor(caller.UnaryClientInterceptor(),
+			retry.UnaryClientInterceptor(retry.WithMax(4), retry.WithCodes(codes.Unavailable, codes.Aborted))))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	payments := paymentsv1.NewPaymentsServiceClient(conn)
+
+	orderID := "order-8842"
+	ctx := interceptor.WithKey(context.Background(), orderID+"-charge")
+	var replayed bool
+	resp, err := payments.ChargeCard(ctx, &paymentsv1.ChargeCardRequest{CustomerId: "cust_17", AmountCents: 4200},
+		interceptor.Replayed(&replayed))
+	if err != nil {
+		log.Print(err)
+		return
+	}
+	fmt.Println(resp.GetChargeId(), "replayed:", replayed)
+}
+
+// With WithMintedKeys a call that names no key gets a time-ordered one,
+// made once per logical call and kept across the retries below it.
+func ExampleWithMintedKeys() {
+	caller, err := interceptor.NewCaller(interceptor.WithMintedKeys())
+	if err != nil {
+		log.Fatal(err)
+	}
+	conn, err := grpc.NewClient("127.0.0.1:50052",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithChainUnaryInterceptor(caller.UnaryClientInterceptor()),
+		// grpc-go's own retries run below every interceptor: they reuse it too.
+		grpc.WithDefaultServiceConfig(`{"methodConfig": [{"name": [{"service": "examples.payments.v1.PaymentsService"}],
+		  "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
+		                  "retryableStatusCodes": ["UNAVAILABLE"]}}]}`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+}
+
+// A request can carry its key in a field marked
+// (idemgate.v1.field) = {idempotency_key: true}, as AIP-155's request_id.
+func ExampleKeyFromContext() {
+	handler := func(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+		key, _ := interceptor.KeyFromContext(ctx) // hand it on to the payment provider
+		return &testingv1.MutateResponse{Key: key}, nil
+	}
+	_ = handler
+	_ = &testingv1.MutateRequest{Payload: "charge", RequestId: "order-8842-charge"}
+}
+
+// A handler decides per error whether it is the action's final outcome.
+func ExampleFinalError() {
+	charge := func(declined bool) error {
+		if declined {
+			// The provider decided: replay this to every retry, never charge again.
+			return interceptor.FinalError(status.Error(codes.FailedPrecondition, "card declined"))
+		}
+		// The provider was unreachable: nothing happened, a retry may run.
+		return interceptor.RetryableError(status.Error(codes.Unavailable, "provider unreachable"))
+	}
+	fmt.Println(status.Code(charge(true)), status.Code(charge(false)))
+	// Output: FailedPrecondition Unavailable
+}
+
+// A reconciler settles a lost outcome by asking the system that knows.
+func ExampleWithReconciler() {
+	lookup := func(ctx context.Context, key string) (chargeID string, found bool, err error) { return "", false, nil }
+	reconcile := func(ctx context.Context, key string, req proto.Message) (interceptor.Resolution, error) {
+		id, found, err := lookup(ctx, key)
+		switch {
+		case err != nil:
+			return interceptor.StillUnknown(), err
+		case found:
+			charge := req.(*paymentsv1.ChargeCardRequest)
+			return interceptor.ResolvedResponse(&paymentsv1.ChargeCardResponse{
+				ChargeId: id, CustomerId: charge.GetCustomerId(), AmountCents: charge.GetAmountCents(),
+			}), nil
+		default:
+			return interceptor.ResolvedNotRun(), nil
+		}
+	}
+	_, err := interceptor.New(idemgatev1.NewDedupeServiceClient(nil),
+		interceptor.WithReconciler(paymentsv1.PaymentsService_ChargeCard_FullMethodName, reconcile),
+		interceptor.WithFinishRetryBudget(30*time.Second))
+	fmt.Println(err)
+	// Output: <nil>
+}
+
+// Tenants namespace keys: plug in your own authentication.
+func ExampleWithTenant() {
+	tenantOf := func(ctx context.Context) (string, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		if v := md.Get("x-verified-tenant"); len(v) == 1 { // set by your auth interceptor, never by the caller
+			return v[0], nil
+		}
+		return "", status.Error(codes.Unauthenticated, "no tenant")
+	}
+	_, err := interceptor.New(idemgatev1.NewDedupeServiceClient(nil), interceptor.WithTenant(tenantOf))
+	fmt.Println(err)
+	// Output: <nil>
+}
+
+// IsReplayed reads the response header a replay carries.
+func ExampleIsReplayed() {
+	fmt.Println(interceptor.IsReplayed(metadata.Pairs(interceptor.ReplayedHeader, "true")))
+	// Output: true
+}
