@@ -1,0 +1,535 @@
+// Package storetest is the conformance suite every dedupesvc.Store
+// implementation must pass: reservation, replay, mismatch, fencing, expiry,
+// release, heartbeats, outcome-unknown, Resolve and sweeping, with the
+// concurrency cases, written once against the interface.
+//
+// An implementation's test calls Run with a function that returns a fresh,
+// empty store for each case:
+//
+//	func TestConformance(t *testing.T) {
+//		storetest.Run(t, func(t *testing.T) dedupesvc.Store { return pgstore.New(pgtest.Pool(t)) })
+//	}
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+)
+
+// Run runs the whole suite; newStore returns a fresh, empty store and
+// arranges its cleanup with t.Cleanup. The cases run in parallel, each on
+// its own store. Leases and retentions in the suite are 150ms to 1s, so a
+// store's clock must have millisecond resolution.
+func Run(t *testing.T, newStore func(t *testing.T) dedupesvc.Store) {
+	t.Run("Begin", func(t *testing.T) { testBegin(t, newStore) })
+	t.Run("BeginConcurrent", func(t *testing.T) { testBeginConcurrent(t, newStore) })
+	t.Run("Finish", func(t *testing.T) { testFinish(t, newStore) })
+	t.Run("Release", func(t *testing.T) { testRelease(t, newStore) })
+	t.Run("SweeperDeletesExpiredInBatches", func(t *testing.T) { testSweeperDeletesExpiredInBatches(t, newStore) })
+	t.Run("LostOutcome", func(t *testing.T) { testLostOutcome(t, newStore) })
+	t.Run("Resolve", func(t *testing.T) { testResolve(t, newStore) })
+}
+
+var (
+	ctx   = context.Background()
+	fpA   = fingerprint("request A")
+	fpB   = fingerprint("request B")
+	outA  = dedupesvc.Outcome{TypeURL: "type.googleapis.com/test.A", Value: []byte("outcome A")}
+	outB  = dedupesvc.Outcome{TypeURL: "type.googleapis.com/test.B", Value: []byte("outcome B")}
+	long  = time.Hour
+	short = 150 * time.Millisecond
+)
+
+func fingerprint(s string) []byte { sum := sha256.Sum256([]byte(s)); return sum[:] }
+
+func begin(token string, fp []byte, lease, retention time.Duration) dedupesvc.BeginParams {
+	return dedupesvc.BeginParams{Scope: "/pkg.S/M", Key: "key-1", Fingerprint: fp, AttemptToken: token, Lease: lease, Retention: retention, UnknownRetention: long}
+}
+
+// completed reserves key-1 for attempt t1 and finishes it with out.
+func completed(t *testing.T, s dedupesvc.Store, out dedupesvc.Outcome) dedupesvc.BeginResult {
+	t.Helper()
+	r := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
+	if err := s.Finish(ctx, finish("t1", r.Epoch, out)); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func reexecute(p dedupesvc.BeginParams) dedupesvc.BeginParams {
+	p.OnLostOutcome = dedupesvc.Reexecute
+	return p
+}
+
+func mustBegin(t *testing.T, s dedupesvc.Store, p dedupesvc.BeginParams, want dedupesvc.BeginState) dedupesvc.BeginResult {
+	t.Helper()
+	res, err := s.Begin(ctx, p)
+	if err != nil {
+		t.Fatalf("Begin(%s): %v", p.AttemptToken, err)
+	}
+	if res.State != want {
+		t.Fatalf("Begin(%s) = %v, want %v", p.AttemptToken, res.State, want)
+	}
+	return res
+}
+
+func finish(token string, epoch int64, out dedupesvc.Outcome) dedupesvc.FinishParams {
+	return dedupesvc.FinishParams{Scope: "/pkg.S/M", Key: "key-1", AttemptToken: token, Epoch: epoch, Outcome: out}
+}
+
+func release(token string, epoch int64) dedupesvc.ReleaseParams {
+	return dedupesvc.ReleaseParams{Scope: "/pkg.S/M", Key: "key-1", AttemptToken: token, Epoch: epoch}
+}
+
+func testBegin(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
+	t.Parallel()
+
+	t.Run("reserves a new key, then answers in flight to others", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		r := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
+		if r.Epoch != 1 || time.Until(r.LeaseExpiresAt) < 50*time.Minute {
+			t.Fatalf("reserved epoch %d lease until %v, want epoch 1 and an hour's lease", r.Epoch, r.LeaseExpiresAt)
+		}
+		mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginInFlight)
+	})
+
+	t.Run("a retried Begin of the holder is reserved again, same epoch", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		first := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
+		again := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
+		if again.Epoch != first.Epoch {
+			t.Fatalf("retried Begin epoch %d, want %d", again.Epoch, first.Epoch)
+		}
+	})
+
+	t.Run("another fingerprint is a mismatch in every state", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		r := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
+		mustBegin(t, s, begin("t2", fpB, long, long), dedupesvc.BeginFingerprintMismatch)
+		if err := s.Finish(ctx, finish("t1", r.Epoch, outA)); err != nil {
+			t.Fatal(err)
+		}
+		mustBegin(t, s, begin("t2", fpB, long, long), dedupesvc.BeginFingerprintMismatch)
+	})
+
+	t.Run("a completed key answers its outcome", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		completed(t, s, outA)
+		got := mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginCompleted)
+		if got.Outcome.TypeURL != outA.TypeURL || !bytes.Equal(got.Outcome.Value, outA.Value) {
+			t.Fatalf("outcome %+v, want %+v", got.Outcome, outA)
+		}
+		if got.CompletedAt.IsZero() || time.Until(got.ExpiresAt) < 50*time.Minute {
+			t.Fatalf("completed at %v, expires %v", got.CompletedAt, got.ExpiresAt)
+		}
+	})
+
+	t.Run("an empty outcome is stored and replayed as empty", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		r := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
+		if err := s.Finish(ctx, finish("t1", r.Epoch, dedupesvc.Outcome{TypeURL: outA.TypeURL, Value: []byte{}})); err != nil {
+			t.Fatal(err)
+		}
+		got := mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginCompleted)
+		if len(got.Outcome.Value) != 0 || got.Outcome.TypeURL != outA.TypeURL {
+			t.Fatalf("outcome %+v, want the empty %s", got.Outcome, outA.TypeURL)
+		}
+	})
+
+	t.Run("under REEXECUTE an abandoned lease is taken over with a higher epoch", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		old := mustBegin(t, s, begin("t1", fpA, short, long), dedupesvc.BeginReserved)
+		time.Sleep(2 * short)
+		taken := mustBegin(t, s, reexecute(begin("t2", fpA, long, long)), dedupesvc.BeginReserved)
+		if taken.Epoch != old.Epoch+1 {
+			t.Fatalf("takeover epoch %d, want %d", taken.Epoch, old.Epoch+1)
+		}
+		if err := s.Finish(ctx, finish("t1", old.Epoch, outB)); !errors.Is(err, dedupesvc.ErrNotHeld) {
+			t.Fatalf("stale holder's Finish: %v, want ErrNotHeld", err)
+		}
+		if err := s.Finish(ctx, finish("t2", taken.Epoch, outA)); err != nil {
+			t.Fatal(err)
+		}
+		got := mustBegin(t, s, begin("t3", fpA, long, long), dedupesvc.BeginCompleted)
+		if !bytes.Equal(got.Outcome.Value, outA.Value) {
+			t.Fatalf("outcome %q, want the new holder's %q", got.Outcome.Value, outA.Value)
+		}
+	})
+
+	t.Run("an expired record counts as absent, whatever its request", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		r := mustBegin(t, s, begin("t1", fpA, short, short), dedupesvc.BeginReserved)
+		if err := s.Finish(ctx, finish("t1", r.Epoch, outA)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * short)
+		mustBegin(t, s, begin("t2", fpB, long, long), dedupesvc.BeginReserved)
+	})
+}
+
+func testBeginConcurrent(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
+	t.Parallel()
+
+	race := func(t *testing.T, s dedupesvc.Store, n int, onLost dedupesvc.LostOutcome) (reserved []string) {
+		t.Helper()
+		var (
+			mu sync.Mutex
+			wg sync.WaitGroup
+		)
+		start := make(chan struct{})
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				token := fmt.Sprintf("racer-%d", i)
+				p := begin(token, fpA, long, long)
+				p.OnLostOutcome = onLost
+				res, err := s.Begin(ctx, p)
+				if err != nil {
+					t.Errorf("Begin: %v", err)
+					return
+				}
+				switch res.State {
+				case dedupesvc.BeginReserved:
+					mu.Lock()
+					reserved = append(reserved, token)
+					mu.Unlock()
+				case dedupesvc.BeginInFlight:
+				default:
+					t.Errorf("Begin = %v, want reserved or in flight", res.State)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		return reserved
+	}
+
+	t.Run("64 racers on a new key: exactly one reserves", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		if got := race(t, s, 64, dedupesvc.FailClosed); len(got) != 1 {
+			t.Fatalf("%d racers reserved (%v), want exactly 1", len(got), got)
+		}
+	})
+
+	t.Run("32 racers on an abandoned lease under REEXECUTE: exactly one takes over", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		mustBegin(t, s, begin("crashed", fpA, short, long), dedupesvc.BeginReserved)
+		time.Sleep(2 * short)
+		if got := race(t, s, 32, dedupesvc.Reexecute); len(got) != 1 {
+			t.Fatalf("%d racers took over (%v), want exactly 1", len(got), got)
+		}
+	})
+}
+
+func testFinish(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
+	t.Parallel()
+
+	t.Run("a retried Finish succeeds and keeps the first outcome", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		r := completed(t, s, outA)
+		if err := s.Finish(ctx, finish("t1", r.Epoch, outB)); err != nil {
+			t.Fatalf("retried Finish: %v, want success", err)
+		}
+		got := mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginCompleted)
+		if !bytes.Equal(got.Outcome.Value, outA.Value) {
+			t.Fatalf("outcome %q, want the first %q", got.Outcome.Value, outA.Value)
+		}
+	})
+
+	t.Run("a Finish from a non-holder is refused and changes nothing", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		r := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
+		for _, p := range []dedupesvc.FinishParams{finish("intruder", r.Epoch, outB), finish("t1", r.Epoch+1, outB)} {
+			if err := s.Finish(ctx, p); !errors.Is(err, dedupesvc.ErrNotHeld) {
+				t.Fatalf("Finish(%s, epoch %d): %v, want ErrNotHeld", p.AttemptToken, p.Epoch, err)
+			}
+		}
+		mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginInFlight)
+		if err := s.Finish(ctx, finish("t1", r.Epoch, outA)); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Finish(ctx, finish("intruder", r.Epoch, outB)); !errors.Is(err, dedupesvc.ErrNotHeld) {
+			t.Fatalf("Finish after completion from a non-holder: %v, want ErrNotHeld", err)
+		}
+		got := mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginCompleted)
+		if !bytes.Equal(got.Outcome.Value, outA.Value) {
+			t.Fatalf("outcome %q, want %q", got.Outcome.Value, outA.Value)
+		}
+	})
+
+	t.Run("a Finish for a key that does not exist is refused", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		if err := s.Finish(ctx, finish("t1", 1, outA)); !errors.Is(err, dedupesvc.ErrNotHeld) {
+			t.Fatalf("Finish: %v, want ErrNotHeld", err)
+		}
+	})
+}
+
+func testRelease(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
+	t.Parallel()
+
+	t.Run("release frees the key for the next attempt, and a retry succeeds", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		r := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
+		if err := s.Release(ctx, release("t1", r.Epoch)); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Release(ctx, release("t1", r.Epoch)); err != nil {
+			t.Fatalf("retried Release: %v", err)
+		}
+		next := mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginReserved)
+		if next.Epoch != r.Epoch+1 {
+			t.Fatalf("epoch after release %d, want %d", next.Epoch, r.Epoch+1)
+		}
+		if err := s.Release(ctx, release("t1", r.Epoch)); !errors.Is(err, dedupesvc.ErrNotHeld) {
+			t.Fatalf("stale Release after another attempt reserved: %v, want ErrNotHeld", err)
+		}
+		mustBegin(t, s, begin("t3", fpA, long, long), dedupesvc.BeginInFlight)
+	})
+
+	t.Run("a released key still refuses another request", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		r := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
+		if err := s.Release(ctx, release("t1", r.Epoch)); err != nil {
+			t.Fatal(err)
+		}
+		mustBegin(t, s, begin("t2", fpB, long, long), dedupesvc.BeginFingerprintMismatch)
+	})
+
+	t.Run("a completed record cannot be released", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		r := completed(t, s, outA)
+		if err := s.Release(ctx, release("t1", r.Epoch)); !errors.Is(err, dedupesvc.ErrNotHeld) {
+			t.Fatalf("Release after Finish: %v, want ErrNotHeld", err)
+		}
+		mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginCompleted)
+	})
+
+	t.Run("releasing a key that does not exist succeeds", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		if err := s.Release(ctx, release("t1", 1)); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+	})
+}
+
+func testSweeperDeletesExpiredInBatches(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
+	t.Parallel()
+	s := newStore(t)
+	for i := range 25 {
+		p := begin(fmt.Sprint("t", i), fpA, short, short)
+		p.Key = fmt.Sprint("expired-", i)
+		mustBegin(t, s, p, dedupesvc.BeginReserved)
+	}
+	for i := range 5 {
+		p := begin(fmt.Sprint("t", i), fpA, long, long)
+		p.Key = fmt.Sprint("live-", i)
+		mustBegin(t, s, p, dedupesvc.BeginReserved)
+	}
+	time.Sleep(2 * short)
+
+	var batches []int
+	counting := countingStore{Store: s, batches: &batches}
+	n, err := dedupesvc.NewSweeper(counting, dedupesvc.SweeperConfig{BatchSize: 10}).SweepOnce(ctx)
+	if err != nil || n != 25 {
+		t.Fatalf("SweepOnce = %d, %v; want 25 deleted", n, err)
+	}
+	if fmt.Sprint(batches) != "[10 10 5]" {
+		t.Fatalf("batches %v, want [10 10 5]", batches)
+	}
+	if n, _, err := s.DeleteExpired(ctx, 100); err != nil || n != 0 {
+		t.Fatalf("a second sweep deleted %d (%v), want nothing left to delete", n, err)
+	}
+	for i := range 5 {
+		p := begin("another attempt", fpA, long, long)
+		p.Key = fmt.Sprint("live-", i)
+		mustBegin(t, s, p, dedupesvc.BeginInFlight) // the live records survived
+	}
+}
+
+type countingStore struct {
+	dedupesvc.Store
+	batches *[]int
+}
+
+func (c countingStore) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.RecordID, error) {
+	n, unknown, err := c.Store.DeleteExpired(ctx, limit)
+	*c.batches = append(*c.batches, n)
+	return n, unknown, err
+}
+
+func testLostOutcome(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
+	t.Parallel()
+
+	t.Run("FAIL_CLOSED marks an abandoned lease unknown, for every caller", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		held := mustBegin(t, s, begin("crashed", fpA, short, long), dedupesvc.BeginReserved)
+		time.Sleep(2 * short)
+		var wg sync.WaitGroup
+		for i := range 16 {
+			wg.Go(func() {
+				res, err := s.Begin(ctx, begin("racer-"+string(rune('a'+i)), fpA, long, long))
+				if err != nil || res.State != dedupesvc.BeginOutcomeUnknown || res.Epoch != held.Epoch {
+					t.Errorf("Begin = %+v, %v; want outcome unknown for epoch %d", res, err, held.Epoch)
+				}
+			})
+		}
+		wg.Wait()
+		mustBegin(t, s, begin("other-request", fpB, long, long), dedupesvc.BeginFingerprintMismatch)
+	})
+
+	t.Run("the holder's late Finish settles an unknown record", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		held := mustBegin(t, s, begin("slow", fpA, short, long), dedupesvc.BeginReserved)
+		time.Sleep(2 * short)
+		mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginOutcomeUnknown)
+		if _, err := s.Heartbeat(ctx, heartbeat("slow", held.Epoch)); !errors.Is(err, dedupesvc.ErrNotHeld) {
+			t.Fatalf("heartbeat on an unknown record: %v, want ErrNotHeld", err)
+		}
+		if err := s.Finish(ctx, finish("slow", held.Epoch, outA)); err != nil {
+			t.Fatalf("late Finish: %v", err)
+		}
+		got := mustBegin(t, s, begin("t3", fpA, long, long), dedupesvc.BeginCompleted)
+		if !bytes.Equal(got.Outcome.Value, outA.Value) {
+			t.Fatalf("outcome %q, want %q", got.Outcome.Value, outA.Value)
+		}
+	})
+
+	t.Run("a heartbeat keeps the lease", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		// A 1s lease renewed every 250ms outlives four leases' worth of
+		// short ones with a wide margin for a loaded machine.
+		held := mustBegin(t, s, begin("alive", fpA, time.Second, long), dedupesvc.BeginReserved)
+		for range 4 {
+			time.Sleep(250 * time.Millisecond)
+			hb := heartbeat("alive", held.Epoch)
+			hb.Lease = time.Second
+			until, err := s.Heartbeat(ctx, hb)
+			if err != nil || !until.After(held.LeaseExpiresAt) {
+				t.Fatalf("Heartbeat = %v, %v; want a later lease end than %v", until, err, held.LeaseExpiresAt)
+			}
+		}
+		mustBegin(t, s, reexecute(begin("taker", fpA, long, long)), dedupesvc.BeginInFlight)
+		if _, err := s.Heartbeat(ctx, heartbeat("intruder", held.Epoch)); !errors.Is(err, dedupesvc.ErrNotHeld) {
+			t.Fatalf("a non-holder's heartbeat: %v, want ErrNotHeld", err)
+		}
+	})
+
+	t.Run("unknown records outlive their retention until the unknown limit", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		mustBegin(t, s, begin("crashed", fpA, short, 5*short/2), dedupesvc.BeginReserved)
+		time.Sleep(2 * short)
+		p := begin("t2", fpA, long, long)
+		p.UnknownRetention = 10 * short
+		mustBegin(t, s, p, dedupesvc.BeginOutcomeUnknown)
+		time.Sleep(short) // past the record's own retention, well within the unknown limit
+		if n, _, err := s.DeleteExpired(ctx, 10); err != nil || n != 0 {
+			t.Fatalf("DeleteExpired = %d, %v; an unresolved unknown record was swept early", n, err)
+		}
+		mustBegin(t, s, begin("t3", fpA, long, long), dedupesvc.BeginOutcomeUnknown)
+		time.Sleep(10 * short)
+		n, unknown, err := s.DeleteExpired(ctx, 10)
+		if err != nil || n != 1 || len(unknown) != 1 || unknown[0].Key != "key-1" {
+			t.Fatalf("DeleteExpired = %d, %v, %v; want the unknown record deleted and reported", n, unknown, err)
+		}
+	})
+}
+
+func heartbeat(token string, epoch int64) dedupesvc.HeartbeatParams {
+	return dedupesvc.HeartbeatParams{Scope: "/pkg.S/M", Key: "key-1", AttemptToken: token, Epoch: epoch, Lease: short}
+}
+
+func testResolve(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
+	t.Parallel()
+	resolve := func(complete *dedupesvc.Outcome) dedupesvc.ResolveParams {
+		return dedupesvc.ResolveParams{Scope: "/pkg.S/M", Key: "key-1", Complete: complete}
+	}
+	unknownRecord := func(t *testing.T) dedupesvc.Store {
+		s := newStore(t)
+		mustBegin(t, s, begin("crashed", fpA, short, long), dedupesvc.BeginReserved)
+		time.Sleep(2 * short)
+		mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginOutcomeUnknown)
+		return s
+	}
+
+	t.Run("complete, and a retry of it", func(t *testing.T) {
+		t.Parallel()
+		s := unknownRecord(t)
+		if err := s.Resolve(ctx, resolve(&outA)); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Resolve(ctx, resolve(&outA)); err != nil {
+			t.Fatalf("retried Resolve: %v", err)
+		}
+		if err := s.Resolve(ctx, resolve(&outB)); !errors.Is(err, dedupesvc.ErrNotUnknown) {
+			t.Fatalf("Resolve with another outcome: %v, want ErrNotUnknown", err)
+		}
+		got := mustBegin(t, s, begin("t3", fpA, long, long), dedupesvc.BeginCompleted)
+		if !bytes.Equal(got.Outcome.Value, outA.Value) {
+			t.Fatalf("outcome %q, want %q", got.Outcome.Value, outA.Value)
+		}
+	})
+
+	t.Run("release, and a retry of it", func(t *testing.T) {
+		t.Parallel()
+		s := unknownRecord(t)
+		if err := s.Resolve(ctx, resolve(nil)); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Resolve(ctx, resolve(nil)); err != nil {
+			t.Fatalf("retried Resolve: %v", err)
+		}
+		mustBegin(t, s, begin("t3", fpA, long, long), dedupesvc.BeginReserved)
+	})
+
+	t.Run("an abandoned lease nobody has asked about yet can be resolved", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		mustBegin(t, s, begin("crashed", fpA, short, long), dedupesvc.BeginReserved)
+		time.Sleep(2 * short)
+		if err := s.Resolve(ctx, resolve(&outA)); err != nil {
+			t.Fatal(err)
+		}
+		mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginCompleted)
+	})
+
+	t.Run("a live reservation, a missing key", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		if err := s.Resolve(ctx, resolve(nil)); !errors.Is(err, dedupesvc.ErrRecordNotFound) {
+			t.Fatalf("Resolve of a missing key: %v, want ErrRecordNotFound", err)
+		}
+		mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
+		if err := s.Resolve(ctx, resolve(&outA)); !errors.Is(err, dedupesvc.ErrNotUnknown) {
+			t.Fatalf("Resolve of a live reservation: %v, want ErrNotUnknown", err)
+		}
+	})
+}
