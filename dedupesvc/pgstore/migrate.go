@@ -4,10 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
-	"sort"
-	"strconv"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,42 +11,12 @@ import (
 	"github.com/idemgate/idemgate/migrations"
 )
 
-// Migration is one numbered SQL file of the migrations package.
-type Migration struct {
-	// Version is the file's number prefix.
-	Version int64
-	// Name is the file name.
-	Name string
-	// SQL is the file's content.
-	SQL string
-}
+// Migration is one numbered SQL file of migrations/postgres.
+type Migration = migrations.Migration
 
-// Migrations returns the embedded migrations in version order.
+// Migrations returns the embedded PostgreSQL migrations in version order.
 func Migrations() ([]Migration, error) {
-	entries, err := fs.Glob(migrations.FS, "*.sql")
-	if err != nil {
-		return nil, err
-	}
-	var out []Migration
-	for _, name := range entries {
-		prefix, _, ok := strings.Cut(name, "_")
-		version, err := strconv.ParseInt(prefix, 10, 64)
-		if !ok || err != nil || version <= 0 {
-			return nil, fmt.Errorf("pgstore: migration %q is not named NNN_name.sql", name)
-		}
-		body, err := fs.ReadFile(migrations.FS, name)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, Migration{Version: version, Name: name, SQL: string(body)})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
-	for i := 1; i < len(out); i++ {
-		if out[i].Version == out[i-1].Version {
-			return nil, fmt.Errorf("pgstore: migrations %q and %q share version %d", out[i-1].Name, out[i].Name, out[i].Version)
-		}
-	}
-	return out, nil
+	return migrations.List(migrations.Postgres, "postgres")
 }
 
 // createVersionsSQL makes the table that records which migrations ran. A

@@ -172,21 +172,21 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 		if err != nil {
 			return dedupesvc.BeginResult{}, err
 		}
-		next := nextReserve
+		step := dedupesvc.StepReserve
 		var res dedupesvc.BeginResult
 		if found {
-			res, next = row.decide(p)
+			res, step = dedupesvc.DecideBegin(row.Record, p, row.now)
 		}
-		switch next {
-		case nextDone:
+		switch step {
+		case dedupesvc.StepAnswer:
 			return res, nil
-		case nextMarkUnknown:
-			n, err := s.change(ctx, s.markUnknownSQL, p.Scope, p.Key, p.Scope, p.Key, row.epoch, p.UnknownRetention.Milliseconds())
+		case dedupesvc.StepMarkUnknown:
+			n, err := s.change(ctx, s.markUnknownSQL, p.Scope, p.Key, p.Scope, p.Key, row.Epoch, p.UnknownRetention.Milliseconds())
 			if err != nil {
 				return dedupesvc.BeginResult{}, fmt.Errorf("pgstore: mark outcome unknown: %w", err)
 			}
 			if n == 1 {
-				return dedupesvc.BeginResult{State: dedupesvc.BeginOutcomeUnknown, Epoch: row.epoch, LeaseExpiresAt: row.leaseExpiresAt}, nil
+				return dedupesvc.BeginResult{State: dedupesvc.BeginOutcomeUnknown, Epoch: row.Epoch, LeaseExpiresAt: row.LeaseExpiresAt}, nil
 			}
 			continue // the holder renewed or settled meanwhile: look again
 		}
@@ -208,27 +208,20 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 
 // record is one row as read by readSQL.
 type record struct {
-	fingerprint    []byte
-	state          string
-	attemptToken   string
-	epoch          int64
-	outcomeTypeURL string
-	outcomeValue   []byte
-	leaseExpiresAt time.Time
-	completedAt    *time.Time
-	expiresAt      time.Time
+	dedupesvc.Record
 	// now is the database's clock when the row was read.
 	now time.Time
 }
 
 func (s *Store) read(ctx context.Context, scope, key string) (record, bool, error) {
 	var (
-		row     record
-		typeURL *string
+		row         record
+		typeURL     *string
+		completedAt *time.Time
 	)
 	err := s.pool.QueryRow(ctx, readSQL, scope, key).Scan(
-		&row.fingerprint, &row.state, &row.attemptToken, &row.epoch, &typeURL, &row.outcomeValue,
-		&row.leaseExpiresAt, &row.completedAt, &row.expiresAt, &row.now)
+		&row.Fingerprint, &row.State, &row.AttemptToken, &row.Epoch, &typeURL, &row.Outcome.Value,
+		&row.LeaseExpiresAt, &completedAt, &row.ExpiresAt, &row.now)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return record{}, false, nil
@@ -236,57 +229,12 @@ func (s *Store) read(ctx context.Context, scope, key string) (record, bool, erro
 		return record{}, false, fmt.Errorf("pgstore: read record: %w", err)
 	}
 	if typeURL != nil {
-		row.outcomeTypeURL = *typeURL
+		row.Outcome.TypeURL = *typeURL
+	}
+	if completedAt != nil {
+		row.CompletedAt = *completedAt
 	}
 	return row, true, nil
-}
-
-// next is what Begin does after reading a row.
-type next int
-
-const (
-	nextDone        next = iota // the row answers the call
-	nextReserve                 // the key is free: try to reserve it
-	nextMarkUnknown             // the holder's lease ran out: mark it unknown
-)
-
-// decide turns an existing row into Begin's answer, or into the write that
-// must come first.
-func (r record) decide(p dedupesvc.BeginParams) (dedupesvc.BeginResult, next) {
-	if !r.expiresAt.After(r.now) {
-		return dedupesvc.BeginResult{}, nextReserve
-	}
-	if !bytes.Equal(r.fingerprint, p.Fingerprint) {
-		return dedupesvc.BeginResult{State: dedupesvc.BeginFingerprintMismatch}, nextDone
-	}
-	switch r.state {
-	case "completed":
-		res := dedupesvc.BeginResult{
-			State:     dedupesvc.BeginCompleted,
-			Outcome:   dedupesvc.Outcome{TypeURL: r.outcomeTypeURL, Value: r.outcomeValue},
-			ExpiresAt: r.expiresAt,
-		}
-		if r.completedAt != nil {
-			res.CompletedAt = *r.completedAt
-		}
-		return res, nextDone
-	case "unknown":
-		return dedupesvc.BeginResult{State: dedupesvc.BeginOutcomeUnknown, Epoch: r.epoch, LeaseExpiresAt: r.leaseExpiresAt}, nextDone
-	case "in_flight":
-		if r.attemptToken == p.AttemptToken {
-			// The same attempt asks again because it lost our first answer.
-			return dedupesvc.BeginResult{State: dedupesvc.BeginReserved, Epoch: r.epoch, LeaseExpiresAt: r.leaseExpiresAt}, nextDone
-		}
-		if r.leaseExpiresAt.After(r.now) {
-			return dedupesvc.BeginResult{State: dedupesvc.BeginInFlight, LeaseExpiresAt: r.leaseExpiresAt}, nextDone
-		}
-		if p.OnLostOutcome == dedupesvc.Reexecute {
-			return dedupesvc.BeginResult{}, nextReserve
-		}
-		return dedupesvc.BeginResult{}, nextMarkUnknown
-	default: // released
-		return dedupesvc.BeginResult{}, nextReserve
-	}
 }
 
 // finishSQL stores the outcome if the attempt still holds the reservation
@@ -439,11 +387,11 @@ func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 	switch {
 	case err != nil:
 		return err
-	case !found || !row.expiresAt.After(row.now):
+	case !found || !row.ExpiresAt.After(row.now):
 		return dedupesvc.ErrRecordNotFound
-	case p.Complete != nil && row.state == "completed" && row.outcomeTypeURL == p.Complete.TypeURL && bytes.Equal(row.outcomeValue, p.Complete.Value):
+	case p.Complete != nil && row.State == dedupesvc.StateCompleted && row.Outcome.TypeURL == p.Complete.TypeURL && bytes.Equal(row.Outcome.Value, p.Complete.Value):
 		return nil // a retried Resolve
-	case p.Complete == nil && row.state == "released":
+	case p.Complete == nil && row.State == dedupesvc.StateReleased:
 		return nil // a retried Resolve
 	}
 	return dedupesvc.ErrNotUnknown

@@ -1,0 +1,85 @@
+package dedupesvc
+
+import (
+	"bytes"
+	"time"
+)
+
+// Record states as stores keep them.
+const (
+	// StateInFlight: an attempt holds the reservation.
+	StateInFlight = "in_flight"
+	// StateCompleted: the outcome is stored.
+	StateCompleted = "completed"
+	// StateReleased: the attempt gave the key up; the next one may run.
+	StateReleased = "released"
+	// StateUnknown: a lease ran out without an outcome (FAIL_CLOSED).
+	StateUnknown = "unknown"
+)
+
+// Record is a stored record as a Store reads it, for DecideBegin.
+type Record struct {
+	// Fingerprint of the request that first used the key.
+	Fingerprint []byte
+	// State is one of the State constants.
+	State string
+	// AttemptToken of the attempt that holds or held the reservation.
+	AttemptToken string
+	// Epoch of the current or last reservation.
+	Epoch int64
+	// Outcome is the stored outcome (StateCompleted).
+	Outcome Outcome
+	// LeaseExpiresAt is when the reservation counts as abandoned.
+	LeaseExpiresAt time.Time
+	// CompletedAt is when the outcome was stored (StateCompleted).
+	CompletedAt time.Time
+	// ExpiresAt is when the record counts as absent.
+	ExpiresAt time.Time
+}
+
+// NextStep is what a Store does after DecideBegin.
+type NextStep int
+
+const (
+	// StepAnswer: the record answers Begin.
+	StepAnswer NextStep = iota
+	// StepReserve: the key is free (absent, expired, released, or abandoned
+	// under Reexecute): try the reserving upsert.
+	StepReserve
+	// StepMarkUnknown: the holder's lease ran out under FailClosed: mark the
+	// record unknown (if it still is that in-flight epoch), then answer.
+	StepMarkUnknown
+)
+
+// DecideBegin turns an existing record into Begin's answer, or into the write
+// that must come first. It is the one place the semantics of Begin live; each
+// Store reads the record, calls it with its clock's now, and carries out the
+// step with statements that repeat the same conditions atomically.
+func DecideBegin(r Record, p BeginParams, now time.Time) (BeginResult, NextStep) {
+	if !r.ExpiresAt.After(now) {
+		return BeginResult{}, StepReserve
+	}
+	if !bytes.Equal(r.Fingerprint, p.Fingerprint) {
+		return BeginResult{State: BeginFingerprintMismatch}, StepAnswer
+	}
+	switch r.State {
+	case StateCompleted:
+		return BeginResult{State: BeginCompleted, Outcome: r.Outcome, CompletedAt: r.CompletedAt, ExpiresAt: r.ExpiresAt}, StepAnswer
+	case StateUnknown:
+		return BeginResult{State: BeginOutcomeUnknown, Epoch: r.Epoch, LeaseExpiresAt: r.LeaseExpiresAt}, StepAnswer
+	case StateInFlight:
+		if r.AttemptToken == p.AttemptToken {
+			// The same attempt asks again because it lost the first answer.
+			return BeginResult{State: BeginReserved, Epoch: r.Epoch, LeaseExpiresAt: r.LeaseExpiresAt}, StepAnswer
+		}
+		if r.LeaseExpiresAt.After(now) {
+			return BeginResult{State: BeginInFlight, LeaseExpiresAt: r.LeaseExpiresAt}, StepAnswer
+		}
+		if p.OnLostOutcome == Reexecute {
+			return BeginResult{}, StepReserve
+		}
+		return BeginResult{}, StepMarkUnknown
+	default: // released
+		return BeginResult{}, StepReserve
+	}
+}
