@@ -1,0 +1,453 @@
+// Package sqlitestore is the embedded dedupesvc.Store: SQLite through
+// modernc.org/sqlite (pure Go, no cgo), in one file of a data directory. It
+// needs no database server, so dedupesvc runs anywhere at once.
+//
+// It serves one dedupe service process: times come from that process's clock
+// and waiting duplicates are woken in memory. Move to PostgreSQL (pgstore)
+// for several dedupe service replicas, high availability, or tool servers on
+// more than one machine sharing records through more than one service.
+package sqlitestore
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/migrations"
+)
+
+// FileName is the database file's name inside the data directory.
+const FileName = "dedupe.db"
+
+// Store is a dedupesvc.Store on one SQLite file. It also implements
+// dedupesvc.Notifier, waking waiting Begins in this process.
+type Store struct {
+	db   *sql.DB
+	path string
+	now  func() time.Time
+
+	mu      sync.Mutex
+	waiters map[dedupesvc.RecordID]map[chan struct{}]struct{}
+}
+
+var (
+	_ dedupesvc.Store    = (*Store)(nil)
+	_ dedupesvc.Notifier = (*Store)(nil)
+)
+
+// Open opens (creating it and its directory if needed) the store in dir and
+// applies its migrations. Close it when done.
+func Open(ctx context.Context, dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("sqlitestore: create data directory: %w", err)
+	}
+	path := filepath.Join(dir, FileName)
+	// WAL lets reads run beside the writer; synchronous=FULL makes a
+	// committed reservation survive a power cut, which a store whose whole
+	// point is "never run twice" needs; immediate transactions take the
+	// write lock up front instead of failing on upgrade.
+	q := url.Values{}
+	q.Add("_pragma", "busy_timeout(10000)")
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(FULL)")
+	q.Add("_txlock", "immediate")
+	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("sqlitestore: open %s: %w", path, err)
+	}
+	// One connection serialises the statements of this process: SQLite has
+	// one writer anyway, and no statement waits on another's lock.
+	db.SetMaxOpenConns(1)
+	s := &Store{db: db, path: path, now: time.Now, waiters: map[dedupesvc.RecordID]map[chan struct{}]struct{}{}}
+	if err := s.migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Path is the database file.
+func (s *Store) Path() string { return s.path }
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+func (s *Store) migrate(ctx context.Context) error {
+	all, err := migrations.List(migrations.SQLite, "sqlite")
+	if err != nil {
+		return err
+	}
+	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS idemgate_schema_migrations (
+		version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)`); err != nil {
+		return fmt.Errorf("sqlitestore: create migrations table: %w", err)
+	}
+	for _, m := range all {
+		tx, err := s.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		var one int
+		err = tx.QueryRowContext(ctx, `SELECT 1 FROM idemgate_schema_migrations WHERE version = ?`, m.Version).Scan(&one)
+		if err == nil {
+			tx.Rollback()
+			continue
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			tx.Rollback()
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("sqlitestore: apply migration %s: %w", m.Name, err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO idemgate_schema_migrations (version, name, applied_at) VALUES (?, ?, ?)`,
+			m.Version, m.Name, s.now().UnixMilli()); err != nil {
+			tx.Rollback()
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+const maxBeginRounds = 4
+
+const readSQL = `
+SELECT fingerprint, state, attempt_token, epoch, outcome_type_url, outcome_value,
+       lease_expires_at, completed_at, expires_at
+FROM idemgate_records WHERE scope = ? AND idempotency_key = ?`
+
+// reserveSQL takes the key when it is free, repeating DecideBegin's
+// conditions atomically; it returns no row when the record blocks it.
+const reserveSQL = `
+INSERT INTO idemgate_records (
+    scope, idempotency_key, fingerprint, state, attempt_token, epoch,
+    retention_ms, lease_expires_at, expires_at, created_at)
+VALUES (:scope, :key, :fp, 'in_flight', :token, 1, :retention, :now + :lease, :now + :retention, :now)
+ON CONFLICT (scope, idempotency_key) DO UPDATE SET
+    fingerprint = excluded.fingerprint,
+    state = 'in_flight',
+    attempt_token = excluded.attempt_token,
+    epoch = idemgate_records.epoch + 1,
+    retention_ms = excluded.retention_ms,
+    outcome_type_url = NULL,
+    outcome_value = NULL,
+    lease_expires_at = excluded.lease_expires_at,
+    expires_at = excluded.expires_at,
+    created_at = excluded.created_at,
+    completed_at = NULL
+WHERE idemgate_records.expires_at <= :now
+   OR (idemgate_records.fingerprint = excluded.fingerprint
+       AND (idemgate_records.state = 'released'
+            OR (:reexecute AND idemgate_records.state = 'in_flight' AND idemgate_records.lease_expires_at <= :now
+                AND idemgate_records.attempt_token <> excluded.attempt_token)))
+RETURNING epoch, lease_expires_at`
+
+const markUnknownSQL = `
+UPDATE idemgate_records
+SET state = 'unknown', expires_at = max(expires_at, :now + :unknown)
+WHERE scope = :scope AND idempotency_key = :key AND epoch = :epoch
+  AND state = 'in_flight' AND lease_expires_at <= :now`
+
+// Begin implements dedupesvc.Store.
+func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.BeginResult, error) {
+	for range maxBeginRounds {
+		now := s.now()
+		row, found, err := s.read(ctx, p.Scope, p.Key)
+		if err != nil {
+			return dedupesvc.BeginResult{}, err
+		}
+		step := dedupesvc.StepReserve
+		var res dedupesvc.BeginResult
+		if found {
+			res, step = dedupesvc.DecideBegin(row, p, now)
+		}
+		switch step {
+		case dedupesvc.StepAnswer:
+			return res, nil
+		case dedupesvc.StepMarkUnknown:
+			n, err := s.change(ctx, p.Scope, p.Key, markUnknownSQL,
+				sql.Named("now", now.UnixMilli()), sql.Named("unknown", p.UnknownRetention.Milliseconds()),
+				sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("epoch", row.Epoch))
+			if err != nil {
+				return dedupesvc.BeginResult{}, fmt.Errorf("sqlitestore: mark outcome unknown: %w", err)
+			}
+			if n == 1 {
+				return dedupesvc.BeginResult{State: dedupesvc.BeginOutcomeUnknown, Epoch: row.Epoch, LeaseExpiresAt: row.LeaseExpiresAt}, nil
+			}
+			continue
+		}
+		var leaseEnd int64
+		err = s.db.QueryRowContext(ctx, reserveSQL,
+			sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("fp", p.Fingerprint), sql.Named("token", p.AttemptToken),
+			sql.Named("retention", p.Retention.Milliseconds()), sql.Named("lease", p.Lease.Milliseconds()),
+			sql.Named("now", now.UnixMilli()), sql.Named("reexecute", p.OnLostOutcome == dedupesvc.Reexecute),
+		).Scan(&res.Epoch, &leaseEnd)
+		switch {
+		case err == nil:
+			res.State = dedupesvc.BeginReserved
+			res.LeaseExpiresAt = time.UnixMilli(leaseEnd)
+			return res, nil
+		case !errors.Is(err, sql.ErrNoRows):
+			return dedupesvc.BeginResult{}, fmt.Errorf("sqlitestore: reserve: %w", err)
+		}
+	}
+	return dedupesvc.BeginResult{}, fmt.Errorf("sqlitestore: the record of the key kept changing over %d rounds", maxBeginRounds)
+}
+
+func (s *Store) read(ctx context.Context, scope, key string) (dedupesvc.Record, bool, error) {
+	var (
+		r                         dedupesvc.Record
+		typeURL                   sql.NullString
+		completedAt               sql.NullInt64
+		leaseExpiresAt, expiresAt int64
+	)
+	err := s.db.QueryRowContext(ctx, readSQL, scope, key).Scan(
+		&r.Fingerprint, &r.State, &r.AttemptToken, &r.Epoch, &typeURL, &r.Outcome.Value,
+		&leaseExpiresAt, &completedAt, &expiresAt)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return dedupesvc.Record{}, false, nil
+	case err != nil:
+		return dedupesvc.Record{}, false, fmt.Errorf("sqlitestore: read record: %w", err)
+	}
+	r.Outcome.TypeURL = typeURL.String
+	if r.State == dedupesvc.StateCompleted && r.Outcome.Value == nil {
+		r.Outcome.Value = []byte{}
+	}
+	r.LeaseExpiresAt, r.ExpiresAt = time.UnixMilli(leaseExpiresAt), time.UnixMilli(expiresAt)
+	if completedAt.Valid {
+		r.CompletedAt = time.UnixMilli(completedAt.Int64)
+	}
+	return r, true, nil
+}
+
+// change runs a state-changing statement and, if it changed the record,
+// wakes this process's waiters on it.
+func (s *Store) change(ctx context.Context, scope, key, query string, args ...any) (int64, error) {
+	res, err := s.db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, err
+	}
+	if n > 0 {
+		s.wake(dedupesvc.RecordID{Scope: scope, Key: key})
+	}
+	return n, nil
+}
+
+const finishSQL = `
+UPDATE idemgate_records
+SET state = 'completed', outcome_type_url = :type_url, outcome_value = :value,
+    completed_at = :now, expires_at = :now + retention_ms
+WHERE scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
+  AND state IN ('in_flight', 'unknown')`
+
+// Finish implements dedupesvc.Store.
+func (s *Store) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
+	value := p.Outcome.Value
+	if value == nil {
+		value = []byte{}
+	}
+	n, err := s.change(ctx, p.Scope, p.Key, finishSQL,
+		sql.Named("type_url", p.Outcome.TypeURL), sql.Named("value", value), sql.Named("now", s.now().UnixMilli()),
+		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch))
+	if err != nil {
+		return fmt.Errorf("sqlitestore: finish: %w", err)
+	}
+	if n == 1 {
+		return nil
+	}
+	row, found, err := s.read(ctx, p.Scope, p.Key)
+	switch {
+	case err != nil:
+		return err
+	case found && row.State == dedupesvc.StateCompleted && row.AttemptToken == p.AttemptToken && row.Epoch == p.Epoch:
+		return nil // a retried Finish: the stored outcome stays as it was
+	}
+	return dedupesvc.ErrNotHeld
+}
+
+const releaseSQL = `
+UPDATE idemgate_records SET state = 'released', lease_expires_at = :now
+WHERE scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
+  AND state IN ('in_flight', 'unknown')`
+
+// Release implements dedupesvc.Store.
+func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
+	n, err := s.change(ctx, p.Scope, p.Key, releaseSQL, sql.Named("now", s.now().UnixMilli()),
+		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch))
+	if err != nil {
+		return fmt.Errorf("sqlitestore: release: %w", err)
+	}
+	if n == 1 {
+		return nil
+	}
+	row, found, err := s.read(ctx, p.Scope, p.Key)
+	switch {
+	case err != nil:
+		return err
+	case !found:
+		return nil // expired and swept: nothing is held
+	case row.State == dedupesvc.StateReleased && row.AttemptToken == p.AttemptToken && row.Epoch == p.Epoch:
+		return nil // a retried Release
+	}
+	return dedupesvc.ErrNotHeld
+}
+
+const heartbeatSQL = `
+UPDATE idemgate_records
+SET lease_expires_at = :now + :lease, expires_at = max(expires_at, :now + :lease)
+WHERE scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
+  AND state = 'in_flight'
+RETURNING lease_expires_at`
+
+// Heartbeat implements dedupesvc.Store.
+func (s *Store) Heartbeat(ctx context.Context, p dedupesvc.HeartbeatParams) (time.Time, error) {
+	var until int64
+	err := s.db.QueryRowContext(ctx, heartbeatSQL, sql.Named("now", s.now().UnixMilli()), sql.Named("lease", p.Lease.Milliseconds()),
+		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch)).Scan(&until)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return time.Time{}, dedupesvc.ErrNotHeld
+	case err != nil:
+		return time.Time{}, fmt.Errorf("sqlitestore: heartbeat: %w", err)
+	}
+	return time.UnixMilli(until), nil
+}
+
+const unknownWhere = `
+WHERE scope = :scope AND idempotency_key = :key AND expires_at > :now
+  AND (state = 'unknown' OR (state = 'in_flight' AND lease_expires_at <= :now))`
+
+const resolveCompleteSQL = `
+UPDATE idemgate_records
+SET state = 'completed', outcome_type_url = :type_url, outcome_value = :value,
+    completed_at = :now, expires_at = :now + retention_ms` + unknownWhere
+
+const resolveReleaseSQL = `
+UPDATE idemgate_records SET state = 'released', lease_expires_at = :now` + unknownWhere
+
+// Resolve implements dedupesvc.Store.
+func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
+	now := s.now()
+	args := []any{sql.Named("now", now.UnixMilli()), sql.Named("scope", p.Scope), sql.Named("key", p.Key)}
+	query := resolveReleaseSQL
+	if p.Complete != nil {
+		value := p.Complete.Value
+		if value == nil {
+			value = []byte{}
+		}
+		query = resolveCompleteSQL
+		args = append(args, sql.Named("type_url", p.Complete.TypeURL), sql.Named("value", value))
+	}
+	n, err := s.change(ctx, p.Scope, p.Key, query, args...)
+	if err != nil {
+		return fmt.Errorf("sqlitestore: resolve: %w", err)
+	}
+	if n == 1 {
+		return nil
+	}
+	row, found, err := s.read(ctx, p.Scope, p.Key)
+	switch {
+	case err != nil:
+		return err
+	case !found || !row.ExpiresAt.After(now):
+		return dedupesvc.ErrRecordNotFound
+	case p.Complete != nil && row.State == dedupesvc.StateCompleted && row.Outcome.TypeURL == p.Complete.TypeURL && bytes.Equal(row.Outcome.Value, p.Complete.Value):
+		return nil // a retried Resolve
+	case p.Complete == nil && row.State == dedupesvc.StateReleased:
+		return nil // a retried Resolve
+	}
+	return dedupesvc.ErrNotUnknown
+}
+
+const deleteExpiredSQL = `
+DELETE FROM idemgate_records
+WHERE rowid IN (
+    SELECT rowid FROM idemgate_records WHERE expires_at <= :now ORDER BY expires_at LIMIT :limit)
+RETURNING scope, idempotency_key, state = 'unknown'`
+
+// DeleteExpired implements dedupesvc.Store.
+func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.RecordID, error) {
+	rows, err := s.db.QueryContext(ctx, deleteExpiredSQL, sql.Named("now", s.now().UnixMilli()), sql.Named("limit", limit))
+	if err != nil {
+		return 0, nil, fmt.Errorf("sqlitestore: delete expired: %w", err)
+	}
+	defer rows.Close()
+	var (
+		deleted int
+		unknown []dedupesvc.RecordID
+	)
+	for rows.Next() {
+		var (
+			id      dedupesvc.RecordID
+			wasLost bool
+		)
+		if err := rows.Scan(&id.Scope, &id.Key, &wasLost); err != nil {
+			return deleted, unknown, fmt.Errorf("sqlitestore: delete expired: %w", err)
+		}
+		deleted++
+		if wasLost {
+			unknown = append(unknown, id)
+		}
+	}
+	return deleted, unknown, rows.Err()
+}
+
+// Subscribe implements dedupesvc.Notifier: every change to a record in this
+// process wakes its subscribers. A record no longer in flight wakes the
+// subscriber at once, so a change between its Begin and Subscribe is not
+// missed.
+func (s *Store) Subscribe(ctx context.Context, scope, key string) (<-chan struct{}, func()) {
+	id := dedupesvc.RecordID{Scope: scope, Key: key}
+	ch := make(chan struct{}, 1)
+	s.mu.Lock()
+	set, ok := s.waiters[id]
+	if !ok {
+		set = map[chan struct{}]struct{}{}
+		s.waiters[id] = set
+	}
+	set[ch] = struct{}{}
+	s.mu.Unlock()
+	if row, found, err := s.read(ctx, scope, key); err != nil || !found || row.State != dedupesvc.StateInFlight {
+		s.wake(id)
+	}
+	var once sync.Once
+	return ch, func() {
+		once.Do(func() {
+			s.mu.Lock()
+			delete(set, ch)
+			if len(set) == 0 {
+				delete(s.waiters, id)
+			}
+			s.mu.Unlock()
+		})
+	}
+}
+
+func (s *Store) wake(id dedupesvc.RecordID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for ch := range s.waiters[id] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
