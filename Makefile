@@ -70,7 +70,11 @@ bench: $(BENCHSTAT) ## Run the benchmarks BENCH_COUNT times and summarise them w
 	$(BENCHSTAT) bench.txt
 
 .PHONY: run
-run: ## Run the dedupe service on 127.0.0.1:50051 against DATABASE_URL (created if missing).
+run: ## Run the dedupe service on 127.0.0.1:50051 on the embedded store (no set-up; data in ~/.local/share/idemgate).
+	go run ./cmd/dedupesvc --database-url ""
+
+.PHONY: run-postgres
+run-postgres: ## Run the dedupe service on 127.0.0.1:50051 against PostgreSQL at DATABASE_URL (database created if missing).
 	@psql "$(subst /idemgate?,/postgres?,$(DATABASE_URL))" -tAc "SELECT 1 FROM pg_database WHERE datname = 'idemgate'" | grep -q 1 || \
 	  psql "$(subst /idemgate?,/postgres?,$(DATABASE_URL))" -c "CREATE DATABASE idemgate"
 	go run ./cmd/dedupesvc --database-url "$(DATABASE_URL)"

@@ -1,4 +1,6 @@
-// Command dedupesvc runs the idemgate Dedupe gRPC service on PostgreSQL.
+// Command dedupesvc runs the idemgate Dedupe gRPC service: on PostgreSQL when
+// DATABASE_URL (or -database-url) is set, else on the embedded SQLite store in
+// the data directory, which needs no set-up.
 //
 //	dedupesvc [flags]            serve (migrating first unless -migrate-on-start=false)
 //	dedupesvc migrate [flags]    apply pending migrations and exit
@@ -19,7 +21,9 @@ import (
 	"syscall"
 
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
+	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
+	"github.com/idemgate/idemgate/migrations"
 )
 
 func main() {
@@ -65,6 +69,22 @@ func run(args []string) int {
 }
 
 func migrate(ctx context.Context, cfg dedupeapp.Config, logger *slog.Logger, showStatus bool) error {
+	if cfg.DatabaseURL == "" {
+		// The embedded store migrates whenever it opens.
+		s, err := sqlitestore.Open(ctx, cfg.DataDir)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		all, err := migrations.List(migrations.SQLite, "sqlite")
+		if err != nil {
+			return err
+		}
+		for _, m := range all {
+			fmt.Printf("%-8s %s (sqlite: %s)\n", "applied", m.Name, s.Path())
+		}
+		return nil
+	}
 	pool, err := dedupeapp.OpenPool(ctx, cfg)
 	if err != nil {
 		return err

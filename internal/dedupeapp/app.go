@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
+	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 )
 
@@ -44,23 +47,71 @@ func OpenPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
+// backend is the store the service runs on, opened by Open.
+type backend struct {
+	store    dedupesvc.Store
+	notifier dedupesvc.Notifier
+	// run, when set, runs until its context ends (the NOTIFY listener).
+	run   func(context.Context)
+	close func()
+}
+
+// openBackend opens the store cfg selects: PostgreSQL when a database URL is
+// set, else the embedded SQLite store. Its first log line says which and
+// where, before anything can fail.
+func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend, error) {
+	if cfg.DatabaseURL == "" {
+		logger.Info("using the embedded store (SQLite); set DATABASE_URL to use PostgreSQL",
+			slog.String("store", "sqlite"), slog.String("path", filepath.Join(cfg.DataDir, sqlitestore.FileName)))
+		s, err := sqlitestore.Open(ctx, cfg.DataDir)
+		if err != nil {
+			return backend{}, err
+		}
+		return backend{store: s, notifier: s, close: func() { _ = s.Close() }}, nil
+	}
+	logger.Info("using PostgreSQL", slog.String("store", "postgres"), slog.String("database", redactedURL(cfg.DatabaseURL)))
+	pool, err := OpenPool(ctx, cfg)
+	if err != nil {
+		return backend{}, err
+	}
+	if cfg.MigrateOnStart {
+		applied, err := pgstore.Migrate(ctx, pool)
+		if err != nil {
+			pool.Close()
+			return backend{}, fmt.Errorf("migrate: %w", err)
+		}
+		logger.Info("migrations applied", slog.Any("applied", applied))
+	}
+	b := backend{close: pool.Close}
+	if cfg.Notify {
+		b.store = pgstore.New(pool)
+		listener := pgstore.NewListener(pool, pgstore.DefaultChannel, logger)
+		b.notifier, b.run = listener, listener.Run
+	} else {
+		b.store = pgstore.New(pool, pgstore.WithoutNotify())
+	}
+	return b, nil
+}
+
+// redactedURL drops the password from a database URL for logging.
+func redactedURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}
+
 // Serve runs the Dedupe service on lis until ctx is done, then stops
 // gracefully: health turns NOT_SERVING first, in-flight calls get
 // cfg.ShutdownTimeout to finish, and the rest are cut. It returns nil after a
 // clean stop.
 func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logger) error {
-	pool, err := OpenPool(ctx, cfg)
+	b, err := openBackend(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if cfg.MigrateOnStart {
-		applied, err := pgstore.Migrate(ctx, pool)
-		if err != nil {
-			return fmt.Errorf("migrate: %w", err)
-		}
-		logger.Info("migrations applied", slog.Any("applied", applied))
-	}
+	defer b.close()
 
 	background, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var backgroundDone sync.WaitGroup
@@ -71,15 +122,13 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 		dedupesvc.WithPollInterval(cfg.PollInterval),
 		dedupesvc.WithUnknownRetention(cfg.UnknownRetention),
 	}
-	var store *pgstore.Store
-	if cfg.Notify {
-		store = pgstore.New(pool)
-		listener := pgstore.NewListener(pool, pgstore.DefaultChannel, logger)
-		backgroundDone.Go(func() { listener.Run(background) })
-		serverOpts = append(serverOpts, dedupesvc.WithNotifier(listener))
-	} else {
-		store = pgstore.New(pool, pgstore.WithoutNotify())
+	if b.notifier != nil {
+		serverOpts = append(serverOpts, dedupesvc.WithNotifier(b.notifier))
 	}
+	if b.run != nil {
+		backgroundDone.Go(func() { b.run(background) })
+	}
+	store := b.store
 	healthSrv := health.NewServer()
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		logging.UnaryServerInterceptor(grpcLogger(logger), logging.WithLevels(codeLevel)),
@@ -93,7 +142,7 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(lis) }()
-	logger.Info("dedupe service serving", slog.String("address", lis.Addr().String()), slog.String("store", "postgres"), slog.Bool("notify", cfg.Notify))
+	logger.Info("dedupe service serving", slog.String("address", lis.Addr().String()))
 
 	select {
 	case err := <-serveErr:

@@ -24,14 +24,15 @@ import (
 
 func TestParseConfig(t *testing.T) {
 	t.Parallel()
-	env := map[string]string{"DATABASE_URL": "postgres://env/db", "IDEMGATE_SWEEP_INTERVAL": "30s"}
+	env := map[string]string{"DATABASE_URL": "postgres://env/db", "IDEMGATE_SWEEP_INTERVAL": "30s", "HOME": "/home/u"}
 	cfg, err := dedupeapp.ParseConfig("dedupesvc", []string{"-listen", "127.0.0.1:7000"}, func(k string) string { return env[k] }, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.Listen != "127.0.0.1:7000" || cfg.DatabaseURL != "postgres://env/db" || cfg.SweepInterval != 30*time.Second ||
 		!cfg.MigrateOnStart || cfg.SweepBatch != 1000 || cfg.ShutdownTimeout != 10*time.Second || cfg.LogLevel != slog.LevelInfo ||
-		!cfg.Notify || cfg.PollInterval != 200*time.Millisecond || cfg.UnknownRetention != 168*time.Hour {
+		!cfg.Notify || cfg.PollInterval != 200*time.Millisecond || cfg.UnknownRetention != 168*time.Hour ||
+		cfg.DataDir != "/home/u/.local/share/idemgate" {
 		t.Fatalf("config %+v: flags, environment and defaults not applied", cfg)
 	}
 
@@ -40,7 +41,7 @@ func TestParseConfig(t *testing.T) {
 		env  map[string]string
 		want string
 	}{
-		{nil, nil, "DATABASE_URL"},
+		{[]string{"-data-dir", ""}, nil, "-data-dir"},
 		{[]string{"-database-url", "x", "-sweep-batch", "0"}, nil, "-sweep-batch must be positive"},
 		{[]string{"-database-url", "x", "-log-level", "loud"}, nil, "-log-level"},
 		{[]string{"-database-url", "x"}, map[string]string{"IDEMGATE_SHUTDOWN_TIMEOUT": "soon"}, "IDEMGATE_SHUTDOWN_TIMEOUT"},
@@ -59,11 +60,20 @@ func TestParseConfig(t *testing.T) {
 
 func TestServeAnswersAndStopsGracefully(t *testing.T) {
 	t.Parallel()
-	cfg := dedupeapp.Config{
-		DatabaseURL: pgtest.SchemaURL(t), MigrateOnStart: true,
-		SweepInterval: time.Minute, SweepBatch: 100, ShutdownTimeout: 5 * time.Second,
-		Notify: true, PollInterval: 100 * time.Millisecond, UnknownRetention: time.Hour,
+	for name, cfg := range map[string]dedupeapp.Config{
+		"postgres": {DatabaseURL: pgtest.SchemaURL(t), MigrateOnStart: true},
+		"embedded": {DataDir: t.TempDir()},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg.SweepInterval, cfg.SweepBatch, cfg.ShutdownTimeout = time.Minute, 100, 5*time.Second
+			cfg.Notify, cfg.PollInterval, cfg.UnknownRetention = true, 100*time.Millisecond, time.Hour
+			serveAndStop(t, cfg)
+		})
 	}
+}
+
+func serveAndStop(t *testing.T, cfg dedupeapp.Config) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

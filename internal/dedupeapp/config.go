@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -20,8 +21,13 @@ type Config struct {
 	// Listen is the gRPC listen address. Defaults to 127.0.0.1:50051
 	// (IDEMGATE_LISTEN).
 	Listen string
-	// DatabaseURL is the PostgreSQL connection URL. Required (DATABASE_URL).
+	// DatabaseURL is the PostgreSQL connection URL. Empty selects the
+	// embedded SQLite store in DataDir. Defaults to empty (DATABASE_URL).
 	DatabaseURL string
+	// DataDir holds the embedded store's file when DatabaseURL is empty.
+	// Defaults to $XDG_DATA_HOME/idemgate, else ~/.local/share/idemgate
+	// (IDEMGATE_DATA_DIR).
+	DataDir string
 	// MigrateOnStart applies pending migrations before serving. Defaults to
 	// true (IDEMGATE_MIGRATE_ON_START).
 	MigrateOnStart bool
@@ -101,7 +107,8 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 	}
 
 	fs.StringVar(&cfg.Listen, "listen", env("IDEMGATE_LISTEN", "127.0.0.1:50051"), "gRPC listen `address` (env IDEMGATE_LISTEN)")
-	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", ""), "PostgreSQL connection `URL`, required (env DATABASE_URL)")
+	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", ""), "PostgreSQL connection `URL`; empty uses the embedded SQLite store (env DATABASE_URL)")
+	fs.StringVar(&cfg.DataDir, "data-dir", env("IDEMGATE_DATA_DIR", defaultDataDir(getenv)), "`directory` of the embedded store, used when no database URL is set (env IDEMGATE_DATA_DIR)")
 	fs.BoolVar(&cfg.MigrateOnStart, "migrate-on-start", boolEnv("IDEMGATE_MIGRATE_ON_START", true), "apply pending migrations before serving (env IDEMGATE_MIGRATE_ON_START)")
 	fs.IntVar(&cfg.MaxConns, "db-max-conns", intEnv("IDEMGATE_DB_MAX_CONNS", 0), "database pool size; 0 means max(4, CPUs) (env IDEMGATE_DB_MAX_CONNS)")
 	fs.DurationVar(&cfg.SweepInterval, "sweep-interval", durationEnv("IDEMGATE_SWEEP_INTERVAL", time.Minute), "pause between sweeps of expired records (env IDEMGATE_SWEEP_INTERVAL)")
@@ -126,10 +133,21 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 	return cfg, cfg.validate()
 }
 
+// defaultDataDir follows the XDG base directory convention.
+func defaultDataDir(getenv func(string) string) string {
+	if d := getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "idemgate")
+	}
+	if home := getenv("HOME"); home != "" {
+		return filepath.Join(home, ".local", "share", "idemgate")
+	}
+	return "idemgate-data"
+}
+
 func (c Config) validate() error {
 	var errs []error
-	if c.DatabaseURL == "" {
-		errs = append(errs, errors.New("-database-url (or DATABASE_URL) is required, for example postgres://postgres@127.0.0.1:5432/idemgate"))
+	if c.DatabaseURL == "" && c.DataDir == "" {
+		errs = append(errs, errors.New("set -database-url (DATABASE_URL) for PostgreSQL, or -data-dir (IDEMGATE_DATA_DIR) for the embedded store"))
 	}
 	if c.Listen == "" {
 		errs = append(errs, errors.New("-listen must not be empty"))
