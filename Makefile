@@ -79,6 +79,10 @@ run-postgres: ## Run the dedupe service on 127.0.0.1:50051 against PostgreSQL at
 	  psql "$(subst /idemgate?,/postgres?,$(DATABASE_URL))" -c "CREATE DATABASE idemgate"
 	go run ./cmd/dedupesvc --database-url "$(DATABASE_URL)"
 
+.PHONY: demo
+demo: ## Replay the essay's incident: 300 orders through timeouts, auto-retries and re-emissions, without and with idemgate.
+	go run ./cmd/incident-replay
+
 .PHONY: run-example
 run-example: ## Run the example payments tool server on 127.0.0.1:50052, gated by the dedupe service.
 	go run ./cmd/payments-server

@@ -58,6 +58,17 @@ func (l *Ledger) Receipts() int {
 	return l.receipts
 }
 
+// Executions returns how many charges and receipts ran for a customer.
+func (l *Ledger) Executions(customerID string) (charges, receipts int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b, ok := l.perClient[customerID]
+	if !ok {
+		return 0, 0
+	}
+	return b.charges, b.receipts
+}
+
 func (l *Ledger) customer(id string) *balance {
 	if l.perClient == nil {
 		l.perClient = map[string]*balance{}

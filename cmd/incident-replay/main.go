@@ -1,0 +1,55 @@
+// Command incident-replay runs the essay's incident as a reproducible
+// simulation: an agent runtime takes orders (ChargeCard, then SendReceipt)
+// through client timeouts, framework auto-retries and model re-emissions,
+// without idemgate and with it, and prints what ran.
+//
+//	incident-replay [-orders 300] [-seed 1] [-database-url postgres://...]
+//
+// It exits 1 if the run with idemgate and orchestration keys shows a
+// duplicate side effect.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/idemgate/idemgate/internal/incident"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	var cfg incident.Config
+	orders := flag.Int("orders", 300, "orders the simulated agent runtime takes")
+	seed := flag.Uint64("seed", 1, "seed of every random draw: the same seed gives the same run")
+	flag.IntVar(&cfg.Concurrency, "concurrency", 16, "orders in flight at once")
+	flag.StringVar(&cfg.DatabaseURL, "database-url", "", "run the dedupe service on this PostgreSQL; empty uses the embedded store in a temporary directory")
+	flag.Parse()
+	cfg.Orders, cfg.Seed = *orders, *seed
+
+	if cfg.DatabaseURL == "" {
+		dir, err := os.MkdirTemp("", "idemgate-incident-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "incident-replay:", err)
+			return 2
+		}
+		defer os.RemoveAll(dir)
+		cfg.DataDir = dir
+	}
+	report, err := incident.Run(context.Background(), cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "incident-replay:", err)
+		return 2
+	}
+	fmt.Print(report.Table())
+	fmt.Printf("\n(%s)\n", report.Elapsed.Round(100_000_000))
+	if report.Gated.Duplicates > 0 {
+		fmt.Fprintf(os.Stderr, "incident-replay: %d duplicate side effects with idemgate and orchestration keys\n", report.Gated.Duplicates)
+		return 1
+	}
+	return 0
+}

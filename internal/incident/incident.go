@@ -1,0 +1,455 @@
+// Package incident replays the essay's incident: a simulated agent runtime
+// takes orders, each a ChargeCard then a SendReceipt against the example
+// payments tool, through the three retry sources the tool never sees — a
+// client timeout after the work succeeded, a framework's auto-retry on any
+// error, and the model calling again to be sure — once without idemgate and
+// once with it, and counts the side effects.
+//
+// Every random draw comes from a generator seeded per order and made before
+// any call, so the same seed gives the same workload in every scenario and
+// in every run, whatever the goroutine schedule.
+package incident
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/dedupesvc/pgstore"
+	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
+	"github.com/idemgate/idemgate/examples/payments"
+	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/grpcerr"
+)
+
+// Config is one replay. Zero fields take their defaults.
+type Config struct {
+	// Orders is how many orders the runtime takes. Defaults to 300.
+	Orders int
+	// Seed makes the run reproducible. Defaults to 1.
+	Seed uint64
+	// Concurrency is how many orders run at once. Defaults to 16.
+	Concurrency int
+	// ClientTimeout is how long the runtime waits for a tool call before it
+	// gives up. Defaults to 200ms.
+	ClientTimeout time.Duration
+	// SlowDelay is how long a slow response takes, after the side effect
+	// ran. Defaults to 300ms.
+	SlowDelay time.Duration
+	// SlowRate is the chance that a call's response is slow. Defaults to 0.06.
+	SlowRate float64
+	// LostRate is the chance that a response is lost after the side effect
+	// ran (the framework sees an error). Defaults to 0.04.
+	LostRate float64
+	// ReemitRate is the chance that the model calls a tool again after it
+	// succeeded, to be sure. Defaults to 0.05.
+	ReemitRate float64
+	// FrameworkRetries is how often the framework retries a failed call.
+	// Defaults to 2.
+	FrameworkRetries int
+	// DatabaseURL runs the dedupe service on PostgreSQL; empty uses the
+	// embedded store in DataDir.
+	DatabaseURL string
+	// DataDir holds the embedded store. Required when DatabaseURL is empty.
+	DataDir string
+}
+
+func (c *Config) defaults() {
+	if c.Orders == 0 {
+		c.Orders = 300
+	}
+	if c.Seed == 0 {
+		c.Seed = 1
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = 16
+	}
+	if c.ClientTimeout == 0 {
+		c.ClientTimeout = 200 * time.Millisecond
+	}
+	if c.SlowDelay == 0 {
+		c.SlowDelay = 300 * time.Millisecond
+	}
+	if c.SlowRate == 0 {
+		c.SlowRate = 0.06
+	}
+	if c.LostRate == 0 {
+		c.LostRate = 0.04
+	}
+	if c.ReemitRate == 0 {
+		c.ReemitRate = 0.05
+	}
+	if c.FrameworkRetries == 0 {
+		c.FrameworkRetries = 2
+	}
+}
+
+// Scenario is one row of the report.
+type Scenario struct {
+	// Name describes the row.
+	Name string
+	// Actions is how many logical actions the runtime meant to take.
+	Actions int
+	// Calls is how many tool calls were sent, retries and re-emissions included.
+	Calls int64
+	// Executed is how many side effects ran.
+	Executed int64
+	// Duplicates is how many side effects ran beyond one per action.
+	Duplicates int64
+	// Replays is how many calls got a stored outcome instead of a run.
+	Replays int64
+	// Errors counts the actions that failed after every retry, by reason.
+	Errors map[string]int
+}
+
+// Report is the outcome of a replay.
+type Report struct {
+	// Config is the configuration the replay ran with, defaults applied.
+	Config Config
+	// Ungated ran without the interceptor.
+	Ungated Scenario
+	// Gated ran with it, the model re-emitting with the orchestration's key.
+	Gated Scenario
+	// FreshKey ran with it, the model re-emitting with a key it made up.
+	FreshKey Scenario
+	// Elapsed is how long the replay took.
+	Elapsed time.Duration
+}
+
+// Run replays the incident three times: without idemgate, with it, and with
+// it while the model makes up its own keys.
+func Run(ctx context.Context, cfg Config) (Report, error) {
+	cfg.defaults()
+	start := time.Now()
+	plan := makePlan(cfg)
+	dedupe, stop, err := startDedupe(ctx, cfg)
+	if err != nil {
+		return Report{}, err
+	}
+	defer stop()
+
+	r := Report{Config: cfg}
+	runID := strconv.FormatInt(time.Now().UnixNano(), 36)
+	if r.Ungated, err = runScenario(ctx, cfg, plan, "without idemgate", nil, false); err != nil {
+		return r, err
+	}
+	if r.Gated, err = runScenario(ctx, cfg, plan, "idemgate, key from the orchestration layer", gateFor(dedupe, runID+"-a"), false); err != nil {
+		return r, err
+	}
+	if r.FreshKey, err = runScenario(ctx, cfg, plan, "idemgate, model re-emits with its own key", gateFor(dedupe, runID+"-b"), true); err != nil {
+		return r, err
+	}
+	r.Elapsed = time.Since(start)
+	return r, nil
+}
+
+// attempt is what happens to one call attempt.
+type attempt struct{ slow, lost bool }
+
+// action is one tool call the runtime means to make, with its fate drawn.
+type action struct {
+	attempts []attempt // one per framework attempt
+	reemit   bool
+}
+
+// order is one order's two actions and its amount.
+type order struct {
+	customer       string
+	amount         int64
+	charge, notify action
+}
+
+func makePlan(cfg Config) []order {
+	plan := make([]order, cfg.Orders)
+	for i := range plan {
+		rng := rand.New(rand.NewPCG(cfg.Seed, uint64(i)))
+		draw := func() action {
+			a := action{attempts: make([]attempt, 1+cfg.FrameworkRetries)}
+			for j := range a.attempts {
+				a.attempts[j] = attempt{slow: rng.Float64() < cfg.SlowRate, lost: rng.Float64() < cfg.LostRate}
+			}
+			a.reemit = rng.Float64() < cfg.ReemitRate
+			return a
+		}
+		plan[i] = order{customer: fmt.Sprintf("cust_%04d", i), amount: 100 + rng.Int64N(9900), charge: draw(), notify: draw()}
+	}
+	return plan
+}
+
+// startDedupe runs the Dedupe service on loopback over the configured store.
+func startDedupe(ctx context.Context, cfg Config) (idemgatev1.DedupeServiceClient, func(), error) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var (
+		store    dedupesvc.Store
+		notifier dedupesvc.Notifier
+		closers  []func()
+	)
+	if cfg.DatabaseURL == "" {
+		s, err := sqlitestore.Open(ctx, cfg.DataDir)
+		if err != nil {
+			return nil, nil, err
+		}
+		store, notifier, closers = s, s, append(closers, func() { _ = s.Close() })
+	} else {
+		pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := pool.Ping(ctx); err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
+		closers = append(closers, pool.Close)
+		if _, err := pgstore.Migrate(ctx, pool); err != nil {
+			pool.Close()
+			return nil, nil, err
+		}
+		listener := pgstore.NewListener(pool, pgstore.DefaultChannel, quiet)
+		lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		done := make(chan struct{})
+		go func() { defer close(done); listener.Run(lctx) }()
+		closers = append(closers, func() { cancel(); <-done })
+		store, notifier = pgstore.New(pool), listener
+	}
+	srv := grpc.NewServer()
+	idemgatev1.RegisterDedupeServiceServer(srv, dedupesvc.NewServer(store, dedupesvc.WithNotifier(notifier), dedupesvc.WithLogger(quiet)))
+	conn, stopSrv, err := serve(srv, grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+	if err != nil {
+		return nil, nil, err
+	}
+	stop := func() {
+		stopSrv()
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	return idemgatev1.NewDedupeServiceClient(conn), stop, nil
+}
+
+// gateFor builds a gate whose records live under their own tenant, so runs
+// and scenarios never replay each other's outcomes.
+func gateFor(dedupe idemgatev1.DedupeServiceClient, tenant string) func() (*interceptor.Gate, error) {
+	return func() (*interceptor.Gate, error) {
+		return interceptor.New(dedupe,
+			interceptor.WithTenant(func(context.Context) (string, error) { return "incident-" + tenant, nil }),
+			interceptor.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	}
+}
+
+// Metadata the simulated runtime sends for the simulated network.
+const (
+	slowHeader = "x-sim-slow"
+	lostHeader = "x-sim-lost"
+)
+
+func runScenario(ctx context.Context, cfg Config, plan []order, name string, newGate func() (*interceptor.Gate, error), freshKeys bool) (Scenario, error) {
+	ledger := &payments.Ledger{}
+	// Outside the gate: a response lost on the way back, after everything
+	// ran. Inside it: a slow response, after the side effect ran.
+	chain := []grpc.UnaryServerInterceptor{loseResponse}
+	if newGate != nil {
+		gate, err := newGate()
+		if err != nil {
+			return Scenario{}, err
+		}
+		chain = append(chain, gate.UnaryServerInterceptor())
+	}
+	chain = append(chain, slowResponse(cfg.SlowDelay))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
+	paymentsv1.RegisterPaymentsServiceServer(srv, &payments.Server{Ledger: ledger})
+	conn, stop, err := serve(srv)
+	if err != nil {
+		return Scenario{}, err
+	}
+	defer stop()
+	rt := &runtime{cfg: cfg, client: paymentsv1.NewPaymentsServiceClient(conn), freshKeys: freshKeys, errors: map[string]int{}}
+
+	var wg sync.WaitGroup
+	next := atomic.Int64{}
+	for range cfg.Concurrency {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(plan) {
+					return
+				}
+				rt.order(ctx, i, plan[i])
+			}
+		})
+	}
+	wg.Wait()
+
+	s := Scenario{Name: name, Actions: 2 * len(plan), Calls: rt.calls.Load(), Replays: rt.replays.Load(), Errors: rt.errors}
+	for _, o := range plan {
+		charges, receipts := ledger.Executions(o.customer)
+		s.Executed += charges + receipts
+		s.Duplicates += max(0, charges-1) + max(0, receipts-1)
+	}
+	return s, nil
+}
+
+// runtime is the simulated agent runtime.
+type runtime struct {
+	cfg       Config
+	client    paymentsv1.PaymentsServiceClient
+	freshKeys bool
+
+	calls, replays atomic.Int64
+	mu             sync.Mutex
+	errors         map[string]int
+}
+
+func (rt *runtime) order(ctx context.Context, i int, o order) {
+	// The orchestration layer mints one key per logical action.
+	chargeKey, receiptKey := fmt.Sprintf("order-%04d-charge", i), fmt.Sprintf("order-%04d-receipt", i)
+	var charge *paymentsv1.ChargeCardResponse
+	ok := rt.act(ctx, chargeKey, o.charge, fmt.Sprintf("model-%04d-charge-again", i), func(ctx context.Context, opts ...grpc.CallOption) error {
+		resp, err := rt.client.ChargeCard(ctx, &paymentsv1.ChargeCardRequest{CustomerId: o.customer, AmountCents: o.amount}, opts...)
+		if err == nil {
+			charge = resp
+		}
+		return err
+	})
+	if !ok {
+		return
+	}
+	rt.act(ctx, receiptKey, o.notify, fmt.Sprintf("model-%04d-receipt-again", i), func(ctx context.Context, opts ...grpc.CallOption) error {
+		_, err := rt.client.SendReceipt(ctx, &paymentsv1.SendReceiptRequest{CustomerId: o.customer, ChargeId: charge.GetChargeId()}, opts...)
+		return err
+	})
+}
+
+// act makes one logical action through the framework's retries, then lets
+// the model re-emit it. It reports whether the action succeeded.
+func (rt *runtime) act(ctx context.Context, key string, a action, modelKey string, call func(context.Context, ...grpc.CallOption) error) bool {
+	var err error
+	for _, at := range a.attempts {
+		if err = rt.send(ctx, key, at, call); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // the framework's back-off
+	}
+	if err != nil {
+		rt.fail(err)
+		return false
+	}
+	if a.reemit {
+		// The model calls again to be sure: with the orchestration's key, or
+		// with one it made up.
+		if rt.freshKeys {
+			key = modelKey
+		}
+		if err := rt.send(ctx, key, attempt{}, call); err != nil {
+			rt.fail(err)
+		}
+	}
+	return true
+}
+
+func (rt *runtime) send(ctx context.Context, key string, at attempt, call func(context.Context, ...grpc.CallOption) error) error {
+	rt.calls.Add(1)
+	ctx, cancel := context.WithTimeout(ctx, rt.cfg.ClientTimeout)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, key,
+		slowHeader, strconv.FormatBool(at.slow), lostHeader, strconv.FormatBool(at.lost))
+	var header metadata.MD
+	err := call(ctx, grpc.Header(&header))
+	if err == nil && interceptor.IsReplayed(header) {
+		rt.replays.Add(1)
+	}
+	return err
+}
+
+func (rt *runtime) fail(err error) {
+	reason := grpcerr.Reason(err)
+	if reason == "" {
+		reason = status.Code(err).String()
+	}
+	rt.mu.Lock()
+	rt.errors[reason]++
+	rt.mu.Unlock()
+}
+
+// loseResponse drops the response of a call marked lost, after the call ran.
+func loseResponse(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	resp, err := handler(ctx, req)
+	if err == nil && flag(ctx, lostHeader) {
+		return nil, status.Error(codes.Unavailable, "incident: the response was lost on the way back")
+	}
+	return resp, err
+}
+
+// slowResponse makes a call marked slow answer late, after its side effect
+// ran, whether or not its caller is still waiting.
+func slowResponse(delay time.Duration) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		resp, err := handler(ctx, req)
+		if flag(ctx, slowHeader) {
+			time.Sleep(delay)
+		}
+		return resp, err
+	}
+}
+
+func flag(ctx context.Context, name string) bool {
+	md, _ := metadata.FromIncomingContext(ctx)
+	v := md.Get(name)
+	return len(v) == 1 && v[0] == "true"
+}
+
+func serve(srv *grpc.Server, dial ...grpc.DialOption) (*grpc.ClientConn, func(), error) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, nil, err
+	}
+	go func() { _ = srv.Serve(lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, dial...)...)
+	if err != nil {
+		srv.Stop()
+		return nil, nil, err
+	}
+	return conn, func() { _ = conn.Close(); srv.Stop() }, nil
+}
+
+// Table renders the report as the table the demo prints.
+func (r Report) Table() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d orders (ChargeCard + SendReceipt each), seed %d: slow responses %.0f%%, lost responses %.0f%%, model re-emits %.0f%%, client timeout %s, %d framework retries\n\n",
+		r.Config.Orders, r.Config.Seed, 100*r.Config.SlowRate, 100*r.Config.LostRate, 100*r.Config.ReemitRate, r.Config.ClientTimeout, r.Config.FrameworkRetries)
+	fmt.Fprintf(&b, "%-44s %8s %6s %13s %11s %8s  %s\n", "scenario", "actions", "calls", "side effects", "duplicates", "replays", "errors by reason")
+	for _, s := range []Scenario{r.Ungated, r.Gated, r.FreshKey} {
+		fmt.Fprintf(&b, "%-44s %8d %6d %13d %11d %8d  %s\n", s.Name, s.Actions, s.Calls, s.Executed, s.Duplicates, s.Replays, errorsText(s.Errors))
+	}
+	return b.String()
+}
+
+func errorsText(errs map[string]int) string {
+	if len(errs) == 0 {
+		return "none"
+	}
+	var parts []string
+	for reason, n := range errs {
+		parts = append(parts, fmt.Sprintf("%s=%d", reason, n))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, " ")
+}
