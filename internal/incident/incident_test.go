@@ -42,5 +42,3 @@ func TestReplayInvariants(t *testing.T) {
 		})
 	}
 }
-
-
