@@ -83,3 +83,41 @@ func DecideBegin(r Record, p BeginParams, now time.Time) (BeginResult, NextStep)
 		return BeginResult{}, StepReserve
 	}
 }
+
+// The Refused functions say what a Finish, Release or Resolve that changed
+// no record means, from the record as read right after it (found false when
+// there is none). Like DecideBegin they keep these semantics in one place
+// for every Store.
+
+// RefusedFinish returns nil for a retried Finish that already took effect
+// (the stored outcome stays as it was), else ErrNotHeld.
+func RefusedFinish(r Record, found bool, p FinishParams) error {
+	if found && r.State == StateCompleted && r.AttemptToken == p.AttemptToken && r.Epoch == p.Epoch {
+		return nil
+	}
+	return ErrNotHeld
+}
+
+// RefusedRelease returns nil when nothing is held any more by anyone the
+// attempt could block (the record is gone) or the attempt's own Release is
+// retried, else ErrNotHeld.
+func RefusedRelease(r Record, found bool, p ReleaseParams) error {
+	if !found || (r.State == StateReleased && r.AttemptToken == p.AttemptToken && r.Epoch == p.Epoch) {
+		return nil
+	}
+	return ErrNotHeld
+}
+
+// RefusedResolve returns nil for a retried Resolve that already took effect,
+// ErrRecordNotFound for no live record, else ErrNotUnknown.
+func RefusedResolve(r Record, found bool, now time.Time, p ResolveParams) error {
+	switch {
+	case !found || !r.ExpiresAt.After(now):
+		return ErrRecordNotFound
+	case p.Complete != nil && r.State == StateCompleted && r.Outcome.TypeURL == p.Complete.TypeURL && bytes.Equal(r.Outcome.Value, p.Complete.Value):
+		return nil
+	case p.Complete == nil && r.State == StateReleased:
+		return nil
+	}
+	return ErrNotUnknown
+}

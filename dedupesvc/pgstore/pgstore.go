@@ -10,7 +10,6 @@
 package pgstore
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -256,13 +255,6 @@ func completeSet(typeURL, value int) string {
     expires_at = now() + retention_ms * interval '1 millisecond'`, typeURL, value)
 }
 
-// holderSQL tells a refused Finish or Release whether it is a retry of one
-// that already took effect.
-const holderSQL = `
-SELECT state, attempt_token = $3 AND epoch = $4
-FROM idemgate_records
-WHERE scope = $1 AND idempotency_key = $2`
-
 // Finish implements dedupesvc.Store.
 func (s *Store) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
 	n, err := s.change(ctx, s.finishSQL, p.Scope, p.Key, p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Outcome.TypeURL, p.Outcome.Value)
@@ -272,17 +264,11 @@ func (s *Store) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
 	if n == 1 {
 		return nil
 	}
-	state, mine, err := s.holder(ctx, p.Scope, p.Key, p.AttemptToken, p.Epoch)
-	if errors.Is(err, errNoRecord) {
-		return dedupesvc.ErrNotHeld // expired and swept before the outcome came
-	}
+	row, found, err := s.read(ctx, p.Scope, p.Key)
 	if err != nil {
 		return err
 	}
-	if mine && state == "completed" {
-		return nil // a retried Finish: the stored outcome stays as it was
-	}
-	return dedupesvc.ErrNotHeld
+	return dedupesvc.RefusedFinish(row.Record, found, p)
 }
 
 // releaseSQL frees the reservation if the attempt still holds it.
@@ -301,30 +287,11 @@ func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
 	if n == 1 {
 		return nil
 	}
-	state, mine, err := s.holder(ctx, p.Scope, p.Key, p.AttemptToken, p.Epoch)
-	if errors.Is(err, errNoRecord) {
-		return nil // expired and swept: nothing is held
-	}
+	row, found, err := s.read(ctx, p.Scope, p.Key)
 	if err != nil {
 		return err
 	}
-	if mine && state == "released" {
-		return nil // a retried Release
-	}
-	return dedupesvc.ErrNotHeld
-}
-
-var errNoRecord = errors.New("pgstore: no record")
-
-func (s *Store) holder(ctx context.Context, scope, key, token string, epoch int64) (state string, mine bool, err error) {
-	err = s.pool.QueryRow(ctx, holderSQL, scope, key, token, epoch).Scan(&state, &mine)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return "", false, errNoRecord
-	case err != nil:
-		return "", false, fmt.Errorf("pgstore: read holder: %w", err)
-	}
-	return state, mine, nil
+	return dedupesvc.RefusedRelease(row.Record, found, p)
 }
 
 // heartbeatSQL renews the lease of the holder of an in-flight reservation,
@@ -384,17 +351,10 @@ func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 		return nil
 	}
 	row, found, err := s.read(ctx, p.Scope, p.Key)
-	switch {
-	case err != nil:
+	if err != nil {
 		return err
-	case !found || !row.ExpiresAt.After(row.now):
-		return dedupesvc.ErrRecordNotFound
-	case p.Complete != nil && row.State == dedupesvc.StateCompleted && row.Outcome.TypeURL == p.Complete.TypeURL && bytes.Equal(row.Outcome.Value, p.Complete.Value):
-		return nil // a retried Resolve
-	case p.Complete == nil && row.State == dedupesvc.StateReleased:
-		return nil // a retried Resolve
 	}
-	return dedupesvc.ErrNotUnknown
+	return dedupesvc.RefusedResolve(row.Record, found, row.now, p)
 }
 
 // deleteExpiredSQL deletes one bounded batch of expired rows, oldest first,

@@ -9,7 +9,6 @@
 package sqlitestore
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -274,13 +273,10 @@ func (s *Store) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
 		return nil
 	}
 	row, found, err := s.read(ctx, p.Scope, p.Key)
-	switch {
-	case err != nil:
+	if err != nil {
 		return err
-	case found && row.State == dedupesvc.StateCompleted && row.AttemptToken == p.AttemptToken && row.Epoch == p.Epoch:
-		return nil // a retried Finish: the stored outcome stays as it was
 	}
-	return dedupesvc.ErrNotHeld
+	return dedupesvc.RefusedFinish(row, found, p)
 }
 
 const releaseSQL = `
@@ -299,15 +295,10 @@ func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
 		return nil
 	}
 	row, found, err := s.read(ctx, p.Scope, p.Key)
-	switch {
-	case err != nil:
+	if err != nil {
 		return err
-	case !found:
-		return nil // expired and swept: nothing is held
-	case row.State == dedupesvc.StateReleased && row.AttemptToken == p.AttemptToken && row.Epoch == p.Epoch:
-		return nil // a retried Release
 	}
-	return dedupesvc.ErrNotHeld
+	return dedupesvc.RefusedRelease(row, found, p)
 }
 
 const heartbeatSQL = `
@@ -364,17 +355,10 @@ func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 		return nil
 	}
 	row, found, err := s.read(ctx, p.Scope, p.Key)
-	switch {
-	case err != nil:
+	if err != nil {
 		return err
-	case !found || !row.ExpiresAt.After(now):
-		return dedupesvc.ErrRecordNotFound
-	case p.Complete != nil && row.State == dedupesvc.StateCompleted && row.Outcome.TypeURL == p.Complete.TypeURL && bytes.Equal(row.Outcome.Value, p.Complete.Value):
-		return nil // a retried Resolve
-	case p.Complete == nil && row.State == dedupesvc.StateReleased:
-		return nil // a retried Resolve
 	}
-	return dedupesvc.ErrNotUnknown
+	return dedupesvc.RefusedResolve(row, found, now, p)
 }
 
 const deleteExpiredSQL = `
