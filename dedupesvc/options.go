@@ -21,6 +21,7 @@ type options struct {
 	notifier         Notifier
 	pollInterval     time.Duration
 	unknownRetention time.Duration
+	maxOutcome       int
 }
 
 var defaultOptions = options{
@@ -28,6 +29,15 @@ var defaultOptions = options{
 	storeRetryAfter:  200 * time.Millisecond,
 	pollInterval:     200 * time.Millisecond,
 	unknownRetention: 7 * 24 * time.Hour,
+	maxOutcome:       1 << 20,
+}
+
+// WithMaxOutcomeBytes sets the largest outcome value Finish and Resolve
+// accept; a larger one gets INVALID_ARGUMENT (DEDUPE_OUTCOME_TOO_LARGE) and
+// nothing is stored. The interceptor stores a small marker in place of an
+// outcome over its own limit, so set both alike. Defaults to 1 MiB.
+func WithMaxOutcomeBytes(n int) Option {
+	return func(o *options) { o.maxOutcome = n }
 }
 
 // Option configures NewServer.

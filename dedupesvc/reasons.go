@@ -6,6 +6,9 @@ const (
 	// ReasonInvalidRequest: a request field is missing or out of range;
 	// INVALID_ARGUMENT. The ErrorInfo metadata names the field.
 	ReasonInvalidRequest = "DEDUPE_REQUEST_INVALID"
+	// ReasonOutcomeTooLarge: Finish or Resolve with an outcome over the
+	// service's limit; INVALID_ARGUMENT, nothing stored.
+	ReasonOutcomeTooLarge = "DEDUPE_OUTCOME_TOO_LARGE"
 	// ReasonReservationNotHeld: Finish or Release from an attempt that does not
 	// hold the reservation (taken over, or already completed);
 	// FAILED_PRECONDITION. The stored record is unchanged.

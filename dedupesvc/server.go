@@ -209,7 +209,7 @@ func (s *Server) Finish(ctx context.Context, req *idemgatev1.FinishRequest) (*id
 	if req.GetEpoch() <= 0 {
 		return nil, invalid("epoch", "epoch must be the positive epoch Begin answered")
 	}
-	outcome, err := validOutcome("outcome", req.GetOutcome())
+	outcome, err := s.validOutcome("outcome", req.GetOutcome())
 	if err != nil {
 		return nil, err
 	}
@@ -279,7 +279,7 @@ func (s *Server) Resolve(ctx context.Context, req *idemgatev1.ResolveRequest) (*
 	params := ResolveParams{Scope: req.GetScope(), Key: req.GetKey()}
 	switch r := req.GetResolution().(type) {
 	case *idemgatev1.ResolveRequest_Complete:
-		outcome, err := validOutcome("complete", r.Complete)
+		outcome, err := s.validOutcome("complete", r.Complete)
 		if err != nil {
 			return nil, err
 		}
@@ -315,7 +315,12 @@ func (s *Server) storeError(ctx context.Context, rpc string, err error) error {
 		"the dedupe store failed or is unreachable; the call is safe to retry", nil, s.opts.storeRetryAfter)
 }
 
-func validOutcome(field string, outcome *anypb.Any) (Outcome, error) {
+func (s *Server) validOutcome(field string, outcome *anypb.Any) (Outcome, error) {
+	if n := len(outcome.GetValue()); n > s.opts.maxOutcome {
+		return Outcome{}, grpcerr.New(codes.InvalidArgument, ReasonOutcomeTooLarge,
+			fmt.Sprintf("%s is %d bytes, over this service's limit of %d; store a smaller outcome or raise -max-outcome-bytes", field, n, s.opts.maxOutcome),
+			map[string]string{"field": field}, 0)
+	}
 	switch {
 	case outcome == nil:
 		return Outcome{}, invalid(field, field+" is required")

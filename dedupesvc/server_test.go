@@ -124,6 +124,25 @@ func TestFinishAndReleaseValidation(t *testing.T) {
 	wantInvalid(t, err, "scope")
 }
 
+func TestOutcomeOverTheLimitIsRefused(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{}
+	srv := dedupesvc.NewServer(store, dedupesvc.WithMaxOutcomeBytes(10))
+	big := &anypb.Any{TypeUrl: "type.googleapis.com/x.Y", Value: make([]byte, 11)}
+	_, err := srv.Finish(context.Background(), &idemgatev1.FinishRequest{Scope: "s", Key: "k", AttemptToken: "t", Epoch: 1, Outcome: big})
+	if status.Code(err) != codes.InvalidArgument || grpcerr.Reason(err) != dedupesvc.ReasonOutcomeTooLarge {
+		t.Fatalf("Finish over the limit: %v, want INVALID_ARGUMENT %s", err, dedupesvc.ReasonOutcomeTooLarge)
+	}
+	_, err = srv.Resolve(context.Background(), &idemgatev1.ResolveRequest{Scope: "s", Key: "k", Resolution: &idemgatev1.ResolveRequest_Complete{Complete: big}})
+	if grpcerr.Reason(err) != dedupesvc.ReasonOutcomeTooLarge || store.calls != 0 {
+		t.Fatalf("Resolve over the limit: %v (store calls %d), want %s and nothing stored", err, store.calls, dedupesvc.ReasonOutcomeTooLarge)
+	}
+	big.Value = big.Value[:10]
+	if _, err := srv.Finish(context.Background(), &idemgatev1.FinishRequest{Scope: "s", Key: "k", AttemptToken: "t", Epoch: 1, Outcome: big}); err != nil {
+		t.Fatalf("Finish at the limit: %v", err)
+	}
+}
+
 func TestStoreErrorsAreMapped(t *testing.T) {
 	t.Parallel()
 	secret := errors.New(`pgstore: ERROR: duplicate key value violates unique constraint, Key (scope)=(other-tenant-secret)`)

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -389,7 +390,7 @@ func (g *Gate) release(ctx context.Context, c call, epoch int64) {
 // finish retry budget, and an outcome still not stored then is counted and
 // logged as lost.
 func (g *Gate) finish(ctx context.Context, c call, epoch int64, outcome *anypb.Any) {
-	req := &idemgatev1.FinishRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch, Outcome: outcome}
+	req := &idemgatev1.FinishRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch, Outcome: g.boundedOutcome(ctx, c, outcome)}
 	detached := context.WithoutCancel(ctx)
 	if g.tryFinish(detached, req) {
 		return
@@ -412,6 +413,23 @@ func (g *Gate) finish(ctx context.Context, c call, epoch int64, outcome *anypb.A
 			"and the key goes down its on_lost_outcome path when the lease runs out",
 			slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Duration("budget", g.opts.finishBudget))
 	}()
+}
+
+// boundedOutcome returns outcome, or the ResultTooLarge marker that takes its
+// place when it is over the limit.
+func (g *Gate) boundedOutcome(ctx context.Context, c call, outcome *anypb.Any) *anypb.Any {
+	size := proto.Size(outcome)
+	if size <= g.opts.maxOutcome {
+		return outcome
+	}
+	g.counts.tooLarge.Add(1)
+	g.opts.logger.WarnContext(ctx, "idemgate: the outcome is over the size limit; the caller got it, duplicates will get IDEMPOTENCY_RESULT_TOO_LARGE",
+		slog.String("scope", c.scope), slog.Int("bytes", size), slog.Int("limit", g.opts.maxOutcome))
+	marker, err := marshalAny(&idemgatev1.ResultTooLarge{SizeBytes: int64(size), TypeUrl: outcome.GetTypeUrl()})
+	if err != nil {
+		return outcome // cannot happen for this message; the service will refuse the big one
+	}
+	return marker
 }
 
 // tryFinish makes one Finish attempt and reports whether it is settled: stored,
@@ -442,6 +460,13 @@ func (g *Gate) tryFinish(ctx context.Context, req *idemgatev1.FinishRequest) boo
 // error it ended with. A stored type that is neither is an error, never a
 // reason to run again.
 func (g *Gate) replay(ctx context.Context, m *gatedMethod, outcome *anypb.Any) (any, error) {
+	if outcome.MessageName() == tooLargeName {
+		marker := &idemgatev1.ResultTooLarge{}
+		_ = proto.Unmarshal(outcome.GetValue(), marker)
+		return nil, grpcerr.New(codes.FailedPrecondition, ReasonResultTooLarge,
+			fmt.Sprintf("this action already ran, but its outcome (%d bytes) was over the size limit and was not stored, so it cannot be replayed; the call was not run again", marker.GetSizeBytes()),
+			map[string]string{"size_bytes": strconv.FormatInt(marker.GetSizeBytes(), 10)}, 0)
+	}
 	if outcome.MessageName() == statusName {
 		st := &spb.Status{}
 		if err := proto.Unmarshal(outcome.GetValue(), st); err != nil {
@@ -471,7 +496,10 @@ func (g *Gate) markReplayed(ctx context.Context) {
 	}
 }
 
-var statusName = (&spb.Status{}).ProtoReflect().Descriptor().FullName()
+var (
+	statusName   = (&spb.Status{}).ProtoReflect().Descriptor().FullName()
+	tooLargeName = (&idemgatev1.ResultTooLarge{}).ProtoReflect().Descriptor().FullName()
+)
 
 func marshalAny(m proto.Message) (*anypb.Any, error) {
 	outcome := &anypb.Any{}

@@ -302,3 +302,24 @@ func TestTenantFunctionErrorFailsTheCall(t *testing.T) {
 		t.Fatal("the call went on after the tenant function failed")
 	}
 }
+
+func TestOutcomeOverTheLimitIsNotRunTwice(t *testing.T) {
+	t.Parallel()
+	h := setup(t, interceptor.WithMaxOutcomeBytes(1024))
+	req := &testingv1.MutateRequest{Payload: strings.Repeat("x", 2000)}
+	first := h.mutate(withKey("big"), req)
+	if first.err != nil || first.resp.GetPayload() != req.GetPayload() {
+		t.Fatalf("the first caller: %v, want its whole response", first.err)
+	}
+	r := h.mutate(withKey("big"), req)
+	wantStatus(t, r.err, codes.FailedPrecondition, interceptor.ReasonResultTooLarge)
+	if h.svc.Executions() != 1 || h.Gate.Stats().TooLarge != 1 {
+		t.Fatalf("executions %d, too-large count %d; want 1 and 1", h.svc.Executions(), h.Gate.Stats().TooLarge)
+	}
+	// An outcome under the limit is unaffected.
+	small := &testingv1.MutateRequest{Payload: "small"}
+	h.mutate(withKey("small"), small)
+	if r := h.mutate(withKey("small"), small); r.err != nil || !r.replayed {
+		t.Fatalf("small outcome: %v replayed=%v", r.err, r.replayed)
+	}
+}

@@ -25,6 +25,7 @@ type options struct {
 	finishBudget   time.Duration
 	reconcilers    map[string]Reconciler
 	strict         bool
+	maxOutcome     int
 }
 
 var defaultOptions = options{
@@ -37,7 +38,12 @@ var defaultOptions = options{
 	storeRetry:     time.Second,
 	outcomeTimeout: 5 * time.Second,
 	finishBudget:   time.Minute,
+	maxOutcome:     DefaultMaxOutcomeBytes,
 }
+
+// DefaultMaxOutcomeBytes is the largest serialized outcome stored for replay
+// by default: 1 MiB, the Dedupe service's default limit.
+const DefaultMaxOutcomeBytes = 1 << 20
 
 // Option configures New.
 type Option func(*options)
@@ -91,6 +97,16 @@ func WithOutcomeTimeout(d time.Duration) Option {
 // on_lost_outcome path. Defaults to 1m.
 func WithFinishRetryBudget(d time.Duration) Option {
 	return func(o *options) { o.finishBudget = d }
+}
+
+// WithMaxOutcomeBytes sets the largest serialized outcome (response or final
+// error) stored for replay. A larger one is still returned to its caller,
+// and the record keeps a marker instead, so duplicates get
+// FAILED_PRECONDITION (IDEMPOTENCY_RESULT_TOO_LARGE) rather than running the
+// side effect again. Keep it at or below the Dedupe service's
+// -max-outcome-bytes. Defaults to DefaultMaxOutcomeBytes.
+func WithMaxOutcomeBytes(n int) Option {
+	return func(o *options) { o.maxOutcome = n }
 }
 
 // WithStrict makes New refuse to build while any method in the registry

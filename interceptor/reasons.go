@@ -28,6 +28,11 @@ const (
 	// on_lost_outcome is FAIL_CLOSED. FAILED_PRECONDITION; nothing runs until
 	// an operator resolves the record or a Reconciler settles it.
 	ReasonOutcomeUnknown = "IDEMPOTENCY_OUTCOME_UNKNOWN"
+	// ReasonResultTooLarge: the action already ran, but its outcome was over
+	// the size limit (WithMaxOutcomeBytes) and only a marker was stored.
+	// FAILED_PRECONDITION; the handler did not run again. The ErrorInfo
+	// metadata "size_bytes" gives the outcome's size.
+	ReasonResultTooLarge = "IDEMPOTENCY_RESULT_TOO_LARGE"
 	// ReasonStoreUnavailable: the Dedupe service could not be reached or
 	// failed. UNAVAILABLE with RetryInfo; the handler did not run (fail
 	// closed), so retrying with the same key is safe.

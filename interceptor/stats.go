@@ -25,10 +25,12 @@ type Stats struct {
 	HeartbeatFailures int64
 	// Reconciled counts lost outcomes a Reconciler settled.
 	Reconciled int64
+	// TooLarge counts outcomes over the size limit, stored as a marker.
+	TooLarge int64
 }
 
 type counters struct {
-	fenced, finishRetries, outcomesLost, releaseFailures, heartbeatFailures, reconciled atomic.Int64
+	fenced, finishRetries, outcomesLost, releaseFailures, heartbeatFailures, reconciled, tooLarge atomic.Int64
 }
 
 // Stats returns the counters since the Gate was built.
@@ -40,5 +42,6 @@ func (g *Gate) Stats() Stats {
 		ReleaseFailures:   g.counts.releaseFailures.Load(),
 		HeartbeatFailures: g.counts.heartbeatFailures.Load(),
 		Reconciled:        g.counts.reconciled.Load(),
+		TooLarge:          g.counts.tooLarge.Load(),
 	}
 }

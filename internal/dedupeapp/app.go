@@ -121,6 +121,7 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 		dedupesvc.WithLogger(logger),
 		dedupesvc.WithPollInterval(cfg.PollInterval),
 		dedupesvc.WithUnknownRetention(cfg.UnknownRetention),
+		dedupesvc.WithMaxOutcomeBytes(cfg.MaxOutcomeBytes),
 	}
 	if b.notifier != nil {
 		serverOpts = append(serverOpts, dedupesvc.WithNotifier(b.notifier))

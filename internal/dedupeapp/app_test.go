@@ -67,7 +67,7 @@ func TestServeAnswersAndStopsGracefully(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			cfg.SweepInterval, cfg.SweepBatch, cfg.ShutdownTimeout = time.Minute, 100, 5*time.Second
-			cfg.Notify, cfg.PollInterval, cfg.UnknownRetention = true, 100*time.Millisecond, time.Hour
+			cfg.Notify, cfg.PollInterval, cfg.UnknownRetention, cfg.MaxOutcomeBytes = true, 100*time.Millisecond, time.Hour, 1<<20
 			serveAndStop(t, cfg)
 		})
 	}

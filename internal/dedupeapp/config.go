@@ -57,6 +57,9 @@ type Config struct {
 	// when nobody resolves it; then it is deleted with a warning. Defaults to
 	// 168h (IDEMGATE_UNKNOWN_RETENTION).
 	UnknownRetention time.Duration
+	// MaxOutcomeBytes is the largest outcome Finish and Resolve accept.
+	// Defaults to 1048576 (IDEMGATE_MAX_OUTCOME_BYTES).
+	MaxOutcomeBytes int
 }
 
 // ParseConfig reads args (without the program name) and the environment
@@ -117,6 +120,7 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 	fs.BoolVar(&cfg.Notify, "notify", boolEnv("IDEMGATE_NOTIFY", true), "wake waiting duplicates with LISTEN/NOTIFY; off, they only poll (env IDEMGATE_NOTIFY)")
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", durationEnv("IDEMGATE_POLL_INTERVAL", 200*time.Millisecond), "how often a waiting duplicate re-reads its record (env IDEMGATE_POLL_INTERVAL)")
 	fs.DurationVar(&cfg.UnknownRetention, "unknown-retention", durationEnv("IDEMGATE_UNKNOWN_RETENTION", 7*24*time.Hour), "how long an unresolved outcome-unknown record blocks its key (env IDEMGATE_UNKNOWN_RETENTION)")
+	fs.IntVar(&cfg.MaxOutcomeBytes, "max-outcome-bytes", intEnv("IDEMGATE_MAX_OUTCOME_BYTES", 1<<20), "largest stored outcome, in bytes (env IDEMGATE_MAX_OUTCOME_BYTES)")
 	level := fs.String("log-level", env("IDEMGATE_LOG_LEVEL", "info"), "log `level`: debug, info, warn or error (env IDEMGATE_LOG_LEVEL)")
 	if len(errs) > 0 {
 		return Config{}, errors.Join(errs...)
@@ -160,6 +164,9 @@ func (c Config) validate() error {
 	}
 	if c.SweepBatch <= 0 {
 		errs = append(errs, fmt.Errorf("-sweep-batch must be positive, got %d", c.SweepBatch))
+	}
+	if c.MaxOutcomeBytes <= 0 {
+		errs = append(errs, fmt.Errorf("-max-outcome-bytes must be positive, got %d", c.MaxOutcomeBytes))
 	}
 	if c.PollInterval <= 0 {
 		errs = append(errs, fmt.Errorf("-poll-interval must be positive, got %s", c.PollInterval))

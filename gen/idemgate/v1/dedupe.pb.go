@@ -776,6 +776,64 @@ func (*ResolveResponse) Descriptor() ([]byte, []int) {
 	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{9}
 }
 
+// ResultTooLarge is stored as the outcome in place of a response larger than
+// the configured limit: the first caller got the response, and every
+// duplicate gets FAILED_PRECONDITION (IDEMPOTENCY_RESULT_TOO_LARGE) instead
+// of running the side effect again.
+type ResultTooLarge struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// size_bytes is the serialized size of the response that was not stored.
+	SizeBytes int64 `protobuf:"varint,1,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// type_url names the response's type.
+	TypeUrl       string `protobuf:"bytes,2,opt,name=type_url,json=typeUrl,proto3" json:"type_url,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResultTooLarge) Reset() {
+	*x = ResultTooLarge{}
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResultTooLarge) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResultTooLarge) ProtoMessage() {}
+
+func (x *ResultTooLarge) ProtoReflect() protoreflect.Message {
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResultTooLarge.ProtoReflect.Descriptor instead.
+func (*ResultTooLarge) Descriptor() ([]byte, []int) {
+	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ResultTooLarge) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *ResultTooLarge) GetTypeUrl() string {
+	if x != nil {
+		return x.TypeUrl
+	}
+	return ""
+}
+
 // Reserved means the caller holds the key and runs the side effect.
 type BeginResponse_Reserved struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -790,7 +848,7 @@ type BeginResponse_Reserved struct {
 
 func (x *BeginResponse_Reserved) Reset() {
 	*x = BeginResponse_Reserved{}
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[10]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -802,7 +860,7 @@ func (x *BeginResponse_Reserved) String() string {
 func (*BeginResponse_Reserved) ProtoMessage() {}
 
 func (x *BeginResponse_Reserved) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[10]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -847,7 +905,7 @@ type BeginResponse_Completed struct {
 
 func (x *BeginResponse_Completed) Reset() {
 	*x = BeginResponse_Completed{}
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[11]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -859,7 +917,7 @@ func (x *BeginResponse_Completed) String() string {
 func (*BeginResponse_Completed) ProtoMessage() {}
 
 func (x *BeginResponse_Completed) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[11]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -907,7 +965,7 @@ type BeginResponse_InFlight struct {
 
 func (x *BeginResponse_InFlight) Reset() {
 	*x = BeginResponse_InFlight{}
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[12]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +977,7 @@ func (x *BeginResponse_InFlight) String() string {
 func (*BeginResponse_InFlight) ProtoMessage() {}
 
 func (x *BeginResponse_InFlight) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[12]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -951,7 +1009,7 @@ type BeginResponse_FingerprintMismatch struct {
 
 func (x *BeginResponse_FingerprintMismatch) Reset() {
 	*x = BeginResponse_FingerprintMismatch{}
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[13]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -963,7 +1021,7 @@ func (x *BeginResponse_FingerprintMismatch) String() string {
 func (*BeginResponse_FingerprintMismatch) ProtoMessage() {}
 
 func (x *BeginResponse_FingerprintMismatch) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[13]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -994,7 +1052,7 @@ type BeginResponse_OutcomeUnknown struct {
 
 func (x *BeginResponse_OutcomeUnknown) Reset() {
 	*x = BeginResponse_OutcomeUnknown{}
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[14]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1006,7 +1064,7 @@ func (x *BeginResponse_OutcomeUnknown) String() string {
 func (*BeginResponse_OutcomeUnknown) ProtoMessage() {}
 
 func (x *BeginResponse_OutcomeUnknown) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[14]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1045,7 +1103,7 @@ type ResolveRequest_Release struct {
 
 func (x *ResolveRequest_Release) Reset() {
 	*x = ResolveRequest_Release{}
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[15]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1057,7 +1115,7 @@ func (x *ResolveRequest_Release) String() string {
 func (*ResolveRequest_Release) ProtoMessage() {}
 
 func (x *ResolveRequest_Release) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[15]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1137,7 +1195,11 @@ const file_idemgate_v1_dedupe_proto_rawDesc = "" +
 	"\aReleaseB\f\n" +
 	"\n" +
 	"resolution\"\x11\n" +
-	"\x0fResolveResponse2\x83\x03\n" +
+	"\x0fResolveResponse\"J\n" +
+	"\x0eResultTooLarge\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x01 \x01(\x03R\tsizeBytes\x12\x19\n" +
+	"\btype_url\x18\x02 \x01(\tR\atypeUrl2\x83\x03\n" +
 	"\rDedupeService\x12C\n" +
 	"\x05Begin\x12\x19.idemgate.v1.BeginRequest\x1a\x1a.idemgate.v1.BeginResponse\"\x03\x90\x02\x02\x12F\n" +
 	"\x06Finish\x12\x1a.idemgate.v1.FinishRequest\x1a\x1b.idemgate.v1.FinishResponse\"\x03\x90\x02\x02\x12I\n" +
@@ -1157,7 +1219,7 @@ func file_idemgate_v1_dedupe_proto_rawDescGZIP() []byte {
 	return file_idemgate_v1_dedupe_proto_rawDescData
 }
 
-var file_idemgate_v1_dedupe_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_idemgate_v1_dedupe_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_idemgate_v1_dedupe_proto_goTypes = []any{
 	(*BeginRequest)(nil),                      // 0: idemgate.v1.BeginRequest
 	(*BeginResponse)(nil),                     // 1: idemgate.v1.BeginResponse
@@ -1169,38 +1231,39 @@ var file_idemgate_v1_dedupe_proto_goTypes = []any{
 	(*HeartbeatResponse)(nil),                 // 7: idemgate.v1.HeartbeatResponse
 	(*ResolveRequest)(nil),                    // 8: idemgate.v1.ResolveRequest
 	(*ResolveResponse)(nil),                   // 9: idemgate.v1.ResolveResponse
-	(*BeginResponse_Reserved)(nil),            // 10: idemgate.v1.BeginResponse.Reserved
-	(*BeginResponse_Completed)(nil),           // 11: idemgate.v1.BeginResponse.Completed
-	(*BeginResponse_InFlight)(nil),            // 12: idemgate.v1.BeginResponse.InFlight
-	(*BeginResponse_FingerprintMismatch)(nil), // 13: idemgate.v1.BeginResponse.FingerprintMismatch
-	(*BeginResponse_OutcomeUnknown)(nil),      // 14: idemgate.v1.BeginResponse.OutcomeUnknown
-	(*ResolveRequest_Release)(nil),            // 15: idemgate.v1.ResolveRequest.Release
-	(*durationpb.Duration)(nil),               // 16: google.protobuf.Duration
-	(LostOutcomePolicy)(0),                    // 17: idemgate.v1.LostOutcomePolicy
-	(*anypb.Any)(nil),                         // 18: google.protobuf.Any
-	(*timestamppb.Timestamp)(nil),             // 19: google.protobuf.Timestamp
+	(*ResultTooLarge)(nil),                    // 10: idemgate.v1.ResultTooLarge
+	(*BeginResponse_Reserved)(nil),            // 11: idemgate.v1.BeginResponse.Reserved
+	(*BeginResponse_Completed)(nil),           // 12: idemgate.v1.BeginResponse.Completed
+	(*BeginResponse_InFlight)(nil),            // 13: idemgate.v1.BeginResponse.InFlight
+	(*BeginResponse_FingerprintMismatch)(nil), // 14: idemgate.v1.BeginResponse.FingerprintMismatch
+	(*BeginResponse_OutcomeUnknown)(nil),      // 15: idemgate.v1.BeginResponse.OutcomeUnknown
+	(*ResolveRequest_Release)(nil),            // 16: idemgate.v1.ResolveRequest.Release
+	(*durationpb.Duration)(nil),               // 17: google.protobuf.Duration
+	(LostOutcomePolicy)(0),                    // 18: idemgate.v1.LostOutcomePolicy
+	(*anypb.Any)(nil),                         // 19: google.protobuf.Any
+	(*timestamppb.Timestamp)(nil),             // 20: google.protobuf.Timestamp
 }
 var file_idemgate_v1_dedupe_proto_depIdxs = []int32{
-	16, // 0: idemgate.v1.BeginRequest.lease:type_name -> google.protobuf.Duration
-	16, // 1: idemgate.v1.BeginRequest.retention:type_name -> google.protobuf.Duration
-	17, // 2: idemgate.v1.BeginRequest.on_lost_outcome:type_name -> idemgate.v1.LostOutcomePolicy
-	16, // 3: idemgate.v1.BeginRequest.max_wait:type_name -> google.protobuf.Duration
-	10, // 4: idemgate.v1.BeginResponse.reserved:type_name -> idemgate.v1.BeginResponse.Reserved
-	11, // 5: idemgate.v1.BeginResponse.completed:type_name -> idemgate.v1.BeginResponse.Completed
-	12, // 6: idemgate.v1.BeginResponse.in_flight:type_name -> idemgate.v1.BeginResponse.InFlight
-	13, // 7: idemgate.v1.BeginResponse.fingerprint_mismatch:type_name -> idemgate.v1.BeginResponse.FingerprintMismatch
-	14, // 8: idemgate.v1.BeginResponse.outcome_unknown:type_name -> idemgate.v1.BeginResponse.OutcomeUnknown
-	18, // 9: idemgate.v1.FinishRequest.outcome:type_name -> google.protobuf.Any
-	16, // 10: idemgate.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	19, // 11: idemgate.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	18, // 12: idemgate.v1.ResolveRequest.complete:type_name -> google.protobuf.Any
-	15, // 13: idemgate.v1.ResolveRequest.release:type_name -> idemgate.v1.ResolveRequest.Release
-	19, // 14: idemgate.v1.BeginResponse.Reserved.lease_expires_at:type_name -> google.protobuf.Timestamp
-	18, // 15: idemgate.v1.BeginResponse.Completed.outcome:type_name -> google.protobuf.Any
-	19, // 16: idemgate.v1.BeginResponse.Completed.completed_at:type_name -> google.protobuf.Timestamp
-	19, // 17: idemgate.v1.BeginResponse.Completed.expires_at:type_name -> google.protobuf.Timestamp
-	19, // 18: idemgate.v1.BeginResponse.InFlight.lease_expires_at:type_name -> google.protobuf.Timestamp
-	19, // 19: idemgate.v1.BeginResponse.OutcomeUnknown.lease_expired_at:type_name -> google.protobuf.Timestamp
+	17, // 0: idemgate.v1.BeginRequest.lease:type_name -> google.protobuf.Duration
+	17, // 1: idemgate.v1.BeginRequest.retention:type_name -> google.protobuf.Duration
+	18, // 2: idemgate.v1.BeginRequest.on_lost_outcome:type_name -> idemgate.v1.LostOutcomePolicy
+	17, // 3: idemgate.v1.BeginRequest.max_wait:type_name -> google.protobuf.Duration
+	11, // 4: idemgate.v1.BeginResponse.reserved:type_name -> idemgate.v1.BeginResponse.Reserved
+	12, // 5: idemgate.v1.BeginResponse.completed:type_name -> idemgate.v1.BeginResponse.Completed
+	13, // 6: idemgate.v1.BeginResponse.in_flight:type_name -> idemgate.v1.BeginResponse.InFlight
+	14, // 7: idemgate.v1.BeginResponse.fingerprint_mismatch:type_name -> idemgate.v1.BeginResponse.FingerprintMismatch
+	15, // 8: idemgate.v1.BeginResponse.outcome_unknown:type_name -> idemgate.v1.BeginResponse.OutcomeUnknown
+	19, // 9: idemgate.v1.FinishRequest.outcome:type_name -> google.protobuf.Any
+	17, // 10: idemgate.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	20, // 11: idemgate.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	19, // 12: idemgate.v1.ResolveRequest.complete:type_name -> google.protobuf.Any
+	16, // 13: idemgate.v1.ResolveRequest.release:type_name -> idemgate.v1.ResolveRequest.Release
+	20, // 14: idemgate.v1.BeginResponse.Reserved.lease_expires_at:type_name -> google.protobuf.Timestamp
+	19, // 15: idemgate.v1.BeginResponse.Completed.outcome:type_name -> google.protobuf.Any
+	20, // 16: idemgate.v1.BeginResponse.Completed.completed_at:type_name -> google.protobuf.Timestamp
+	20, // 17: idemgate.v1.BeginResponse.Completed.expires_at:type_name -> google.protobuf.Timestamp
+	20, // 18: idemgate.v1.BeginResponse.InFlight.lease_expires_at:type_name -> google.protobuf.Timestamp
+	20, // 19: idemgate.v1.BeginResponse.OutcomeUnknown.lease_expired_at:type_name -> google.protobuf.Timestamp
 	0,  // 20: idemgate.v1.DedupeService.Begin:input_type -> idemgate.v1.BeginRequest
 	2,  // 21: idemgate.v1.DedupeService.Finish:input_type -> idemgate.v1.FinishRequest
 	4,  // 22: idemgate.v1.DedupeService.Release:input_type -> idemgate.v1.ReleaseRequest
@@ -1241,7 +1304,7 @@ func file_idemgate_v1_dedupe_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idemgate_v1_dedupe_proto_rawDesc), len(file_idemgate_v1_dedupe_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
