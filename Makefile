@@ -23,6 +23,10 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/idemgate?sslmode=disable
 BENCH_COUNT ?= 6
 # GO_TEST_FLAGS are passed to `go test` by `make test`.
 GO_TEST_FLAGS ?= -race -count=1 -timeout=15m
+# FUZZ_TIME bounds each fuzz target's run in `make test`; `make fuzz FUZZ_TIME=10m` digs deeper.
+FUZZ_TIME ?= 5s
+# FUZZ_TARGETS are package:target pairs; their corpora live in <package>/testdata/fuzz.
+FUZZ_TARGETS := ./internal/keys:FuzzValidate ./interceptor:FuzzFingerprint ./dedupesvc:FuzzRequestValidation
 
 .DEFAULT_GOAL := help
 
@@ -61,8 +65,16 @@ lint: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(STATICCHECK) ## go vet, st
 	  if ! diff -r gen "$$tmp/gen"; then echo "gen/ is stale: run make generate and commit it"; exit 1; fi
 
 .PHONY: test
-test: ## Run every test with the race detector against the local PostgreSQL.
+test: ## Run every test with the race detector against the local PostgreSQL, then each fuzz target for FUZZ_TIME.
 	go test $(GO_TEST_FLAGS) ./...
+	@$(MAKE) --no-print-directory fuzz
+
+.PHONY: fuzz
+fuzz: ## Run each fuzz target for FUZZ_TIME (default 5s).
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  echo "go test -run='^$$' -fuzz='^$${t#*:}$$' -fuzztime=$(FUZZ_TIME) $${t%%:*}"; \
+	  go test -run='^$$' -fuzz="^$${t#*:}\$$" -fuzztime=$(FUZZ_TIME) $${t%%:*}; \
+	done
 
 .PHONY: bench
 bench: $(BENCHSTAT) ## Run the benchmarks BENCH_COUNT times and summarise them with benchstat.
