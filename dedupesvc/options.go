@@ -22,6 +22,7 @@ type options struct {
 	pollInterval     time.Duration
 	unknownRetention time.Duration
 	maxOutcome       int
+	metrics          *Metrics
 }
 
 var defaultOptions = options{

@@ -80,6 +80,59 @@ func NewServer(store Store, opts ...Option) *Server {
 
 // Begin implements idemgatev1.DedupeServiceServer.
 func (s *Server) Begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idemgatev1.BeginResponse, error) {
+	defer s.opts.metrics.observe("Begin", time.Now())
+	resp, err := s.begin(ctx, req)
+	s.countBegin(resp, err)
+	return resp, err
+}
+
+// countBegin counts Begin's answer.
+func (s *Server) countBegin(resp *idemgatev1.BeginResponse, err error) {
+	m := s.opts.metrics
+	switch {
+	case err != nil:
+		if o := errOutcome(err); o != "" {
+			m.count(o)
+		}
+	case resp.GetReserved() != nil:
+		m.count(outcomeReserved)
+	case resp.GetCompleted() != nil:
+		m.count(outcomeReplayed)
+	case resp.GetInFlight() != nil:
+		m.count(outcomeInFlight)
+	case resp.GetFingerprintMismatch() != nil:
+		m.count(outcomeMismatched)
+	case resp.GetOutcomeUnknown() != nil:
+		m.count(outcomeUnknown)
+	}
+}
+
+// errOutcome names the outcome a failed RPC counts as.
+func errOutcome(err error) string {
+	switch grpcerr.Reason(err) {
+	case ReasonReservationNotHeld:
+		return outcomeFenced
+	case ReasonStoreUnavailable:
+		return outcomeStoreErrors
+	case ReasonInvalidRequest, ReasonOutcomeTooLarge:
+		return outcomeInvalid
+	default:
+		return ""
+	}
+}
+
+// counted counts an RPC's success as ok, or its failure by reason.
+func (s *Server) counted(ok string, err error) {
+	if err == nil {
+		if ok != "" {
+			s.opts.metrics.count(ok)
+		}
+	} else if o := errOutcome(err); o != "" {
+		s.opts.metrics.count(o)
+	}
+}
+
+func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idemgatev1.BeginResponse, error) {
 	if err := validateRecordID(req.GetScope(), req.GetKey(), req.GetAttemptToken()); err != nil {
 		return nil, err
 	}
@@ -174,6 +227,7 @@ func (s *Server) wait(ctx context.Context, p BeginParams, res BeginResult, maxWa
 		wake = ch
 	}
 	s.waits.started.Add(1)
+	s.opts.metrics.count(outcomeWaited)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	<-timer.C
@@ -203,6 +257,13 @@ func (s *Server) wait(ctx context.Context, p BeginParams, res BeginResult, maxWa
 
 // Finish implements idemgatev1.DedupeServiceServer.
 func (s *Server) Finish(ctx context.Context, req *idemgatev1.FinishRequest) (*idemgatev1.FinishResponse, error) {
+	defer s.opts.metrics.observe("Finish", time.Now())
+	resp, err := s.finish(ctx, req)
+	s.counted(outcomeFinished, err)
+	return resp, err
+}
+
+func (s *Server) finish(ctx context.Context, req *idemgatev1.FinishRequest) (*idemgatev1.FinishResponse, error) {
 	if err := validateRecordID(req.GetScope(), req.GetKey(), req.GetAttemptToken()); err != nil {
 		return nil, err
 	}
@@ -228,6 +289,13 @@ func (s *Server) Finish(ctx context.Context, req *idemgatev1.FinishRequest) (*id
 
 // Release implements idemgatev1.DedupeServiceServer.
 func (s *Server) Release(ctx context.Context, req *idemgatev1.ReleaseRequest) (*idemgatev1.ReleaseResponse, error) {
+	defer s.opts.metrics.observe("Release", time.Now())
+	resp, err := s.release(ctx, req)
+	s.counted(outcomeReleased, err)
+	return resp, err
+}
+
+func (s *Server) release(ctx context.Context, req *idemgatev1.ReleaseRequest) (*idemgatev1.ReleaseResponse, error) {
 	if err := validateRecordID(req.GetScope(), req.GetKey(), req.GetAttemptToken()); err != nil {
 		return nil, err
 	}
@@ -248,6 +316,13 @@ func (s *Server) Release(ctx context.Context, req *idemgatev1.ReleaseRequest) (*
 
 // Heartbeat implements idemgatev1.DedupeServiceServer.
 func (s *Server) Heartbeat(ctx context.Context, req *idemgatev1.HeartbeatRequest) (*idemgatev1.HeartbeatResponse, error) {
+	defer s.opts.metrics.observe("Heartbeat", time.Now())
+	resp, err := s.heartbeat(ctx, req)
+	s.counted("", err)
+	return resp, err
+}
+
+func (s *Server) heartbeat(ctx context.Context, req *idemgatev1.HeartbeatRequest) (*idemgatev1.HeartbeatResponse, error) {
 	if err := validateRecordID(req.GetScope(), req.GetKey(), req.GetAttemptToken()); err != nil {
 		return nil, err
 	}
@@ -273,6 +348,13 @@ func (s *Server) Heartbeat(ctx context.Context, req *idemgatev1.HeartbeatRequest
 
 // Resolve implements idemgatev1.DedupeServiceServer.
 func (s *Server) Resolve(ctx context.Context, req *idemgatev1.ResolveRequest) (*idemgatev1.ResolveResponse, error) {
+	defer s.opts.metrics.observe("Resolve", time.Now())
+	resp, err := s.resolve(ctx, req)
+	s.counted(outcomeResolved, err)
+	return resp, err
+}
+
+func (s *Server) resolve(ctx context.Context, req *idemgatev1.ResolveRequest) (*idemgatev1.ResolveResponse, error) {
 	if err := validateRecordID(req.GetScope(), req.GetKey(), "resolve"); err != nil {
 		return nil, err
 	}

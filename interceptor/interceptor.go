@@ -63,6 +63,7 @@ type Gate struct {
 	methods map[string]*gatedMethod
 	opts    options
 	counts  counters
+	metrics *metrics
 	// background tracks Finish retries still running after their caller got
 	// its response.
 	background sync.WaitGroup
@@ -86,6 +87,10 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 	if err != nil {
 		return nil, err
 	}
+	metrics, err := newMetrics(o.registerer)
+	if err != nil {
+		return nil, err
+	}
 	if len(r.unclassified) > 0 {
 		if o.strict {
 			return nil, fmt.Errorf("idemgate: strict mode: %d methods are neither marked mutating nor declared safe with idempotency_level "+
@@ -94,7 +99,7 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 		o.logger.Info("idemgate: these methods are neither marked mutating nor declared safe with idempotency_level, so they are not gated; "+
 			"classify them, or use WithStrict to refuse such methods", slog.Any("methods", r.unclassified))
 	}
-	return &Gate{dedupe: dedupe, methods: r.gated, opts: o}, nil
+	return &Gate{dedupe: dedupe, methods: r.gated, opts: o, metrics: metrics}, nil
 }
 
 // Close waits until every outcome still being retried in the background is
@@ -130,7 +135,10 @@ func (g *Gate) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		if !ok {
 			return handler(ctx, req)
 		}
-		return g.gate(ctx, req, info.FullMethod, m, handler)
+		var outcome string
+		resp, err := g.gate(ctx, req, info.FullMethod, m, handler, &outcome)
+		g.countCall(info.FullMethod, outcome, err)
+		return resp, err
 	}
 }
 
@@ -147,17 +155,22 @@ func (g *Gate) StreamServerInterceptor() grpc.StreamServerInterceptor {
 
 // call is one gated call's identity in the Dedupe service.
 type call struct {
-	method *gatedMethod
-	key    string
-	scope  string
-	token  string
+	// fullMethod is the gRPC method name, the metrics' method label.
+	fullMethod string
+	method     *gatedMethod
+	key        string
+	scope      string
+	token      string
 }
 
 // maxReconcileRounds bounds Begin after a reconciler settled a record: the
 // next Begin normally replays or reserves, unless another caller raced.
 const maxReconcileRounds = 3
 
-func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMethod, handler grpc.UnaryHandler) (any, error) {
+// gate runs one gated call; it sets *outcome to "executed" when the handler
+// ran and "replayed" when a stored outcome answered, and leaves it empty when
+// the call was refused (the error's reason says why).
+func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMethod, handler grpc.UnaryHandler, outcome *string) (any, error) {
 	msg, ok := req.(proto.Message)
 	if !ok {
 		return nil, status.Errorf(codes.Internal, "idemgate: request of %s is %T, not a protobuf message", fullMethod, req)
@@ -184,7 +197,7 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 			g.opts.logger.WarnContext(ctx, "idemgate: could not set the derived-key header", slog.Any("error", err))
 		}
 	}
-	c := call{method: m, key: key, scope: scopeOf(fullMethod, tenant), token: rand.Text()}
+	c := call{fullMethod: fullMethod, method: m, key: key, scope: scopeOf(fullMethod, tenant), token: rand.Text()}
 	beginReq := &idemgatev1.BeginRequest{
 		Scope:         c.scope,
 		Key:           key,
@@ -206,9 +219,14 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 
 		switch result := begun.GetResult().(type) {
 		case *idemgatev1.BeginResponse_Reserved_:
+			*outcome = outcomeExecuted
 			return g.run(ctx, req, c, result.Reserved.GetEpoch(), handler)
 		case *idemgatev1.BeginResponse_Completed_:
-			return g.replay(ctx, m, result.Completed.GetOutcome())
+			resp, err := g.replay(ctx, m, result.Completed.GetOutcome())
+			if grpcerr.Reason(err) == "" {
+				*outcome = outcomeReplayed // a response, or a stored final error
+			}
+			return resp, err
 		case *idemgatev1.BeginResponse_InFlight_:
 			return nil, grpcerr.New(codes.Aborted, ReasonInFlight,
 				"another call with this idempotency key is still running; retry with the same key to get its outcome",
@@ -280,7 +298,7 @@ func (g *Gate) reconcile(ctx context.Context, c call, req proto.Message) (any, b
 	}
 	// Settled by us, or by a racing caller, or expired meanwhile: either way
 	// the next Begin replays the settled outcome or reserves a free key.
-	g.counts.reconciled.Add(1)
+	g.event(c, eventReconciled)
 	return nil, false, nil
 }
 
@@ -293,7 +311,7 @@ func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, handler gr
 	defer func() {
 		if p := recover(); p != nil {
 			stopHeartbeats()
-			g.counts.outcomesLost.Add(1)
+			g.event(c, eventOutcomeLost)
 			g.opts.logger.ErrorContext(ctx, "idemgate: the handler panicked; its outcome is lost, not released, so the key will not silently run again",
 				slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Any("panic", p))
 			panic(p)
@@ -326,7 +344,7 @@ func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, handler gr
 	outcome, err := marshalAny(respMsg)
 	if err != nil {
 		g.opts.logger.ErrorContext(ctx, "idemgate: could not serialize the response to store it", slog.String("scope", c.scope), slog.Any("error", err))
-		g.counts.outcomesLost.Add(1)
+		g.event(c, eventOutcomeLost)
 		return resp, nil
 	}
 	g.finish(ctx, c, epoch, outcome)
@@ -359,12 +377,12 @@ func (g *Gate) heartbeat(ctx context.Context, c call, epoch int64) (stop func())
 			case hbCtx.Err() != nil:
 				return
 			case status.Code(err) == codes.FailedPrecondition:
-				g.counts.fenced.Add(1)
+				g.event(c, eventFenced)
 				g.opts.logger.WarnContext(ctx, "idemgate: the reservation was lost while the handler ran (its lease ran out); its outcome will be refused",
 					slog.String("scope", c.scope), slog.Int64("epoch", epoch))
 				return
 			default:
-				g.counts.heartbeatFailures.Add(1)
+				g.event(c, eventHeartbeatFailure)
 				g.opts.logger.WarnContext(ctx, "idemgate: could not renew the reservation's lease", slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Any("error", err))
 			}
 		}
@@ -378,7 +396,7 @@ func (g *Gate) release(ctx context.Context, c call, epoch int64) {
 	defer cancel()
 	_, err := g.dedupe.Release(releaseCtx, &idemgatev1.ReleaseRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch})
 	if err != nil {
-		g.counts.releaseFailures.Add(1)
+		g.event(c, eventReleaseFailure)
 		g.opts.logger.ErrorContext(ctx, "idemgate: could not release the reservation after the handler failed; the key stays in flight until its lease runs out",
 			slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Any("error", err))
 	}
@@ -392,7 +410,7 @@ func (g *Gate) release(ctx context.Context, c call, epoch int64) {
 func (g *Gate) finish(ctx context.Context, c call, epoch int64, outcome *anypb.Any) {
 	req := &idemgatev1.FinishRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch, Outcome: g.boundedOutcome(ctx, c, outcome)}
 	detached := context.WithoutCancel(ctx)
-	if g.tryFinish(detached, req) {
+	if g.tryFinish(detached, c, req) {
 		return
 	}
 	g.background.Add(1)
@@ -403,12 +421,12 @@ func (g *Gate) finish(ctx context.Context, c call, epoch int64, outcome *anypb.A
 		for time.Now().Add(backoff).Before(deadline) {
 			time.Sleep(backoff)
 			backoff = min(2*backoff, 5*time.Second)
-			g.counts.finishRetries.Add(1)
-			if g.tryFinish(detached, req) {
+			g.event(c, eventFinishRetry)
+			if g.tryFinish(detached, c, req) {
 				return
 			}
 		}
-		g.counts.outcomesLost.Add(1)
+		g.event(c, eventOutcomeLost)
 		g.opts.logger.ErrorContext(ctx, "idemgate: gave up storing an outcome after the side effect ran; the caller got its response, "+
 			"and the key goes down its on_lost_outcome path when the lease runs out",
 			slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Duration("budget", g.opts.finishBudget))
@@ -422,7 +440,7 @@ func (g *Gate) boundedOutcome(ctx context.Context, c call, outcome *anypb.Any) *
 	if size <= g.opts.maxOutcome {
 		return outcome
 	}
-	g.counts.tooLarge.Add(1)
+	g.event(c, eventResultTooLarge)
 	g.opts.logger.WarnContext(ctx, "idemgate: the outcome is over the size limit; the caller got it, duplicates will get IDEMPOTENCY_RESULT_TOO_LARGE",
 		slog.String("scope", c.scope), slog.Int("bytes", size), slog.Int("limit", g.opts.maxOutcome))
 	marker, err := marshalAny(&idemgatev1.ResultTooLarge{SizeBytes: int64(size), TypeUrl: outcome.GetTypeUrl()})
@@ -434,7 +452,7 @@ func (g *Gate) boundedOutcome(ctx context.Context, c call, outcome *anypb.Any) *
 
 // tryFinish makes one Finish attempt and reports whether it is settled: stored,
 // or refused for good (fenced, or rejected as invalid).
-func (g *Gate) tryFinish(ctx context.Context, req *idemgatev1.FinishRequest) bool {
+func (g *Gate) tryFinish(ctx context.Context, c call, req *idemgatev1.FinishRequest) bool {
 	callCtx, cancel := context.WithTimeout(ctx, g.opts.outcomeTimeout)
 	defer cancel()
 	_, err := g.dedupe.Finish(callCtx, req)
@@ -442,12 +460,12 @@ func (g *Gate) tryFinish(ctx context.Context, req *idemgatev1.FinishRequest) boo
 	case codes.OK:
 		return true
 	case codes.FailedPrecondition:
-		g.counts.fenced.Add(1)
+		g.event(c, eventFenced)
 		g.opts.logger.WarnContext(ctx, "idemgate: the outcome was refused because the reservation had been taken over; the newer outcome stands",
 			slog.String("scope", req.GetScope()), slog.Int64("epoch", req.GetEpoch()))
 		return true
 	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.ResourceExhausted:
-		g.counts.outcomesLost.Add(1)
+		g.event(c, eventOutcomeLost)
 		g.opts.logger.ErrorContext(ctx, "idemgate: the Dedupe service rejected the outcome", slog.String("scope", req.GetScope()), slog.Any("error", err))
 		return true
 	default:

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"google.golang.org/protobuf/reflect/protoregistry"
 )
 
@@ -26,6 +28,7 @@ type options struct {
 	reconcilers    map[string]Reconciler
 	strict         bool
 	maxOutcome     int
+	registerer     prometheus.Registerer
 }
 
 var defaultOptions = options{
@@ -107,6 +110,15 @@ func WithFinishRetryBudget(d time.Duration) Option {
 // -max-outcome-bytes. Defaults to DefaultMaxOutcomeBytes.
 func WithMaxOutcomeBytes(n int) Option {
 	return func(o *options) { o.maxOutcome = n }
+}
+
+// WithRegisterer registers the interceptor's Prometheus counters with reg:
+// idemgate_interceptor_calls_total{method,outcome} (executed, replayed, or
+// the reason a call was refused, such as key_missing or in_flight) and
+// idemgate_interceptor_events_total{method,event} (fenced, finish_retry,
+// outcome_lost, ...; the same events as Stats). Defaults to none.
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(o *options) { o.registerer = reg }
 }
 
 // WithStrict makes New refuse to build while any method in the registry

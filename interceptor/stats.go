@@ -1,9 +1,18 @@
 package interceptor
 
-import "sync/atomic"
+import (
+	"errors"
+	"strings"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemgate/idemgate/internal/grpcerr"
+)
 
 // Stats counts what the interceptor did that a caller cannot see, so nothing
-// is dropped silently. Read it with Gate.Stats.
+// is dropped silently. Read it with Gate.Stats; with WithRegisterer the same
+// events are Prometheus counters too.
 type Stats struct {
 	// Fenced counts heartbeats and Finishes refused because the attempt had
 	// lost its reservation (its lease ran out and the record was taken over
@@ -29,8 +38,45 @@ type Stats struct {
 	TooLarge int64
 }
 
+// Event labels of idemgate_interceptor_events_total, one per Stats field.
+const (
+	eventFenced           = "fenced"
+	eventFinishRetry      = "finish_retry"
+	eventOutcomeLost      = "outcome_lost"
+	eventReleaseFailure   = "release_failure"
+	eventHeartbeatFailure = "heartbeat_failure"
+	eventReconciled       = "reconciled"
+	eventResultTooLarge   = "result_too_large"
+)
+
+// Outcome labels of idemgate_interceptor_calls_total that no error reason
+// names.
+const (
+	outcomeExecuted = "executed" // the handler ran
+	outcomeReplayed = "replayed" // a stored outcome answered
+)
+
 type counters struct {
 	fenced, finishRetries, outcomesLost, releaseFailures, heartbeatFailures, reconciled, tooLarge atomic.Int64
+}
+
+func (c *counters) of(event string) *atomic.Int64 {
+	switch event {
+	case eventFenced:
+		return &c.fenced
+	case eventFinishRetry:
+		return &c.finishRetries
+	case eventOutcomeLost:
+		return &c.outcomesLost
+	case eventReleaseFailure:
+		return &c.releaseFailures
+	case eventHeartbeatFailure:
+		return &c.heartbeatFailures
+	case eventReconciled:
+		return &c.reconciled
+	default:
+		return &c.tooLarge
+	}
 }
 
 // Stats returns the counters since the Gate was built.
@@ -44,4 +90,70 @@ func (g *Gate) Stats() Stats {
 		Reconciled:        g.counts.reconciled.Load(),
 		TooLarge:          g.counts.tooLarge.Load(),
 	}
+}
+
+// metrics are the Prometheus counters of WithRegisterer.
+type metrics struct {
+	calls  *prometheus.CounterVec
+	events *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	m := &metrics{
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_interceptor_calls_total",
+			Help: "Gated calls by method and outcome: executed, replayed, or the reason they were refused.",
+		}, []string{"method", "outcome"}),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_interceptor_events_total",
+			Help: "Events the caller does not see, by method: fenced, finish_retry, outcome_lost, release_failure, heartbeat_failure, reconciled, result_too_large.",
+		}, []string{"method", "event"}),
+	}
+	for _, vec := range []**prometheus.CounterVec{&m.calls, &m.events} {
+		if err := reg.Register(*vec); err != nil {
+			// A second Gate on one registry shares the first one's counters.
+			var already prometheus.AlreadyRegisteredError
+			if !errors.As(err, &already) {
+				return nil, err
+			}
+			existing, ok := already.ExistingCollector.(*prometheus.CounterVec)
+			if !ok {
+				return nil, err
+			}
+			*vec = existing
+		}
+	}
+	return m, nil
+}
+
+// event counts something the caller does not see.
+func (g *Gate) event(c call, event string) {
+	g.counts.of(event).Add(1)
+	if g.metrics != nil {
+		g.metrics.events.WithLabelValues(c.fullMethod, event).Inc()
+	}
+}
+
+// countCall counts a gated call's outcome: executed, replayed, or the
+// reason it was refused (lower-cased, IDEMPOTENCY_ dropped).
+func (g *Gate) countCall(fullMethod, outcome string, err error) {
+	if g.metrics == nil {
+		return
+	}
+	if outcome == "" {
+		outcome = reasonLabel(grpcerr.Reason(err))
+	}
+	g.metrics.calls.WithLabelValues(fullMethod, outcome).Inc()
+}
+
+// reasonLabel turns a reason into a label: IDEMPOTENCY_KEY_MISSING becomes
+// key_missing; an error without one (the tenant function's) is "refused".
+func reasonLabel(reason string) string {
+	if reason == "" {
+		return "refused"
+	}
+	return strings.ToLower(strings.TrimPrefix(reason, "IDEMPOTENCY_"))
 }

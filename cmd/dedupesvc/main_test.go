@@ -33,7 +33,7 @@ func TestBinaryServesFromTheEmbeddedStore(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	addr := freeAddr(t)
-	cmd := exec.Command(bin, "-listen", addr, "-data-dir", filepath.Join(dir, "data"))
+	cmd := exec.Command(bin, "-listen", addr, "-data-dir", filepath.Join(dir, "data"), "-metrics-listen", freeAddr(t))
 	for _, kv := range os.Environ() { // as on a machine with no DATABASE_URL
 		if !strings.HasPrefix(kv, "DATABASE_URL=") {
 			cmd.Env = append(cmd.Env, kv)

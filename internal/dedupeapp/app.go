@@ -6,13 +6,18 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"path/filepath"
 	"sync"
 	"time"
 
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -117,7 +122,13 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 	var backgroundDone sync.WaitGroup
 	defer func() { stopBackground(); backgroundDone.Wait() }()
 
+	registry := prometheus.NewRegistry()
+	dedupeMetrics := dedupesvc.NewMetrics()
+	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
+	registry.MustRegister(dedupeMetrics, grpcMetrics, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
 	serverOpts := []dedupesvc.Option{
+		dedupesvc.WithMetrics(dedupeMetrics),
 		dedupesvc.WithLogger(logger),
 		dedupesvc.WithPollInterval(cfg.PollInterval),
 		dedupesvc.WithUnknownRetention(cfg.UnknownRetention),
@@ -132,11 +143,20 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 	store := b.store
 	healthSrv := health.NewServer()
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
+		grpcMetrics.UnaryServerInterceptor(),
 		logging.UnaryServerInterceptor(grpcLogger(logger), logging.WithLevels(codeLevel)),
 	))
 	idemgatev1.RegisterDedupeServiceServer(srv, dedupesvc.NewServer(store, serverOpts...))
 	healthpb.RegisterHealthServer(srv, healthSrv)
 	healthSrv.SetServingStatus(idemgatev1.DedupeService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	grpcMetrics.InitializeMetrics(srv)
+	if cfg.MetricsListen != "" {
+		stopMetrics, err := serveMetrics(cfg.MetricsListen, registry, logger)
+		if err != nil {
+			return err
+		}
+		defer stopMetrics()
+	}
 
 	sweeper := dedupesvc.NewSweeper(store, dedupesvc.SweeperConfig{Interval: cfg.SweepInterval, BatchSize: cfg.SweepBatch, Logger: logger})
 	backgroundDone.Go(func() { sweeper.Run(background) })
@@ -189,4 +209,27 @@ func codeLevel(code codes.Code) logging.Level {
 	default:
 		return logging.LevelWarn
 	}
+}
+
+// serveMetrics serves registry at http://addr/metrics until the returned
+// function is called.
+func serveMetrics(addr string, registry *prometheus.Registry, logger *slog.Logger) (func(), error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
+	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := httpSrv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("metrics endpoint failed", slog.Any("error", err))
+		}
+	}()
+	logger.Info("metrics serving", slog.String("address", "http://"+lis.Addr().String()+"/metrics"))
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = httpSrv.Shutdown(ctx)
+	}, nil
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -68,6 +69,7 @@ func TestServeAnswersAndStopsGracefully(t *testing.T) {
 			t.Parallel()
 			cfg.SweepInterval, cfg.SweepBatch, cfg.ShutdownTimeout = time.Minute, 100, 5*time.Second
 			cfg.Notify, cfg.PollInterval, cfg.UnknownRetention, cfg.MaxOutcomeBytes = true, 100*time.Millisecond, time.Hour, 1<<20
+			cfg.MetricsListen = freeAddr(t)
 			serveAndStop(t, cfg)
 		})
 	}
@@ -102,6 +104,13 @@ func serveAndStop(t *testing.T, cfg dedupeapp.Config) {
 		t.Fatalf("Begin = %v, %v; want reserved", res, err)
 	}
 
+	metrics := getMetrics(t, cfg.MetricsListen)
+	for _, want := range []string{`idemgate_dedupe_outcomes_total{outcome="reserved"} 1`, `grpc_server_handled_total{grpc_code="OK",grpc_method="Begin",grpc_service="idemgate.v1.DedupeService",grpc_type="unary"} 1`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+
 	stop()
 	select {
 	case err := <-served:
@@ -111,4 +120,28 @@ func serveAndStop(t *testing.T, cfg dedupeapp.Config) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Serve did not stop within 10s of its context ending")
 	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	return lis.Addr().String()
+}
+
+func getMetrics(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %d, %v", resp.StatusCode, err)
+	}
+	return string(body)
 }

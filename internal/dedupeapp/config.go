@@ -60,6 +60,10 @@ type Config struct {
 	// MaxOutcomeBytes is the largest outcome Finish and Resolve accept.
 	// Defaults to 1048576 (IDEMGATE_MAX_OUTCOME_BYTES).
 	MaxOutcomeBytes int
+	// MetricsListen is the HTTP address serving Prometheus metrics at
+	// /metrics; empty turns it off. Defaults to 127.0.0.1:9464
+	// (IDEMGATE_METRICS_LISTEN).
+	MetricsListen string
 }
 
 // ParseConfig reads args (without the program name) and the environment
@@ -121,6 +125,7 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", durationEnv("IDEMGATE_POLL_INTERVAL", 200*time.Millisecond), "how often a waiting duplicate re-reads its record (env IDEMGATE_POLL_INTERVAL)")
 	fs.DurationVar(&cfg.UnknownRetention, "unknown-retention", durationEnv("IDEMGATE_UNKNOWN_RETENTION", 7*24*time.Hour), "how long an unresolved outcome-unknown record blocks its key (env IDEMGATE_UNKNOWN_RETENTION)")
 	fs.IntVar(&cfg.MaxOutcomeBytes, "max-outcome-bytes", intEnv("IDEMGATE_MAX_OUTCOME_BYTES", 1<<20), "largest stored outcome, in bytes (env IDEMGATE_MAX_OUTCOME_BYTES)")
+	fs.StringVar(&cfg.MetricsListen, "metrics-listen", env("IDEMGATE_METRICS_LISTEN", "127.0.0.1:9464"), "HTTP `address` of the Prometheus /metrics endpoint; empty turns it off (env IDEMGATE_METRICS_LISTEN)")
 	level := fs.String("log-level", env("IDEMGATE_LOG_LEVEL", "info"), "log `level`: debug, info, warn or error (env IDEMGATE_LOG_LEVEL)")
 	if len(errs) > 0 {
 		return Config{}, errors.Join(errs...)

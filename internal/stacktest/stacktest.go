@@ -40,6 +40,8 @@ type Config struct {
 	NoNotify bool
 	// PollInterval is the Dedupe service's poll interval. Defaults to 200ms.
 	PollInterval time.Duration
+	// DedupeMetrics, when set, counts the Dedupe service's outcomes.
+	DedupeMetrics *dedupesvc.Metrics
 }
 
 // Stack is a running Dedupe service and gated tool server.
@@ -91,6 +93,9 @@ func (s *Stack) replica(tb testing.TB, pool *pgxpool.Pool, cfg Config) (*pgstore
 	serverOpts := []dedupesvc.Option{dedupesvc.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}
 	if cfg.PollInterval > 0 {
 		serverOpts = append(serverOpts, dedupesvc.WithPollInterval(cfg.PollInterval))
+	}
+	if cfg.DedupeMetrics != nil {
+		serverOpts = append(serverOpts, dedupesvc.WithMetrics(cfg.DedupeMetrics))
 	}
 	if cfg.NoNotify {
 		storeOpts = append(storeOpts, pgstore.WithoutNotify())

@@ -1,0 +1,89 @@
+package dedupesvc
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Outcome labels of idemgate_dedupe_outcomes_total.
+const (
+	outcomeReserved    = "reserved"     // Begin reserved the key
+	outcomeReplayed    = "replayed"     // Begin answered a stored outcome
+	outcomeInFlight    = "in_flight"    // Begin answered in flight (after any wait)
+	outcomeWaited      = "waited"       // Begin waited for an in-flight outcome
+	outcomeMismatched  = "mismatched"   // Begin found the key used with another request
+	outcomeUnknown     = "unknown"      // Begin found the outcome lost
+	outcomeFinished    = "finished"     // Finish stored an outcome
+	outcomeReleased    = "released"     // Release freed a reservation
+	outcomeResolved    = "resolved"     // Resolve settled an unknown outcome
+	outcomeFenced      = "fenced"       // Finish, Release or Heartbeat from a stale holder
+	outcomeStoreErrors = "store_errors" // the store failed
+	outcomeInvalid     = "invalid"      // the request was refused as malformed
+)
+
+var allOutcomes = []string{
+	outcomeReserved, outcomeReplayed, outcomeInFlight, outcomeWaited, outcomeMismatched, outcomeUnknown,
+	outcomeFinished, outcomeReleased, outcomeResolved, outcomeFenced, outcomeStoreErrors, outcomeInvalid,
+}
+
+// Metrics are the Dedupe service's Prometheus metrics: a counter per outcome
+// (idemgate_dedupe_outcomes_total{outcome}) and the latency of each RPC,
+// store time and waiting included (idemgate_dedupe_rpc_duration_seconds{rpc}).
+// Register it with a prometheus.Registerer and pass it to WithMetrics.
+type Metrics struct {
+	outcomes *prometheus.CounterVec
+	latency  *prometheus.HistogramVec
+}
+
+var _ prometheus.Collector = (*Metrics)(nil)
+
+// NewMetrics returns the metrics, every outcome counter at zero.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_dedupe_outcomes_total",
+			Help: "Dedupe service answers by outcome.",
+		}, []string{"outcome"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemgate_dedupe_rpc_duration_seconds",
+			Help:    "Dedupe RPC latency in seconds, store and waiting included.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}, []string{"rpc"}),
+	}
+	for _, o := range allOutcomes {
+		m.outcomes.WithLabelValues(o)
+	}
+	return m
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	m.outcomes.Describe(ch)
+	m.latency.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	m.outcomes.Collect(ch)
+	m.latency.Collect(ch)
+}
+
+func (m *Metrics) count(outcome string) {
+	if m != nil {
+		m.outcomes.WithLabelValues(outcome).Inc()
+	}
+}
+
+// observe records an RPC's latency; call it deferred with the start time.
+func (m *Metrics) observe(rpc string, start time.Time) {
+	if m != nil {
+		m.latency.WithLabelValues(rpc).Observe(time.Since(start).Seconds())
+	}
+}
+
+// WithMetrics makes the service count its outcomes and time its RPCs in m.
+// Defaults to none.
+func WithMetrics(m *Metrics) Option {
+	return func(o *options) { o.metrics = m }
+}
