@@ -34,7 +34,7 @@ func FuzzRequestValidation(f *testing.F) {
 		srv := dedupesvc.NewServer(store)
 		ctx := context.Background()
 		var (
-			err                error
+			err               error
 			scope, key, token string
 		)
 		switch rpc % 4 {
