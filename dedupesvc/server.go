@@ -163,7 +163,7 @@ func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 		return nil, invalid("on_lost_outcome", fmt.Sprintf("on_lost_outcome %d is not a LostOutcomePolicy", req.GetOnLostOutcome()))
 	}
 	params := BeginParams{
-		Scope:            req.GetScope(),
+		Scope:            namespaced(ctx, req.GetScope()),
 		Key:              req.GetKey(),
 		Fingerprint:      req.GetFingerprint(),
 		AttemptToken:     req.GetAttemptToken(),
@@ -275,7 +275,7 @@ func (s *Server) finish(ctx context.Context, req *idemgatev1.FinishRequest) (*id
 		return nil, err
 	}
 	err = s.store.Finish(ctx, FinishParams{
-		Scope:        req.GetScope(),
+		Scope:        namespaced(ctx, req.GetScope()),
 		Key:          req.GetKey(),
 		AttemptToken: req.GetAttemptToken(),
 		Epoch:        req.GetEpoch(),
@@ -303,7 +303,7 @@ func (s *Server) release(ctx context.Context, req *idemgatev1.ReleaseRequest) (*
 		return nil, invalid("epoch", "epoch must be the positive epoch Begin answered")
 	}
 	err := s.store.Release(ctx, ReleaseParams{
-		Scope:        req.GetScope(),
+		Scope:        namespaced(ctx, req.GetScope()),
 		Key:          req.GetKey(),
 		AttemptToken: req.GetAttemptToken(),
 		Epoch:        req.GetEpoch(),
@@ -334,7 +334,7 @@ func (s *Server) heartbeat(ctx context.Context, req *idemgatev1.HeartbeatRequest
 		return nil, err
 	}
 	until, err := s.store.Heartbeat(ctx, HeartbeatParams{
-		Scope:        req.GetScope(),
+		Scope:        namespaced(ctx, req.GetScope()),
 		Key:          req.GetKey(),
 		AttemptToken: req.GetAttemptToken(),
 		Epoch:        req.GetEpoch(),
@@ -358,7 +358,7 @@ func (s *Server) resolve(ctx context.Context, req *idemgatev1.ResolveRequest) (*
 	if err := validateRecordID(req.GetScope(), req.GetKey(), "resolve"); err != nil {
 		return nil, err
 	}
-	params := ResolveParams{Scope: req.GetScope(), Key: req.GetKey()}
+	params := ResolveParams{Scope: namespaced(ctx, req.GetScope()), Key: req.GetKey()}
 	switch r := req.GetResolution().(type) {
 	case *idemgatev1.ResolveRequest_Complete:
 		outcome, err := s.validOutcome("complete", r.Complete)

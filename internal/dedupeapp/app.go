@@ -2,12 +2,15 @@ package dedupeapp
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -20,10 +23,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
@@ -141,11 +146,15 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 		backgroundDone.Go(func() { b.run(background) })
 	}
 	store := b.store
+	grpcOpts, err := securityOptions(cfg, logger)
+	if err != nil {
+		return err
+	}
 	healthSrv := health.NewServer()
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
+	srv := grpc.NewServer(append(grpcOpts, grpc.ChainUnaryInterceptor(
 		grpcMetrics.UnaryServerInterceptor(),
 		logging.UnaryServerInterceptor(grpcLogger(logger), logging.WithLevels(codeLevel)),
-	))
+	))...)
 	idemgatev1.RegisterDedupeServiceServer(srv, dedupesvc.NewServer(store, serverOpts...))
 	healthpb.RegisterHealthServer(srv, healthSrv)
 	healthSrv.SetServingStatus(idemgatev1.DedupeService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
@@ -232,4 +241,51 @@ func serveMetrics(addr string, registry *prometheus.Registry, logger *slog.Logge
 		defer cancel()
 		_ = httpSrv.Shutdown(ctx)
 	}, nil
+}
+
+// securityOptions turns the TLS and authentication flags into server
+// options: TLS credentials (verifying client certificates when a client CA
+// is given, while still letting token callers in) and the authenticator,
+// which runs before every other interceptor.
+func securityOptions(cfg Config, logger *slog.Logger) ([]grpc.ServerOption, error) {
+	var opts []grpc.ServerOption
+	if cfg.TLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			return nil, fmt.Errorf("load -tls-cert/-tls-key: %w", err)
+		}
+		tlsCfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		if cfg.TLSClientCA != "" {
+			pem, err := os.ReadFile(cfg.TLSClientCA)
+			if err != nil {
+				return nil, fmt.Errorf("read -tls-client-ca: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("-tls-client-ca %s holds no PEM certificate", cfg.TLSClientCA)
+			}
+			tlsCfg.ClientCAs, tlsCfg.ClientAuth = pool, tls.VerifyClientCertIfGiven
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+	}
+	if !cfg.authConfigured() {
+		logger.Warn("no authentication configured (-tls-client-ca, -token-file): any local process may call the service; records are not namespaced by caller")
+		return opts, nil
+	}
+	authCfg := auth.Config{AdminIdentities: cfg.AdminIdentities}
+	if cfg.TokenFile != "" {
+		f, err := os.Open(cfg.TokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("read -token-file: %w", err)
+		}
+		defer f.Close()
+		if authCfg.Tokens, err = auth.ReadTokens(f); err != nil {
+			return nil, fmt.Errorf("-token-file %s: %w", cfg.TokenFile, err)
+		}
+	}
+	authenticator, err := auth.New(authCfg)
+	if err != nil {
+		return nil, err
+	}
+	return append(opts, grpc.ChainUnaryInterceptor(authenticator.UnaryServerInterceptor())), nil
 }

@@ -9,15 +9,20 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/idemgate/idemgate/dedupesvc/auth"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
 	"github.com/idemgate/idemgate/internal/pgtest"
@@ -47,6 +52,10 @@ func TestParseConfig(t *testing.T) {
 		{[]string{"-database-url", "x", "-log-level", "loud"}, nil, "-log-level"},
 		{[]string{"-database-url", "x"}, map[string]string{"IDEMGATE_SHUTDOWN_TIMEOUT": "soon"}, "IDEMGATE_SHUTDOWN_TIMEOUT"},
 		{[]string{"-database-url", "x", "extra"}, nil, "unexpected argument"},
+		{[]string{"-listen", "0.0.0.0:50051", "-token-file", "t"}, nil, "serve TLS"},
+		{[]string{"-listen", "10.1.2.3:50051", "-tls-cert", "c", "-tls-key", "k"}, nil, "so callers authenticate"},
+		{[]string{"-tls-client-ca", "ca.pem"}, nil, "-tls-client-ca needs -tls-cert"},
+		{[]string{"-tls-cert", "c"}, nil, "go together"},
 	}
 	for _, tt := range bad {
 		_, err := dedupeapp.ParseConfig("dedupesvc", tt.args, func(k string) string { return tt.env[k] }, io.Discard)
@@ -144,4 +153,42 @@ func getMetrics(t *testing.T, addr string) string {
 		t.Fatalf("GET /metrics: %d, %v", resp.StatusCode, err)
 	}
 	return string(body)
+}
+
+func TestServeWithTokensRefusesStrangers(t *testing.T) {
+	t.Parallel()
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte("payments client payments-secret-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := dedupeapp.Config{DataDir: t.TempDir(), TokenFile: tokens, SweepInterval: time.Minute, SweepBatch: 100,
+		ShutdownTimeout: 5 * time.Second, PollInterval: 100 * time.Millisecond, UnknownRetention: time.Hour, MaxOutcomeBytes: 1 << 20}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go func() { _ = dedupeapp.Serve(ctx, cfg, lis, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+
+	call := func(opts ...grpc.DialOption) error {
+		conn, err := grpc.NewClient(lis.Addr().String(), append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		fp := sha256.Sum256([]byte("r"))
+		callCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err = idemgatev1.NewDedupeServiceClient(conn).Begin(callCtx, &idemgatev1.BeginRequest{
+			Scope: "/x.S/M", Key: "k", Fingerprint: fp[:], AttemptToken: "a", Lease: durationpb.New(time.Minute), Retention: durationpb.New(time.Hour),
+		}, grpc.WaitForReady(true))
+		return err
+	}
+	if err := call(); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("without a token: %v, want UNAUTHENTICATED", err)
+	}
+	if err := call(grpc.WithPerRPCCredentials(auth.BearerToken("payments-secret-0123456789", true))); err != nil {
+		t.Fatalf("with the token: %v", err)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -64,7 +65,27 @@ type Config struct {
 	// /metrics; empty turns it off. Defaults to 127.0.0.1:9464
 	// (IDEMGATE_METRICS_LISTEN).
 	MetricsListen string
+	// TLSCert and TLSKey are the server's certificate and key files; empty
+	// serves plaintext, which only a loopback address (or InsecurePlaintext)
+	// allows. Default to empty (IDEMGATE_TLS_CERT, IDEMGATE_TLS_KEY).
+	TLSCert, TLSKey string
+	// TLSClientCA is a PEM file of the CAs whose client certificates are
+	// accepted (mutual TLS); a caller is named by its certificate's SPIFFE
+	// ID, else its subject. Defaults to empty (IDEMGATE_TLS_CLIENT_CA).
+	TLSClientCA string
+	// TokenFile lists accepted bearer tokens, one "name client|admin secret"
+	// a line. Defaults to empty (IDEMGATE_TOKEN_FILE).
+	TokenFile string
+	// AdminIdentities are the certificate identities allowed the admin RPCs.
+	// Defaults to none (IDEMGATE_ADMIN_IDENTITIES, comma-separated).
+	AdminIdentities []string
+	// InsecurePlaintext allows plaintext on an address that is not loopback.
+	// Defaults to false (IDEMGATE_INSECURE_PLAINTEXT).
+	InsecurePlaintext bool
 }
+
+// authConfigured reports whether callers must authenticate.
+func (c Config) authConfigured() bool { return c.TLSClientCA != "" || c.TokenFile != "" }
 
 // ParseConfig reads args (without the program name) and the environment
 // through getenv. It returns flag.ErrHelp after printing usage for -h.
@@ -126,6 +147,12 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 	fs.DurationVar(&cfg.UnknownRetention, "unknown-retention", durationEnv("IDEMGATE_UNKNOWN_RETENTION", 7*24*time.Hour), "how long an unresolved outcome-unknown record blocks its key (env IDEMGATE_UNKNOWN_RETENTION)")
 	fs.IntVar(&cfg.MaxOutcomeBytes, "max-outcome-bytes", intEnv("IDEMGATE_MAX_OUTCOME_BYTES", 1<<20), "largest stored outcome, in bytes (env IDEMGATE_MAX_OUTCOME_BYTES)")
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", env("IDEMGATE_METRICS_LISTEN", "127.0.0.1:9464"), "HTTP `address` of the Prometheus /metrics endpoint; empty turns it off (env IDEMGATE_METRICS_LISTEN)")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", env("IDEMGATE_TLS_CERT", ""), "server certificate `file` (PEM); empty serves plaintext, loopback only (env IDEMGATE_TLS_CERT)")
+	fs.StringVar(&cfg.TLSKey, "tls-key", env("IDEMGATE_TLS_KEY", ""), "server key `file` (PEM) (env IDEMGATE_TLS_KEY)")
+	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", env("IDEMGATE_TLS_CLIENT_CA", ""), "CA `file` (PEM) of accepted client certificates: mutual TLS (env IDEMGATE_TLS_CLIENT_CA)")
+	fs.StringVar(&cfg.TokenFile, "token-file", env("IDEMGATE_TOKEN_FILE", ""), "`file` of accepted bearer tokens, \"name client|admin secret\" per line (env IDEMGATE_TOKEN_FILE)")
+	admins := fs.String("admin-identities", env("IDEMGATE_ADMIN_IDENTITIES", ""), "comma-separated certificate identities allowed the admin RPCs (env IDEMGATE_ADMIN_IDENTITIES)")
+	fs.BoolVar(&cfg.InsecurePlaintext, "insecure-plaintext", boolEnv("IDEMGATE_INSECURE_PLAINTEXT", false), "allow plaintext on an address that is not loopback (env IDEMGATE_INSECURE_PLAINTEXT)")
 	level := fs.String("log-level", env("IDEMGATE_LOG_LEVEL", "info"), "log `level`: debug, info, warn or error (env IDEMGATE_LOG_LEVEL)")
 	if len(errs) > 0 {
 		return Config{}, errors.Join(errs...)
@@ -135,6 +162,11 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 	}
 	if fs.NArg() > 0 {
 		return Config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	for _, id := range strings.Split(*admins, ",") {
+		if id = strings.TrimSpace(id); id != "" {
+			cfg.AdminIdentities = append(cfg.AdminIdentities, id)
+		}
 	}
 	if err := cfg.LogLevel.UnmarshalText([]byte(strings.ToUpper(*level))); err != nil {
 		return Config{}, fmt.Errorf("-log-level %q: want debug, info, warn or error", *level)
@@ -170,6 +202,20 @@ func (c Config) validate() error {
 	if c.SweepBatch <= 0 {
 		errs = append(errs, fmt.Errorf("-sweep-batch must be positive, got %d", c.SweepBatch))
 	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		errs = append(errs, errors.New("-tls-cert and -tls-key go together"))
+	}
+	if c.TLSClientCA != "" && c.TLSCert == "" {
+		errs = append(errs, errors.New("-tls-client-ca needs -tls-cert and -tls-key: client certificates travel over TLS"))
+	}
+	if !isLoopback(c.Listen) {
+		if c.TLSCert == "" && !c.InsecurePlaintext {
+			errs = append(errs, fmt.Errorf("-listen %s is not a loopback address: serve TLS (-tls-cert, -tls-key) or set -insecure-plaintext", c.Listen))
+		}
+		if !c.authConfigured() {
+			errs = append(errs, fmt.Errorf("-listen %s is not a loopback address: configure -tls-client-ca or -token-file so callers authenticate", c.Listen))
+		}
+	}
 	if c.MaxOutcomeBytes <= 0 {
 		errs = append(errs, fmt.Errorf("-max-outcome-bytes must be positive, got %d", c.MaxOutcomeBytes))
 	}
@@ -183,4 +229,17 @@ func (c Config) validate() error {
 		errs = append(errs, fmt.Errorf("-shutdown-timeout must be positive, got %s", c.ShutdownTimeout))
 	}
 	return errors.Join(errs...)
+}
+
+// isLoopback reports whether a listen address only accepts local callers.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -1,0 +1,206 @@
+// Package auth decides who calls the Dedupe service: from a verified client
+// certificate (mutual TLS: the SPIFFE ID in its URI SANs, else its subject)
+// or from a bearer token and the name configured for it. Never from metadata
+// the caller writes about itself.
+//
+// Install the Authenticator's interceptor on the Dedupe server. The service
+// namespaces every record by the caller's name, so one tool server can never
+// replay, finish, release or resolve another's records.
+package auth
+
+import (
+	"bufio"
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"unicode"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/identity"
+)
+
+// Reasons of the errors the Authenticator returns.
+const (
+	// ReasonUnauthenticated: no verified client certificate and no valid
+	// bearer token. UNAUTHENTICATED.
+	ReasonUnauthenticated = "DEDUPE_UNAUTHENTICATED"
+	// ReasonPermissionDenied: the caller may not call an admin RPC.
+	// PERMISSION_DENIED.
+	ReasonPermissionDenied = "DEDUPE_PERMISSION_DENIED"
+)
+
+// Token is one accepted bearer token.
+type Token struct {
+	// Name is the caller's identity when it presents Secret.
+	Name string
+	// Secret is the token itself.
+	Secret string
+	// Admin allows the admin RPCs.
+	Admin bool
+}
+
+// Config configures an Authenticator. The zero value accepts nobody.
+type Config struct {
+	// Tokens are the accepted bearer tokens. Defaults to none.
+	Tokens []Token
+	// AdminIdentities are the certificate identities (SPIFFE IDs or
+	// subjects) allowed the admin RPCs. Defaults to none.
+	AdminIdentities []string
+	// AdminMethodPrefix marks the admin RPCs by full method name prefix.
+	// Defaults to "/idemgate.v1.AdminService/".
+	AdminMethodPrefix string
+	// Anonymous, when not empty, is the identity of callers that present
+	// nothing: for a development set-up on loopback only. Defaults to empty:
+	// such callers get UNAUTHENTICATED.
+	Anonymous string
+}
+
+// Authenticator establishes the caller of each call.
+type Authenticator struct {
+	cfg    Config
+	admins map[string]bool
+}
+
+// New validates cfg and returns its Authenticator.
+func New(cfg Config) (*Authenticator, error) {
+	if cfg.AdminMethodPrefix == "" {
+		cfg.AdminMethodPrefix = "/idemgate.v1.AdminService/"
+	}
+	var errs []error
+	seen := map[string]bool{}
+	for i, t := range cfg.Tokens {
+		if err := validName(t.Name); err != nil {
+			errs = append(errs, fmt.Errorf("token %d: name %w", i+1, err))
+		}
+		if len(t.Secret) < 16 {
+			errs = append(errs, fmt.Errorf("token %d (%s): the secret must be at least 16 characters", i+1, t.Name))
+		}
+		if seen[t.Secret] {
+			errs = append(errs, fmt.Errorf("token %d (%s): the same secret is given twice", i+1, t.Name))
+		}
+		seen[t.Secret] = true
+	}
+	if cfg.Anonymous != "" {
+		if err := validName(cfg.Anonymous); err != nil {
+			errs = append(errs, fmt.Errorf("anonymous identity %w", err))
+		}
+	}
+	a := &Authenticator{cfg: cfg, admins: map[string]bool{}}
+	for _, id := range cfg.AdminIdentities {
+		a.admins[id] = true
+	}
+	return a, errors.Join(errs...)
+}
+
+// validName refuses names that could blur the record namespace.
+func validName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("is empty")
+	case len(name) > 256:
+		return errors.New("is longer than 256 bytes")
+	}
+	for _, r := range name {
+		if unicode.IsControl(r) {
+			return errors.New("has a control character")
+		}
+	}
+	return nil
+}
+
+// UnaryServerInterceptor returns the interceptor that authenticates every
+// call, refuses admin RPCs to non-admins, and puts the caller in the context
+// (dedupesvc.CallerFromContext). Health checks are not authenticated, so
+// probes work without credentials.
+func (a *Authenticator) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if strings.HasPrefix(info.FullMethod, "/grpc.health.v1.Health/") {
+			return handler(ctx, req)
+		}
+		caller, err := a.Authenticate(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if strings.HasPrefix(info.FullMethod, a.cfg.AdminMethodPrefix) && !caller.Admin {
+			return nil, grpcerr.New(codes.PermissionDenied, ReasonPermissionDenied,
+				fmt.Sprintf("%s is an admin RPC and %q has no admin right", info.FullMethod, caller.Name), nil, 0)
+		}
+		return handler(dedupesvc.ContextWithCaller(ctx, caller), req)
+	}
+}
+
+// Authenticate returns the caller of ctx's call, or UNAUTHENTICATED.
+func (a *Authenticator) Authenticate(ctx context.Context) (dedupesvc.Caller, error) {
+	if name := identity.FromPeer(ctx); name != "" {
+		return dedupesvc.Caller{Name: name, Admin: a.admins[name]}, nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	if values := md.Get("authorization"); len(values) > 0 {
+		secret, ok := strings.CutPrefix(values[0], "Bearer ")
+		if ok {
+			for _, t := range a.cfg.Tokens {
+				if subtle.ConstantTimeCompare([]byte(secret), []byte(t.Secret)) == 1 {
+					return dedupesvc.Caller{Name: t.Name, Admin: t.Admin}, nil
+				}
+			}
+		}
+		return dedupesvc.Caller{}, grpcerr.New(codes.Unauthenticated, ReasonUnauthenticated,
+			"the bearer token is not valid for this dedupe service", nil, 0)
+	}
+	if a.cfg.Anonymous != "" {
+		return dedupesvc.Caller{Name: a.cfg.Anonymous}, nil
+	}
+	return dedupesvc.Caller{}, grpcerr.New(codes.Unauthenticated, ReasonUnauthenticated,
+		"the dedupe service needs a client certificate or an \"authorization: Bearer <token>\" header", nil, 0)
+}
+
+// ReadTokens parses a token file: one token a line, "name role secret",
+// role being "client" or "admin"; blank lines and lines starting with # are
+// skipped.
+func ReadTokens(r io.Reader) ([]Token, error) {
+	var (
+		tokens []Token
+		line   int
+	)
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line++
+		text := strings.TrimSpace(sc.Text())
+		if text == "" || strings.HasPrefix(text, "#") {
+			continue
+		}
+		fields := strings.Fields(text)
+		if len(fields) != 3 || (fields[1] != "client" && fields[1] != "admin") {
+			return nil, fmt.Errorf("token file line %d: want \"name client|admin secret\"", line)
+		}
+		tokens = append(tokens, Token{Name: fields[0], Admin: fields[1] == "admin", Secret: fields[2]})
+	}
+	return tokens, sc.Err()
+}
+
+// BearerToken returns per-RPC credentials that send token as
+// "authorization: Bearer <token>". Over plaintext only when insecure is set
+// (loopback development).
+func BearerToken(token string, insecure bool) credentials.PerRPCCredentials {
+	return bearer{token: token, insecure: insecure}
+}
+
+type bearer struct {
+	token    string
+	insecure bool
+}
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + b.token}, nil
+}
+
+func (b bearer) RequireTransportSecurity() bool { return !b.insecure }
