@@ -7,6 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemgate/idemgate/internal/identity"
+
 	"google.golang.org/protobuf/reflect/protoregistry"
 )
 
@@ -14,6 +16,14 @@ import (
 // tenants using one key never share a record. An error fails the call with
 // that error (return a status error such as UNAUTHENTICATED).
 type TenantFunc func(ctx context.Context) (string, error)
+
+// PeerTenant names the tenant by the tool server's caller as its transport
+// verified it: the SPIFFE ID of the client certificate, else its subject,
+// and "" (one shared tenant) when the connection carries no verified client
+// certificate. It never reads metadata, which a caller could forge.
+func PeerTenant(ctx context.Context) (string, error) {
+	return identity.FromPeer(ctx), nil
+}
 
 type options struct {
 	tenant         TenantFunc
@@ -32,7 +42,7 @@ type options struct {
 }
 
 var defaultOptions = options{
-	tenant:         func(context.Context) (string, error) { return "", nil },
+	tenant:         PeerTenant,
 	files:          protoregistry.GlobalFiles,
 	types:          protoregistry.GlobalTypes,
 	logger:         slog.Default(),
@@ -52,7 +62,9 @@ const DefaultMaxOutcomeBytes = 1 << 20
 type Option func(*options)
 
 // WithTenant sets the function that names the tenant of each call. Defaults
-// to one that returns "" (a single tenant).
+// to PeerTenant: the caller's verified client certificate, or one shared
+// tenant over plaintext. Plug in your own authentication by returning the
+// identity your auth interceptor (chained before the gate) established.
 func WithTenant(f TenantFunc) Option {
 	return func(o *options) { o.tenant = f }
 }

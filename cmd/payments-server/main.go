@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/examples/payments"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
@@ -29,19 +30,25 @@ import (
 func main() {
 	listen := flag.String("listen", envOr("PAYMENTS_LISTEN", "127.0.0.1:50052"), "gRPC listen `address` of the tool server (env PAYMENTS_LISTEN)")
 	dedupeAddr := flag.String("dedupe", envOr("IDEMGATE_DEDUPE_ADDR", "127.0.0.1:50051"), "`address` of the dedupe service (env IDEMGATE_DEDUPE_ADDR)")
+	token := flag.String("dedupe-token", os.Getenv("IDEMGATE_DEDUPE_TOKEN"), "bearer `token` for a dedupe service started with -token-file (env IDEMGATE_DEDUPE_TOKEN)")
 	flag.Parse()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(*listen, *dedupeAddr, logger); err != nil {
+	if err := run(*listen, *dedupeAddr, *token, logger); err != nil {
 		logger.Error("payments-server failed", slog.Any("error", err))
 		os.Exit(1)
 	}
 }
 
-func run(listen, dedupeAddr string, logger *slog.Logger) error {
+func run(listen, dedupeAddr, token string, logger *slog.Logger) error {
 	// Plaintext is for this loopback example only; use TLS between machines.
-	conn, err := grpc.NewClient(dedupeAddr,
+	dial := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig),
+	}
+	if token != "" {
+		dial = append(dial, grpc.WithPerRPCCredentials(auth.BearerToken(token, true)))
+	}
+	conn, err := grpc.NewClient(dedupeAddr, dial...)
 	if err != nil {
 		return fmt.Errorf("dedupe client: %w", err)
 	}
