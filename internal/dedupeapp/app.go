@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/auth"
@@ -158,6 +159,9 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 	idemgatev1.RegisterDedupeServiceServer(srv, dedupesvc.NewServer(store, serverOpts...))
 	healthpb.RegisterHealthServer(srv, healthSrv)
 	healthSrv.SetServingStatus(idemgatev1.DedupeService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	if cfg.Reflection {
+		reflection.Register(srv)
+	}
 	grpcMetrics.InitializeMetrics(srv)
 	if cfg.MetricsListen != "" {
 		stopMetrics, err := serveMetrics(cfg.MetricsListen, registry, logger)

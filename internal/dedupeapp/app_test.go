@@ -192,3 +192,70 @@ func TestServeWithTokensRefusesStrangers(t *testing.T) {
 		t.Fatalf("with the token: %v", err)
 	}
 }
+
+// On shutdown, health turns NOT_SERVING first, and a call in flight still
+// gets its answer.
+func TestShutdownTurnsHealthFirstAndDrains(t *testing.T) {
+	t.Parallel()
+	cfg := dedupeapp.Config{DataDir: t.TempDir(), SweepInterval: time.Minute, SweepBatch: 100, ShutdownTimeout: 10 * time.Second,
+		PollInterval: 50 * time.Millisecond, UnknownRetention: time.Hour, MaxOutcomeBytes: 1 << 20, Reflection: true}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- dedupeapp.Serve(ctx, cfg, lis, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	dedupe := idemgatev1.NewDedupeServiceClient(conn)
+	bg := context.Background()
+	fp := sha256.Sum256([]byte("r"))
+	begin := func(token string, wait time.Duration) (*idemgatev1.BeginResponse, error) {
+		return dedupe.Begin(bg, &idemgatev1.BeginRequest{Scope: "/x.S/M", Key: "k", Fingerprint: fp[:], AttemptToken: token,
+			Lease: durationpb.New(time.Minute), Retention: durationpb.New(time.Hour), MaxWait: durationpb.New(wait)}, grpc.WaitForReady(true))
+	}
+	if _, err := begin("holder", 0); err != nil {
+		t.Fatal(err)
+	}
+
+	watchCtx, cancelWatch := context.WithCancel(bg)
+	defer cancelWatch()
+	watch, err := healthpb.NewHealthClient(conn).Watch(watchCtx, &healthpb.HealthCheckRequest{Service: "idemgate.v1.DedupeService"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first, err := watch.Recv(); err != nil || first.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health = %v, %v; want SERVING", first, err)
+	}
+
+	type answer struct {
+		res *idemgatev1.BeginResponse
+		err error
+		at  time.Time
+	}
+	waiter := make(chan answer, 1)
+	go func() { res, err := begin("waiter", 2*time.Second); waiter <- answer{res, err, time.Now()} }()
+	time.Sleep(300 * time.Millisecond) // the waiter is in flight
+	stop()
+
+	next, err := watch.Recv()
+	if err != nil || next.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health after shutdown began = %v, %v; want NOT_SERVING", next, err)
+	}
+	notServingAt := time.Now()
+	cancelWatch()
+	got := <-waiter
+	if got.err != nil || got.res.GetInFlight() == nil {
+		t.Fatalf("the in-flight call: %v, %v; want its answer (still in flight) despite the shutdown", got.res, got.err)
+	}
+	if got.at.Before(notServingAt) {
+		t.Fatal("the in-flight call ended before health turned NOT_SERVING")
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+}

@@ -82,6 +82,9 @@ type Config struct {
 	// InsecurePlaintext allows plaintext on an address that is not loopback.
 	// Defaults to false (IDEMGATE_INSECURE_PLAINTEXT).
 	InsecurePlaintext bool
+	// Reflection registers the gRPC server reflection service, for grpcurl
+	// and the like. Defaults to false (IDEMGATE_REFLECTION).
+	Reflection bool
 }
 
 // authConfigured reports whether callers must authenticate.
@@ -153,6 +156,7 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 	fs.StringVar(&cfg.TokenFile, "token-file", env("IDEMGATE_TOKEN_FILE", ""), "`file` of accepted bearer tokens, \"name client|admin secret\" per line (env IDEMGATE_TOKEN_FILE)")
 	admins := fs.String("admin-identities", env("IDEMGATE_ADMIN_IDENTITIES", ""), "comma-separated certificate identities allowed the admin RPCs (env IDEMGATE_ADMIN_IDENTITIES)")
 	fs.BoolVar(&cfg.InsecurePlaintext, "insecure-plaintext", boolEnv("IDEMGATE_INSECURE_PLAINTEXT", false), "allow plaintext on an address that is not loopback (env IDEMGATE_INSECURE_PLAINTEXT)")
+	fs.BoolVar(&cfg.Reflection, "reflection", boolEnv("IDEMGATE_REFLECTION", false), "serve gRPC server reflection (env IDEMGATE_REFLECTION)")
 	level := fs.String("log-level", env("IDEMGATE_LOG_LEVEL", "info"), "log `level`: debug, info, warn or error (env IDEMGATE_LOG_LEVEL)")
 	if len(errs) > 0 {
 		return Config{}, errors.Join(errs...)
