@@ -1,9 +1,6 @@
 package dedupesvc
 
-import (
-	"context"
-	"strings"
-)
+import "context"
 
 // Caller is who called the Dedupe service, as an authenticator established
 // it (see dedupesvc/auth).
@@ -38,14 +35,6 @@ const namespaceSeparator = "\x1f"
 // caller's name, so callers cannot reach each other's records. Without an
 // authenticated caller (no authenticator installed) the scope is stored as is.
 func namespaced(ctx context.Context, scope string) string {
-	c, ok := CallerFromContext(ctx)
-	if !ok || c.Name == "" {
-		return scope
-	}
-	var b strings.Builder
-	b.Grow(len(c.Name) + 1 + len(scope))
-	b.WriteString(c.Name)
-	b.WriteString(namespaceSeparator)
-	b.WriteString(scope)
-	return b.String()
+	c, _ := CallerFromContext(ctx)
+	return JoinScope(c.Name, scope)
 }

@@ -156,7 +156,13 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 		grpcMetrics.UnaryServerInterceptor(),
 		logging.UnaryServerInterceptor(grpcLogger(logger), logging.WithLevels(codeLevel)),
 	))...)
-	idemgatev1.RegisterDedupeServiceServer(srv, dedupesvc.NewServer(store, serverOpts...))
+	service := dedupesvc.NewServer(store, serverOpts...)
+	idemgatev1.RegisterDedupeServiceServer(srv, service)
+	admin, err := dedupesvc.NewAdminServer(store, service)
+	if err != nil {
+		return err
+	}
+	idemgatev1.RegisterAdminServiceServer(srv, admin)
 	healthpb.RegisterHealthServer(srv, healthSrv)
 	healthSrv.SetServingStatus(idemgatev1.DedupeService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	if cfg.Reflection {

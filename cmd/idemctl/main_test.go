@@ -1,0 +1,137 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/idemgate/idemgate/dedupesvc/auth"
+	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/dedupeapp"
+	"github.com/idemgate/idemgate/internal/pgtest"
+)
+
+const (
+	adminToken    = "ops-admin-secret-0123456789"
+	paymentsToken = "payments-secret-0123456789"
+	scope         = "/examples.payments.v1.PaymentsService/ChargeCard"
+)
+
+// idemctl settles an unknown outcome end to end against a running service,
+// on each store.
+func TestResolveAnUnknownOutcomeEndToEnd(t *testing.T) {
+	t.Parallel()
+	for name, store := range map[string]dedupeapp.Config{
+		"embedded": {DataDir: t.TempDir()},
+		"postgres": {DatabaseURL: pgtest.SchemaURL(t), MigrateOnStart: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			addr := serve(t, store)
+			payments := dedupeClient(t, addr, paymentsToken)
+			ctx := context.Background()
+
+			// A tool server reserved order-8842 and died mid-call.
+			fp := sha256.Sum256([]byte("charge order-8842"))
+			begin := func(token string) *idemgatev1.BeginResponse {
+				res, err := payments.Begin(ctx, &idemgatev1.BeginRequest{Scope: scope, Key: "order-8842", Fingerprint: fp[:], AttemptToken: token,
+					Lease: durationpb.New(time.Second), Retention: durationpb.New(time.Hour)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return res
+			}
+			begin("crashed")
+			time.Sleep(1200 * time.Millisecond)
+			if begin("retry").GetOutcomeUnknown() == nil {
+				t.Fatal("the record is not outcome-unknown")
+			}
+
+			out := idemctl(t, 0, addr, adminToken, "list", "-state", "unknown")
+			if !strings.Contains(out, "unknown") || !strings.Contains(out, "payments") || !strings.Contains(out, "order-8842") {
+				t.Fatalf("list:\n%s", out)
+			}
+			if out := idemctl(t, 0, addr, adminToken, "count"); !strings.Contains(out, "unknown  "+scope+"  1") {
+				t.Fatalf("count:\n%s", out)
+			}
+			if out := idemctl(t, 0, addr, adminToken, "migrations"); !strings.Contains(out, "applied") {
+				t.Fatalf("migrations:\n%s", out)
+			}
+			// Only admins may.
+			if out := idemctl(t, 1, addr, paymentsToken, "list"); !strings.Contains(out, "PermissionDenied") {
+				t.Fatalf("list as a non-admin:\n%s", out)
+			}
+			if out := idemctl(t, 2, addr, adminToken, "resolve", "-scope", scope, "-key", "order-8842", "-namespace", "payments",
+				"-complete-json", `{"chargeId": 42}`); !strings.Contains(out, "not a valid examples.payments.v1.ChargeCardResponse") {
+				t.Fatalf("resolve with bad JSON:\n%s", out)
+			}
+
+			idemctl(t, 0, addr, adminToken, "resolve", "-scope", scope, "-key", "order-8842", "-namespace", "payments",
+				"-complete-json", `{"chargeId": "ch_000042", "customerId": "cust_17", "amountCents": "4200"}`)
+			replay := begin("after-resolve").GetCompleted()
+			got := &paymentsv1.ChargeCardResponse{}
+			if replay == nil || replay.GetOutcome().UnmarshalTo(got) != nil ||
+				!proto.Equal(got, &paymentsv1.ChargeCardResponse{ChargeId: "ch_000042", CustomerId: "cust_17", AmountCents: 4200}) {
+				t.Fatalf("after idemctl resolve: %v, want the resolved charge replayed", replay)
+			}
+			if out := idemctl(t, 0, addr, adminToken, "show", "-scope", scope, "-key", "order-8842", "-namespace", "payments"); !strings.Contains(out, "completed") {
+				t.Fatalf("show:\n%s", out)
+			}
+		})
+	}
+}
+
+func idemctl(t *testing.T, wantCode int, addr, token string, args ...string) string {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	code := run(append([]string{"-addr", addr, "-token", token}, args...), &stdout, &stderr)
+	if code != wantCode {
+		t.Fatalf("idemctl %v exited %d, want %d\nstdout:\n%s\nstderr:\n%s", args, code, wantCode, stdout.String(), stderr.String())
+	}
+	return stdout.String() + stderr.String()
+}
+
+func serve(t *testing.T, cfg dedupeapp.Config) string {
+	t.Helper()
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte("ops admin "+adminToken+"\npayments client "+paymentsToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.TokenFile = tokens
+	cfg.SweepInterval, cfg.SweepBatch, cfg.ShutdownTimeout = time.Minute, 100, 5*time.Second
+	cfg.PollInterval, cfg.UnknownRetention, cfg.MaxOutcomeBytes = 100*time.Millisecond, time.Hour, 1<<20
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = dedupeapp.Serve(ctx, cfg, lis, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	t.Cleanup(func() { stop(); <-done })
+	return lis.Addr().String()
+}
+
+func dedupeClient(t *testing.T, addr, token string) idemgatev1.DedupeServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithPerRPCCredentials(auth.BearerToken(token, true)), grpc.WithDefaultCallOptions(grpc.WaitForReady(true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return idemgatev1.NewDedupeServiceClient(conn)
+}

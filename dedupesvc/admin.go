@@ -1,0 +1,149 @@
+package dedupesvc
+
+import (
+	"context"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/grpcerr"
+)
+
+// AdminServer implements idemgatev1.AdminServiceServer: what an operator
+// (idemctl) needs to inspect and settle records of every calling service.
+// Install an authenticator (dedupesvc/auth) so only admins reach it.
+type AdminServer struct {
+	idemgatev1.UnimplementedAdminServiceServer
+	store     Store
+	inspector Inspector
+	service   *Server
+}
+
+// NewAdminServer returns the admin service over store, which must also be
+// an Inspector (both bundled stores are). service is the Dedupe service whose
+// validation and error mapping it shares.
+func NewAdminServer(store Store, service *Server) (*AdminServer, error) {
+	inspector, ok := store.(Inspector)
+	if !ok {
+		return nil, fmt.Errorf("dedupesvc: the store %T cannot list records (it is not a dedupesvc.Inspector)", store)
+	}
+	return &AdminServer{store: store, inspector: inspector, service: service}, nil
+}
+
+func storedID(ref *idemgatev1.RecordRef) (RecordID, error) {
+	if err := validateRecordID(ref.GetScope(), ref.GetKey(), "admin"); err != nil {
+		return RecordID{}, err
+	}
+	return RecordID{Scope: JoinScope(ref.GetNamespace(), ref.GetScope()), Key: ref.GetKey()}, nil
+}
+
+func toProto(r StoredRecord) *idemgatev1.Record {
+	ns, scope := SplitScope(r.ID.Scope)
+	out := &idemgatev1.Record{
+		Ref:            &idemgatev1.RecordRef{Namespace: ns, Scope: scope, Key: r.ID.Key},
+		State:          r.State,
+		Epoch:          r.Epoch,
+		OutcomeTypeUrl: r.Outcome.TypeURL,
+		OutcomeSize:    r.OutcomeSize,
+		LeaseExpiresAt: timestamppb.New(r.LeaseExpiresAt),
+		ExpiresAt:      timestamppb.New(r.ExpiresAt),
+	}
+	if !r.CompletedAt.IsZero() {
+		out.CompletedAt = timestamppb.New(r.CompletedAt)
+	}
+	return out
+}
+
+// GetRecord implements idemgatev1.AdminServiceServer.
+func (a *AdminServer) GetRecord(ctx context.Context, req *idemgatev1.GetRecordRequest) (*idemgatev1.GetRecordResponse, error) {
+	id, err := storedID(req.GetRef())
+	if err != nil {
+		return nil, err
+	}
+	r, found, err := a.inspector.GetRecord(ctx, id)
+	if err != nil {
+		return nil, a.service.storeError(ctx, "GetRecord", err)
+	}
+	if !found {
+		return nil, grpcerr.New(codes.NotFound, ReasonRecordNotFound, "no record for this namespace, scope and key", nil, 0)
+	}
+	return &idemgatev1.GetRecordResponse{Record: toProto(r)}, nil
+}
+
+// ListRecords implements idemgatev1.AdminServiceServer.
+func (a *AdminServer) ListRecords(ctx context.Context, req *idemgatev1.ListRecordsRequest) (*idemgatev1.ListRecordsResponse, error) {
+	switch req.GetState() {
+	case "", StateInFlight, StateCompleted, StateReleased, StateUnknown:
+	default:
+		return nil, invalid("state", fmt.Sprintf("state %q is not in_flight, completed, released or unknown", req.GetState()))
+	}
+	limit := int(req.GetLimit())
+	switch {
+	case limit == 0:
+		limit = 100
+	case limit < 0 || limit > 1000:
+		return nil, invalid("limit", "limit must be between 1 and 1000")
+	}
+	records, err := a.inspector.ListRecords(ctx, req.GetState(), limit)
+	if err != nil {
+		return nil, a.service.storeError(ctx, "ListRecords", err)
+	}
+	resp := &idemgatev1.ListRecordsResponse{}
+	for _, r := range records {
+		resp.Records = append(resp.Records, toProto(r))
+	}
+	return resp, nil
+}
+
+// CountRecords implements idemgatev1.AdminServiceServer.
+func (a *AdminServer) CountRecords(ctx context.Context, _ *idemgatev1.CountRecordsRequest) (*idemgatev1.CountRecordsResponse, error) {
+	counts, err := a.inspector.CountRecords(ctx)
+	if err != nil {
+		return nil, a.service.storeError(ctx, "CountRecords", err)
+	}
+	resp := &idemgatev1.CountRecordsResponse{}
+	for _, c := range CountByMethod(counts) {
+		resp.Counts = append(resp.Counts, &idemgatev1.CountRecordsResponse_Count{State: c.State, Method: c.Method, Count: c.Count})
+	}
+	return resp, nil
+}
+
+// ResolveRecord implements idemgatev1.AdminServiceServer.
+func (a *AdminServer) ResolveRecord(ctx context.Context, req *idemgatev1.ResolveRecordRequest) (*idemgatev1.ResolveRecordResponse, error) {
+	id, err := storedID(req.GetRef())
+	if err != nil {
+		return nil, err
+	}
+	params := ResolveParams{Scope: id.Scope, Key: id.Key}
+	switch r := req.GetResolution().(type) {
+	case *idemgatev1.ResolveRecordRequest_Complete:
+		outcome, err := a.service.validOutcome("complete", r.Complete)
+		if err != nil {
+			return nil, err
+		}
+		params.Complete = &outcome
+	case *idemgatev1.ResolveRecordRequest_Release_:
+	default:
+		return nil, invalid("resolution", "resolution is required: complete with an outcome, or release")
+	}
+	if err := a.store.Resolve(ctx, params); err != nil {
+		return nil, a.service.storeError(ctx, "ResolveRecord", err)
+	}
+	a.service.opts.metrics.count(outcomeResolved)
+	return &idemgatev1.ResolveRecordResponse{}, nil
+}
+
+// GetMigrationStatus implements idemgatev1.AdminServiceServer.
+func (a *AdminServer) GetMigrationStatus(ctx context.Context, _ *idemgatev1.GetMigrationStatusRequest) (*idemgatev1.GetMigrationStatusResponse, error) {
+	store, migrations, err := a.inspector.MigrationStatus(ctx)
+	if err != nil {
+		return nil, a.service.storeError(ctx, "GetMigrationStatus", err)
+	}
+	resp := &idemgatev1.GetMigrationStatusResponse{Store: store}
+	for _, m := range migrations {
+		resp.Migrations = append(resp.Migrations, &idemgatev1.GetMigrationStatusResponse_Migration{Name: m.Name, Applied: m.Applied})
+	}
+	return resp, nil
+}

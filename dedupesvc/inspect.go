@@ -1,0 +1,101 @@
+package dedupesvc
+
+import (
+	"context"
+	"sort"
+	"strings"
+)
+
+// Inspector is what the admin RPCs need from a Store beyond Store itself.
+// Both stores implement it.
+type Inspector interface {
+	// GetRecord returns one record by its stored scope and key.
+	GetRecord(ctx context.Context, id RecordID) (StoredRecord, bool, error)
+	// ListRecords lists up to limit records, outcome-unknown ones first, then
+	// by expiry; state, when not empty, filters by state.
+	ListRecords(ctx context.Context, state string, limit int) ([]StoredRecord, error)
+	// CountRecords counts records by state and stored scope.
+	CountRecords(ctx context.Context) ([]ScopeCount, error)
+	// MigrationStatus names the store and lists its migrations.
+	MigrationStatus(ctx context.Context) (store string, migrations []MigrationState, err error)
+}
+
+// StoredRecord is a record with its identity, as the admin RPCs show it.
+type StoredRecord struct {
+	// ID is the stored scope (caller namespace included) and key.
+	ID RecordID
+	// Record is the record; its Outcome.Value is left empty.
+	Record
+	// OutcomeSize is the stored outcome's size in bytes.
+	OutcomeSize int64
+}
+
+// ScopeCount is how many records one stored scope has in one state.
+type ScopeCount struct {
+	// State is one of the State constants.
+	State string
+	// Scope is the stored scope.
+	Scope string
+	// Count is the number of records.
+	Count int64
+}
+
+// MigrationState is one migration and whether the store has it.
+type MigrationState struct {
+	// Name is the migration's file name.
+	Name string
+	// Applied reports whether the store has run it.
+	Applied bool
+}
+
+// SplitScope splits a stored scope into the calling service's namespace
+// (empty without authentication) and the scope the interceptor sent.
+func SplitScope(stored string) (namespace, scope string) {
+	if ns, rest, ok := strings.Cut(stored, namespaceSeparator); ok {
+		return ns, rest
+	}
+	return "", stored
+}
+
+// JoinScope is the inverse of SplitScope.
+func JoinScope(namespace, scope string) string {
+	if namespace == "" {
+		return scope
+	}
+	return namespace + namespaceSeparator + scope
+}
+
+// MethodOf returns the full method name at the start of a scope the
+// interceptor sent ("/pkg.Service/Method|tenant").
+func MethodOf(scope string) string {
+	method, _, _ := strings.Cut(scope, "|")
+	return method
+}
+
+// MethodCount is how many records one method has in one state, across
+// namespaces and tenants.
+type MethodCount struct {
+	State, Method string
+	Count         int64
+}
+
+// CountByMethod folds scope counts into method counts, sorted by state then
+// method.
+func CountByMethod(counts []ScopeCount) []MethodCount {
+	sums := map[[2]string]int64{}
+	for _, c := range counts {
+		_, scope := SplitScope(c.Scope)
+		sums[[2]string{c.State, MethodOf(scope)}] += c.Count
+	}
+	out := make([]MethodCount, 0, len(sums))
+	for k, n := range sums {
+		out = append(out, MethodCount{State: k[0], Method: k[1], Count: n})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].State != out[j].State {
+			return out[i].State < out[j].State
+		}
+		return out[i].Method < out[j].Method
+	})
+	return out
+}

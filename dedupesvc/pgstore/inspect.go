@@ -1,0 +1,97 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+)
+
+var _ dedupesvc.Inspector = (*Store)(nil)
+
+// listSQL selects records for the admin RPCs; the outcome's size, not its
+// bytes, so a listing stays small.
+const listSQL = `
+SELECT scope, idempotency_key, state, epoch, coalesce(outcome_type_url, ''), coalesce(octet_length(outcome_value), 0),
+       lease_expires_at, completed_at, expires_at
+FROM idemgate_records`
+
+func scanRecord(row pgx.Row) (dedupesvc.StoredRecord, error) {
+	var (
+		r           dedupesvc.StoredRecord
+		completedAt *time.Time
+	)
+	err := row.Scan(&r.ID.Scope, &r.ID.Key, &r.State, &r.Epoch, &r.Outcome.TypeURL, &r.OutcomeSize,
+		&r.LeaseExpiresAt, &completedAt, &r.ExpiresAt)
+	if completedAt != nil {
+		r.CompletedAt = *completedAt
+	}
+	return r, err
+}
+
+// GetRecord implements dedupesvc.Inspector.
+func (s *Store) GetRecord(ctx context.Context, id dedupesvc.RecordID) (dedupesvc.StoredRecord, bool, error) {
+	r, err := scanRecord(s.pool.QueryRow(ctx, listSQL+` WHERE scope = $1 AND idempotency_key = $2`, id.Scope, id.Key))
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return dedupesvc.StoredRecord{}, false, nil
+	case err != nil:
+		return dedupesvc.StoredRecord{}, false, fmt.Errorf("pgstore: get record: %w", err)
+	}
+	return r, true, nil
+}
+
+// ListRecords implements dedupesvc.Inspector.
+func (s *Store) ListRecords(ctx context.Context, state string, limit int) ([]dedupesvc.StoredRecord, error) {
+	rows, err := s.pool.Query(ctx, listSQL+`
+WHERE $1 = '' OR state = $1
+ORDER BY state <> 'unknown', expires_at
+LIMIT $2`, state, limit)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: list records: %w", err)
+	}
+	defer rows.Close()
+	var out []dedupesvc.StoredRecord
+	for rows.Next() {
+		r, err := scanRecord(rows)
+		if err != nil {
+			return nil, fmt.Errorf("pgstore: list records: %w", err)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// CountRecords implements dedupesvc.Inspector.
+func (s *Store) CountRecords(ctx context.Context) ([]dedupesvc.ScopeCount, error) {
+	rows, err := s.pool.Query(ctx, `SELECT state, scope, count(*) FROM idemgate_records GROUP BY state, scope`)
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: count records: %w", err)
+	}
+	var c dedupesvc.ScopeCount
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (dedupesvc.ScopeCount, error) {
+		err := row.Scan(&c.State, &c.Scope, &c.Count)
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgstore: count records: %w", err)
+	}
+	return out, nil
+}
+
+// MigrationStatus implements dedupesvc.Inspector.
+func (s *Store) MigrationStatus(ctx context.Context) (string, []dedupesvc.MigrationState, error) {
+	status, err := Status(ctx, s.pool)
+	if err != nil {
+		return "", nil, err
+	}
+	out := make([]dedupesvc.MigrationState, len(status))
+	for i, m := range status {
+		out[i] = dedupesvc.MigrationState{Name: m.Name, Applied: m.Applied}
+	}
+	return "postgres", out, nil
+}

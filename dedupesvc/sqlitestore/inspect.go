@@ -1,0 +1,104 @@
+package sqlitestore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/migrations"
+)
+
+var _ dedupesvc.Inspector = (*Store)(nil)
+
+const listSQL = `
+SELECT scope, idempotency_key, state, epoch, coalesce(outcome_type_url, ''), coalesce(length(outcome_value), 0),
+       lease_expires_at, completed_at, expires_at
+FROM idemgate_records`
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanRecord(row scanner) (dedupesvc.StoredRecord, error) {
+	var (
+		r                         dedupesvc.StoredRecord
+		completedAt               sql.NullInt64
+		leaseExpiresAt, expiresAt int64
+	)
+	err := row.Scan(&r.ID.Scope, &r.ID.Key, &r.State, &r.Epoch, &r.Outcome.TypeURL, &r.OutcomeSize, &leaseExpiresAt, &completedAt, &expiresAt)
+	r.LeaseExpiresAt, r.ExpiresAt = time.UnixMilli(leaseExpiresAt), time.UnixMilli(expiresAt)
+	if completedAt.Valid {
+		r.CompletedAt = time.UnixMilli(completedAt.Int64)
+	}
+	return r, err
+}
+
+// GetRecord implements dedupesvc.Inspector.
+func (s *Store) GetRecord(ctx context.Context, id dedupesvc.RecordID) (dedupesvc.StoredRecord, bool, error) {
+	r, err := scanRecord(s.db.QueryRowContext(ctx, listSQL+` WHERE scope = ? AND idempotency_key = ?`, id.Scope, id.Key))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return dedupesvc.StoredRecord{}, false, nil
+	case err != nil:
+		return dedupesvc.StoredRecord{}, false, fmt.Errorf("sqlitestore: get record: %w", err)
+	}
+	return r, true, nil
+}
+
+// ListRecords implements dedupesvc.Inspector.
+func (s *Store) ListRecords(ctx context.Context, state string, limit int) ([]dedupesvc.StoredRecord, error) {
+	rows, err := s.db.QueryContext(ctx, listSQL+`
+WHERE :state = '' OR state = :state
+ORDER BY state <> 'unknown', expires_at
+LIMIT :limit`, sql.Named("state", state), sql.Named("limit", limit))
+	if err != nil {
+		return nil, fmt.Errorf("sqlitestore: list records: %w", err)
+	}
+	defer rows.Close()
+	var out []dedupesvc.StoredRecord
+	for rows.Next() {
+		r, err := scanRecord(rows)
+		if err != nil {
+			return nil, fmt.Errorf("sqlitestore: list records: %w", err)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// CountRecords implements dedupesvc.Inspector.
+func (s *Store) CountRecords(ctx context.Context) ([]dedupesvc.ScopeCount, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT state, scope, count(*) FROM idemgate_records GROUP BY state, scope`)
+	if err != nil {
+		return nil, fmt.Errorf("sqlitestore: count records: %w", err)
+	}
+	defer rows.Close()
+	var out []dedupesvc.ScopeCount
+	for rows.Next() {
+		var c dedupesvc.ScopeCount
+		if err := rows.Scan(&c.State, &c.Scope, &c.Count); err != nil {
+			return nil, fmt.Errorf("sqlitestore: count records: %w", err)
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// MigrationStatus implements dedupesvc.Inspector.
+func (s *Store) MigrationStatus(ctx context.Context) (string, []dedupesvc.MigrationState, error) {
+	all, err := migrations.List(migrations.SQLite, "sqlite")
+	if err != nil {
+		return "", nil, err
+	}
+	out := make([]dedupesvc.MigrationState, len(all))
+	for i, m := range all {
+		var one int
+		err := s.db.QueryRowContext(ctx, `SELECT 1 FROM idemgate_schema_migrations WHERE version = ?`, m.Version).Scan(&one)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return "", nil, err
+		}
+		out[i] = dedupesvc.MigrationState{Name: m.Name, Applied: err == nil}
+	}
+	return "sqlite", out, nil
+}
