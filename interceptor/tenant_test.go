@@ -32,7 +32,9 @@ func TestTenantsFromVerifiedPeers(t *testing.T) {
 	t.Parallel()
 	h := setup(t)
 	intercept := h.Gate.UnaryServerInterceptor()
-	handler := func(ctx context.Context, req any) (any, error) { return h.svc.Mutate(ctx, req.(*testingv1.MutateRequest)) }
+	handler := func(ctx context.Context, req any) (any, error) {
+		return h.svc.Mutate(ctx, req.(*testingv1.MutateRequest))
+	}
 	req := &testingv1.MutateRequest{Payload: "charge"}
 
 	a, err := intercept(verifiedPeer("spiffe://example.org/agent-a", "order-1"), req, mutateInfo, handler)

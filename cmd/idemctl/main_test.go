@@ -120,7 +120,10 @@ func serve(t *testing.T, cfg dedupeapp.Config) string {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); _ = dedupeapp.Serve(ctx, cfg, lis, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	go func() {
+		defer close(done)
+		_ = dedupeapp.Serve(ctx, cfg, lis, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}()
 	t.Cleanup(func() { stop(); <-done })
 	return lis.Addr().String()
 }
