@@ -36,6 +36,63 @@ func Run(t *testing.T, newStore func(t *testing.T) dedupesvc.Store) {
 	t.Run("SweeperDeletesExpiredInBatches", func(t *testing.T) { testSweeperDeletesExpiredInBatches(t, newStore) })
 	t.Run("LostOutcome", func(t *testing.T) { testLostOutcome(t, newStore) })
 	t.Run("Resolve", func(t *testing.T) { testResolve(t, newStore) })
+	t.Run("Inspector", func(t *testing.T) { testInspector(t, newStore) })
+}
+
+func testInspector(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
+	t.Parallel()
+	s := newStore(t)
+	inspector, ok := s.(dedupesvc.Inspector)
+	if !ok {
+		t.Skip("the store is not an Inspector")
+	}
+	// Records under two methods and two namespaces, one of them unknown.
+	add := func(scope, key string, lease time.Duration) dedupesvc.BeginResult {
+		p := begin("t-"+key, fpA, lease, long)
+		p.Scope, p.Key = scope, key
+		return mustBegin(t, s, p, dedupesvc.BeginReserved)
+	}
+	r := add(dedupesvc.JoinScope("svc-a", "/pkg.S/Charge|tenant-1"), "k1", long)
+	if err := s.Finish(ctx, dedupesvc.FinishParams{Scope: dedupesvc.JoinScope("svc-a", "/pkg.S/Charge|tenant-1"), Key: "k1", AttemptToken: "t-k1", Epoch: r.Epoch, Outcome: outA}); err != nil {
+		t.Fatal(err)
+	}
+	add(dedupesvc.JoinScope("svc-b", "/pkg.S/Charge"), "k2", long)
+	add("/pkg.S/Send", "k3", short)
+	time.Sleep(2 * short)
+	p := begin("t-other", fpA, long, long)
+	p.Scope, p.Key = "/pkg.S/Send", "k3"
+	mustBegin(t, s, p, dedupesvc.BeginOutcomeUnknown)
+
+	all, err := inspector.ListRecords(ctx, "", 10)
+	if err != nil || len(all) != 3 || all[0].State != dedupesvc.StateUnknown {
+		t.Fatalf("ListRecords = %+v, %v; want 3 records, the unknown one first", all, err)
+	}
+	completed, err := inspector.ListRecords(ctx, dedupesvc.StateCompleted, 10)
+	if err != nil || len(completed) != 1 || completed[0].ID.Key != "k1" || completed[0].OutcomeSize != int64(len(outA.Value)) || completed[0].Outcome.TypeURL != outA.TypeURL {
+		t.Fatalf("ListRecords(completed) = %+v, %v", completed, err)
+	}
+	if limited, err := inspector.ListRecords(ctx, "", 2); err != nil || len(limited) != 2 {
+		t.Fatalf("ListRecords(limit 2) = %d records, %v", len(limited), err)
+	}
+	got, found, err := inspector.GetRecord(ctx, dedupesvc.RecordID{Scope: dedupesvc.JoinScope("svc-b", "/pkg.S/Charge"), Key: "k2"})
+	if err != nil || !found || got.State != dedupesvc.StateInFlight {
+		t.Fatalf("GetRecord = %+v, %v, %v", got, found, err)
+	}
+	if _, found, err := inspector.GetRecord(ctx, dedupesvc.RecordID{Scope: "/pkg.S/Charge", Key: "k2"}); err != nil || found {
+		t.Fatalf("GetRecord outside the namespace: found=%v, %v; want none", found, err)
+	}
+	counts, err := inspector.CountRecords(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byMethod := fmt.Sprint(dedupesvc.CountByMethod(counts))
+	if byMethod != "[{completed /pkg.S/Charge 1} {in_flight /pkg.S/Charge 1} {unknown /pkg.S/Send 1}]" {
+		t.Fatalf("counts by method = %s", byMethod)
+	}
+	store, migrations, err := inspector.MigrationStatus(ctx)
+	if err != nil || store == "" || len(migrations) == 0 || !migrations[0].Applied {
+		t.Fatalf("MigrationStatus = %q, %+v, %v", store, migrations, err)
+	}
 }
 
 var (
