@@ -21,6 +21,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -57,6 +62,12 @@ func OpenPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	}
 	return pool, nil
 }
+
+// Input bounds of the gRPC server.
+const (
+	maxHeaderBytes = 16 << 10
+	envelopeBytes  = 64 << 10
+)
 
 // backend is the store the service runs on, opened by Open.
 type backend struct {
@@ -151,6 +162,15 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 	if err != nil {
 		return err
 	}
+	tracing, stopTracing, err := tracingOption(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	grpcOpts = append(grpcOpts, tracing...)
+	// Bounded input: headers (keys, tokens, scopes) fit in 16 KiB, and no
+	// message is larger than the largest outcome plus its envelope.
+	grpcOpts = append(grpcOpts, grpc.MaxHeaderListSize(maxHeaderBytes), grpc.MaxRecvMsgSize(cfg.MaxOutcomeBytes+envelopeBytes))
 	healthSrv := health.NewServer()
 	srv := grpc.NewServer(append(grpcOpts, grpc.ChainUnaryInterceptor(
 		grpcMetrics.UnaryServerInterceptor(),
@@ -298,4 +318,31 @@ func securityOptions(cfg Config, logger *slog.Logger) ([]grpc.ServerOption, erro
 		return nil, err
 	}
 	return append(opts, grpc.ChainUnaryInterceptor(authenticator.UnaryServerInterceptor())), nil
+}
+
+// tracingOption returns the otelgrpc stats handler when tracing is on: with
+// cfg.TracerProvider, or an OTLP/gRPC exporter to cfg.OTLPEndpoint. Off, it
+// returns nothing and the server pays nothing.
+func tracingOption(ctx context.Context, cfg Config, logger *slog.Logger) ([]grpc.ServerOption, func(), error) {
+	provider := cfg.TracerProvider
+	stop := func() {}
+	if provider == nil {
+		if cfg.OTLPEndpoint == "" {
+			return nil, stop, nil
+		}
+		exporter, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(cfg.OTLPEndpoint), otlptracegrpc.WithInsecure())
+		if err != nil {
+			return nil, nil, fmt.Errorf("OTLP exporter: %w", err)
+		}
+		sdk := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter),
+			sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", "idemgate-dedupesvc"))))
+		provider = sdk
+		stop = func() {
+			shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = sdk.Shutdown(shutdownCtx)
+		}
+		logger.Info("tracing to OTLP", slog.String("endpoint", cfg.OTLPEndpoint))
+	}
+	return []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(provider)))}, stop, nil
 }

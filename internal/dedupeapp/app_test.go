@@ -11,10 +11,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -257,5 +260,42 @@ func TestShutdownTurnsHealthFirstAndDrains(t *testing.T) {
 	}
 	if err := <-served; err != nil {
 		t.Fatalf("Serve: %v", err)
+	}
+}
+
+func TestTracingWhenConfigured(t *testing.T) {
+	t.Parallel()
+	recorder := tracetest.NewSpanRecorder()
+	cfg := dedupeapp.Config{DataDir: t.TempDir(), SweepInterval: time.Minute, SweepBatch: 100, ShutdownTimeout: 5 * time.Second,
+		PollInterval: 100 * time.Millisecond, UnknownRetention: time.Hour, MaxOutcomeBytes: 1 << 20,
+		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = dedupeapp.Serve(ctx, cfg, lis, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}()
+	defer func() { stop(); <-done }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fp := sha256.Sum256([]byte("r"))
+	if _, err := idemgatev1.NewDedupeServiceClient(conn).Begin(context.Background(), &idemgatev1.BeginRequest{
+		Scope: "/x.S/M", Key: "k", Fingerprint: fp[:], AttemptToken: "a", Lease: durationpb.New(time.Minute), Retention: durationpb.New(time.Hour),
+	}, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range recorder.Ended() {
+		names = append(names, s.Name())
+	}
+	if !slices.Contains(names, "idemgate.v1.DedupeService/Begin") {
+		t.Fatalf("spans %v, want one for Begin", names)
 	}
 }

@@ -11,9 +11,12 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+
 	"strconv"
 	"strings"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config is the dedupesvc configuration. Every field has a flag and an
@@ -85,6 +88,13 @@ type Config struct {
 	// Reflection registers the gRPC server reflection service, for grpcurl
 	// and the like. Defaults to false (IDEMGATE_REFLECTION).
 	Reflection bool
+	// OTLPEndpoint turns OpenTelemetry tracing on, exporting spans over
+	// OTLP/gRPC to this host:port. Defaults to empty: off
+	// (OTEL_EXPORTER_OTLP_ENDPOINT).
+	OTLPEndpoint string
+	// TracerProvider, when set, traces with it instead of an OTLP exporter
+	// (for embedding and tests). Defaults to nil.
+	TracerProvider trace.TracerProvider
 }
 
 // authConfigured reports whether callers must authenticate.
@@ -157,6 +167,7 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 	admins := fs.String("admin-identities", env("IDEMGATE_ADMIN_IDENTITIES", ""), "comma-separated certificate identities allowed the admin RPCs (env IDEMGATE_ADMIN_IDENTITIES)")
 	fs.BoolVar(&cfg.InsecurePlaintext, "insecure-plaintext", boolEnv("IDEMGATE_INSECURE_PLAINTEXT", false), "allow plaintext on an address that is not loopback (env IDEMGATE_INSECURE_PLAINTEXT)")
 	fs.BoolVar(&cfg.Reflection, "reflection", boolEnv("IDEMGATE_REFLECTION", false), "serve gRPC server reflection (env IDEMGATE_REFLECTION)")
+	fs.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", env("OTEL_EXPORTER_OTLP_ENDPOINT", ""), "OpenTelemetry collector `host:port` (OTLP/gRPC); empty turns tracing off (env OTEL_EXPORTER_OTLP_ENDPOINT)")
 	level := fs.String("log-level", env("IDEMGATE_LOG_LEVEL", "info"), "log `level`: debug, info, warn or error (env IDEMGATE_LOG_LEVEL)")
 	if len(errs) > 0 {
 		return Config{}, errors.Join(errs...)
