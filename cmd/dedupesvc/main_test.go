@@ -3,7 +3,6 @@ package main_test
 import (
 	"bufio"
 	"context"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,8 +31,8 @@ func TestBinaryServesFromTheEmbeddedStore(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	addr := freeAddr(t)
-	cmd := exec.Command(bin, "-listen", addr, "-data-dir", filepath.Join(dir, "data"), "-metrics-listen", freeAddr(t))
+	addr := stacktest.FreeAddr(t)
+	cmd := exec.Command(bin, "-listen", addr, "-data-dir", filepath.Join(dir, "data"), "-metrics-listen", stacktest.FreeAddr(t))
 	for _, kv := range os.Environ() { // as on a machine with no DATABASE_URL
 		if !strings.HasPrefix(kv, "DATABASE_URL=") {
 			cmd.Env = append(cmd.Env, kv)
@@ -110,14 +109,4 @@ func TestBinaryServesFromTheEmbeddedStore(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("dedupesvc did not stop within 20s of SIGTERM")
 	}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lis.Close()
-	return lis.Addr().String()
 }

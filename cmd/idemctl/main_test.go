@@ -4,9 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"io"
-	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,6 +20,7 @@ import (
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
 	"github.com/idemgate/idemgate/internal/pgtest"
+	"github.com/idemgate/idemgate/internal/stacktest"
 )
 
 const (
@@ -112,20 +110,7 @@ func serve(t *testing.T, cfg dedupeapp.Config) string {
 		t.Fatal(err)
 	}
 	cfg.TokenFile = tokens
-	cfg.SweepInterval, cfg.SweepBatch, cfg.ShutdownTimeout = time.Minute, 100, 5*time.Second
-	cfg.PollInterval, cfg.UnknownRetention, cfg.MaxOutcomeBytes = 100*time.Millisecond, time.Hour, 1<<20
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = dedupeapp.Serve(ctx, cfg, lis, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	}()
-	t.Cleanup(func() { stop(); <-done })
-	return lis.Addr().String()
+	return stacktest.ServeApp(t, cfg)
 }
 
 func dedupeClient(t *testing.T, addr, token string) idemgatev1.DedupeServiceClient {

@@ -29,6 +29,7 @@ import (
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
 	"github.com/idemgate/idemgate/internal/pgtest"
+	"github.com/idemgate/idemgate/internal/stacktest"
 )
 
 func TestParseConfig(t *testing.T) {
@@ -81,7 +82,7 @@ func TestServeAnswersAndStopsGracefully(t *testing.T) {
 			t.Parallel()
 			cfg.SweepInterval, cfg.SweepBatch, cfg.ShutdownTimeout = time.Minute, 100, 5*time.Second
 			cfg.Notify, cfg.PollInterval, cfg.UnknownRetention, cfg.MaxOutcomeBytes = true, 100*time.Millisecond, time.Hour, 1<<20
-			cfg.MetricsListen = freeAddr(t)
+			cfg.MetricsListen = stacktest.FreeAddr(t)
 			serveAndStop(t, cfg)
 		})
 	}
@@ -134,16 +135,6 @@ func serveAndStop(t *testing.T, cfg dedupeapp.Config) {
 	}
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lis.Close()
-	return lis.Addr().String()
-}
-
 func getMetrics(t *testing.T, addr string) string {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
@@ -164,18 +155,10 @@ func TestServeWithTokensRefusesStrangers(t *testing.T) {
 	if err := os.WriteFile(tokens, []byte("payments client payments-secret-0123456789\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := dedupeapp.Config{DataDir: t.TempDir(), TokenFile: tokens, SweepInterval: time.Minute, SweepBatch: 100,
-		ShutdownTimeout: 5 * time.Second, PollInterval: 100 * time.Millisecond, UnknownRetention: time.Hour, MaxOutcomeBytes: 1 << 20}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	go func() { _ = dedupeapp.Serve(ctx, cfg, lis, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	addr := stacktest.ServeApp(t, dedupeapp.Config{DataDir: t.TempDir(), TokenFile: tokens})
 
 	call := func(opts ...grpc.DialOption) error {
-		conn, err := grpc.NewClient(lis.Addr().String(), append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+		conn, err := grpc.NewClient(addr, append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 		if err != nil {
 			t.Fatal(err)
 		}
