@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/interceptor"
 )
@@ -99,7 +100,20 @@ func BenchmarkGatedReplay(b *testing.B) {
 // BenchmarkSQLFloor runs the store's Begin and Finish statements directly on
 // pgx, with no gRPC: the floor a gated fresh-key call cannot go below.
 func BenchmarkSQLFloor(b *testing.B) {
-	h := setup(b)
+	benchmarkStoreFloor(b, setup(b).Store)
+}
+
+// BenchmarkEmbeddedStoreFloor is the same on the embedded SQLite store.
+func BenchmarkEmbeddedStoreFloor(b *testing.B) {
+	store, err := sqlitestore.Open(context.Background(), b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer store.Close()
+	benchmarkStoreFloor(b, store)
+}
+
+func benchmarkStoreFloor(b *testing.B, store dedupesvc.Store) {
 	fp := sha256.Sum256([]byte("charge"))
 	outcome := dedupesvc.Outcome{TypeURL: "type.googleapis.com/idemgate.testing.v1.MutateResponse", Value: []byte("\n\x06charge\x10\x01")}
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -108,14 +122,14 @@ func BenchmarkSQLFloor(b *testing.B) {
 		b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) {
 			parallel(b, c, func(n int64) error {
 				key := fmt.Sprintf("floor-%s-%d-%d", run, c, n)
-				res, err := h.Store.Begin(ctx, dedupesvc.BeginParams{
+				res, err := store.Begin(ctx, dedupesvc.BeginParams{
 					Scope: "/bench.S/M", Key: key, Fingerprint: fp[:], AttemptToken: key,
 					Lease: time.Minute, Retention: time.Hour,
 				})
 				if err != nil {
 					return err
 				}
-				return h.Store.Finish(ctx, dedupesvc.FinishParams{Scope: "/bench.S/M", Key: key, AttemptToken: key, Epoch: res.Epoch, Outcome: outcome})
+				return store.Finish(ctx, dedupesvc.FinishParams{Scope: "/bench.S/M", Key: key, AttemptToken: key, Epoch: res.Epoch, Outcome: outcome})
 			})
 		})
 	}
