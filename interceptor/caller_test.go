@@ -276,6 +276,12 @@ func TestStrictModeAndStreams(t *testing.T) {
 	if _, err := interceptor.New(idemgatev1.NewDedupeServiceClient(nil), interceptor.WithFiles(files)); err != nil {
 		t.Fatalf("New without strict mode: %v, want it built", err)
 	}
+	if _, err := interceptor.New(idemgatev1.NewDedupeServiceClient(nil), interceptor.WithFiles(files), interceptor.WithStrict("bad.v1.BadService")); err == nil {
+		t.Fatal("strict mode naming the service: built, want refused")
+	}
+	if _, err := interceptor.New(idemgatev1.NewDedupeServiceClient(nil), interceptor.WithFiles(files), interceptor.WithStrict("other.v1.Service")); err != nil {
+		t.Fatalf("strict mode naming another service: %v, want built", err)
+	}
 
 	h := setup(t)
 	stream, err := h.client.Watch(context.Background(), &testingv1.MutateRequest{Payload: "tick"})

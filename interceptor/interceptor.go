@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -92,14 +93,32 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 		return nil, err
 	}
 	if len(r.unclassified) > 0 {
-		if o.strict {
+		if refused := strictRefusals(r.unclassified, o); len(refused) > 0 {
 			return nil, fmt.Errorf("idemgate: strict mode: %d methods are neither marked mutating nor declared safe with idempotency_level "+
-				"(NO_SIDE_EFFECTS or IDEMPOTENT); classify each: %s", len(r.unclassified), strings.Join(r.unclassified, ", "))
+				"(NO_SIDE_EFFECTS or IDEMPOTENT); classify each: %s", len(refused), strings.Join(refused, ", "))
 		}
 		o.logger.Info("idemgate: these methods are neither marked mutating nor declared safe with idempotency_level, so they are not gated; "+
 			"classify them, or use WithStrict to refuse such methods", slog.Any("methods", r.unclassified))
 	}
 	return &Gate{dedupe: dedupe, methods: r.gated, opts: o, metrics: metrics}, nil
+}
+
+// strictRefusals returns the unclassified methods strict mode refuses.
+func strictRefusals(unclassified []string, o options) []string {
+	if !o.strict {
+		return nil
+	}
+	if len(o.strictServices) == 0 {
+		return unclassified
+	}
+	var refused []string
+	for _, m := range unclassified {
+		service, _, _ := strings.Cut(strings.TrimPrefix(m, "/"), "/")
+		if slices.Contains(o.strictServices, service) {
+			refused = append(refused, m)
+		}
+	}
+	return refused
 }
 
 // Close waits until every outcome still being retried in the background is

@@ -37,6 +37,7 @@ type options struct {
 	finishBudget   time.Duration
 	reconcilers    map[string]Reconciler
 	strict         bool
+	strictServices []string
 	maxOutcome     int
 	registerer     prometheus.Registerer
 }
@@ -133,13 +134,16 @@ func WithRegisterer(reg prometheus.Registerer) Option {
 	return func(o *options) { o.registerer = reg }
 }
 
-// WithStrict makes New refuse to build while any method in the registry
-// (other than gRPC's own grpc.* services) is neither marked mutating nor
-// declared safe with idempotency_level NO_SIDE_EFFECTS or IDEMPOTENT. By
-// default such methods are left ungated and listed once in an Info log line
-// when the Gate is built.
-func WithStrict() Option {
-	return func(o *options) { o.strict = true }
+// WithStrict makes New refuse to build while a method of the named services
+// (full names, such as "examples.payments.v1.PaymentsService") is neither
+// marked mutating nor declared safe with idempotency_level NO_SIDE_EFFECTS or
+// IDEMPOTENT. With no names it holds every service in the registry to that,
+// except gRPC's own grpc.* services; name yours when the binary links other
+// libraries' services (an OpenTelemetry exporter links one). By default such
+// methods are left ungated and listed once in an Info log line when the Gate
+// is built.
+func WithStrict(services ...string) Option {
+	return func(o *options) { o.strict, o.strictServices = true, services }
 }
 
 // WithReconciler registers the Reconciler of one gated method, by full
