@@ -2,6 +2,8 @@ package dedupesvc
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"time"
 )
 
@@ -120,4 +122,61 @@ func RefusedResolve(r Record, found bool, now time.Time, p ResolveParams) error 
 		return nil
 	}
 	return ErrNotUnknown
+}
+
+// BeginSteps are a store's three statements for Begin; RunBegin drives them.
+type BeginSteps struct {
+	// Read returns the key's record, whether there is one, and the clock
+	// reading DecideBegin judges it by.
+	Read func(ctx context.Context) (r Record, found bool, now time.Time, err error)
+	// MarkUnknown turns the in-flight record of epoch, read at now, into an
+	// outcome-unknown one, and reports whether it did (false: it changed
+	// meanwhile).
+	MarkUnknown func(ctx context.Context, epoch int64, now time.Time) (bool, error)
+	// Reserve runs the reserving upsert and reports whether it took the key
+	// (false: another attempt holds it), with the new epoch and lease end.
+	Reserve func(ctx context.Context, now time.Time) (epoch int64, leaseExpiresAt time.Time, reserved bool, err error)
+}
+
+// maxBeginRounds bounds RunBegin's loop of read and write: the record can
+// change between the two (it expires, is released, taken or swept), which
+// needs one more round, never many.
+const maxBeginRounds = 4
+
+// RunBegin is Begin for any store: read the record, decide, and carry out the
+// step, again if the record changed in between. It reads first, so a
+// duplicate costs one read and no write.
+func RunBegin(ctx context.Context, p BeginParams, steps BeginSteps) (BeginResult, error) {
+	for range maxBeginRounds {
+		r, found, now, err := steps.Read(ctx)
+		if err != nil {
+			return BeginResult{}, err
+		}
+		step := StepReserve
+		var res BeginResult
+		if found {
+			res, step = DecideBegin(r, p, now)
+		}
+		switch step {
+		case StepAnswer:
+			return res, nil
+		case StepMarkUnknown:
+			marked, err := steps.MarkUnknown(ctx, r.Epoch, now)
+			if err != nil {
+				return BeginResult{}, err
+			}
+			if marked {
+				return BeginResult{State: BeginOutcomeUnknown, Epoch: r.Epoch, LeaseExpiresAt: r.LeaseExpiresAt}, nil
+			}
+			continue
+		}
+		epoch, leaseEnd, reserved, err := steps.Reserve(ctx, now)
+		if err != nil {
+			return BeginResult{}, err
+		}
+		if reserved {
+			return BeginResult{State: BeginReserved, Epoch: epoch, LeaseExpiresAt: leaseEnd}, nil
+		}
+	}
+	return BeginResult{}, fmt.Errorf("dedupesvc: the record of the key kept changing over %d rounds", maxBeginRounds)
 }

@@ -105,11 +105,6 @@ func NotifyID(scope, key string) string {
 	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
-// maxBeginRounds bounds Begin's loop of read and write: the row can change
-// between the two (it expires, is released, taken or swept), which needs one
-// more round, never many.
-const maxBeginRounds = 4
-
 // readSQL reads a key's row with the database's clock, so expiry is judged by
 // one clock across every dedupe service replica.
 const readSQL = `
@@ -161,48 +156,40 @@ SET state = 'unknown',
 WHERE scope = $1 AND idempotency_key = $2 AND epoch = $3
   AND state = 'in_flight' AND lease_expires_at <= now()`
 
-// Begin implements dedupesvc.Store. It reads first, so a duplicate (a replay,
-// an in-flight, unknown or mismatched key) costs one read and no commit; only
-// when the read finds the key free does it write, and then the single upsert
-// decides who holds it.
+// Begin implements dedupesvc.Store, through dedupesvc.RunBegin: it reads
+// first, so a duplicate costs one read and no commit; only a free key is
+// written, and then the single upsert decides who holds it.
 func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.BeginResult, error) {
-	for range maxBeginRounds {
-		row, found, err := s.read(ctx, p.Scope, p.Key)
-		if err != nil {
-			return dedupesvc.BeginResult{}, err
-		}
-		step := dedupesvc.StepReserve
-		var res dedupesvc.BeginResult
-		if found {
-			res, step = dedupesvc.DecideBegin(row.Record, p, row.now)
-		}
-		switch step {
-		case dedupesvc.StepAnswer:
-			return res, nil
-		case dedupesvc.StepMarkUnknown:
-			n, err := s.change(ctx, s.markUnknownSQL, p.Scope, p.Key, p.Scope, p.Key, row.Epoch, p.UnknownRetention.Milliseconds())
+	return dedupesvc.RunBegin(ctx, p, dedupesvc.BeginSteps{
+		Read: func(ctx context.Context) (dedupesvc.Record, bool, time.Time, error) {
+			row, found, err := s.read(ctx, p.Scope, p.Key)
+			return row.Record, found, row.now, err
+		},
+		MarkUnknown: func(ctx context.Context, epoch int64, _ time.Time) (bool, error) {
+			n, err := s.change(ctx, s.markUnknownSQL, p.Scope, p.Key, p.Scope, p.Key, epoch, p.UnknownRetention.Milliseconds())
 			if err != nil {
-				return dedupesvc.BeginResult{}, fmt.Errorf("pgstore: mark outcome unknown: %w", err)
+				return false, fmt.Errorf("pgstore: mark outcome unknown: %w", err)
 			}
-			if n == 1 {
-				return dedupesvc.BeginResult{State: dedupesvc.BeginOutcomeUnknown, Epoch: row.Epoch, LeaseExpiresAt: row.LeaseExpiresAt}, nil
+			return n == 1, nil
+		},
+		Reserve: func(ctx context.Context, _ time.Time) (int64, time.Time, bool, error) {
+			var (
+				epoch    int64
+				leaseEnd time.Time
+			)
+			err := s.pool.QueryRow(ctx, reserveSQL,
+				p.Scope, p.Key, p.Fingerprint, p.AttemptToken, p.Lease.Milliseconds(), p.Retention.Milliseconds(),
+				p.OnLostOutcome == dedupesvc.Reexecute,
+			).Scan(&epoch, &leaseEnd)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+				return 0, time.Time{}, false, nil
+			case err != nil:
+				return 0, time.Time{}, false, fmt.Errorf("pgstore: reserve: %w", err)
 			}
-			continue // the holder renewed or settled meanwhile: look again
-		}
-		err = s.pool.QueryRow(ctx, reserveSQL,
-			p.Scope, p.Key, p.Fingerprint, p.AttemptToken, p.Lease.Milliseconds(), p.Retention.Milliseconds(),
-			p.OnLostOutcome == dedupesvc.Reexecute,
-		).Scan(&res.Epoch, &res.LeaseExpiresAt)
-		switch {
-		case err == nil:
-			res.State = dedupesvc.BeginReserved
-			return res, nil
-		case !errors.Is(err, pgx.ErrNoRows):
-			return dedupesvc.BeginResult{}, fmt.Errorf("pgstore: reserve: %w", err)
-		}
-		// Another attempt took the key between the read and the upsert.
-	}
-	return dedupesvc.BeginResult{}, fmt.Errorf("pgstore: the record of the key kept changing over %d rounds", maxBeginRounds)
+			return epoch, leaseEnd, true, nil
+		},
+	})
 }
 
 // record is one row as read by readSQL.

@@ -121,8 +121,6 @@ func (s *Store) migrate(ctx context.Context) error {
 	return nil
 }
 
-const maxBeginRounds = 4
-
 const readSQL = `
 SELECT fingerprint, state, attempt_token, epoch, outcome_type_url, outcome_value,
        lease_expires_at, completed_at, expires_at
@@ -162,48 +160,37 @@ WHERE scope = :scope AND idempotency_key = :key AND epoch = :epoch
 
 // Begin implements dedupesvc.Store.
 func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.BeginResult, error) {
-	for range maxBeginRounds {
-		now := s.now()
-		row, found, err := s.read(ctx, p.Scope, p.Key)
-		if err != nil {
-			return dedupesvc.BeginResult{}, err
-		}
-		step := dedupesvc.StepReserve
-		var res dedupesvc.BeginResult
-		if found {
-			res, step = dedupesvc.DecideBegin(row, p, now)
-		}
-		switch step {
-		case dedupesvc.StepAnswer:
-			return res, nil
-		case dedupesvc.StepMarkUnknown:
+	return dedupesvc.RunBegin(ctx, p, dedupesvc.BeginSteps{
+		Read: func(ctx context.Context) (dedupesvc.Record, bool, time.Time, error) {
+			now := s.now()
+			r, found, err := s.read(ctx, p.Scope, p.Key)
+			return r, found, now, err
+		},
+		MarkUnknown: func(ctx context.Context, epoch int64, now time.Time) (bool, error) {
 			n, err := s.change(ctx, p.Scope, p.Key, markUnknownSQL,
 				sql.Named("now", now.UnixMilli()), sql.Named("unknown", p.UnknownRetention.Milliseconds()),
-				sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("epoch", row.Epoch))
+				sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("epoch", epoch))
 			if err != nil {
-				return dedupesvc.BeginResult{}, fmt.Errorf("sqlitestore: mark outcome unknown: %w", err)
+				return false, fmt.Errorf("sqlitestore: mark outcome unknown: %w", err)
 			}
-			if n == 1 {
-				return dedupesvc.BeginResult{State: dedupesvc.BeginOutcomeUnknown, Epoch: row.Epoch, LeaseExpiresAt: row.LeaseExpiresAt}, nil
+			return n == 1, nil
+		},
+		Reserve: func(ctx context.Context, now time.Time) (int64, time.Time, bool, error) {
+			var epoch, leaseEnd int64
+			err := s.db.QueryRowContext(ctx, reserveSQL,
+				sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("fp", p.Fingerprint), sql.Named("token", p.AttemptToken),
+				sql.Named("retention", p.Retention.Milliseconds()), sql.Named("lease", p.Lease.Milliseconds()),
+				sql.Named("now", now.UnixMilli()), sql.Named("reexecute", p.OnLostOutcome == dedupesvc.Reexecute),
+			).Scan(&epoch, &leaseEnd)
+			switch {
+			case errors.Is(err, sql.ErrNoRows):
+				return 0, time.Time{}, false, nil
+			case err != nil:
+				return 0, time.Time{}, false, fmt.Errorf("sqlitestore: reserve: %w", err)
 			}
-			continue
-		}
-		var leaseEnd int64
-		err = s.db.QueryRowContext(ctx, reserveSQL,
-			sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("fp", p.Fingerprint), sql.Named("token", p.AttemptToken),
-			sql.Named("retention", p.Retention.Milliseconds()), sql.Named("lease", p.Lease.Milliseconds()),
-			sql.Named("now", now.UnixMilli()), sql.Named("reexecute", p.OnLostOutcome == dedupesvc.Reexecute),
-		).Scan(&res.Epoch, &leaseEnd)
-		switch {
-		case err == nil:
-			res.State = dedupesvc.BeginReserved
-			res.LeaseExpiresAt = time.UnixMilli(leaseEnd)
-			return res, nil
-		case !errors.Is(err, sql.ErrNoRows):
-			return dedupesvc.BeginResult{}, fmt.Errorf("sqlitestore: reserve: %w", err)
-		}
-	}
-	return dedupesvc.BeginResult{}, fmt.Errorf("sqlitestore: the record of the key kept changing over %d rounds", maxBeginRounds)
+			return epoch, time.UnixMilli(leaseEnd), true, nil
+		},
+	})
 }
 
 func (s *Store) read(ctx context.Context, scope, key string) (dedupesvc.Record, bool, error) {
