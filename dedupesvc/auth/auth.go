@@ -138,6 +138,20 @@ func (a *Authenticator) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	}
 }
 
+// StreamServerInterceptor authenticates streams (server reflection, when it
+// is on) the same way; the health service's Watch stays open to probes.
+func (a *Authenticator) StreamServerInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if strings.HasPrefix(info.FullMethod, "/grpc.health.v1.Health/") {
+			return handler(srv, ss)
+		}
+		if _, err := a.Authenticate(ss.Context()); err != nil {
+			return err
+		}
+		return handler(srv, ss)
+	}
+}
+
 // Authenticate returns the caller of ctx's call, or UNAUTHENTICATED.
 func (a *Authenticator) Authenticate(ctx context.Context) (dedupesvc.Caller, error) {
 	if name := identity.FromPeer(ctx); name != "" {

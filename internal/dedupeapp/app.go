@@ -317,7 +317,8 @@ func securityOptions(cfg Config, logger *slog.Logger) ([]grpc.ServerOption, erro
 	if err != nil {
 		return nil, err
 	}
-	return append(opts, grpc.ChainUnaryInterceptor(authenticator.UnaryServerInterceptor())), nil
+	return append(opts, grpc.ChainUnaryInterceptor(authenticator.UnaryServerInterceptor()),
+		grpc.ChainStreamInterceptor(authenticator.StreamServerInterceptor())), nil
 }
 
 // tracingOption returns the otelgrpc stats handler when tracing is on: with

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -155,7 +156,7 @@ func TestServeWithTokensRefusesStrangers(t *testing.T) {
 	if err := os.WriteFile(tokens, []byte("payments client payments-secret-0123456789\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := stacktest.ServeApp(t, dedupeapp.Config{DataDir: t.TempDir(), TokenFile: tokens})
+	addr := stacktest.ServeApp(t, dedupeapp.Config{DataDir: t.TempDir(), TokenFile: tokens, Reflection: true})
 
 	call := func(opts ...grpc.DialOption) error {
 		conn, err := grpc.NewClient(addr, append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
@@ -176,6 +177,21 @@ func TestServeWithTokensRefusesStrangers(t *testing.T) {
 	}
 	if err := call(grpc.WithPerRPCCredentials(auth.BearerToken("payments-secret-0123456789", true))); err != nil {
 		t.Fatalf("with the token: %v", err)
+	}
+
+	// Streams are authenticated too: server reflection refuses a stranger.
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(context.Background())
+	if err == nil {
+		_ = stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}})
+		_, err = stream.Recv()
+	}
+	if status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("reflection without a token: %v, want UNAUTHENTICATED", err)
 	}
 }
 
