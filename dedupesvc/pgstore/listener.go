@@ -3,7 +3,6 @@ package pgstore
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,8 +22,7 @@ type Listener struct {
 	pool     *pgxpool.Pool
 	logger   *slog.Logger
 
-	mu      sync.Mutex
-	waiters map[string]map[chan struct{}]struct{}
+	waiters dedupesvc.Waiters[string] // by NotifyID
 }
 
 var _ dedupesvc.Notifier = (*Listener)(nil)
@@ -32,7 +30,7 @@ var _ dedupesvc.Notifier = (*Listener)(nil)
 // NewListener returns a Listener on channel (DefaultChannel unless the Store
 // was given another) that connects like pool. Run starts it.
 func NewListener(pool *pgxpool.Pool, channel string, logger *slog.Logger) *Listener {
-	l := &Listener{waiters: map[string]map[chan struct{}]struct{}{}, pool: pool, logger: logger}
+	l := &Listener{pool: pool, logger: logger}
 	connConfig := pool.Config().ConnConfig
 	l.listener = &pgxlisten.Listener{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
@@ -46,7 +44,7 @@ func NewListener(pool *pgxpool.Pool, channel string, logger *slog.Logger) *Liste
 		ReconnectDelay: 2 * time.Second,
 	}
 	l.listener.Handle(channel, pgxlisten.HandlerFunc(func(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
-		l.wake(n.Payload)
+		l.waiters.Wake(n.Payload)
 		return nil
 	}))
 	return l
@@ -68,48 +66,14 @@ WHERE scope = $1 AND idempotency_key = $2 AND state = 'in_flight'`
 // so the change that settles it sends a NOTIFY; if that fails the waiter
 // still polls.
 func (l *Listener) Subscribe(ctx context.Context, scope, key string) (<-chan struct{}, func()) {
-	ch, unsubscribe := l.subscribe(scope, key)
+	id := NotifyID(scope, key)
+	ch, unsubscribe := l.waiters.Add(id)
 	tag, err := l.pool.Exec(ctx, watchSQL, scope, key)
 	switch {
 	case err != nil:
 		l.logger.WarnContext(ctx, "could not ask for a notification; the waiter polls", slog.Any("error", err))
 	case tag.RowsAffected() == 0:
-		l.wake(NotifyID(scope, key))
+		l.waiters.Wake(id)
 	}
 	return ch, unsubscribe
-}
-
-func (l *Listener) subscribe(scope, key string) (<-chan struct{}, func()) {
-	id := NotifyID(scope, key)
-	ch := make(chan struct{}, 1)
-	l.mu.Lock()
-	set, ok := l.waiters[id]
-	if !ok {
-		set = map[chan struct{}]struct{}{}
-		l.waiters[id] = set
-	}
-	set[ch] = struct{}{}
-	l.mu.Unlock()
-	var once sync.Once
-	return ch, func() {
-		once.Do(func() {
-			l.mu.Lock()
-			delete(set, ch)
-			if len(set) == 0 {
-				delete(l.waiters, id)
-			}
-			l.mu.Unlock()
-		})
-	}
-}
-
-func (l *Listener) wake(id string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for ch := range l.waiters[id] {
-		select {
-		case ch <- struct{}{}:
-		default: // already woken; it will re-read anyway
-		}
-	}
 }

@@ -16,7 +16,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
@@ -35,8 +34,7 @@ type Store struct {
 	path string
 	now  func() time.Time
 
-	mu      sync.Mutex
-	waiters map[dedupesvc.RecordID]map[chan struct{}]struct{}
+	waiters dedupesvc.Waiters[dedupesvc.RecordID]
 }
 
 var (
@@ -67,7 +65,7 @@ func Open(ctx context.Context, dir string) (*Store, error) {
 	// One connection serialises the statements of this process: SQLite has
 	// one writer anyway, and no statement waits on another's lock.
 	db.SetMaxOpenConns(1)
-	s := &Store{db: db, path: path, now: time.Now, waiters: map[dedupesvc.RecordID]map[chan struct{}]struct{}{}}
+	s := &Store{db: db, path: path, now: time.Now}
 	if err := s.migrate(ctx); err != nil {
 		db.Close()
 		return nil, err
@@ -232,7 +230,7 @@ func (s *Store) change(ctx context.Context, scope, key, query string, args ...an
 		return 0, err
 	}
 	if n > 0 {
-		s.wake(dedupesvc.RecordID{Scope: scope, Key: key})
+		s.waiters.Wake(dedupesvc.RecordID{Scope: scope, Key: key})
 	}
 	return n, nil
 }
@@ -387,38 +385,9 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.
 // missed.
 func (s *Store) Subscribe(ctx context.Context, scope, key string) (<-chan struct{}, func()) {
 	id := dedupesvc.RecordID{Scope: scope, Key: key}
-	ch := make(chan struct{}, 1)
-	s.mu.Lock()
-	set, ok := s.waiters[id]
-	if !ok {
-		set = map[chan struct{}]struct{}{}
-		s.waiters[id] = set
-	}
-	set[ch] = struct{}{}
-	s.mu.Unlock()
+	ch, unsubscribe := s.waiters.Add(id)
 	if row, found, err := s.read(ctx, scope, key); err != nil || !found || row.State != dedupesvc.StateInFlight {
-		s.wake(id)
+		s.waiters.Wake(id)
 	}
-	var once sync.Once
-	return ch, func() {
-		once.Do(func() {
-			s.mu.Lock()
-			delete(set, ch)
-			if len(set) == 0 {
-				delete(s.waiters, id)
-			}
-			s.mu.Unlock()
-		})
-	}
-}
-
-func (s *Store) wake(id dedupesvc.RecordID) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for ch := range s.waiters[id] {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
+	return ch, unsubscribe
 }
