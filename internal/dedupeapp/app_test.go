@@ -7,7 +7,6 @@ import (
 	"flag"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -90,15 +89,8 @@ func TestServeAnswersAndStopsGracefully(t *testing.T) {
 }
 
 func serveAndStop(t *testing.T, cfg dedupeapp.Config) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- dedupeapp.Serve(ctx, cfg, lis, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
-
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	addr, stop := stacktest.StartApp(t, cfg)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +117,8 @@ func serveAndStop(t *testing.T, cfg dedupeapp.Config) {
 		}
 	}
 
-	stop()
+	served := make(chan error, 1)
+	go func() { served <- stop() }()
 	select {
 	case err := <-served:
 		if err != nil {
@@ -199,16 +192,8 @@ func TestServeWithTokensRefusesStrangers(t *testing.T) {
 // gets its answer.
 func TestShutdownTurnsHealthFirstAndDrains(t *testing.T) {
 	t.Parallel()
-	cfg := dedupeapp.Config{DataDir: t.TempDir(), SweepInterval: time.Minute, SweepBatch: 100, ShutdownTimeout: 10 * time.Second,
-		PollInterval: 50 * time.Millisecond, UnknownRetention: time.Hour, MaxOutcomeBytes: 1 << 20, Reflection: true}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- dedupeapp.Serve(ctx, cfg, lis, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	addr, stop := stacktest.StartApp(t, dedupeapp.Config{DataDir: t.TempDir(), ShutdownTimeout: 10 * time.Second, PollInterval: 50 * time.Millisecond})
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +227,8 @@ func TestShutdownTurnsHealthFirstAndDrains(t *testing.T) {
 	waiter := make(chan answer, 1)
 	go func() { res, err := begin("waiter", 2*time.Second); waiter <- answer{res, err, time.Now()} }()
 	time.Sleep(300 * time.Millisecond) // the waiter is in flight
-	stop()
+	served := make(chan error, 1)
+	go func() { served <- stop() }()
 
 	next, err := watch.Recv()
 	if err != nil || next.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
@@ -268,18 +254,8 @@ func TestTracingWhenConfigured(t *testing.T) {
 	cfg := dedupeapp.Config{DataDir: t.TempDir(), SweepInterval: time.Minute, SweepBatch: 100, ShutdownTimeout: 5 * time.Second,
 		PollInterval: 100 * time.Millisecond, UnknownRetention: time.Hour, MaxOutcomeBytes: 1 << 20,
 		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = dedupeapp.Serve(ctx, cfg, lis, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	}()
-	defer func() { stop(); <-done }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	addr := stacktest.ServeApp(t, cfg)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,11 +266,16 @@ func TestTracingWhenConfigured(t *testing.T) {
 	}, grpc.WaitForReady(true)); err != nil {
 		t.Fatal(err)
 	}
+	// The server span ends just after the response is sent: give it a moment.
 	var names []string
-	for _, s := range recorder.Ended() {
-		names = append(names, s.Name())
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		names = names[:0]
+		for _, s := range recorder.Ended() {
+			names = append(names, s.Name())
+		}
+		if slices.Contains(names, "idemgate.v1.DedupeService/Begin") {
+			return
+		}
 	}
-	if !slices.Contains(names, "idemgate.v1.DedupeService/Begin") {
-		t.Fatalf("spans %v, want one for Begin", names)
-	}
+	t.Fatalf("spans %v, want one for Begin", names)
 }

@@ -27,6 +27,19 @@ func FreeAddr(tb testing.TB) string {
 // test-sized values; set DataDir or DatabaseURL to choose the store.
 func ServeApp(tb testing.TB, cfg dedupeapp.Config) string {
 	tb.Helper()
+	addr, stop := StartApp(tb, cfg)
+	tb.Cleanup(func() {
+		if err := stop(); err != nil {
+			tb.Errorf("dedupeapp.Serve: %v", err)
+		}
+	})
+	return addr
+}
+
+// StartApp is ServeApp for a test that stops the service itself: stop ends
+// Serve's context and returns what Serve returned. Call it once.
+func StartApp(tb testing.TB, cfg dedupeapp.Config) (addr string, stop func() error) {
+	tb.Helper()
 	if cfg.SweepInterval == 0 {
 		cfg.SweepInterval = time.Minute
 	}
@@ -49,14 +62,11 @@ func ServeApp(tb testing.TB, cfg dedupeapp.Config) string {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := dedupeapp.Serve(ctx, cfg, lis, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
-			tb.Errorf("dedupeapp.Serve: %v", err)
-		}
-	}()
-	tb.Cleanup(func() { stop(); <-done })
-	return lis.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- dedupeapp.Serve(ctx, cfg, lis, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	return lis.Addr().String(), func() error {
+		cancel()
+		return <-served
+	}
 }
