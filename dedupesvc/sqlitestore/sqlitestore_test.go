@@ -1,10 +1,17 @@
 package sqlitestore_test
 
 import (
+	"bytes"
 	"context"
 	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idemgate/idemgate/dedupesvc"
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	"github.com/idemgate/idemgate/dedupesvc/storetest"
 )
@@ -47,5 +54,84 @@ func TestReopenKeepsRecordsAndMigratesOnce(t *testing.T) {
 	p.AttemptToken = "t2"
 	if res, err := s.Begin(ctx, p); err != nil || res.State != dedupesvc.BeginCompleted || string(res.Outcome.Value) != "v" {
 		t.Fatalf("after reopening: %+v, %v; want the stored outcome", res, err)
+	}
+}
+
+// TestWaitingDuplicateIsWokenInProcess proves the embedded store's own
+// notifier: the poll interval is longer than the wait, so only a wake-up from
+// Finish or Release can answer the waiting duplicate before it gives up.
+func TestWaitingDuplicateIsWokenInProcess(t *testing.T) {
+	t.Parallel()
+	outcome := &anypb.Any{TypeUrl: "type.googleapis.com/pkg.Response", Value: []byte("charged once")}
+	tests := []struct {
+		name   string
+		settle func(*dedupesvc.Server, *idemgatev1.BeginRequest, int64) error
+		check  func(*testing.T, *idemgatev1.BeginResponse)
+	}{
+		{
+			name: "Finish replays the outcome",
+			settle: func(srv *dedupesvc.Server, req *idemgatev1.BeginRequest, epoch int64) error {
+				_, err := srv.Finish(context.Background(), &idemgatev1.FinishRequest{Scope: req.GetScope(), Key: req.GetKey(), AttemptToken: req.GetAttemptToken(), Epoch: epoch, Outcome: outcome})
+				return err
+			},
+			check: func(t *testing.T, resp *idemgatev1.BeginResponse) {
+				got := resp.GetCompleted().GetOutcome()
+				if got.GetTypeUrl() != outcome.GetTypeUrl() || !bytes.Equal(got.GetValue(), outcome.GetValue()) {
+					t.Fatalf("the waiter got %v, want the original's outcome", resp)
+				}
+			},
+		},
+		{
+			name: "Release hands the key over",
+			settle: func(srv *dedupesvc.Server, req *idemgatev1.BeginRequest, epoch int64) error {
+				_, err := srv.Release(context.Background(), &idemgatev1.ReleaseRequest{Scope: req.GetScope(), Key: req.GetKey(), AttemptToken: req.GetAttemptToken(), Epoch: epoch})
+				return err
+			},
+			check: func(t *testing.T, resp *idemgatev1.BeginResponse) {
+				if resp.GetReserved() == nil {
+					t.Fatalf("the waiter got %v, want the reservation", resp)
+				}
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			store, err := sqlitestore.Open(context.Background(), t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = store.Close() })
+			srv := dedupesvc.NewServer(store, dedupesvc.WithNotifier(store), dedupesvc.WithPollInterval(time.Hour))
+
+			original := &idemgatev1.BeginRequest{
+				Scope: "/pkg.S/Charge", Key: "order-1", Fingerprint: make([]byte, 32), AttemptToken: "original",
+				Lease: durationpb.New(time.Minute), Retention: durationpb.New(time.Hour),
+			}
+			reserved, err := srv.Begin(context.Background(), original)
+			if err != nil || reserved.GetReserved() == nil {
+				t.Fatalf("the original's Begin = %v, %v; want reserved", reserved, err)
+			}
+			duplicate := proto.CloneOf(original)
+			duplicate.AttemptToken, duplicate.MaxWait = "duplicate", durationpb.New(10 * time.Second)
+			answered := make(chan *idemgatev1.BeginResponse, 1)
+			go func() {
+				resp, err := srv.Begin(context.Background(), duplicate)
+				if err != nil {
+					t.Errorf("the duplicate's Begin: %v", err)
+				}
+				answered <- resp
+			}()
+			for srv.WaitStats().Started == 0 {
+				time.Sleep(5 * time.Millisecond)
+			}
+			if err := tt.settle(srv, original, reserved.GetReserved().GetEpoch()); err != nil {
+				t.Fatal(err)
+			}
+			tt.check(t, <-answered)
+			if stats := srv.WaitStats(); stats.Notified != 1 || stats.Polled != 0 {
+				t.Fatalf("wait stats %+v, want one wake-up by notification and no poll", stats)
+			}
+		})
 	}
 }
