@@ -2,7 +2,10 @@ package dedupesvc
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -86,15 +89,58 @@ func (a *AdminServer) ListRecords(ctx context.Context, req *idemgatev1.ListRecor
 	case limit < 0 || limit > 1000:
 		return nil, invalid("limit", "limit must be between 1 and 1000")
 	}
-	records, err := a.inspector.ListRecords(ctx, req.GetState(), limit)
+	q := ListQuery{State: req.GetState(), Limit: limit + 1} // one more tells whether a next page exists
+	if req.GetPageToken() != "" {
+		after, err := decodePageToken(req.GetPageToken(), req.GetState())
+		if err != nil {
+			return nil, err
+		}
+		q.After = &after
+	}
+	records, err := a.inspector.ListRecords(ctx, q)
 	if err != nil {
 		return nil, a.service.storeError(ctx, "ListRecords", err)
 	}
 	resp := &idemgatev1.ListRecordsResponse{}
+	if len(records) > limit {
+		records = records[:limit]
+		resp.NextPageToken = encodePageToken(req.GetState(), PositionOf(records[limit-1]))
+	}
 	for _, r := range records {
 		resp.Records = append(resp.Records, toProto(r))
 	}
 	return resp, nil
+}
+
+// pageToken is what a ListRecords page token carries: the listing's state
+// filter and the last listed record's position. It is opaque to callers but
+// not secret: an admin may list every record anyway.
+type pageToken struct {
+	State     string `json:"s"`
+	Unknown   bool   `json:"u,omitempty"`
+	ExpiresAt int64  `json:"e"` // Unix microseconds, PostgreSQL's precision
+	Scope     string `json:"n"`
+	Key       string `json:"k"`
+}
+
+func encodePageToken(state string, p ListPosition) string {
+	raw, _ := json.Marshal(pageToken{State: state, Unknown: p.Unknown, ExpiresAt: p.ExpiresAt.UnixMicro(), Scope: p.ID.Scope, Key: p.ID.Key}) // cannot fail: strings, a bool and an int
+	return base64.RawURLEncoding.EncodeToString(raw)
+}
+
+func decodePageToken(token, state string) (ListPosition, error) {
+	var t pageToken
+	raw, err := base64.RawURLEncoding.DecodeString(token)
+	if err == nil {
+		err = json.Unmarshal(raw, &t)
+	}
+	if err != nil {
+		return ListPosition{}, invalid("page_token", "page_token is not a next_page_token from ListRecords; start without one")
+	}
+	if t.State != state {
+		return ListPosition{}, invalid("page_token", fmt.Sprintf("page_token continues a listing of state %q, not %q; pass the same state", t.State, state))
+	}
+	return ListPosition{Unknown: t.Unknown, ExpiresAt: time.UnixMicro(t.ExpiresAt), ID: RecordID{Scope: t.Scope, Key: t.Key}}, nil
 }
 
 // CountRecords implements idemgatev1.AdminServiceServer.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Inspector is what the admin RPCs need from a Store beyond Store itself.
@@ -11,9 +12,8 @@ import (
 type Inspector interface {
 	// GetRecord returns one record by its stored scope and key.
 	GetRecord(ctx context.Context, id RecordID) (StoredRecord, bool, error)
-	// ListRecords lists up to limit records, outcome-unknown ones first, then
-	// by expiry; state, when not empty, filters by state.
-	ListRecords(ctx context.Context, state string, limit int) ([]StoredRecord, error)
+	// ListRecords lists one page of records in listing order (ListPosition).
+	ListRecords(ctx context.Context, q ListQuery) ([]StoredRecord, error)
 	// CountRecords counts records by state and stored scope.
 	CountRecords(ctx context.Context) ([]ScopeCount, error)
 	// MigrationStatus names the store and lists its migrations.
@@ -28,6 +28,35 @@ type StoredRecord struct {
 	Record
 	// OutcomeSize is the stored outcome's size in bytes.
 	OutcomeSize int64
+}
+
+// ListQuery selects one page of records for Inspector.ListRecords.
+type ListQuery struct {
+	// State, when not empty, lists only records in that state.
+	State string
+	// Limit is the most records the page holds.
+	Limit int
+	// After, when set, starts the page after this position; nil starts at the
+	// beginning.
+	After *ListPosition
+}
+
+// ListPosition is a record's place in the listing order: outcome-unknown
+// records first (they need an operator), then by expiry, scope and key. The
+// order is total, so a listing resumed after a position neither repeats nor
+// skips a record that stayed put.
+type ListPosition struct {
+	// Unknown reports whether the record's outcome is unknown.
+	Unknown bool
+	// ExpiresAt is the record's expiry.
+	ExpiresAt time.Time
+	// ID is the record's stored scope and key.
+	ID RecordID
+}
+
+// PositionOf returns r's place in the listing order.
+func PositionOf(r StoredRecord) ListPosition {
+	return ListPosition{Unknown: r.State == StateUnknown, ExpiresAt: r.ExpiresAt, ID: r.ID}
 }
 
 // ScopeCount is how many records one stored scope has in one state.

@@ -3,7 +3,7 @@
 // and method, settle an unknown outcome, and report migration status.
 //
 //	idemctl [connection flags] show -scope S -key K [-namespace N]
-//	idemctl [connection flags] list [-state unknown] [-limit 100]
+//	idemctl [connection flags] list [-state unknown] [-limit 100] [-page-token T | -all]
 //	idemctl [connection flags] count
 //	idemctl [connection flags] resolve -scope S -key K [-namespace N] -release
 //	idemctl [connection flags] resolve -scope S -key K [-namespace N] -complete-json '{"chargeId": "ch_1"}' [-descriptors set.binpb]
@@ -46,6 +46,9 @@ import (
 	"github.com/idemgate/idemgate/internal/grpcerr"
 )
 
+// rpcTimeout bounds each admin RPC.
+const rpcTimeout = 30 * time.Second
+
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
@@ -54,7 +57,8 @@ const usage = `usage: idemctl [connection flags] <command> [flags]
 
 commands:
   show        -scope S -key K [-namespace N]     one record
-  list        [-state S] [-limit N]              records, outcome-unknown first
+  list        [-state S] [-limit N] [-page-token T | -all]
+                                                 records, outcome-unknown first, a page at a time
   count                                          records by state and method
   resolve     -scope S -key K [-namespace N] (-release | -complete-json JSON [-descriptors FILE])
                                                  settle an outcome-unknown record
@@ -86,7 +90,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	defer conn.Close()
 	admin := idemgatev1.NewAdminServiceClient(conn)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), rpcTimeout)
 	defer cancel()
 
 	cmd := flag.NewFlagSet(top.Arg(0), flag.ContinueOnError)
@@ -95,7 +99,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	scope := cmd.String("scope", "", "the record's scope: the full method, then |tenant if any")
 	key := cmd.String("key", "", "the idempotency key")
 	state := cmd.String("state", "", "list only this state: in_flight, completed, released or unknown")
-	limit := cmd.Int("limit", 100, "list at most this many records")
+	limit := cmd.Int("limit", 100, "list: records per page, 1 to 1000")
+	pageToken := cmd.String("page-token", "", "list: resume after the page that printed this token")
+	all := cmd.Bool("all", false, "list: walk every page")
 	release := cmd.Bool("release", false, "resolve: the side effect did not happen; the next call runs")
 	completeJSON := cmd.String("complete-json", "", "resolve: the outcome, as JSON of the method's response type")
 	descriptors := cmd.String("descriptors", "", "resolve: a FileDescriptorSet (buf build -o set.binpb) holding the method, if idemctl does not know it")
@@ -121,14 +127,29 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		w.Flush()
 	case "list":
-		resp, err := admin.ListRecords(ctx, &idemgatev1.ListRecordsRequest{State: *state, Limit: int32(*limit)})
-		if err != nil {
-			return fail(stderr, err)
-		}
+		req := &idemgatev1.ListRecordsRequest{State: *state, Limit: int32(*limit), PageToken: *pageToken}
 		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "STATE\tNAMESPACE\tSCOPE\tKEY\tEPOCH\tEXPIRES")
-		for _, r := range resp.GetRecords() {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", r.GetState(), r.GetRef().GetNamespace(), r.GetRef().GetScope(), r.GetRef().GetKey(), r.GetEpoch(), stamp(r.GetExpiresAt().AsTime()))
+		for {
+			pageCtx, cancelPage := context.WithTimeout(context.Background(), rpcTimeout) // per page: -all may walk many
+			resp, err := admin.ListRecords(pageCtx, req)
+			cancelPage()
+			if err != nil {
+				w.Flush()
+				return fail(stderr, err)
+			}
+			for _, r := range resp.GetRecords() {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", r.GetState(), r.GetRef().GetNamespace(), r.GetRef().GetScope(), r.GetRef().GetKey(), r.GetEpoch(), stamp(r.GetExpiresAt().AsTime()))
+			}
+			req.PageToken = resp.GetNextPageToken()
+			if req.PageToken == "" {
+				break
+			}
+			if !*all {
+				w.Flush()
+				fmt.Fprintf(stderr, "more records: add -page-token %s (or -all)\n", req.PageToken)
+				break
+			}
 		}
 		w.Flush()
 	case "count":

@@ -63,7 +63,34 @@ func TestResolveAnUnknownOutcomeEndToEnd(t *testing.T) {
 			if !strings.Contains(out, "unknown") || !strings.Contains(out, "payments") || !strings.Contains(out, "order-8842") {
 				t.Fatalf("list:\n%s", out)
 			}
-			if out := idemctl(t, 0, addr, adminToken, "count"); !strings.Contains(out, "unknown  "+scope+"  1") {
+			// Paging: two more records in flight, listed a page at a time,
+			// the unknown one first.
+			for _, key := range []string{"order-1", "order-2"} {
+				if _, err := payments.Begin(ctx, &idemgatev1.BeginRequest{Scope: scope, Key: key, Fingerprint: fp[:], AttemptToken: "t-" + key,
+					Lease: durationpb.New(time.Hour), Retention: durationpb.New(time.Hour)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			first := idemctl(t, 0, addr, adminToken, "list", "-limit", "1")
+			_, token, found := strings.Cut(first, "-page-token ")
+			token, _, _ = strings.Cut(token, " ")
+			if !strings.Contains(first, "order-8842") || strings.Contains(first, "order-1") || !found {
+				t.Fatalf("list -limit 1:\n%s\nwant the unknown record and a page token", first)
+			}
+			if next := idemctl(t, 0, addr, adminToken, "list", "-limit", "1", "-page-token", token); !strings.Contains(next, "order-1") || strings.Contains(next, "order-8842") {
+				t.Fatalf("list -limit 1 -page-token:\n%s\nwant the second record only", next)
+			}
+			if every := idemctl(t, 0, addr, adminToken, "list", "-limit", "1", "-all"); !strings.Contains(every, "order-8842") ||
+				!strings.Contains(every, "order-1") || !strings.Contains(every, "order-2") || strings.Contains(every, "more records") {
+				t.Fatalf("list -all:\n%s\nwant every record", every)
+			}
+			if out := idemctl(t, 1, addr, adminToken, "list", "-state", "in_flight", "-page-token", token); !strings.Contains(out, "InvalidArgument") || !strings.Contains(out, "pass the same state") {
+				t.Fatalf("list with another listing's token:\n%s", out)
+			}
+			if out := idemctl(t, 1, addr, adminToken, "list", "-page-token", "garbage"); !strings.Contains(out, "InvalidArgument") || !strings.Contains(out, "page_token") {
+				t.Fatalf("list with a bad token:\n%s", out)
+			}
+			if out := idemctl(t, 0, addr, adminToken, "count"); !hasRow(out, "unknown", scope, "1") || !hasRow(out, "in_flight", scope, "2") {
 				t.Fatalf("count:\n%s", out)
 			}
 			if out := idemctl(t, 0, addr, adminToken, "migrations"); !strings.Contains(out, "applied") {
@@ -91,6 +118,16 @@ func TestResolveAnUnknownOutcomeEndToEnd(t *testing.T) {
 			}
 		})
 	}
+}
+
+// hasRow reports whether a table idemctl printed has a row of these cells.
+func hasRow(table string, cells ...string) bool {
+	for line := range strings.Lines(table) {
+		if strings.Join(strings.Fields(line), " ") == strings.Join(cells, " ") {
+			return true
+		}
+	}
+	return false
 }
 
 func idemctl(t *testing.T, wantCode int, addr, token string, args ...string) string {

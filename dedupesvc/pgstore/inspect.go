@@ -46,11 +46,16 @@ func (s *Store) GetRecord(ctx context.Context, id dedupesvc.RecordID) (dedupesvc
 }
 
 // ListRecords implements dedupesvc.Inspector.
-func (s *Store) ListRecords(ctx context.Context, state string, limit int) ([]dedupesvc.StoredRecord, error) {
+func (s *Store) ListRecords(ctx context.Context, q dedupesvc.ListQuery) ([]dedupesvc.StoredRecord, error) {
+	var after dedupesvc.ListPosition
+	if q.After != nil {
+		after = *q.After
+	}
 	rows, err := s.pool.Query(ctx, listSQL+`
-WHERE $1 = '' OR state = $1
-ORDER BY state <> 'unknown', expires_at
-LIMIT $2`, state, limit)
+WHERE ($1 = '' OR state = $1)
+  AND (NOT $3 OR (state <> 'unknown', expires_at, scope, idempotency_key) > ($4::boolean, $5::timestamptz, $6::text, $7::text))
+ORDER BY state <> 'unknown', expires_at, scope, idempotency_key
+LIMIT $2`, q.State, q.Limit, q.After != nil, !after.Unknown, after.ExpiresAt, after.ID.Scope, after.ID.Key)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: list records: %w", err)
 	}

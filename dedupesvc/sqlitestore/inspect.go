@@ -47,11 +47,18 @@ func (s *Store) GetRecord(ctx context.Context, id dedupesvc.RecordID) (dedupesvc
 }
 
 // ListRecords implements dedupesvc.Inspector.
-func (s *Store) ListRecords(ctx context.Context, state string, limit int) ([]dedupesvc.StoredRecord, error) {
+func (s *Store) ListRecords(ctx context.Context, q dedupesvc.ListQuery) ([]dedupesvc.StoredRecord, error) {
+	var after dedupesvc.ListPosition
+	if q.After != nil {
+		after = *q.After
+	}
 	rows, err := s.db.QueryContext(ctx, listSQL+`
-WHERE :state = '' OR state = :state
-ORDER BY state <> 'unknown', expires_at
-LIMIT :limit`, sql.Named("state", state), sql.Named("limit", limit))
+WHERE (:state = '' OR state = :state)
+  AND (NOT :resume OR (state <> 'unknown', expires_at, scope, idempotency_key) > (:known, :expires_at, :scope, :key))
+ORDER BY state <> 'unknown', expires_at, scope, idempotency_key
+LIMIT :limit`, sql.Named("state", q.State), sql.Named("limit", q.Limit), sql.Named("resume", q.After != nil),
+		sql.Named("known", !after.Unknown), sql.Named("expires_at", after.ExpiresAt.UnixMilli()),
+		sql.Named("scope", after.ID.Scope), sql.Named("key", after.ID.Key))
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: list records: %w", err)
 	}

@@ -11,9 +11,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idemgate/idemgate/dedupesvc"
-	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	"github.com/idemgate/idemgate/dedupesvc/storetest"
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 )
 
 func TestConformance(t *testing.T) {
@@ -113,7 +113,7 @@ func TestWaitingDuplicateIsWokenInProcess(t *testing.T) {
 				t.Fatalf("the original's Begin = %v, %v; want reserved", reserved, err)
 			}
 			duplicate := proto.CloneOf(original)
-			duplicate.AttemptToken, duplicate.MaxWait = "duplicate", durationpb.New(10 * time.Second)
+			duplicate.AttemptToken, duplicate.MaxWait = "duplicate", durationpb.New(10*time.Second)
 			answered := make(chan *idemgatev1.BeginResponse, 1)
 			go func() {
 				resp, err := srv.Begin(context.Background(), duplicate)

@@ -295,8 +295,11 @@ type ListRecordsRequest struct {
 	// state, when set, lists only that state (in_flight, completed, released,
 	// unknown).
 	State string `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
-	// limit bounds the listing: 1 to 1000; 0 means 100.
-	Limit         int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// limit bounds one page: 1 to 1000; 0 means 100.
+	Limit int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// page_token, when set, resumes a listing after the page that answered it
+	// (its next_page_token); the state must be the one that listing used.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -345,11 +348,22 @@ func (x *ListRecordsRequest) GetLimit() int32 {
 	return 0
 }
 
-// ListRecordsResponse is the listing, outcome-unknown records first.
+func (x *ListRecordsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListRecordsResponse is one page of the listing, outcome-unknown records
+// first, then by expiry, scope and key.
 type ListRecordsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// records listed.
-	Records       []*Record `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	Records []*Record `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
+	// next_page_token resumes the listing after this page; empty on the last
+	// page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -389,6 +403,13 @@ func (x *ListRecordsResponse) GetRecords() []*Record {
 		return x.Records
 	}
 	return nil
+}
+
+func (x *ListRecordsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 // CountRecordsRequest is empty.
@@ -877,12 +898,15 @@ const file_idemgate_v1_admin_proto_rawDesc = "" +
 	"\x10GetRecordRequest\x12(\n" +
 	"\x03ref\x18\x01 \x01(\v2\x16.idemgate.v1.RecordRefR\x03ref\"@\n" +
 	"\x11GetRecordResponse\x12+\n" +
-	"\x06record\x18\x01 \x01(\v2\x13.idemgate.v1.RecordR\x06record\"@\n" +
+	"\x06record\x18\x01 \x01(\v2\x13.idemgate.v1.RecordR\x06record\"_\n" +
 	"\x12ListRecordsRequest\x12\x14\n" +
 	"\x05state\x18\x01 \x01(\tR\x05state\x12\x14\n" +
-	"\x05limit\x18\x02 \x01(\x05R\x05limit\"D\n" +
+	"\x05limit\x18\x02 \x01(\x05R\x05limit\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"l\n" +
 	"\x13ListRecordsResponse\x12-\n" +
-	"\arecords\x18\x01 \x03(\v2\x13.idemgate.v1.RecordR\arecords\"\x15\n" +
+	"\arecords\x18\x01 \x03(\v2\x13.idemgate.v1.RecordR\arecords\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x15\n" +
 	"\x13CountRecordsRequest\"\xa4\x01\n" +
 	"\x14CountRecordsResponse\x12?\n" +
 	"\x06counts\x18\x01 \x03(\v2'.idemgate.v1.CountRecordsResponse.CountR\x06counts\x1aK\n" +
