@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -321,6 +322,27 @@ func securityOptions(cfg Config, logger *slog.Logger) ([]grpc.ServerOption, erro
 		grpc.ChainStreamInterceptor(authenticator.StreamServerInterceptor())), nil
 }
 
+// otlpExporterOptions reads the collector endpoint: a URL whose scheme says
+// whether to use TLS, or a bare host:port spoken to in plaintext (the form the
+// flag first took). The exporter itself would quietly fall back to
+// localhost on a URL it cannot parse, so a bad one is refused here.
+func otlpExporterOptions(endpoint string) ([]otlptracegrpc.Option, error) {
+	if endpoint == "" {
+		return nil, nil
+	}
+	if !strings.Contains(endpoint, "://") {
+		if _, _, err := net.SplitHostPort(endpoint); err != nil {
+			return nil, fmt.Errorf("-otlp-endpoint %q: want https://host:port, http://host:port or host:port: %w", endpoint, err)
+		}
+		return []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(endpoint), otlptracegrpc.WithInsecure()}, nil
+	}
+	u, err := url.Parse(endpoint)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		return nil, fmt.Errorf("-otlp-endpoint %q: want https://host:port (TLS), http://host:port or host:port (plaintext)", endpoint)
+	}
+	return []otlptracegrpc.Option{otlptracegrpc.WithEndpointURL(endpoint)}, nil
+}
+
 // tracingOption returns the otelgrpc stats handler when tracing is on: with
 // cfg.TracerProvider, or an OTLP/gRPC exporter to cfg.OTLPEndpoint. Off, it
 // returns nothing and the server pays nothing.
@@ -331,7 +353,11 @@ func tracingOption(ctx context.Context, cfg Config, logger *slog.Logger) ([]grpc
 		if cfg.OTLPEndpoint == "" {
 			return nil, stop, nil
 		}
-		exporter, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(cfg.OTLPEndpoint), otlptracegrpc.WithInsecure())
+		opts, err := otlpExporterOptions(cfg.OTLPEndpoint)
+		if err != nil {
+			return nil, nil, err
+		}
+		exporter, err := otlptracegrpc.New(ctx, opts...)
 		if err != nil {
 			return nil, nil, fmt.Errorf("OTLP exporter: %w", err)
 		}

@@ -12,11 +12,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -60,11 +62,19 @@ func TestParseConfig(t *testing.T) {
 		{[]string{"-listen", "10.1.2.3:50051", "-tls-cert", "c", "-tls-key", "k"}, nil, "so callers authenticate"},
 		{[]string{"-tls-client-ca", "ca.pem"}, nil, "-tls-client-ca needs -tls-cert"},
 		{[]string{"-tls-cert", "c"}, nil, "go together"},
+		{[]string{"-otlp-endpoint", "grpc://collector:4317"}, nil, "-otlp-endpoint"},
+		{[]string{"-otlp-endpoint", "https://"}, nil, "-otlp-endpoint"},
+		{nil, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "collector"}, "-otlp-endpoint"},
 	}
 	for _, tt := range bad {
 		_, err := dedupeapp.ParseConfig("dedupesvc", tt.args, func(k string) string { return tt.env[k] }, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("ParseConfig(%v, %v) = %v, want an error mentioning %q", tt.args, tt.env, err, tt.want)
+		}
+	}
+	for _, endpoint := range []string{"https://collector.example:4317", "http://127.0.0.1:4317", "127.0.0.1:4317"} {
+		if _, err := dedupeapp.ParseConfig("dedupesvc", []string{"-otlp-endpoint", endpoint}, func(string) string { return "" }, io.Discard); err != nil {
+			t.Errorf("-otlp-endpoint %s: %v", endpoint, err)
 		}
 	}
 	if _, err := dedupeapp.ParseConfig("dedupesvc", []string{"-h"}, func(string) string { return "" }, io.Discard); !errors.Is(err, flag.ErrHelp) {
@@ -278,4 +288,64 @@ func TestTracingWhenConfigured(t *testing.T) {
 		}
 	}
 	t.Fatalf("spans %v, want one for Begin", names)
+}
+
+// collector is a fake OpenTelemetry collector: it keeps the names of the
+// spans exported to it.
+type collector struct {
+	coltracepb.UnimplementedTraceServiceServer
+	mu    sync.Mutex
+	spans []string
+}
+
+func (c *collector) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, rs := range req.GetResourceSpans() {
+		for _, ss := range rs.GetScopeSpans() {
+			for _, span := range ss.GetSpans() {
+				c.spans = append(c.spans, span.GetName())
+			}
+		}
+	}
+	return &coltracepb.ExportTraceServiceResponse{}, nil
+}
+
+// The exporter built from -otlp-endpoint delivers spans, for both plaintext
+// forms of the endpoint; the service flushes them when it stops.
+func TestTracingExportsToAnOTLPCollector(t *testing.T) {
+	t.Parallel()
+	for _, form := range []string{"host:port", "http://host:port"} {
+		t.Run(form, func(t *testing.T) {
+			t.Parallel()
+			received := &collector{}
+			srv := grpc.NewServer()
+			coltracepb.RegisterTraceServiceServer(srv, received)
+			conn := stacktest.Serve(t, srv) // the collector's address is conn.Target()
+			endpoint := conn.Target()
+			if form == "http://host:port" {
+				endpoint = "http://" + endpoint
+			}
+			addr, stop := stacktest.StartApp(t, dedupeapp.Config{DataDir: t.TempDir(), OTLPEndpoint: endpoint})
+			dedupe, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dedupe.Close()
+			fp := sha256.Sum256([]byte("r"))
+			if _, err := idemgatev1.NewDedupeServiceClient(dedupe).Begin(context.Background(), &idemgatev1.BeginRequest{
+				Scope: "/x.S/M", Key: "k", Fingerprint: fp[:], AttemptToken: "a", Lease: durationpb.New(time.Minute), Retention: durationpb.New(time.Hour),
+			}, grpc.WaitForReady(true)); err != nil {
+				t.Fatal(err)
+			}
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			received.mu.Lock()
+			defer received.mu.Unlock()
+			if !slices.Contains(received.spans, "idemgate.v1.DedupeService/Begin") {
+				t.Fatalf("the collector received spans %v, want one for Begin", received.spans)
+			}
+		})
+	}
 }

@@ -89,8 +89,9 @@ type Config struct {
 	// and the like. Defaults to false (IDEMGATE_REFLECTION).
 	Reflection bool
 	// OTLPEndpoint turns OpenTelemetry tracing on, exporting spans over
-	// OTLP/gRPC to this host:port. Defaults to empty: off
-	// (OTEL_EXPORTER_OTLP_ENDPOINT).
+	// OTLP/gRPC to https://host:port (TLS, system roots; SSL_CERT_FILE adds a
+	// private CA), or http://host:port or a bare host:port (plaintext).
+	// Defaults to empty: off (OTEL_EXPORTER_OTLP_ENDPOINT).
 	OTLPEndpoint string
 	// TracerProvider, when set, traces with it instead of an OTLP exporter
 	// (for embedding and tests). Defaults to nil.
@@ -167,7 +168,7 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 	admins := fs.String("admin-identities", env("IDEMGATE_ADMIN_IDENTITIES", ""), "comma-separated certificate identities allowed the admin RPCs (env IDEMGATE_ADMIN_IDENTITIES)")
 	fs.BoolVar(&cfg.InsecurePlaintext, "insecure-plaintext", boolEnv("IDEMGATE_INSECURE_PLAINTEXT", false), "allow plaintext on an address that is not loopback (env IDEMGATE_INSECURE_PLAINTEXT)")
 	fs.BoolVar(&cfg.Reflection, "reflection", boolEnv("IDEMGATE_REFLECTION", false), "serve gRPC server reflection (env IDEMGATE_REFLECTION)")
-	fs.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", env("OTEL_EXPORTER_OTLP_ENDPOINT", ""), "OpenTelemetry collector `host:port` (OTLP/gRPC); empty turns tracing off (env OTEL_EXPORTER_OTLP_ENDPOINT)")
+	fs.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", env("OTEL_EXPORTER_OTLP_ENDPOINT", ""), "OpenTelemetry collector (OTLP/gRPC): `https://host:port` for TLS, http://host:port or host:port for plaintext; empty turns tracing off (env OTEL_EXPORTER_OTLP_ENDPOINT)")
 	level := fs.String("log-level", env("IDEMGATE_LOG_LEVEL", "info"), "log `level`: debug, info, warn or error (env IDEMGATE_LOG_LEVEL)")
 	if len(errs) > 0 {
 		return Config{}, errors.Join(errs...)
@@ -230,6 +231,9 @@ func (c Config) validate() error {
 		if !c.authConfigured() {
 			errs = append(errs, fmt.Errorf("-listen %s is not a loopback address: configure -tls-client-ca or -token-file so callers authenticate", c.Listen))
 		}
+	}
+	if _, err := otlpExporterOptions(c.OTLPEndpoint); err != nil {
+		errs = append(errs, err)
 	}
 	if c.MaxOutcomeBytes <= 0 {
 		errs = append(errs, fmt.Errorf("-max-outcome-bytes must be positive, got %d", c.MaxOutcomeBytes))
