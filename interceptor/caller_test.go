@@ -303,3 +303,66 @@ func TestStrictModeAndStreams(t *testing.T) {
 		t.Fatalf("%d messages, %d Dedupe calls; want 2 and none", got, h.DedupeCalls.Load())
 	}
 }
+
+func TestCheckServer(t *testing.T) {
+	t.Parallel()
+	unclassified := method("Decide", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN, nil)
+	decided := method("Get", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN, &idemgatev1.MethodPolicy{Mutating: false})
+	gate, err := interceptor.New(idemgatev1.NewDedupeServiceClient(nil), interceptor.WithFiles(filesWith(t, unclassified, decided)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		served []string
+		want   []string // each must be in the error; none: no error
+		absent []string
+	}{
+		{"an unclassified method", []string{"bad.v1.BadService", "grpc.health.v1.Health"}, []string{"/bad.v1.BadService/Decide is neither"}, []string{"Get", "Health"}},
+		{"a service the descriptors lack", []string{"other.v1.Service"}, []string{"service other.v1.Service is registered but not in the Gate's descriptors"}, nil},
+		{"nothing served but gRPC's own", []string{"grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"}, nil, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			served := servedServices{}
+			for _, s := range tt.served {
+				served[s] = grpc.ServiceInfo{}
+			}
+			err := gate.CheckServer(served)
+			if len(tt.want) == 0 {
+				if err != nil {
+					t.Fatalf("CheckServer = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("CheckServer = nil, want an error naming %q", tt.want)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("CheckServer = %v, want it to name %q", err, w)
+				}
+			}
+			for _, a := range tt.absent {
+				if strings.Contains(err.Error(), a) {
+					t.Errorf("CheckServer = %v, want nothing about %q", err, a)
+				}
+			}
+		})
+	}
+
+	// A real server: the test service leaves Unmarked and Watch undecided.
+	h := setup(t)
+	srv := grpc.NewServer()
+	testingv1.RegisterTestServiceServer(srv, testingv1.UnimplementedTestServiceServer{})
+	err = h.Gate.CheckServer(srv)
+	if err == nil || !strings.Contains(err.Error(), "/idemgate.testing.v1.TestService/Unmarked") || !strings.Contains(err.Error(), "/idemgate.testing.v1.TestService/Watch") ||
+		strings.Contains(err.Error(), "TestService/Mutate ") {
+		t.Fatalf("CheckServer(the test server) = %v, want Unmarked and Watch named", err)
+	}
+}
+
+// servedServices is a ServiceInfoProvider serving the named services.
+type servedServices map[string]grpc.ServiceInfo
+
+func (s servedServices) GetServiceInfo() map[string]grpc.ServiceInfo { return s }

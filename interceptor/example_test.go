@@ -10,6 +10,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -44,6 +46,23 @@ func ExampleNew() {
 	// Output:
 	// gated(retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[], max_wait=3s, keyless=reject)
 	// ungated
+}
+
+// After registering its services, a tool server checks that each method it
+// serves had a decision made about it: gated, or declared safe.
+func ExampleGate_CheckServer() {
+	gate, err := interceptor.New(idemgatev1.NewDedupeServiceClient(nil))
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(gate.UnaryServerInterceptor()))
+	paymentsv1.RegisterPaymentsServiceServer(srv, paymentsv1.UnimplementedPaymentsServiceServer{})
+	healthpb.RegisterHealthServer(srv, health.NewServer()) // gRPC's own services are exempt
+	if err := gate.CheckServer(srv); err != nil {
+		log.Fatal(err) // names each unclassified method
+	}
+	fmt.Println("every served method is classified")
+	// Output: every served method is classified
 }
 
 // The policy surface as read from proto/idemgate/testing/v1/testing.proto:

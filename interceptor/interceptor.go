@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -62,9 +63,12 @@ const DedupeServiceConfig = `{
 type Gate struct {
 	dedupe  idemgatev1.DedupeServiceClient
 	methods map[string]*gatedMethod
-	opts    options
-	counts  counters
-	metrics *metrics
+	// unclassified and services are what CheckServer compares a server with.
+	unclassified []string
+	services     map[string]bool
+	opts         options
+	counts       counters
+	metrics      *metrics
 	// background tracks Finish retries still running after their caller got
 	// its response.
 	background sync.WaitGroup
@@ -100,7 +104,45 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 		o.logger.Info("idemgate: these methods are neither marked mutating nor declared safe with idempotency_level, so they are not gated; "+
 			"classify them, or use WithStrict to refuse such methods", slog.Any("methods", r.unclassified))
 	}
-	return &Gate{dedupe: dedupe, methods: r.gated, opts: o, metrics: metrics}, nil
+	return &Gate{dedupe: dedupe, methods: r.gated, unclassified: r.unclassified, services: r.services, opts: o, metrics: metrics}, nil
+}
+
+// ServiceInfoProvider lists the services registered on a gRPC server;
+// *grpc.Server implements it.
+type ServiceInfoProvider interface {
+	GetServiceInfo() map[string]grpc.ServiceInfo
+}
+
+// CheckServer holds the services registered on srv to strict mode's rule,
+// whatever else the binary links: it returns one error naming every method of
+// those services that is neither marked mutating nor declared safe with
+// idempotency_level, and every service the Gate's descriptors (WithFiles)
+// do not describe, whose methods it could never gate. gRPC's own grpc.*
+// services (health, reflection) are exempt. Call it after registering your
+// services and before Serve; a nil error means every served method had a
+// decision made about it.
+func (g *Gate) CheckServer(srv ServiceInfoProvider) error {
+	served := srv.GetServiceInfo()
+	var problems []string
+	for service := range served {
+		if strings.HasPrefix(service, "grpc.") {
+			continue
+		}
+		if !g.services[service] {
+			problems = append(problems, fmt.Sprintf("service %s is registered but not in the Gate's descriptors (WithFiles), so none of its methods can be gated", service))
+		}
+	}
+	for _, m := range g.unclassified {
+		service, _, _ := strings.Cut(strings.TrimPrefix(m, "/"), "/")
+		if _, ok := served[service]; ok {
+			problems = append(problems, m+" is neither marked mutating nor declared safe with idempotency_level (NO_SIDE_EFFECTS or IDEMPOTENT)")
+		}
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	sort.Strings(problems)
+	return fmt.Errorf("idemgate: this server serves methods no policy decides: %s", strings.Join(problems, "; "))
 }
 
 // strictRefusals returns the unclassified methods strict mode refuses.

@@ -139,9 +139,10 @@ func WithRegisterer(reg prometheus.Registerer) Option {
 // marked mutating nor declared safe with idempotency_level NO_SIDE_EFFECTS or
 // IDEMPOTENT. With no names it holds every service in the registry to that,
 // except gRPC's own grpc.* services; name yours when the binary links other
-// libraries' services (an OpenTelemetry exporter links one). By default such
-// methods are left ungated and listed once in an Info log line when the Gate
-// is built.
+// libraries' services (an OpenTelemetry exporter links one), or use
+// Gate.CheckServer, which checks exactly the services a server serves. By
+// default such methods are left ungated and listed once in an Info log line
+// when the Gate is built.
 func WithStrict(services ...string) Option {
 	return func(o *options) { o.strict, o.strictServices = true, services }
 }

@@ -139,16 +139,19 @@ type resolved struct {
 	// unclassified lists methods neither marked mutating nor declared safe
 	// by idempotency_level: a policy decision nobody made.
 	unclassified []string
+	// services holds the full name of every service the descriptors know.
+	services map[string]bool
 }
 
 // resolvePolicies walks every service in files and resolves each method.
 // Every misconfigured method is reported, not only the first.
 func resolvePolicies(files *protoregistry.Files, types *protoregistry.Types, reconcilers map[string]Reconciler) (resolved, error) {
-	r := resolved{gated: map[string]*gatedMethod{}}
+	r := resolved{gated: map[string]*gatedMethod{}, services: map[string]bool{}}
 	var errs []error
 	files.RangeFiles(func(fd protoreflect.FileDescriptor) bool {
 		services := fd.Services()
 		for i := range services.Len() {
+			r.services[string(services.Get(i).FullName())] = true
 			methods := services.Get(i).Methods()
 			for j := range methods.Len() {
 				md := methods.Get(j)

@@ -62,6 +62,9 @@ func run(listen, dedupeAddr, token string, logger *slog.Logger) error {
 		gate.UnaryServerInterceptor(),
 	))
 	paymentsv1.RegisterPaymentsServiceServer(srv, &payments.Server{Ledger: &payments.Ledger{}})
+	if err := gate.CheckServer(srv); err != nil {
+		return err // a served method nobody classified
+	}
 
 	lis, err := net.Listen("tcp", listen)
 	if err != nil {
