@@ -150,7 +150,8 @@ func (a *AdminServer) CountRecords(ctx context.Context, _ *idemgatev1.CountRecor
 		return nil, a.service.storeError(ctx, "CountRecords", err)
 	}
 	resp := &idemgatev1.CountRecordsResponse{}
-	for _, c := range CountByMethod(counts) {
+	sortCounts(counts)
+	for _, c := range counts {
 		resp.Counts = append(resp.Counts, &idemgatev1.CountRecordsResponse_Count{State: c.State, Method: c.Method, Count: c.Count})
 	}
 	return resp, nil

@@ -14,8 +14,9 @@ type Inspector interface {
 	GetRecord(ctx context.Context, id RecordID) (StoredRecord, bool, error)
 	// ListRecords lists one page of records in listing order (ListPosition).
 	ListRecords(ctx context.Context, q ListQuery) ([]StoredRecord, error)
-	// CountRecords counts records by state and stored scope.
-	CountRecords(ctx context.Context) ([]ScopeCount, error)
+	// CountRecords counts records by state and method (MethodOf the scope
+	// without its namespace), across namespaces and tenants, in any order.
+	CountRecords(ctx context.Context) ([]MethodCount, error)
 	// MigrationStatus names the store and lists its migrations.
 	MigrationStatus(ctx context.Context) (store string, migrations []MigrationState, err error)
 }
@@ -59,16 +60,6 @@ func PositionOf(r StoredRecord) ListPosition {
 	return ListPosition{Unknown: r.State == StateUnknown, ExpiresAt: r.ExpiresAt, ID: r.ID}
 }
 
-// ScopeCount is how many records one stored scope has in one state.
-type ScopeCount struct {
-	// State is one of the State constants.
-	State string
-	// Scope is the stored scope.
-	Scope string
-	// Count is the number of records.
-	Count int64
-}
-
 // MigrationState is one migration and whether the store has it.
 type MigrationState struct {
 	// Name is the migration's file name.
@@ -104,27 +95,21 @@ func MethodOf(scope string) string {
 // MethodCount is how many records one method has in one state, across
 // namespaces and tenants.
 type MethodCount struct {
-	State, Method string
-	Count         int64
+	// State is one of the State constants.
+	State string
+	// Method is the full method name.
+	Method string
+	// Count is the number of records.
+	Count int64
 }
 
-// CountByMethod folds scope counts into method counts, sorted by state then
-// method.
-func CountByMethod(counts []ScopeCount) []MethodCount {
-	sums := map[[2]string]int64{}
-	for _, c := range counts {
-		_, scope := SplitScope(c.Scope)
-		sums[[2]string{c.State, MethodOf(scope)}] += c.Count
-	}
-	out := make([]MethodCount, 0, len(sums))
-	for k, n := range sums {
-		out = append(out, MethodCount{State: k[0], Method: k[1], Count: n})
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].State != out[j].State {
-			return out[i].State < out[j].State
+// sortCounts sorts counts by state, then method, in byte order, whatever the
+// database's collation.
+func sortCounts(counts []MethodCount) {
+	sort.Slice(counts, func(i, j int) bool {
+		if counts[i].State != counts[j].State {
+			return counts[i].State < counts[j].State
 		}
-		return out[i].Method < out[j].Method
+		return counts[i].Method < counts[j].Method
 	})
-	return out
 }

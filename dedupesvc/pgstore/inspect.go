@@ -71,15 +71,25 @@ LIMIT $2`, q.State, q.Limit, q.After != nil, !after.Unknown, after.ExpiresAt, af
 	return out, rows.Err()
 }
 
+// countSQL takes the method out of a stored scope as dedupesvc.SplitScope
+// and MethodOf do: after the namespace separator (chr(31)), if any, and
+// before the first '|'.
+const countSQL = `
+SELECT state, split_part(substr(scope, strpos(scope, chr(31)) + 1), '|', 1), count(*)
+FROM idemgate_records
+GROUP BY 1, 2`
+
 // CountRecords implements dedupesvc.Inspector.
-func (s *Store) CountRecords(ctx context.Context) ([]dedupesvc.ScopeCount, error) {
-	rows, err := s.pool.Query(ctx, `SELECT state, scope, count(*) FROM idemgate_records GROUP BY state, scope`)
+// It groups in the database, so the answer is one row per state and method
+// however many tenants and callers there are.
+func (s *Store) CountRecords(ctx context.Context) ([]dedupesvc.MethodCount, error) {
+	rows, err := s.pool.Query(ctx, countSQL)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: count records: %w", err)
 	}
-	var c dedupesvc.ScopeCount
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (dedupesvc.ScopeCount, error) {
-		err := row.Scan(&c.State, &c.Scope, &c.Count)
+	var c dedupesvc.MethodCount
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (dedupesvc.MethodCount, error) {
+		err := row.Scan(&c.State, &c.Method, &c.Count)
 		return c, err
 	})
 	if err != nil {

@@ -74,17 +74,27 @@ LIMIT :limit`, sql.Named("state", q.State), sql.Named("limit", q.Limit), sql.Nam
 	return out, rows.Err()
 }
 
-// CountRecords implements dedupesvc.Inspector.
-func (s *Store) CountRecords(ctx context.Context) ([]dedupesvc.ScopeCount, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT state, scope, count(*) FROM idemgate_records GROUP BY state, scope`)
+// countSQL takes the method out of a stored scope as dedupesvc.SplitScope
+// and MethodOf do: after the namespace separator (char(31)), if any, and
+// before the first '|'.
+const countSQL = `
+SELECT state, CASE WHEN instr(rest, '|') > 0 THEN substr(rest, 1, instr(rest, '|') - 1) ELSE rest END, count(*)
+FROM (SELECT state, substr(scope, instr(scope, char(31)) + 1) AS rest FROM idemgate_records)
+GROUP BY 1, 2`
+
+// CountRecords implements dedupesvc.Inspector. It groups in the database,
+// so the answer is one row per state and method however many tenants and
+// callers there are.
+func (s *Store) CountRecords(ctx context.Context) ([]dedupesvc.MethodCount, error) {
+	rows, err := s.db.QueryContext(ctx, countSQL)
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: count records: %w", err)
 	}
 	defer rows.Close()
-	var out []dedupesvc.ScopeCount
+	var out []dedupesvc.MethodCount
 	for rows.Next() {
-		var c dedupesvc.ScopeCount
-		if err := rows.Scan(&c.State, &c.Scope, &c.Count); err != nil {
+		var c dedupesvc.MethodCount
+		if err := rows.Scan(&c.State, &c.Method, &c.Count); err != nil {
 			return nil, fmt.Errorf("sqlitestore: count records: %w", err)
 		}
 		out = append(out, c)

@@ -13,10 +13,12 @@ package storetest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -131,6 +133,7 @@ func testInspector(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 		t.Fatal(err)
 	}
 	add(dedupesvc.JoinScope("svc-b", "/pkg.S/Charge"), "k2", long)
+	add(dedupesvc.JoinScope("svc-a", "/pkg.S/Charge|tenant-2"), "k4", long)
 	add("/pkg.S/Send", "k3", short)
 	time.Sleep(2 * short)
 	p := begin("t-other", fpA, long, long)
@@ -138,8 +141,8 @@ func testInspector(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 	mustBegin(t, s, p, dedupesvc.BeginOutcomeUnknown)
 
 	all, err := inspector.ListRecords(ctx, dedupesvc.ListQuery{Limit: 10})
-	if err != nil || len(all) != 3 || all[0].State != dedupesvc.StateUnknown {
-		t.Fatalf("ListRecords = %+v, %v; want 3 records, the unknown one first", all, err)
+	if err != nil || len(all) != 4 || all[0].State != dedupesvc.StateUnknown {
+		t.Fatalf("ListRecords = %+v, %v; want 4 records, the unknown one first", all, err)
 	}
 	completed, err := inspector.ListRecords(ctx, dedupesvc.ListQuery{State: dedupesvc.StateCompleted, Limit: 10})
 	if err != nil || len(completed) != 1 || completed[0].ID.Key != "k1" || completed[0].OutcomeSize != int64(len(outA.Value)) || completed[0].Outcome.TypeURL != outA.TypeURL {
@@ -159,8 +162,12 @@ func testInspector(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	byMethod := fmt.Sprint(dedupesvc.CountByMethod(counts))
-	if byMethod != "[{completed /pkg.S/Charge 1} {in_flight /pkg.S/Charge 1} {unknown /pkg.S/Send 1}]" {
+	slices.SortFunc(counts, func(a, b dedupesvc.MethodCount) int {
+		return cmp.Or(cmp.Compare(a.State, b.State), cmp.Compare(a.Method, b.Method))
+	})
+	// Across namespaces (svc-a, svc-b, none) and tenants (tenant-1, tenant-2, none).
+	byMethod := fmt.Sprint(counts)
+	if byMethod != "[{completed /pkg.S/Charge 1} {in_flight /pkg.S/Charge 2} {unknown /pkg.S/Send 1}]" {
 		t.Fatalf("counts by method = %s", byMethod)
 	}
 	store, migrations, err := inspector.MigrationStatus(ctx)
