@@ -453,3 +453,40 @@ func TestFinishRetriedInBackgroundStoresTheOutcome(t *testing.T) {
 		t.Fatalf("stats %+v, want retries and nothing lost", stats)
 	}
 }
+
+// While an outcome waits in the background for the Dedupe service to take
+// it, the reservation is still renewed: a duplicate past the lease must not
+// take a REEXECUTE key over and run the side effect a second time.
+func TestFinishRetriesKeepTheReservation(t *testing.T) {
+	t.Parallel()
+	var finishDown atomic.Bool
+	failFinish := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == idemgatev1.DedupeService_Finish_FullMethodName && finishDown.Load() {
+			return status.Error(codes.Unavailable, "test: Finish cannot get through")
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	h := setupWith(t, stacktest.Config{DedupeClientInterceptor: failFinish})
+	req := &testingv1.MutateRequest{Payload: "charge"}
+	finishDown.Store(true)
+	first, err := h.client.MutateReexecute(withKey("retrying"), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * pastLease)
+	_, err = h.client.MutateReexecute(withKey("retrying"), req)
+	wantStatus(t, err, codes.Aborted, interceptor.ReasonInFlight)
+
+	finishDown.Store(false)
+	if err := h.Gate.Close(context.Background()); err != nil { // the background retry stores it
+		t.Fatal(err)
+	}
+	var header grpcHeader
+	replay, err := h.client.MutateReexecute(withKey("retrying"), req, grpc.Header(&header.MD))
+	if err != nil || !proto.Equal(replay, first) || header.Get(interceptor.ReplayedHeader) == nil {
+		t.Fatalf("after the outcome was stored: %v, %v; want the first response replayed", replay, err)
+	}
+	if got := h.svc.Executions(); got != 1 {
+		t.Fatalf("handler ran %d times, want 1", got)
+	}
+}

@@ -439,7 +439,7 @@ func (g *Gate) heartbeat(ctx context.Context, c call, epoch int64) (stop func())
 				return
 			case status.Code(err) == codes.FailedPrecondition:
 				g.event(c, eventFenced)
-				g.opts.logger.WarnContext(ctx, "idemgate: the reservation was lost while the handler ran (its lease ran out); its outcome will be refused",
+				g.opts.logger.WarnContext(ctx, "idemgate: the reservation was lost before its outcome was stored (its lease ran out); the outcome will be refused",
 					slog.String("scope", c.scope), slog.Int64("epoch", epoch))
 				return
 			default:
@@ -466,8 +466,8 @@ func (g *Gate) release(ctx context.Context, c call, epoch int64) {
 // finish stores the outcome. The first attempt runs before the caller gets
 // its answer, so a duplicate right after it replays; if the Dedupe service
 // cannot take it, retries with backoff go on in the background within the
-// finish retry budget, and an outcome still not stored then is counted and
-// logged as lost.
+// finish retry budget, heartbeats still renewing the lease, and an outcome
+// still not stored then is counted and logged as lost.
 func (g *Gate) finish(ctx context.Context, c call, epoch int64, outcome *anypb.Any) {
 	req := &idemgatev1.FinishRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch, Outcome: g.boundedOutcome(ctx, c, outcome)}
 	detached := context.WithoutCancel(ctx)
@@ -477,6 +477,11 @@ func (g *Gate) finish(ctx context.Context, c call, epoch int64, outcome *anypb.A
 	g.background.Add(1)
 	go func() {
 		defer g.background.Done()
+		// The reservation is still this attempt's: keep renewing it, so a
+		// REEXECUTE duplicate cannot take the key over and run the side
+		// effect again while its outcome waits to be stored.
+		stopHeartbeats := g.heartbeat(detached, c, epoch)
+		defer stopHeartbeats()
 		deadline := time.Now().Add(g.opts.finishBudget)
 		backoff := 100 * time.Millisecond
 		for time.Now().Add(backoff).Before(deadline) {
