@@ -490,3 +490,35 @@ func TestFinishRetriesKeepTheReservation(t *testing.T) {
 		t.Fatalf("handler ran %d times, want 1", got)
 	}
 }
+
+// A handler error whose Release cannot get through is retried in the
+// background like a Finish: once the store takes it the key runs again,
+// instead of the lease running out into an unknown outcome.
+func TestReleaseRetriedInBackground(t *testing.T) {
+	t.Parallel()
+	var releaseDown atomic.Bool
+	failRelease := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == idemgatev1.DedupeService_Release_FullMethodName && releaseDown.Load() {
+			return status.Error(codes.Unavailable, "test: Release cannot get through")
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	h := setupWith(t, stacktest.Config{DedupeClientInterceptor: failRelease})
+	req := &testingv1.MutateRequest{Payload: "charge", FailCode: int32(codes.Unavailable)}
+	releaseDown.Store(true)
+	wantStatus(t, shortLease(withKey("releasing"), h, req).err, codes.Unavailable, "")
+	time.Sleep(2 * pastLease) // past the 1s lease: only renewals keep the key from going unknown
+	wantStatus(t, shortLease(withKey("releasing"), h, req).err, codes.Aborted, interceptor.ReasonInFlight)
+
+	releaseDown.Store(false)
+	if err := h.Gate.Close(context.Background()); err != nil { // the background retry releases it
+		t.Fatal(err)
+	}
+	wantStatus(t, shortLease(withKey("releasing"), h, req).err, codes.Unavailable, "")
+	if got := h.svc.Executions(); got != 2 {
+		t.Fatalf("handler ran %d times, want 2: the released key runs again", got)
+	}
+	if stats := h.Gate.Stats(); stats.ReleaseRetries < 1 || stats.ReleaseFailures != 0 {
+		t.Fatalf("stats %+v, want release retries and no failure", stats)
+	}
+}

@@ -452,34 +452,88 @@ func (g *Gate) heartbeat(ctx context.Context, c call, epoch int64) (stop func())
 }
 
 // release gives the reservation up after a handler error, so a retry runs.
+// Like finish, it makes its first attempt before the caller gets its answer
+// and retries in the background within the same budget.
 func (g *Gate) release(ctx context.Context, c call, epoch int64) {
-	releaseCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), g.opts.outcomeTimeout)
+	req := &idemgatev1.ReleaseRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch}
+	g.settle(ctx, c, epoch, settlement{
+		attempt:    func(ctx context.Context) bool { return g.tryRelease(ctx, c, req) },
+		retryEvent: eventReleaseRetry,
+		giveUp: func() {
+			g.event(c, eventReleaseFailure)
+			g.opts.logger.ErrorContext(ctx, "idemgate: gave up releasing the reservation after the handler failed; "+
+				"the key goes down its on_lost_outcome path when the lease runs out",
+				slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Duration("budget", g.opts.finishBudget))
+		},
+	})
+}
+
+// tryRelease makes one Release attempt and reports whether it is settled:
+// released, or refused for good.
+func (g *Gate) tryRelease(ctx context.Context, c call, req *idemgatev1.ReleaseRequest) bool {
+	callCtx, cancel := context.WithTimeout(ctx, g.opts.outcomeTimeout)
 	defer cancel()
-	_, err := g.dedupe.Release(releaseCtx, &idemgatev1.ReleaseRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch})
-	if err != nil {
+	_, err := g.dedupe.Release(callCtx, req)
+	switch status.Code(err) {
+	case codes.OK:
+		return true
+	case codes.FailedPrecondition:
+		g.event(c, eventFenced)
+		g.opts.logger.WarnContext(ctx, "idemgate: the release was refused because the reservation had been taken over",
+			slog.String("scope", req.GetScope()), slog.Int64("epoch", req.GetEpoch()))
+		return true
+	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated:
 		g.event(c, eventReleaseFailure)
-		g.opts.logger.ErrorContext(ctx, "idemgate: could not release the reservation after the handler failed; the key stays in flight until its lease runs out",
-			slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Any("error", err))
+		g.opts.logger.ErrorContext(ctx, "idemgate: the Dedupe service rejected the release", slog.String("scope", req.GetScope()), slog.Any("error", err))
+		return true
+	default:
+		g.opts.logger.WarnContext(ctx, "idemgate: could not release the reservation; retrying", slog.String("scope", req.GetScope()), slog.Any("error", err))
+		return false
 	}
 }
 
 // finish stores the outcome. The first attempt runs before the caller gets
 // its answer, so a duplicate right after it replays; if the Dedupe service
-// cannot take it, retries with backoff go on in the background within the
-// finish retry budget, heartbeats still renewing the lease, and an outcome
-// still not stored then is counted and logged as lost.
+// cannot take it, settle retries in the background, and an outcome still not
+// stored at the end of the budget is counted and logged as lost.
 func (g *Gate) finish(ctx context.Context, c call, epoch int64, outcome *anypb.Any) {
 	req := &idemgatev1.FinishRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch, Outcome: g.boundedOutcome(ctx, c, outcome)}
+	g.settle(ctx, c, epoch, settlement{
+		attempt:    func(ctx context.Context) bool { return g.tryFinish(ctx, c, req) },
+		retryEvent: eventFinishRetry,
+		giveUp: func() {
+			g.event(c, eventOutcomeLost)
+			g.opts.logger.ErrorContext(ctx, "idemgate: gave up storing an outcome after the side effect ran; the caller got its response, "+
+				"and the key goes down its on_lost_outcome path when the lease runs out",
+				slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Duration("budget", g.opts.finishBudget))
+		},
+	})
+}
+
+// settlement is one way to end a reservation: Finish or Release.
+type settlement struct {
+	// attempt makes one try and reports whether the matter is settled.
+	attempt func(context.Context) bool
+	// retryEvent is counted for each try after the first.
+	retryEvent string
+	// giveUp reports a settlement the budget ran out on.
+	giveUp func()
+}
+
+// settle makes the first attempt detached from the caller's context (a
+// caller that timed out must still leave its outcome behind); if that does
+// not settle it, retries with backoff go on in the background within the
+// finish retry budget (Close waits for them), renewing the lease meanwhile:
+// the reservation is still this attempt's, and a duplicate must neither take
+// it over (REEXECUTE) nor see it lost while the store is briefly away.
+func (g *Gate) settle(ctx context.Context, c call, epoch int64, s settlement) {
 	detached := context.WithoutCancel(ctx)
-	if g.tryFinish(detached, c, req) {
+	if s.attempt(detached) {
 		return
 	}
 	g.background.Add(1)
 	go func() {
 		defer g.background.Done()
-		// The reservation is still this attempt's: keep renewing it, so a
-		// REEXECUTE duplicate cannot take the key over and run the side
-		// effect again while its outcome waits to be stored.
 		stopHeartbeats := g.heartbeat(detached, c, epoch)
 		defer stopHeartbeats()
 		deadline := time.Now().Add(g.opts.finishBudget)
@@ -487,15 +541,12 @@ func (g *Gate) finish(ctx context.Context, c call, epoch int64, outcome *anypb.A
 		for time.Now().Add(backoff).Before(deadline) {
 			time.Sleep(backoff)
 			backoff = min(2*backoff, 5*time.Second)
-			g.event(c, eventFinishRetry)
-			if g.tryFinish(detached, c, req) {
+			g.event(c, s.retryEvent)
+			if s.attempt(detached) {
 				return
 			}
 		}
-		g.event(c, eventOutcomeLost)
-		g.opts.logger.ErrorContext(ctx, "idemgate: gave up storing an outcome after the side effect ran; the caller got its response, "+
-			"and the key goes down its on_lost_outcome path when the lease runs out",
-			slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Duration("budget", g.opts.finishBudget))
+		s.giveUp()
 	}()
 }
 

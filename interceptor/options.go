@@ -130,7 +130,8 @@ func WithMaxOutcomeBytes(n int) Option {
 // idemgate_interceptor_calls_total{method,outcome} (executed, replayed, or
 // the reason a call was refused, such as key_missing or in_flight) and
 // idemgate_interceptor_events_total{method,event} (fenced, finish_retry,
-// outcome_lost, ...; the same events as Stats). Defaults to none.
+// release_retry, outcome_lost, ...; the same events as Stats). Defaults to
+// none.
 func WithRegisterer(reg prometheus.Registerer) Option {
 	return func(o *options) { o.registerer = reg }
 }

@@ -26,8 +26,12 @@ type Stats struct {
 	// Finish retries ran out, or the handler panicked. Their records go down
 	// the on_lost_outcome path.
 	OutcomesLost int64
+	// ReleaseRetries counts Release attempts repeated after the Dedupe
+	// service could not take one.
+	ReleaseRetries int64
 	// ReleaseFailures counts handler errors whose reservation could not be
-	// released; the key stays in flight until its lease runs out.
+	// released within the retry budget, or whose release was rejected; the
+	// key stays in flight until its lease runs out.
 	ReleaseFailures int64
 	// HeartbeatFailures counts heartbeats that did not reach the Dedupe
 	// service (a fenced one counts in Fenced instead).
@@ -43,6 +47,7 @@ const (
 	eventFenced           = "fenced"
 	eventFinishRetry      = "finish_retry"
 	eventOutcomeLost      = "outcome_lost"
+	eventReleaseRetry     = "release_retry"
 	eventReleaseFailure   = "release_failure"
 	eventHeartbeatFailure = "heartbeat_failure"
 	eventReconciled       = "reconciled"
@@ -57,7 +62,7 @@ const (
 )
 
 type counters struct {
-	fenced, finishRetries, outcomesLost, releaseFailures, heartbeatFailures, reconciled, tooLarge atomic.Int64
+	fenced, finishRetries, outcomesLost, releaseRetries, releaseFailures, heartbeatFailures, reconciled, tooLarge atomic.Int64
 }
 
 func (c *counters) of(event string) *atomic.Int64 {
@@ -68,6 +73,8 @@ func (c *counters) of(event string) *atomic.Int64 {
 		return &c.finishRetries
 	case eventOutcomeLost:
 		return &c.outcomesLost
+	case eventReleaseRetry:
+		return &c.releaseRetries
 	case eventReleaseFailure:
 		return &c.releaseFailures
 	case eventHeartbeatFailure:
@@ -85,6 +92,7 @@ func (g *Gate) Stats() Stats {
 		Fenced:            g.counts.fenced.Load(),
 		FinishRetries:     g.counts.finishRetries.Load(),
 		OutcomesLost:      g.counts.outcomesLost.Load(),
+		ReleaseRetries:    g.counts.releaseRetries.Load(),
 		ReleaseFailures:   g.counts.releaseFailures.Load(),
 		HeartbeatFailures: g.counts.heartbeatFailures.Load(),
 		Reconciled:        g.counts.reconciled.Load(),
@@ -109,7 +117,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"method", "outcome"}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemgate_interceptor_events_total",
-			Help: "Events the caller does not see, by method: fenced, finish_retry, outcome_lost, release_failure, heartbeat_failure, reconciled, result_too_large.",
+			Help: "Events the caller does not see, by method: fenced, finish_retry, outcome_lost, release_retry, release_failure, heartbeat_failure, reconciled, result_too_large.",
 		}, []string{"method", "event"}),
 	}
 	for _, vec := range []**prometheus.CounterVec{&m.calls, &m.events} {
