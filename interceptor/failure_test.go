@@ -28,6 +28,17 @@ import (
 // pastLease is long enough for a 1s lease to have run out.
 const pastLease = 1300 * time.Millisecond
 
+// failWhile is a Dedupe client interceptor that fails one RPC with
+// UNAVAILABLE, before it reaches the service, while failing reports true.
+func failWhile(fullMethod string, failing func() bool) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == fullMethod && failing() {
+			return status.Errorf(codes.Unavailable, "test: %s cannot get through", method)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+}
+
 // crash reserves key for method as a tool server would, then never finishes,
 // as if the process died mid-call.
 func (h *harness) crash(t *testing.T, fullMethod, key string, req *testingv1.MutateRequest, policy interceptor.Policy) {
@@ -214,12 +225,7 @@ func TestReexecuteLetsExactlyOneTakerRun(t *testing.T) {
 func TestFencedOwnerCannotOverwriteTheNewerOutcome(t *testing.T) {
 	t.Parallel()
 	// Heartbeats never arrive: the first owner's lease runs out while it runs.
-	dropHeartbeats := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if method == idemgatev1.DedupeService_Heartbeat_FullMethodName {
-			return status.Error(codes.Unavailable, "test: heartbeat dropped")
-		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	}
+	dropHeartbeats := failWhile(idemgatev1.DedupeService_Heartbeat_FullMethodName, func() bool { return true })
 	h := setupWith(t, stacktest.Config{DedupeClientInterceptor: dropHeartbeats})
 	req := &testingv1.MutateRequest{Payload: "slow", Delay: durationpb.New(2500 * time.Millisecond)}
 
@@ -394,12 +400,7 @@ func TestErrorOutcomes(t *testing.T) {
 func TestOutcomeThatCannotBeStoredGoesUnknown(t *testing.T) {
 	t.Parallel()
 	var storeDown atomic.Bool
-	failFinish := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if method == idemgatev1.DedupeService_Finish_FullMethodName && storeDown.Load() {
-			return status.Error(codes.Unavailable, "test: the store went away")
-		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	}
+	failFinish := failWhile(idemgatev1.DedupeService_Finish_FullMethodName, storeDown.Load)
 	h := setupWith(t, stacktest.Config{
 		DedupeClientInterceptor: failFinish,
 		GateOptions:             []interceptor.Option{interceptor.WithFinishRetryBudget(time.Second)},
@@ -430,12 +431,7 @@ func TestFinishRetriedInBackgroundStoresTheOutcome(t *testing.T) {
 	t.Parallel()
 	var failures atomic.Int64
 	failures.Store(2)
-	flakyFinish := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if method == idemgatev1.DedupeService_Finish_FullMethodName && failures.Add(-1) >= 0 {
-			return status.Error(codes.Unavailable, "test: a passing failure")
-		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	}
+	flakyFinish := failWhile(idemgatev1.DedupeService_Finish_FullMethodName, func() bool { return failures.Add(-1) >= 0 })
 	h := setupWith(t, stacktest.Config{DedupeClientInterceptor: flakyFinish})
 	req := &testingv1.MutateRequest{Payload: "charge"}
 	first := shortLease(withKey("flaky"), h, req)
@@ -460,12 +456,7 @@ func TestFinishRetriedInBackgroundStoresTheOutcome(t *testing.T) {
 func TestFinishRetriesKeepTheReservation(t *testing.T) {
 	t.Parallel()
 	var finishDown atomic.Bool
-	failFinish := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if method == idemgatev1.DedupeService_Finish_FullMethodName && finishDown.Load() {
-			return status.Error(codes.Unavailable, "test: Finish cannot get through")
-		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	}
+	failFinish := failWhile(idemgatev1.DedupeService_Finish_FullMethodName, finishDown.Load)
 	h := setupWith(t, stacktest.Config{DedupeClientInterceptor: failFinish})
 	req := &testingv1.MutateRequest{Payload: "charge"}
 	finishDown.Store(true)
@@ -497,12 +488,7 @@ func TestFinishRetriesKeepTheReservation(t *testing.T) {
 func TestReleaseRetriedInBackground(t *testing.T) {
 	t.Parallel()
 	var releaseDown atomic.Bool
-	failRelease := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if method == idemgatev1.DedupeService_Release_FullMethodName && releaseDown.Load() {
-			return status.Error(codes.Unavailable, "test: Release cannot get through")
-		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	}
+	failRelease := failWhile(idemgatev1.DedupeService_Release_FullMethodName, releaseDown.Load)
 	h := setupWith(t, stacktest.Config{DedupeClientInterceptor: failRelease})
 	req := &testingv1.MutateRequest{Payload: "charge", FailCode: int32(codes.Unavailable)}
 	releaseDown.Store(true)

@@ -452,83 +452,59 @@ func (g *Gate) heartbeat(ctx context.Context, c call, epoch int64) (stop func())
 }
 
 // release gives the reservation up after a handler error, so a retry runs.
-// Like finish, it makes its first attempt before the caller gets its answer
-// and retries in the background within the same budget.
 func (g *Gate) release(ctx context.Context, c call, epoch int64) {
 	req := &idemgatev1.ReleaseRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch}
 	g.settle(ctx, c, epoch, settlement{
-		attempt:    func(ctx context.Context) bool { return g.tryRelease(ctx, c, req) },
-		retryEvent: eventReleaseRetry,
-		giveUp: func() {
-			g.event(c, eventReleaseFailure)
-			g.opts.logger.ErrorContext(ctx, "idemgate: gave up releasing the reservation after the handler failed; "+
-				"the key goes down its on_lost_outcome path when the lease runs out",
-				slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Duration("budget", g.opts.finishBudget))
+		rpc: "Release",
+		call: func(ctx context.Context) error {
+			_, err := g.dedupe.Release(ctx, req)
+			return err
 		},
+		retryEvent: eventReleaseRetry,
+		failEvent:  eventReleaseFailure,
+		lost:       "the handler failed, but its reservation could not be released",
 	})
 }
 
-// tryRelease makes one Release attempt and reports whether it is settled:
-// released, or refused for good.
-func (g *Gate) tryRelease(ctx context.Context, c call, req *idemgatev1.ReleaseRequest) bool {
-	callCtx, cancel := context.WithTimeout(ctx, g.opts.outcomeTimeout)
-	defer cancel()
-	_, err := g.dedupe.Release(callCtx, req)
-	switch status.Code(err) {
-	case codes.OK:
-		return true
-	case codes.FailedPrecondition:
-		g.event(c, eventFenced)
-		g.opts.logger.WarnContext(ctx, "idemgate: the release was refused because the reservation had been taken over",
-			slog.String("scope", req.GetScope()), slog.Int64("epoch", req.GetEpoch()))
-		return true
-	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated:
-		g.event(c, eventReleaseFailure)
-		g.opts.logger.ErrorContext(ctx, "idemgate: the Dedupe service rejected the release", slog.String("scope", req.GetScope()), slog.Any("error", err))
-		return true
-	default:
-		g.opts.logger.WarnContext(ctx, "idemgate: could not release the reservation; retrying", slog.String("scope", req.GetScope()), slog.Any("error", err))
-		return false
-	}
-}
-
-// finish stores the outcome. The first attempt runs before the caller gets
-// its answer, so a duplicate right after it replays; if the Dedupe service
-// cannot take it, settle retries in the background, and an outcome still not
-// stored at the end of the budget is counted and logged as lost.
+// finish stores the outcome of a handler that ran.
 func (g *Gate) finish(ctx context.Context, c call, epoch int64, outcome *anypb.Any) {
 	req := &idemgatev1.FinishRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch, Outcome: g.boundedOutcome(ctx, c, outcome)}
 	g.settle(ctx, c, epoch, settlement{
-		attempt:    func(ctx context.Context) bool { return g.tryFinish(ctx, c, req) },
-		retryEvent: eventFinishRetry,
-		giveUp: func() {
-			g.event(c, eventOutcomeLost)
-			g.opts.logger.ErrorContext(ctx, "idemgate: gave up storing an outcome after the side effect ran; the caller got its response, "+
-				"and the key goes down its on_lost_outcome path when the lease runs out",
-				slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Duration("budget", g.opts.finishBudget))
+		rpc: "Finish",
+		call: func(ctx context.Context) error {
+			_, err := g.dedupe.Finish(ctx, req)
+			return err
 		},
+		retryEvent: eventFinishRetry,
+		failEvent:  eventOutcomeLost,
+		lost:       "the side effect ran and the caller got its response, but the outcome could not be stored",
 	})
 }
 
 // settlement is one way to end a reservation: Finish or Release.
 type settlement struct {
-	// attempt makes one try and reports whether the matter is settled.
-	attempt func(context.Context) bool
-	// retryEvent is counted for each try after the first.
-	retryEvent string
-	// giveUp reports a settlement the budget ran out on.
-	giveUp func()
+	// rpc names the Dedupe RPC, for logs.
+	rpc string
+	// call makes one attempt.
+	call func(context.Context) error
+	// retryEvent is counted for each attempt after the first; failEvent when
+	// the settlement is given up or rejected.
+	retryEvent, failEvent string
+	// lost says what a settlement given up leaves behind.
+	lost string
 }
 
-// settle makes the first attempt detached from the caller's context (a
-// caller that timed out must still leave its outcome behind); if that does
-// not settle it, retries with backoff go on in the background within the
-// finish retry budget (Close waits for them), renewing the lease meanwhile:
-// the reservation is still this attempt's, and a duplicate must neither take
-// it over (REEXECUTE) nor see it lost while the store is briefly away.
+// settle ends the reservation. The first attempt runs before the caller gets
+// its answer, so a duplicate right after it sees the result, and detached
+// from the caller's context: a caller that timed out after the side effect
+// ran must still leave its outcome behind. If the Dedupe service cannot take
+// it, retries with backoff go on in the background within the finish retry
+// budget (Close waits for them), renewing the lease meanwhile: the
+// reservation is still this attempt's, and a duplicate must neither take it
+// over (REEXECUTE) nor find it lost while the store is briefly away.
 func (g *Gate) settle(ctx context.Context, c call, epoch int64, s settlement) {
 	detached := context.WithoutCancel(ctx)
-	if s.attempt(detached) {
+	if g.trySettle(detached, c, epoch, s) {
 		return
 	}
 	g.background.Add(1)
@@ -542,12 +518,40 @@ func (g *Gate) settle(ctx context.Context, c call, epoch int64, s settlement) {
 			time.Sleep(backoff)
 			backoff = min(2*backoff, 5*time.Second)
 			g.event(c, s.retryEvent)
-			if s.attempt(detached) {
+			if g.trySettle(detached, c, epoch, s) {
 				return
 			}
 		}
-		s.giveUp()
+		g.event(c, s.failEvent)
+		g.opts.logger.ErrorContext(ctx, "idemgate: gave up: "+s.lost+"; the key goes down its on_lost_outcome path when the lease runs out",
+			slog.String("rpc", s.rpc), slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Duration("budget", g.opts.finishBudget))
 	}()
+}
+
+// trySettle makes one attempt and reports whether the matter is settled:
+// done, or refused for good (fenced, or rejected).
+func (g *Gate) trySettle(ctx context.Context, c call, epoch int64, s settlement) bool {
+	callCtx, cancel := context.WithTimeout(ctx, g.opts.outcomeTimeout)
+	defer cancel()
+	err := s.call(callCtx)
+	switch status.Code(err) {
+	case codes.OK:
+		return true
+	case codes.FailedPrecondition:
+		g.event(c, eventFenced)
+		g.opts.logger.WarnContext(ctx, "idemgate: refused because the reservation had been taken over (its lease ran out); what the newer attempt did stands",
+			slog.String("rpc", s.rpc), slog.String("scope", c.scope), slog.Int64("epoch", epoch))
+		return true
+	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.ResourceExhausted:
+		g.event(c, s.failEvent)
+		g.opts.logger.ErrorContext(ctx, "idemgate: the Dedupe service rejected this: "+s.lost,
+			slog.String("rpc", s.rpc), slog.String("scope", c.scope), slog.Any("error", err))
+		return true
+	default:
+		g.opts.logger.WarnContext(ctx, "idemgate: the Dedupe service could not take this; retrying",
+			slog.String("rpc", s.rpc), slog.String("scope", c.scope), slog.Any("error", err))
+		return false
+	}
 }
 
 // boundedOutcome returns outcome, or the ResultTooLarge marker that takes its
@@ -565,30 +569,6 @@ func (g *Gate) boundedOutcome(ctx context.Context, c call, outcome *anypb.Any) *
 		return outcome // cannot happen for this message; the service will refuse the big one
 	}
 	return marker
-}
-
-// tryFinish makes one Finish attempt and reports whether it is settled: stored,
-// or refused for good (fenced, or rejected as invalid).
-func (g *Gate) tryFinish(ctx context.Context, c call, req *idemgatev1.FinishRequest) bool {
-	callCtx, cancel := context.WithTimeout(ctx, g.opts.outcomeTimeout)
-	defer cancel()
-	_, err := g.dedupe.Finish(callCtx, req)
-	switch status.Code(err) {
-	case codes.OK:
-		return true
-	case codes.FailedPrecondition:
-		g.event(c, eventFenced)
-		g.opts.logger.WarnContext(ctx, "idemgate: the outcome was refused because the reservation had been taken over; the newer outcome stands",
-			slog.String("scope", req.GetScope()), slog.Int64("epoch", req.GetEpoch()))
-		return true
-	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.ResourceExhausted:
-		g.event(c, eventOutcomeLost)
-		g.opts.logger.ErrorContext(ctx, "idemgate: the Dedupe service rejected the outcome", slog.String("scope", req.GetScope()), slog.Any("error", err))
-		return true
-	default:
-		g.opts.logger.WarnContext(ctx, "idemgate: could not store the outcome; retrying", slog.String("scope", req.GetScope()), slog.Any("error", err))
-		return false
-	}
 }
 
 // replay returns the stored outcome: the method's response, or the final
