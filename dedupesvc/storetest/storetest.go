@@ -42,16 +42,23 @@ func Run(t *testing.T, newStore func(t *testing.T) dedupesvc.Store) {
 	t.Run("InspectorPages", func(t *testing.T) { testInspectorPages(t, newStore) })
 }
 
-// testInspectorPages walks a listing page by page, as the admin RPC's page
-// tokens do, and wants exactly the records of one unpaged listing, in the
-// same order: outcome-unknown first, no record twice, none skipped.
-func testInspectorPages(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
-	t.Parallel()
+// newInspector returns a fresh store and its Inspector, or skips a store
+// that is none.
+func newInspector(t *testing.T, newStore func(*testing.T) dedupesvc.Store) (dedupesvc.Store, dedupesvc.Inspector) {
 	s := newStore(t)
 	inspector, ok := s.(dedupesvc.Inspector)
 	if !ok {
 		t.Skip("the store is not an Inspector")
 	}
+	return s, inspector
+}
+
+// testInspectorPages walks a listing page by page, as the admin RPC's page
+// tokens do, and wants exactly the records of one unpaged listing, in the
+// same order: outcome-unknown first, no record twice, none skipped.
+func testInspectorPages(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
+	t.Parallel()
+	s, inspector := newInspector(t, newStore)
 	// Keys begun together share an expiry to the store's clock resolution,
 	// so the scope and key must break the tie.
 	const records, unknown = 23, 5
@@ -117,11 +124,7 @@ func testInspectorPages(t *testing.T, newStore func(*testing.T) dedupesvc.Store)
 
 func testInspector(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 	t.Parallel()
-	s := newStore(t)
-	inspector, ok := s.(dedupesvc.Inspector)
-	if !ok {
-		t.Skip("the store is not an Inspector")
-	}
+	s, inspector := newInspector(t, newStore)
 	// Records under two methods and two namespaces, one of them unknown.
 	add := func(scope, key string, lease time.Duration) dedupesvc.BeginResult {
 		p := begin("t-"+key, fpA, lease, long)
