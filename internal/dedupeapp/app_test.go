@@ -258,13 +258,10 @@ func TestShutdownTurnsHealthFirstAndDrains(t *testing.T) {
 	}
 }
 
-func TestTracingWhenConfigured(t *testing.T) {
-	t.Parallel()
-	recorder := tracetest.NewSpanRecorder()
-	cfg := dedupeapp.Config{DataDir: t.TempDir(), SweepInterval: time.Minute, SweepBatch: 100, ShutdownTimeout: 5 * time.Second,
-		PollInterval: 100 * time.Millisecond, UnknownRetention: time.Hour, MaxOutcomeBytes: 1 << 20,
-		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))}
-	addr := stacktest.ServeApp(t, cfg)
+// beginOnce makes one Begin on the dedupe service at addr, which may still be
+// starting.
+func beginOnce(t *testing.T, addr string) {
+	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -276,6 +273,15 @@ func TestTracingWhenConfigured(t *testing.T) {
 	}, grpc.WaitForReady(true)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func TestTracingWhenConfigured(t *testing.T) {
+	t.Parallel()
+	recorder := tracetest.NewSpanRecorder()
+	cfg := dedupeapp.Config{DataDir: t.TempDir(), SweepInterval: time.Minute, SweepBatch: 100, ShutdownTimeout: 5 * time.Second,
+		PollInterval: 100 * time.Millisecond, UnknownRetention: time.Hour, MaxOutcomeBytes: 1 << 20,
+		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))}
+	beginOnce(t, stacktest.ServeApp(t, cfg))
 	// The server span ends just after the response is sent: give it a moment.
 	var names []string
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
@@ -327,17 +333,7 @@ func TestTracingExportsToAnOTLPCollector(t *testing.T) {
 				endpoint = "http://" + endpoint
 			}
 			addr, stop := stacktest.StartApp(t, dedupeapp.Config{DataDir: t.TempDir(), OTLPEndpoint: endpoint})
-			dedupe, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer dedupe.Close()
-			fp := sha256.Sum256([]byte("r"))
-			if _, err := idemgatev1.NewDedupeServiceClient(dedupe).Begin(context.Background(), &idemgatev1.BeginRequest{
-				Scope: "/x.S/M", Key: "k", Fingerprint: fp[:], AttemptToken: "a", Lease: durationpb.New(time.Minute), Retention: durationpb.New(time.Hour),
-			}, grpc.WaitForReady(true)); err != nil {
-				t.Fatal(err)
-			}
+			beginOnce(t, addr)
 			if err := stop(); err != nil {
 				t.Fatal(err)
 			}
