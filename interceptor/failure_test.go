@@ -508,3 +508,31 @@ func TestReleaseRetriedInBackground(t *testing.T) {
 		t.Fatalf("stats %+v, want release retries and no failure", stats)
 	}
 }
+
+// Heartbeats that fail three times in a row, for as long as a whole lease
+// at the normal pace, still keep a slow handler's reservation: a failed
+// renewal is retried soon, not a third of a lease later.
+func TestHeartbeatsRideOutAFlakyStore(t *testing.T) {
+	t.Parallel()
+	var heartbeats atomic.Int64
+	flaky := failWhile(idemgatev1.DedupeService_Heartbeat_FullMethodName, func() bool { return heartbeats.Add(1)%4 != 0 }) // 3 of every 4 fail
+	h := setupWith(t, stacktest.Config{DedupeClientInterceptor: flaky})
+	req := &testingv1.MutateRequest{Payload: "slow", Delay: durationpb.New(4 * time.Second)}
+	done := make(chan error, 1)
+	go func() { _, err := h.client.MutateReexecute(withKey("flaky-heartbeats"), req); done <- err }()
+
+	for range 2 {
+		time.Sleep(pastLease)
+		_, err := h.client.MutateReexecute(withKey("flaky-heartbeats"), req)
+		wantStatus(t, err, codes.Aborted, interceptor.ReasonInFlight)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := h.svc.Executions(); got != 1 {
+		t.Fatalf("handler ran %d times, want 1", got)
+	}
+	if stats := h.Gate.Stats(); stats.HeartbeatFailures < 3 {
+		t.Fatalf("stats %+v, want the failed heartbeats counted", stats)
+	}
+}

@@ -414,25 +414,29 @@ func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, handler gr
 
 // heartbeat renews the reservation about every third of the lease until the
 // returned function is called, which also waits for the renewing goroutine.
+// A renewal that fails is tried again after a tenth of the lease, not a
+// third: the lease is running out, and a flaky store should cost a slow
+// handler its reservation only after several failures in a row.
 func (g *Gate) heartbeat(ctx context.Context, c call, epoch int64) (stop func()) {
 	lease := c.method.policy.Lease
 	hbCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		ticker := time.NewTicker(lease / 3)
-		defer ticker.Stop()
+		timer := time.NewTimer(lease / 3)
+		defer timer.Stop()
 		for {
 			select {
 			case <-hbCtx.Done():
 				return
-			case <-ticker.C:
+			case <-timer.C:
 			}
 			callCtx, cancelCall := context.WithTimeout(hbCtx, lease/3)
 			_, err := g.dedupe.Heartbeat(callCtx, &idemgatev1.HeartbeatRequest{
 				Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch, Lease: durationpb.New(lease),
 			})
 			cancelCall()
+			next := lease / 3
 			switch {
 			case err == nil:
 			case hbCtx.Err() != nil:
@@ -444,8 +448,10 @@ func (g *Gate) heartbeat(ctx context.Context, c call, epoch int64) (stop func())
 				return
 			default:
 				g.event(c, eventHeartbeatFailure)
-				g.opts.logger.WarnContext(ctx, "idemgate: could not renew the reservation's lease", slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Any("error", err))
+				g.opts.logger.WarnContext(ctx, "idemgate: could not renew the reservation's lease; trying again soon", slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Any("error", err))
+				next = lease / 10
 			}
+			timer.Reset(next)
 		}
 	}()
 	return func() { cancel(); <-done }
