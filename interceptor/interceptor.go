@@ -69,8 +69,8 @@ type Gate struct {
 	opts         options
 	counts       counters
 	metrics      *metrics
-	// background tracks Finish retries still running after their caller got
-	// its response.
+	// background tracks Finish and Release retries still running after
+	// their caller got its response.
 	background sync.WaitGroup
 }
 
@@ -163,8 +163,9 @@ func strictRefusals(unclassified []string, o options) []string {
 	return refused
 }
 
-// Close waits until every outcome still being retried in the background is
-// stored or given up, or ctx ends. Call it after the gRPC server stopped.
+// Close waits until every outcome and release still being retried in the
+// background is settled or given up, or ctx ends. Call it after the gRPC
+// server stopped.
 func (g *Gate) Close(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() { g.background.Wait(); close(done) }()
