@@ -1,18 +1,101 @@
 package interceptor
 
-import "context"
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+)
 
-type keyContextKey struct{}
+// Causes a gated handler's context can end with (context.Cause). The handler
+// runs on a context that keeps the caller's values but not its cancellation
+// or deadline, so only these two end it early.
+var (
+	// ErrFenced: the attempt lost its reservation (its lease ran out and
+	// another attempt took the key over, or an operator settled the record),
+	// so whatever it does next is refused by the Dedupe service. Stop, and do
+	// not write downstream without the FencingToken.
+	ErrFenced = errors.New("idemgate: this attempt was fenced: its reservation was taken over or settled by another attempt, and its outcome will be refused")
+	// ErrExecutionTimeout: the method's execution_timeout ran out.
+	ErrExecutionTimeout = errors.New("idemgate: the handler ran past its execution_timeout")
+)
 
-// KeyFromContext returns the idempotency key of the gated call that ctx
-// belongs to, so a handler can hand it on to a downstream API that takes
-// idempotency keys (payment providers do). It reports false outside a gated
-// call.
-func KeyFromContext(ctx context.Context) (string, bool) {
-	key, ok := ctx.Value(keyContextKey{}).(string)
-	return key, ok
+// FencingToken names one reservation of one key. Epoch grows every time the
+// key is reserved anew (a REEXECUTE takeover, a retry after a release), so a
+// downstream system that supports conditional writes can refuse a write
+// whose epoch is lower than one it has already seen for the same scope and
+// key: a fenced attempt that is still running then cannot overwrite the work
+// of the attempt that took over.
+type FencingToken struct {
+	// Scope is the record's scope as the interceptor sends it: the method's
+	// action, then "|" and the tenant when there is one.
+	Scope string
+	// Key is the idempotency key.
+	Key string
+	// Epoch of this attempt's reservation, from 1.
+	Epoch int64
 }
 
-func contextWithKey(ctx context.Context, key string) context.Context {
-	return context.WithValue(ctx, keyContextKey{}, key)
+// gatedCall is what a gated handler's context carries.
+type gatedCall struct {
+	key, downstreamKey string
+	token              FencingToken
+}
+
+type callContextKey struct{}
+
+// KeyFromContext returns the idempotency key of the gated call that ctx
+// belongs to, exactly as the caller sent it. It reports false outside a
+// gated call. The same key may name different actions of different tenants
+// or methods, so do not send it to a downstream system that dedupes on it:
+// send DownstreamKeyFromContext instead.
+func KeyFromContext(ctx context.Context) (string, bool) {
+	c, ok := ctx.Value(callContextKey{}).(*gatedCall)
+	if !ok {
+		return "", false
+	}
+	return c.key, true
+}
+
+// DownstreamKeyFromContext returns the idempotency key to hand on to a
+// downstream API that dedupes on one (a payment provider's Idempotency-Key):
+// "idg_" and 32 hex digits of a SHA-256 of the scope (action and tenant) and
+// the caller's key. It is the same for every attempt at one action, also
+// after a REEXECUTE takeover, so the provider collapses a re-run into the
+// first charge; and it differs between tenants and actions that happen to
+// use the same key, so they never collide at the provider. It reports false
+// outside a gated call.
+func DownstreamKeyFromContext(ctx context.Context) (string, bool) {
+	c, ok := ctx.Value(callContextKey{}).(*gatedCall)
+	if !ok {
+		return "", false
+	}
+	return c.downstreamKey, true
+}
+
+// FencingTokenFromContext returns the reservation a gated handler runs
+// under, for a downstream system that supports conditional writes. It
+// reports false outside a gated call.
+func FencingTokenFromContext(ctx context.Context) (FencingToken, bool) {
+	c, ok := ctx.Value(callContextKey{}).(*gatedCall)
+	if !ok {
+		return FencingToken{}, false
+	}
+	return c.token, true
+}
+
+func contextWithCall(ctx context.Context, c call, epoch int64) context.Context {
+	return context.WithValue(ctx, callContextKey{}, &gatedCall{
+		key:           c.key,
+		downstreamKey: downstreamKey(c.scope, c.key),
+		token:         FencingToken{Scope: c.scope, Key: c.key, Epoch: epoch},
+	})
+}
+
+func downstreamKey(scope, key string) string {
+	h := sha256.New()
+	h.Write([]byte(scope))
+	h.Write([]byte{0})
+	h.Write([]byte(key))
+	return "idg_" + hex.EncodeToString(h.Sum(nil)[:16])
 }

@@ -122,7 +122,19 @@ func TestNewRejectsInconsistentPolicies(t *testing.T) {
 		{"retention under lease", method("Short", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN,
 			&idemgatev1.MethodPolicy{Mutating: true, Retention: durationpb.New(time.Minute), Lease: durationpb.New(time.Hour)}), "shorter than its lease"},
 		{"lease under 1s", method("Tiny", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN,
-			&idemgatev1.MethodPolicy{Mutating: true, Lease: durationpb.New(time.Millisecond)}), "below the minimum"},
+			&idemgatev1.MethodPolicy{Mutating: true, Lease: durationpb.New(time.Millisecond)}), "lease 1ms is outside 1s to 24h0m0s"},
+		{"lease over 24h, the longest the Dedupe service renews to", method("Long", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN,
+			&idemgatev1.MethodPolicy{Mutating: true, Lease: durationpb.New(25 * time.Hour), Retention: durationpb.New(48 * time.Hour)}), "lease 25h0m0s is outside 1s to 24h0m0s"},
+		{"execution_timeout under 1s", method("Quick", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN,
+			&idemgatev1.MethodPolicy{Mutating: true, ExecutionTimeout: durationpb.New(time.Millisecond)}), "execution_timeout 1ms is outside 1s to 24h0m0s"},
+		{"unknown unknown_code", method("Unknowns", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN,
+			&idemgatev1.MethodPolicy{Mutating: true, UnknownCodes: []string{"Internal"}}), `unknown_codes has "Internal"`},
+		{"a code both final and unknown", method("Both", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN,
+			&idemgatev1.MethodPolicy{Mutating: true, ReplayCodes: []string{"INTERNAL"}, UnknownCodes: []string{"INTERNAL"}}), "INTERNAL in both replay_codes and unknown_codes"},
+		{"action with the scope separator", method("Piped", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN,
+			&idemgatev1.MethodPolicy{Mutating: true, Action: "charge|v2"}), `action "charge|v2" must not contain "|"`},
+		{"action with a control character", method("Ctl", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN,
+			&idemgatev1.MethodPolicy{Mutating: true, Action: "charge\x1fv2"}), "must be printable ASCII"},
 		{"unknown replay code", method("Codes", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN,
 			&idemgatev1.MethodPolicy{Mutating: true, ReplayCodes: []string{"invalid_argument"}}), `replay_codes has "invalid_argument"`},
 		{"OK as a replay code", method("Ok", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN,
@@ -153,6 +165,17 @@ func TestNewRejectsInconsistentPolicies(t *testing.T) {
 		}
 	})
 
+	t.Run("two methods sharing an action with different responses", func(t *testing.T) {
+		t.Parallel()
+		other := method("ChargeV2", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN, &idemgatev1.MethodPolicy{Mutating: true, Action: "charge"})
+		other.OutputType = proto.String(".google.protobuf.Any")
+		files := filesWith(t, method("Charge", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN, &idemgatev1.MethodPolicy{Mutating: true, Action: "charge"}), other)
+		_, err := interceptor.New(idemgatev1.NewDedupeServiceClient(nil), interceptor.WithFiles(files))
+		if err == nil || !strings.Contains(err.Error(), `share the action "charge" but return google.protobuf.Empty and google.protobuf.Any`) {
+			t.Fatalf("New: %v, want the shared action refused", err)
+		}
+	})
+
 	t.Run("a consistent file builds and gates only the mutating method", func(t *testing.T) {
 		t.Parallel()
 		files := filesWith(t,
@@ -165,7 +188,7 @@ func TestNewRejectsInconsistentPolicies(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := g.Policy("/bad.v1.BadService/Charge").String(); got != "gated(retention=24h0m0s, lease=30s, on_lost_outcome=reexecute, replay_codes=[NOT_FOUND FAILED_PRECONDITION], max_wait=0s, keyless=reject)" {
+		if got := g.Policy("/bad.v1.BadService/Charge").String(); got != "gated(action=/bad.v1.BadService/Charge, retention=24h0m0s, lease=30s, on_lost_outcome=reexecute, replay_codes=[NOT_FOUND FAILED_PRECONDITION], unknown_codes=[], max_wait=0s, keyless=reject, execution_timeout=1m0s)" {
 			t.Errorf("Charge policy %s", got)
 		}
 		if got := g.Policy("/bad.v1.BadService/Get").String(); got != "ungated" {
@@ -198,7 +221,7 @@ func filesWith(t *testing.T, methods ...*descriptorpb.MethodDescriptorProto) *pr
 		Name:       proto.String("bad/v1/bad.proto"),
 		Package:    proto.String("bad.v1"),
 		Syntax:     proto.String("proto3"),
-		Dependency: []string{"google/protobuf/empty.proto"},
+		Dependency: []string{"google/protobuf/empty.proto", "google/protobuf/any.proto"},
 		Service:    []*descriptorpb.ServiceDescriptorProto{{Name: proto.String("BadService"), Method: methods}},
 	}
 	fd, err := protodesc.NewFile(fdp, protoregistry.GlobalFiles)

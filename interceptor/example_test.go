@@ -2,6 +2,7 @@ package interceptor_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"time"
@@ -44,7 +45,7 @@ func ExampleNew() {
 	fmt.Println(gate.Policy(paymentsv1.PaymentsService_ChargeCard_FullMethodName))
 	fmt.Println(gate.Policy(paymentsv1.PaymentsService_GetBalance_FullMethodName))
 	// Output:
-	// gated(retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[], max_wait=3s, keyless=reject)
+	// gated(action=/examples.payments.v1.PaymentsService/ChargeCard, retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[], unknown_codes=[], max_wait=3s, keyless=reject, execution_timeout=1m0s)
 	// ungated
 }
 
@@ -76,9 +77,9 @@ func ExampleGate_Policy() {
 	fmt.Println(gate.Policy(testingv1.TestService_MutateReplayErrors_FullMethodName))
 	fmt.Println(gate.Policy(testingv1.TestService_MutateKeyless_FullMethodName))
 	// Output:
-	// gated(retention=24h0m0s, lease=1s, on_lost_outcome=reexecute, replay_codes=[], max_wait=0s, keyless=reject)
-	// gated(retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[INVALID_ARGUMENT FAILED_PRECONDITION], max_wait=3s, keyless=reject)
-	// gated(retention=24h0m0s, lease=1s, on_lost_outcome=fail_closed, replay_codes=[], max_wait=3s, keyless=fingerprint(2s))
+	// gated(action=/idemgate.testing.v1.TestService/MutateReexecute, retention=24h0m0s, lease=1s, on_lost_outcome=reexecute, replay_codes=[], unknown_codes=[], max_wait=0s, keyless=reject, execution_timeout=1m0s)
+	// gated(action=/idemgate.testing.v1.TestService/MutateReplayErrors, retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[INVALID_ARGUMENT FAILED_PRECONDITION], unknown_codes=[], max_wait=3s, keyless=reject, execution_timeout=1m0s)
+	// gated(action=/idemgate.testing.v1.TestService/MutateKeyless, retention=24h0m0s, lease=1s, on_lost_outcome=fail_closed, replay_codes=[], unknown_codes=[], max_wait=3s, keyless=fingerprint(2s), execution_timeout=1m0s)
 }
 
 // The orchestration layer mints one key per logical action and reuses it
@@ -134,13 +135,63 @@ func ExampleWithMintedKeys() {
 
 // A request can carry its key in a field marked
 // (idemgate.v1.field) = {idempotency_key: true}, as AIP-155's request_id.
+// KeyFromContext returns it as the caller sent it, for logs and for looking
+// the action up; it is not unique across tenants and methods.
 func ExampleKeyFromContext() {
 	handler := func(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
-		key, _ := interceptor.KeyFromContext(ctx) // hand it on to the payment provider
+		key, _ := interceptor.KeyFromContext(ctx)
 		return &testingv1.MutateResponse{Key: key}, nil
 	}
 	_ = handler
 	_ = &testingv1.MutateRequest{Payload: "charge", RequestId: "order-8842-charge"}
+}
+
+// A handler hands the payment provider the downstream key: the same for
+// every attempt at the action, different for another tenant or method that
+// uses the same key. It passes its context on and returns the provider's
+// error, as every handler should: a timeout there leaves the outcome unknown,
+// and the interceptor never frees the key for it.
+func ExampleDownstreamKeyFromContext() {
+	type provider interface {
+		Charge(ctx context.Context, idempotencyKey string, cents int64) (chargeID string, err error)
+	}
+	handler := func(p provider) func(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+		return func(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+			key, _ := interceptor.DownstreamKeyFromContext(ctx)
+			id, err := p.Charge(ctx, key, 1299)
+			if err != nil {
+				return nil, err
+			}
+			return &testingv1.MutateResponse{Payload: id}, nil
+		}
+	}
+	_ = handler
+}
+
+// A downstream store that supports conditional writes takes the fencing
+// token, so an attempt that lost its reservation cannot overwrite the work of
+// the one that took over; the handler's context is cancelled with ErrFenced
+// as soon as the interceptor learns of it.
+func ExampleFencingTokenFromContext() {
+	handler := func(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+		token, _ := interceptor.FencingTokenFromContext(ctx)
+		// UPDATE ledger SET ..., epoch = $epoch WHERE id = $id AND epoch <= $epoch
+		_ = token.Epoch
+		if errors.Is(context.Cause(ctx), interceptor.ErrFenced) {
+			return nil, interceptor.OutcomeUnknownError(context.Cause(ctx))
+		}
+		return &testingv1.MutateResponse{}, nil
+	}
+	_ = handler
+}
+
+// A handler whose provider client failed after sending the request cannot
+// tell whether the charge happened; it says so, and the key is never freed
+// for a second charge.
+func ExampleOutcomeUnknownError() {
+	err := interceptor.OutcomeUnknownError(status.Error(codes.Unavailable, "connection reset after the request was sent"))
+	fmt.Println(status.Code(err))
+	// Output: Unavailable
 }
 
 // A handler decides per error whether it is the action's final outcome.

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -70,9 +71,22 @@ type Gate struct {
 	counts       counters
 	metrics      *metrics
 	// background tracks Finish and Release retries still running after
-	// their caller got its response.
+	// their caller got its response, and re-sent Begins whose first answer
+	// was lost.
 	background sync.WaitGroup
+	// stopBackground ends the background work, when Close's context ends
+	// first; backgroundCtx is what that work runs under.
+	backgroundCtx  context.Context
+	stopBackground context.CancelFunc
+	// lostBegins bounds how many lost Begins are followed up at once, so an
+	// outage does not pile up a goroutine per refused call.
+	lostBegins chan struct{}
 }
+
+// maxLostBeginFollowUps bounds the lost Begins followed up at once; past it
+// a lost Begin is logged and counted, and its reservation, if it was made,
+// runs down its lease.
+const maxLostBeginFollowUps = 1024
 
 // New resolves the policy of every method in the descriptor registry (see
 // WithFiles) and returns a Gate that deduplicates the gated ones through
@@ -104,7 +118,9 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 		o.logger.Info("idemgate: these methods are neither marked mutating nor declared safe with idempotency_level, so they are not gated; "+
 			"classify them, or use WithStrict to refuse such methods", slog.Any("methods", r.unclassified))
 	}
-	return &Gate{dedupe: dedupe, methods: r.gated, unclassified: r.unclassified, services: r.services, opts: o, metrics: metrics}, nil
+	backgroundCtx, stopBackground := context.WithCancel(context.Background())
+	return &Gate{dedupe: dedupe, methods: r.gated, unclassified: r.unclassified, services: r.services, opts: o, metrics: metrics,
+		backgroundCtx: backgroundCtx, stopBackground: stopBackground, lostBegins: make(chan struct{}, maxLostBeginFollowUps)}, nil
 }
 
 // ServiceInfoProvider lists the services registered on a gRPC server;
@@ -164,15 +180,20 @@ func strictRefusals(unclassified []string, o options) []string {
 }
 
 // Close waits until every outcome and release still being retried in the
-// background is settled or given up, or ctx ends. Call it after the gRPC
-// server stopped.
+// background is settled or given up. When ctx ends first it stops those
+// retries (each is logged and counted as given up: its record runs down its
+// lease to its on_lost_outcome path), waits for them to return, and returns
+// ctx's error. Call it after the gRPC server stopped.
 func (g *Gate) Close(ctx context.Context) error {
 	done := make(chan struct{})
 	go func() { g.background.Wait(); close(done) }()
 	select {
 	case <-done:
+		g.stopBackground()
 		return nil
 	case <-ctx.Done():
+		g.stopBackground()
+		<-done
 		return ctx.Err()
 	}
 }
@@ -259,7 +280,7 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 			g.opts.logger.WarnContext(ctx, "idemgate: could not set the derived-key header", slog.Any("error", err))
 		}
 	}
-	c := call{fullMethod: fullMethod, method: m, key: key, scope: scopeOf(fullMethod, tenant), token: rand.Text()}
+	c := call{fullMethod: fullMethod, method: m, key: key, scope: scopeOf(m.policy.Action, tenant), token: rand.Text()}
 	beginReq := &idemgatev1.BeginRequest{
 		Scope:         c.scope,
 		Key:           key,
@@ -276,6 +297,11 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 		begun, err := g.dedupe.Begin(beginCtx, beginReq)
 		cancel()
 		if err != nil {
+			if !refused(err) {
+				// The reservation may have been made and only its answer
+				// lost: make sure it does not outlive this call.
+				g.followUpLostBegin(ctx, c, beginReq)
+			}
 			return nil, g.beginError(ctx, err)
 		}
 
@@ -284,8 +310,8 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 			*outcome = outcomeExecuted
 			return g.run(ctx, req, c, result.Reserved.GetEpoch(), handler)
 		case *idemgatev1.BeginResponse_Completed_:
-			resp, err := g.replay(ctx, m, result.Completed.GetOutcome())
-			if grpcerr.Reason(err) == "" {
+			resp, err, replayed := g.replay(ctx, m, result.Completed.GetOutcome())
+			if replayed {
 				*outcome = outcomeReplayed // a response, or a stored final error
 			}
 			return resp, err
@@ -364,104 +390,177 @@ func (g *Gate) reconcile(ctx context.Context, c call, req proto.Message) (any, b
 	return nil, false, nil
 }
 
-// run executes the handler under the reservation, renewing its lease while it
-// runs, and records what happened. Recording is detached from the caller's
-// context: a caller that timed out after the side effect ran must still leave
-// its outcome behind.
+// run executes the handler under the reservation and records what happened.
+// The handler runs on a context that keeps the caller's values but not its
+// cancellation or deadline, bounded by the method's execution_timeout: a
+// caller that gave up after the side effect started must find its outcome
+// stored when it retries, not a second run. The lease is renewed from here
+// until the outcome is stored or released, with no gap in between.
 func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, handler grpc.UnaryHandler) (resp any, err error) {
-	stopHeartbeats := g.heartbeat(ctx, c, epoch)
+	hctx, cancelExecution := context.WithTimeoutCause(context.WithoutCancel(ctx), c.method.policy.ExecutionTimeout, ErrExecutionTimeout)
+	defer cancelExecution()
+	hctx, fence := context.WithCancelCause(hctx)
+	defer fence(nil)
+	lease := g.keepLease(ctx, c, epoch, func() { fence(ErrFenced) })
 	defer func() {
 		if p := recover(); p != nil {
-			stopHeartbeats()
+			lease.stop()
 			g.event(c, eventOutcomeLost)
 			g.opts.logger.ErrorContext(ctx, "idemgate: the handler panicked; its outcome is lost, not released, so the key will not silently run again",
 				slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Any("panic", p))
 			panic(p)
 		}
 	}()
-	resp, handlerErr := handler(contextWithKey(ctx, c.key), req)
-	stopHeartbeats()
+	resp, handlerErr := handler(contextWithCall(hctx, c, epoch), req)
 
 	if handlerErr != nil {
-		final, st, unwrapped := c.method.finalStatus(handlerErr)
-		if !final {
-			g.release(ctx, c, epoch)
+		kind, st, unwrapped := c.method.classify(handlerErr)
+		switch kind {
+		case errRetryable:
+			g.release(ctx, c, epoch, false, lease)
 			return resp, unwrapped
+		case errUnknown:
+			if c.method.policy.OnLostOutcome == idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_REEXECUTE {
+				g.release(ctx, c, epoch, false, lease)
+				return resp, unwrapped
+			}
+			g.release(ctx, c, epoch, true, lease)
+			return nil, handlerOutcomeUnknown(c.key, st)
 		}
 		outcome, err := marshalAny(st.Proto())
 		if err != nil {
 			g.opts.logger.ErrorContext(ctx, "idemgate: could not serialize a final error to store it; releasing instead", slog.String("scope", c.scope), slog.Any("error", err))
-			g.release(ctx, c, epoch)
+			g.release(ctx, c, epoch, false, lease)
 			return resp, unwrapped
 		}
-		g.finish(ctx, c, epoch, outcome)
+		g.finish(ctx, c, epoch, outcome, lease)
 		// The caller gets exactly what duplicates will be replayed.
 		return nil, status.FromProto(st.Proto()).Err()
 	}
 
 	respMsg, ok := resp.(proto.Message)
 	if !ok {
+		lease.stop()
 		return resp, nil // grpc will fail to encode it anyway
 	}
 	outcome, err := marshalAny(respMsg)
 	if err != nil {
+		lease.stop()
 		g.opts.logger.ErrorContext(ctx, "idemgate: could not serialize the response to store it", slog.String("scope", c.scope), slog.Any("error", err))
 		g.event(c, eventOutcomeLost)
 		return resp, nil
 	}
-	g.finish(ctx, c, epoch, outcome)
+	g.finish(ctx, c, epoch, outcome, lease)
 	return resp, nil
 }
 
-// heartbeat renews the reservation about every third of the lease until the
-// returned function is called, which also waits for the renewing goroutine.
-// A renewal that fails is tried again after a tenth of the lease, not a
-// third: the lease is running out, and a flaky store should cost a slow
-// handler its reservation only after several failures in a row.
-func (g *Gate) heartbeat(ctx context.Context, c call, epoch int64) (stop func()) {
+// handlerOutcomeUnknown is what the caller of a FAIL_CLOSED handler that
+// could not tell whether its side effect happened gets: the same answer its
+// retries will get.
+func handlerOutcomeUnknown(key string, st *status.Status) error {
+	return grpcerr.New(codes.FailedPrecondition, ReasonOutcomeUnknown,
+		fmt.Sprintf("the handler ended with %s (%s), which leaves its side effect's outcome unknown; the record is marked outcome-unknown "+
+			"and the call will not run again until an operator resolves it (idemctl, or the Dedupe service's Resolve)", codeName(st.Code()), st.Message()),
+		map[string]string{"key": key}, 0)
+}
+
+// leaseKeeper renews one reservation until stop is called.
+type leaseKeeper struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	// settling is set once the outcome is on its way: a renewal refused from
+	// then on is the settlement racing it, and the settlement's own answer
+	// says whether the attempt was fenced.
+	settling atomic.Bool
+}
+
+// stop ends the renewals and waits for them; it may be called more than once.
+func (k *leaseKeeper) stop() {
+	k.cancel()
+	<-k.done
+}
+
+// maxOutstandingRenewals bounds the renewals in flight at once: a renewal
+// that hangs must not stop the next one from being sent, and a dead store
+// must not collect an unbounded number of them.
+const maxOutstandingRenewals = 4
+
+// keepLease renews the reservation about every third of the lease until
+// stopped. When a renewal fails, or hangs past the next tick, another one is
+// sent every tenth of the lease without waiting for it, so neither a flaky
+// store nor a hung connection costs a live holder its reservation while
+// some renewal can still get through. A renewal the service refuses means
+// the attempt was fenced: fenced is called and the renewals stop.
+func (g *Gate) keepLease(ctx context.Context, c call, epoch int64, fenced func()) *leaseKeeper {
 	lease := c.method.policy.Lease
-	hbCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	done := make(chan struct{})
+	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	k := &leaseKeeper{cancel: cancel, done: make(chan struct{})}
+	req := &idemgatev1.HeartbeatRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch, Lease: durationpb.New(lease)}
 	go func() {
-		defer close(done)
+		defer close(k.done)
+		var attempts sync.WaitGroup
+		defer attempts.Wait()
+		results := make(chan error, maxOutstandingRenewals)
+		outstanding := 0
 		timer := time.NewTimer(lease / 3)
 		defer timer.Stop()
 		for {
 			select {
-			case <-hbCtx.Done():
+			case <-kctx.Done():
 				return
 			case <-timer.C:
+				if outstanding < maxOutstandingRenewals {
+					outstanding++
+					attempts.Add(1)
+					go func() {
+						defer attempts.Done()
+						callCtx, cancelCall := context.WithTimeout(kctx, lease/2)
+						defer cancelCall()
+						_, err := g.dedupe.Heartbeat(callCtx, req)
+						results <- err
+					}()
+				}
+				// Until a renewal gets through, keep sending one a tick.
+				timer.Reset(lease / 10)
+			case err := <-results:
+				outstanding--
+				switch {
+				case err == nil:
+					timer.Reset(lease / 3)
+				case kctx.Err() != nil:
+					return
+				case status.Code(err) == codes.FailedPrecondition && k.settling.Load():
+					return
+				case status.Code(err) == codes.FailedPrecondition:
+					g.event(c, eventFenced)
+					g.opts.logger.WarnContext(ctx, "idemgate: the reservation was taken over or settled by another attempt (its lease ran out, or an operator resolved it); "+
+						"the handler's context is cancelled with ErrFenced and this attempt's outcome will be refused",
+						slog.String("scope", c.scope), slog.Int64("epoch", epoch))
+					fenced()
+					return
+				default:
+					g.event(c, eventHeartbeatFailure)
+					g.opts.logger.WarnContext(ctx, "idemgate: could not renew the reservation's lease; trying again soon", slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Any("error", err))
+				}
 			}
-			callCtx, cancelCall := context.WithTimeout(hbCtx, lease/3)
-			_, err := g.dedupe.Heartbeat(callCtx, &idemgatev1.HeartbeatRequest{
-				Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch, Lease: durationpb.New(lease),
-			})
-			cancelCall()
-			next := lease / 3
-			switch {
-			case err == nil:
-			case hbCtx.Err() != nil:
-				return
-			case status.Code(err) == codes.FailedPrecondition:
-				g.event(c, eventFenced)
-				g.opts.logger.WarnContext(ctx, "idemgate: the reservation was lost before its outcome was stored (its lease ran out); the outcome will be refused",
-					slog.String("scope", c.scope), slog.Int64("epoch", epoch))
-				return
-			default:
-				g.event(c, eventHeartbeatFailure)
-				g.opts.logger.WarnContext(ctx, "idemgate: could not renew the reservation's lease; trying again soon", slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Any("error", err))
-				next = lease / 10
-			}
-			timer.Reset(next)
 		}
 	}()
-	return func() { cancel(); <-done }
+	return k
 }
 
-// release gives the reservation up after a handler error, so a retry runs.
-func (g *Gate) release(ctx context.Context, c call, epoch int64) {
-	req := &idemgatev1.ReleaseRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch}
-	g.settle(ctx, c, epoch, settlement{
+// release gives the reservation up after a handler error, so a retry runs;
+// with unknown set it marks the record outcome-unknown instead, because the
+// handler cannot tell whether its side effect happened.
+func (g *Gate) release(ctx context.Context, c call, epoch int64, unknown bool, lease *leaseKeeper) {
+	req := &idemgatev1.ReleaseRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch, OutcomeUnknown: unknown}
+	lost := "the handler failed, but its reservation could not be released"
+	if unknown {
+		lost = "the handler's outcome is unknown, but the record could not be marked so"
+		// A renewal that lands after the mark would turn the record back
+		// into a live reservation: no renewal may be under way when it goes.
+		lease.stop()
+	}
+	g.settle(ctx, c, epoch, lease, settlement{
 		rpc: "Release",
 		call: func(ctx context.Context) error {
 			_, err := g.dedupe.Release(ctx, req)
@@ -469,17 +568,28 @@ func (g *Gate) release(ctx context.Context, c call, epoch int64) {
 		},
 		retryEvent: eventReleaseRetry,
 		failEvent:  eventReleaseFailure,
-		lost:       "the handler failed, but its reservation could not be released",
+		lost:       lost,
 	})
 }
 
-// finish stores the outcome of a handler that ran.
-func (g *Gate) finish(ctx context.Context, c call, epoch int64, outcome *anypb.Any) {
-	req := &idemgatev1.FinishRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch, Outcome: g.boundedOutcome(ctx, c, outcome)}
-	g.settle(ctx, c, epoch, settlement{
+// reasonDedupeOutcomeTooLarge is the Dedupe service's ErrorInfo reason for
+// an outcome over its own size limit (dedupesvc.ReasonOutcomeTooLarge).
+const reasonDedupeOutcomeTooLarge = "DEDUPE_OUTCOME_TOO_LARGE"
+
+// finish stores the outcome of a handler that ran. An outcome over the
+// Dedupe service's limit, when that is below the Gate's, is replaced by the
+// same ResultTooLarge marker the Gate's own limit stores, so a duplicate
+// never runs the side effect again for want of a stored outcome.
+func (g *Gate) finish(ctx context.Context, c call, epoch int64, outcome *anypb.Any, lease *leaseKeeper) {
+	req := &idemgatev1.FinishRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch, Outcome: g.boundedOutcome(ctx, c, outcome, g.opts.maxOutcome)}
+	g.settle(ctx, c, epoch, lease, settlement{
 		rpc: "Finish",
 		call: func(ctx context.Context) error {
 			_, err := g.dedupe.Finish(ctx, req)
+			if grpcerr.Reason(err) == reasonDedupeOutcomeTooLarge && req.GetOutcome().MessageName() != tooLargeName {
+				req.Outcome = g.boundedOutcome(ctx, c, outcome, 0)
+				_, err = g.dedupe.Finish(ctx, req)
+			}
 			return err
 		},
 		retryEvent: eventFinishRetry,
@@ -501,38 +611,63 @@ type settlement struct {
 	lost string
 }
 
-// settle ends the reservation. The first attempt runs before the caller gets
-// its answer, so a duplicate right after it sees the result, and detached
-// from the caller's context: a caller that timed out after the side effect
-// ran must still leave its outcome behind. If the Dedupe service cannot take
-// it, retries with backoff go on in the background within the finish retry
-// budget (Close waits for them), renewing the lease meanwhile: the
-// reservation is still this attempt's, and a duplicate must neither take it
-// over (REEXECUTE) nor find it lost while the store is briefly away.
-func (g *Gate) settle(ctx context.Context, c call, epoch int64, s settlement) {
+// settle ends the reservation and then stops renewing its lease. The first
+// attempt runs before the caller gets its answer, so a duplicate right after
+// it sees the result, and detached from the caller's context: a caller that
+// timed out after the side effect ran must still leave its outcome behind.
+// If the Dedupe service cannot take it, retries with backoff go on in the
+// background within the finish retry budget (Close waits for them), and the
+// lease is renewed all along: the reservation is still this attempt's, and a
+// duplicate must neither take it over (REEXECUTE) nor find it lost while the
+// store is briefly away.
+func (g *Gate) settle(ctx context.Context, c call, epoch int64, lease *leaseKeeper, s settlement) {
+	lease.settling.Store(true)
 	detached := context.WithoutCancel(ctx)
 	if g.trySettle(detached, c, epoch, s) {
+		lease.stop()
 		return
 	}
 	g.background.Add(1)
 	go func() {
 		defer g.background.Done()
-		stopHeartbeats := g.heartbeat(detached, c, epoch)
-		defer stopHeartbeats()
+		defer lease.stop()
+		bctx, cancel := context.WithCancel(detached)
+		defer cancel()
+		defer context.AfterFunc(g.backgroundCtx, cancel)()
 		deadline := time.Now().Add(g.opts.finishBudget)
 		backoff := 100 * time.Millisecond
 		for time.Now().Add(backoff).Before(deadline) {
-			time.Sleep(backoff)
+			if !sleep(bctx, backoff) {
+				g.giveUp(ctx, c, epoch, s, "the Gate was closed")
+				return
+			}
 			backoff = min(2*backoff, 5*time.Second)
 			g.event(c, s.retryEvent)
-			if g.trySettle(detached, c, epoch, s) {
+			if g.trySettle(bctx, c, epoch, s) {
 				return
 			}
 		}
-		g.event(c, s.failEvent)
-		g.opts.logger.ErrorContext(ctx, "idemgate: gave up: "+s.lost+"; the key goes down its on_lost_outcome path when the lease runs out",
-			slog.String("rpc", s.rpc), slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Duration("budget", g.opts.finishBudget))
+		g.giveUp(ctx, c, epoch, s, "the retry budget ran out")
 	}()
+}
+
+// giveUp counts and logs a settlement that will not be retried any more.
+func (g *Gate) giveUp(ctx context.Context, c call, epoch int64, s settlement, why string) {
+	g.event(c, s.failEvent)
+	g.opts.logger.ErrorContext(ctx, "idemgate: gave up ("+why+"): "+s.lost+"; the key goes down its on_lost_outcome path when the lease runs out",
+		slog.String("rpc", s.rpc), slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Duration("budget", g.opts.finishBudget))
+}
+
+// sleep waits for d and reports true, or false when ctx ends first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // trySettle makes one attempt and reports whether the matter is settled:
@@ -546,7 +681,7 @@ func (g *Gate) trySettle(ctx context.Context, c call, epoch int64, s settlement)
 		return true
 	case codes.FailedPrecondition:
 		g.event(c, eventFenced)
-		g.opts.logger.WarnContext(ctx, "idemgate: refused because the reservation had been taken over (its lease ran out); what the newer attempt did stands",
+		g.opts.logger.WarnContext(ctx, "idemgate: refused because the reservation had been taken over or settled by another attempt (its lease ran out, or an operator resolved it); what the other attempt did stands",
 			slog.String("rpc", s.rpc), slog.String("scope", c.scope), slog.Int64("epoch", epoch))
 		return true
 	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.ResourceExhausted:
@@ -561,16 +696,74 @@ func (g *Gate) trySettle(ctx context.Context, c call, epoch int64, s settlement)
 	}
 }
 
+// refused reports whether a Begin error is the Dedupe service's definite
+// refusal, so no reservation can have been made.
+func refused(err error) bool {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied, codes.Unauthenticated, codes.Unimplemented, codes.OutOfRange:
+		return true
+	}
+	return false
+}
+
+// followUpLostBegin runs after a Begin whose answer never arrived (the
+// Dedupe service crashed, the connection broke, the call's deadline fired):
+// the reservation may have been made, and the handler certainly did not run,
+// so it must not block the key. It re-sends the same Begin (the same attempt
+// token, so the service recognises the attempt and answers reserved again if
+// it holds the key) in the background until an answer arrives or the finish
+// retry budget runs out, and releases what it finds reserved.
+func (g *Gate) followUpLostBegin(ctx context.Context, c call, beginReq *idemgatev1.BeginRequest) {
+	g.event(c, eventBeginLost)
+	select {
+	case g.lostBegins <- struct{}{}:
+	default:
+		g.opts.logger.WarnContext(ctx, "idemgate: too many lost Begins are being followed up; if this one made a reservation, it runs down its lease",
+			slog.String("scope", c.scope))
+		return
+	}
+	req := proto.CloneOf(beginReq)
+	req.MaxWait = durationpb.New(0)
+	g.background.Add(1)
+	go func() {
+		defer g.background.Done()
+		defer func() { <-g.lostBegins }()
+		bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		defer cancel()
+		defer context.AfterFunc(g.backgroundCtx, cancel)()
+		deadline := time.Now().Add(g.opts.finishBudget)
+		backoff := 50 * time.Millisecond
+		for {
+			callCtx, cancelCall := context.WithTimeout(bctx, g.opts.dedupeTimeout)
+			res, err := g.dedupe.Begin(callCtx, req)
+			cancelCall()
+			if err == nil {
+				if reserved := res.GetReserved(); reserved != nil {
+					lease := g.keepLease(bctx, c, reserved.GetEpoch(), func() {})
+					g.release(bctx, c, reserved.GetEpoch(), false, lease)
+				}
+				return
+			}
+			if refused(err) || !time.Now().Add(backoff).Before(deadline) || !sleep(bctx, backoff) {
+				g.opts.logger.ErrorContext(ctx, "idemgate: could not follow up a Begin whose answer was lost; if it made a reservation, the key goes down its on_lost_outcome path when the lease runs out",
+					slog.String("scope", c.scope), slog.Any("error", err))
+				return
+			}
+			backoff = min(2*backoff, 5*time.Second)
+		}
+	}()
+}
+
 // boundedOutcome returns outcome, or the ResultTooLarge marker that takes its
-// place when it is over the limit.
-func (g *Gate) boundedOutcome(ctx context.Context, c call, outcome *anypb.Any) *anypb.Any {
+// place when it is over limit.
+func (g *Gate) boundedOutcome(ctx context.Context, c call, outcome *anypb.Any, limit int) *anypb.Any {
 	size := proto.Size(outcome)
-	if size <= g.opts.maxOutcome {
+	if size <= limit {
 		return outcome
 	}
 	g.event(c, eventResultTooLarge)
-	g.opts.logger.WarnContext(ctx, "idemgate: the outcome is over the size limit; the caller got it, duplicates will get IDEMPOTENCY_RESULT_TOO_LARGE",
-		slog.String("scope", c.scope), slog.Int("bytes", size), slog.Int("limit", g.opts.maxOutcome))
+	g.opts.logger.WarnContext(ctx, "idemgate: the outcome is over the size limit (the Gate's, or the Dedupe service's when it is lower); the caller got it, duplicates will get IDEMPOTENCY_RESULT_TOO_LARGE",
+		slog.String("scope", c.scope), slog.Int("bytes", size), slog.Int("gate_limit", g.opts.maxOutcome))
 	marker, err := marshalAny(&idemgatev1.ResultTooLarge{SizeBytes: int64(size), TypeUrl: outcome.GetTypeUrl()})
 	if err != nil {
 		return outcome // cannot happen for this message; the service will refuse the big one
@@ -579,37 +772,37 @@ func (g *Gate) boundedOutcome(ctx context.Context, c call, outcome *anypb.Any) *
 }
 
 // replay returns the stored outcome: the method's response, or the final
-// error it ended with. A stored type that is neither is an error, never a
-// reason to run again.
-func (g *Gate) replay(ctx context.Context, m *gatedMethod, outcome *anypb.Any) (any, error) {
+// error it ended with, and whether it replayed one. A stored type that is
+// neither is an error, never a reason to run again.
+func (g *Gate) replay(ctx context.Context, m *gatedMethod, outcome *anypb.Any) (any, error, bool) {
 	if outcome.MessageName() == tooLargeName {
 		marker := &idemgatev1.ResultTooLarge{}
 		_ = proto.Unmarshal(outcome.GetValue(), marker)
 		return nil, grpcerr.New(codes.FailedPrecondition, ReasonResultTooLarge,
 			fmt.Sprintf("this action already ran, but its outcome (%d bytes) was over the size limit and was not stored, so it cannot be replayed; the call was not run again", marker.GetSizeBytes()),
-			map[string]string{"size_bytes": strconv.FormatInt(marker.GetSizeBytes(), 10)}, 0)
+			map[string]string{"size_bytes": strconv.FormatInt(marker.GetSizeBytes(), 10)}, 0), false
 	}
 	if outcome.MessageName() == statusName {
 		st := &spb.Status{}
 		if err := proto.Unmarshal(outcome.GetValue(), st); err != nil {
 			return nil, grpcerr.New(codes.Internal, ReasonOutcomeTypeMismatch,
-				fmt.Sprintf("the stored error outcome does not decode: %v; the call was not run again", err), nil, 0)
+				fmt.Sprintf("the stored error outcome does not decode: %v; the call was not run again", err), nil, 0), false
 		}
 		g.markReplayed(ctx)
-		return nil, status.FromProto(st).Err()
+		return nil, status.FromProto(st).Err(), true
 	}
 	if outcome.MessageName() != m.outputName {
 		return nil, grpcerr.New(codes.Internal, ReasonOutcomeTypeMismatch,
 			fmt.Sprintf("the stored outcome is a %s, not this method's response type %s; the call was not run again", outcome.MessageName(), m.outputName),
-			nil, 0)
+			nil, 0), false
 	}
 	resp := m.output.New().Interface()
 	if err := proto.Unmarshal(outcome.GetValue(), resp); err != nil {
 		return nil, grpcerr.New(codes.Internal, ReasonOutcomeTypeMismatch,
-			fmt.Sprintf("the stored outcome does not decode as %s: %v; the call was not run again", m.outputName, err), nil, 0)
+			fmt.Sprintf("the stored outcome does not decode as %s: %v; the call was not run again", m.outputName, err), nil, 0), false
 	}
 	g.markReplayed(ctx)
-	return resp, nil
+	return resp, nil, true
 }
 
 func (g *Gate) markReplayed(ctx context.Context) {

@@ -8,11 +8,23 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// markedError carries a handler's explicit decision on whether its error is
-// a final outcome. It keeps the wrapped error's gRPC status.
+// errorKind is what a handler error means for the record.
+type errorKind int
+
+const (
+	// errRetryable: the side effect did not happen; the key is released.
+	errRetryable errorKind = iota
+	// errFinal: the error is the action's outcome; it is stored and replayed.
+	errFinal
+	// errUnknown: the handler cannot tell whether the side effect happened.
+	errUnknown
+)
+
+// markedError carries a handler's explicit decision on what its error means.
+// It keeps the wrapped error's gRPC status.
 type markedError struct {
-	err   error
-	final bool
+	err  error
+	kind errorKind
 }
 
 func (e *markedError) Error() string { return e.err.Error() }
@@ -31,17 +43,35 @@ func FinalError(err error) error {
 	if err == nil {
 		return nil
 	}
-	return &markedError{err: err, final: true}
+	return &markedError{err: err, kind: errFinal}
 }
 
 // RetryableError marks a handler error as not an outcome, whatever the
-// method's replay_codes say: the key is released and a retry runs again.
-// Return it when the side effect certainly did not happen.
+// method's replay_codes and unknown_codes say: the key is released and a
+// retry runs again. Return it only when the side effect certainly did not
+// happen (the provider refused the request before acting on it).
 func RetryableError(err error) error {
 	if err == nil {
 		return nil
 	}
-	return &markedError{err: err, final: false}
+	return &markedError{err: err, kind: errRetryable}
+}
+
+// OutcomeUnknownError marks a handler error as leaving the side effect's
+// outcome unknown, whatever its code: the provider's client timed out or
+// lost its connection after sending the request. The key is never freed by
+// it: under FAIL_CLOSED the record becomes outcome-unknown at once and the
+// caller, and every duplicate, gets FAILED_PRECONDITION
+// (IDEMPOTENCY_OUTCOME_UNKNOWN) until the record is resolved or a Reconciler
+// settles it; under REEXECUTE the key is freed for the next call, as after a
+// lost lease. Errors that wrap context.DeadlineExceeded or context.Canceled,
+// and errors with the codes DEADLINE_EXCEEDED, CANCELLED or the method's
+// unknown_codes, are treated so without the mark.
+func OutcomeUnknownError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &markedError{err: err, kind: errUnknown}
 }
 
 // Reconciler is asked, when a call finds that an earlier attempt's outcome
@@ -90,13 +120,21 @@ func StillUnknown() Resolution {
 	return Resolution{kind: stillUnknown}
 }
 
-// finalStatus decides whether a handler error is a final outcome and returns
-// its status and the error to hand back (the mark removed).
-func (m *gatedMethod) finalStatus(err error) (final bool, st *status.Status, unwrapped error) {
+// classify decides what a handler error means and returns its status and
+// the error to hand back (the mark removed). A mark decides first, then
+// replay_codes, then the unknown class (context errors, DEADLINE_EXCEEDED,
+// CANCELLED, unknown_codes); any other error frees the key.
+func (m *gatedMethod) classify(err error) (kind errorKind, st *status.Status, unwrapped error) {
 	var marked *markedError
 	if errors.As(err, &marked) {
-		return marked.final, status.Convert(marked.err), marked.err
+		return marked.kind, status.Convert(marked.err), marked.err
 	}
 	st = status.Convert(err)
-	return m.replay[st.Code()], st, err
+	switch {
+	case m.replay[st.Code()]:
+		return errFinal, st, err
+	case m.unknown[st.Code()], errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return errUnknown, st, err
+	}
+	return errRetryable, st, err
 }

@@ -3,6 +3,7 @@ package interceptor
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/dynamicpb"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/keys"
 )
 
 // Policy defaults, used when a method's (idemgate.v1.policy) leaves a field
@@ -38,6 +40,18 @@ const (
 	MinLease = time.Second
 	// MaxRetention is the longest retention a policy may set: 365 days.
 	MaxRetention = 365 * 24 * time.Hour
+	// MaxLease is the longest lease a policy may set: 24h, the longest the
+	// Dedupe service renews a lease to.
+	MaxLease = 24 * time.Hour
+	// DefaultExecutionTimeout bounds a handler's run when the policy sets no
+	// execution_timeout: 60s.
+	DefaultExecutionTimeout = 60 * time.Second
+	// MinExecutionTimeout and MaxExecutionTimeout bound execution_timeout:
+	// 1s and 24h.
+	MinExecutionTimeout = time.Second
+	MaxExecutionTimeout = 24 * time.Hour
+	// MaxActionBytes is the longest action name a policy may set: 255 bytes.
+	MaxActionBytes = 255
 )
 
 // Policy is the resolved idemgate policy of one method.
@@ -63,10 +77,20 @@ type Policy struct {
 	KeylessFingerprint bool
 	// KeylessWindow is how long a keyless call is deduplicated.
 	KeylessWindow time.Duration
+	// ExecutionTimeout is the handler's deadline; the caller's own deadline
+	// and cancellation do not reach the handler.
+	ExecutionTimeout time.Duration
+	// Action names the records' action: the policy's action, or the full
+	// method name.
+	Action string
+	// UnknownCodes are the status codes, beyond DEADLINE_EXCEEDED and
+	// CANCELLED, whose errors leave the outcome unknown instead of freeing
+	// the key.
+	UnknownCodes []codes.Code
 }
 
 // String describes the policy as logged, for example
-// "gated(retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[], max_wait=3s, keyless=reject)"
+// "gated(action=/pkg.S/M, retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[], unknown_codes=[], max_wait=3s, keyless=reject, execution_timeout=1m0s)"
 // or "ungated".
 func (p Policy) String() string {
 	if !p.Gated {
@@ -76,16 +100,20 @@ func (p Policy) String() string {
 	if p.OnLostOutcome == idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_REEXECUTE {
 		onLost = "reexecute"
 	}
-	names := make([]string, len(p.ReplayCodes))
-	for i, c := range p.ReplayCodes {
-		names[i] = codeName(c)
-	}
 	keyless := "reject"
 	if p.KeylessFingerprint {
 		keyless = "fingerprint(" + p.KeylessWindow.String() + ")"
 	}
-	return fmt.Sprintf("gated(retention=%s, lease=%s, on_lost_outcome=%s, replay_codes=[%s], max_wait=%s, keyless=%s)",
-		p.Retention, p.Lease, onLost, strings.Join(names, " "), p.MaxWait, keyless)
+	return fmt.Sprintf("gated(action=%s, retention=%s, lease=%s, on_lost_outcome=%s, replay_codes=[%s], unknown_codes=[%s], max_wait=%s, keyless=%s, execution_timeout=%s)",
+		p.Action, p.Retention, p.Lease, onLost, codeNames(p.ReplayCodes), codeNames(p.UnknownCodes), p.MaxWait, keyless, p.ExecutionTimeout)
+}
+
+func codeNames(cs []codes.Code) string {
+	names := make([]string, len(cs))
+	for i, c := range cs {
+		names[i] = codeName(c)
+	}
+	return strings.Join(names, " ")
 }
 
 // codeName spells a code the way google.rpc.Code and replay_codes do.
@@ -123,6 +151,8 @@ type gatedMethod struct {
 	outputName protoreflect.FullName
 	// replay holds policy.ReplayCodes for a lookup per error.
 	replay map[codes.Code]bool
+	// unknown holds policy.UnknownCodes and the two codes always in it.
+	unknown map[codes.Code]bool
 	// reconcile is the method's Reconciler, or nil.
 	reconcile Reconciler
 	// keyField is the request's top-level string field marked
@@ -178,6 +208,7 @@ func resolvePolicies(files *protoregistry.Files, types *protoregistry.Types, rec
 		}
 		return true
 	})
+	errs = append(errs, sharedActions(r.gated)...)
 	for fullMethod := range reconcilers {
 		if _, ok := r.gated[fullMethod]; !ok {
 			errs = append(errs, fmt.Errorf("idemgate: a reconciler is registered for %s, which is not a gated method", fullMethod))
@@ -196,9 +227,13 @@ func newGatedMethod(md protoreflect.MethodDescriptor, policy Policy, types *prot
 		output:     messageType(types, md.Output()),
 		outputName: md.Output().FullName(),
 		replay:     map[codes.Code]bool{},
+		unknown:    map[codes.Code]bool{codes.DeadlineExceeded: true, codes.Canceled: true},
 	}
 	for _, c := range policy.ReplayCodes {
 		m.replay[c] = true
+	}
+	for _, c := range policy.UnknownCodes {
+		m.unknown[c] = true
 	}
 	input := md.Input()
 	fields := input.Fields()
@@ -289,7 +324,24 @@ func methodPolicy(md protoreflect.MethodDescriptor) (Policy, error) {
 		return Policy{}, fmt.Errorf("idemgate: streaming method %s is marked mutating, but only unary methods can be gated: a stream's outcome is not one message to store and replay", name)
 	}
 	p := Policy{Gated: true, Retention: DefaultRetention, Lease: DefaultLease, MaxWait: DefaultMaxWait,
-		OnLostOutcome: idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_FAIL_CLOSED}
+		OnLostOutcome:    idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_FAIL_CLOSED,
+		ExecutionTimeout: DefaultExecutionTimeout,
+		Action:           fmt.Sprintf("/%s/%s", md.Parent().FullName(), md.Name())}
+	if a := raw.GetAction(); a != "" {
+		if err := validAction(a); err != nil {
+			return Policy{}, fmt.Errorf("idemgate: method %s: policy action %q %v", name, a, err)
+		}
+		p.Action = a
+	}
+	if d := raw.GetExecutionTimeout(); d != nil {
+		if err := d.CheckValid(); err != nil {
+			return Policy{}, fmt.Errorf("idemgate: method %s: policy execution_timeout: %w", name, err)
+		}
+		p.ExecutionTimeout = d.AsDuration()
+		if p.ExecutionTimeout < MinExecutionTimeout || p.ExecutionTimeout > MaxExecutionTimeout {
+			return Policy{}, fmt.Errorf("idemgate: method %s: policy execution_timeout %s is outside %s to %s", name, p.ExecutionTimeout, MinExecutionTimeout, MaxExecutionTimeout)
+		}
+	}
 	switch raw.GetOnLostOutcome() {
 	case idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_UNSPECIFIED, idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_FAIL_CLOSED:
 	case idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_REEXECUTE:
@@ -303,6 +355,16 @@ func methodPolicy(md protoreflect.MethodDescriptor) (Policy, error) {
 			return Policy{}, fmt.Errorf("idemgate: method %s: policy replay_codes has %q, which is not an error code name such as \"INVALID_ARGUMENT\"", name, codeText)
 		}
 		p.ReplayCodes = append(p.ReplayCodes, c)
+	}
+	for _, codeText := range raw.GetUnknownCodes() {
+		c, ok := codeByName[codeText]
+		if !ok || c == codes.OK {
+			return Policy{}, fmt.Errorf("idemgate: method %s: policy unknown_codes has %q, which is not an error code name such as \"INTERNAL\"", name, codeText)
+		}
+		if slices.Contains(p.ReplayCodes, c) {
+			return Policy{}, fmt.Errorf("idemgate: method %s: policy lists %s in both replay_codes and unknown_codes: an error is either a final outcome or an unknown one", name, codeText)
+		}
+		p.UnknownCodes = append(p.UnknownCodes, c)
 	}
 	switch raw.GetKeyless() {
 	case idemgatev1.KeylessPolicy_KEYLESS_POLICY_UNSPECIFIED, idemgatev1.KeylessPolicy_KEYLESS_POLICY_REJECT:
@@ -340,8 +402,8 @@ func methodPolicy(md protoreflect.MethodDescriptor) (Policy, error) {
 		p.Lease = d.AsDuration()
 	}
 	switch {
-	case p.Lease < MinLease:
-		return Policy{}, fmt.Errorf("idemgate: method %s: policy lease %s is below the minimum %s", name, p.Lease, MinLease)
+	case p.Lease < MinLease || p.Lease > MaxLease:
+		return Policy{}, fmt.Errorf("idemgate: method %s: policy lease %s is outside %s to %s", name, p.Lease, MinLease, MaxLease)
 	case p.Retention > MaxRetention:
 		return Policy{}, fmt.Errorf("idemgate: method %s: policy retention %s is above the maximum %s", name, p.Retention, MaxRetention)
 	case p.Retention < p.Lease:
@@ -350,6 +412,46 @@ func methodPolicy(md protoreflect.MethodDescriptor) (Policy, error) {
 		return Policy{}, fmt.Errorf("idemgate: method %s: policy keyless_window %s must be between the lease %s and the retention %s", name, p.KeylessWindow, p.Lease, p.Retention)
 	}
 	return p, nil
+}
+
+// sharedActions reports every pair of gated methods that name one action
+// but answer different response types: a record of one could never replay
+// as the other's response.
+func sharedActions(gated map[string]*gatedMethod) []error {
+	methods := make([]string, 0, len(gated))
+	for fullMethod := range gated {
+		methods = append(methods, fullMethod)
+	}
+	sort.Strings(methods)
+	first := map[string]string{}
+	var errs []error
+	for _, fullMethod := range methods {
+		m := gated[fullMethod]
+		other, seen := first[m.policy.Action]
+		if !seen {
+			first[m.policy.Action] = fullMethod
+			continue
+		}
+		if gated[other].outputName != m.outputName {
+			errs = append(errs, fmt.Errorf("idemgate: methods %s and %s share the action %q but return %s and %s: a shared action must keep its response type",
+				other, fullMethod, m.policy.Action, gated[other].outputName, m.outputName))
+		}
+	}
+	return errs
+}
+
+// validAction checks a policy's action name: it becomes the first part of
+// every record's scope, and "|" separates that from the tenant.
+func validAction(a string) error {
+	switch {
+	case len(a) > MaxActionBytes:
+		return fmt.Errorf("is longer than %d bytes", MaxActionBytes)
+	case !keys.Printable(a):
+		return fmt.Errorf("must be printable ASCII")
+	case strings.Contains(a, "|"):
+		return fmt.Errorf("must not contain \"|\", which separates the action from the tenant")
+	}
+	return nil
 }
 
 func messageType(types *protoregistry.Types, md protoreflect.MessageDescriptor) protoreflect.MessageType {

@@ -38,8 +38,13 @@ type Stats struct {
 	HeartbeatFailures int64
 	// Reconciled counts lost outcomes a Reconciler settled.
 	Reconciled int64
-	// TooLarge counts outcomes over the size limit, stored as a marker.
+	// TooLarge counts outcomes over the size limit (the Gate's, or the
+	// Dedupe service's when it is lower), stored as a marker.
 	TooLarge int64
+	// LostBegins counts Begins whose answer never arrived. Each is re-sent
+	// in the background and a reservation it made is released, so a handler
+	// that never ran does not leave its key blocked.
+	LostBegins int64
 }
 
 // Event labels of idemgate_interceptor_events_total, one per Stats field.
@@ -52,6 +57,7 @@ const (
 	eventHeartbeatFailure = "heartbeat_failure"
 	eventReconciled       = "reconciled"
 	eventResultTooLarge   = "result_too_large"
+	eventBeginLost        = "begin_lost"
 )
 
 // Outcome labels of idemgate_interceptor_calls_total that no error reason
@@ -62,7 +68,7 @@ const (
 )
 
 type counters struct {
-	fenced, finishRetries, outcomesLost, releaseRetries, releaseFailures, heartbeatFailures, reconciled, tooLarge atomic.Int64
+	fenced, finishRetries, outcomesLost, releaseRetries, releaseFailures, heartbeatFailures, reconciled, tooLarge, lostBegins atomic.Int64
 }
 
 func (c *counters) of(event string) *atomic.Int64 {
@@ -81,6 +87,8 @@ func (c *counters) of(event string) *atomic.Int64 {
 		return &c.heartbeatFailures
 	case eventReconciled:
 		return &c.reconciled
+	case eventBeginLost:
+		return &c.lostBegins
 	default:
 		return &c.tooLarge
 	}
@@ -97,6 +105,7 @@ func (g *Gate) Stats() Stats {
 		HeartbeatFailures: g.counts.heartbeatFailures.Load(),
 		Reconciled:        g.counts.reconciled.Load(),
 		TooLarge:          g.counts.tooLarge.Load(),
+		LostBegins:        g.counts.lostBegins.Load(),
 	}
 }
 
@@ -117,7 +126,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"method", "outcome"}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemgate_interceptor_events_total",
-			Help: "Events the caller does not see, by method: fenced, finish_retry, outcome_lost, release_retry, release_failure, heartbeat_failure, reconciled, result_too_large.",
+			Help: "Events the caller does not see, by method: fenced, finish_retry, outcome_lost, release_retry, release_failure, heartbeat_failure, reconciled, result_too_large, begin_lost.",
 		}, []string{"method", "event"}),
 	}
 	for _, vec := range []**prometheus.CounterVec{&m.calls, &m.events} {
@@ -157,11 +166,19 @@ func (g *Gate) countCall(fullMethod, outcome string, err error) {
 	g.metrics.calls.WithLabelValues(fullMethod, outcome).Inc()
 }
 
-// reasonLabel turns a reason into a label: IDEMPOTENCY_KEY_MISSING becomes
-// key_missing; an error without one (the tenant function's) is "refused".
+// reasonLabel turns one of the interceptor's reasons into a label:
+// IDEMPOTENCY_KEY_MISSING becomes key_missing. Any other error (the tenant
+// function's, whatever reason it carries) is "refused", so the label's
+// values stay a small fixed set.
 func reasonLabel(reason string) string {
-	if reason == "" {
+	if !interceptorReasons[reason] {
 		return "refused"
 	}
 	return strings.ToLower(strings.TrimPrefix(reason, "IDEMPOTENCY_"))
+}
+
+var interceptorReasons = map[string]bool{
+	ReasonKeyMissing: true, ReasonKeyInvalid: true, ReasonKeyConflict: true, ReasonKeyReused: true,
+	ReasonInFlight: true, ReasonOutcomeUnknown: true, ReasonResultTooLarge: true, ReasonStoreUnavailable: true,
+	ReasonStoreRejected: true, ReasonOutcomeTypeMismatch: true,
 }

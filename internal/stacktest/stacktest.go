@@ -42,6 +42,8 @@ type Config struct {
 	PollInterval time.Duration
 	// DedupeMetrics, when set, counts the Dedupe service's outcomes.
 	DedupeMetrics *dedupesvc.Metrics
+	// DedupeOptions are extra options of the Dedupe service.
+	DedupeOptions []dedupesvc.Option
 }
 
 // Stack is a running Dedupe service and gated tool server.
@@ -97,6 +99,7 @@ func (s *Stack) replica(tb testing.TB, pool *pgxpool.Pool, cfg Config) (*pgstore
 	if cfg.DedupeMetrics != nil {
 		serverOpts = append(serverOpts, dedupesvc.WithMetrics(cfg.DedupeMetrics))
 	}
+	serverOpts = append(serverOpts, cfg.DedupeOptions...)
 	if cfg.NoNotify {
 		storeOpts = append(storeOpts, pgstore.WithoutNotify())
 	} else {

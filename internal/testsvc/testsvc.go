@@ -24,6 +24,16 @@ type Server struct {
 
 	executions atomic.Int64
 	failFirst  atomic.Int64
+	lastCause  atomic.Pointer[error]
+}
+
+// LastCause is the cause (context.Cause) of the last handler context that
+// ended while its handler waited out a delay, or nil.
+func (s *Server) LastCause() error {
+	if p := s.lastCause.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // Executions is how many times any handler ran.
@@ -39,6 +49,10 @@ func (s *Server) handle(ctx context.Context, req *testingv1.MutateRequest) (*tes
 		select {
 		case <-time.After(d):
 		case <-ctx.Done():
+			cause := context.Cause(ctx)
+			s.lastCause.Store(&cause)
+			// As a provider client would: the context's error, its code
+			// DEADLINE_EXCEEDED or CANCELLED.
 			return nil, status.FromContextError(ctx.Err()).Err()
 		}
 	}
@@ -52,7 +66,9 @@ func (s *Server) handle(ctx context.Context, req *testingv1.MutateRequest) (*tes
 		return nil, requestedError(req, n)
 	}
 	key, _ := interceptor.KeyFromContext(ctx)
-	return &testingv1.MutateResponse{Payload: req.GetPayload(), Execution: n, Key: key}, nil
+	downstream, _ := interceptor.DownstreamKeyFromContext(ctx)
+	token, _ := interceptor.FencingTokenFromContext(ctx)
+	return &testingv1.MutateResponse{Payload: req.GetPayload(), Execution: n, Key: key, Epoch: token.Epoch, DownstreamKey: downstream}, nil
 }
 
 // requestedError builds the error a request asks for. Its message names the
@@ -91,6 +107,16 @@ func (s *Server) MutateShortLease(ctx context.Context, req *testingv1.MutateRequ
 
 // MutateReexecute implements testingv1.TestServiceServer.
 func (s *Server) MutateReexecute(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+	return s.handle(ctx, req)
+}
+
+// MutateBounded implements testingv1.TestServiceServer.
+func (s *Server) MutateBounded(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+	return s.handle(ctx, req)
+}
+
+// MutateRenamed implements testingv1.TestServiceServer.
+func (s *Server) MutateRenamed(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
 	return s.handle(ctx, req)
 }
 

@@ -406,9 +406,14 @@ type ReleaseRequest struct {
 	// attempt_token as sent to Begin.
 	AttemptToken string `protobuf:"bytes,3,opt,name=attempt_token,json=attemptToken,proto3" json:"attempt_token,omitempty"`
 	// epoch as answered by Begin.
-	Epoch         int64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Epoch int64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// outcome_unknown says the attempt cannot tell whether its side effect
+	// happened: instead of freeing the key, the record becomes outcome-unknown
+	// at once (as when a FAIL_CLOSED lease runs out), kept for the service's
+	// unknown retention, until Resolve.
+	OutcomeUnknown bool `protobuf:"varint,5,opt,name=outcome_unknown,json=outcomeUnknown,proto3" json:"outcome_unknown,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReleaseRequest) Reset() {
@@ -467,6 +472,13 @@ func (x *ReleaseRequest) GetEpoch() int64 {
 		return x.Epoch
 	}
 	return 0
+}
+
+func (x *ReleaseRequest) GetOutcomeUnknown() bool {
+	if x != nil {
+		return x.OutcomeUnknown
+	}
+	return false
 }
 
 // ReleaseResponse is empty: success means the key is free for the next attempt.
@@ -1172,12 +1184,13 @@ const file_idemgate_v1_dedupe_proto_rawDesc = "" +
 	"\rattempt_token\x18\x03 \x01(\tR\fattemptToken\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\x12.\n" +
 	"\aoutcome\x18\x05 \x01(\v2\x14.google.protobuf.AnyR\aoutcome\"\x10\n" +
-	"\x0eFinishResponse\"s\n" +
+	"\x0eFinishResponse\"\x9c\x01\n" +
 	"\x0eReleaseRequest\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12#\n" +
 	"\rattempt_token\x18\x03 \x01(\tR\fattemptToken\x12\x14\n" +
-	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\"\x11\n" +
+	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\x12'\n" +
+	"\x0foutcome_unknown\x18\x05 \x01(\bR\x0eoutcomeUnknown\"\x11\n" +
 	"\x0fReleaseResponse\"\xa6\x01\n" +
 	"\x10HeartbeatRequest\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x10\n" +

@@ -159,10 +159,11 @@ type MethodPolicy struct {
 	// Must be at least lease. Defaults to 24h.
 	Retention *durationpb.Duration `protobuf:"bytes,2,opt,name=retention,proto3" json:"retention,omitempty"`
 	// lease is how long a reservation is held without a heartbeat before it
-	// counts as abandoned (the tool server died or hung mid-call). While the
-	// handler runs, the interceptor renews it about every third of the lease,
-	// so a slow but live handler keeps it for as long as it runs. At least 1s.
-	// Defaults to 10s.
+	// counts as abandoned (the tool server died or hung mid-call). From Begin
+	// until its outcome is stored or released, the interceptor renews it about
+	// every third of the lease, so a slow but live handler keeps it for as long
+	// as it runs. Time the Dedupe service or its database was down does not
+	// count against it. Between 1s and 24h. Defaults to 10s.
 	Lease *durationpb.Duration `protobuf:"bytes,3,opt,name=lease,proto3" json:"lease,omitempty"`
 	// on_lost_outcome says what a call finds when an earlier attempt's lease
 	// ran out without an outcome, so its side effect may or may not have
@@ -186,6 +187,29 @@ type MethodPolicy struct {
 	// call is deduplicated against identical earlier ones. At least lease.
 	// Defaults to 60s.
 	KeylessWindow *durationpb.Duration `protobuf:"bytes,8,opt,name=keyless_window,json=keylessWindow,proto3" json:"keyless_window,omitempty"`
+	// execution_timeout bounds how long the handler runs. The handler runs on
+	// a context that keeps the caller's values but not its cancellation or
+	// deadline: a caller that gives up after the side effect started must not
+	// turn into a second run, so the handler finishes and its outcome is
+	// stored for the retry. This limit is the handler's deadline instead.
+	// Between 1s and 24h. Defaults to 60s.
+	ExecutionTimeout *durationpb.Duration `protobuf:"bytes,9,opt,name=execution_timeout,json=executionTimeout,proto3" json:"execution_timeout,omitempty"`
+	// action names the action the records belong to, in place of the full
+	// method name: records are kept per (action, tenant, key), so renaming a
+	// method, its service or its package while keeping the action keeps every
+	// record in retention. 1 to 255 printable ASCII bytes without "|".
+	// Defaults to the full method name, "/package.Service/Method".
+	Action string `protobuf:"bytes,10,opt,name=action,proto3" json:"action,omitempty"`
+	// unknown_codes are the gRPC status codes, by name, whose errors mean the
+	// handler cannot tell whether its side effect happened. Such an error never
+	// frees the key: under FAIL_CLOSED the record becomes outcome-unknown at
+	// once, under REEXECUTE the key is freed for the next call as after a lost
+	// lease. DEADLINE_EXCEEDED, CANCELLED and any error that wraps a context
+	// error are always in this class; list others (UNKNOWN, INTERNAL,
+	// UNAVAILABLE) when your downstream client reports ambiguous failures with
+	// them. A code may not be in both replay_codes and unknown_codes.
+	// Defaults to none beyond the two above.
+	UnknownCodes  []string `protobuf:"bytes,11,rep,name=unknown_codes,json=unknownCodes,proto3" json:"unknown_codes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -272,6 +296,27 @@ func (x *MethodPolicy) GetKeyless() KeylessPolicy {
 func (x *MethodPolicy) GetKeylessWindow() *durationpb.Duration {
 	if x != nil {
 		return x.KeylessWindow
+	}
+	return nil
+}
+
+func (x *MethodPolicy) GetExecutionTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.ExecutionTimeout
+	}
+	return nil
+}
+
+func (x *MethodPolicy) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *MethodPolicy) GetUnknownCodes() []string {
+	if x != nil {
+		return x.UnknownCodes
 	}
 	return nil
 }
@@ -378,7 +423,7 @@ var File_idemgate_v1_policy_proto protoreflect.FileDescriptor
 
 const file_idemgate_v1_policy_proto_rawDesc = "" +
 	"\n" +
-	"\x18idemgate/v1/policy.proto\x12\videmgate.v1\x1a google/protobuf/descriptor.proto\x1a\x1egoogle/protobuf/duration.proto\"\xad\x03\n" +
+	"\x18idemgate/v1/policy.proto\x12\videmgate.v1\x1a google/protobuf/descriptor.proto\x1a\x1egoogle/protobuf/duration.proto\"\xb2\x04\n" +
 	"\fMethodPolicy\x12\x1a\n" +
 	"\bmutating\x18\x01 \x01(\bR\bmutating\x127\n" +
 	"\tretention\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\tretention\x12/\n" +
@@ -387,7 +432,11 @@ const file_idemgate_v1_policy_proto_rawDesc = "" +
 	"\freplay_codes\x18\x05 \x03(\tR\vreplayCodes\x124\n" +
 	"\bmax_wait\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\amaxWait\x124\n" +
 	"\akeyless\x18\a \x01(\x0e2\x1a.idemgate.v1.KeylessPolicyR\akeyless\x12@\n" +
-	"\x0ekeyless_window\x18\b \x01(\v2\x19.google.protobuf.DurationR\rkeylessWindow\"p\n" +
+	"\x0ekeyless_window\x18\b \x01(\v2\x19.google.protobuf.DurationR\rkeylessWindow\x12F\n" +
+	"\x11execution_timeout\x18\t \x01(\v2\x19.google.protobuf.DurationR\x10executionTimeout\x12\x16\n" +
+	"\x06action\x18\n" +
+	" \x01(\tR\x06action\x12#\n" +
+	"\runknown_codes\x18\v \x03(\tR\funknownCodes\"p\n" +
 	"\vFieldPolicy\x12'\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\bR\x0eidempotencyKey\x128\n" +
 	"\x18exclude_from_fingerprint\x18\x02 \x01(\bR\x16excludeFromFingerprint*j\n" +
@@ -432,15 +481,16 @@ var file_idemgate_v1_policy_proto_depIdxs = []int32{
 	4,  // 3: idemgate.v1.MethodPolicy.max_wait:type_name -> google.protobuf.Duration
 	0,  // 4: idemgate.v1.MethodPolicy.keyless:type_name -> idemgate.v1.KeylessPolicy
 	4,  // 5: idemgate.v1.MethodPolicy.keyless_window:type_name -> google.protobuf.Duration
-	5,  // 6: idemgate.v1.field:extendee -> google.protobuf.FieldOptions
-	6,  // 7: idemgate.v1.policy:extendee -> google.protobuf.MethodOptions
-	3,  // 8: idemgate.v1.field:type_name -> idemgate.v1.FieldPolicy
-	2,  // 9: idemgate.v1.policy:type_name -> idemgate.v1.MethodPolicy
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	8,  // [8:10] is the sub-list for extension type_name
-	6,  // [6:8] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	4,  // 6: idemgate.v1.MethodPolicy.execution_timeout:type_name -> google.protobuf.Duration
+	5,  // 7: idemgate.v1.field:extendee -> google.protobuf.FieldOptions
+	6,  // 8: idemgate.v1.policy:extendee -> google.protobuf.MethodOptions
+	3,  // 9: idemgate.v1.field:type_name -> idemgate.v1.FieldPolicy
+	2,  // 10: idemgate.v1.policy:type_name -> idemgate.v1.MethodPolicy
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	9,  // [9:11] is the sub-list for extension type_name
+	7,  // [7:9] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_idemgate_v1_policy_proto_init() }

@@ -267,7 +267,11 @@ type MutateResponse struct {
 	// execution counts the handler runs of this server, starting at 1.
 	Execution int64 `protobuf:"varint,2,opt,name=execution,proto3" json:"execution,omitempty"`
 	// key is the idempotency key the handler saw in its context.
-	Key           string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	Key string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	// epoch is the fencing token's epoch the handler saw.
+	Epoch int64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// downstream_key is the downstream key the handler saw.
+	DownstreamKey string `protobuf:"bytes,5,opt,name=downstream_key,json=downstreamKey,proto3" json:"downstream_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -323,6 +327,20 @@ func (x *MutateResponse) GetKey() string {
 	return ""
 }
 
+func (x *MutateResponse) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *MutateResponse) GetDownstreamKey() string {
+	if x != nil {
+		return x.DownstreamKey
+	}
+	return ""
+}
+
 var File_idemgate_testing_v1_testing_proto protoreflect.FileDescriptor
 
 const file_idemgate_testing_v1_testing_proto_rawDesc = "" +
@@ -347,15 +365,18 @@ const file_idemgate_testing_v1_testing_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"=\n" +
 	"\x04Meta\x12!\n" +
 	"\btrace_id\x18\x01 \x01(\tB\x06\x92\xa1\x19\x02\x10\x01R\atraceId\x12\x12\n" +
-	"\x04note\x18\x02 \x01(\tR\x04note\"Z\n" +
+	"\x04note\x18\x02 \x01(\tR\x04note\"\x97\x01\n" +
 	"\x0eMutateResponse\x12\x18\n" +
 	"\apayload\x18\x01 \x01(\tR\apayload\x12\x1c\n" +
 	"\texecution\x18\x02 \x01(\x03R\texecution\x12\x10\n" +
-	"\x03key\x18\x03 \x01(\tR\x03key*W\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\x12%\n" +
+	"\x0edownstream_key\x18\x05 \x01(\tR\rdownstreamKey*W\n" +
 	"\tErrorMark\x12\x1a\n" +
 	"\x16ERROR_MARK_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10ERROR_MARK_FINAL\x10\x01\x12\x18\n" +
-	"\x14ERROR_MARK_RETRYABLE\x10\x022\xdf\b\n" +
+	"\x14ERROR_MARK_RETRYABLE\x10\x022\xd3\n" +
+	"\n" +
 	"\vTestService\x12Y\n" +
 	"\x06Mutate\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x06\x92\xa1\x19\x02\b\x01\x12f\n" +
 	"\vMutateOther\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x0e\x92\xa1\x19\n" +
@@ -365,7 +386,9 @@ const file_idemgate_testing_v1_testing_proto_rawDesc = "" +
 	"\b\x01\x1a\x02\b\x01 \x022\x00\x12\x8c\x01\n" +
 	"\x12MutateReplayErrors\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"-\x92\xa1\x19)\b\x01*\x10INVALID_ARGUMENT*\x13FAILED_PRECONDITION\x12a\n" +
 	"\fMutateNoWait\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\b\x92\xa1\x19\x04\b\x012\x00\x12j\n" +
-	"\rMutateKeyless\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x10\x92\xa1\x19\f\b\x01\x1a\x02\b\x018\x02B\x02\b\x02\x12R\n" +
+	"\rMutateKeyless\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x10\x92\xa1\x19\f\b\x01\x1a\x02\b\x018\x02B\x02\b\x02\x12f\n" +
+	"\rMutateBounded\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\f\x92\xa1\x19\b\b\x012\x00J\x02\b\x01\x12\x89\x01\n" +
+	"\rMutateRenamed\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"/\x92\xa1\x19+\b\x01R'/idemgate.testing.v1.TestService/Mutate\x12R\n" +
 	"\x05Watch\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse0\x01\x12T\n" +
 	"\x04Read\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x03\x90\x02\x01\x12Y\n" +
 	"\x03Put\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\t\x92\xa1\x19\x02\b\x01\x90\x02\x02\x12S\n" +
@@ -405,23 +428,27 @@ var file_idemgate_testing_v1_testing_proto_depIdxs = []int32{
 	1,  // 8: idemgate.testing.v1.TestService.MutateReplayErrors:input_type -> idemgate.testing.v1.MutateRequest
 	1,  // 9: idemgate.testing.v1.TestService.MutateNoWait:input_type -> idemgate.testing.v1.MutateRequest
 	1,  // 10: idemgate.testing.v1.TestService.MutateKeyless:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 11: idemgate.testing.v1.TestService.Watch:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 12: idemgate.testing.v1.TestService.Read:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 13: idemgate.testing.v1.TestService.Put:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 14: idemgate.testing.v1.TestService.Unmarked:input_type -> idemgate.testing.v1.MutateRequest
-	3,  // 15: idemgate.testing.v1.TestService.Mutate:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 16: idemgate.testing.v1.TestService.MutateOther:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 17: idemgate.testing.v1.TestService.MutateShortLease:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 18: idemgate.testing.v1.TestService.MutateReexecute:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 19: idemgate.testing.v1.TestService.MutateReplayErrors:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 20: idemgate.testing.v1.TestService.MutateNoWait:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 21: idemgate.testing.v1.TestService.MutateKeyless:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 22: idemgate.testing.v1.TestService.Watch:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 23: idemgate.testing.v1.TestService.Read:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 24: idemgate.testing.v1.TestService.Put:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 25: idemgate.testing.v1.TestService.Unmarked:output_type -> idemgate.testing.v1.MutateResponse
-	15, // [15:26] is the sub-list for method output_type
-	4,  // [4:15] is the sub-list for method input_type
+	1,  // 11: idemgate.testing.v1.TestService.MutateBounded:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 12: idemgate.testing.v1.TestService.MutateRenamed:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 13: idemgate.testing.v1.TestService.Watch:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 14: idemgate.testing.v1.TestService.Read:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 15: idemgate.testing.v1.TestService.Put:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 16: idemgate.testing.v1.TestService.Unmarked:input_type -> idemgate.testing.v1.MutateRequest
+	3,  // 17: idemgate.testing.v1.TestService.Mutate:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 18: idemgate.testing.v1.TestService.MutateOther:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 19: idemgate.testing.v1.TestService.MutateShortLease:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 20: idemgate.testing.v1.TestService.MutateReexecute:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 21: idemgate.testing.v1.TestService.MutateReplayErrors:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 22: idemgate.testing.v1.TestService.MutateNoWait:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 23: idemgate.testing.v1.TestService.MutateKeyless:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 24: idemgate.testing.v1.TestService.MutateBounded:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 25: idemgate.testing.v1.TestService.MutateRenamed:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 26: idemgate.testing.v1.TestService.Watch:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 27: idemgate.testing.v1.TestService.Read:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 28: idemgate.testing.v1.TestService.Put:output_type -> idemgate.testing.v1.MutateResponse
+	3,  // 29: idemgate.testing.v1.TestService.Unmarked:output_type -> idemgate.testing.v1.MutateResponse
+	17, // [17:30] is the sub-list for method output_type
+	4,  // [4:17] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
 	4,  // [4:4] is the sub-list for extension extendee
 	0,  // [0:4] is the sub-list for field type_name

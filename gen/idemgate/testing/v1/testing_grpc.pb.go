@@ -26,6 +26,8 @@ const (
 	TestService_MutateReplayErrors_FullMethodName = "/idemgate.testing.v1.TestService/MutateReplayErrors"
 	TestService_MutateNoWait_FullMethodName       = "/idemgate.testing.v1.TestService/MutateNoWait"
 	TestService_MutateKeyless_FullMethodName      = "/idemgate.testing.v1.TestService/MutateKeyless"
+	TestService_MutateBounded_FullMethodName      = "/idemgate.testing.v1.TestService/MutateBounded"
+	TestService_MutateRenamed_FullMethodName      = "/idemgate.testing.v1.TestService/MutateRenamed"
 	TestService_Watch_FullMethodName              = "/idemgate.testing.v1.TestService/Watch"
 	TestService_Read_FullMethodName               = "/idemgate.testing.v1.TestService/Read"
 	TestService_Put_FullMethodName                = "/idemgate.testing.v1.TestService/Put"
@@ -54,6 +56,11 @@ type TestServiceClient interface {
 	MutateNoWait(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
 	// MutateKeyless deduplicates keyless calls on their fingerprint for 2s.
 	MutateKeyless(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
+	// MutateBounded may run for 1s; a slower handler's context ends.
+	MutateBounded(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
+	// MutateRenamed is Mutate under a new name: it keeps Mutate's action, so
+	// Mutate's records replay here.
+	MutateRenamed(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
 	// Watch streams and is not gated: the stream interceptor passes it through.
 	Watch(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[MutateResponse], error)
 	// Read has no side effects and is never gated.
@@ -142,6 +149,26 @@ func (c *testServiceClient) MutateKeyless(ctx context.Context, in *MutateRequest
 	return out, nil
 }
 
+func (c *testServiceClient) MutateBounded(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MutateResponse)
+	err := c.cc.Invoke(ctx, TestService_MutateBounded_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *testServiceClient) MutateRenamed(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MutateResponse)
+	err := c.cc.Invoke(ctx, TestService_MutateRenamed_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *testServiceClient) Watch(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[MutateResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &TestService_ServiceDesc.Streams[0], TestService_Watch_FullMethodName, cOpts...)
@@ -213,6 +240,11 @@ type TestServiceServer interface {
 	MutateNoWait(context.Context, *MutateRequest) (*MutateResponse, error)
 	// MutateKeyless deduplicates keyless calls on their fingerprint for 2s.
 	MutateKeyless(context.Context, *MutateRequest) (*MutateResponse, error)
+	// MutateBounded may run for 1s; a slower handler's context ends.
+	MutateBounded(context.Context, *MutateRequest) (*MutateResponse, error)
+	// MutateRenamed is Mutate under a new name: it keeps Mutate's action, so
+	// Mutate's records replay here.
+	MutateRenamed(context.Context, *MutateRequest) (*MutateResponse, error)
 	// Watch streams and is not gated: the stream interceptor passes it through.
 	Watch(*MutateRequest, grpc.ServerStreamingServer[MutateResponse]) error
 	// Read has no side effects and is never gated.
@@ -251,6 +283,12 @@ func (UnimplementedTestServiceServer) MutateNoWait(context.Context, *MutateReque
 }
 func (UnimplementedTestServiceServer) MutateKeyless(context.Context, *MutateRequest) (*MutateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method MutateKeyless not implemented")
+}
+func (UnimplementedTestServiceServer) MutateBounded(context.Context, *MutateRequest) (*MutateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MutateBounded not implemented")
+}
+func (UnimplementedTestServiceServer) MutateRenamed(context.Context, *MutateRequest) (*MutateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MutateRenamed not implemented")
 }
 func (UnimplementedTestServiceServer) Watch(*MutateRequest, grpc.ServerStreamingServer[MutateResponse]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
@@ -411,6 +449,42 @@ func _TestService_MutateKeyless_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TestService_MutateBounded_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MutateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TestServiceServer).MutateBounded(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TestService_MutateBounded_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TestServiceServer).MutateBounded(ctx, req.(*MutateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TestService_MutateRenamed_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MutateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TestServiceServer).MutateRenamed(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TestService_MutateRenamed_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TestServiceServer).MutateRenamed(ctx, req.(*MutateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _TestService_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(MutateRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -510,6 +584,14 @@ var TestService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MutateKeyless",
 			Handler:    _TestService_MutateKeyless_Handler,
+		},
+		{
+			MethodName: "MutateBounded",
+			Handler:    _TestService_MutateBounded_Handler,
+		},
+		{
+			MethodName: "MutateRenamed",
+			Handler:    _TestService_MutateRenamed_Handler,
 		},
 		{
 			MethodName: "Read",
