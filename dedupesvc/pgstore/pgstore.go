@@ -172,6 +172,17 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 			}
 			return n == 1, nil
 		},
+		Renew: func(ctx context.Context, epoch int64, _ time.Time) (time.Time, bool, error) {
+			var until time.Time
+			err := s.pool.QueryRow(ctx, renewSQL, p.Scope, p.Key, p.AttemptToken, epoch, p.Lease.Milliseconds()).Scan(&until)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+				return time.Time{}, false, nil
+			case err != nil:
+				return time.Time{}, false, fmt.Errorf("pgstore: renew lease: %w", err)
+			}
+			return until, true, nil
+		},
 		Reserve: func(ctx context.Context, _ time.Time) (int64, time.Time, bool, error) {
 			var (
 				epoch    int64
@@ -285,6 +296,17 @@ func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
 // and keeps the record from expiring under a handler that outlives its
 // retention.
 const heartbeatSQL = `
+UPDATE idemgate_records
+SET lease_expires_at = now() + $5::bigint * interval '1 millisecond',
+    expires_at = greatest(expires_at, now() + $5::bigint * interval '1 millisecond')
+WHERE scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
+  AND state = 'in_flight'
+RETURNING lease_expires_at`
+
+// renewSQL is heartbeatSQL for Begin's renewal of the calling attempt's own
+// in-flight record whose lease ran out; the token, epoch and state tests make
+// it a no-op when someone took the record over or settled it meanwhile.
+const renewSQL = `
 UPDATE idemgate_records
 SET lease_expires_at = now() + $5::bigint * interval '1 millisecond',
     expires_at = greatest(expires_at, now() + $5::bigint * interval '1 millisecond')

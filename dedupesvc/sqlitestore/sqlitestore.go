@@ -173,6 +173,18 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 			}
 			return n == 1, nil
 		},
+		Renew: func(ctx context.Context, epoch int64, now time.Time) (time.Time, bool, error) {
+			var until int64
+			err := s.db.QueryRowContext(ctx, renewSQL, sql.Named("now", now.UnixMilli()), sql.Named("lease", p.Lease.Milliseconds()),
+				sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", epoch)).Scan(&until)
+			switch {
+			case errors.Is(err, sql.ErrNoRows):
+				return time.Time{}, false, nil
+			case err != nil:
+				return time.Time{}, false, fmt.Errorf("sqlitestore: renew lease: %w", err)
+			}
+			return time.UnixMilli(until), true, nil
+		},
 		Reserve: func(ctx context.Context, now time.Time) (int64, time.Time, bool, error) {
 			var epoch, leaseEnd int64
 			err := s.db.QueryRowContext(ctx, reserveSQL,
@@ -287,6 +299,16 @@ func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
 }
 
 const heartbeatSQL = `
+UPDATE idemgate_records
+SET lease_expires_at = :now + :lease, expires_at = max(expires_at, :now + :lease)
+WHERE scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
+  AND state = 'in_flight'
+RETURNING lease_expires_at`
+
+// renewSQL is heartbeatSQL for Begin's renewal of the calling attempt's own
+// in-flight record whose lease ran out; a no-op when the record was taken
+// over or settled meanwhile.
+const renewSQL = `
 UPDATE idemgate_records
 SET lease_expires_at = :now + :lease, expires_at = max(expires_at, :now + :lease)
 WHERE scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch

@@ -253,6 +253,22 @@ func testBegin(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 		}
 	})
 
+	t.Run("a retried Begin of the holder after its lease ran out renews it", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		first := mustBegin(t, s, begin("t1", fpA, time.Second, long), dedupesvc.BeginReserved)
+		time.Sleep(time.Second + 200*time.Millisecond)
+		// The retry asks for an hour, so the check below does not race a
+		// one-second lease on a starved machine.
+		asked := time.Now()
+		again := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
+		if again.Epoch != first.Epoch || !again.LeaseExpiresAt.After(asked.Add(long/2)) {
+			t.Fatalf("retried Begin after the lease ran out: epoch %d lease until %v; want epoch %d and a lease renewed from now",
+				again.Epoch, again.LeaseExpiresAt, first.Epoch)
+		}
+		mustBegin(t, s, reexecute(begin("t2", fpA, long, long)), dedupesvc.BeginInFlight)
+	})
+
 	t.Run("another fingerprint is a mismatch in every state", func(t *testing.T) {
 		t.Parallel()
 		s := newStore(t)
