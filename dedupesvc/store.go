@@ -37,9 +37,11 @@ type Store interface {
 
 	// Resolve settles a record whose outcome is unknown (marked so, or in
 	// flight with its lease run out): it completes it with params.Complete,
-	// or releases it when that is nil. It returns nil for a retry that
-	// already took effect, ErrRecordNotFound for no live record, and
-	// ErrNotUnknown for a record in another state.
+	// or releases it when that is nil, and bumps its epoch so that the
+	// attempt that held it is fenced (its Finish, Release and Heartbeat get
+	// ErrNotHeld). It returns nil for a retry that already took effect,
+	// ErrRecordNotFound for no live record, and ErrNotUnknown for a record
+	// in another state.
 	Resolve(ctx context.Context, params ResolveParams) error
 
 	// DeleteExpired deletes up to limit records past their expiry. It

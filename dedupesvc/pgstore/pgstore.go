@@ -334,13 +334,19 @@ const unknownSQL = `
 WHERE scope = $1 AND idempotency_key = $2 AND expires_at > now()
   AND (state = 'unknown' OR (state = 'in_flight' AND lease_expires_at <= now()))`
 
+// resolveCompleteSQL and resolveReleaseSQL settle an unknown record. Both
+// bump the epoch, which fences the attempt that held it: its late Finish,
+// Release or Heartbeat gets ErrNotHeld instead of being taken for a retry
+// of its own that already took effect, so its outcome never silently
+// disappears.
 var resolveCompleteSQL = `
 UPDATE idemgate_records
-` + completeSet(3, 4) + unknownSQL
+` + completeSet(3, 4) + `,
+    epoch = epoch + 1` + unknownSQL
 
 const resolveReleaseSQL = `
 UPDATE idemgate_records
-SET state = 'released', lease_expires_at = now()` + unknownSQL
+SET state = 'released', lease_expires_at = now(), epoch = epoch + 1` + unknownSQL
 
 // Resolve implements dedupesvc.Store.
 func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {

@@ -333,13 +333,16 @@ const unknownWhere = `
 WHERE scope = :scope AND idempotency_key = :key AND expires_at > :now
   AND (state = 'unknown' OR (state = 'in_flight' AND lease_expires_at <= :now))`
 
+// resolveCompleteSQL and resolveReleaseSQL settle an unknown record and
+// bump its epoch, fencing the attempt that held it: its late Finish, Release
+// or Heartbeat gets ErrNotHeld instead of passing for a retry.
 const resolveCompleteSQL = `
 UPDATE idemgate_records
 SET state = 'completed', outcome_type_url = :type_url, outcome_value = :value,
-    completed_at = :now, expires_at = :now + retention_ms` + unknownWhere
+    completed_at = :now, expires_at = :now + retention_ms, epoch = epoch + 1` + unknownWhere
 
 const resolveReleaseSQL = `
-UPDATE idemgate_records SET state = 'released', lease_expires_at = :now` + unknownWhere
+UPDATE idemgate_records SET state = 'released', lease_expires_at = :now, epoch = epoch + 1` + unknownWhere
 
 // Resolve implements dedupesvc.Store.
 func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {

@@ -678,6 +678,38 @@ func testResolve(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 		mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginCompleted)
 	})
 
+	t.Run("Resolve fences the attempt whose lease ran out", func(t *testing.T) {
+		t.Parallel()
+		for _, complete := range []*dedupesvc.Outcome{&outA, nil} {
+			s := newStore(t)
+			held := mustBegin(t, s, begin("slow", fpA, short, long), dedupesvc.BeginReserved)
+			time.Sleep(2 * short)
+			if err := s.Resolve(ctx, resolve(complete)); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Finish(ctx, finish("slow", held.Epoch, outB)); !errors.Is(err, dedupesvc.ErrNotHeld) {
+				t.Fatalf("the old holder's Finish after Resolve(%v): %v, want ErrNotHeld", complete != nil, err)
+			}
+			if err := s.Release(ctx, release("slow", held.Epoch)); !errors.Is(err, dedupesvc.ErrNotHeld) {
+				t.Fatalf("the old holder's Release after Resolve(%v): %v, want ErrNotHeld", complete != nil, err)
+			}
+			if _, err := s.Heartbeat(ctx, heartbeat("slow", held.Epoch)); !errors.Is(err, dedupesvc.ErrNotHeld) {
+				t.Fatalf("the old holder's Heartbeat after Resolve(%v): %v, want ErrNotHeld", complete != nil, err)
+			}
+			if err := s.Resolve(ctx, resolve(complete)); err != nil {
+				t.Fatalf("retried Resolve: %v", err)
+			}
+			if complete == nil {
+				mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginReserved)
+				continue
+			}
+			got := mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginCompleted)
+			if !bytes.Equal(got.Outcome.Value, outA.Value) {
+				t.Fatalf("outcome %q, want the resolved %q", got.Outcome.Value, outA.Value)
+			}
+		}
+	})
+
 	t.Run("a live reservation, a missing key", func(t *testing.T) {
 		t.Parallel()
 		s := newStore(t)
