@@ -31,8 +31,11 @@ type Store interface {
 	// record or it is completed.
 	Release(ctx context.Context, params ReleaseParams) error
 
-	// Heartbeat renews the attempt's lease and returns its new end, or
-	// ErrNotHeld when the attempt no longer holds an in-flight reservation.
+	// Heartbeat renews the attempt's lease and returns its new end. A record
+	// of the attempt's epoch marked outcome-unknown (a duplicate found its
+	// lease run out while it was in fact alive) is revived to in flight.
+	// It returns ErrNotHeld when another attempt took the record over or it
+	// is settled (completed, released or resolved).
 	Heartbeat(ctx context.Context, params HeartbeatParams) (time.Time, error)
 
 	// Resolve settles a record whose outcome is unknown (marked so, or in

@@ -294,13 +294,17 @@ func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
 
 // heartbeatSQL renews the lease of the holder of an in-flight reservation,
 // and keeps the record from expiring under a handler that outlives its
-// retention.
+// retention. A record a duplicate marked unknown (its lease ran out) while
+// the holder was in fact alive is revived to in_flight: the heartbeat proves
+// the holder runs, and its Finish would be accepted anyway. Resolve bumps the
+// epoch, so a settled record is never revived.
 const heartbeatSQL = `
 UPDATE idemgate_records
-SET lease_expires_at = now() + $5::bigint * interval '1 millisecond',
+SET state = 'in_flight',
+    lease_expires_at = now() + $5::bigint * interval '1 millisecond',
     expires_at = greatest(expires_at, now() + $5::bigint * interval '1 millisecond')
 WHERE scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
-  AND state = 'in_flight'
+  AND state IN ('in_flight', 'unknown')
 RETURNING lease_expires_at`
 
 // renewSQL is heartbeatSQL for Begin's renewal of the calling attempt's own

@@ -298,11 +298,13 @@ func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
 	return dedupesvc.RefusedRelease(row, found, p)
 }
 
+// heartbeatSQL renews the holder's lease; it also revives a record a
+// duplicate marked unknown while the holder was in fact alive (see pgstore).
 const heartbeatSQL = `
 UPDATE idemgate_records
-SET lease_expires_at = :now + :lease, expires_at = max(expires_at, :now + :lease)
+SET state = 'in_flight', lease_expires_at = :now + :lease, expires_at = max(expires_at, :now + :lease)
 WHERE scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
-  AND state = 'in_flight'
+  AND state IN ('in_flight', 'unknown')
 RETURNING lease_expires_at`
 
 // renewSQL is heartbeatSQL for Begin's renewal of the calling attempt's own

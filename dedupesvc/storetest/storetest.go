@@ -566,9 +566,6 @@ func testLostOutcome(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 		held := mustBegin(t, s, begin("slow", fpA, short, long), dedupesvc.BeginReserved)
 		time.Sleep(2 * short)
 		mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginOutcomeUnknown)
-		if _, err := s.Heartbeat(ctx, heartbeat("slow", held.Epoch)); !errors.Is(err, dedupesvc.ErrNotHeld) {
-			t.Fatalf("heartbeat on an unknown record: %v, want ErrNotHeld", err)
-		}
 		if err := s.Finish(ctx, finish("slow", held.Epoch, outA)); err != nil {
 			t.Fatalf("late Finish: %v", err)
 		}
@@ -576,6 +573,33 @@ func testLostOutcome(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 		if !bytes.Equal(got.Outcome.Value, outA.Value) {
 			t.Fatalf("outcome %q, want %q", got.Outcome.Value, outA.Value)
 		}
+	})
+
+	t.Run("the holder's heartbeat revives a record marked unknown", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		held := mustBegin(t, s, begin("alive", fpA, short, long), dedupesvc.BeginReserved)
+		time.Sleep(2 * short)
+		mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginOutcomeUnknown)
+		if _, err := s.Heartbeat(ctx, heartbeat("intruder", held.Epoch)); !errors.Is(err, dedupesvc.ErrNotHeld) {
+			t.Fatalf("a non-holder's heartbeat on an unknown record: %v, want ErrNotHeld", err)
+		}
+		hb := heartbeat("alive", held.Epoch)
+		hb.Lease = long
+		asked := time.Now()
+		until, err := s.Heartbeat(ctx, hb)
+		if err != nil || !until.After(asked.Add(long/2)) {
+			t.Fatalf("the holder's heartbeat on an unknown record = %v, %v; want it renewed from now", until, err)
+		}
+		mustBegin(t, s, reexecute(begin("t3", fpA, long, long)), dedupesvc.BeginInFlight)
+		mustBegin(t, s, begin("t4", fpA, long, long), dedupesvc.BeginInFlight)
+		if err := s.Resolve(ctx, dedupesvc.ResolveParams{Scope: "/pkg.S/M", Key: "key-1"}); !errors.Is(err, dedupesvc.ErrNotUnknown) {
+			t.Fatalf("Resolve of the revived record: %v, want ErrNotUnknown", err)
+		}
+		if err := s.Finish(ctx, finish("alive", held.Epoch, outA)); err != nil {
+			t.Fatalf("the revived holder's Finish: %v", err)
+		}
+		mustBegin(t, s, begin("t5", fpA, long, long), dedupesvc.BeginCompleted)
 	})
 
 	t.Run("a heartbeat keeps the lease", func(t *testing.T) {
