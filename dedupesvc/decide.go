@@ -111,9 +111,14 @@ func RefusedFinish(r Record, found bool, p FinishParams) error {
 
 // RefusedRelease returns nil when nothing is held any more by anyone the
 // attempt could block (the record is gone) or the attempt's own Release is
-// retried, else ErrNotHeld.
+// retried (released, or outcome-unknown, with its token and epoch), else
+// ErrNotHeld.
 func RefusedRelease(r Record, found bool, p ReleaseParams) error {
-	if !found || (r.State == StateReleased && r.AttemptToken == p.AttemptToken && r.Epoch == p.Epoch) {
+	if !found {
+		return nil
+	}
+	own := r.AttemptToken == p.AttemptToken && r.Epoch == p.Epoch
+	if own && (r.State == StateReleased || r.State == StateUnknown) {
 		return nil
 	}
 	return ErrNotHeld

@@ -311,6 +311,10 @@ func (s *Server) release(ctx context.Context, req *idemgatev1.ReleaseRequest) (*
 		Key:          req.GetKey(),
 		AttemptToken: req.GetAttemptToken(),
 		Epoch:        req.GetEpoch(),
+		// The record becomes outcome-unknown at once, kept like one whose
+		// FAIL_CLOSED lease ran out.
+		OutcomeUnknown:   req.GetOutcomeUnknown(),
+		UnknownRetention: s.opts.unknownRetention,
 	})
 	if err != nil {
 		return nil, s.storeError(ctx, "Release", err)

@@ -26,9 +26,12 @@ type Store interface {
 	Finish(ctx context.Context, params FinishParams) error
 
 	// Release frees the reservation (in flight or outcome-unknown) so the
-	// next attempt runs. It returns nil when the attempt already released it
-	// or the record is gone, and ErrNotHeld when another attempt holds the
-	// record or it is completed.
+	// next attempt runs; with params.OutcomeUnknown it instead marks the
+	// in-flight record outcome-unknown at once (waiters are woken, Begin
+	// answers BeginOutcomeUnknown until Resolve). It returns nil when the
+	// attempt already released it (or marked it unknown) or the record is
+	// gone, and ErrNotHeld when another attempt holds the record or it is
+	// settled.
 	Release(ctx context.Context, params ReleaseParams) error
 
 	// Heartbeat renews the attempt's lease and returns its new end. A record
@@ -203,6 +206,15 @@ type ReleaseParams struct {
 	AttemptToken string
 	// Epoch as returned by Begin.
 	Epoch int64
+	// OutcomeUnknown says the attempt cannot tell whether its side effect
+	// happened: instead of freeing the key, the record becomes
+	// outcome-unknown at once, as when a FAIL_CLOSED lease runs out, until
+	// Resolve. Defaults to false: free the key.
+	OutcomeUnknown bool
+	// UnknownRetention is how long a record marked outcome-unknown by this
+	// Release is kept at least (the service's unknown retention). Used only
+	// with OutcomeUnknown.
+	UnknownRetention time.Duration
 }
 
 // HeartbeatParams are the inputs of Store.Heartbeat.

@@ -34,7 +34,7 @@ type Store struct {
 	// finishSQL, releaseSQL, resolveCompleteSQL, resolveReleaseSQL and
 	// markUnknownSQL change a record's state; with notifications on they also
 	// announce the change, in the same statement.
-	finishSQL, releaseSQL, resolveCompleteSQL, resolveReleaseSQL, markUnknownSQL string
+	finishSQL, releaseSQL, releaseUnknownSQL, resolveCompleteSQL, resolveReleaseSQL, markUnknownSQL string
 }
 
 var _ dedupesvc.Store = (*Store)(nil)
@@ -63,6 +63,7 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	}
 	s.finishSQL = s.announced(finishSQL, 7)
 	s.releaseSQL = s.announced(releaseSQL, 5)
+	s.releaseUnknownSQL = s.announced(releaseUnknownSQL, 6)
 	s.resolveCompleteSQL = s.announced(resolveCompleteSQL, 5)
 	s.resolveReleaseSQL = s.announced(resolveReleaseSQL, 3)
 	s.markUnknownSQL = s.announced(markUnknownSQL, 5)
@@ -276,9 +277,28 @@ SET state = 'released', lease_expires_at = now()
 WHERE scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
   AND state IN ('in_flight', 'unknown')`
 
+// releaseUnknownSQL is the holder's Release with the outcome unknown: its
+// in-flight record becomes outcome-unknown at once, its lease ended now,
+// kept at least for the unknown retention ($5) like one marked by
+// markUnknownSQL.
+const releaseUnknownSQL = `
+UPDATE idemgate_records
+SET state = 'unknown', lease_expires_at = now(),
+    expires_at = greatest(expires_at, now() + $5::bigint * interval '1 millisecond')
+WHERE scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
+  AND state = 'in_flight'`
+
 // Release implements dedupesvc.Store.
 func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
-	n, err := s.change(ctx, s.releaseSQL, p.Scope, p.Key, p.Scope, p.Key, p.AttemptToken, p.Epoch)
+	var (
+		n   int
+		err error
+	)
+	if p.OutcomeUnknown {
+		n, err = s.change(ctx, s.releaseUnknownSQL, p.Scope, p.Key, p.Scope, p.Key, p.AttemptToken, p.Epoch, p.UnknownRetention.Milliseconds())
+	} else {
+		n, err = s.change(ctx, s.releaseSQL, p.Scope, p.Key, p.Scope, p.Key, p.AttemptToken, p.Epoch)
+	}
 	if err != nil {
 		return fmt.Errorf("pgstore: release: %w", err)
 	}

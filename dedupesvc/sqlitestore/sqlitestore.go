@@ -281,9 +281,21 @@ UPDATE idemgate_records SET state = 'released', lease_expires_at = :now
 WHERE scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
   AND state IN ('in_flight', 'unknown')`
 
+// releaseUnknownSQL is Release with the outcome unknown: the holder's
+// in-flight record becomes outcome-unknown at once, kept at least for the
+// unknown retention.
+const releaseUnknownSQL = `
+UPDATE idemgate_records SET state = 'unknown', lease_expires_at = :now, expires_at = max(expires_at, :now + :unknown)
+WHERE scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
+  AND state = 'in_flight'`
+
 // Release implements dedupesvc.Store.
 func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
-	n, err := s.change(ctx, p.Scope, p.Key, releaseSQL, sql.Named("now", s.now().UnixMilli()),
+	query := releaseSQL
+	if p.OutcomeUnknown {
+		query = releaseUnknownSQL
+	}
+	n, err := s.change(ctx, p.Scope, p.Key, query, sql.Named("now", s.now().UnixMilli()), sql.Named("unknown", p.UnknownRetention.Milliseconds()),
 		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch))
 	if err != nil {
 		return fmt.Errorf("sqlitestore: release: %w", err)

@@ -465,6 +465,33 @@ func testRelease(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 		mustBegin(t, s, begin("t3", fpA, long, long), dedupesvc.BeginInFlight)
 	})
 
+	t.Run("release with the outcome unknown marks the record unknown at once", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		r := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
+		p := release("t1", r.Epoch)
+		p.OutcomeUnknown, p.UnknownRetention = true, long
+		if err := s.Release(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		if got := mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginOutcomeUnknown); got.Epoch != r.Epoch {
+			t.Fatalf("outcome unknown for epoch %d, want %d", got.Epoch, r.Epoch)
+		}
+		mustBegin(t, s, reexecute(begin("t3", fpA, long, long)), dedupesvc.BeginOutcomeUnknown)
+		if err := s.Release(ctx, p); err != nil {
+			t.Fatalf("retried Release with the outcome unknown: %v", err)
+		}
+		other := p
+		other.AttemptToken = "intruder"
+		if err := s.Release(ctx, other); !errors.Is(err, dedupesvc.ErrNotHeld) {
+			t.Fatalf("another attempt's Release with the outcome unknown: %v, want ErrNotHeld", err)
+		}
+		if err := s.Resolve(ctx, dedupesvc.ResolveParams{Scope: "/pkg.S/M", Key: "key-1"}); err != nil {
+			t.Fatalf("Resolve(release): %v", err)
+		}
+		mustBegin(t, s, begin("t4", fpA, long, long), dedupesvc.BeginReserved)
+	})
+
 	t.Run("a released key still refuses another request", func(t *testing.T) {
 		t.Parallel()
 		s := newStore(t)

@@ -41,7 +41,7 @@ type BeginRequest struct {
 	// same attempt. 1 to 128 printable ASCII bytes.
 	AttemptToken string `protobuf:"bytes,4,opt,name=attempt_token,json=attemptToken,proto3" json:"attempt_token,omitempty"`
 	// lease is how long the reservation is held before it counts as abandoned.
-	// Between 1s and retention.
+	// Between 1s and 24h, and at most retention.
 	Lease *durationpb.Duration `protobuf:"bytes,5,opt,name=lease,proto3" json:"lease,omitempty"`
 	// retention is how long the completed outcome is kept and replayed.
 	// Between lease and 365 days.
@@ -406,9 +406,15 @@ type ReleaseRequest struct {
 	// attempt_token as sent to Begin.
 	AttemptToken string `protobuf:"bytes,3,opt,name=attempt_token,json=attemptToken,proto3" json:"attempt_token,omitempty"`
 	// epoch as answered by Begin.
-	Epoch         int64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Epoch int64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// outcome_unknown says the attempt cannot tell whether its side effect
+	// happened (its handler's error was a deadline or a cancellation): instead
+	// of freeing the key, the record becomes outcome-unknown at once (as when
+	// a FAIL_CLOSED lease runs out), kept for the service's unknown retention,
+	// until Resolve. A retry succeeds without changing anything.
+	OutcomeUnknown bool `protobuf:"varint,5,opt,name=outcome_unknown,json=outcomeUnknown,proto3" json:"outcome_unknown,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReleaseRequest) Reset() {
@@ -469,7 +475,15 @@ func (x *ReleaseRequest) GetEpoch() int64 {
 	return 0
 }
 
-// ReleaseResponse is empty: success means the key is free for the next attempt.
+func (x *ReleaseRequest) GetOutcomeUnknown() bool {
+	if x != nil {
+		return x.OutcomeUnknown
+	}
+	return false
+}
+
+// ReleaseResponse is empty: success means the key is free for the next
+// attempt, or, with outcome_unknown, that the record is outcome-unknown.
 type ReleaseResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1172,12 +1186,13 @@ const file_idemgate_v1_dedupe_proto_rawDesc = "" +
 	"\rattempt_token\x18\x03 \x01(\tR\fattemptToken\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\x12.\n" +
 	"\aoutcome\x18\x05 \x01(\v2\x14.google.protobuf.AnyR\aoutcome\"\x10\n" +
-	"\x0eFinishResponse\"s\n" +
+	"\x0eFinishResponse\"\x9c\x01\n" +
 	"\x0eReleaseRequest\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12#\n" +
 	"\rattempt_token\x18\x03 \x01(\tR\fattemptToken\x12\x14\n" +
-	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\"\x11\n" +
+	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\x12'\n" +
+	"\x0foutcome_unknown\x18\x05 \x01(\bR\x0eoutcomeUnknown\"\x11\n" +
 	"\x0fReleaseResponse\"\xa6\x01\n" +
 	"\x10HeartbeatRequest\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x10\n" +
