@@ -56,6 +56,19 @@ type Store interface {
 	DeleteExpired(ctx context.Context, limit int) (deleted int, unknown []RecordID, err error)
 }
 
+// Resumer is a Store that grants leases a grace after a store outage. A
+// holder cut off from the store cannot renew its lease, so a lease must not
+// run out merely because the store was away: after MarkResumed, a record's
+// lease counts as running until at least one full lease (the length of its
+// last Begin or renewal) past the resume, and no Begin takes it over or marks
+// it outcome-unknown, and no Resolve settles it, before then.
+type Resumer interface {
+	// MarkResumed records, by the store's own clock, that the store came back
+	// from an outage now. The Dedupe service calls it when it starts (a
+	// process that starts has, by definition, been away).
+	MarkResumed(ctx context.Context) error
+}
+
 // Errors a Store returns for the cases the service answers differently from
 // a failed store.
 var (
