@@ -32,7 +32,11 @@ const FileName = "dedupe.db"
 type Store struct {
 	db   *sql.DB
 	path string
-	now  func() time.Time
+	// now is the store's clock: the wall time at Open plus the monotonic
+	// time elapsed since, so a step of the system clock (NTP, an operator)
+	// neither shortens nor stretches a lease while the process runs. Times
+	// are stored as Unix milliseconds of this clock.
+	now func() time.Time
 
 	waiters dedupesvc.Waiters[dedupesvc.RecordID]
 }
@@ -48,6 +52,14 @@ var (
 // opens the store has been away, so every in-flight lease gets one more full
 // lease. Close it when done.
 func Open(ctx context.Context, dir string) (*Store, error) {
+	opened := time.Now()
+	// time.Since reads the monotonic clock that time.Now recorded.
+	return open(ctx, dir, opened, func() time.Duration { return time.Since(opened) })
+}
+
+// open is Open with the clock's parts given: the wall time at opening and
+// the monotonic time elapsed since.
+func open(ctx context.Context, dir string, opened time.Time, elapsed func() time.Duration) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("sqlitestore: create data directory: %w", err)
 	}
@@ -68,7 +80,8 @@ func Open(ctx context.Context, dir string) (*Store, error) {
 	// One connection serialises the statements of this process: SQLite has
 	// one writer anyway, and no statement waits on another's lock.
 	db.SetMaxOpenConns(1)
-	s := &Store{db: db, path: path, now: time.Now}
+	wall := opened.Round(0) // the wall reading only: elapsed carries the monotonic one
+	s := &Store{db: db, path: path, now: func() time.Time { return wall.Add(elapsed()) }}
 	if err := s.migrate(ctx); err != nil {
 		db.Close()
 		return nil, err
