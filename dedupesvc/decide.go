@@ -51,6 +51,12 @@ const (
 	// StepMarkUnknown: the holder's lease ran out under FailClosed: mark the
 	// record unknown (if it still is that in-flight epoch), then answer.
 	StepMarkUnknown
+	// StepRenew: the calling attempt holds the record but its lease ran out
+	// and nobody took it over: renew the lease (if it still is that
+	// attempt's in-flight epoch), then answer reserved. Never hand an
+	// attempt a reservation whose lease already ended: a duplicate could take
+	// the key while the attempt believes it holds it.
+	StepRenew
 )
 
 // DecideBegin turns an existing record into Begin's answer, or into the write
@@ -72,7 +78,10 @@ func DecideBegin(r Record, p BeginParams, now time.Time) (BeginResult, NextStep)
 	case StateInFlight:
 		if r.AttemptToken == p.AttemptToken {
 			// The same attempt asks again because it lost the first answer.
-			return BeginResult{State: BeginReserved, Epoch: r.Epoch, LeaseExpiresAt: r.LeaseExpiresAt}, StepAnswer
+			if r.LeaseExpiresAt.After(now) {
+				return BeginResult{State: BeginReserved, Epoch: r.Epoch, LeaseExpiresAt: r.LeaseExpiresAt}, StepAnswer
+			}
+			return BeginResult{}, StepRenew
 		}
 		if r.LeaseExpiresAt.After(now) {
 			return BeginResult{State: BeginInFlight, LeaseExpiresAt: r.LeaseExpiresAt}, StepAnswer
@@ -102,9 +111,14 @@ func RefusedFinish(r Record, found bool, p FinishParams) error {
 
 // RefusedRelease returns nil when nothing is held any more by anyone the
 // attempt could block (the record is gone) or the attempt's own Release is
-// retried, else ErrNotHeld.
+// retried (released, or outcome-unknown, with its token and epoch), else
+// ErrNotHeld.
 func RefusedRelease(r Record, found bool, p ReleaseParams) error {
-	if !found || (r.State == StateReleased && r.AttemptToken == p.AttemptToken && r.Epoch == p.Epoch) {
+	if !found {
+		return nil
+	}
+	own := r.AttemptToken == p.AttemptToken && r.Epoch == p.Epoch
+	if own && (r.State == StateReleased || r.State == StateUnknown) {
 		return nil
 	}
 	return ErrNotHeld
@@ -124,7 +138,7 @@ func RefusedResolve(r Record, found bool, now time.Time, p ResolveParams) error 
 	return ErrNotUnknown
 }
 
-// BeginSteps are a store's three statements for Begin; RunBegin drives them.
+// BeginSteps are a store's four statements for Begin; RunBegin drives them.
 type BeginSteps struct {
 	// Read returns the key's record, whether there is one, and the clock
 	// reading DecideBegin judges it by.
@@ -136,6 +150,11 @@ type BeginSteps struct {
 	// Reserve runs the reserving upsert and reports whether it took the key
 	// (false: another attempt holds it), with the new epoch and lease end.
 	Reserve func(ctx context.Context, now time.Time) (epoch int64, leaseExpiresAt time.Time, reserved bool, err error)
+	// Renew renews the lease of the calling attempt's in-flight record of
+	// epoch for BeginParams.Lease from now, as Heartbeat does, and reports
+	// the new lease end and whether it did (false: the record changed
+	// meanwhile).
+	Renew func(ctx context.Context, epoch int64, now time.Time) (leaseExpiresAt time.Time, renewed bool, err error)
 }
 
 // maxBeginRounds bounds RunBegin's loop of read and write: the record can
@@ -167,6 +186,15 @@ func RunBegin(ctx context.Context, p BeginParams, steps BeginSteps) (BeginResult
 			}
 			if marked {
 				return BeginResult{State: BeginOutcomeUnknown, Epoch: r.Epoch, LeaseExpiresAt: r.LeaseExpiresAt}, nil
+			}
+			continue
+		case StepRenew:
+			leaseEnd, renewed, err := steps.Renew(ctx, r.Epoch, now)
+			if err != nil {
+				return BeginResult{}, err
+			}
+			if renewed {
+				return BeginResult{State: BeginReserved, Epoch: r.Epoch, LeaseExpiresAt: leaseEnd}, nil
 			}
 			continue
 		}

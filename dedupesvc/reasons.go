@@ -9,9 +9,10 @@ const (
 	// ReasonOutcomeTooLarge: Finish or Resolve with an outcome over the
 	// service's limit; INVALID_ARGUMENT, nothing stored.
 	ReasonOutcomeTooLarge = "DEDUPE_OUTCOME_TOO_LARGE"
-	// ReasonReservationNotHeld: Finish or Release from an attempt that does not
-	// hold the reservation (taken over, or already completed);
-	// FAILED_PRECONDITION. The stored record is unchanged.
+	// ReasonReservationNotHeld: Finish, Release or Heartbeat from an attempt
+	// that does not hold the reservation (taken over by another attempt, or
+	// settled: completed, released or resolved); FAILED_PRECONDITION. The
+	// stored record is unchanged.
 	ReasonReservationNotHeld = "RESERVATION_NOT_HELD"
 	// ReasonRecordNotUnknown: Resolve of a record whose outcome is known, or
 	// that is still in flight within its lease; FAILED_PRECONDITION. Nothing

@@ -29,13 +29,14 @@ const (
 	FingerprintBytes = 32
 	// MinLease is the shortest lease accepted.
 	MinLease = time.Second
-	// MaxRetention is the longest retention accepted.
+	// MaxRetention is the longest retention accepted; a retention must also
+	// be at least the Begin's lease.
 	MaxRetention = 365 * 24 * time.Hour
 	// MaxTypeURLBytes is the longest outcome type URL accepted.
 	MaxTypeURLBytes = 512
 	// MaxWait is the longest a Begin may wait for an in-flight outcome.
 	MaxWait = time.Minute
-	// MaxLease is the longest lease a Heartbeat may renew to.
+	// MaxLease is the longest lease a Begin may take or a Heartbeat renew to.
 	MaxLease = 24 * time.Hour
 )
 
@@ -139,7 +140,10 @@ func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 	if len(req.GetFingerprint()) != FingerprintBytes {
 		return nil, invalid("fingerprint", fmt.Sprintf("fingerprint must be a %d-byte SHA-256 digest, got %d bytes", FingerprintBytes, len(req.GetFingerprint())))
 	}
-	lease, err := duration("lease", req.GetLease(), MinLease, MaxRetention)
+	// Bounded like a Heartbeat's renewal: a lease is how long a crashed
+	// holder blocks its key, and after a store outage every holder gets one
+	// more lease (see pgstore), so it must stay short of the retention scale.
+	lease, err := duration("lease", req.GetLease(), MinLease, MaxLease)
 	if err != nil {
 		return nil, err
 	}
@@ -307,6 +311,10 @@ func (s *Server) release(ctx context.Context, req *idemgatev1.ReleaseRequest) (*
 		Key:          req.GetKey(),
 		AttemptToken: req.GetAttemptToken(),
 		Epoch:        req.GetEpoch(),
+		// The record becomes outcome-unknown at once, kept like one whose
+		// FAIL_CLOSED lease ran out.
+		OutcomeUnknown:   req.GetOutcomeUnknown(),
+		UnknownRetention: s.opts.unknownRetention,
 	})
 	if err != nil {
 		return nil, s.storeError(ctx, "Release", err)

@@ -71,6 +71,9 @@ func TestBeginValidation(t *testing.T) {
 		{"no lease", func(r *idemgatev1.BeginRequest) { r.Lease = nil }, "lease"},
 		{"lease under 1s", func(r *idemgatev1.BeginRequest) { r.Lease = durationpb.New(time.Millisecond) }, "lease"},
 		{"invalid lease", func(r *idemgatev1.BeginRequest) { r.Lease = &durationpb.Duration{Seconds: 1, Nanos: -1} }, "lease"},
+		{"lease over a day", func(r *idemgatev1.BeginRequest) {
+			r.Lease, r.Retention = durationpb.New(25*time.Hour), durationpb.New(48*time.Hour)
+		}, "lease"},
 		{"no retention", func(r *idemgatev1.BeginRequest) { r.Retention = nil }, "retention"},
 		{"retention under lease", func(r *idemgatev1.BeginRequest) { r.Retention = durationpb.New(5 * time.Second) }, "retention"},
 		{"retention over a year", func(r *idemgatev1.BeginRequest) { r.Retention = durationpb.New(400 * 24 * time.Hour) }, "retention"},
@@ -91,6 +94,28 @@ func TestBeginValidation(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBeginLeaseBounds: Begin's lease has Heartbeat's bound (MaxLease), and
+// the retention, which must cover the lease, may still run to MaxRetention.
+func TestBeginLeaseBounds(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ lease, retention time.Duration }{
+		{dedupesvc.MaxLease, dedupesvc.MaxLease},
+		{dedupesvc.MaxLease, dedupesvc.MaxRetention},
+		{dedupesvc.MinLease, dedupesvc.MaxRetention},
+	} {
+		store := &fakeStore{begin: dedupesvc.BeginResult{State: dedupesvc.BeginReserved, Epoch: 1}}
+		req := validBegin()
+		req.Lease, req.Retention = durationpb.New(tt.lease), durationpb.New(tt.retention)
+		if _, err := dedupesvc.NewServer(store).Begin(context.Background(), req); err != nil || store.calls != 1 {
+			t.Errorf("Begin(lease %s, retention %s) = %v; want it accepted", tt.lease, tt.retention, err)
+		}
+	}
+	req := validBegin()
+	req.Lease, req.Retention = durationpb.New(dedupesvc.MaxLease+time.Second), durationpb.New(dedupesvc.MaxRetention)
+	_, err := dedupesvc.NewServer(&fakeStore{}).Begin(context.Background(), req)
+	wantInvalid(t, err, "lease")
 }
 
 func TestFinishAndReleaseValidation(t *testing.T) {

@@ -26,26 +26,47 @@ type Store interface {
 	Finish(ctx context.Context, params FinishParams) error
 
 	// Release frees the reservation (in flight or outcome-unknown) so the
-	// next attempt runs. It returns nil when the attempt already released it
-	// or the record is gone, and ErrNotHeld when another attempt holds the
-	// record or it is completed.
+	// next attempt runs; with params.OutcomeUnknown it instead marks the
+	// in-flight record outcome-unknown at once (waiters are woken, Begin
+	// answers BeginOutcomeUnknown until Resolve). It returns nil when the
+	// attempt already released it (or marked it unknown) or the record is
+	// gone, and ErrNotHeld when another attempt holds the record or it is
+	// settled.
 	Release(ctx context.Context, params ReleaseParams) error
 
-	// Heartbeat renews the attempt's lease and returns its new end, or
-	// ErrNotHeld when the attempt no longer holds an in-flight reservation.
+	// Heartbeat renews the attempt's lease and returns its new end. A record
+	// of the attempt's epoch marked outcome-unknown (a duplicate found its
+	// lease run out while it was in fact alive) is revived to in flight.
+	// It returns ErrNotHeld when another attempt took the record over or it
+	// is settled (completed, released or resolved).
 	Heartbeat(ctx context.Context, params HeartbeatParams) (time.Time, error)
 
 	// Resolve settles a record whose outcome is unknown (marked so, or in
 	// flight with its lease run out): it completes it with params.Complete,
-	// or releases it when that is nil. It returns nil for a retry that
-	// already took effect, ErrRecordNotFound for no live record, and
-	// ErrNotUnknown for a record in another state.
+	// or releases it when that is nil, and bumps its epoch so that the
+	// attempt that held it is fenced (its Finish, Release and Heartbeat get
+	// ErrNotHeld). It returns nil for a retry that already took effect,
+	// ErrRecordNotFound for no live record, and ErrNotUnknown for a record
+	// in another state.
 	Resolve(ctx context.Context, params ResolveParams) error
 
 	// DeleteExpired deletes up to limit records past their expiry. It
 	// returns how many it deleted and which of them were outcome-unknown, so
 	// the caller can log each one that was never resolved.
 	DeleteExpired(ctx context.Context, limit int) (deleted int, unknown []RecordID, err error)
+}
+
+// Resumer is a Store that grants leases a grace after a store outage. A
+// holder cut off from the store cannot renew its lease, so a lease must not
+// run out merely because the store was away: after MarkResumed, a record's
+// lease counts as running until at least one full lease (the length of its
+// last Begin or renewal) past the resume, and no Begin takes it over or marks
+// it outcome-unknown, and no Resolve settles it, before then.
+type Resumer interface {
+	// MarkResumed records, by the store's own clock, that the store came back
+	// from an outage now. The Dedupe service calls it when it starts (a
+	// process that starts has, by definition, been away).
+	MarkResumed(ctx context.Context) error
 }
 
 // Errors a Store returns for the cases the service answers differently from
@@ -198,6 +219,15 @@ type ReleaseParams struct {
 	AttemptToken string
 	// Epoch as returned by Begin.
 	Epoch int64
+	// OutcomeUnknown says the attempt cannot tell whether its side effect
+	// happened: instead of freeing the key, the record becomes
+	// outcome-unknown at once, as when a FAIL_CLOSED lease runs out, until
+	// Resolve. Defaults to false: free the key.
+	OutcomeUnknown bool
+	// UnknownRetention is how long a record marked outcome-unknown by this
+	// Release is kept at least (the service's unknown retention). Used only
+	// with OutcomeUnknown.
+	UnknownRetention time.Duration
 }
 
 // HeartbeatParams are the inputs of Store.Heartbeat.

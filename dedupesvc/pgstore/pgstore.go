@@ -15,9 +15,15 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgate/idemgate/dedupesvc"
@@ -34,10 +40,17 @@ type Store struct {
 	// finishSQL, releaseSQL, resolveCompleteSQL, resolveReleaseSQL and
 	// markUnknownSQL change a record's state; with notifications on they also
 	// announce the change, in the same statement.
-	finishSQL, releaseSQL, resolveCompleteSQL, resolveReleaseSQL, markUnknownSQL string
+	finishSQL, releaseSQL, releaseUnknownSQL, resolveCompleteSQL, resolveReleaseSQL, markUnknownSQL string
+	// cutOff is set when a statement failed because the database could not
+	// be reached; the next operation marks the store resumed first (see
+	// resume).
+	cutOff atomic.Bool
 }
 
-var _ dedupesvc.Store = (*Store)(nil)
+var (
+	_ dedupesvc.Store   = (*Store)(nil)
+	_ dedupesvc.Resumer = (*Store)(nil)
+)
 
 // Option configures New.
 type Option func(*Store)
@@ -63,6 +76,7 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	}
 	s.finishSQL = s.announced(finishSQL, 7)
 	s.releaseSQL = s.announced(releaseSQL, 5)
+	s.releaseUnknownSQL = s.announced(releaseUnknownSQL, 6)
 	s.resolveCompleteSQL = s.announced(resolveCompleteSQL, 5)
 	s.resolveReleaseSQL = s.announced(resolveReleaseSQL, 3)
 	s.markUnknownSQL = s.announced(markUnknownSQL, 5)
@@ -92,7 +106,91 @@ func (s *Store) change(ctx context.Context, sql, scope, key string, args ...any)
 	}
 	var n int
 	err := s.pool.QueryRow(ctx, sql, args...).Scan(&n)
-	return n, err
+	return n, s.noted(ctx, err)
+}
+
+// markResumedSQL moves the resume time to now, never back (a database clock
+// stepped back keeps the later grace). It recreates the row if someone
+// deleted it.
+const markResumedSQL = `
+INSERT INTO idemgate_store_state AS st (id, resumed_at) VALUES (true, now())
+ON CONFLICT (id) DO UPDATE SET resumed_at = greatest(st.resumed_at, excluded.resumed_at)`
+
+// MarkResumed implements dedupesvc.Resumer: from now on every in-flight
+// record's lease runs until at least one full lease (its lease_ms) past now,
+// by the database's clock, for every replica on this database. Call it when
+// a Dedupe service process starts, after Migrate; the store also calls it
+// itself after it could not reach the database (see resume).
+func (s *Store) MarkResumed(ctx context.Context) error {
+	if _, err := s.pool.Exec(ctx, markResumedSQL); err != nil {
+		return fmt.Errorf("pgstore: mark resumed: %w", s.noted(ctx, err))
+	}
+	return nil
+}
+
+// resume marks the store resumed, once, before the first operation after a
+// statement failed because the database could not be reached: this replica
+// saw an outage, during which holders could not renew their leases. It runs
+// before the operation's own statements, so a Begin or Resolve never decides
+// on a lease that ran out during the outage. Another failure meanwhile sets
+// the flag again and the next operation marks again.
+func (s *Store) resume(ctx context.Context) error {
+	if !s.cutOff.Swap(false) {
+		return nil
+	}
+	if err := s.MarkResumed(ctx); err != nil {
+		s.cutOff.Store(true)
+		return err
+	}
+	return nil
+}
+
+// noted returns err, first setting the cut-off flag when err says the
+// database could not be reached.
+func (s *Store) noted(ctx context.Context, err error) error {
+	if err != nil && unreachable(ctx, err) {
+		s.cutOff.Store(true)
+	}
+	return err
+}
+
+// unreachable reports whether err means the database could not be reached or
+// went away (connection refused or reset, server shut down, network
+// timeout), as opposed to a statement the database refused. A caller that
+// gave up (its context ended) proves nothing about the database, and an
+// ordinary SQL error means the database answered: neither counts, since
+// every mark grants every in-flight lease one more full lease.
+func unreachable(ctx context.Context, err error) bool {
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		// Class 08 is connection exception; 57P01-03 are admin shutdown,
+		// crash shutdown and cannot connect now (starting or recovering).
+		return strings.HasPrefix(pgErr.Code, "08") || pgErr.Code == "57P01" || pgErr.Code == "57P02" || pgErr.Code == "57P03"
+	}
+	if ctx.Err() != nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var netErr net.Error
+	return pgconn.Timeout(err) || errors.As(err, &netErr) || errors.Is(err, pgconn.ErrConnClosed) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// leaseEnd is the effective end of the lease of the row aliased t: its own
+// end, or one full lease (lease_ms) past the last resume of the store
+// (MarkResumed) or past the database server's start, whichever is latest.
+// So neither an outage a replica noticed nor a database restart counts
+// against a holder that could not renew meanwhile. Every statement that
+// treats a lease as run out uses it; the one-row table makes it a scalar
+// subquery on one page.
+func leaseEnd(t string) string {
+	return fmt.Sprintf(`greatest(%[1]s.lease_expires_at,
+        (SELECT resumed_at FROM idemgate_store_state) + %[1]s.lease_ms * interval '1 millisecond',
+        pg_postmaster_start_time() + %[1]s.lease_ms * interval '1 millisecond')`, t)
 }
 
 // NotifyID is the NOTIFY payload that names a record: a hash, so a payload
@@ -106,31 +204,44 @@ func NotifyID(scope, key string) string {
 }
 
 // readSQL reads a key's row with the database's clock, so expiry is judged by
-// one clock across every dedupe service replica.
-const readSQL = `
+// one clock across every dedupe service replica. An in-flight row's lease
+// end is the effective one (leaseEnd), and so is its expiry when that is
+// later (inFlightLive).
+var readSQL = `
 SELECT fingerprint, state, attempt_token, epoch, outcome_type_url, outcome_value,
-       lease_expires_at, completed_at, expires_at, now()
-FROM idemgate_records
+       CASE WHEN state = 'in_flight' THEN ` + leaseEnd("r") + ` ELSE lease_expires_at END,
+       completed_at,
+       CASE WHEN state = 'in_flight' THEN greatest(expires_at, ` + leaseEnd("r") + `) ELSE expires_at END,
+       now()
+FROM idemgate_records AS r
 WHERE scope = $1 AND idempotency_key = $2`
+
+// inFlightLive is true for an in-flight row of alias t whose effective lease
+// still runs: such a row does not expire, even past its expires_at (a
+// retention as short as the lease runs out with it during an outage).
+func inFlightLive(t string) string {
+	return fmt.Sprintf(`(%[1]s.state = 'in_flight' AND %[2]s > now())`, t, leaseEnd(t))
+}
 
 // reserveSQL takes the key when it is free: no row, or a row that expired, or
 // a row with the same fingerprint that was released or (under REEXECUTE,
 // $7) whose holder's lease ran out. It returns nothing when the row blocks
 // it. It repeats what decide checked, because only this statement's view of
-// the row is atomic.
-const reserveSQL = `
+// the row is atomic, with the effective lease end (leaseEnd).
+var reserveSQL = `
 INSERT INTO idemgate_records AS r (
     scope, idempotency_key, fingerprint, state, attempt_token, epoch,
-    retention_ms, lease_expires_at, expires_at)
+    retention_ms, lease_ms, lease_expires_at, expires_at)
 VALUES (
     $1, $2, $3, 'in_flight', $4, 1,
-    $6::bigint, now() + $5::bigint * interval '1 millisecond', now() + $6::bigint * interval '1 millisecond')
+    $6::bigint, $5::bigint, now() + $5::bigint * interval '1 millisecond', now() + $6::bigint * interval '1 millisecond')
 ON CONFLICT (scope, idempotency_key) DO UPDATE SET
     fingerprint = excluded.fingerprint,
     state = 'in_flight',
     attempt_token = excluded.attempt_token,
     epoch = r.epoch + 1,
     retention_ms = excluded.retention_ms,
+    lease_ms = excluded.lease_ms,
     outcome_type_url = NULL,
     outcome_value = NULL,
     lease_expires_at = excluded.lease_expires_at,
@@ -138,28 +249,32 @@ ON CONFLICT (scope, idempotency_key) DO UPDATE SET
     created_at = now(),
     completed_at = NULL,
     waiters = false
-WHERE r.expires_at <= now()
+WHERE (r.expires_at <= now() AND NOT ` + inFlightLive("r") + `)
    OR (r.fingerprint = excluded.fingerprint
        AND (r.state = 'released'
-            OR ($7::boolean AND r.state = 'in_flight' AND r.lease_expires_at <= now()
+            OR ($7::boolean AND r.state = 'in_flight' AND ` + leaseEnd("r") + ` <= now()
                 AND r.attempt_token <> excluded.attempt_token)))
 RETURNING epoch, lease_expires_at`
 
 // markUnknownSQL turns an in-flight row whose lease ran out into an
 // outcome-unknown one (FAIL_CLOSED), kept for the unknown retention so it is
 // not swept before someone resolves it. The epoch test makes it a no-op when
-// the holder renewed its lease or finished meanwhile.
-const markUnknownSQL = `
-UPDATE idemgate_records
+// the holder renewed its lease or finished meanwhile; the effective lease end
+// (leaseEnd) makes it one while the store's resume grace runs.
+var markUnknownSQL = `
+UPDATE idemgate_records AS r
 SET state = 'unknown',
     expires_at = greatest(expires_at, now() + $4::bigint * interval '1 millisecond')
 WHERE scope = $1 AND idempotency_key = $2 AND epoch = $3
-  AND state = 'in_flight' AND lease_expires_at <= now()`
+  AND state = 'in_flight' AND ` + leaseEnd("r") + ` <= now()`
 
 // Begin implements dedupesvc.Store, through dedupesvc.RunBegin: it reads
 // first, so a duplicate costs one read and no commit; only a free key is
 // written, and then the single upsert decides who holds it.
 func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.BeginResult, error) {
+	if err := s.resume(ctx); err != nil {
+		return dedupesvc.BeginResult{}, err
+	}
 	return dedupesvc.RunBegin(ctx, p, dedupesvc.BeginSteps{
 		Read: func(ctx context.Context) (dedupesvc.Record, bool, time.Time, error) {
 			row, found, err := s.read(ctx, p.Scope, p.Key)
@@ -172,15 +287,26 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 			}
 			return n == 1, nil
 		},
+		Renew: func(ctx context.Context, epoch int64, _ time.Time) (time.Time, bool, error) {
+			var until time.Time
+			err := s.noted(ctx, s.pool.QueryRow(ctx, renewSQL, p.Scope, p.Key, p.AttemptToken, epoch, p.Lease.Milliseconds()).Scan(&until))
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+				return time.Time{}, false, nil
+			case err != nil:
+				return time.Time{}, false, fmt.Errorf("pgstore: renew lease: %w", err)
+			}
+			return until, true, nil
+		},
 		Reserve: func(ctx context.Context, _ time.Time) (int64, time.Time, bool, error) {
 			var (
 				epoch    int64
 				leaseEnd time.Time
 			)
-			err := s.pool.QueryRow(ctx, reserveSQL,
+			err := s.noted(ctx, s.pool.QueryRow(ctx, reserveSQL,
 				p.Scope, p.Key, p.Fingerprint, p.AttemptToken, p.Lease.Milliseconds(), p.Retention.Milliseconds(),
 				p.OnLostOutcome == dedupesvc.Reexecute,
-			).Scan(&epoch, &leaseEnd)
+			).Scan(&epoch, &leaseEnd))
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
 				return 0, time.Time{}, false, nil
@@ -205,9 +331,9 @@ func (s *Store) read(ctx context.Context, scope, key string) (record, bool, erro
 		typeURL     *string
 		completedAt *time.Time
 	)
-	err := s.pool.QueryRow(ctx, readSQL, scope, key).Scan(
+	err := s.noted(ctx, s.pool.QueryRow(ctx, readSQL, scope, key).Scan(
 		&row.Fingerprint, &row.State, &row.AttemptToken, &row.Epoch, &typeURL, &row.Outcome.Value,
-		&row.LeaseExpiresAt, &completedAt, &row.ExpiresAt, &row.now)
+		&row.LeaseExpiresAt, &completedAt, &row.ExpiresAt, &row.now))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return record{}, false, nil
@@ -244,6 +370,9 @@ func completeSet(typeURL, value int) string {
 
 // Finish implements dedupesvc.Store.
 func (s *Store) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
+	if err := s.resume(ctx); err != nil {
+		return err
+	}
 	n, err := s.change(ctx, s.finishSQL, p.Scope, p.Key, p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Outcome.TypeURL, p.Outcome.Value)
 	if err != nil {
 		return fmt.Errorf("pgstore: finish: %w", err)
@@ -265,9 +394,31 @@ SET state = 'released', lease_expires_at = now()
 WHERE scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
   AND state IN ('in_flight', 'unknown')`
 
+// releaseUnknownSQL is the holder's Release with the outcome unknown: its
+// in-flight record becomes outcome-unknown at once, its lease ended now,
+// kept at least for the unknown retention ($5) like one marked by
+// markUnknownSQL.
+const releaseUnknownSQL = `
+UPDATE idemgate_records
+SET state = 'unknown', lease_expires_at = now(),
+    expires_at = greatest(expires_at, now() + $5::bigint * interval '1 millisecond')
+WHERE scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
+  AND state = 'in_flight'`
+
 // Release implements dedupesvc.Store.
 func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
-	n, err := s.change(ctx, s.releaseSQL, p.Scope, p.Key, p.Scope, p.Key, p.AttemptToken, p.Epoch)
+	if err := s.resume(ctx); err != nil {
+		return err
+	}
+	var (
+		n   int
+		err error
+	)
+	if p.OutcomeUnknown {
+		n, err = s.change(ctx, s.releaseUnknownSQL, p.Scope, p.Key, p.Scope, p.Key, p.AttemptToken, p.Epoch, p.UnknownRetention.Milliseconds())
+	} else {
+		n, err = s.change(ctx, s.releaseSQL, p.Scope, p.Key, p.Scope, p.Key, p.AttemptToken, p.Epoch)
+	}
 	if err != nil {
 		return fmt.Errorf("pgstore: release: %w", err)
 	}
@@ -283,10 +434,27 @@ func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
 
 // heartbeatSQL renews the lease of the holder of an in-flight reservation,
 // and keeps the record from expiring under a handler that outlives its
-// retention.
+// retention. A record a duplicate marked unknown (its lease ran out) while
+// the holder was in fact alive is revived to in_flight: the heartbeat proves
+// the holder runs, and its Finish would be accepted anyway. Resolve bumps the
+// epoch, so a settled record is never revived.
 const heartbeatSQL = `
 UPDATE idemgate_records
-SET lease_expires_at = now() + $5::bigint * interval '1 millisecond',
+SET state = 'in_flight',
+    lease_ms = $5::bigint,
+    lease_expires_at = now() + $5::bigint * interval '1 millisecond',
+    expires_at = greatest(expires_at, now() + $5::bigint * interval '1 millisecond')
+WHERE scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
+  AND state IN ('in_flight', 'unknown')
+RETURNING lease_expires_at`
+
+// renewSQL is heartbeatSQL for Begin's renewal of the calling attempt's own
+// in-flight record whose lease ran out; the token, epoch and state tests make
+// it a no-op when someone took the record over or settled it meanwhile.
+const renewSQL = `
+UPDATE idemgate_records
+SET lease_ms = $5::bigint,
+    lease_expires_at = now() + $5::bigint * interval '1 millisecond',
     expires_at = greatest(expires_at, now() + $5::bigint * interval '1 millisecond')
 WHERE scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
   AND state = 'in_flight'
@@ -294,8 +462,11 @@ RETURNING lease_expires_at`
 
 // Heartbeat implements dedupesvc.Store.
 func (s *Store) Heartbeat(ctx context.Context, p dedupesvc.HeartbeatParams) (time.Time, error) {
+	if err := s.resume(ctx); err != nil {
+		return time.Time{}, err
+	}
 	var until time.Time
-	err := s.pool.QueryRow(ctx, heartbeatSQL, p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Lease.Milliseconds()).Scan(&until)
+	err := s.noted(ctx, s.pool.QueryRow(ctx, heartbeatSQL, p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Lease.Milliseconds()).Scan(&until))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return time.Time{}, dedupesvc.ErrNotHeld
@@ -306,22 +477,31 @@ func (s *Store) Heartbeat(ctx context.Context, p dedupesvc.HeartbeatParams) (tim
 }
 
 // unknownSQL is the condition a record must meet to be resolved: marked
-// unknown, or still in flight with its lease run out (nobody has called with
-// the key since), and not expired.
-const unknownSQL = `
+// unknown, or still in flight with its effective lease run out (nobody has
+// called with the key since), and not expired.
+var unknownSQL = `
 WHERE scope = $1 AND idempotency_key = $2 AND expires_at > now()
-  AND (state = 'unknown' OR (state = 'in_flight' AND lease_expires_at <= now()))`
+  AND (state = 'unknown' OR (state = 'in_flight' AND ` + leaseEnd("r") + ` <= now()))`
 
+// resolveCompleteSQL and resolveReleaseSQL settle an unknown record. Both
+// bump the epoch, which fences the attempt that held it: its late Finish,
+// Release or Heartbeat gets ErrNotHeld instead of being taken for a retry
+// of its own that already took effect, so its outcome never silently
+// disappears.
 var resolveCompleteSQL = `
-UPDATE idemgate_records
-` + completeSet(3, 4) + unknownSQL
+UPDATE idemgate_records AS r
+` + completeSet(3, 4) + `,
+    epoch = epoch + 1` + unknownSQL
 
-const resolveReleaseSQL = `
-UPDATE idemgate_records
-SET state = 'released', lease_expires_at = now()` + unknownSQL
+var resolveReleaseSQL = `
+UPDATE idemgate_records AS r
+SET state = 'released', lease_expires_at = now(), epoch = epoch + 1` + unknownSQL
 
 // Resolve implements dedupesvc.Store.
 func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
+	if err := s.resume(ctx); err != nil {
+		return err
+	}
 	var (
 		n   int
 		err error
@@ -346,21 +526,22 @@ func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 
 // deleteExpiredSQL deletes one bounded batch of expired rows, oldest first,
 // through the expires_at index. The outer expiry test re-checks each row, so
-// a row reserved anew between the two scans survives.
-const deleteExpiredSQL = `
-DELETE FROM idemgate_records
+// a row reserved anew between the two scans survives, and so does an
+// in-flight row within its effective lease (inFlightLive).
+var deleteExpiredSQL = `
+DELETE FROM idemgate_records AS r
 WHERE (scope, idempotency_key) IN (
     SELECT scope, idempotency_key FROM idemgate_records
     WHERE expires_at <= now()
     ORDER BY expires_at
     LIMIT $1)
-  AND expires_at <= now()
+  AND expires_at <= now() AND NOT ` + inFlightLive("r") + `
 RETURNING scope, idempotency_key, state = 'unknown'`
 
 // DeleteExpired implements dedupesvc.Store.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.RecordID, error) {
 	rows, err := s.pool.Query(ctx, deleteExpiredSQL, limit)
-	if err != nil {
+	if err = s.noted(ctx, err); err != nil {
 		return 0, nil, fmt.Errorf("pgstore: delete expired: %w", err)
 	}
 	var (

@@ -32,7 +32,11 @@ const FileName = "dedupe.db"
 type Store struct {
 	db   *sql.DB
 	path string
-	now  func() time.Time
+	// now is the store's clock: the wall time at Open plus the monotonic
+	// time elapsed since, so a step of the system clock (NTP, an operator)
+	// neither shortens nor stretches a lease while the process runs. Times
+	// are stored as Unix milliseconds of this clock.
+	now func() time.Time
 
 	waiters dedupesvc.Waiters[dedupesvc.RecordID]
 }
@@ -40,11 +44,22 @@ type Store struct {
 var (
 	_ dedupesvc.Store    = (*Store)(nil)
 	_ dedupesvc.Notifier = (*Store)(nil)
+	_ dedupesvc.Resumer  = (*Store)(nil)
 )
 
-// Open opens (creating it and its directory if needed) the store in dir and
-// applies its migrations. Close it when done.
+// Open opens (creating it and its directory if needed) the store in dir,
+// applies its migrations and marks it resumed (MarkResumed): a process that
+// opens the store has been away, so every in-flight lease gets one more full
+// lease. Close it when done.
 func Open(ctx context.Context, dir string) (*Store, error) {
+	opened := time.Now()
+	// time.Since reads the monotonic clock that time.Now recorded.
+	return open(ctx, dir, opened, func() time.Duration { return time.Since(opened) })
+}
+
+// open is Open with the clock's parts given: the wall time at opening and
+// the monotonic time elapsed since.
+func open(ctx context.Context, dir string, opened time.Time, elapsed func() time.Duration) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("sqlitestore: create data directory: %w", err)
 	}
@@ -65,12 +80,42 @@ func Open(ctx context.Context, dir string) (*Store, error) {
 	// One connection serialises the statements of this process: SQLite has
 	// one writer anyway, and no statement waits on another's lock.
 	db.SetMaxOpenConns(1)
-	s := &Store{db: db, path: path, now: time.Now}
+	wall := opened.Round(0) // the wall reading only: elapsed carries the monotonic one
+	s := &Store{db: db, path: path, now: func() time.Time { return wall.Add(elapsed()) }}
 	if err := s.migrate(ctx); err != nil {
 		db.Close()
 		return nil, err
 	}
+	if err := s.MarkResumed(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
 	return s, nil
+}
+
+// MarkResumed implements dedupesvc.Resumer: from now on every in-flight
+// record's lease runs until at least one full lease (its lease_ms) past now.
+// Open calls it.
+func (s *Store) MarkResumed(ctx context.Context) error {
+	_, err := s.db.ExecContext(ctx, `UPDATE idemgate_store_state SET resumed_at = max(resumed_at, ?)`, s.now().UnixMilli())
+	if err != nil {
+		return fmt.Errorf("sqlitestore: mark resumed: %w", err)
+	}
+	return nil
+}
+
+// leaseEnd is the effective end of the lease of the row of table or alias
+// t: its own end, or one full lease past the store's last resume, whichever
+// is later (see dedupesvc.Resumer). Every statement that treats a lease as
+// run out uses it.
+func leaseEnd(t string) string {
+	return fmt.Sprintf(`max(%[1]s.lease_expires_at, coalesce((SELECT resumed_at FROM idemgate_store_state), 0) + %[1]s.lease_ms)`, t)
+}
+
+// inFlightLive is true for an in-flight row of t whose effective lease still
+// runs; such a row does not expire even past its expires_at.
+func inFlightLive(t string) string {
+	return fmt.Sprintf(`(%[1]s.state = 'in_flight' AND %[2]s > :now)`, t, leaseEnd(t))
 }
 
 // Path is the database file.
@@ -119,42 +164,48 @@ func (s *Store) migrate(ctx context.Context) error {
 	return nil
 }
 
-const readSQL = `
+// readSQL reads a key's record; an in-flight one's lease end, and its expiry
+// when later, are the effective ones (leaseEnd).
+var readSQL = `
 SELECT fingerprint, state, attempt_token, epoch, outcome_type_url, outcome_value,
-       lease_expires_at, completed_at, expires_at
-FROM idemgate_records WHERE scope = ? AND idempotency_key = ?`
+       CASE WHEN state = 'in_flight' THEN ` + leaseEnd("r") + ` ELSE lease_expires_at END,
+       completed_at,
+       CASE WHEN state = 'in_flight' THEN max(expires_at, ` + leaseEnd("r") + `) ELSE expires_at END
+FROM idemgate_records AS r WHERE scope = ? AND idempotency_key = ?`
 
 // reserveSQL takes the key when it is free, repeating DecideBegin's
-// conditions atomically; it returns no row when the record blocks it.
-const reserveSQL = `
+// conditions atomically, with the effective lease end; it returns no row
+// when the record blocks it.
+var reserveSQL = `
 INSERT INTO idemgate_records (
     scope, idempotency_key, fingerprint, state, attempt_token, epoch,
-    retention_ms, lease_expires_at, expires_at, created_at)
-VALUES (:scope, :key, :fp, 'in_flight', :token, 1, :retention, :now + :lease, :now + :retention, :now)
+    retention_ms, lease_ms, lease_expires_at, expires_at, created_at)
+VALUES (:scope, :key, :fp, 'in_flight', :token, 1, :retention, :lease, :now + :lease, :now + :retention, :now)
 ON CONFLICT (scope, idempotency_key) DO UPDATE SET
     fingerprint = excluded.fingerprint,
     state = 'in_flight',
     attempt_token = excluded.attempt_token,
     epoch = idemgate_records.epoch + 1,
     retention_ms = excluded.retention_ms,
+    lease_ms = excluded.lease_ms,
     outcome_type_url = NULL,
     outcome_value = NULL,
     lease_expires_at = excluded.lease_expires_at,
     expires_at = excluded.expires_at,
     created_at = excluded.created_at,
     completed_at = NULL
-WHERE idemgate_records.expires_at <= :now
+WHERE (idemgate_records.expires_at <= :now AND NOT ` + inFlightLive("idemgate_records") + `)
    OR (idemgate_records.fingerprint = excluded.fingerprint
        AND (idemgate_records.state = 'released'
-            OR (:reexecute AND idemgate_records.state = 'in_flight' AND idemgate_records.lease_expires_at <= :now
+            OR (:reexecute AND idemgate_records.state = 'in_flight' AND ` + leaseEnd("idemgate_records") + ` <= :now
                 AND idemgate_records.attempt_token <> excluded.attempt_token)))
 RETURNING epoch, lease_expires_at`
 
-const markUnknownSQL = `
+var markUnknownSQL = `
 UPDATE idemgate_records
 SET state = 'unknown', expires_at = max(expires_at, :now + :unknown)
 WHERE scope = :scope AND idempotency_key = :key AND epoch = :epoch
-  AND state = 'in_flight' AND lease_expires_at <= :now`
+  AND state = 'in_flight' AND ` + leaseEnd("idemgate_records") + ` <= :now`
 
 // Begin implements dedupesvc.Store.
 func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.BeginResult, error) {
@@ -172,6 +223,18 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 				return false, fmt.Errorf("sqlitestore: mark outcome unknown: %w", err)
 			}
 			return n == 1, nil
+		},
+		Renew: func(ctx context.Context, epoch int64, now time.Time) (time.Time, bool, error) {
+			var until int64
+			err := s.db.QueryRowContext(ctx, renewSQL, sql.Named("now", now.UnixMilli()), sql.Named("lease", p.Lease.Milliseconds()),
+				sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", epoch)).Scan(&until)
+			switch {
+			case errors.Is(err, sql.ErrNoRows):
+				return time.Time{}, false, nil
+			case err != nil:
+				return time.Time{}, false, fmt.Errorf("sqlitestore: renew lease: %w", err)
+			}
+			return time.UnixMilli(until), true, nil
 		},
 		Reserve: func(ctx context.Context, now time.Time) (int64, time.Time, bool, error) {
 			var epoch, leaseEnd int64
@@ -269,9 +332,21 @@ UPDATE idemgate_records SET state = 'released', lease_expires_at = :now
 WHERE scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
   AND state IN ('in_flight', 'unknown')`
 
+// releaseUnknownSQL is Release with the outcome unknown: the holder's
+// in-flight record becomes outcome-unknown at once, kept at least for the
+// unknown retention.
+const releaseUnknownSQL = `
+UPDATE idemgate_records SET state = 'unknown', lease_expires_at = :now, expires_at = max(expires_at, :now + :unknown)
+WHERE scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
+  AND state = 'in_flight'`
+
 // Release implements dedupesvc.Store.
 func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
-	n, err := s.change(ctx, p.Scope, p.Key, releaseSQL, sql.Named("now", s.now().UnixMilli()),
+	query := releaseSQL
+	if p.OutcomeUnknown {
+		query = releaseUnknownSQL
+	}
+	n, err := s.change(ctx, p.Scope, p.Key, query, sql.Named("now", s.now().UnixMilli()), sql.Named("unknown", p.UnknownRetention.Milliseconds()),
 		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch))
 	if err != nil {
 		return fmt.Errorf("sqlitestore: release: %w", err)
@@ -286,9 +361,21 @@ func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
 	return dedupesvc.RefusedRelease(row, found, p)
 }
 
+// heartbeatSQL renews the holder's lease; it also revives a record a
+// duplicate marked unknown while the holder was in fact alive (see pgstore).
 const heartbeatSQL = `
 UPDATE idemgate_records
-SET lease_expires_at = :now + :lease, expires_at = max(expires_at, :now + :lease)
+SET state = 'in_flight', lease_ms = :lease, lease_expires_at = :now + :lease, expires_at = max(expires_at, :now + :lease)
+WHERE scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
+  AND state IN ('in_flight', 'unknown')
+RETURNING lease_expires_at`
+
+// renewSQL is heartbeatSQL for Begin's renewal of the calling attempt's own
+// in-flight record whose lease ran out; a no-op when the record was taken
+// over or settled meanwhile.
+const renewSQL = `
+UPDATE idemgate_records
+SET lease_ms = :lease, lease_expires_at = :now + :lease, expires_at = max(expires_at, :now + :lease)
 WHERE scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
   AND state = 'in_flight'
 RETURNING lease_expires_at`
@@ -307,17 +394,20 @@ func (s *Store) Heartbeat(ctx context.Context, p dedupesvc.HeartbeatParams) (tim
 	return time.UnixMilli(until), nil
 }
 
-const unknownWhere = `
+var unknownWhere = `
 WHERE scope = :scope AND idempotency_key = :key AND expires_at > :now
-  AND (state = 'unknown' OR (state = 'in_flight' AND lease_expires_at <= :now))`
+  AND (state = 'unknown' OR (state = 'in_flight' AND ` + leaseEnd("idemgate_records") + ` <= :now))`
 
-const resolveCompleteSQL = `
+// resolveCompleteSQL and resolveReleaseSQL settle an unknown record and
+// bump its epoch, fencing the attempt that held it: its late Finish, Release
+// or Heartbeat gets ErrNotHeld instead of passing for a retry.
+var resolveCompleteSQL = `
 UPDATE idemgate_records
 SET state = 'completed', outcome_type_url = :type_url, outcome_value = :value,
-    completed_at = :now, expires_at = :now + retention_ms` + unknownWhere
+    completed_at = :now, expires_at = :now + retention_ms, epoch = epoch + 1` + unknownWhere
 
-const resolveReleaseSQL = `
-UPDATE idemgate_records SET state = 'released', lease_expires_at = :now` + unknownWhere
+var resolveReleaseSQL = `
+UPDATE idemgate_records SET state = 'released', lease_expires_at = :now, epoch = epoch + 1` + unknownWhere
 
 // Resolve implements dedupesvc.Store.
 func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
@@ -346,10 +436,13 @@ func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 	return dedupesvc.RefusedResolve(row, found, now, p)
 }
 
-const deleteExpiredSQL = `
+// deleteExpiredSQL deletes a batch of expired records, keeping an in-flight
+// one within its effective lease.
+var deleteExpiredSQL = `
 DELETE FROM idemgate_records
 WHERE rowid IN (
     SELECT rowid FROM idemgate_records WHERE expires_at <= :now ORDER BY expires_at LIMIT :limit)
+  AND NOT ` + inFlightLive("idemgate_records") + `
 RETURNING scope, idempotency_key, state = 'unknown'`
 
 // DeleteExpired implements dedupesvc.Store.

@@ -3,6 +3,7 @@ package sqlitestore_test
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"testing"
 	"time"
 
@@ -133,5 +134,48 @@ func TestWaitingDuplicateIsWokenInProcess(t *testing.T) {
 				t.Fatalf("wait stats %+v, want one wake-up by notification and no poll", stats)
 			}
 		})
+	}
+}
+
+// TestRowsOfThePreviousVersionKeepWorking writes a row as the version before
+// migration 002 did (no lease_ms) and has it read, renewed, finished and
+// replayed.
+func TestRowsOfThePreviousVersionKeepWorking(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, err := sqlitestore.Open(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	db, err := sql.Open("sqlite", "file:"+s.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	now := time.Now().UnixMilli()
+	if _, err := db.ExecContext(ctx, `
+INSERT INTO idemgate_records (scope, idempotency_key, fingerprint, state, attempt_token, epoch,
+    retention_ms, lease_expires_at, expires_at, created_at)
+VALUES ('/a.B/C', 'k', ?, 'in_flight', 't1', 1, 3600000, ?, ?, ?)`, make([]byte, 32), now+3600000, now+3600000, now); err != nil {
+		t.Fatal(err)
+	}
+	p := dedupesvc.BeginParams{Scope: "/a.B/C", Key: "k", Fingerprint: make([]byte, 32), AttemptToken: "t2", Lease: time.Hour, Retention: time.Hour, OnLostOutcome: dedupesvc.Reexecute}
+	if res, err := s.Begin(ctx, p); err != nil || res.State != dedupesvc.BeginInFlight {
+		t.Fatalf("Begin on an old row = %+v, %v; want in flight", res, err)
+	}
+	p.AttemptToken = "t1"
+	if res, err := s.Begin(ctx, p); err != nil || res.State != dedupesvc.BeginReserved || res.Epoch != 1 {
+		t.Fatalf("the old holder's retried Begin = %+v, %v; want reserved, epoch 1", res, err)
+	}
+	if _, err := s.Heartbeat(ctx, dedupesvc.HeartbeatParams{Scope: "/a.B/C", Key: "k", AttemptToken: "t1", Epoch: 1, Lease: time.Minute}); err != nil {
+		t.Fatalf("Heartbeat on an old row: %v", err)
+	}
+	if err := s.Finish(ctx, dedupesvc.FinishParams{Scope: "/a.B/C", Key: "k", AttemptToken: "t1", Epoch: 1, Outcome: dedupesvc.Outcome{TypeURL: "x/y.Z", Value: []byte("v")}}); err != nil {
+		t.Fatalf("Finish on an old row: %v", err)
+	}
+	p.AttemptToken = "t3"
+	if res, err := s.Begin(ctx, p); err != nil || res.State != dedupesvc.BeginCompleted || string(res.Outcome.Value) != "v" {
+		t.Fatalf("replay of an old row = %+v, %v", res, err)
 	}
 }

@@ -113,6 +113,14 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 	} else {
 		b.store = pgstore.New(pool, pgstore.WithoutNotify())
 	}
+	// This process has been away (it is starting, maybe after a crash), so
+	// holders that renew through it may not have been able to: every
+	// in-flight lease gets one more full lease from now. The embedded store
+	// does the same when it opens.
+	if err := b.store.(dedupesvc.Resumer).MarkResumed(ctx); err != nil {
+		pool.Close()
+		return backend{}, fmt.Errorf("mark the store resumed (is the schema migrated?): %w", err)
+	}
 	return b, nil
 }
 

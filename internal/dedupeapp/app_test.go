@@ -345,3 +345,37 @@ func TestTracingExportsToAnOTLPCollector(t *testing.T) {
 		})
 	}
 }
+
+// TestServeMarksTheStoreResumed: a starting service has been away, so it
+// marks the store resumed, granting every in-flight lease one more lease.
+func TestServeMarksTheStoreResumed(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Schema(t)
+	var before time.Time
+	if err := pool.QueryRow(context.Background(), `SELECT resumed_at FROM idemgate_store_state`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	sep := "?"
+	if strings.Contains(pgtest.URL(), "?") {
+		sep = "&"
+	}
+	cfg := dedupeapp.Config{DatabaseURL: pgtest.URL() + sep + "search_path=" + schema}
+	cfg.SweepInterval, cfg.SweepBatch, cfg.ShutdownTimeout = time.Minute, 100, 5*time.Second
+	cfg.PollInterval, cfg.UnknownRetention, cfg.MaxOutcomeBytes = 100*time.Millisecond, time.Hour, 1<<20
+	addr, stop := stacktest.StartApp(t, cfg)
+	defer func() { _ = stop() }()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	callCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := healthpb.NewHealthClient(conn).Check(callCtx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	var after time.Time
+	if err := pool.QueryRow(context.Background(), `SELECT resumed_at FROM idemgate_store_state`).Scan(&after); err != nil || !after.After(before) {
+		t.Fatalf("resumed_at %v after the start, %v before (%v); want it moved to the start", after, before, err)
+	}
+}

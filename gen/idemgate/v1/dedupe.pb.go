@@ -41,7 +41,7 @@ type BeginRequest struct {
 	// same attempt. 1 to 128 printable ASCII bytes.
 	AttemptToken string `protobuf:"bytes,4,opt,name=attempt_token,json=attemptToken,proto3" json:"attempt_token,omitempty"`
 	// lease is how long the reservation is held before it counts as abandoned.
-	// Between 1s and retention.
+	// Between 1s and 24h, and at most retention.
 	Lease *durationpb.Duration `protobuf:"bytes,5,opt,name=lease,proto3" json:"lease,omitempty"`
 	// retention is how long the completed outcome is kept and replayed.
 	// Between lease and 365 days.
@@ -408,9 +408,10 @@ type ReleaseRequest struct {
 	// epoch as answered by Begin.
 	Epoch int64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// outcome_unknown says the attempt cannot tell whether its side effect
-	// happened: instead of freeing the key, the record becomes outcome-unknown
-	// at once (as when a FAIL_CLOSED lease runs out), kept for the service's
-	// unknown retention, until Resolve.
+	// happened (its handler's error was a deadline or a cancellation): instead
+	// of freeing the key, the record becomes outcome-unknown at once (as when
+	// a FAIL_CLOSED lease runs out), kept for the service's unknown retention,
+	// until Resolve. A retry succeeds without changing anything.
 	OutcomeUnknown bool `protobuf:"varint,5,opt,name=outcome_unknown,json=outcomeUnknown,proto3" json:"outcome_unknown,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
@@ -481,7 +482,8 @@ func (x *ReleaseRequest) GetOutcomeUnknown() bool {
 	return false
 }
 
-// ReleaseResponse is empty: success means the key is free for the next attempt.
+// ReleaseResponse is empty: success means the key is free for the next
+// attempt, or, with outcome_unknown, that the record is outcome-unknown.
 type ReleaseResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields

@@ -44,12 +44,15 @@ type DedupeServiceClient interface {
 	// Finish stores the outcome of the attempt that holds the reservation.
 	// Any other attempt gets FAILED_PRECONDITION (RESERVATION_NOT_HELD).
 	Finish(ctx context.Context, in *FinishRequest, opts ...grpc.CallOption) (*FinishResponse, error)
-	// Release gives the reservation up, so the next attempt with the key runs.
+	// Release gives the reservation up, so the next attempt with the key runs;
+	// or, with outcome_unknown, marks the record outcome-unknown at once.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
-	// Heartbeat renews the lease of a running attempt. An attempt that no
-	// longer holds the reservation (its lease ran out and the record was taken
-	// over or marked outcome-unknown) gets FAILED_PRECONDITION
-	// (RESERVATION_NOT_HELD): it has been fenced off.
+	// Heartbeat renews the lease of a running attempt. A record of the
+	// attempt's epoch that a duplicate marked outcome-unknown (its lease ran
+	// out while the attempt was in fact alive) is revived to in flight. An
+	// attempt that no longer holds the reservation (taken over by another
+	// attempt, or settled: completed, released or resolved) gets
+	// FAILED_PRECONDITION (RESERVATION_NOT_HELD): it has been fenced off.
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
 	// Resolve settles a record whose outcome is unknown (its lease ran out
 	// without an outcome): complete it with the outcome the side effect really
@@ -135,12 +138,15 @@ type DedupeServiceServer interface {
 	// Finish stores the outcome of the attempt that holds the reservation.
 	// Any other attempt gets FAILED_PRECONDITION (RESERVATION_NOT_HELD).
 	Finish(context.Context, *FinishRequest) (*FinishResponse, error)
-	// Release gives the reservation up, so the next attempt with the key runs.
+	// Release gives the reservation up, so the next attempt with the key runs;
+	// or, with outcome_unknown, marks the record outcome-unknown at once.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
-	// Heartbeat renews the lease of a running attempt. An attempt that no
-	// longer holds the reservation (its lease ran out and the record was taken
-	// over or marked outcome-unknown) gets FAILED_PRECONDITION
-	// (RESERVATION_NOT_HELD): it has been fenced off.
+	// Heartbeat renews the lease of a running attempt. A record of the
+	// attempt's epoch that a duplicate marked outcome-unknown (its lease ran
+	// out while the attempt was in fact alive) is revived to in flight. An
+	// attempt that no longer holds the reservation (taken over by another
+	// attempt, or settled: completed, released or resolved) gets
+	// FAILED_PRECONDITION (RESERVATION_NOT_HELD): it has been fenced off.
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
 	// Resolve settles a record whose outcome is unknown (its lease ran out
 	// without an outcome): complete it with the outcome the side effect really

@@ -1,0 +1,47 @@
+package pgstore_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/dedupesvc/pgstore"
+	"github.com/idemgate/idemgate/internal/pgtest"
+)
+
+// BenchmarkBeginReplay measures the read every duplicate Begin costs: the key
+// is completed, so each Begin is one read and no write.
+func BenchmarkBeginReplay(b *testing.B) {
+	pool, _ := pgtest.Schema(b)
+	s := pgstore.New(pool)
+	res, err := s.Begin(ctx, begin("t1"))
+	if err != nil || res.State != dedupesvc.BeginReserved {
+		b.Fatalf("Begin = %+v, %v", res, err)
+	}
+	if err := s.Finish(ctx, dedupesvc.FinishParams{Scope: "/pkg.S/M", Key: "key-1", AttemptToken: "t1", Epoch: res.Epoch,
+		Outcome: dedupesvc.Outcome{TypeURL: "type.googleapis.com/test.A", Value: []byte("A")}}); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if res, err := s.Begin(ctx, begin("t2")); err != nil || res.State != dedupesvc.BeginCompleted {
+			b.Fatalf("Begin = %+v, %v", res, err)
+		}
+	}
+}
+
+// BenchmarkBeginFresh measures a Begin on a new key: one read and the
+// reserving upsert.
+func BenchmarkBeginFresh(b *testing.B) {
+	pool, _ := pgtest.Schema(b)
+	s := pgstore.New(pool)
+	i := 0
+	for b.Loop() {
+		p := begin("t1")
+		p.Key = fmt.Sprint("key-", i)
+		i++
+		if res, err := s.Begin(ctx, p); err != nil || res.State != dedupesvc.BeginReserved {
+			b.Fatalf("Begin = %+v, %v", res, err)
+		}
+	}
+}
