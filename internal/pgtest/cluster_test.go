@@ -99,3 +99,25 @@ func TestClustersAreIndependent(t *testing.T) {
 		t.Fatalf("cluster b sees a's table: %v, %v", exists, err)
 	}
 }
+
+// BenchmarkNewCluster measures initdb and the first start. Each cluster is
+// stopped at once but removed only when the benchmark ends: run it with a
+// small -benchtime such as 10x.
+func BenchmarkNewCluster(b *testing.B) {
+	for b.Loop() {
+		c := pgtest.NewCluster(b)
+		b.StopTimer()
+		c.Stop(b, "immediate")
+		b.StartTimer()
+	}
+}
+
+// BenchmarkCrashRestart measures a crash (Stop immediate) and the Start
+// after it, which runs crash recovery.
+func BenchmarkCrashRestart(b *testing.B) {
+	c := pgtest.NewCluster(b)
+	for b.Loop() {
+		c.Stop(b, "immediate")
+		c.Start(b)
+	}
+}
