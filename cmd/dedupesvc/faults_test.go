@@ -57,7 +57,7 @@ func TestReservationSurvivesServiceKillAndServiceRecoversFromDatabaseCrash(t *te
 	addr := stacktest.FreeAddr(t)
 	args := []string{"-listen", addr, "-database-url", cluster.URL("postgres"), "-metrics-listen="}
 	svc := proctest.Start(t, bin, args, nil)
-	proctest.WaitTCP(t, addr, recoverTimeout)
+	svc.WaitTCP(t, addr, recoverTimeout)
 
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -73,8 +73,7 @@ func TestReservationSurvivesServiceKillAndServiceRecoversFromDatabaseCrash(t *te
 	// SIGKILL: no graceful stop, no release. The reservation is the
 	// database's, so a new process on the same address still honours it.
 	svc.Kill()
-	proctest.Start(t, bin, args, nil)
-	proctest.WaitTCP(t, addr, recoverTimeout)
+	proctest.Start(t, bin, args, nil).WaitTCP(t, addr, recoverTimeout)
 	if resp, err := begin(client, "order-1", "attempt-b"); err != nil || resp.GetInFlight() == nil {
 		t.Fatalf("Begin order-1 by another attempt after the kill = %v, %v; want in_flight", resp, err)
 	}

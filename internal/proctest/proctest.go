@@ -198,15 +198,34 @@ func (p *Process) Log() string {
 // the test if it does not.
 func WaitTCP(tb testing.TB, addr string, timeout time.Duration) {
 	tb.Helper()
+	if err := waitTCP(addr, timeout, nil); err != nil {
+		tb.Fatalf("proctest: %v", err)
+	}
+}
+
+// WaitTCP is the package's WaitTCP for an address p listens on: it fails the
+// test at once, with p's log, if p exits first, rather than after timeout.
+func (p *Process) WaitTCP(tb testing.TB, addr string, timeout time.Duration) {
+	tb.Helper()
+	if err := waitTCP(addr, timeout, p.done); err != nil {
+		tb.Fatalf("proctest: %v\n%s", err, p.Log())
+	}
+}
+
+func waitTCP(addr string, timeout time.Duration, exited <-chan struct{}) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		conn, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
-			_ = conn.Close()
-			return
+			return conn.Close()
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("the process exited before %s accepted a connection", addr)
+		default:
 		}
 		if time.Now().After(deadline) {
-			tb.Fatalf("proctest: %s accepts no connection after %s: %v", addr, timeout, err)
+			return fmt.Errorf("%s accepts no connection after %s: %v", addr, timeout, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,7 +23,7 @@ func startEcho(t *testing.T) (*proctest.Process, net.Conn) {
 	t.Helper()
 	addr := stacktest.FreeAddr(t)
 	p := proctest.Start(t, proctest.Build(t, echoPkg), []string{addr}, []string{"PROCTEST_GREETING=hi"})
-	proctest.WaitTCP(t, addr, time.Minute)
+	p.WaitTCP(t, addr, time.Minute)
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -112,4 +113,31 @@ func TestKill(t *testing.T) {
 		t.Fatalf("Wait after Kill = %v, want killed by SIGKILL", err)
 	}
 	p.Kill() // a second Kill is harmless
+}
+
+// WaitTCP on a process that exits before it listens fails at once with the
+// process's log. An echo with no address argument exits at start.
+func TestWaitTCPFailsWhenTheProcessExits(t *testing.T) {
+	t.Parallel()
+	p := proctest.Start(t, proctest.Build(t, echoPkg), []string{"127.0.0.1:no-port"}, nil)
+	ft := &fatalRecorder{TB: t}
+	done := make(chan struct{})
+	go func() { // Fatalf ends its goroutine
+		defer close(done)
+		p.WaitTCP(ft, stacktest.FreeAddr(t), time.Hour)
+	}()
+	<-done
+	if !strings.Contains(ft.msg, "exited") || !strings.Contains(ft.msg, "no-port") {
+		t.Fatalf("WaitTCP failed with %q, want the exit and the process's log", ft.msg)
+	}
+}
+
+type fatalRecorder struct {
+	testing.TB
+	msg string
+}
+
+func (f *fatalRecorder) Fatalf(format string, args ...any) {
+	f.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
 }
