@@ -1,10 +1,7 @@
 package main_test
 
 import (
-	"bufio"
 	"context"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -20,52 +17,21 @@ import (
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/proctest"
 	"github.com/idemgate/idemgate/internal/stacktest"
 )
+
+const dedupesvcPkg = "github.com/idemgate/idemgate/cmd/dedupesvc"
 
 // The real binary, with no DATABASE_URL, serves from the embedded store, and
 // a gated call through it deduplicates.
 func TestBinaryServesFromTheEmbeddedStore(t *testing.T) {
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "dedupesvc")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
 	addr := stacktest.FreeAddr(t)
-	cmd := exec.Command(bin, "-listen", addr, "-data-dir", filepath.Join(dir, "data"), "-metrics-listen", stacktest.FreeAddr(t))
-	for _, kv := range os.Environ() { // as on a machine with no DATABASE_URL
-		if !strings.HasPrefix(kv, "DATABASE_URL=") {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	lines := make(chan string, 100)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() { _ = cmd.Process.Kill() }()
-
-	first := <-lines
-	want := filepath.Join(dir, "data", "dedupe.db")
-	if !strings.Contains(first, "store=sqlite") || !strings.Contains(first, want) {
-		t.Fatalf("first log line %q, want it to name the embedded store and %s", first, want)
-	}
-	go func() {
-		for range lines { // keep the pipe drained
-		}
-	}()
+	// DATABASE_URL= as on a machine with no DATABASE_URL: empty is unset.
+	p := proctest.Start(t, proctest.Build(t, dedupesvcPkg),
+		[]string{"-listen", addr, "-data-dir", filepath.Join(dir, "data"), "-metrics-listen", stacktest.FreeAddr(t)},
+		[]string{"DATABASE_URL="})
 
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
@@ -73,7 +39,8 @@ func TestBinaryServesFromTheEmbeddedStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// Generous: the binary starts inside this deadline on a loaded machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if h, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "idemgate.v1.DedupeService"}, grpc.WaitForReady(true)); err != nil || h.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("health = %v, %v", h, err)
@@ -89,24 +56,27 @@ func TestBinaryServesFromTheEmbeddedStore(t *testing.T) {
 	client := paymentsv1.NewPaymentsServiceClient(stacktest.Serve(t, srv))
 	keyed := metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, "order-8842")
 	req := &paymentsv1.ChargeCardRequest{CustomerId: "cust_17", AmountCents: 4200}
-	first1, err := client.ChargeCard(keyed, req)
+	first, err := client.ChargeCard(keyed, req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	second, err := client.ChargeCard(keyed, req)
-	if err != nil || second.GetChargeId() != first1.GetChargeId() || len(ledger.Charges()) != 1 {
+	if err != nil || second.GetChargeId() != first.GetChargeId() || len(ledger.Charges()) != 1 {
 		t.Fatalf("retry: %v, %v, %d charges; want the replay and one charge", second, err, len(ledger.Charges()))
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	// The store is chosen before the service serves, so the health check
+	// above has waited for the line.
+	firstLine, _, _ := strings.Cut(p.Log(), "\n")
+	want := filepath.Join(dir, "data", "dedupe.db")
+	if !strings.Contains(firstLine, "store=sqlite") || !strings.Contains(firstLine, want) {
+		t.Fatalf("first log line %q, want it to name the embedded store and %s", firstLine, want)
+	}
+
+	if err := p.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("dedupesvc exited with %v after SIGTERM, want 0", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("dedupesvc did not stop within 20s of SIGTERM")
+	if err := p.Wait(time.Minute); err != nil {
+		t.Fatalf("dedupesvc exited with %v after SIGTERM, want 0", err)
 	}
 }

@@ -5,6 +5,9 @@
 // postgres://postgres@127.0.0.1:5432/postgres. When it cannot be reached a
 // test skips, except under CI=true, where it fails: CI must never pass by
 // skipping the store.
+//
+// NewCluster is for the tests that must stop or crash PostgreSQL itself: it
+// starts a throwaway server of the test's own, never the shared one.
 package pgtest
 
 import (
@@ -101,11 +104,7 @@ func dropSchema(tb testing.TB, schema string) {
 
 func unreachable(tb testing.TB, err error) {
 	tb.Helper()
-	msg := fmt.Sprintf("pgtest: PostgreSQL at %s is unreachable: %v (start it with: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start)", URL(), err)
-	if os.Getenv("CI") == "true" {
-		tb.Fatal(msg)
-	}
-	tb.Skip(msg)
+	unavailable(tb, fmt.Sprintf("pgtest: PostgreSQL at %s is unreachable: %v (start it with: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start)", URL(), err))
 }
 
 // SchemaURL creates a fresh, migrated schema like Schema and returns a
