@@ -379,7 +379,8 @@ func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, handler gr
 			panic(p)
 		}
 	}()
-	resp, handlerErr := handler(contextWithKey(ctx, c.key), req)
+	handlerCtx, recorded := recordMetadata(contextWithKey(ctx, c.key))
+	resp, handlerErr := handler(handlerCtx, req)
 	stopHeartbeats()
 
 	if handlerErr != nil {
@@ -388,7 +389,7 @@ func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, handler gr
 			g.release(ctx, c, epoch)
 			return resp, unwrapped
 		}
-		outcome, err := marshalAny(st.Proto())
+		outcome, err := recorded.wrap(marshalAny(st.Proto()))
 		if err != nil {
 			g.opts.logger.ErrorContext(ctx, "idemgate: could not serialize a final error to store it; releasing instead", slog.String("scope", c.scope), slog.Any("error", err))
 			g.release(ctx, c, epoch)
@@ -403,7 +404,7 @@ func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, handler gr
 	if !ok {
 		return resp, nil // grpc will fail to encode it anyway
 	}
-	outcome, err := marshalAny(respMsg)
+	outcome, err := recorded.wrap(marshalAny(respMsg))
 	if err != nil {
 		g.opts.logger.ErrorContext(ctx, "idemgate: could not serialize the response to store it", slog.String("scope", c.scope), slog.Any("error", err))
 		g.event(c, eventOutcomeLost)
@@ -571,7 +572,7 @@ func (g *Gate) boundedOutcome(ctx context.Context, c call, outcome *anypb.Any) *
 	g.event(c, eventResultTooLarge)
 	g.opts.logger.WarnContext(ctx, "idemgate: the outcome is over the size limit; the caller got it, duplicates will get IDEMPOTENCY_RESULT_TOO_LARGE",
 		slog.String("scope", c.scope), slog.Int("bytes", size), slog.Int("limit", g.opts.maxOutcome))
-	marker, err := marshalAny(&idemgatev1.ResultTooLarge{SizeBytes: int64(size), TypeUrl: outcome.GetTypeUrl()})
+	marker, err := marshalAny(&idemgatev1.ResultTooLarge{SizeBytes: int64(size), TypeUrl: resultTypeURL(outcome)})
 	if err != nil {
 		return outcome // cannot happen for this message; the service will refuse the big one
 	}
@@ -579,9 +580,13 @@ func (g *Gate) boundedOutcome(ctx context.Context, c call, outcome *anypb.Any) *
 }
 
 // replay returns the stored outcome: the method's response, or the final
-// error it ended with. A stored type that is neither is an error, never a
-// reason to run again.
+// error it ended with, with the response metadata the handler set. A stored
+// type that is neither is an error, never a reason to run again.
 func (g *Gate) replay(ctx context.Context, m *gatedMethod, outcome *anypb.Any) (any, error) {
+	outcome, md, err := unwrapOutcome(outcome)
+	if err != nil {
+		return nil, err
+	}
 	if outcome.MessageName() == tooLargeName {
 		marker := &idemgatev1.ResultTooLarge{}
 		_ = proto.Unmarshal(outcome.GetValue(), marker)
@@ -596,6 +601,7 @@ func (g *Gate) replay(ctx context.Context, m *gatedMethod, outcome *anypb.Any) (
 				fmt.Sprintf("the stored error outcome does not decode: %v; the call was not run again", err), nil, 0)
 		}
 		g.markReplayed(ctx)
+		g.replayMetadata(ctx, md)
 		return nil, status.FromProto(st).Err()
 	}
 	if outcome.MessageName() != m.outputName {
@@ -609,6 +615,7 @@ func (g *Gate) replay(ctx context.Context, m *gatedMethod, outcome *anypb.Any) (
 			fmt.Sprintf("the stored outcome does not decode as %s: %v; the call was not run again", m.outputName, err), nil, 0)
 	}
 	g.markReplayed(ctx)
+	g.replayMetadata(ctx, md)
 	return resp, nil
 }
 
