@@ -24,6 +24,16 @@
 // without a key is refused. Every refusal is a status error with one
 // google.rpc.ErrorInfo whose reason is one of the Reason constants.
 //
+// A duplicate also gets the response metadata the handler set: what it
+// passed to grpc.SetHeader, grpc.SendHeader and grpc.SetTrailer is stored
+// with the outcome and set again on every replay, byte for byte, with a
+// final error as with a response. Keys the transport owns (":" and "grpc-"
+// prefixes, content-type, te, user-agent) are not kept. An outcome without
+// such metadata is stored as before, and records stored before metadata was
+// kept replay unchanged. Because the handler's context carries a recording
+// stream, grpc.SetSendCompressor and grpc.ClientSupportedCompressors are
+// unavailable in gated handlers.
+//
 // Methods without the policy, and methods whose idempotency_level is
 // NO_SIDE_EFFECTS or IDEMPOTENT, are not gated: they cost a map lookup, no
 // Dedupe call and no allocation.

@@ -251,3 +251,19 @@ func ExampleIsReplayed() {
 	fmt.Println(interceptor.IsReplayed(metadata.Pairs(interceptor.ReplayedHeader, "true")))
 	// Output: true
 }
+
+// Response metadata the handler sets is stored with the outcome: every
+// duplicate gets the same header and trailer as the first caller, next to
+// idempotency-replayed.
+func ExampleGate_UnaryServerInterceptor_responseMetadata() {
+	chargeCard := func(ctx context.Context, req *paymentsv1.ChargeCardRequest) (*paymentsv1.ChargeCardResponse, error) {
+		_ = grpc.SetHeader(ctx, metadata.Pairs("x-provider-request-id", "req_93"))
+		_ = grpc.SetTrailer(ctx, metadata.Pairs("x-ledger-entry", "entry-7"))
+		return &paymentsv1.ChargeCardResponse{ChargeId: "ch_1", CustomerId: req.GetCustomerId(), AmountCents: req.GetAmountCents()}, nil
+	}
+	_ = chargeCard
+
+	// On the client, a retry reads the first call's metadata.
+	var header, trailer metadata.MD
+	_ = []grpc.CallOption{grpc.Header(&header), grpc.Trailer(&trailer)}
+}

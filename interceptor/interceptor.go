@@ -411,7 +411,8 @@ func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, handler gr
 			panic(p)
 		}
 	}()
-	resp, handlerErr := handler(contextWithCall(hctx, c, epoch), req)
+	handlerCtx, recorded := recordMetadata(contextWithCall(hctx, c, epoch))
+	resp, handlerErr := handler(handlerCtx, req)
 
 	if handlerErr != nil {
 		kind, st, unwrapped := c.method.classify(handlerErr)
@@ -427,7 +428,7 @@ func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, handler gr
 			g.release(ctx, c, epoch, true, lease)
 			return nil, handlerOutcomeUnknown(c.key, st)
 		}
-		outcome, err := marshalAny(st.Proto())
+		outcome, err := recorded.wrap(marshalAny(st.Proto()))
 		if err != nil {
 			g.opts.logger.ErrorContext(ctx, "idemgate: could not serialize a final error to store it; releasing instead", slog.String("scope", c.scope), slog.Any("error", err))
 			g.release(ctx, c, epoch, false, lease)
@@ -443,7 +444,7 @@ func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, handler gr
 		lease.stop()
 		return resp, nil // grpc will fail to encode it anyway
 	}
-	outcome, err := marshalAny(respMsg)
+	outcome, err := recorded.wrap(marshalAny(respMsg))
 	if err != nil {
 		lease.stop()
 		g.opts.logger.ErrorContext(ctx, "idemgate: could not serialize the response to store it", slog.String("scope", c.scope), slog.Any("error", err))
@@ -764,7 +765,7 @@ func (g *Gate) boundedOutcome(ctx context.Context, c call, outcome *anypb.Any, l
 	g.event(c, eventResultTooLarge)
 	g.opts.logger.WarnContext(ctx, "idemgate: the outcome is over the size limit (the Gate's, or the Dedupe service's when it is lower); the caller got it, duplicates will get IDEMPOTENCY_RESULT_TOO_LARGE",
 		slog.String("scope", c.scope), slog.Int("bytes", size), slog.Int("gate_limit", g.opts.maxOutcome))
-	marker, err := marshalAny(&idemgatev1.ResultTooLarge{SizeBytes: int64(size), TypeUrl: outcome.GetTypeUrl()})
+	marker, err := marshalAny(&idemgatev1.ResultTooLarge{SizeBytes: int64(size), TypeUrl: resultTypeURL(outcome)})
 	if err != nil {
 		return outcome // cannot happen for this message; the service will refuse the big one
 	}
@@ -772,9 +773,14 @@ func (g *Gate) boundedOutcome(ctx context.Context, c call, outcome *anypb.Any, l
 }
 
 // replay returns the stored outcome: the method's response, or the final
-// error it ended with, and whether it replayed one. A stored type that is
-// neither is an error, never a reason to run again.
+// error it ended with, with the response metadata the handler set, and
+// whether it replayed one. A stored type that is neither is an error, never
+// a reason to run again.
 func (g *Gate) replay(ctx context.Context, m *gatedMethod, outcome *anypb.Any) (any, error, bool) {
+	outcome, md, err := unwrapOutcome(outcome)
+	if err != nil {
+		return nil, err, false
+	}
 	if outcome.MessageName() == tooLargeName {
 		marker := &idemgatev1.ResultTooLarge{}
 		_ = proto.Unmarshal(outcome.GetValue(), marker)
@@ -789,6 +795,7 @@ func (g *Gate) replay(ctx context.Context, m *gatedMethod, outcome *anypb.Any) (
 				fmt.Sprintf("the stored error outcome does not decode: %v; the call was not run again", err), nil, 0), false
 		}
 		g.markReplayed(ctx)
+		g.replayMetadata(ctx, md)
 		return nil, status.FromProto(st).Err(), true
 	}
 	if outcome.MessageName() != m.outputName {
@@ -802,6 +809,7 @@ func (g *Gate) replay(ctx context.Context, m *gatedMethod, outcome *anypb.Any) (
 			fmt.Sprintf("the stored outcome does not decode as %s: %v; the call was not run again", m.outputName, err), nil, 0), false
 	}
 	g.markReplayed(ctx)
+	g.replayMetadata(ctx, md)
 	return resp, nil, true
 }
 

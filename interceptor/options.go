@@ -117,11 +117,12 @@ func WithFinishRetryBudget(d time.Duration) Option {
 }
 
 // WithMaxOutcomeBytes sets the largest serialized outcome (response or final
-// error) stored for replay. A larger one is still returned to its caller,
-// and the record keeps a marker instead, so duplicates get
-// FAILED_PRECONDITION (IDEMPOTENCY_RESULT_TOO_LARGE) rather than running the
-// side effect again. Keep it at or below the Dedupe service's
-// -max-outcome-bytes. Defaults to DefaultMaxOutcomeBytes.
+// error, with the response metadata the handler set) stored for replay. A
+// larger one is still returned to its caller, and the record keeps a marker
+// instead, without metadata, so duplicates get FAILED_PRECONDITION
+// (IDEMPOTENCY_RESULT_TOO_LARGE) rather than running the side effect again.
+// Keep it at or below the Dedupe service's -max-outcome-bytes. Defaults to
+// DefaultMaxOutcomeBytes.
 func WithMaxOutcomeBytes(n int) Option {
 	return func(o *options) { o.maxOutcome = n }
 }

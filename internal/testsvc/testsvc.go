@@ -1,6 +1,6 @@
 // Package testsvc implements the TestService of proto/idemgate/testing: a
 // handler that counts its executions and does what each request asks (wait,
-// fail), for the interceptor's tests and benchmarks.
+// fail, set response metadata), for the interceptor's tests and benchmarks.
 package testsvc
 
 import (
@@ -11,7 +11,9 @@ import (
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
@@ -59,6 +61,9 @@ func (s *Server) handle(ctx context.Context, req *testingv1.MutateRequest) (*tes
 	if req.GetPanic() {
 		panic("testsvc: panicking on request")
 	}
+	if err := setMetadata(ctx, req); err != nil {
+		return nil, err
+	}
 	if s.failFirst.Add(-1) >= 0 {
 		return nil, status.Error(codes.Unavailable, "testsvc: downstream failed on purpose")
 	}
@@ -69,6 +74,29 @@ func (s *Server) handle(ctx context.Context, req *testingv1.MutateRequest) (*tes
 	downstream, _ := interceptor.DownstreamKeyFromContext(ctx)
 	token, _ := interceptor.FencingTokenFromContext(ctx)
 	return &testingv1.MutateResponse{Payload: req.GetPayload(), Execution: n, Key: key, Epoch: token.Epoch, DownstreamKey: downstream}, nil
+}
+
+// setMetadata sets the response header and trailer the request asks for.
+func setMetadata(ctx context.Context, req *testingv1.MutateRequest) error {
+	header := metadata.MD{}
+	for _, p := range req.GetSetHeader() {
+		if req.GetSendHeader() {
+			header.Append(p.GetKey(), string(p.GetValue()))
+		} else if err := grpc.SetHeader(ctx, metadata.Pairs(p.GetKey(), string(p.GetValue()))); err != nil {
+			return err
+		}
+	}
+	if req.GetSendHeader() {
+		if err := grpc.SendHeader(ctx, header); err != nil {
+			return err
+		}
+	}
+	for _, p := range req.GetSetTrailer() {
+		if err := grpc.SetTrailer(ctx, metadata.Pairs(p.GetKey(), string(p.GetValue()))); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // requestedError builds the error a request asks for. Its message names the

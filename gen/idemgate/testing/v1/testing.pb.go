@@ -99,7 +99,16 @@ type MutateRequest struct {
 	// request_id carries the idempotency key in the request (AIP-155).
 	RequestId string `protobuf:"bytes,9,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// meta holds a nested excluded field.
-	Meta          *Meta `protobuf:"bytes,10,opt,name=meta,proto3" json:"meta,omitempty"`
+	Meta *Meta `protobuf:"bytes,10,opt,name=meta,proto3" json:"meta,omitempty"`
+	// set_header are response headers the handler sets, one grpc.SetHeader
+	// call per pair in order, before it answers or fails.
+	SetHeader []*MetadataPair `protobuf:"bytes,11,rep,name=set_header,json=setHeader,proto3" json:"set_header,omitempty"`
+	// send_header makes the handler send set_header with one grpc.SendHeader
+	// call instead of SetHeader calls.
+	SendHeader bool `protobuf:"varint,12,opt,name=send_header,json=sendHeader,proto3" json:"send_header,omitempty"`
+	// set_trailer are trailers the handler sets, one grpc.SetTrailer call per
+	// pair in order, before it answers or fails.
+	SetTrailer    []*MetadataPair `protobuf:"bytes,13,rep,name=set_trailer,json=setTrailer,proto3" json:"set_trailer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -204,6 +213,83 @@ func (x *MutateRequest) GetMeta() *Meta {
 	return nil
 }
 
+func (x *MutateRequest) GetSetHeader() []*MetadataPair {
+	if x != nil {
+		return x.SetHeader
+	}
+	return nil
+}
+
+func (x *MutateRequest) GetSendHeader() bool {
+	if x != nil {
+		return x.SendHeader
+	}
+	return false
+}
+
+func (x *MutateRequest) GetSetTrailer() []*MetadataPair {
+	if x != nil {
+		return x.SetTrailer
+	}
+	return nil
+}
+
+// MetadataPair is one metadata value; bytes, so a "-bin" key can carry
+// values that are not UTF-8.
+type MetadataPair struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// key is the metadata key.
+	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// value is the raw value.
+	Value         []byte `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MetadataPair) Reset() {
+	*x = MetadataPair{}
+	mi := &file_idemgate_testing_v1_testing_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MetadataPair) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MetadataPair) ProtoMessage() {}
+
+func (x *MetadataPair) ProtoReflect() protoreflect.Message {
+	mi := &file_idemgate_testing_v1_testing_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MetadataPair.ProtoReflect.Descriptor instead.
+func (*MetadataPair) Descriptor() ([]byte, []int) {
+	return file_idemgate_testing_v1_testing_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *MetadataPair) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *MetadataPair) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
 // Meta is nested request metadata.
 type Meta struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -217,7 +303,7 @@ type Meta struct {
 
 func (x *Meta) Reset() {
 	*x = Meta{}
-	mi := &file_idemgate_testing_v1_testing_proto_msgTypes[1]
+	mi := &file_idemgate_testing_v1_testing_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -229,7 +315,7 @@ func (x *Meta) String() string {
 func (*Meta) ProtoMessage() {}
 
 func (x *Meta) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_testing_v1_testing_proto_msgTypes[1]
+	mi := &file_idemgate_testing_v1_testing_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -242,7 +328,7 @@ func (x *Meta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Meta.ProtoReflect.Descriptor instead.
 func (*Meta) Descriptor() ([]byte, []int) {
-	return file_idemgate_testing_v1_testing_proto_rawDescGZIP(), []int{1}
+	return file_idemgate_testing_v1_testing_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Meta) GetTraceId() string {
@@ -278,7 +364,7 @@ type MutateResponse struct {
 
 func (x *MutateResponse) Reset() {
 	*x = MutateResponse{}
-	mi := &file_idemgate_testing_v1_testing_proto_msgTypes[2]
+	mi := &file_idemgate_testing_v1_testing_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -290,7 +376,7 @@ func (x *MutateResponse) String() string {
 func (*MutateResponse) ProtoMessage() {}
 
 func (x *MutateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_testing_v1_testing_proto_msgTypes[2]
+	mi := &file_idemgate_testing_v1_testing_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -303,7 +389,7 @@ func (x *MutateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MutateResponse.ProtoReflect.Descriptor instead.
 func (*MutateResponse) Descriptor() ([]byte, []int) {
-	return file_idemgate_testing_v1_testing_proto_rawDescGZIP(), []int{2}
+	return file_idemgate_testing_v1_testing_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *MutateResponse) GetPayload() string {
@@ -345,7 +431,7 @@ var File_idemgate_testing_v1_testing_proto protoreflect.FileDescriptor
 
 const file_idemgate_testing_v1_testing_proto_rawDesc = "" +
 	"\n" +
-	"!idemgate/testing/v1/testing.proto\x12\x13idemgate.testing.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x18idemgate/v1/policy.proto\"\xf7\x03\n" +
+	"!idemgate/testing/v1/testing.proto\x12\x13idemgate.testing.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x18idemgate/v1/policy.proto\"\x9e\x05\n" +
 	"\rMutateRequest\x12\x18\n" +
 	"\apayload\x18\x01 \x01(\tR\apayload\x12/\n" +
 	"\x05delay\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x12\x1b\n" +
@@ -359,10 +445,19 @@ const file_idemgate_testing_v1_testing_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\t \x01(\tB\x06\x92\xa1\x19\x02\b\x01R\trequestId\x12-\n" +
 	"\x04meta\x18\n" +
-	" \x01(\v2\x19.idemgate.testing.v1.MetaR\x04meta\x1a9\n" +
+	" \x01(\v2\x19.idemgate.testing.v1.MetaR\x04meta\x12@\n" +
+	"\n" +
+	"set_header\x18\v \x03(\v2!.idemgate.testing.v1.MetadataPairR\tsetHeader\x12\x1f\n" +
+	"\vsend_header\x18\f \x01(\bR\n" +
+	"sendHeader\x12B\n" +
+	"\vset_trailer\x18\r \x03(\v2!.idemgate.testing.v1.MetadataPairR\n" +
+	"setTrailer\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"=\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"6\n" +
+	"\fMetadataPair\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"=\n" +
 	"\x04Meta\x12!\n" +
 	"\btrace_id\x18\x01 \x01(\tB\x06\x92\xa1\x19\x02\x10\x01R\atraceId\x12\x12\n" +
 	"\x04note\x18\x02 \x01(\tR\x04note\"\x97\x01\n" +
@@ -407,51 +502,54 @@ func file_idemgate_testing_v1_testing_proto_rawDescGZIP() []byte {
 }
 
 var file_idemgate_testing_v1_testing_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_idemgate_testing_v1_testing_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_idemgate_testing_v1_testing_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_idemgate_testing_v1_testing_proto_goTypes = []any{
 	(ErrorMark)(0),              // 0: idemgate.testing.v1.ErrorMark
 	(*MutateRequest)(nil),       // 1: idemgate.testing.v1.MutateRequest
-	(*Meta)(nil),                // 2: idemgate.testing.v1.Meta
-	(*MutateResponse)(nil),      // 3: idemgate.testing.v1.MutateResponse
-	nil,                         // 4: idemgate.testing.v1.MutateRequest.LabelsEntry
-	(*durationpb.Duration)(nil), // 5: google.protobuf.Duration
+	(*MetadataPair)(nil),        // 2: idemgate.testing.v1.MetadataPair
+	(*Meta)(nil),                // 3: idemgate.testing.v1.Meta
+	(*MutateResponse)(nil),      // 4: idemgate.testing.v1.MutateResponse
+	nil,                         // 5: idemgate.testing.v1.MutateRequest.LabelsEntry
+	(*durationpb.Duration)(nil), // 6: google.protobuf.Duration
 }
 var file_idemgate_testing_v1_testing_proto_depIdxs = []int32{
-	5,  // 0: idemgate.testing.v1.MutateRequest.delay:type_name -> google.protobuf.Duration
+	6,  // 0: idemgate.testing.v1.MutateRequest.delay:type_name -> google.protobuf.Duration
 	0,  // 1: idemgate.testing.v1.MutateRequest.fail_mark:type_name -> idemgate.testing.v1.ErrorMark
-	4,  // 2: idemgate.testing.v1.MutateRequest.labels:type_name -> idemgate.testing.v1.MutateRequest.LabelsEntry
-	2,  // 3: idemgate.testing.v1.MutateRequest.meta:type_name -> idemgate.testing.v1.Meta
-	1,  // 4: idemgate.testing.v1.TestService.Mutate:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 5: idemgate.testing.v1.TestService.MutateOther:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 6: idemgate.testing.v1.TestService.MutateShortLease:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 7: idemgate.testing.v1.TestService.MutateReexecute:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 8: idemgate.testing.v1.TestService.MutateReplayErrors:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 9: idemgate.testing.v1.TestService.MutateNoWait:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 10: idemgate.testing.v1.TestService.MutateKeyless:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 11: idemgate.testing.v1.TestService.MutateBounded:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 12: idemgate.testing.v1.TestService.MutateRenamed:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 13: idemgate.testing.v1.TestService.Watch:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 14: idemgate.testing.v1.TestService.Read:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 15: idemgate.testing.v1.TestService.Put:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 16: idemgate.testing.v1.TestService.Unmarked:input_type -> idemgate.testing.v1.MutateRequest
-	3,  // 17: idemgate.testing.v1.TestService.Mutate:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 18: idemgate.testing.v1.TestService.MutateOther:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 19: idemgate.testing.v1.TestService.MutateShortLease:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 20: idemgate.testing.v1.TestService.MutateReexecute:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 21: idemgate.testing.v1.TestService.MutateReplayErrors:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 22: idemgate.testing.v1.TestService.MutateNoWait:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 23: idemgate.testing.v1.TestService.MutateKeyless:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 24: idemgate.testing.v1.TestService.MutateBounded:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 25: idemgate.testing.v1.TestService.MutateRenamed:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 26: idemgate.testing.v1.TestService.Watch:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 27: idemgate.testing.v1.TestService.Read:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 28: idemgate.testing.v1.TestService.Put:output_type -> idemgate.testing.v1.MutateResponse
-	3,  // 29: idemgate.testing.v1.TestService.Unmarked:output_type -> idemgate.testing.v1.MutateResponse
-	17, // [17:30] is the sub-list for method output_type
-	4,  // [4:17] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	5,  // 2: idemgate.testing.v1.MutateRequest.labels:type_name -> idemgate.testing.v1.MutateRequest.LabelsEntry
+	3,  // 3: idemgate.testing.v1.MutateRequest.meta:type_name -> idemgate.testing.v1.Meta
+	2,  // 4: idemgate.testing.v1.MutateRequest.set_header:type_name -> idemgate.testing.v1.MetadataPair
+	2,  // 5: idemgate.testing.v1.MutateRequest.set_trailer:type_name -> idemgate.testing.v1.MetadataPair
+	1,  // 6: idemgate.testing.v1.TestService.Mutate:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 7: idemgate.testing.v1.TestService.MutateOther:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 8: idemgate.testing.v1.TestService.MutateShortLease:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 9: idemgate.testing.v1.TestService.MutateReexecute:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 10: idemgate.testing.v1.TestService.MutateReplayErrors:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 11: idemgate.testing.v1.TestService.MutateNoWait:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 12: idemgate.testing.v1.TestService.MutateKeyless:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 13: idemgate.testing.v1.TestService.MutateBounded:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 14: idemgate.testing.v1.TestService.MutateRenamed:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 15: idemgate.testing.v1.TestService.Watch:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 16: idemgate.testing.v1.TestService.Read:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 17: idemgate.testing.v1.TestService.Put:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 18: idemgate.testing.v1.TestService.Unmarked:input_type -> idemgate.testing.v1.MutateRequest
+	4,  // 19: idemgate.testing.v1.TestService.Mutate:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 20: idemgate.testing.v1.TestService.MutateOther:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 21: idemgate.testing.v1.TestService.MutateShortLease:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 22: idemgate.testing.v1.TestService.MutateReexecute:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 23: idemgate.testing.v1.TestService.MutateReplayErrors:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 24: idemgate.testing.v1.TestService.MutateNoWait:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 25: idemgate.testing.v1.TestService.MutateKeyless:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 26: idemgate.testing.v1.TestService.MutateBounded:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 27: idemgate.testing.v1.TestService.MutateRenamed:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 28: idemgate.testing.v1.TestService.Watch:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 29: idemgate.testing.v1.TestService.Read:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 30: idemgate.testing.v1.TestService.Put:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 31: idemgate.testing.v1.TestService.Unmarked:output_type -> idemgate.testing.v1.MutateResponse
+	19, // [19:32] is the sub-list for method output_type
+	6,  // [6:19] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_idemgate_testing_v1_testing_proto_init() }
@@ -465,7 +563,7 @@ func file_idemgate_testing_v1_testing_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idemgate_testing_v1_testing_proto_rawDesc), len(file_idemgate_testing_v1_testing_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

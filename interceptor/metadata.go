@@ -1,0 +1,202 @@
+package interceptor
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/grpcerr"
+)
+
+// A duplicate must see what the first caller saw, response metadata
+// included, so the handler's header and trailer are recorded while it runs
+// and stored with its outcome (idemgate.v1.StoredOutcome).
+
+// metadataRecorder is the call's grpc.ServerTransportStream as the handler
+// sees it: every header and trailer the handler sets goes to the real stream
+// unchanged and, when the stream took it, is recorded for the stored
+// outcome. Only what is set through it is recorded, so what the interceptor
+// set before (idempotency-key-derived) is not.
+//
+// grpc.SetSendCompressor and grpc.ClientSupportedCompressors need gRPC's own
+// stream type, so they fail inside a gated handler, as they do under any
+// interceptor that wraps the stream (gRPC's OpenTelemetry metrics do too).
+type metadataRecorder struct {
+	grpc.ServerTransportStream
+
+	mu              sync.Mutex
+	header, trailer metadata.MD
+}
+
+// recordMetadata returns ctx with a recorder in place of the call's stream,
+// and the recorder. Without a stream in ctx (a call not made through a gRPC
+// server) it returns ctx unchanged and a nil recorder, which records nothing.
+func recordMetadata(ctx context.Context) (context.Context, *metadataRecorder) {
+	stream := grpc.ServerTransportStreamFromContext(ctx)
+	if stream == nil {
+		return ctx, nil
+	}
+	r := &metadataRecorder{ServerTransportStream: stream}
+	return grpc.NewContextWithServerTransportStream(ctx, r), r
+}
+
+// SetHeader implements grpc.ServerTransportStream.
+func (r *metadataRecorder) SetHeader(md metadata.MD) error {
+	err := r.ServerTransportStream.SetHeader(md)
+	if err == nil {
+		r.record(&r.header, md)
+	}
+	return err
+}
+
+// SendHeader implements grpc.ServerTransportStream.
+func (r *metadataRecorder) SendHeader(md metadata.MD) error {
+	err := r.ServerTransportStream.SendHeader(md)
+	if err == nil {
+		r.record(&r.header, md)
+	}
+	return err
+}
+
+// SetTrailer implements grpc.ServerTransportStream.
+func (r *metadataRecorder) SetTrailer(md metadata.MD) error {
+	err := r.ServerTransportStream.SetTrailer(md)
+	if err == nil {
+		r.record(&r.trailer, md)
+	}
+	return err
+}
+
+// record appends a copy of md to *into, as the stream joins it: the handler
+// may reuse md after the call.
+func (r *metadataRecorder) record(into *metadata.MD, md metadata.MD) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if *into == nil {
+		*into = metadata.MD{}
+	}
+	for k, vs := range md {
+		k = strings.ToLower(k) // as the transport sends it
+		(*into)[k] = append((*into)[k], vs...)
+	}
+}
+
+// wrap returns the outcome to store for result, marshalAny's answer: result
+// itself when the handler set no metadata worth replaying, so such records
+// keep the bytes and the format they always had, else a StoredOutcome that
+// holds result, header and trailer. An error passes through.
+func (r *metadataRecorder) wrap(result *anypb.Any, err error) (*anypb.Any, error) {
+	if err != nil || r == nil {
+		return result, err
+	}
+	r.mu.Lock()
+	header, trailer := metadataEntries(r.header), metadataEntries(r.trailer)
+	r.mu.Unlock()
+	if len(header) == 0 && len(trailer) == 0 {
+		return result, nil
+	}
+	return marshalAny(&idemgatev1.StoredOutcome{Result: result, Header: header, Trailer: trailer})
+}
+
+// metadataEntries returns the replayable keys of md, sorted, each with its
+// values in the order they were set.
+func metadataEntries(md metadata.MD) []*idemgatev1.MetadataEntry {
+	var entries []*idemgatev1.MetadataEntry
+	for k, vs := range md {
+		if !replayableKey(k) || len(vs) == 0 {
+			continue
+		}
+		values := make([][]byte, len(vs))
+		for i, v := range vs {
+			values[i] = []byte(v)
+		}
+		entries = append(entries, &idemgatev1.MetadataEntry{Key: k, Values: values})
+	}
+	slices.SortFunc(entries, func(a, b *idemgatev1.MetadataEntry) int { return strings.Compare(a.GetKey(), b.GetKey()) })
+	return entries
+}
+
+// replayableKey reports whether a handler's metadata key is replayed. The
+// transport owns pseudo-headers, the "grpc-" namespace (grpc-status,
+// grpc-message, grpc-status-details-bin, which a replayed error carries by
+// itself), content-type, te and user-agent; gRPC drops or overwrites what a
+// handler sets there. The interceptor sets its own headers on every replay.
+func replayableKey(k string) bool {
+	if k == "" || k[0] == ':' || strings.HasPrefix(k, "grpc-") {
+		return false
+	}
+	switch k {
+	case "content-type", "te", "user-agent", ReplayedHeader, KeyDerivedHeader:
+		return false
+	}
+	return true
+}
+
+var storedOutcomeName = (&idemgatev1.StoredOutcome{}).ProtoReflect().Descriptor().FullName()
+
+// replayedMetadata is the header and trailer a stored outcome replays.
+type replayedMetadata struct {
+	header, trailer metadata.MD
+}
+
+// unwrapOutcome returns the result a stored outcome replays and the
+// metadata that goes with it. A bare outcome (no metadata was set, or it was
+// stored before metadata was kept) is its own result, with no metadata.
+func unwrapOutcome(outcome *anypb.Any) (*anypb.Any, replayedMetadata, error) {
+	if outcome.MessageName() != storedOutcomeName {
+		return outcome, replayedMetadata{}, nil
+	}
+	stored := &idemgatev1.StoredOutcome{}
+	if err := proto.Unmarshal(outcome.GetValue(), stored); err != nil {
+		return nil, replayedMetadata{}, grpcerr.New(codes.Internal, ReasonOutcomeTypeMismatch,
+			fmt.Sprintf("the stored outcome does not decode: %v; the call was not run again", err), nil, 0)
+	}
+	return stored.GetResult(), replayedMetadata{header: metadataOf(stored.GetHeader()), trailer: metadataOf(stored.GetTrailer())}, nil
+}
+
+func metadataOf(entries []*idemgatev1.MetadataEntry) metadata.MD {
+	if len(entries) == 0 {
+		return nil
+	}
+	md := make(metadata.MD, len(entries))
+	for _, e := range entries {
+		for _, v := range e.GetValues() {
+			md[e.GetKey()] = append(md[e.GetKey()], string(v))
+		}
+	}
+	return md
+}
+
+// replayMetadata sets the stored header and trailer on a duplicate's
+// response. It cannot fail the replay: the outcome is what matters, and a
+// stream that refuses metadata is logged.
+func (g *Gate) replayMetadata(ctx context.Context, md replayedMetadata) {
+	if err := grpc.SetHeader(ctx, md.header); err != nil {
+		g.opts.logger.WarnContext(ctx, "idemgate: could not replay the stored header", slog.Any("error", err))
+	}
+	if err := grpc.SetTrailer(ctx, md.trailer); err != nil {
+		g.opts.logger.WarnContext(ctx, "idemgate: could not replay the stored trailer", slog.Any("error", err))
+	}
+}
+
+// resultTypeURL names the type of the result an outcome holds, looking
+// inside a StoredOutcome, so a ResultTooLarge marker names the response.
+func resultTypeURL(outcome *anypb.Any) string {
+	if outcome.MessageName() == storedOutcomeName {
+		stored := &idemgatev1.StoredOutcome{}
+		if proto.Unmarshal(outcome.GetValue(), stored) == nil {
+			return stored.GetResult().GetTypeUrl()
+		}
+	}
+	return outcome.GetTypeUrl()
+}
