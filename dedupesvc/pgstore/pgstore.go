@@ -3,10 +3,11 @@
 //
 // Every state change is one statement in its own implicit transaction under
 // READ COMMITTED; the reservation commits before the tool's handler runs and
-// no row lock outlives a statement. The SQL avoids advisory locks and other
-// PostgreSQL-only features, so the same schema runs on CockroachDB and
-// YugabyteDB; the one exception, NOTIFY to wake waiting duplicates, is a
-// hint that can be turned off (WithoutNotify), leaving waiters to poll.
+// no row lock outlives a statement. The SQL avoids advisory locks; it uses
+// two PostgreSQL-only features: NOTIFY to wake waiting duplicates, a hint
+// that can be turned off (WithoutNotify), leaving waiters to poll; and
+// pg_postmaster_start_time(), so a database restart never counts against a
+// live holder's lease.
 package pgstore
 
 import (

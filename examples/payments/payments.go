@@ -11,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -35,8 +36,9 @@ type Charge struct {
 	CustomerID string
 	// AmountCents is the charged amount.
 	AmountCents int64
-	// IdempotencyKey is the key the charge ran under, as a payment provider
-	// would receive it.
+	// IdempotencyKey is the key the charge was sent to the provider under:
+	// interceptor.DownstreamKeyFromContext, the same for every attempt at
+	// the action and unique per tenant and method.
 	IdempotencyKey string
 }
 
@@ -86,6 +88,31 @@ type Server struct {
 	paymentsv1.UnimplementedPaymentsServiceServer
 	// Ledger receives the side effects.
 	Ledger *Ledger
+	// ProviderLatency, when set, says how long the simulated provider takes
+	// to answer a call after it acted on it. The handler waits for that
+	// answer on its context, as a real provider client does, and returns the
+	// context's error if it ends first: the side effect has happened, the
+	// answer is lost. Defaults to no latency.
+	ProviderLatency func(ctx context.Context) time.Duration
+}
+
+// awaitProvider waits for the simulated provider's answer, or for ctx.
+func (s *Server) awaitProvider(ctx context.Context) error {
+	if s.ProviderLatency == nil {
+		return nil
+	}
+	d := s.ProviderLatency(ctx)
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
 }
 
 // ChargeCard implements paymentsv1.PaymentsServiceServer.
@@ -93,29 +120,37 @@ func (s *Server) ChargeCard(ctx context.Context, req *paymentsv1.ChargeCardReque
 	if req.GetCustomerId() == "" || req.GetAmountCents() <= 0 {
 		return nil, status.Error(codes.InvalidArgument, "customer_id is required and amount_cents must be positive")
 	}
-	key, _ := interceptor.KeyFromContext(ctx) // handed on, as to a payment provider
+	// The key a payment provider dedupes on: unique per tenant and method.
+	key, _ := interceptor.DownstreamKeyFromContext(ctx)
 	l := s.Ledger
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	c := Charge{ID: fmt.Sprintf("ch_%06d", len(l.charges)+1), CustomerID: req.GetCustomerId(), AmountCents: req.GetAmountCents(), IdempotencyKey: key}
 	l.charges = append(l.charges, c)
 	b := l.customer(c.CustomerID)
 	b.charges++
 	b.chargedCents += c.AmountCents
+	l.mu.Unlock()
+	if err := s.awaitProvider(ctx); err != nil {
+		return nil, err
+	}
 	return &paymentsv1.ChargeCardResponse{ChargeId: c.ID, CustomerId: c.CustomerID, AmountCents: c.AmountCents}, nil
 }
 
 // SendReceipt implements paymentsv1.PaymentsServiceServer.
-func (s *Server) SendReceipt(_ context.Context, req *paymentsv1.SendReceiptRequest) (*paymentsv1.SendReceiptResponse, error) {
+func (s *Server) SendReceipt(ctx context.Context, req *paymentsv1.SendReceiptRequest) (*paymentsv1.SendReceiptResponse, error) {
 	if req.GetCustomerId() == "" || req.GetChargeId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "customer_id and charge_id are required")
 	}
 	l := s.Ledger
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.receipts++
 	l.customer(req.GetCustomerId()).receipts++
-	return &paymentsv1.SendReceiptResponse{MessageId: fmt.Sprintf("msg_%06d", l.receipts)}, nil
+	id := fmt.Sprintf("msg_%06d", l.receipts)
+	l.mu.Unlock()
+	if err := s.awaitProvider(ctx); err != nil {
+		return nil, err
+	}
+	return &paymentsv1.SendReceiptResponse{MessageId: id}, nil
 }
 
 // GetBalance implements paymentsv1.PaymentsServiceServer.

@@ -264,7 +264,8 @@ const (
 func runScenario(ctx context.Context, cfg Config, plan []order, name string, newGate func() (*interceptor.Gate, error), freshKeys bool) (Scenario, error) {
 	ledger := &payments.Ledger{}
 	// Outside the gate: a response lost on the way back, after everything
-	// ran. Inside it: a slow response, after the side effect ran.
+	// ran. Inside the handler: a slow provider answer, after the side
+	// effect ran.
 	chain := []grpc.UnaryServerInterceptor{loseResponse}
 	if newGate != nil {
 		gate, err := newGate()
@@ -273,9 +274,15 @@ func runScenario(ctx context.Context, cfg Config, plan []order, name string, new
 		}
 		chain = append(chain, gate.UnaryServerInterceptor())
 	}
-	chain = append(chain, slowResponse(cfg.SlowDelay))
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
-	paymentsv1.RegisterPaymentsServiceServer(srv, &payments.Server{Ledger: ledger})
+	// A slow call: the provider acted, and its answer takes SlowDelay. The
+	// handler waits for it on its context, as a real one does.
+	paymentsv1.RegisterPaymentsServiceServer(srv, &payments.Server{Ledger: ledger, ProviderLatency: func(ctx context.Context) time.Duration {
+		if flag(ctx, slowHeader) {
+			return cfg.SlowDelay
+		}
+		return 0
+	}})
 	conn, stop, err := serve(srv)
 	if err != nil {
 		return Scenario{}, err
@@ -396,18 +403,6 @@ func loseResponse(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler
 		return nil, status.Error(codes.Unavailable, "incident: the response was lost on the way back")
 	}
 	return resp, err
-}
-
-// slowResponse makes a call marked slow answer late, after its side effect
-// ran, whether or not its caller is still waiting.
-func slowResponse(delay time.Duration) grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		resp, err := handler(ctx, req)
-		if flag(ctx, slowHeader) {
-			time.Sleep(delay)
-		}
-		return resp, err
-	}
 }
 
 func flag(ctx context.Context, name string) bool {

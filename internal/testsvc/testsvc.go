@@ -143,6 +143,16 @@ func (s *Server) MutateBounded(ctx context.Context, req *testingv1.MutateRequest
 	return s.handle(ctx, req)
 }
 
+// MutateHeld implements testingv1.TestServiceServer.
+func (s *Server) MutateHeld(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+	return s.handle(ctx, req)
+}
+
+// MutateHeldReexecute implements testingv1.TestServiceServer.
+func (s *Server) MutateHeldReexecute(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+	return s.handle(ctx, req)
+}
+
 // MutateRenamed implements testingv1.TestServiceServer.
 func (s *Server) MutateRenamed(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
 	return s.handle(ctx, req)

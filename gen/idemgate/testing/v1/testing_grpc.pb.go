@@ -19,19 +19,21 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	TestService_Mutate_FullMethodName             = "/idemgate.testing.v1.TestService/Mutate"
-	TestService_MutateOther_FullMethodName        = "/idemgate.testing.v1.TestService/MutateOther"
-	TestService_MutateShortLease_FullMethodName   = "/idemgate.testing.v1.TestService/MutateShortLease"
-	TestService_MutateReexecute_FullMethodName    = "/idemgate.testing.v1.TestService/MutateReexecute"
-	TestService_MutateReplayErrors_FullMethodName = "/idemgate.testing.v1.TestService/MutateReplayErrors"
-	TestService_MutateNoWait_FullMethodName       = "/idemgate.testing.v1.TestService/MutateNoWait"
-	TestService_MutateKeyless_FullMethodName      = "/idemgate.testing.v1.TestService/MutateKeyless"
-	TestService_MutateBounded_FullMethodName      = "/idemgate.testing.v1.TestService/MutateBounded"
-	TestService_MutateRenamed_FullMethodName      = "/idemgate.testing.v1.TestService/MutateRenamed"
-	TestService_Watch_FullMethodName              = "/idemgate.testing.v1.TestService/Watch"
-	TestService_Read_FullMethodName               = "/idemgate.testing.v1.TestService/Read"
-	TestService_Put_FullMethodName                = "/idemgate.testing.v1.TestService/Put"
-	TestService_Unmarked_FullMethodName           = "/idemgate.testing.v1.TestService/Unmarked"
+	TestService_Mutate_FullMethodName              = "/idemgate.testing.v1.TestService/Mutate"
+	TestService_MutateOther_FullMethodName         = "/idemgate.testing.v1.TestService/MutateOther"
+	TestService_MutateShortLease_FullMethodName    = "/idemgate.testing.v1.TestService/MutateShortLease"
+	TestService_MutateReexecute_FullMethodName     = "/idemgate.testing.v1.TestService/MutateReexecute"
+	TestService_MutateReplayErrors_FullMethodName  = "/idemgate.testing.v1.TestService/MutateReplayErrors"
+	TestService_MutateNoWait_FullMethodName        = "/idemgate.testing.v1.TestService/MutateNoWait"
+	TestService_MutateKeyless_FullMethodName       = "/idemgate.testing.v1.TestService/MutateKeyless"
+	TestService_MutateBounded_FullMethodName       = "/idemgate.testing.v1.TestService/MutateBounded"
+	TestService_MutateRenamed_FullMethodName       = "/idemgate.testing.v1.TestService/MutateRenamed"
+	TestService_MutateHeld_FullMethodName          = "/idemgate.testing.v1.TestService/MutateHeld"
+	TestService_MutateHeldReexecute_FullMethodName = "/idemgate.testing.v1.TestService/MutateHeldReexecute"
+	TestService_Watch_FullMethodName               = "/idemgate.testing.v1.TestService/Watch"
+	TestService_Read_FullMethodName                = "/idemgate.testing.v1.TestService/Read"
+	TestService_Put_FullMethodName                 = "/idemgate.testing.v1.TestService/Put"
+	TestService_Unmarked_FullMethodName            = "/idemgate.testing.v1.TestService/Unmarked"
 )
 
 // TestServiceClient is the client API for TestService service.
@@ -61,6 +63,11 @@ type TestServiceClient interface {
 	// MutateRenamed is Mutate under a new name: it keeps Mutate's action, so
 	// Mutate's records replay here.
 	MutateRenamed(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
+	// MutateHeld fails closed when its 4s lease runs out: long enough for a
+	// fault test to hold renewals back while a duplicate is answered.
+	MutateHeld(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
+	// MutateHeldReexecute is taken over when its 4s lease runs out.
+	MutateHeldReexecute(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
 	// Watch streams and is not gated: the stream interceptor passes it through.
 	Watch(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[MutateResponse], error)
 	// Read has no side effects and is never gated.
@@ -169,6 +176,26 @@ func (c *testServiceClient) MutateRenamed(ctx context.Context, in *MutateRequest
 	return out, nil
 }
 
+func (c *testServiceClient) MutateHeld(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MutateResponse)
+	err := c.cc.Invoke(ctx, TestService_MutateHeld_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *testServiceClient) MutateHeldReexecute(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MutateResponse)
+	err := c.cc.Invoke(ctx, TestService_MutateHeldReexecute_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *testServiceClient) Watch(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[MutateResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &TestService_ServiceDesc.Streams[0], TestService_Watch_FullMethodName, cOpts...)
@@ -245,6 +272,11 @@ type TestServiceServer interface {
 	// MutateRenamed is Mutate under a new name: it keeps Mutate's action, so
 	// Mutate's records replay here.
 	MutateRenamed(context.Context, *MutateRequest) (*MutateResponse, error)
+	// MutateHeld fails closed when its 4s lease runs out: long enough for a
+	// fault test to hold renewals back while a duplicate is answered.
+	MutateHeld(context.Context, *MutateRequest) (*MutateResponse, error)
+	// MutateHeldReexecute is taken over when its 4s lease runs out.
+	MutateHeldReexecute(context.Context, *MutateRequest) (*MutateResponse, error)
 	// Watch streams and is not gated: the stream interceptor passes it through.
 	Watch(*MutateRequest, grpc.ServerStreamingServer[MutateResponse]) error
 	// Read has no side effects and is never gated.
@@ -289,6 +321,12 @@ func (UnimplementedTestServiceServer) MutateBounded(context.Context, *MutateRequ
 }
 func (UnimplementedTestServiceServer) MutateRenamed(context.Context, *MutateRequest) (*MutateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method MutateRenamed not implemented")
+}
+func (UnimplementedTestServiceServer) MutateHeld(context.Context, *MutateRequest) (*MutateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MutateHeld not implemented")
+}
+func (UnimplementedTestServiceServer) MutateHeldReexecute(context.Context, *MutateRequest) (*MutateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MutateHeldReexecute not implemented")
 }
 func (UnimplementedTestServiceServer) Watch(*MutateRequest, grpc.ServerStreamingServer[MutateResponse]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
@@ -485,6 +523,42 @@ func _TestService_MutateRenamed_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TestService_MutateHeld_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MutateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TestServiceServer).MutateHeld(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TestService_MutateHeld_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TestServiceServer).MutateHeld(ctx, req.(*MutateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TestService_MutateHeldReexecute_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MutateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TestServiceServer).MutateHeldReexecute(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TestService_MutateHeldReexecute_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TestServiceServer).MutateHeldReexecute(ctx, req.(*MutateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _TestService_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(MutateRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -592,6 +666,14 @@ var TestService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MutateRenamed",
 			Handler:    _TestService_MutateRenamed_Handler,
+		},
+		{
+			MethodName: "MutateHeld",
+			Handler:    _TestService_MutateHeld_Handler,
+		},
+		{
+			MethodName: "MutateHeldReexecute",
+			Handler:    _TestService_MutateHeldReexecute_Handler,
 		},
 		{
 			MethodName: "Read",
