@@ -38,11 +38,22 @@
 // NO_SIDE_EFFECTS or IDEMPOTENT, are not gated: they cost a map lookup, no
 // Dedupe call and no allocation.
 //
-// While the handler runs its reservation's lease is renewed; if the tool
-// server dies mid-call, the method's on_lost_outcome decides what the next
-// call finds (FAIL_CLOSED by default: IDEMPOTENCY_OUTCOME_UNKNOWN until the
-// record is resolved, or a Reconciler settles it). Handler errors release the
-// key unless the policy's replay_codes, or FinalError, make them final.
+// The handler runs on a context that keeps the caller's values but not its
+// cancellation or deadline (the method's execution_timeout bounds it
+// instead), so a caller that gives up after the side effect started never
+// causes a second run: the outcome is stored and its retry replays it. The
+// context ends early with ErrFenced when the attempt loses its reservation.
+// DownstreamKeyFromContext is the key to hand a downstream provider, and
+// FencingTokenFromContext the token for a conditional write.
+//
+// From Begin until the outcome is stored or released, the reservation's
+// lease is renewed; if the tool server dies mid-call, the method's
+// on_lost_outcome decides what the next call finds (FAIL_CLOSED by default:
+// IDEMPOTENCY_OUTCOME_UNKNOWN until the record is resolved, or a Reconciler
+// settles it). A handler error is final (replay_codes, FinalError: stored and
+// replayed), leaves the outcome unknown (context errors, DEADLINE_EXCEEDED,
+// CANCELLED, unknown_codes, OutcomeUnknownError: never frees a FAIL_CLOSED
+// key), or otherwise releases the key so a retry runs again.
 //
 // On the client side, NewCaller's UnaryClientInterceptor attaches the key
 // from WithKey (or mints one) to gated calls; chain it before any retrying
