@@ -23,6 +23,9 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/idemgate?sslmode=disable
 BENCH_COUNT ?= 6
 # GO_TEST_FLAGS are passed to `go test` by `make test`.
 GO_TEST_FLAGS ?= -race -count=1 -timeout=15m
+# BUF_BREAKING_AGAINST is what `make lint` holds the protos to with buf breaking: by default the last
+# commit, so an uncommitted proto change that breaks wire or source compatibility fails lint.
+BUF_BREAKING_AGAINST ?= .git\#ref=HEAD
 # FUZZ_TIME bounds each fuzz target's run in `make test`: an execution count, not a duration, because
 # Go before 1.27 can fail a clean duration-bounded run with "context deadline exceeded" when the
 # deadline races a busy worker (golang/go#75804). `make fuzz FUZZ_TIME=10m` digs deeper by hand.
@@ -55,13 +58,14 @@ generate: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate gen/ from 
 	PATH=$(PLUGIN_PATH) $(BUF) generate
 
 .PHONY: lint
-lint: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(STATICCHECK) ## go vet, staticcheck, gofmt, buf lint, buf format, and a check that gen/ is fresh.
+lint: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(STATICCHECK) ## go vet, staticcheck, gofmt, buf lint, buf format, buf breaking against the last commit, and a check that gen/ is fresh.
 	go vet ./...
 	$(STATICCHECK) ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	$(BUF) lint
 	$(BUF) format -d --exit-code
+	$(BUF) breaking --against '$(BUF_BREAKING_AGAINST)'
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	  PATH=$(PLUGIN_PATH) $(BUF) generate --output "$$tmp" && \
 	  if ! diff -r gen "$$tmp/gen"; then echo "gen/ is stale: run make generate and commit it"; exit 1; fi
