@@ -50,6 +50,13 @@ func FinalError(err error) error {
 // method's replay_codes and unknown_codes say: the key is released and a
 // retry runs again. Return it only when the side effect certainly did not
 // happen (the provider refused the request before acting on it).
+//
+// An unmarked error whose code is in neither replay_codes nor the unknown
+// class (see OutcomeUnknownError) is treated the same way: by default
+// UNKNOWN (a plain Go error), INTERNAL, UNAVAILABLE, INVALID_ARGUMENT and the
+// rest release the key. If your provider client reports a failure after it
+// sent the request with one of those, wrap it in OutcomeUnknownError or list
+// its code in unknown_codes.
 func RetryableError(err error) error {
 	if err == nil {
 		return nil
