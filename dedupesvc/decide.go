@@ -51,7 +51,8 @@ const (
 	// StepMarkUnknown: the holder's lease ran out under FailClosed: mark the
 	// record unknown (if it still is that in-flight epoch), then answer.
 	StepMarkUnknown
-	// StepRenew: the calling attempt holds the record but its lease ran out
+	// StepRenew: the calling attempt holds the record (in flight, or marked
+	// unknown by a duplicate before it could renew) but its lease ran out
 	// and nobody took it over: renew the lease (if it still is that
 	// attempt's in-flight epoch), then answer reserved. Never hand an
 	// attempt a reservation whose lease already ended: a duplicate could take
@@ -74,6 +75,13 @@ func DecideBegin(r Record, p BeginParams, now time.Time) (BeginResult, NextStep)
 	case StateCompleted:
 		return BeginResult{State: BeginCompleted, Outcome: r.Outcome, CompletedAt: r.CompletedAt, ExpiresAt: r.ExpiresAt}, StepAnswer
 	case StateUnknown:
+		if r.AttemptToken == p.AttemptToken {
+			// The holder asks again: it never learnt it held the key (its
+			// answer was lost, and its re-sent Begin came after the lease),
+			// so it never ran its handler. It takes its reservation back,
+			// as its heartbeat would, instead of blocking the key forever.
+			return BeginResult{}, StepRenew
+		}
 		return BeginResult{State: BeginOutcomeUnknown, Epoch: r.Epoch, LeaseExpiresAt: r.LeaseExpiresAt}, StepAnswer
 	case StateInFlight:
 		if r.AttemptToken == p.AttemptToken {

@@ -21,6 +21,7 @@ import (
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/stacktest"
 )
 
@@ -421,5 +422,103 @@ func TestStaleFinishAfterResolveIsFenced(t *testing.T) {
 	r := shortLease(withKey("resolved-under"), h, req)
 	if r.err != nil || r.resp.GetPayload() != "as the provider recorded it" {
 		t.Fatalf("after the stale Finish: %v %v, want the resolved outcome", r.resp, r.err)
+	}
+}
+
+// loseBeginReplyAndDelayFollowUp loses the answer of the first Begin of key
+// and holds that attempt's re-sent Begins until release is closed, as a
+// congested path to the Dedupe service would.
+func loseBeginReplyAndDelayFollowUp(key string, release <-chan struct{}) grpc.UnaryClientInterceptor {
+	var token atomic.Pointer[string]
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		begin, ok := req.(*idemgatev1.BeginRequest)
+		if !ok || begin.GetKey() != key {
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}
+		if t := token.Load(); t != nil && *t == begin.GetAttemptToken() {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return status.FromContextError(ctx.Err()).Err()
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}
+		first := begin.GetAttemptToken()
+		if !token.CompareAndSwap(nil, &first) {
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}
+		if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
+			return err
+		}
+		return status.Error(codes.Unavailable, "test: the answer to Begin was lost")
+	}
+}
+
+func TestLateFollowUpOfALostBeginFreesTheKey(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	h := setupWith(t, stacktest.Config{
+		DedupeClientInterceptor: loseBeginReplyAndDelayFollowUp("late-follow-up", release),
+		GateOptions:             []interceptor.Option{interceptor.WithDedupeTimeout(30 * time.Second)},
+	})
+	req := &testingv1.MutateRequest{Payload: "charge"}
+	wantStatus(t, shortLease(withKey("late-follow-up"), h, req).err, codes.Unavailable, interceptor.ReasonStoreUnavailable)
+	// The follow-up is held past the lease: a duplicate finds the lease run
+	// out and, under FAIL_CLOSED, the record marked outcome-unknown.
+	time.Sleep(pastLease)
+	wantStatus(t, shortLease(withKey("late-follow-up"), h, req).err, codes.FailedPrecondition, interceptor.ReasonOutcomeUnknown)
+	// The holder never ran its handler: its late follow-up takes the record
+	// back and releases it, so the key is not blocked for days.
+	close(release)
+	var r result
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		r = shortLease(withKey("late-follow-up"), h, req)
+		if grpcerr.Reason(r.err) != interceptor.ReasonOutcomeUnknown || time.Now().After(deadline) {
+			break
+		}
+	}
+	if r.err != nil || h.svc.Executions() != 1 {
+		t.Fatalf("after the late follow-up: %v after %d executions, want the call to run once", r.err, h.svc.Executions())
+	}
+}
+
+// slowBeginReply delivers the answer of the first Begin of key late, after
+// the reservation it made has used up most of its lease; reservedAt is
+// closed when the reservation is made.
+func slowBeginReply(key string, late time.Duration, reservedAt chan<- struct{}) grpc.UnaryClientInterceptor {
+	var once sync.Once
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if begin, ok := req.(*idemgatev1.BeginRequest); ok && begin.GetKey() == key && err == nil {
+			once.Do(func() {
+				close(reservedAt)
+				time.Sleep(late)
+			})
+		}
+		return err
+	}
+}
+
+func TestSlowBeginAnswerIsRenewedAtOnce(t *testing.T) {
+	t.Parallel()
+	reservedAt := make(chan struct{})
+	h := setupWith(t, stacktest.Config{DedupeClientInterceptor: slowBeginReply("slow-begin", 3*time.Second, reservedAt)})
+	req := &testingv1.MutateRequest{Payload: "slow", Delay: durationpb.New(3 * time.Second)}
+	firstDone := make(chan error, 1)
+	go func() {
+		_, err := h.client.MutateHeldReexecute(withKey("slow-begin"), req)
+		firstDone <- err
+	}()
+	<-reservedAt
+	// 4.15s into a 4s lease whose answer arrived after 3s: a holder that
+	// waited a third of the lease before its first renewal has lost it.
+	time.Sleep(4150 * time.Millisecond)
+	_, err := h.client.MutateHeldReexecute(withKey("slow-begin"), req)
+	wantStatus(t, err, codes.Aborted, interceptor.ReasonInFlight)
+	if err := <-firstDone; err != nil {
+		t.Fatalf("first call: %v", err)
+	}
+	if got := h.svc.Executions(); got != 1 {
+		t.Fatalf("%d executions, want 1", got)
 	}
 }

@@ -294,6 +294,7 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 
 	for round := 0; ; round++ {
 		beginCtx, cancel := context.WithTimeout(ctx, g.opts.dedupeTimeout+m.policy.MaxWait)
+		sent := time.Now()
 		begun, err := g.dedupe.Begin(beginCtx, beginReq)
 		cancel()
 		if err != nil {
@@ -308,7 +309,7 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 		switch result := begun.GetResult().(type) {
 		case *idemgatev1.BeginResponse_Reserved_:
 			*outcome = outcomeExecuted
-			return g.run(ctx, req, c, result.Reserved.GetEpoch(), handler)
+			return g.run(ctx, req, c, result.Reserved.GetEpoch(), time.Since(sent), handler)
 		case *idemgatev1.BeginResponse_Completed_:
 			resp, err, replayed := g.replay(ctx, m, result.Completed.GetOutcome())
 			if replayed {
@@ -396,12 +397,16 @@ func (g *Gate) reconcile(ctx context.Context, c call, req proto.Message) (any, b
 // caller that gave up after the side effect started must find its outcome
 // stored when it retries, not a second run. The lease is renewed from here
 // until the outcome is stored or released, with no gap in between.
-func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, handler grpc.UnaryHandler) (resp any, err error) {
+//
+// beginTook is how long Begin took to answer: a reservation made early in a
+// slow or retried Begin has used that much of its lease already, so the
+// first renewal comes that much sooner.
+func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, beginTook time.Duration, handler grpc.UnaryHandler) (resp any, err error) {
 	hctx, cancelExecution := context.WithTimeoutCause(context.WithoutCancel(ctx), c.method.policy.ExecutionTimeout, ErrExecutionTimeout)
 	defer cancelExecution()
 	hctx, fence := context.WithCancelCause(hctx)
 	defer fence(nil)
-	lease := g.keepLease(ctx, c, epoch, func() { fence(ErrFenced) })
+	lease := g.keepLease(ctx, c, epoch, c.method.policy.Lease/3-beginTook, func() { fence(ErrFenced) })
 	defer func() {
 		if p := recover(); p != nil {
 			lease.stop()
@@ -486,13 +491,14 @@ func (k *leaseKeeper) stop() {
 // must not collect an unbounded number of them.
 const maxOutstandingRenewals = 4
 
-// keepLease renews the reservation about every third of the lease until
+// keepLease renews the reservation about every third of the lease, the
+// first time after first (at once when that is not positive), until
 // stopped. When a renewal fails, or hangs past the next tick, another one is
 // sent every tenth of the lease without waiting for it, so neither a flaky
 // store nor a hung connection costs a live holder its reservation while
 // some renewal can still get through. A renewal the service refuses means
 // the attempt was fenced: fenced is called and the renewals stop.
-func (g *Gate) keepLease(ctx context.Context, c call, epoch int64, fenced func()) *leaseKeeper {
+func (g *Gate) keepLease(ctx context.Context, c call, epoch int64, first time.Duration, fenced func()) *leaseKeeper {
 	lease := c.method.policy.Lease
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	k := &leaseKeeper{cancel: cancel, done: make(chan struct{})}
@@ -503,7 +509,7 @@ func (g *Gate) keepLease(ctx context.Context, c call, epoch int64, fenced func()
 		defer attempts.Wait()
 		results := make(chan error, maxOutstandingRenewals)
 		outstanding := 0
-		timer := time.NewTimer(lease / 3)
+		timer := time.NewTimer(max(first, 0))
 		defer timer.Stop()
 		for {
 			select {
@@ -740,7 +746,7 @@ func (g *Gate) followUpLostBegin(ctx context.Context, c call, beginReq *idemgate
 			cancelCall()
 			if err == nil {
 				if reserved := res.GetReserved(); reserved != nil {
-					lease := g.keepLease(bctx, c, reserved.GetEpoch(), func() {})
+					lease := g.keepLease(bctx, c, reserved.GetEpoch(), 0, func() {})
 					g.release(bctx, c, reserved.GetEpoch(), false, lease)
 				}
 				return

@@ -450,15 +450,17 @@ WHERE scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
 RETURNING lease_expires_at`
 
 // renewSQL is heartbeatSQL for Begin's renewal of the calling attempt's own
-// in-flight record whose lease ran out; the token, epoch and state tests make
-// it a no-op when someone took the record over or settled it meanwhile.
+// record whose lease ran out (still in flight, or marked unknown by a
+// duplicate meanwhile); the token, epoch and state tests make it a no-op when
+// someone took the record over or settled it meanwhile.
 const renewSQL = `
 UPDATE idemgate_records
-SET lease_ms = $5::bigint,
+SET state = 'in_flight',
+    lease_ms = $5::bigint,
     lease_expires_at = now() + $5::bigint * interval '1 millisecond',
     expires_at = greatest(expires_at, now() + $5::bigint * interval '1 millisecond')
 WHERE scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
-  AND state = 'in_flight'
+  AND state IN ('in_flight', 'unknown')
 RETURNING lease_expires_at`
 
 // Heartbeat implements dedupesvc.Store.

@@ -375,9 +375,9 @@ RETURNING lease_expires_at`
 // over or settled meanwhile.
 const renewSQL = `
 UPDATE idemgate_records
-SET lease_ms = :lease, lease_expires_at = :now + :lease, expires_at = max(expires_at, :now + :lease)
+SET state = 'in_flight', lease_ms = :lease, lease_expires_at = :now + :lease, expires_at = max(expires_at, :now + :lease)
 WHERE scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
-  AND state = 'in_flight'
+  AND state IN ('in_flight', 'unknown')
 RETURNING lease_expires_at`
 
 // Heartbeat implements dedupesvc.Store.

@@ -270,6 +270,28 @@ func testBegin(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 		mustBegin(t, s, reexecute(begin("t2", fpA, long, long)), dedupesvc.BeginInFlight)
 	})
 
+	t.Run("a retried Begin of the holder revives its record marked unknown meanwhile", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		// The holder's answer was lost and its re-sent Begin comes late: a
+		// duplicate found the lease run out and marked the record unknown,
+		// although the holder never ran its handler (it never learnt it held
+		// the key). The late Begin takes its reservation back, so the
+		// interceptor can release it instead of leaving the key blocked.
+		first := mustBegin(t, s, begin("t1", fpA, time.Second, long), dedupesvc.BeginReserved)
+		time.Sleep(time.Second + 200*time.Millisecond)
+		mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginOutcomeUnknown)
+		again := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
+		if again.Epoch != first.Epoch {
+			t.Fatalf("revived epoch %d, want %d", again.Epoch, first.Epoch)
+		}
+		mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginInFlight)
+		if err := s.Release(ctx, dedupesvc.ReleaseParams{Scope: "/pkg.S/M", Key: "key-1", AttemptToken: "t1", Epoch: first.Epoch}); err != nil {
+			t.Fatal(err)
+		}
+		mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginReserved)
+	})
+
 	t.Run("another fingerprint is a mismatch in every state", func(t *testing.T) {
 		t.Parallel()
 		s := newStore(t)
