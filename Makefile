@@ -82,6 +82,38 @@ fuzz: ## Run each fuzz target for FUZZ_TIME (default 50000 executions).
 	  go test -run='^$$' -fuzz="^$${t#*:}\$$" -fuzztime=$(FUZZ_TIME) $${t%%:*}; \
 	done
 
+# MODEL_CONFIGS are the model's configurations `make model` verifies (policy: spin -D flags).
+MODEL_CONFIGS := FAIL_CLOSED: REEXECUTE:-DREEXECUTE
+# MODEL_HOLES put each fixed hole back (hole:config); each must make SPIN find a violation.
+MODEL_HOLES := HOLE_CALLER_CANCEL: HOLE_HEARTBEAT_GAP:-DREEXECUTE HOLE_OUTAGE_COUNTS: \
+  HOLE_LOST_BEGIN: HOLE_EXPIRED_RENEW:-DREEXECUTE HOLE_STALE_FINISH_AFTER_RESOLVE:
+# PAN_CFLAGS: exhaustive safety search with state compression.
+PAN_CFLAGS ?= -w -O2 -DSAFETY -DCOLLAPSE
+
+.PHONY: model
+model: ## Model-check the reservation protocol (internal/model) with SPIN, then require each HOLE_* mutation to fail.
+	@command -v spin >/dev/null 2>&1 && command -v gcc >/dev/null 2>&1 || \
+	  { echo "make model needs spin and gcc: apt-get install spin gcc"; exit 1; }
+	@set -e; tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT; \
+	check() { \
+	  d="$$tmp/$$1" && mkdir -p "$$d" && cp internal/model/reservation.pml "$$d/" && \
+	  (cd "$$d" && spin -a $$2 reservation.pml >spin.log && gcc $(PAN_CFLAGS) -o pan pan.c && \
+	   ./pan -m1000000 >pan.log 2>&1; true); \
+	  grep -q 'errors: 0' "$$d/pan.log" && return 0 || return 1; \
+	}; \
+	for c in $(MODEL_CONFIGS); do \
+	  name=$${c%%:*}; flags=$${c#*:}; \
+	  if check "$$name" "$$flags"; then \
+	    echo "$$name: no violation ($$(grep -o '[0-9]* states, stored' $$tmp/$$name/pan.log), $$(grep -o 'elapsed time.*' $$tmp/$$name/pan.log))"; \
+	  else cat "$$tmp/$$name/pan.log"; echo "$$name: the model found a violation"; exit 1; fi; \
+	done; \
+	for h in $(MODEL_HOLES); do \
+	  name=$${h%%:*}; flags="-D$$name $${h#*:}"; \
+	  if check "$$name" "$$flags"; then echo "$$name: no violation found, but the model must catch it"; exit 1; fi; \
+	  grep -q 'errors: [1-9]' "$$tmp/$$name/pan.log" || { cat "$$tmp/$$name/pan.log"; echo "$$name: the check did not run"; exit 1; }; \
+	  echo "$$name: violation found, as it must ($$(grep -o 'assertion violated.*(at' $$tmp/$$name/pan.log | sed 's/ (at$$//'))"; \
+	done
+
 .PHONY: bench
 bench: $(BENCHSTAT) ## Run the benchmarks BENCH_COUNT times and summarise them with benchstat.
 	go test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) -timeout=60m ./interceptor/ | tee bench.txt
