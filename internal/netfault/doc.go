@@ -12,7 +12,8 @@
 //
 // Each fault replaces the one before it. Faults that lose bytes (Blackhole,
 // Timeout, Reset, DropReplies) leave the connections they touched with gaps
-// no real TCP connection has, so Heal cuts those connections and clients
-// reconnect; a gRPC client does so by itself (call with WaitForReady to ride
-// its reconnect backoff).
+// no real TCP connection has, so Heal, or the next fault, cuts those
+// connections and clients reconnect; a gRPC client does so by itself (call
+// with WaitForReady to ride its reconnect backoff, and retry UNAVAILABLE: a
+// call that races the cut fails so). Latency loses nothing and cuts nothing.
 package netfault

@@ -20,7 +20,7 @@ type Proxy struct {
 
 	mu sync.Mutex
 	// lossy is set while a fault that drops bytes is on, or was since the
-	// last Heal: Heal must then cut the connections.
+	// connections were last cut: Heal and the next fault cut them then.
 	lossy bool
 }
 
@@ -124,6 +124,7 @@ func (p *Proxy) Cut() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cut()
+	p.lossy = false
 }
 
 // cut restarts the proxy on the same address: toxiproxy closes every
@@ -151,13 +152,17 @@ type toxic struct {
 	Attributes map[string]any `json:"attributes"`
 }
 
-// set replaces the current fault with toxics.
+// set replaces the current fault with toxics; lossy says whether they drop
+// bytes. Like Heal, it first cuts the connections a lossy fault touched.
 func (p *Proxy) set(lossy bool, toxics ...toxic) {
 	p.tb.Helper()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.proxy.Toxics.ResetToxics(context.Background())
-	p.lossy = p.lossy || lossy
+	if p.lossy {
+		p.cut() // their byte streams have gaps: see Heal
+	}
+	p.lossy = lossy
 	for _, t := range toxics {
 		b, err := json.Marshal(t)
 		if err != nil {

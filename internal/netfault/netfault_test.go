@@ -197,3 +197,17 @@ func TestCutClosesOpenConnections(t *testing.T) {
 	wantCode(t, err, codes.Unavailable, "Watch after Cut")
 	mustSucceed(t, healthpb.NewHealthClient(conn), "after Cut")
 }
+
+// A fault that follows a lossy one without Heal runs on fresh connections:
+// the ones with gaps in their byte streams are cut.
+func TestNextFaultCutsConnectionsALossyFaultTouched(t *testing.T) {
+	t.Parallel()
+	addr, _ := healthServer(t)
+	p := netfault.NewProxy(t, addr)
+	c := client(t, p.Addr())
+	mustSucceed(t, c, "through the proxy")
+	p.DropReplies()
+	wantCode(t, check(c, faultDeadline, false), codes.DeadlineExceeded, "under DropReplies")
+	p.Latency(10 * time.Millisecond)
+	mustSucceed(t, c, "under Latency after DropReplies")
+}
