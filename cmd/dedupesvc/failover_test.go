@@ -190,6 +190,7 @@ func TestAcknowledgedRecordsSurvivePostgresFailover(t *testing.T) {
 	// mark can keep it.
 	time.Sleep(time.Until(lapsingReserved.Add(shortLease + time.Second)))
 	ackedInOutage := l.acked.Load()
+	promoting := time.Now()
 	cluster.Promote(t)
 	promoted := time.Now()
 
@@ -210,8 +211,9 @@ func TestAcknowledgedRecordsSurvivePostgresFailover(t *testing.T) {
 		t.Errorf("Begin lapsing by another attempt right after recovery (%s after its reservation, lease %s) = %v, %v; want in_flight",
 			time.Since(lapsingReserved).Round(time.Millisecond), shortLease, resp, err)
 	}
-	t.Logf("outage: primary killed, standby promoted %s later (held past the %s lease); service recovered %s after promotion, %s after the kill",
-		promoted.Sub(killed).Round(time.Millisecond), shortLease, recovered.Sub(promoted).Round(time.Millisecond), recovered.Sub(killed).Round(time.Millisecond))
+	t.Logf("outage: primary killed, standby promoted %s later (held past the %s lease; Promote took %s); service recovered %s after Promote returned, %s after the kill",
+		promoted.Sub(killed).Round(time.Millisecond), shortLease, promoted.Sub(promoting).Round(time.Millisecond),
+		recovered.Sub(promoted).Round(time.Millisecond), recovered.Sub(killed).Round(time.Millisecond))
 
 	load.Wait() // the workers run out of keys
 	l.mu.Lock()
