@@ -52,6 +52,27 @@ type Cluster struct {
 // user through runuser.
 func NewCluster(tb testing.TB) *Cluster {
 	tb.Helper()
+	c := newCluster(tb)
+	c.initdb(tb)
+	c.startOnFreePort(tb)
+	return c
+}
+
+// initdb makes the cluster's data directory.
+func (c *Cluster) initdb(tb testing.TB) {
+	tb.Helper()
+	// --no-sync: a test cluster need not survive an OS crash, only a
+	// postmaster crash, which loses nothing written to the page cache.
+	if out, err := c.run(filepath.Join(c.bin, "initdb"), "-D", c.dataDir(), "--no-sync", "-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C"); err != nil {
+		tb.Fatalf("pgtest: initdb: %v\n%s", err, out)
+	}
+}
+
+// newCluster makes the directory of a cluster, with no data directory yet,
+// and registers its removal at the test's end. It skips the test (fails it
+// under CI=true) when the server programs cannot run.
+func newCluster(tb testing.TB) *Cluster {
+	tb.Helper()
 	bin, err := postgresBinDir()
 	if err != nil {
 		unavailable(tb, fmt.Sprintf("pgtest: no PostgreSQL server binaries: %v", err))
@@ -88,25 +109,25 @@ func NewCluster(tb testing.TB) *Cluster {
 			tb.Fatalf("pgtest: %v", err)
 		}
 	}
-	// --no-sync: a test cluster need not survive an OS crash, only a
-	// postmaster crash, which loses nothing written to the page cache.
-	if out, err := c.run(filepath.Join(c.bin, "initdb"), "-D", c.dataDir(), "--no-sync", "-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C"); err != nil {
-		tb.Fatalf("pgtest: initdb: %v\n%s", err, out)
-	}
-	// A free port can be taken between our probe and the server's bind by a
-	// parallel test; try a few.
+	return c
+}
+
+// startOnFreePort starts the server on a free loopback port. A free port can
+// be taken between our probe and the server's bind by a parallel test; it
+// tries a few.
+func (c *Cluster) startOnFreePort(tb testing.TB) {
+	tb.Helper()
 	for attempt := 1; ; attempt++ {
 		c.port = freePort(tb)
 		_ = os.Remove(c.logFile()) // so "could not bind" below is this attempt's
 		err := c.start()
 		if err == nil {
-			break
+			return
 		}
 		if attempt == 3 || !strings.Contains(c.serverLog(), "could not bind") {
 			tb.Fatalf("pgtest: start cluster on port %d: %v\n%s", c.port, err, c.serverLog())
 		}
 	}
-	return c
 }
 
 // URL returns the URL of database on the cluster, as user postgres without

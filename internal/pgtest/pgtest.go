@@ -8,6 +8,8 @@
 //
 // NewCluster is for the tests that must stop or crash PostgreSQL itself: it
 // starts a throwaway server of the test's own, never the shared one.
+// NewReplicatedCluster starts a throwaway primary with a synchronous
+// streaming standby, for failover tests.
 package pgtest
 
 import (
