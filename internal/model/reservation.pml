@@ -9,7 +9,7 @@
  *   (default)        FAIL_CLOSED; a Begin re-sent after a lost answer reaches the store
  *                    while the lease it may have made still runs (timing assumption T2).
  *   -DREEXECUTE      REEXECUTE; re-sent Begins may arrive at any time (-DLATE_RESEND implied).
- *   -DLATE_RESEND    drops T2 for FAIL_CLOSED too: finds an open hole (a late re-sent Begin, see below).
+ *   -DLATE_RESEND    drops T2 for FAIL_CLOSED too: a re-sent Begin may come after the lease (see below).
  *   -DHOLE_*         puts one fixed hole back; `make model` requires each to be found.
  *
  * Timing assumptions, enforced by the clock (proctype Env):
@@ -19,10 +19,13 @@
  *       (followUpLostBegin), unless LATE_RESEND.
  *   Outages end within the finish retry budget, so no settlement or follow-up is given up.
  *
- * Open hole (not in `make model`): with -DLATE_RESEND, FAIL_CLOSED marks a key outcome-unknown
- * whose handler never ran: attempt A's Begin reserves, its answer is lost, and A's re-sent Begin
- * (gRPC retry or followUpLostBegin) arrives after the lease ended; B's Begin marks it first.
- * The Go code allows this: the Begin deadline (dedupe timeout + max_wait) may exceed the lease.
+ * A late re-sent Begin (-DLATE_RESEND): attempt A's Begin reserves, its answer is lost, and A's
+ * re-sent Begin (gRPC retry or followUpLostBegin) arrives after the lease ended, so B's Begin may
+ * mark the record outcome-unknown first: B is told OUTCOME_UNKNOWN for a handler that never ran
+ * (a false alarm, allowed here and only here). The model found that this left the key blocked
+ * for good; now A's late Begin takes its record back (DecideBegin: StepRenew on the attempt's own
+ * unknown record) and the follow-up releases it, so no key stays blocked (Invariant 3b);
+ * -DHOLE_LATE_RESEND_STRANDS puts the old behaviour back.
  *
  * Abstracted away: fingerprints (one request per key), retention and the sweeper (records
  * never expire within the horizon), max_wait waiting (a duplicate answered in flight just
@@ -62,6 +65,7 @@ bool started[NA], ran[NA], stored[NA], crashed[NA], paused[NA], mayrun[NA];
 bool keeping[NA];  /* keepLease runs for this attempt */
 bool pending[NA];  /* a lost Begin answer is being followed up */
 byte myep[NA];
+byte finished;     /* attempts that are done or dead */
 
 /* Budgets for the nondeterministic faults. */
 byte lostreplies, crashes, pauses, outages, resolves;
@@ -85,7 +89,8 @@ byte lostreplies, crashes, pauses, outages, resolves;
 #endif
 
 /* Invariant 3: a record becomes outcome-unknown only if its holder's handler started, or the
- * holder failed (crashed or stalled past its lease). */
+ * holder failed (crashed or stalled past its lease). 3b (proctype Check): when every attempt is
+ * done, no record is left outcome-unknown unless that holds. */
 #define ASSERT_UNKNOWN_RAN(h) assert(started[h] || crashed[h] || paused[h])
 
 /* Invariant 1: at most one execution under FAIL_CLOSED; under REEXECUTE one more per
@@ -107,7 +112,13 @@ inline begin(me, res) {
 	:: !up -> res = A_ERR
 	:: up && (st == NONE || st == RELEASED) -> reserve(me); res = A_RESERVED
 	:: up && st == COMPLETED -> res = A_COMPLETED
-	:: up && st == UNKNOWN -> res = A_UNKNOWN
+	:: up && st == UNKNOWN && tok != me+1 -> res = A_UNKNOWN
+	:: up && st == UNKNOWN && tok == me+1 ->
+#ifdef HOLE_LATE_RESEND_STRANDS
+		res = A_UNKNOWN
+#else
+		st = INFLIGHT; lend = now + L; res = A_RESERVED  /* StepRenew: the attempt takes its record back */
+#endif
 	:: up && MINE(me) && !EXPIRED -> res = A_RESERVED  /* the same attempt asks again */
 	:: up && MINE(me) && EXPIRED ->
 #ifndef HOLE_EXPIRED_RENEW
@@ -119,7 +130,9 @@ inline begin(me, res) {
 #ifdef REEXECUTE
 		reserve(me); res = A_RESERVED  /* StepReserve: take over */
 #else
-		ASSERT_UNKNOWN_RAN(tok-1);
+#ifndef LATE_RESEND
+		ASSERT_UNKNOWN_RAN(tok-1);  /* under T2 not even a passing false alarm */
+#endif
 		st = UNKNOWN; res = A_UNKNOWN  /* StepMarkUnknown */
 #endif
 	fi;
@@ -265,7 +278,13 @@ gate:
 done:
 	mayrun[me] = false;
 dead:
-	skip
+	finished++
+}
+
+/* Invariant 3b: once every attempt is done, a record left outcome-unknown blocks its key
+ * until an operator acts; that must never happen to a holder that never ran its handler. */
+proctype Check() {
+end:	(finished == NA) -> assert(st != UNKNOWN || started[tok-1] || crashed[tok-1] || paused[tok-1])
 }
 
 /* keepLease: renewals while the attempt's lease keeper runs. */
@@ -320,7 +339,7 @@ end:	do
 init {
 	atomic {
 		run Env();
-		run Keeper(0); run Keeper(1);
+		run Keeper(0); run Keeper(1); run Check();
 		run Attempt(0); run Attempt(1)
 	}
 }
