@@ -83,6 +83,7 @@ func run(listen, dedupeAddr, token string, logger *slog.Logger) error {
 	}()
 	logger.Info("payments tool server serving", slog.String("address", lis.Addr().String()), slog.String("dedupe", dedupeAddr),
 		slog.String("ChargeCard", gate.Policy(paymentsv1.PaymentsService_ChargeCard_FullMethodName).String()),
+		slog.String("SendReceipt", gate.Policy(paymentsv1.PaymentsService_SendReceipt_FullMethodName).String()),
 		slog.String("GetBalance", gate.Policy(paymentsv1.PaymentsService_GetBalance_FullMethodName).String()))
 	return srv.Serve(lis)
 }
