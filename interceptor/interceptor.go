@@ -899,7 +899,7 @@ func (m *gatedMethod) keyOf(ctx context.Context, req proto.Message) (string, err
 	}
 	if err := keys.Validate(key); err != nil {
 		return "", grpcerr.New(codes.InvalidArgument, ReasonKeyInvalid,
-			"the idempotency key "+err.Error()+": use 1 to 255 bytes of printable ASCII, such as a UUID", nil, 0)
+			"the idempotency key "+err.Error()+": use 1 to 255 bytes of printable ASCII without leading or trailing spaces, such as a UUID", nil, 0)
 	}
 	return key, nil
 }

@@ -140,7 +140,9 @@ func TestBadKeysAreRefusedBeforeAnyDedupeCall(t *testing.T) {
 		})
 	}
 	// Bytes a gRPC client will not even send still get a clear refusal.
-	for _, key := range []string{"tab\there", "caf\u00e9", "nul\x00"} {
+	// So do keys with edge spaces, which HTTP/2 forbids and proxies may
+	// trim: " order-1" must not be a second action beside "order-1".
+	for _, key := range []string{"tab\there", "caf\u00e9", "nul\x00", " order-1", "order-1 ", " ", "   "} {
 		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(interceptor.KeyHeader, key))
 		_, err := h.Gate.UnaryServerInterceptor()(ctx, &testingv1.MutateRequest{}, mutateInfo, func(ctx context.Context, req any) (any, error) {
 			return h.svc.Mutate(ctx, req.(*testingv1.MutateRequest))

@@ -9,7 +9,8 @@ const (
 	// logical action.
 	ReasonKeyMissing = "IDEMPOTENCY_KEY_MISSING"
 	// ReasonKeyInvalid: the key is empty, longer than 255 bytes, not
-	// printable ASCII, or sent twice with different values. INVALID_ARGUMENT.
+	// printable ASCII, starts or ends with a space, or is sent twice with
+	// different values. INVALID_ARGUMENT.
 	ReasonKeyInvalid = "IDEMPOTENCY_KEY_INVALID"
 	// ReasonKeyConflict: the idempotency-key metadata and the request's key
 	// field carry different keys. INVALID_ARGUMENT; send one, or the same in

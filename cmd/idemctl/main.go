@@ -10,7 +10,11 @@
 //	idemctl [connection flags] migrations
 //
 // It authenticates like any caller: a bearer token (-token, IDEMCTL_TOKEN)
-// or a client certificate; the identity needs the admin right.
+// or a client certificate; the identity needs the admin right. Without
+// -tls-ca it speaks plaintext, to a loopback address only unless
+// -insecure-plaintext is given. Every string from the service is printed
+// escaped (Go quoted) when it holds anything but printable ASCII, since
+// callers choose scopes and an escape sequence could rewrite the screen.
 package main
 
 import (
@@ -21,7 +25,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -76,6 +82,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	caFile := top.String("tls-ca", "", "CA `file` (PEM) that signed the service's certificate; empty uses plaintext")
 	certFile := top.String("tls-cert", "", "client certificate `file` (PEM), for mutual TLS")
 	keyFile := top.String("tls-key", "", "client key `file` (PEM)")
+	plaintextDefault, _ := strconv.ParseBool(os.Getenv("IDEMCTL_INSECURE_PLAINTEXT"))
+	insecurePlaintext := top.Bool("insecure-plaintext", plaintextDefault,
+		"allow plaintext (no -tls-ca) to an address that is not loopback: the token crosses the network readable (env IDEMCTL_INSECURE_PLAINTEXT)")
 	if err := top.Parse(args); err != nil {
 		return 2
 	}
@@ -83,7 +92,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		top.Usage()
 		return 2
 	}
-	conn, err := dial(*addr, *token, *caFile, *certFile, *keyFile)
+	conn, err := dial(*addr, *token, *caFile, *certFile, *keyFile, *insecurePlaintext)
 	if err != nil {
 		fmt.Fprintln(stderr, "idemctl:", err)
 		return 2
@@ -119,8 +128,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		r := resp.GetRecord()
 		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		for _, kv := range [][2]string{
-			{"namespace", r.GetRef().GetNamespace()}, {"scope", r.GetRef().GetScope()}, {"key", r.GetRef().GetKey()},
-			{"state", r.GetState()}, {"epoch", fmt.Sprint(r.GetEpoch())}, {"outcome", fmt.Sprintf("%s (%d bytes)", r.GetOutcomeTypeUrl(), r.GetOutcomeSize())},
+			{"namespace", safe(r.GetRef().GetNamespace())}, {"scope", safe(r.GetRef().GetScope())}, {"key", safe(r.GetRef().GetKey())},
+			{"state", safe(r.GetState())}, {"epoch", fmt.Sprint(r.GetEpoch())}, {"outcome", fmt.Sprintf("%s (%d bytes)", safe(r.GetOutcomeTypeUrl()), r.GetOutcomeSize())},
 			{"lease_expires_at", stamp(r.GetLeaseExpiresAt().AsTime())}, {"completed_at", completed(r)}, {"expires_at", stamp(r.GetExpiresAt().AsTime())},
 		} {
 			fmt.Fprintf(w, "%s\t%s\n", kv[0], kv[1])
@@ -139,7 +148,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 				return fail(stderr, err)
 			}
 			for _, r := range resp.GetRecords() {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", r.GetState(), r.GetRef().GetNamespace(), r.GetRef().GetScope(), r.GetRef().GetKey(), r.GetEpoch(), stamp(r.GetExpiresAt().AsTime()))
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", safe(r.GetState()), safe(r.GetRef().GetNamespace()), safe(r.GetRef().GetScope()), safe(r.GetRef().GetKey()), r.GetEpoch(), stamp(r.GetExpiresAt().AsTime()))
 			}
 			req.PageToken = resp.GetNextPageToken()
 			if req.PageToken == "" {
@@ -147,7 +156,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 			if !*all {
 				w.Flush()
-				fmt.Fprintf(stderr, "more records: add -page-token %s (or -all)\n", req.PageToken)
+				fmt.Fprintf(stderr, "more records: add -page-token %s (or -all)\n", safe(req.PageToken))
 				break
 			}
 		}
@@ -160,7 +169,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "STATE\tMETHOD\tCOUNT")
 		for _, c := range resp.GetCounts() {
-			fmt.Fprintf(w, "%s\t%s\t%d\n", c.GetState(), c.GetMethod(), c.GetCount())
+			fmt.Fprintf(w, "%s\t%s\t%d\n", safe(c.GetState()), safe(c.GetMethod()), c.GetCount())
 		}
 		w.Flush()
 	case "resolve":
@@ -182,7 +191,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if _, err := admin.ResolveRecord(ctx, req); err != nil {
 			return fail(stderr, err)
 		}
-		fmt.Fprintf(stdout, "resolved %s %s\n", *scope, *key)
+		fmt.Fprintf(stdout, "resolved %s %s\n", safe(*scope), safe(*key))
 	case "migrations":
 		resp, err := admin.GetMigrationStatus(ctx, &idemgatev1.GetMigrationStatusRequest{})
 		if err != nil {
@@ -193,7 +202,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			if m.GetApplied() {
 				state = "applied"
 			}
-			fmt.Fprintf(stdout, "%s\t%s\t%s\n", resp.GetStore(), state, m.GetName())
+			fmt.Fprintf(stdout, "%s\t%s\t%s\n", safe(resp.GetStore()), state, safe(m.GetName()))
 		}
 	default:
 		fmt.Fprintf(stderr, "idemctl: unknown command %q\n", top.Arg(0))
@@ -250,8 +259,13 @@ func outcomeFromJSON(scope, text, descriptorFile string) (*anypb.Any, error) {
 	return outcome, nil
 }
 
-func dial(addr, token, caFile, certFile, keyFile string) (*grpc.ClientConn, error) {
+// dial connects to the service: TLS with -tls-ca, else plaintext, which
+// only a loopback address or insecurePlaintext allows.
+func dial(addr, token, caFile, certFile, keyFile string, insecurePlaintext bool) (*grpc.ClientConn, error) {
 	var opts []grpc.DialOption
+	if caFile == "" && !insecurePlaintext && !isLoopback(addr) {
+		return nil, fmt.Errorf("refusing plaintext to %s, which is not a loopback address: the admin token would cross the network readable; pass -tls-ca (TLS), or -insecure-plaintext if the network is trusted", safe(addr))
+	}
 	if caFile == "" {
 		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	} else {
@@ -281,8 +295,39 @@ func dial(addr, token, caFile, certFile, keyFile string) (*grpc.ClientConn, erro
 
 func fail(stderr io.Writer, err error) int {
 	st := status.Convert(err)
-	fmt.Fprintf(stderr, "idemctl: %s %s: %s\n", st.Code(), grpcerr.Reason(err), st.Message())
+	fmt.Fprintf(stderr, "idemctl: %s %s: %s\n", st.Code(), safe(grpcerr.Reason(err)), safe(st.Message()))
 	return 1
+}
+
+// isLoopback reports whether a target (host:port, or dns:///host:port)
+// names this machine; a unix socket is local too.
+func isLoopback(target string) bool {
+	if strings.HasPrefix(target, "unix:") {
+		return true
+	}
+	target = strings.TrimPrefix(strings.TrimPrefix(target, "dns:///"), "passthrough:///")
+	host, _, err := net.SplitHostPort(target)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// safe returns s as it is when it is printable ASCII, else Go-quoted with
+// every other byte or rune escaped: strings come from callers, and a raw
+// escape sequence or newline could clear the operator's screen or forge a
+// table row.
+func safe(s string) string {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return strconv.QuoteToASCII(s)
+		}
+	}
+	return s
 }
 
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }

@@ -160,3 +160,56 @@ func dedupeClient(t *testing.T, addr, token string) idemgatev1.DedupeServiceClie
 	t.Cleanup(func() { _ = conn.Close() })
 	return idemgatev1.NewDedupeServiceClient(conn)
 }
+
+// Strings a tenant controls (the scope) come out escaped: an escape
+// sequence cannot clear the operator's screen nor a newline forge a row.
+func TestTenantStringsArePrintedEscaped(t *testing.T) {
+	t.Parallel()
+	addr := serve(t, dedupeapp.Config{DataDir: t.TempDir()})
+	const hostile = "/x.S/M\x1b[2J|\x1b[H\nunknown\tops\tforged"
+	fp := sha256.Sum256([]byte("r"))
+	if _, err := dedupeClient(t, addr, paymentsToken).Begin(context.Background(), &idemgatev1.BeginRequest{Scope: hostile, Key: "order-1",
+		Fingerprint: fp[:], AttemptToken: "a", Lease: durationpb.New(time.Hour), Retention: durationpb.New(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"list"},
+		{"count"},
+		{"show", "-namespace", "payments", "-scope", hostile, "-key", "order-1"},
+	} {
+		out := idemctl(t, 0, addr, adminToken, args...)
+		if strings.ContainsAny(out, "\x1b") || strings.Contains(out, "\nunknown") {
+			t.Errorf("idemctl %s printed the scope raw:\n%s", args[0], out)
+		}
+		if !strings.Contains(out, `\x1b[2J`) {
+			t.Errorf("idemctl %s does not show the escaped scope:\n%s", args[0], out)
+		}
+	}
+}
+
+// The admin token never goes in plaintext to another machine unless the
+// operator says so.
+func TestPlaintextToARemoteAddressNeedsAFlag(t *testing.T) {
+	t.Parallel()
+	for _, addr := range []string{"10.0.0.1:50051", "dedupe.example:50051", "dns:///dedupe.example:50051"} {
+		var stdout, stderr bytes.Buffer
+		if code := run([]string{"-addr", addr, "-token", adminToken, "list"}, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "-insecure-plaintext") {
+			t.Errorf("plaintext to %s: exit %d, stderr %q; want 2 and a refusal naming -insecure-plaintext", addr, code, stderr.String())
+		}
+		// With the flag it dials (lazily: nothing is sent here).
+		conn, err := dial(addr, adminToken, "", "", "", true)
+		if err != nil {
+			t.Errorf("-insecure-plaintext to %s: %v", addr, err)
+			continue
+		}
+		_ = conn.Close()
+	}
+	for _, addr := range []string{"127.0.0.1:50051", "localhost:50051", "[::1]:50051"} {
+		conn, err := dial(addr, adminToken, "", "", "", false)
+		if err != nil {
+			t.Errorf("plaintext to loopback %s: %v", addr, err)
+			continue
+		}
+		_ = conn.Close()
+	}
+}

@@ -15,13 +15,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"unicode"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/internal/grpcerr"
@@ -62,22 +68,104 @@ type Config struct {
 	// nothing: for a development set-up on loopback only. Defaults to empty:
 	// such callers get UNAUTHENTICATED.
 	Anonymous string
+	// AdminMethods are further full method names reserved to admins, such as
+	// "/idemgate.v1.DedupeService/Resolve". Defaults to none.
+	AdminMethods []string
+	// Logger gets a warning line per refused call (reason, method, peer;
+	// never the presented secret), at most LogRate a second. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+	// LogRate is how many refusal lines a second are logged, in bursts of
+	// LogBurst; the lines left out are counted in the next one, and every
+	// refusal in the metrics. Defaults to 1.
+	LogRate float64
 }
 
-// Authenticator establishes the caller of each call.
+// LogBurst is how many refusal lines may be logged at once before LogRate
+// applies.
+const LogBurst = 10
+
+// Refusal reasons, the values of the reason label of
+// idemgate_dedupe_auth_refusals_total.
+const (
+	// RefusalMissingCredentials: no verified client certificate and no
+	// authorization header.
+	RefusalMissingCredentials = "missing_credentials"
+	// RefusalInvalidToken: an authorization header that is not an accepted
+	// bearer token.
+	RefusalInvalidToken = "invalid_token"
+	// RefusalNotAdmin: an admin RPC from a caller without the admin right.
+	RefusalNotAdmin = "not_admin"
+)
+
+// Authenticator establishes the caller of each call. It is also a
+// prometheus.Collector of idemgate_dedupe_auth_refusals_total{reason}.
 type Authenticator struct {
 	cfg    Config
 	admins map[string]bool
+	tokens atomic.Pointer[[]Token]
+
+	refusals   *prometheus.CounterVec
+	logLimit   *rate.Limiter
+	suppressed atomic.Int64
 }
+
+var _ prometheus.Collector = (*Authenticator)(nil)
 
 // New validates cfg and returns its Authenticator.
 func New(cfg Config) (*Authenticator, error) {
 	if cfg.AdminMethodPrefix == "" {
 		cfg.AdminMethodPrefix = "/idemgate.v1.AdminService/"
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.LogRate <= 0 {
+		cfg.LogRate = 1
+	}
+	var errs []error
+	if err := validTokens(cfg.Tokens); err != nil {
+		errs = append(errs, err)
+	}
+	if cfg.Anonymous != "" {
+		if err := validName(cfg.Anonymous); err != nil {
+			errs = append(errs, fmt.Errorf("anonymous identity %w", err))
+		}
+	}
+	a := &Authenticator{cfg: cfg, admins: map[string]bool{},
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_dedupe_auth_refusals_total",
+			Help: "Calls refused by authentication, by reason: missing_credentials, invalid_token, not_admin.",
+		}, []string{"reason"}),
+		logLimit: rate.NewLimiter(rate.Limit(cfg.LogRate), LogBurst),
+	}
+	for _, reason := range []string{RefusalMissingCredentials, RefusalInvalidToken, RefusalNotAdmin} {
+		a.refusals.WithLabelValues(reason)
+	}
+	tokens := slices.Clone(cfg.Tokens)
+	a.tokens.Store(&tokens)
+	for _, id := range cfg.AdminIdentities {
+		a.admins[id] = true
+	}
+	return a, errors.Join(errs...)
+}
+
+// SetTokens replaces the accepted bearer tokens, as when the token file
+// changed: a removed token is refused from the next call on. Invalid tokens
+// leave the ones in force unchanged.
+func (a *Authenticator) SetTokens(tokens []Token) error {
+	if err := validTokens(tokens); err != nil {
+		return err
+	}
+	tokens = slices.Clone(tokens)
+	a.tokens.Store(&tokens)
+	return nil
+}
+
+func validTokens(tokens []Token) error {
 	var errs []error
 	seen := map[string]bool{}
-	for i, t := range cfg.Tokens {
+	for i, t := range tokens {
 		if err := validName(t.Name); err != nil {
 			errs = append(errs, fmt.Errorf("token %d: name %w", i+1, err))
 		}
@@ -89,16 +177,41 @@ func New(cfg Config) (*Authenticator, error) {
 		}
 		seen[t.Secret] = true
 	}
-	if cfg.Anonymous != "" {
-		if err := validName(cfg.Anonymous); err != nil {
-			errs = append(errs, fmt.Errorf("anonymous identity %w", err))
-		}
+	return errors.Join(errs...)
+}
+
+// Describe implements prometheus.Collector.
+func (a *Authenticator) Describe(ch chan<- *prometheus.Desc) { a.refusals.Describe(ch) }
+
+// Collect implements prometheus.Collector.
+func (a *Authenticator) Collect(ch chan<- prometheus.Metric) { a.refusals.Collect(ch) }
+
+// refused counts a refusal and logs it unless the log is over its rate, so a
+// flood of bad calls is visible without flooding the log. The presented
+// secret is never logged.
+func (a *Authenticator) refused(ctx context.Context, method, reason, caller string, err error) error {
+	a.refusals.WithLabelValues(reason).Inc()
+	if !a.logLimit.Allow() {
+		a.suppressed.Add(1)
+		return err
 	}
-	a := &Authenticator{cfg: cfg, admins: map[string]bool{}}
-	for _, id := range cfg.AdminIdentities {
-		a.admins[id] = true
+	attrs := []any{slog.String("reason", reason), slog.String("method", method)}
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		attrs = append(attrs, slog.String("peer", p.Addr.String()))
 	}
-	return a, errors.Join(errs...)
+	if caller != "" {
+		attrs = append(attrs, slog.String("caller", caller))
+	}
+	if n := a.suppressed.Swap(0); n > 0 {
+		attrs = append(attrs, slog.Int64("suppressed", n))
+	}
+	a.cfg.Logger.WarnContext(ctx, "authentication refused", attrs...)
+	return err
+}
+
+// adminOnly reports whether method is reserved to admins.
+func (a *Authenticator) adminOnly(method string) bool {
+	return strings.HasPrefix(method, a.cfg.AdminMethodPrefix) || slices.Contains(a.cfg.AdminMethods, method)
 }
 
 // validName refuses names that could blur the record namespace.
@@ -126,13 +239,13 @@ func (a *Authenticator) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		if strings.HasPrefix(info.FullMethod, "/grpc.health.v1.Health/") {
 			return handler(ctx, req)
 		}
-		caller, err := a.Authenticate(ctx)
+		caller, reason, err := a.authenticate(ctx)
 		if err != nil {
-			return nil, err
+			return nil, a.refused(ctx, info.FullMethod, reason, "", err)
 		}
-		if strings.HasPrefix(info.FullMethod, a.cfg.AdminMethodPrefix) && !caller.Admin {
-			return nil, grpcerr.New(codes.PermissionDenied, ReasonPermissionDenied,
-				fmt.Sprintf("%s is an admin RPC and %q has no admin right", info.FullMethod, caller.Name), nil, 0)
+		if a.adminOnly(info.FullMethod) && !caller.Admin {
+			return nil, a.refused(ctx, info.FullMethod, RefusalNotAdmin, caller.Name, grpcerr.New(codes.PermissionDenied, ReasonPermissionDenied,
+				fmt.Sprintf("%s is reserved to admins on this service and %q has no admin right", info.FullMethod, caller.Name), nil, 0))
 		}
 		return handler(dedupesvc.ContextWithCaller(ctx, caller), req)
 	}
@@ -145,35 +258,47 @@ func (a *Authenticator) StreamServerInterceptor() grpc.StreamServerInterceptor {
 		if strings.HasPrefix(info.FullMethod, "/grpc.health.v1.Health/") {
 			return handler(srv, ss)
 		}
-		if _, err := a.Authenticate(ss.Context()); err != nil {
-			return err
+		caller, reason, err := a.authenticate(ss.Context())
+		if err != nil {
+			return a.refused(ss.Context(), info.FullMethod, reason, "", err)
+		}
+		if a.adminOnly(info.FullMethod) && !caller.Admin {
+			return a.refused(ss.Context(), info.FullMethod, RefusalNotAdmin, caller.Name, grpcerr.New(codes.PermissionDenied, ReasonPermissionDenied,
+				fmt.Sprintf("%s is reserved to admins on this service and %q has no admin right", info.FullMethod, caller.Name), nil, 0))
 		}
 		return handler(srv, ss)
 	}
 }
 
-// Authenticate returns the caller of ctx's call, or UNAUTHENTICATED.
+// Authenticate returns the caller of ctx's call, or UNAUTHENTICATED. It
+// neither counts nor logs a refusal; the interceptors do.
 func (a *Authenticator) Authenticate(ctx context.Context) (dedupesvc.Caller, error) {
+	caller, _, err := a.authenticate(ctx)
+	return caller, err
+}
+
+// authenticate is Authenticate with the refusal reason.
+func (a *Authenticator) authenticate(ctx context.Context) (dedupesvc.Caller, string, error) {
 	if name := identity.FromPeer(ctx); name != "" {
-		return dedupesvc.Caller{Name: name, Admin: a.admins[name]}, nil
+		return dedupesvc.Caller{Name: name, Admin: a.admins[name]}, "", nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	if values := md.Get("authorization"); len(values) > 0 {
 		secret, ok := strings.CutPrefix(values[0], "Bearer ")
 		if ok {
-			for _, t := range a.cfg.Tokens {
+			for _, t := range *a.tokens.Load() {
 				if subtle.ConstantTimeCompare([]byte(secret), []byte(t.Secret)) == 1 {
-					return dedupesvc.Caller{Name: t.Name, Admin: t.Admin}, nil
+					return dedupesvc.Caller{Name: t.Name, Admin: t.Admin}, "", nil
 				}
 			}
 		}
-		return dedupesvc.Caller{}, grpcerr.New(codes.Unauthenticated, ReasonUnauthenticated,
+		return dedupesvc.Caller{}, RefusalInvalidToken, grpcerr.New(codes.Unauthenticated, ReasonUnauthenticated,
 			"the bearer token is not valid for this dedupe service", nil, 0)
 	}
 	if a.cfg.Anonymous != "" {
-		return dedupesvc.Caller{Name: a.cfg.Anonymous}, nil
+		return dedupesvc.Caller{Name: a.cfg.Anonymous}, "", nil
 	}
-	return dedupesvc.Caller{}, grpcerr.New(codes.Unauthenticated, ReasonUnauthenticated,
+	return dedupesvc.Caller{}, RefusalMissingCredentials, grpcerr.New(codes.Unauthenticated, ReasonUnauthenticated,
 		"the dedupe service needs a client certificate or an \"authorization: Bearer <token>\" header", nil, 0)
 }
 

@@ -64,6 +64,12 @@ func open(ctx context.Context, dir string, opened time.Time, elapsed func() time
 		return nil, fmt.Errorf("sqlitestore: create data directory: %w", err)
 	}
 	path := filepath.Join(dir, FileName)
+	// The file holds every key and outcome: only this user may read it,
+	// whatever the umask. SQLite gives its -wal and -shm files the
+	// database file's mode.
+	if err := privateFile(path); err != nil {
+		return nil, err
+	}
 	// WAL lets reads run beside the writer; synchronous=FULL makes a
 	// committed reservation survive a power cut, which a store whose whole
 	// point is "never run twice" needs; immediate transactions take the
@@ -90,7 +96,30 @@ func open(ctx context.Context, dir string, opened time.Time, elapsed func() time
 		db.Close()
 		return nil, err
 	}
+	// -wal and -shm left by an earlier version may be more open.
+	for _, suffix := range []string{"-wal", "-shm"} {
+		if err := os.Chmod(path+suffix, 0o600); err != nil && !errors.Is(err, os.ErrNotExist) {
+			db.Close()
+			return nil, fmt.Errorf("sqlitestore: %w", err)
+		}
+	}
 	return s, nil
+}
+
+// privateFile creates path with mode 0600 if it is missing and sets an
+// existing one to 0600.
+func privateFile(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("sqlitestore: create %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("sqlitestore: create %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		return fmt.Errorf("sqlitestore: %w", err)
+	}
+	return nil
 }
 
 // MarkResumed implements dedupesvc.Resumer: from now on every in-flight

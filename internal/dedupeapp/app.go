@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -27,11 +28,13 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/idemgate/idemgate/dedupesvc"
@@ -90,6 +93,13 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 		if err != nil {
 			return backend{}, err
 		}
+		// The store's files are 0600 whatever the umask; a directory others
+		// may list still shows them keys' existence and sizes, and may hold
+		// other files: say so.
+		if fi, err := os.Stat(cfg.DataDir); err == nil && runtime.GOOS != "windows" && fi.Mode().Perm()&0o077 != 0 {
+			logger.Warn(fmt.Sprintf("the data directory is open to group or others (mode %#o); the store's files are 0600, restrict the directory too: chmod 700 %s", fi.Mode().Perm(), cfg.DataDir),
+				slog.String("path", cfg.DataDir))
+		}
 		return backend{store: s, notifier: s, close: func() { _ = s.Close() }}, nil
 	}
 	logger.Info("using PostgreSQL", slog.String("store", "postgres"), slog.String("database", redactedURL(cfg.DatabaseURL)))
@@ -138,6 +148,7 @@ func redactedURL(raw string) string {
 // cfg.ShutdownTimeout to finish, and the rest are cut. It returns nil after a
 // clean stop.
 func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logger) error {
+	cfg = cfg.withDefaults()
 	b, err := openBackend(ctx, cfg, logger)
 	if err != nil {
 		return err
@@ -167,9 +178,15 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 		backgroundDone.Go(func() { b.run(background) })
 	}
 	store := b.store
-	grpcOpts, err := securityOptions(cfg, logger)
+	grpcOpts, authenticator, err := securityOptions(cfg, logger)
 	if err != nil {
 		return err
+	}
+	if authenticator != nil {
+		registry.MustRegister(authenticator)
+		if cfg.TokenFile != "" {
+			backgroundDone.Go(func() { watchTokenFile(background, cfg.TokenFile, cfg.TokenReloadInterval, authenticator, logger) })
+		}
 	}
 	tracing, stopTracing, err := tracingOption(ctx, cfg, logger)
 	if err != nil {
@@ -177,14 +194,25 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 	}
 	defer stopTracing()
 	grpcOpts = append(grpcOpts, tracing...)
+	grpcOpts = append(grpcOpts, limitOptions(cfg)...)
 	// Bounded input: headers (keys, tokens, scopes) fit in 16 KiB, and no
 	// message is larger than the largest outcome plus its envelope.
 	grpcOpts = append(grpcOpts, grpc.MaxHeaderListSize(maxHeaderBytes), grpc.MaxRecvMsgSize(cfg.MaxOutcomeBytes+envelopeBytes))
+	// Every call is counted, refused ones included; a request that does not
+	// parse is refused before anything reads it; authentication comes before
+	// the logging of calls, so a flood of refusals is logged at its own
+	// limited rate.
+	codec := newRequestCodec()
+	unary := []grpc.UnaryServerInterceptor{grpcMetrics.UnaryServerInterceptor(), codec.unaryInterceptor()}
+	stream := []grpc.StreamServerInterceptor{grpcMetrics.StreamServerInterceptor(), codec.streamInterceptor()}
+	if authenticator != nil {
+		unary = append(unary, authenticator.UnaryServerInterceptor())
+		stream = append(stream, authenticator.StreamServerInterceptor())
+	}
+	unary = append(unary, logging.UnaryServerInterceptor(grpcLogger(logger), logging.WithLevels(codeLevel)))
+	grpcOpts = append(grpcOpts, grpc.ForceServerCodecV2(codec), grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
 	healthSrv := health.NewServer()
-	srv := grpc.NewServer(append(grpcOpts, grpc.ChainUnaryInterceptor(
-		grpcMetrics.UnaryServerInterceptor(),
-		logging.UnaryServerInterceptor(grpcLogger(logger), logging.WithLevels(codeLevel)),
-	))...)
+	srv := grpc.NewServer(grpcOpts...)
 	service := dedupesvc.NewServer(store, serverOpts...)
 	idemgatev1.RegisterDedupeServiceServer(srv, service)
 	admin, err := dedupesvc.NewAdminServer(store, service)
@@ -210,7 +238,7 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 	backgroundDone.Go(func() { sweeper.Run(background) })
 
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(lis) }()
+	go func() { serveErr <- srv.Serve(netutil.LimitListener(lis, cfg.MaxConnections)) }()
 	logger.Info("dedupe service serving", slog.String("address", lis.Addr().String()))
 
 	select {
@@ -282,26 +310,45 @@ func serveMetrics(addr string, registry *prometheus.Registry, logger *slog.Logge
 	}, nil
 }
 
+// limitOptions bound what one connection, and one idle or slow client, can
+// hold: calls per connection, the handshake, idle and old connections, and
+// how often a client may ping.
+func limitOptions(cfg Config) []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.MaxConcurrentStreams(uint32(cfg.MaxConcurrentStreams)),
+		grpc.ConnectionTimeout(cfg.HandshakeTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle:     cfg.MaxConnectionIdle,
+			MaxConnectionAge:      cfg.MaxConnectionAge,
+			MaxConnectionAgeGrace: cfg.MaxConnectionAgeGrace,
+		}),
+		// Pings keep an idle connection's liveness known; a client may send
+		// them without calls in flight, but not more often than MinTime.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: cfg.KeepaliveMinTime, PermitWithoutStream: true}),
+	}
+}
+
 // securityOptions turns the TLS and authentication flags into server
-// options: TLS credentials (verifying client certificates when a client CA
-// is given, while still letting token callers in) and the authenticator,
-// which runs before every other interceptor.
-func securityOptions(cfg Config, logger *slog.Logger) ([]grpc.ServerOption, error) {
+// options (TLS credentials, verifying client certificates when a client CA
+// is given while still letting token callers in) and the authenticator,
+// which runs before the service sees a call; nil when callers do not
+// authenticate.
+func securityOptions(cfg Config, logger *slog.Logger) ([]grpc.ServerOption, *auth.Authenticator, error) {
 	var opts []grpc.ServerOption
 	if cfg.TLSCert != "" {
 		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
 		if err != nil {
-			return nil, fmt.Errorf("load -tls-cert/-tls-key: %w", err)
+			return nil, nil, fmt.Errorf("load -tls-cert/-tls-key: %w", err)
 		}
 		tlsCfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 		if cfg.TLSClientCA != "" {
 			pem, err := os.ReadFile(cfg.TLSClientCA)
 			if err != nil {
-				return nil, fmt.Errorf("read -tls-client-ca: %w", err)
+				return nil, nil, fmt.Errorf("read -tls-client-ca: %w", err)
 			}
 			pool := x509.NewCertPool()
 			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("-tls-client-ca %s holds no PEM certificate", cfg.TLSClientCA)
+				return nil, nil, fmt.Errorf("-tls-client-ca %s holds no PEM certificate", cfg.TLSClientCA)
 			}
 			tlsCfg.ClientCAs, tlsCfg.ClientAuth = pool, tls.VerifyClientCertIfGiven
 		}
@@ -309,25 +356,24 @@ func securityOptions(cfg Config, logger *slog.Logger) ([]grpc.ServerOption, erro
 	}
 	if !cfg.authConfigured() {
 		logger.Warn("no authentication configured (-tls-client-ca, -token-file): any local process may call the service; records are not namespaced by caller")
-		return opts, nil
+		return opts, nil, nil
 	}
-	authCfg := auth.Config{AdminIdentities: cfg.AdminIdentities}
+	authCfg := auth.Config{AdminIdentities: cfg.AdminIdentities, Logger: logger, LogRate: cfg.AuthRefusalLogRate}
+	if cfg.ResolveAdminOnly {
+		authCfg.AdminMethods = []string{idemgatev1.DedupeService_Resolve_FullMethodName}
+	}
 	if cfg.TokenFile != "" {
-		f, err := os.Open(cfg.TokenFile)
+		tokens, err := readTokenFile(cfg.TokenFile)
 		if err != nil {
-			return nil, fmt.Errorf("read -token-file: %w", err)
+			return nil, nil, err
 		}
-		defer f.Close()
-		if authCfg.Tokens, err = auth.ReadTokens(f); err != nil {
-			return nil, fmt.Errorf("-token-file %s: %w", cfg.TokenFile, err)
-		}
+		authCfg.Tokens = tokens
 	}
 	authenticator, err := auth.New(authCfg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return append(opts, grpc.ChainUnaryInterceptor(authenticator.UnaryServerInterceptor()),
-		grpc.ChainStreamInterceptor(authenticator.StreamServerInterceptor())), nil
+	return opts, authenticator, nil
 }
 
 // otlpExporterOptions reads the collector endpoint: a URL whose scheme says

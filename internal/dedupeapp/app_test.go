@@ -47,6 +47,16 @@ func TestParseConfig(t *testing.T) {
 		cfg.DataDir != "/home/u/.local/share/idemgate" {
 		t.Fatalf("config %+v: flags, environment and defaults not applied", cfg)
 	}
+	if cfg.MaxConnections != 512 || cfg.MaxConcurrentStreams != 256 || cfg.HandshakeTimeout != 5*time.Second ||
+		cfg.MaxConnectionIdle != 5*time.Minute || cfg.MaxConnectionAge != 30*time.Minute || cfg.MaxConnectionAgeGrace != 2*time.Minute ||
+		cfg.KeepaliveMinTime != 10*time.Second || cfg.AuthRefusalLogRate != 1 || cfg.TokenReloadInterval != 5*time.Second || cfg.ResolveAdminOnly {
+		t.Fatalf("config %+v: the limits' defaults not applied", cfg)
+	}
+	limits := map[string]string{"IDEMGATE_MAX_CONCURRENT_STREAMS": "8", "IDEMGATE_RESOLVE_ADMIN_ONLY": "true", "IDEMGATE_TOKEN_FILE": "t"}
+	cfg, err = dedupeapp.ParseConfig("dedupesvc", []string{"-max-connection-idle", "1m"}, func(k string) string { return limits[k] }, io.Discard)
+	if err != nil || cfg.MaxConcurrentStreams != 8 || !cfg.ResolveAdminOnly || cfg.MaxConnectionIdle != time.Minute {
+		t.Fatalf("config %+v, %v: the limits' flags and environment not applied", cfg, err)
+	}
 
 	bad := []struct {
 		args []string
@@ -65,6 +75,9 @@ func TestParseConfig(t *testing.T) {
 		{[]string{"-otlp-endpoint", "grpc://collector:4317"}, nil, "-otlp-endpoint"},
 		{[]string{"-otlp-endpoint", "https://"}, nil, "-otlp-endpoint"},
 		{nil, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "collector"}, "-otlp-endpoint"},
+		{[]string{"-resolve-admin-only"}, nil, "-resolve-admin-only needs"},
+		{[]string{"-max-concurrent-streams", "-1"}, nil, "-max-concurrent-streams must be positive"},
+		{nil, map[string]string{"IDEMGATE_AUTH_REFUSAL_LOG_RATE": "fast"}, "IDEMGATE_AUTH_REFUSAL_LOG_RATE"},
 	}
 	for _, tt := range bad {
 		_, err := dedupeapp.ParseConfig("dedupesvc", tt.args, func(k string) string { return tt.env[k] }, io.Discard)

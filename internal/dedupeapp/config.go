@@ -96,6 +96,97 @@ type Config struct {
 	// TracerProvider, when set, traces with it instead of an OTLP exporter
 	// (for embedding and tests). Defaults to nil.
 	TracerProvider trace.TracerProvider
+
+	// MaxConnections bounds the connections served at once; further ones
+	// wait in the kernel's accept queue until one closes. 0 takes the
+	// default of 512 (IDEMGATE_MAX_CONNECTIONS).
+	MaxConnections int
+	// MaxConcurrentStreams bounds the calls (streams) open at once on one
+	// connection; a client over it is refused the excess (REFUSED_STREAM;
+	// grpc-go clients queue them). 0 takes the default of 256
+	// (IDEMGATE_MAX_CONCURRENT_STREAMS).
+	MaxConcurrentStreams int
+	// HandshakeTimeout bounds a new connection's TLS handshake and HTTP/2
+	// preface. 0 takes the default of 5s (IDEMGATE_HANDSHAKE_TIMEOUT).
+	HandshakeTimeout time.Duration
+	// MaxConnectionIdle closes a connection that has had no call for this
+	// long. 0 takes the default of 5m (IDEMGATE_MAX_CONNECTION_IDLE).
+	MaxConnectionIdle time.Duration
+	// MaxConnectionAge closes any connection this old (±10% jitter), so
+	// no connection is held for ever and load rebalances. 0 takes the
+	// default of 30m (IDEMGATE_MAX_CONNECTION_AGE).
+	MaxConnectionAge time.Duration
+	// MaxConnectionAgeGrace is what calls in flight on an aged connection
+	// get to finish; above the longest Begin wait (1m). 0 takes the default
+	// of 2m (IDEMGATE_MAX_CONNECTION_AGE_GRACE).
+	MaxConnectionAgeGrace time.Duration
+	// KeepaliveMinTime is the shortest interval between client pings the
+	// service tolerates; a client pinging more often is disconnected
+	// (GOAWAY ENHANCE_YOUR_CALM). 0 takes the default of 10s
+	// (IDEMGATE_KEEPALIVE_MIN_TIME).
+	KeepaliveMinTime time.Duration
+	// AuthRefusalLogRate is how many refused-authentication log lines a
+	// second are written at most (bursts of 10); the rest are counted in the
+	// next line and in idemgate_dedupe_auth_refusals_total. 0 takes the
+	// default of 1 (IDEMGATE_AUTH_REFUSAL_LOG_RATE).
+	AuthRefusalLogRate float64
+	// TokenReloadInterval is how often the token file is checked for a
+	// change (modification time or size) and reloaded; SIGHUP reloads it at
+	// once. Negative turns polling off (SIGHUP only). 0 takes the default of
+	// 5s (IDEMGATE_TOKEN_RELOAD_INTERVAL).
+	TokenReloadInterval time.Duration
+	// ResolveAdminOnly reserves DedupeService.Resolve to admin identities;
+	// others get PERMISSION_DENIED (DEDUPE_PERMISSION_DENIED). Needs
+	// authentication. Defaults to false: every caller may resolve its own
+	// records (IDEMGATE_RESOLVE_ADMIN_ONLY).
+	ResolveAdminOnly bool
+}
+
+// Defaults of the connection and logging limits, taken where a Config
+// field is zero.
+const (
+	DefaultMaxConnections        = 512
+	DefaultMaxConcurrentStreams  = 256
+	DefaultHandshakeTimeout      = 5 * time.Second
+	DefaultMaxConnectionIdle     = 5 * time.Minute
+	DefaultMaxConnectionAge      = 30 * time.Minute
+	DefaultMaxConnectionAgeGrace = 2 * time.Minute
+	DefaultKeepaliveMinTime      = 10 * time.Second
+	DefaultAuthRefusalLogRate    = 1.0
+	DefaultTokenReloadInterval   = 5 * time.Second
+)
+
+// withDefaults fills the zero limits with their defaults, so a Config built
+// in code (tests, embedding) is as safe as one from flags.
+func (c Config) withDefaults() Config {
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
+	if c.MaxConcurrentStreams == 0 {
+		c.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if c.MaxConnectionIdle == 0 {
+		c.MaxConnectionIdle = DefaultMaxConnectionIdle
+	}
+	if c.MaxConnectionAge == 0 {
+		c.MaxConnectionAge = DefaultMaxConnectionAge
+	}
+	if c.MaxConnectionAgeGrace == 0 {
+		c.MaxConnectionAgeGrace = DefaultMaxConnectionAgeGrace
+	}
+	if c.KeepaliveMinTime == 0 {
+		c.KeepaliveMinTime = DefaultKeepaliveMinTime
+	}
+	if c.AuthRefusalLogRate == 0 {
+		c.AuthRefusalLogRate = DefaultAuthRefusalLogRate
+	}
+	if c.TokenReloadInterval == 0 {
+		c.TokenReloadInterval = DefaultTokenReloadInterval
+	}
+	return c
 }
 
 // authConfigured reports whether callers must authenticate.
@@ -136,6 +227,17 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 		}
 		return n
 	}
+	floatEnv := func(key string, def float64) float64 {
+		v := getenv(key)
+		if v == "" {
+			return def
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", key, v, err))
+		}
+		return f
+	}
 	boolEnv := func(key string, def bool) bool {
 		v := getenv(key)
 		if v == "" {
@@ -169,6 +271,16 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 	fs.BoolVar(&cfg.InsecurePlaintext, "insecure-plaintext", boolEnv("IDEMGATE_INSECURE_PLAINTEXT", false), "allow plaintext on an address that is not loopback (env IDEMGATE_INSECURE_PLAINTEXT)")
 	fs.BoolVar(&cfg.Reflection, "reflection", boolEnv("IDEMGATE_REFLECTION", false), "serve gRPC server reflection (env IDEMGATE_REFLECTION)")
 	fs.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", env("OTEL_EXPORTER_OTLP_ENDPOINT", ""), "OpenTelemetry collector (OTLP/gRPC): `https://host:port` for TLS, http://host:port or host:port for plaintext; empty turns tracing off (env OTEL_EXPORTER_OTLP_ENDPOINT)")
+	fs.IntVar(&cfg.MaxConnections, "max-connections", intEnv("IDEMGATE_MAX_CONNECTIONS", DefaultMaxConnections), "connections served at once; more wait to be accepted (env IDEMGATE_MAX_CONNECTIONS)")
+	fs.IntVar(&cfg.MaxConcurrentStreams, "max-concurrent-streams", intEnv("IDEMGATE_MAX_CONCURRENT_STREAMS", DefaultMaxConcurrentStreams), "calls open at once on one connection; the excess is refused (env IDEMGATE_MAX_CONCURRENT_STREAMS)")
+	fs.DurationVar(&cfg.HandshakeTimeout, "handshake-timeout", durationEnv("IDEMGATE_HANDSHAKE_TIMEOUT", DefaultHandshakeTimeout), "time a new connection gets for its TLS handshake and HTTP/2 preface (env IDEMGATE_HANDSHAKE_TIMEOUT)")
+	fs.DurationVar(&cfg.MaxConnectionIdle, "max-connection-idle", durationEnv("IDEMGATE_MAX_CONNECTION_IDLE", DefaultMaxConnectionIdle), "close a connection without calls for this long (env IDEMGATE_MAX_CONNECTION_IDLE)")
+	fs.DurationVar(&cfg.MaxConnectionAge, "max-connection-age", durationEnv("IDEMGATE_MAX_CONNECTION_AGE", DefaultMaxConnectionAge), "close any connection this old, ±10% (env IDEMGATE_MAX_CONNECTION_AGE)")
+	fs.DurationVar(&cfg.MaxConnectionAgeGrace, "max-connection-age-grace", durationEnv("IDEMGATE_MAX_CONNECTION_AGE_GRACE", DefaultMaxConnectionAgeGrace), "time calls on an aged connection get to finish (env IDEMGATE_MAX_CONNECTION_AGE_GRACE)")
+	fs.DurationVar(&cfg.KeepaliveMinTime, "keepalive-min-time", durationEnv("IDEMGATE_KEEPALIVE_MIN_TIME", DefaultKeepaliveMinTime), "shortest client ping interval tolerated; faster pingers are disconnected (env IDEMGATE_KEEPALIVE_MIN_TIME)")
+	fs.Float64Var(&cfg.AuthRefusalLogRate, "auth-refusal-log-rate", floatEnv("IDEMGATE_AUTH_REFUSAL_LOG_RATE", DefaultAuthRefusalLogRate), "refused-authentication log lines per second, bursts of 10; all are counted (env IDEMGATE_AUTH_REFUSAL_LOG_RATE)")
+	fs.DurationVar(&cfg.TokenReloadInterval, "token-reload-interval", durationEnv("IDEMGATE_TOKEN_RELOAD_INTERVAL", DefaultTokenReloadInterval), "how often the token file is checked for changes; negative: on SIGHUP only (env IDEMGATE_TOKEN_RELOAD_INTERVAL)")
+	fs.BoolVar(&cfg.ResolveAdminOnly, "resolve-admin-only", boolEnv("IDEMGATE_RESOLVE_ADMIN_ONLY", false), "reserve DedupeService.Resolve to admin identities (env IDEMGATE_RESOLVE_ADMIN_ONLY)")
 	level := fs.String("log-level", env("IDEMGATE_LOG_LEVEL", "info"), "log `level`: debug, info, warn or error (env IDEMGATE_LOG_LEVEL)")
 	if len(errs) > 0 {
 		return Config{}, errors.Join(errs...)
@@ -243,6 +355,29 @@ func (c Config) validate() error {
 	}
 	if c.UnknownRetention <= 0 {
 		errs = append(errs, fmt.Errorf("-unknown-retention must be positive, got %s", c.UnknownRetention))
+	}
+	if c.ResolveAdminOnly && !c.authConfigured() {
+		errs = append(errs, errors.New("-resolve-admin-only needs -tls-client-ca or -token-file: without authentication no caller is an admin"))
+	}
+	for _, limit := range []struct {
+		flag string
+		v    int
+	}{{"-max-connections", c.MaxConnections}, {"-max-concurrent-streams", c.MaxConcurrentStreams}} {
+		if limit.v < 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %d", limit.flag, limit.v))
+		}
+	}
+	for _, limit := range []struct {
+		flag string
+		v    time.Duration
+	}{{"-handshake-timeout", c.HandshakeTimeout}, {"-max-connection-idle", c.MaxConnectionIdle}, {"-max-connection-age", c.MaxConnectionAge},
+		{"-max-connection-age-grace", c.MaxConnectionAgeGrace}, {"-keepalive-min-time", c.KeepaliveMinTime}} {
+		if limit.v < 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %s", limit.flag, limit.v))
+		}
+	}
+	if c.AuthRefusalLogRate < 0 {
+		errs = append(errs, fmt.Errorf("-auth-refusal-log-rate must be positive, got %g", c.AuthRefusalLogRate))
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("-shutdown-timeout must be positive, got %s", c.ShutdownTimeout))
