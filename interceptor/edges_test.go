@@ -415,7 +415,10 @@ func TestStaleFinishAfterResolveIsFenced(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	<-done
+	// The holder's caller does not get the response the store refused: it
+	// is told to retry, and its retry gets what the store holds.
+	holder := <-done
+	wantStatus(t, holder.err, codes.Aborted, interceptor.ReasonInFlight)
 	if got := h.Gate.Stats().Fenced; got < 1 {
 		t.Fatalf("Fenced = %d: the stale Finish was not refused", got)
 	}

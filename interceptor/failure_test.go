@@ -229,23 +229,22 @@ func TestFencedOwnerCannotOverwriteTheNewerOutcome(t *testing.T) {
 	h := setupWith(t, stacktest.Config{DedupeClientInterceptor: dropHeartbeats})
 	req := &testingv1.MutateRequest{Payload: "slow", Delay: durationpb.New(2500 * time.Millisecond)}
 
-	firstDone := make(chan *testingv1.MutateResponse, 1)
+	firstDone := make(chan error, 1)
 	go func() {
-		resp, err := h.client.MutateReexecute(withKey("fenced"), req)
-		if err != nil {
-			t.Errorf("first owner: %v", err)
-		}
-		firstDone <- resp
+		_, err := h.client.MutateReexecute(withKey("fenced"), req)
+		firstDone <- err
 	}()
 	time.Sleep(pastLease)
 	second, err := h.client.MutateReexecute(withKey("fenced"), req)
 	if err != nil {
 		t.Fatalf("the taker: %v", err)
 	}
-	first := <-firstDone
-	if first.GetExecution() == second.GetExecution() {
+	if second.GetExecution() != 2 {
 		t.Fatal("the taker did not run: the lease was not taken over")
 	}
+	// The first owner's Finish was refused, so its caller does not get the
+	// response nobody else will see: it is told to retry.
+	wantStatus(t, <-firstDone, codes.Aborted, interceptor.ReasonInFlight)
 	if err := h.Gate.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}

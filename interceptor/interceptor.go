@@ -244,6 +244,8 @@ type call struct {
 	key        string
 	scope      string
 	token      string
+	// begin is the call's Begin request.
+	begin *idemgatev1.BeginRequest
 }
 
 // maxReconcileRounds bounds Begin after a reconciler settled a record: the
@@ -281,7 +283,7 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 		}
 	}
 	c := call{fullMethod: fullMethod, method: m, key: key, scope: scopeOf(m.policy.Action, tenant), token: rand.Text()}
-	beginReq := &idemgatev1.BeginRequest{
+	c.begin = &idemgatev1.BeginRequest{
 		Scope:         c.scope,
 		Key:           key,
 		Fingerprint:   fingerprint,
@@ -295,13 +297,13 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 	for round := 0; ; round++ {
 		beginCtx, cancel := context.WithTimeout(ctx, g.opts.dedupeTimeout+m.policy.MaxWait)
 		sent := time.Now()
-		begun, err := g.dedupe.Begin(beginCtx, beginReq)
+		begun, err := g.dedupe.Begin(beginCtx, c.begin)
 		cancel()
 		if err != nil {
 			if !refused(err) {
 				// The reservation may have been made and only its answer
 				// lost: make sure it does not outlive this call.
-				g.followUpLostBegin(ctx, c, beginReq)
+				g.followUpLostBegin(ctx, c)
 			}
 			return nil, g.beginError(ctx, err)
 		}
@@ -439,7 +441,9 @@ func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, beginTook 
 			g.release(ctx, c, epoch, false, lease)
 			return resp, unwrapped
 		}
-		g.finish(ctx, c, epoch, outcome, lease)
+		if fenced := g.finish(ctx, c, epoch, outcome, lease); fenced {
+			return g.answerFenced()
+		}
 		// The caller gets exactly what duplicates will be replayed.
 		return nil, status.FromProto(st.Proto()).Err()
 	}
@@ -456,8 +460,23 @@ func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, beginTook 
 		g.event(c, eventOutcomeLost)
 		return resp, nil
 	}
-	g.finish(ctx, c, epoch, outcome, lease)
+	if fenced := g.finish(ctx, c, epoch, outcome, lease); fenced {
+		return g.answerFenced()
+	}
 	return resp, nil
+}
+
+// answerFenced answers the caller of a holder whose outcome the store
+// refused because another attempt took the key over (REEXECUTE) or an
+// operator settled it. This attempt's response is not the action's outcome,
+// so the caller gets IDEMPOTENCY_IN_FLIGHT: its retry with the same key gets
+// the outcome the store holds, as every duplicate does. (Looking it up here
+// would take a Begin, which under REEXECUTE may itself take the key over.)
+func (g *Gate) answerFenced() (any, error) {
+	return nil, grpcerr.New(codes.Aborted, ReasonInFlight,
+		"this attempt lost its reservation to another attempt before its outcome was stored, so its response is not the action's outcome; "+
+			"retry with the same key to get the outcome that was stored",
+		nil, g.opts.inFlightRetry)
 }
 
 // handlerOutcomeUnknown is what the caller of a FAIL_CLOSED handler that
@@ -567,7 +586,7 @@ func (g *Gate) release(ctx context.Context, c call, epoch int64, unknown bool, l
 		// into a live reservation: no renewal may be under way when it goes.
 		lease.stop()
 	}
-	g.settle(ctx, c, epoch, lease, settlement{
+	_ = g.settle(ctx, c, epoch, lease, settlement{
 		rpc: "Release",
 		call: func(ctx context.Context) error {
 			_, err := g.dedupe.Release(ctx, req)
@@ -587,9 +606,13 @@ const reasonDedupeOutcomeTooLarge = "DEDUPE_OUTCOME_TOO_LARGE"
 // Dedupe service's limit, when that is below the Gate's, is replaced by the
 // same ResultTooLarge marker the Gate's own limit stores, so a duplicate
 // never runs the side effect again for want of a stored outcome.
-func (g *Gate) finish(ctx context.Context, c call, epoch int64, outcome *anypb.Any, lease *leaseKeeper) {
+//
+// It reports whether the store refused the outcome at once because the
+// attempt had been fenced, so the caller must not get this attempt's
+// response.
+func (g *Gate) finish(ctx context.Context, c call, epoch int64, outcome *anypb.Any, lease *leaseKeeper) (fenced bool) {
 	req := &idemgatev1.FinishRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch, Outcome: g.boundedOutcome(ctx, c, outcome, g.opts.maxOutcome)}
-	g.settle(ctx, c, epoch, lease, settlement{
+	return g.settle(ctx, c, epoch, lease, settlement{
 		rpc: "Finish",
 		call: func(ctx context.Context) error {
 			_, err := g.dedupe.Finish(ctx, req)
@@ -627,12 +650,15 @@ type settlement struct {
 // lease is renewed all along: the reservation is still this attempt's, and a
 // duplicate must neither take it over (REEXECUTE) nor find it lost while the
 // store is briefly away.
-func (g *Gate) settle(ctx context.Context, c call, epoch int64, lease *leaseKeeper, s settlement) {
+//
+// It reports whether that first attempt was refused because the attempt had
+// been fenced.
+func (g *Gate) settle(ctx context.Context, c call, epoch int64, lease *leaseKeeper, s settlement) (fenced bool) {
 	lease.settling.Store(true)
 	detached := context.WithoutCancel(ctx)
-	if g.trySettle(detached, c, epoch, s) {
+	if settled, fenced := g.trySettle(detached, c, epoch, s); settled {
 		lease.stop()
-		return
+		return fenced
 	}
 	g.background.Add(1)
 	go func() {
@@ -650,12 +676,13 @@ func (g *Gate) settle(ctx context.Context, c call, epoch int64, lease *leaseKeep
 			}
 			backoff = min(2*backoff, 5*time.Second)
 			g.event(c, s.retryEvent)
-			if g.trySettle(bctx, c, epoch, s) {
+			if settled, _ := g.trySettle(bctx, c, epoch, s); settled {
 				return
 			}
 		}
 		g.giveUp(ctx, c, epoch, s, "the retry budget ran out")
 	}()
+	return false
 }
 
 // giveUp counts and logs a settlement that will not be retried any more.
@@ -678,28 +705,29 @@ func sleep(ctx context.Context, d time.Duration) bool {
 }
 
 // trySettle makes one attempt and reports whether the matter is settled:
-// done, or refused for good (fenced, or rejected).
-func (g *Gate) trySettle(ctx context.Context, c call, epoch int64, s settlement) bool {
+// done, or refused for good (fenced, or rejected), and whether it was
+// fenced.
+func (g *Gate) trySettle(ctx context.Context, c call, epoch int64, s settlement) (settled, fenced bool) {
 	callCtx, cancel := context.WithTimeout(ctx, g.opts.outcomeTimeout)
 	defer cancel()
 	err := s.call(callCtx)
 	switch status.Code(err) {
 	case codes.OK:
-		return true
+		return true, false
 	case codes.FailedPrecondition:
 		g.event(c, eventFenced)
 		g.opts.logger.WarnContext(ctx, "idemgate: refused because the reservation had been taken over or settled by another attempt (its lease ran out, or an operator resolved it); what the other attempt did stands",
 			slog.String("rpc", s.rpc), slog.String("scope", c.scope), slog.Int64("epoch", epoch))
-		return true
+		return true, true
 	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.ResourceExhausted:
 		g.event(c, s.failEvent)
 		g.opts.logger.ErrorContext(ctx, "idemgate: the Dedupe service rejected this: "+s.lost,
 			slog.String("rpc", s.rpc), slog.String("scope", c.scope), slog.Any("error", err))
-		return true
+		return true, false
 	default:
 		g.opts.logger.WarnContext(ctx, "idemgate: the Dedupe service could not take this; retrying",
 			slog.String("rpc", s.rpc), slog.String("scope", c.scope), slog.Any("error", err))
-		return false
+		return false, false
 	}
 }
 
@@ -720,7 +748,7 @@ func refused(err error) bool {
 // token, so the service recognises the attempt and answers reserved again if
 // it holds the key) in the background until an answer arrives or the finish
 // retry budget runs out, and releases what it finds reserved.
-func (g *Gate) followUpLostBegin(ctx context.Context, c call, beginReq *idemgatev1.BeginRequest) {
+func (g *Gate) followUpLostBegin(ctx context.Context, c call) {
 	g.event(c, eventBeginLost)
 	select {
 	case g.lostBegins <- struct{}{}:
@@ -729,7 +757,7 @@ func (g *Gate) followUpLostBegin(ctx context.Context, c call, beginReq *idemgate
 			slog.String("scope", c.scope))
 		return
 	}
-	req := proto.CloneOf(beginReq)
+	req := proto.CloneOf(c.begin)
 	req.MaxWait = durationpb.New(0)
 	g.background.Add(1)
 	go func() {
