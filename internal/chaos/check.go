@@ -3,6 +3,7 @@ package chaos
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -19,9 +20,16 @@ const reasonOutcomeUnknown = "IDEMPOTENCY_OUTCOME_UNKNOWN"
 type Outage struct {
 	// What names the fault, for the report.
 	What string
+	// Servers names the tool servers the store was away from; empty means
+	// every one.
+	Servers []string
 	// Start is when the store was certainly gone; End when it was brought
 	// back (it may answer only later).
 	Start, End time.Time
+}
+
+func (o Outage) covers(server string) bool {
+	return len(o.Servers) == 0 || slices.Contains(o.Servers, server)
 }
 
 // Rules say what a scenario's faults make legitimate, per the README's
@@ -142,7 +150,7 @@ func Check(scenario string, seed uint64, history []Attempt, ledger []LedgerEntry
 		case EventStart:
 			f.starts = append(f.starts, e)
 			for _, o := range outages {
-				if e.Time.After(o.Start.Add(outageStartMargin)) && e.Time.Before(o.End) {
+				if o.covers(e.Server) && e.Time.After(o.Start.Add(outageStartMargin)) && e.Time.Before(o.End) {
 					r.ExecutionsDuringOutage++
 					r.violate("%s: a handler started on %s at %s, while the store was away (%s, %s to %s)",
 						e.Key, e.Server, e.Time.Format(time.StampMilli), o.What, o.Start.Format(time.StampMilli), o.End.Format(time.StampMilli))
@@ -186,7 +194,9 @@ func (r *Report) checkAction(key string, f *actionFacts) {
 		case !f.reexecute:
 			r.Duplicates++
 			r.violate("%s: FAIL_CLOSED action executed %d times: %s", key, n, strings.Join(servers, "; "))
-		case r.Rules.RerunAllowed:
+		case r.Rules.RerunAllowed || endedInError(f.ends):
+			// A holder fault, or a run that ended in an error, which
+			// REEXECUTE releases for a re-run.
 			r.Reruns += n - 1
 		default:
 			r.Reruns += n - 1
@@ -233,7 +243,7 @@ func (r *Report) checkAction(key string, f *actionFacts) {
 		r.violate("%s: callers got %d different OK responses (%d different replays)", key, len(okBodies), len(replayBodies))
 	case len(okBodies) > 1:
 		r.DivergentTakeovers++
-		if !r.Rules.RerunAllowed {
+		if !r.Rules.RerunAllowed && !endedInError(f.ends) {
 			r.violate("%s: REEXECUTE callers got %d different OK responses with no holder fault to allow it", key, len(okBodies))
 		}
 	}
@@ -260,16 +270,19 @@ func (r *Report) checkUnknowns(key string, f *actionFacts) {
 	if r.Rules.HolderFaults {
 		return
 	}
-	clean := len(f.ends) == len(f.starts)
-	for _, e := range f.ends {
-		if e.Error != "" {
-			clean = false
-		}
-	}
-	if clean {
+	if len(f.ends) == len(f.starts) && !endedInError(f.ends) {
 		r.FalseUnknowns++
 		r.violate("%s: caller %d got %s (attempt %d) though every run of it ended cleanly and no holder was harmed", key, unknown.Caller, reasonOutcomeUnknown, unknown.Attempt)
 	}
+}
+
+func endedInError(ends []LedgerEntry) bool {
+	for _, e := range ends {
+		if e.Error != "" {
+			return true
+		}
+	}
+	return false
 }
 
 func matchesEffect(body []byte, effects []LedgerEntry) bool {
