@@ -282,8 +282,8 @@ type Member struct {
 	// DedupeAddr is the Dedupe address a tool server dials (a Setup hook may
 	// point it at a proxy); Ledger is a tool server's ledger file.
 	DedupeAddr, Ledger string
-	proc           *proctest.Process
-	mu             sync.Mutex
+	proc               *proctest.Process
+	mu                 sync.Mutex
 }
 
 func (m *Member) process() *proctest.Process {
