@@ -26,7 +26,7 @@ import (
 )
 
 var (
-	chaosFlag = flag.Bool("chaos", false, "run the chaos suite (make chaos); off by default, so go test ./... stays quick")
+	chaosFlag = flag.Bool("chaos", false, "run the chaos suite (make chaos); off by default, so go test ./... stays quick; any -chaos.* flag turns it on too")
 	seedFlag  = flag.Uint64("chaos.seed", 0, "seed of the workload and the fault schedule; 0 picks one from the clock")
 	longFlag  = flag.Bool("chaos.long", false, "ten times the actions and outages of the default short run")
 	keepFlag  = flag.Bool("chaos.keep", false, "keep the run directory even when every scenario passes")
@@ -35,6 +35,17 @@ var (
 // patience bounds a wait for something that must happen (a process to
 // listen, a cluster to start); generous, as the machine is shared.
 const patience = 2 * time.Minute
+
+// chaosRequested reports whether -chaos or any -chaos.* flag was given.
+func chaosRequested() bool {
+	requested := *chaosFlag
+	flag.Visit(func(f *flag.Flag) {
+		if strings.HasPrefix(f.Name, "chaos.") {
+			requested = true
+		}
+	})
+	return requested
+}
 
 // binaries are the real programs under test, built once per run.
 type binaries struct{ dedupesvc, tool, workload string }
@@ -57,8 +68,8 @@ type suite struct {
 // Scenarios run in parallel (go test's -parallel); each has its own
 // processes, ports and database or data directory.
 func TestChaos(t *testing.T) {
-	if !*chaosFlag {
-		t.Skip("the chaos suite runs with -chaos: make chaos")
+	if !chaosRequested() {
+		t.Skip("the chaos suite runs with -chaos or any -chaos.* flag: make chaos")
 	}
 	seed := *seedFlag
 	if seed == 0 {
