@@ -3,6 +3,8 @@ package chaos
 import (
 	"errors"
 	"time"
+
+	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 )
 
 // Stores a scenario runs the Dedupe service on.
@@ -19,6 +21,11 @@ const lease = 6 * time.Second
 // ambiguously (DEADLINE_EXCEEDED after the side effect) on their first run.
 type Workload struct {
 	Reexecute, Pause, Ambiguous float64
+	// TryTimeout is the retry interceptor's timeout per try; 0 means 10s.
+	TryTimeout time.Duration
+	// Spread is how long the actions' starts are spread over (ten times
+	// longer with -chaos.long); 0 means 20s.
+	Spread time.Duration
 }
 
 // Scenario is one fault against one topology, with the rules its faults
@@ -61,6 +68,10 @@ type Scenario struct {
 // standard is the traffic of the core scenarios.
 var standard = Workload{Reexecute: 0.3, Pause: 0.15, Ambiguous: 0.05}
 
+// stalled is the standard traffic with tries that outlast a stopped tool
+// server.
+var stalled = Workload{Reexecute: 0.5, Pause: 0.3, Ambiguous: 0.05, TryTimeout: lease + 10*time.Second, Spread: 35 * time.Second}
+
 // skipped turns errNoPause into a logged skip: the workload ended before a
 // handler reached the pause point, which a short run may see.
 func skipped(st *Stack, err error) error {
@@ -74,7 +85,7 @@ func skipped(st *Stack, err error) error {
 // killToolAtPausePoint SIGKILLs a tool server between a side effect and its
 // Finish, and restarts it.
 func killToolAtPausePoint(st *Stack, done <-chan struct{}) error {
-	m, err := st.AtPausePoint(done)
+	m, err := st.AtPausePoint(done, "")
 	if err != nil {
 		return skipped(st, err)
 	}
@@ -82,20 +93,30 @@ func killToolAtPausePoint(st *Stack, done <-chan struct{}) error {
 	return nil
 }
 
-// stallToolPastLease SIGSTOPs the first tool server, mid-handler, for longer
-// than the lease, while the workload's duplicates reach the second.
-func stallToolPastLease(st *Stack, done <-chan struct{}) error {
-	m, err := st.AtPausePoint(done, st.Tools[0])
-	if err != nil {
-		return skipped(st, err)
+// stallToolPastLease returns a fault that SIGSTOPs the first tool server,
+// mid-handler, for longer than the lease, while the workload's duplicates
+// reach the second: first under a REEXECUTE handler (a takeover), then under
+// a FAIL_CLOSED one (an unknown that turns live again), alternately.
+func stallToolPastLease() func(*Stack, <-chan struct{}) error {
+	n := 0
+	return func(st *Stack, done <-chan struct{}) error {
+		n++
+		method := testingv1.ChaosService_ChargeReexecute_FullMethodName
+		if n%2 == 0 {
+			method = testingv1.ChaosService_Charge_FullMethodName
+		}
+		m, err := st.AtPausePoint(done, method, st.Tools[0])
+		if err != nil {
+			return skipped(st, err)
+		}
+		return st.StallTool(m, lease+4*time.Second)
 	}
-	return st.StallTool(m, lease+4*time.Second)
 }
 
 // killDedupeAtPausePoint kills the first Dedupe replica for longer than the
 // lease while a handler holds an unstored outcome.
 func killDedupeAtPausePoint(st *Stack, done <-chan struct{}) error {
-	if _, err := st.AtPausePoint(done); err != nil {
+	if _, err := st.AtPausePoint(done, ""); err != nil {
 		return skipped(st, err)
 	}
 	st.KillDedupe(st.Dedupes[0], lease+2*time.Second)
@@ -105,7 +126,7 @@ func killDedupeAtPausePoint(st *Stack, done <-chan struct{}) error {
 // crashPostgresAtPausePoint stops PostgreSQL -m immediate for longer than
 // the lease while a handler holds an unstored outcome.
 func crashPostgresAtPausePoint(st *Stack, done <-chan struct{}) error {
-	if _, err := st.AtPausePoint(done); err != nil {
+	if _, err := st.AtPausePoint(done, ""); err != nil {
 		return skipped(st, err)
 	}
 	st.CrashPostgres(lease + 2*time.Second)
@@ -121,7 +142,7 @@ func replicaFaults() func(*Stack, <-chan struct{}) error {
 		if n%2 == 1 {
 			return killToolAtPausePoint(st, done)
 		}
-		if _, err := st.AtPausePoint(done); err != nil {
+		if _, err := st.AtPausePoint(done, ""); err != nil {
 			return skipped(st, err)
 		}
 		st.KillDedupe(st.Dedupes[1], lease+2*time.Second)
@@ -139,8 +160,10 @@ func scenarios() []Scenario {
 		list = append(list,
 			Scenario{Name: store + "/tool-killed-after-side-effect", Store: store, Workload: standard, Outages: 2,
 				Fault: killToolAtPausePoint, Rules: holderFaults},
-			Scenario{Name: store + "/tool-stopped-past-lease", Store: store, Tools: 2, Workload: standard, Outages: 1,
-				Fault: stallToolPastLease, Rules: holderFaults},
+			// The stalled holder's callers wait out the stop (their tries
+			// outlast it), so they get its answer after SIGCONT.
+			Scenario{Name: store + "/tool-stopped-past-lease", Store: store, Tools: 2, Workload: stalled, Outages: 2,
+				Fault: stallToolPastLease(), Rules: holderFaults},
 			Scenario{Name: store + "/dedupe-killed", Store: store, Workload: standard, Outages: 2,
 				Fault: killDedupeAtPausePoint},
 		)

@@ -204,17 +204,23 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 	if s.long {
 		scale = 10
 	}
-	actions, spread := 30*scale, time.Duration(scale)*20*time.Second
+	w := sc.Workload
+	if w.TryTimeout == 0 {
+		w.TryTimeout = 10 * time.Second
+	}
+	if w.Spread == 0 {
+		w.Spread = 20 * time.Second
+	}
+	actions, spread := 30*scale, time.Duration(scale)*w.Spread
 	outages := sc.Outages * scale
 	history := filepath.Join(dir, "history.jsonl")
 	targets := make([]string, len(st.Tools))
 	for i, tool := range st.Tools {
 		targets[i] = tool.Addr
 	}
-	w := sc.Workload
 	args := []string{"-targets", strings.Join(targets, ","), "-history", history, "-seed", strconv.FormatUint(s.seed^hash(sc.Name), 10),
 		"-actions", strconv.Itoa(actions), "-spread", spread.String(), "-callers", "3",
-		"-reexecute", fmt.Sprint(w.Reexecute), "-pause", fmt.Sprint(w.Pause), "-ambiguous", fmt.Sprint(w.Ambiguous)}
+		"-reexecute", fmt.Sprint(w.Reexecute), "-pause", fmt.Sprint(w.Pause), "-ambiguous", fmt.Sprint(w.Ambiguous), "-try-timeout", w.TryTimeout.String()}
 	start := time.Now()
 	workload := proctest.Start(t, s.bins.workload, args, nil)
 	st.keepLog(workload, "workload")
@@ -392,10 +398,11 @@ func (st *Stack) outage(what string, start, end time.Time, servers ...string) {
 // workload ended: the fault is skipped, which the log says.
 var errNoPause = errors.New("no handler reached the pause point")
 
-// AtPausePoint waits until a handler of one of tools (any, when none are
-// given) is stalled between its side effect and its return, and returns
-// that tool. It gives up with errNoPause when the workload ends first.
-func (st *Stack) AtPausePoint(done <-chan struct{}, tools ...*Member) (*Member, error) {
+// AtPausePoint waits until a handler of method (any, when "") on one of
+// tools (any, when none are given) is stalled between its side effect and
+// its return, and returns that tool. It gives up with errNoPause when the
+// workload ends first.
+func (st *Stack) AtPausePoint(done <-chan struct{}, method string, tools ...*Member) (*Member, error) {
 	if len(tools) == 0 {
 		tools = st.Tools
 	}
@@ -410,7 +417,7 @@ func (st *Stack) AtPausePoint(done <-chan struct{}, tools ...*Member) (*Member, 
 	for {
 		for i, m := range tools {
 			var found bool
-			cursors[i].off, found = scanForPause(m.Ledger, cursors[i].off, cursors[i].pid)
+			cursors[i].off, found = scanForPause(m.Ledger, cursors[i].off, cursors[i].pid, method)
 			if found {
 				return m, nil
 			}
@@ -434,8 +441,9 @@ func fileSize(path string) int64 {
 }
 
 // scanForPause reads whole ledger lines from off and reports whether one is
-// the side effect of a pausing key by pid, and the offset after the lines read.
-func scanForPause(path string, off int64, pid int) (int64, bool) {
+// the side effect of a pausing key by pid (of method, unless ""), and the
+// offset after the lines read.
+func scanForPause(path string, off int64, pid int, method string) (int64, bool) {
 	f, err := os.Open(path)
 	if err != nil {
 		return off, false
@@ -452,7 +460,7 @@ func scanForPause(path string, off int64, pid int) (int64, bool) {
 		}
 		off += int64(len(line))
 		var e LedgerEntry
-		if json.Unmarshal(line, &e) == nil && e.Event == EventEffect && e.Pid == pid && strings.Contains(e.Key, "-p") {
+		if json.Unmarshal(line, &e) == nil && e.Event == EventEffect && e.Pid == pid && strings.Contains(e.Key, "-p") && (method == "" || e.Method == method) {
 			return off, true
 		}
 	}
