@@ -93,9 +93,9 @@ func killToolAtPausePoint(st *Stack, done <-chan struct{}) error {
 	return nil
 }
 
-// stallToolPastLease returns a fault that SIGSTOPs the first tool server,
+// stallToolPastLease returns a fault that SIGSTOPs a tool server,
 // mid-handler, for longer than the lease, while the workload's duplicates
-// reach the second: first under a REEXECUTE handler (a takeover), then under
+// reach the other one: first under a REEXECUTE handler (a takeover), then under
 // a FAIL_CLOSED one (an unknown that turns live again), alternately.
 func stallToolPastLease() func(*Stack, <-chan struct{}) error {
 	n := 0
@@ -105,7 +105,7 @@ func stallToolPastLease() func(*Stack, <-chan struct{}) error {
 		if n%2 == 0 {
 			method = testingv1.ChaosService_Charge_FullMethodName
 		}
-		m, err := st.AtPausePoint(done, method, st.Tools[0])
+		m, err := st.AtPausePoint(done, method)
 		if err != nil {
 			return skipped(st, err)
 		}
