@@ -90,9 +90,9 @@ func (r *Report) String() string {
 	}
 	allowed := func(ok bool) string {
 		if ok {
-			return "allowed"
+			return "allowed: holder faults"
 		}
-		return "not allowed"
+		return "allowed only after a handler error"
 	}
 	fmt.Fprintf(&b, "scenario %s (seed %d): %s\n", r.Scenario, r.Seed, verdict)
 	fmt.Fprintf(&b, "  actions %d, attempts %d, executions %d, ok %d (replayed %d), outcome-unknown answers %d, actions never ok %d\n",
