@@ -67,7 +67,7 @@ type Scenario struct {
 
 // standard is the traffic of the core scenarios: spread over long enough
 // for two outages of over a lease each.
-var standard = Workload{Reexecute: 0.3, Pause: 0.15, Ambiguous: 0.05, Spread: 30 * time.Second}
+var standard = Workload{Reexecute: 0.3, Pause: 0.25, Ambiguous: 0.05, Spread: 30 * time.Second}
 
 // stalled is the standard traffic with tries that outlast a stopped tool
 // server.

@@ -104,6 +104,10 @@ func TestChaos(t *testing.T) {
 		}
 		_ = os.RemoveAll(dir)
 	})
+	if os.Getenv(brokenGateEnv) == "1" {
+		// proctest passes the environment on: every tool server breaks.
+		t.Logf("chaos: %s=1 is set, so every tool server runs the broken layer; expect the checker to fail the scenarios", brokenGateEnv)
+	}
 	s.bins = buildAll(t)
 	s.cluster = pgtest.NewCluster(t)
 	for _, sc := range scenarios() {
