@@ -23,6 +23,12 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/idemgate?sslmode=disable
 BENCH_COUNT ?= 6
 # GO_TEST_FLAGS are passed to `go test` by `make test`.
 GO_TEST_FLAGS ?= -race -count=1 -timeout=15m
+# SEED seeds `make chaos` (the workload and the fault schedule); empty picks one from the clock,
+# printed so the run can be reproduced. LONG=1 runs ten times the actions and outages. CHAOS_RUN
+# selects scenarios by name, as go test -run does for subtests (e.g. CHAOS_RUN=sqlite/).
+SEED ?=
+LONG ?=
+CHAOS_RUN ?=
 # BUF_BREAKING_AGAINST is what `make lint` holds the protos to with buf breaking: by default the last
 # commit, so an uncommitted proto change that breaks wire or source compatibility fails lint.
 BUF_BREAKING_AGAINST ?= .git\#ref=HEAD
@@ -114,6 +120,11 @@ model: ## Model-check the reservation protocol (internal/model) with SPIN, then 
 	  grep -q 'errors: [1-9]' "$$tmp/$$name/pan.log" || { cat "$$tmp/$$name/pan.log"; echo "$$name: the check did not run"; exit 1; }; \
 	  echo "$$name: violation found, as it must ($$(grep -o 'assertion violated.*(at' $$tmp/$$name/pan.log | sed 's/ (at$$//'))"; \
 	done
+
+.PHONY: chaos
+chaos: ## Run the chaos suite: real binaries, a throwaway PostgreSQL, seeded faults, a checker (SEED=n, LONG=1, CHAOS_RUN=re).
+	go test -count=1 -v -run '^TestChaos$$/$(CHAOS_RUN)' -parallel 4 -timeout $(if $(LONG),180m,20m) ./internal/chaos/ \
+	  -chaos -chaos.seed=$(or $(SEED),0) $(if $(LONG),-chaos.long)
 
 .PHONY: bench
 bench: $(BENCHSTAT) ## Run the benchmarks BENCH_COUNT times and summarise them with benchstat.

@@ -1,0 +1,304 @@
+package chaos
+
+import (
+	"bytes"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
+)
+
+// reasonOutcomeUnknown is interceptor.ReasonOutcomeUnknown, spelled out so
+// the checker judges the wire, not the library's constant.
+const reasonOutcomeUnknown = "IDEMPOTENCY_OUTCOME_UNKNOWN"
+
+// Outage is a window in which the scenario held the store away: no Begin can
+// be answered in it, so no handler may start in it.
+type Outage struct {
+	// What names the fault, for the report.
+	What string
+	// Servers names the tool servers the store was away from; empty means
+	// every one.
+	Servers []string
+	// Start is when the store was certainly gone; End when it was brought
+	// back (it may answer only later).
+	Start, End time.Time
+}
+
+func (o Outage) covers(server string) bool {
+	return len(o.Servers) == 0 || slices.Contains(o.Servers, server)
+}
+
+// Rules say what a scenario's faults make legitimate, per the README's
+// "When something fails mid-call". Both default to false: the strict rules.
+type Rules struct {
+	// RerunAllowed: a holder is killed or stalled past its lease, so a
+	// REEXECUTE action may run again, and its stalled holder's caller may get
+	// that holder's own response while duplicates replay the new one.
+	RerunAllowed bool
+	// HolderFaults: a holder may die or stall, so an outcome-unknown answer
+	// is legitimate for any action whose handler started. Without it, an
+	// outcome-unknown answer for an action whose every run ended cleanly is a
+	// false unknown: a store outage must cost the holder nothing.
+	HolderFaults bool
+}
+
+// outageStartMargin is left out at the start of each outage window: a Begin
+// answered just before the fault may reach its handler a moment later on a
+// starved scheduler.
+const outageStartMargin = 2 * time.Second
+
+// Report is the checker's verdict on one scenario.
+type Report struct {
+	// Scenario names it; Seed reproduces it.
+	Scenario string
+	Seed     uint64
+	// Actions, Attempts and Executions count the history's actions and
+	// tries and the ledger's side effects.
+	Actions, Attempts, Executions int
+	// OK counts successful tries, Replayed those that were replays, Unknown
+	// the IDEMPOTENCY_OUTCOME_UNKNOWN answers; Unsettled the actions no
+	// caller got an OK for.
+	OK, Replayed, Unknown, Unsettled int
+	// Violations of the guarantees, each counted per action.
+	Duplicates, LostOutcomes, Phantoms, NonIdentical, FalseUnknowns, ExecutionsDuringOutage int
+	// Reruns counts REEXECUTE re-runs, DivergentTakeovers the actions whose
+	// stalled holder's caller got its own response; both allowed only under
+	// Rules.RerunAllowed, violations otherwise.
+	Reruns, DivergentTakeovers int
+	// AttemptsDuringOutage counts tries that overlapped an outage (not a
+	// violation); TornLedgerLines the ledger lines cut short by a SIGKILL.
+	AttemptsDuringOutage, TornLedgerLines int
+	// Rules are the rules applied.
+	Rules Rules
+	// Violations describes each violation, one line each.
+	Violations []string
+}
+
+// Failed reports whether any guarantee was violated.
+func (r *Report) Failed() bool { return len(r.Violations) > 0 }
+
+// String prints the report as the suite logs it.
+func (r *Report) String() string {
+	var b strings.Builder
+	verdict := "PASS"
+	if r.Failed() {
+		verdict = fmt.Sprintf("FAIL (%d violations)", len(r.Violations))
+	}
+	allowed := func(ok bool) string {
+		if ok {
+			return "allowed: holder faults"
+		}
+		return "allowed only after a handler error"
+	}
+	fmt.Fprintf(&b, "scenario %s (seed %d): %s\n", r.Scenario, r.Seed, verdict)
+	fmt.Fprintf(&b, "  actions %d, attempts %d, executions %d, ok %d (replayed %d), outcome-unknown answers %d, actions never ok %d\n",
+		r.Actions, r.Attempts, r.Executions, r.OK, r.Replayed, r.Unknown, r.Unsettled)
+	fmt.Fprintf(&b, "  duplicates %d, lost outcomes %d, phantom responses %d, non-identical replays %d, false unknowns %d, executions while the store was away %d\n",
+		r.Duplicates, r.LostOutcomes, r.Phantoms, r.NonIdentical, r.FalseUnknowns, r.ExecutionsDuringOutage)
+	fmt.Fprintf(&b, "  REEXECUTE re-runs %d (%s), takeover divergences %d (%s), attempts while the store was away %d, torn ledger lines %d\n",
+		r.Reruns, allowed(r.Rules.RerunAllowed), r.DivergentTakeovers, allowed(r.Rules.RerunAllowed), r.AttemptsDuringOutage, r.TornLedgerLines)
+	const shown = 20
+	for i, v := range r.Violations {
+		if i == shown {
+			fmt.Fprintf(&b, "  ... and %d more\n", len(r.Violations)-shown)
+			break
+		}
+		fmt.Fprintf(&b, "  VIOLATION %s\n", v)
+	}
+	return b.String()
+}
+
+// actionFacts is what the history and the ledger say about one key.
+type actionFacts struct {
+	reexecute bool
+	attempts  []Attempt
+	starts    []LedgerEntry
+	effects   []LedgerEntry
+	ends      []LedgerEntry
+}
+
+// Check judges one scenario's history against its ledger.
+func Check(scenario string, seed uint64, history []Attempt, ledger []LedgerEntry, torn int, outages []Outage, rules Rules) *Report {
+	r := &Report{Scenario: scenario, Seed: seed, Attempts: len(history), TornLedgerLines: torn, Rules: rules}
+	facts := map[string]*actionFacts{}
+	get := func(key string) *actionFacts {
+		f, ok := facts[key]
+		if !ok {
+			f = &actionFacts{}
+			facts[key] = f
+		}
+		return f
+	}
+	for _, a := range history {
+		f := get(a.Key)
+		f.attempts = append(f.attempts, a)
+		f.reexecute = a.Method == testingv1.ChaosService_ChargeReexecute_FullMethodName
+		for _, o := range outages {
+			if a.Start.Before(o.End) && a.End.After(o.Start) {
+				r.AttemptsDuringOutage++
+				break
+			}
+		}
+	}
+	for _, e := range ledger {
+		f := get(e.Key)
+		switch e.Event {
+		case EventStart:
+			f.starts = append(f.starts, e)
+			for _, o := range outages {
+				if o.covers(e.Server) && e.Time.After(o.Start.Add(outageStartMargin)) && e.Time.Before(o.End) {
+					r.ExecutionsDuringOutage++
+					r.violate("%s: a handler started on %s at %s, while the store was away (%s, %s to %s)",
+						e.Key, e.Server, e.Time.Format(time.StampMilli), o.What, o.Start.Format(time.StampMilli), o.End.Format(time.StampMilli))
+				}
+			}
+		case EventEffect:
+			f.effects = append(f.effects, e)
+			if e.Method == testingv1.ChaosService_ChargeReexecute_FullMethodName {
+				f.reexecute = true
+			}
+		case EventEnd:
+			f.ends = append(f.ends, e)
+		}
+	}
+	keys := make([]string, 0, len(facts))
+	for k, f := range facts {
+		if len(f.attempts) > 0 {
+			r.Actions++
+		}
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, key := range keys {
+		r.checkAction(key, facts[key])
+	}
+	return r
+}
+
+func (r *Report) violate(format string, args ...any) {
+	r.Violations = append(r.Violations, fmt.Sprintf(format, args...))
+}
+
+func (r *Report) checkAction(key string, f *actionFacts) {
+	r.Executions += len(f.effects)
+	if n := len(f.effects); n > 1 {
+		servers := make([]string, n)
+		for i, e := range f.effects {
+			servers[i] = fmt.Sprintf("%s epoch %d at %s", e.Server, e.Epoch, e.Time.Format(time.StampMilli))
+		}
+		switch {
+		case !f.reexecute:
+			r.Duplicates++
+			r.violate("%s: FAIL_CLOSED action executed %d times: %s", key, n, strings.Join(servers, "; "))
+		case r.Rules.RerunAllowed || endedInError(f.ends):
+			// A holder fault, or a run that ended in an error, which
+			// REEXECUTE releases for a re-run.
+			r.Reruns += n - 1
+		default:
+			r.Reruns += n - 1
+			r.violate("%s: REEXECUTE action re-run %d times with no holder fault to allow it: %s", key, n-1, strings.Join(servers, "; "))
+		}
+	}
+	var okBodies, replayBodies [][]byte
+	gotOK, phantom, lost := false, false, false
+	for _, a := range f.attempts {
+		if a.Reason == reasonOutcomeUnknown {
+			r.Unknown++
+		}
+		if a.Code != "OK" {
+			continue
+		}
+		r.OK++
+		gotOK = true
+		if a.Replayed {
+			r.Replayed++
+			replayBodies = appendDistinct(replayBodies, a.Response)
+		}
+		okBodies = appendDistinct(okBodies, a.Response)
+		switch {
+		case len(f.effects) == 0:
+			if !lost {
+				r.LostOutcomes++
+				r.violate("%s: caller %d got OK (attempt %d, try %d) but no execution is in the ledger", key, a.Caller, a.Attempt, a.Try)
+			}
+			lost = true
+		case !matchesEffect(a.Response, f.effects):
+			if !phantom {
+				r.Phantoms++
+				r.violate("%s: caller %d got an OK (attempt %d, try %d, replayed %t) whose bytes match no execution", key, a.Caller, a.Attempt, a.Try, a.Replayed)
+			}
+			phantom = true
+		}
+	}
+	if !gotOK && len(f.attempts) > 0 {
+		r.Unsettled++
+	}
+	switch {
+	case len(replayBodies) > 1 || len(okBodies) > 1 && !f.reexecute:
+		r.NonIdentical++
+		r.violate("%s: callers got %d different OK responses (%d different replays)", key, len(okBodies), len(replayBodies))
+	case len(okBodies) > 1:
+		r.DivergentTakeovers++
+		if !r.Rules.RerunAllowed && !endedInError(f.ends) {
+			r.violate("%s: REEXECUTE callers got %d different OK responses with no holder fault to allow it", key, len(okBodies))
+		}
+	}
+	r.checkUnknowns(key, f)
+}
+
+// checkUnknowns finds outcome-unknown answers the faults cannot explain.
+func (r *Report) checkUnknowns(key string, f *actionFacts) {
+	var unknown *Attempt
+	for i := range f.attempts {
+		if f.attempts[i].Reason == reasonOutcomeUnknown {
+			unknown = &f.attempts[i]
+			break
+		}
+	}
+	if unknown == nil {
+		return
+	}
+	if len(f.starts) == 0 {
+		r.FalseUnknowns++
+		r.violate("%s: caller %d got %s (attempt %d) but no handler ever ran for it", key, unknown.Caller, reasonOutcomeUnknown, unknown.Attempt)
+		return
+	}
+	if r.Rules.HolderFaults {
+		return
+	}
+	if len(f.ends) == len(f.starts) && !endedInError(f.ends) {
+		r.FalseUnknowns++
+		r.violate("%s: caller %d got %s (attempt %d) though every run of it ended cleanly and no holder was harmed", key, unknown.Caller, reasonOutcomeUnknown, unknown.Attempt)
+	}
+}
+
+func endedInError(ends []LedgerEntry) bool {
+	for _, e := range ends {
+		if e.Error != "" {
+			return true
+		}
+	}
+	return false
+}
+
+func matchesEffect(body []byte, effects []LedgerEntry) bool {
+	for _, e := range effects {
+		if bytes.Equal(body, e.Response) {
+			return true
+		}
+	}
+	return false
+}
+
+func appendDistinct(set [][]byte, b []byte) [][]byte {
+	for _, s := range set {
+		if bytes.Equal(s, b) {
+			return set
+		}
+	}
+	return append(set, b)
+}

@@ -1,0 +1,170 @@
+package chaos
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
+)
+
+var t0 = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+
+const (
+	failClosed = testingv1.ChaosService_Charge_FullMethodName
+	reexecute  = testingv1.ChaosService_ChargeReexecute_FullMethodName
+)
+
+func ok(key, method string, caller int, body string, replayed bool) Attempt {
+	return Attempt{Key: key, Action: key, Method: method, Caller: caller, Attempt: 1, Try: 1, Start: t0, End: t0.Add(time.Second),
+		Code: "OK", Response: []byte(body), Replayed: replayed}
+}
+
+func unknown(key, method string, at time.Time) Attempt {
+	return Attempt{Key: key, Action: key, Method: method, Attempt: 1, Try: 1, Start: at, End: at.Add(time.Millisecond),
+		Code: "FailedPrecondition", Reason: reasonOutcomeUnknown}
+}
+
+// run is one execution's ledger lines; errText, when set, ends it in error.
+func run(key, method, server, body string, at time.Time, errText string) []LedgerEntry {
+	e := LedgerEntry{Key: key, Action: key, Method: method, Server: server, Epoch: 1, Time: at}
+	start, effect, end := e, e, e
+	start.Event, effect.Event, end.Event = EventStart, EventEffect, EventEnd
+	effect.Response = []byte(body)
+	end.Error = errText
+	return []LedgerEntry{start, effect, end}
+}
+
+func concat(runs ...[]LedgerEntry) []LedgerEntry {
+	var all []LedgerEntry
+	for _, r := range runs {
+		all = append(all, r...)
+	}
+	return all
+}
+
+func TestCheck(t *testing.T) {
+	t.Parallel()
+	outage := []Outage{{What: "store down", Start: t0.Add(10 * time.Second), End: t0.Add(30 * time.Second)}}
+	tests := []struct {
+		name    string
+		history []Attempt
+		ledger  []LedgerEntry
+		outages []Outage
+		rules   Rules
+		check   func(*Report) bool
+		fails   bool
+	}{
+		{name: "one run, replayed", fails: false,
+			history: []Attempt{ok("k", failClosed, 0, "r1", false), ok("k", failClosed, 1, "r1", true)},
+			ledger:  run("k", failClosed, "tool0", "r1", t0, ""),
+			check:   func(r *Report) bool { return r.Executions == 1 && r.OK == 2 && r.Replayed == 1 }},
+		{name: "duplicate", fails: true,
+			history: []Attempt{ok("k", failClosed, 0, "r1", false)},
+			ledger:  concat(run("k", failClosed, "tool0", "r1", t0, ""), run("k", failClosed, "tool0", "r2", t0, "")),
+			rules:   Rules{RerunAllowed: true, HolderFaults: true},
+			check:   func(r *Report) bool { return r.Duplicates == 1 }},
+		{name: "lost outcome", fails: true,
+			history: []Attempt{ok("k", failClosed, 0, "r1", false)},
+			check:   func(r *Report) bool { return r.LostOutcomes == 1 }},
+		{name: "phantom response", fails: true,
+			history: []Attempt{ok("k", failClosed, 0, "other", true)},
+			ledger:  run("k", failClosed, "tool0", "r1", t0, ""),
+			check:   func(r *Report) bool { return r.Phantoms == 1 }},
+		{name: "non-identical replays under REEXECUTE", fails: true,
+			history: []Attempt{ok("k", reexecute, 0, "r1", true), ok("k", reexecute, 1, "r2", true)},
+			ledger:  concat(run("k", reexecute, "tool0", "r1", t0, ""), run("k", reexecute, "tool1", "r2", t0, "")),
+			rules:   Rules{RerunAllowed: true, HolderFaults: true},
+			check:   func(r *Report) bool { return r.NonIdentical == 1 && r.Reruns == 1 }},
+		{name: "stalled holder's caller gets its own response", fails: false,
+			history: []Attempt{ok("k", reexecute, 0, "r1", false), ok("k", reexecute, 1, "r2", false), ok("k", reexecute, 2, "r2", true)},
+			ledger:  concat(run("k", reexecute, "tool0", "r1", t0, ""), run("k", reexecute, "tool1", "r2", t0, "")),
+			rules:   Rules{RerunAllowed: true, HolderFaults: true},
+			check:   func(r *Report) bool { return r.DivergentTakeovers == 1 && r.Reruns == 1 }},
+		{name: "REEXECUTE re-run without a holder fault", fails: true,
+			history: []Attempt{ok("k", reexecute, 0, "r2", false)},
+			ledger:  concat(run("k", reexecute, "tool0", "r1", t0, ""), run("k", reexecute, "tool0", "r2", t0, "")),
+			check:   func(r *Report) bool { return r.Reruns == 1 }},
+		{name: "REEXECUTE re-run after a handler error", fails: false,
+			history: []Attempt{ok("k", reexecute, 0, "r2", false)},
+			ledger:  concat(run("k", reexecute, "tool0", "r1", t0, "timed out"), run("k", reexecute, "tool0", "r2", t0, "")),
+			check:   func(r *Report) bool { return r.Reruns == 1 }},
+		{name: "unknown for an action that never ran", fails: true,
+			history: []Attempt{unknown("k", failClosed, t0)},
+			rules:   Rules{RerunAllowed: true, HolderFaults: true},
+			check:   func(r *Report) bool { return r.FalseUnknowns == 1 }},
+		{name: "unknown after a clean run with no holder fault", fails: true,
+			history: []Attempt{unknown("k", failClosed, t0)},
+			ledger:  run("k", failClosed, "tool0", "r1", t0, ""),
+			check:   func(r *Report) bool { return r.FalseUnknowns == 1 }},
+		{name: "unknown after an ambiguous failure", fails: false,
+			history: []Attempt{unknown("k", failClosed, t0)},
+			ledger:  run("k", failClosed, "tool0", "r1", t0, "timed out after charging"),
+			check:   func(r *Report) bool { return r.Unknown == 1 && r.Unsettled == 1 }},
+		{name: "unknown after a holder was killed", fails: false,
+			history: []Attempt{unknown("k", failClosed, t0)},
+			ledger:  run("k", failClosed, "tool0", "r1", t0, "")[:2],
+			rules:   Rules{HolderFaults: true},
+			check:   func(r *Report) bool { return r.Unknown == 1 }},
+		{name: "execution while the store was away", fails: true,
+			history: []Attempt{ok("k", failClosed, 0, "r1", false)},
+			ledger:  run("k", failClosed, "tool0", "r1", t0.Add(20*time.Second), ""),
+			outages: outage,
+			check:   func(r *Report) bool { return r.ExecutionsDuringOutage == 1 && r.AttemptsDuringOutage == 0 }},
+		{name: "execution at the outage's start is a Begin answered just before it", fails: false,
+			history: []Attempt{ok("k", failClosed, 0, "r1", false)},
+			ledger:  run("k", failClosed, "tool0", "r1", t0.Add(10*time.Second+time.Second), ""),
+			outages: outage,
+			check:   func(r *Report) bool { return r.ExecutionsDuringOutage == 0 }},
+		{name: "outage of another tool's replica", fails: false,
+			history: []Attempt{ok("k", failClosed, 0, "r1", false)},
+			ledger:  run("k", failClosed, "tool0", "r1", t0.Add(20*time.Second), ""),
+			outages: []Outage{{What: "replica", Start: outage[0].Start, End: outage[0].End, Servers: []string{"tool1"}}},
+			check:   func(r *Report) bool { return r.ExecutionsDuringOutage == 0 }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := Check(tc.name, 7, tc.history, tc.ledger, 0, tc.outages, tc.rules)
+			if r.Failed() != tc.fails || !tc.check(r) {
+				t.Errorf("Failed() = %t, want %t; report:\n%s", r.Failed(), tc.fails, r)
+			}
+		})
+	}
+}
+
+func TestReadLedgerCountsATornLastLine(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "ledger.jsonl")
+	l, err := OpenLedger(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range run("k", failClosed, "tool0", "r1", t0, "") {
+		if err := l.Append(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(`{"event":"sta`); err != nil { // a SIGKILL mid-write
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	entries, torn, err := ReadLedger(path, filepath.Join(t.TempDir(), "absent.jsonl"))
+	if err != nil || len(entries) != 3 || torn != 1 {
+		t.Fatalf("ReadLedger = %d entries, %d torn, %v; want 3, 1, nil", len(entries), torn, err)
+	}
+	if err := os.WriteFile(path, []byte("{bad\n{}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ReadLedger(path); err == nil {
+		t.Fatal("ReadLedger accepted a corrupt line before the last")
+	}
+}
