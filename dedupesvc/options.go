@@ -10,9 +10,9 @@ import (
 // record of their key changes. It is a hint: a waiter also polls, so a lost
 // notification only delays it.
 type Notifier interface {
-	// Subscribe returns a channel that receives after the in-flight record of
-	// (scope, key) settles, and a function that ends the subscription.
-	Subscribe(ctx context.Context, scope, key string) (<-chan struct{}, func())
+	// Subscribe returns a channel that receives after the in-flight record
+	// id settles, and a function that ends the subscription.
+	Subscribe(ctx context.Context, id RecordID) (<-chan struct{}, func())
 }
 
 type options struct {

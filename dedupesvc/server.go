@@ -134,6 +134,10 @@ func (s *Server) counted(ok string, err error) {
 }
 
 func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idemgatev1.BeginResponse, error) {
+	ns, err := namespace(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if err := validateRecordID(req.GetScope(), req.GetKey(), req.GetAttemptToken()); err != nil {
 		return nil, err
 	}
@@ -167,7 +171,8 @@ func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 		return nil, invalid("on_lost_outcome", fmt.Sprintf("on_lost_outcome %d is not a LostOutcomePolicy", req.GetOnLostOutcome()))
 	}
 	params := BeginParams{
-		Scope:            namespaced(ctx, req.GetScope()),
+		Namespace:        ns,
+		Scope:            req.GetScope(),
 		Key:              req.GetKey(),
 		Fingerprint:      req.GetFingerprint(),
 		AttemptToken:     req.GetAttemptToken(),
@@ -226,7 +231,7 @@ func (s *Server) wait(ctx context.Context, p BeginParams, res BeginResult, maxWa
 	}
 	var wake <-chan struct{}
 	if s.opts.notifier != nil {
-		ch, unsubscribe := s.opts.notifier.Subscribe(ctx, p.Scope, p.Key)
+		ch, unsubscribe := s.opts.notifier.Subscribe(ctx, p.ID())
 		defer unsubscribe()
 		wake = ch
 	}
@@ -268,6 +273,10 @@ func (s *Server) Finish(ctx context.Context, req *idemgatev1.FinishRequest) (*id
 }
 
 func (s *Server) finish(ctx context.Context, req *idemgatev1.FinishRequest) (*idemgatev1.FinishResponse, error) {
+	ns, err := namespace(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if err := validateRecordID(req.GetScope(), req.GetKey(), req.GetAttemptToken()); err != nil {
 		return nil, err
 	}
@@ -279,7 +288,8 @@ func (s *Server) finish(ctx context.Context, req *idemgatev1.FinishRequest) (*id
 		return nil, err
 	}
 	err = s.store.Finish(ctx, FinishParams{
-		Scope:        namespaced(ctx, req.GetScope()),
+		Namespace:    ns,
+		Scope:        req.GetScope(),
 		Key:          req.GetKey(),
 		AttemptToken: req.GetAttemptToken(),
 		Epoch:        req.GetEpoch(),
@@ -300,14 +310,19 @@ func (s *Server) Release(ctx context.Context, req *idemgatev1.ReleaseRequest) (*
 }
 
 func (s *Server) release(ctx context.Context, req *idemgatev1.ReleaseRequest) (*idemgatev1.ReleaseResponse, error) {
+	ns, err := namespace(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if err := validateRecordID(req.GetScope(), req.GetKey(), req.GetAttemptToken()); err != nil {
 		return nil, err
 	}
 	if req.GetEpoch() <= 0 {
 		return nil, invalid("epoch", "epoch must be the positive epoch Begin answered")
 	}
-	err := s.store.Release(ctx, ReleaseParams{
-		Scope:        namespaced(ctx, req.GetScope()),
+	err = s.store.Release(ctx, ReleaseParams{
+		Namespace:    ns,
+		Scope:        req.GetScope(),
 		Key:          req.GetKey(),
 		AttemptToken: req.GetAttemptToken(),
 		Epoch:        req.GetEpoch(),
@@ -331,6 +346,10 @@ func (s *Server) Heartbeat(ctx context.Context, req *idemgatev1.HeartbeatRequest
 }
 
 func (s *Server) heartbeat(ctx context.Context, req *idemgatev1.HeartbeatRequest) (*idemgatev1.HeartbeatResponse, error) {
+	ns, err := namespace(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if err := validateRecordID(req.GetScope(), req.GetKey(), req.GetAttemptToken()); err != nil {
 		return nil, err
 	}
@@ -342,7 +361,8 @@ func (s *Server) heartbeat(ctx context.Context, req *idemgatev1.HeartbeatRequest
 		return nil, err
 	}
 	until, err := s.store.Heartbeat(ctx, HeartbeatParams{
-		Scope:        namespaced(ctx, req.GetScope()),
+		Namespace:    ns,
+		Scope:        req.GetScope(),
 		Key:          req.GetKey(),
 		AttemptToken: req.GetAttemptToken(),
 		Epoch:        req.GetEpoch(),
@@ -363,10 +383,14 @@ func (s *Server) Resolve(ctx context.Context, req *idemgatev1.ResolveRequest) (*
 }
 
 func (s *Server) resolve(ctx context.Context, req *idemgatev1.ResolveRequest) (*idemgatev1.ResolveResponse, error) {
+	ns, err := namespace(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if err := validateRecordID(req.GetScope(), req.GetKey(), "resolve"); err != nil {
 		return nil, err
 	}
-	params := ResolveParams{Scope: namespaced(ctx, req.GetScope()), Key: req.GetKey()}
+	params := ResolveParams{Namespace: ns, Scope: req.GetScope(), Key: req.GetKey()}
 	switch r := req.GetResolution().(type) {
 	case *idemgatev1.ResolveRequest_Complete:
 		outcome, err := s.validOutcome("complete", r.Complete)
@@ -416,8 +440,9 @@ func (s *Server) validOutcome(field string, outcome *anypb.Any) (Outcome, error)
 		return Outcome{}, invalid(field, field+" is required")
 	case outcome.GetTypeUrl() == "":
 		return Outcome{}, invalid(field+".type_url", field+".type_url is required")
-	case len(outcome.GetTypeUrl()) > MaxTypeURLBytes:
-		return Outcome{}, invalid(field+".type_url", fmt.Sprintf("%s.type_url is longer than %d bytes", field, MaxTypeURLBytes))
+	}
+	if err := checkText(field+".type_url", field+".type_url", outcome.GetTypeUrl(), MaxTypeURLBytes); err != nil {
+		return Outcome{}, err
 	}
 	value := outcome.GetValue()
 	if value == nil {
@@ -430,8 +455,9 @@ func validateRecordID(scope, key, token string) error {
 	switch {
 	case scope == "":
 		return invalid("scope", "scope is required")
-	case len(scope) > MaxScopeBytes:
-		return invalid("scope", fmt.Sprintf("scope is longer than %d bytes", MaxScopeBytes))
+	}
+	if err := checkText("scope", "scope", scope, MaxScopeBytes); err != nil {
+		return err
 	}
 	if err := keys.Validate(key); err != nil {
 		return invalid("key", "key "+err.Error())

@@ -84,7 +84,11 @@ var (
 
 // RecordID names one record.
 type RecordID struct {
-	// Scope namespaces Key.
+	// Namespace is the authenticated caller's name (Caller.Name), empty
+	// without authentication. It is a column of its own and part of the
+	// record's unique key, so no scope can reach another caller's records.
+	Namespace string
+	// Scope namespaces Key within the caller's namespace.
 	Scope string
 	// Key is the idempotency key.
 	Key string
@@ -112,6 +116,8 @@ func (l LostOutcome) String() string {
 
 // BeginParams are the inputs of Store.Begin.
 type BeginParams struct {
+	// Namespace is the calling service (RecordID.Namespace).
+	Namespace string
 	// Scope namespaces Key (method and tenant).
 	Scope string
 	// Key names one logical action.
@@ -197,6 +203,8 @@ type Outcome struct {
 
 // FinishParams are the inputs of Store.Finish.
 type FinishParams struct {
+	// Namespace as passed to Begin.
+	Namespace string
 	// Scope as passed to Begin.
 	Scope string
 	// Key as passed to Begin.
@@ -211,6 +219,8 @@ type FinishParams struct {
 
 // ReleaseParams are the inputs of Store.Release.
 type ReleaseParams struct {
+	// Namespace as passed to Begin.
+	Namespace string
 	// Scope as passed to Begin.
 	Scope string
 	// Key as passed to Begin.
@@ -232,6 +242,8 @@ type ReleaseParams struct {
 
 // HeartbeatParams are the inputs of Store.Heartbeat.
 type HeartbeatParams struct {
+	// Namespace as passed to Begin.
+	Namespace string
 	// Scope as passed to Begin.
 	Scope string
 	// Key as passed to Begin.
@@ -246,10 +258,37 @@ type HeartbeatParams struct {
 
 // ResolveParams are the inputs of Store.Resolve.
 type ResolveParams struct {
+	// Namespace of the record.
+	Namespace string
 	// Scope of the record.
 	Scope string
 	// Key of the record.
 	Key string
 	// Complete is the outcome to store; nil releases the record instead.
 	Complete *Outcome
+}
+
+// ID returns the record the params name.
+func (p BeginParams) ID() RecordID {
+	return RecordID{Namespace: p.Namespace, Scope: p.Scope, Key: p.Key}
+}
+
+// ID returns the record the params name.
+func (p FinishParams) ID() RecordID {
+	return RecordID{Namespace: p.Namespace, Scope: p.Scope, Key: p.Key}
+}
+
+// ID returns the record the params name.
+func (p ReleaseParams) ID() RecordID {
+	return RecordID{Namespace: p.Namespace, Scope: p.Scope, Key: p.Key}
+}
+
+// ID returns the record the params name.
+func (p HeartbeatParams) ID() RecordID {
+	return RecordID{Namespace: p.Namespace, Scope: p.Scope, Key: p.Key}
+}
+
+// ID returns the record the params name.
+func (p ResolveParams) ID() RecordID {
+	return RecordID{Namespace: p.Namespace, Scope: p.Scope, Key: p.Key}
 }

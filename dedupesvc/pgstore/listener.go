@@ -60,15 +60,15 @@ func (l *Listener) Run(ctx context.Context) {
 // woken at once to read what it became.
 const watchSQL = `
 UPDATE idemgate_records SET waiters = true
-WHERE scope = $1 AND idempotency_key = $2 AND state = 'in_flight'`
+WHERE namespace = $3 AND scope = $1 AND idempotency_key = $2 AND state = 'in_flight'`
 
 // Subscribe implements dedupesvc.Notifier. It flags the record as waited for,
 // so the change that settles it sends a NOTIFY; if that fails the waiter
 // still polls.
-func (l *Listener) Subscribe(ctx context.Context, scope, key string) (<-chan struct{}, func()) {
-	id := NotifyID(scope, key)
+func (l *Listener) Subscribe(ctx context.Context, rid dedupesvc.RecordID) (<-chan struct{}, func()) {
+	id := NotifyID(rid)
 	ch, unsubscribe := l.waiters.Add(id)
-	tag, err := l.pool.Exec(ctx, watchSQL, scope, key)
+	tag, err := l.pool.Exec(ctx, watchSQL, rid.Scope, rid.Key, rid.Namespace)
 	switch {
 	case err != nil:
 		l.logger.WarnContext(ctx, "could not ask for a notification; the waiter polls", slog.Any("error", err))

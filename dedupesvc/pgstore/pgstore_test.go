@@ -72,7 +72,7 @@ func TestListenerWakesSubscribersOfTheChangedKey(t *testing.T) {
 	go func() { defer close(done); l.Run(runCtx) }()
 	defer func() { cancel(); <-done }()
 
-	other, unsubscribeOther := l.Subscribe(ctx, "/pkg.S/M", "another key")
+	other, unsubscribeOther := l.Subscribe(ctx, dedupesvc.RecordID{Scope: "/pkg.S/M", Key: "another key"})
 	defer unsubscribeOther()
 	<-other // no such record in flight: woken at once, to read what it is
 
@@ -82,7 +82,7 @@ func TestListenerWakesSubscribersOfTheChangedKey(t *testing.T) {
 	deadline := time.After(20 * time.Second)
 	for {
 		epoch := mustReserve(t, s)
-		woken, unsubscribe := l.Subscribe(ctx, "/pkg.S/M", "key-1")
+		woken, unsubscribe := l.Subscribe(ctx, dedupesvc.RecordID{Scope: "/pkg.S/M", Key: "key-1"})
 		if err := s.Release(ctx, dedupesvc.ReleaseParams{Scope: "/pkg.S/M", Key: "key-1", AttemptToken: "t1", Epoch: epoch}); err != nil {
 			t.Fatal(err)
 		}

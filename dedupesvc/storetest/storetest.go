@@ -41,6 +41,8 @@ func Run(t *testing.T, newStore func(t *testing.T) dedupesvc.Store) {
 	t.Run("ResumeGrace", func(t *testing.T) { testResumeGrace(t, newStore) })
 	t.Run("Inspector", func(t *testing.T) { testInspector(t, newStore) })
 	t.Run("InspectorPages", func(t *testing.T) { testInspectorPages(t, newStore) })
+	t.Run("Namespaces", func(t *testing.T) { testNamespaces(t, newStore) })
+	t.Run("ServiceNamespaces", func(t *testing.T) { testServiceNamespaces(t, newStore) })
 }
 
 // newInspector returns a fresh store and its Inspector, or skips a store
@@ -127,18 +129,18 @@ func testInspector(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 	t.Parallel()
 	s, inspector := newInspector(t, newStore)
 	// Records under two methods and two namespaces, one of them unknown.
-	add := func(scope, key string, lease time.Duration) dedupesvc.BeginResult {
+	add := func(ns, scope, key string, lease time.Duration) dedupesvc.BeginResult {
 		p := begin("t-"+key, fpA, lease, long)
-		p.Scope, p.Key = scope, key
+		p.Namespace, p.Scope, p.Key = ns, scope, key
 		return mustBegin(t, s, p, dedupesvc.BeginReserved)
 	}
-	r := add(dedupesvc.JoinScope("svc-a", "/pkg.S/Charge|tenant-1"), "k1", long)
-	if err := s.Finish(ctx, dedupesvc.FinishParams{Scope: dedupesvc.JoinScope("svc-a", "/pkg.S/Charge|tenant-1"), Key: "k1", AttemptToken: "t-k1", Epoch: r.Epoch, Outcome: outA}); err != nil {
+	r := add("svc-a", "/pkg.S/Charge|tenant-1", "k1", long)
+	if err := s.Finish(ctx, dedupesvc.FinishParams{Namespace: "svc-a", Scope: "/pkg.S/Charge|tenant-1", Key: "k1", AttemptToken: "t-k1", Epoch: r.Epoch, Outcome: outA}); err != nil {
 		t.Fatal(err)
 	}
-	add(dedupesvc.JoinScope("svc-b", "/pkg.S/Charge"), "k2", long)
-	add(dedupesvc.JoinScope("svc-a", "/pkg.S/Charge|tenant-2"), "k4", long)
-	add("/pkg.S/Send", "k3", short)
+	add("svc-b", "/pkg.S/Charge", "k2", long)
+	add("svc-a", "/pkg.S/Charge|tenant-2", "k4", long)
+	add("", "/pkg.S/Send", "k3", short)
 	time.Sleep(2 * short)
 	p := begin("t-other", fpA, long, long)
 	p.Scope, p.Key = "/pkg.S/Send", "k3"
@@ -149,13 +151,13 @@ func testInspector(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 		t.Fatalf("ListRecords = %+v, %v; want 4 records, the unknown one first", all, err)
 	}
 	completed, err := inspector.ListRecords(ctx, dedupesvc.ListQuery{State: dedupesvc.StateCompleted, Limit: 10})
-	if err != nil || len(completed) != 1 || completed[0].ID.Key != "k1" || completed[0].OutcomeSize != int64(len(outA.Value)) || completed[0].Outcome.TypeURL != outA.TypeURL {
+	if err != nil || len(completed) != 1 || completed[0].ID != (dedupesvc.RecordID{Namespace: "svc-a", Scope: "/pkg.S/Charge|tenant-1", Key: "k1"}) || completed[0].OutcomeSize != int64(len(outA.Value)) || completed[0].Outcome.TypeURL != outA.TypeURL {
 		t.Fatalf("ListRecords(completed) = %+v, %v", completed, err)
 	}
 	if limited, err := inspector.ListRecords(ctx, dedupesvc.ListQuery{Limit: 2}); err != nil || len(limited) != 2 {
 		t.Fatalf("ListRecords(limit 2) = %d records, %v", len(limited), err)
 	}
-	got, found, err := inspector.GetRecord(ctx, dedupesvc.RecordID{Scope: dedupesvc.JoinScope("svc-b", "/pkg.S/Charge"), Key: "k2"})
+	got, found, err := inspector.GetRecord(ctx, dedupesvc.RecordID{Namespace: "svc-b", Scope: "/pkg.S/Charge", Key: "k2"})
 	if err != nil || !found || got.State != dedupesvc.StateInFlight {
 		t.Fatalf("GetRecord = %+v, %v, %v", got, found, err)
 	}
