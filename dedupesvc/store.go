@@ -15,7 +15,9 @@ import (
 // could not be reached.
 type Store interface {
 	// Begin reserves (scope, key) for the attempt or reports why it cannot.
-	// A record past its expiry counts as absent.
+	// A record past its expiry counts as absent. A reservation the
+	// namespace's quotas do not allow (params.MaxRecords, MaxOutcomeBytes)
+	// returns a *QuotaError; answering a key that is not free never does.
 	Begin(ctx context.Context, params BeginParams) (BeginResult, error)
 
 	// Finish stores the outcome of the attempt holding the reservation, also
@@ -137,6 +139,21 @@ type BeginParams struct {
 	// UnknownRetention is how long a record marked outcome-unknown is kept
 	// (and keeps blocking its key) when nobody resolves it.
 	UnknownRetention time.Duration
+	// MaxRecords is the namespace's quota of stored records: a Begin that
+	// would add a record to a namespace holding this many returns a
+	// *QuotaError (CheckQuota). 0, the zero value, is no limit.
+	MaxRecords int64
+	// MaxOutcomeBytes is the namespace's quota of stored outcome bytes: a
+	// Begin that would reserve for a namespace holding this many returns a
+	// *QuotaError. Finish is never refused: the handler already ran. 0, the
+	// zero value, is no limit.
+	MaxOutcomeBytes int64
+	// Peek makes Begin read only: it answers what the record says when that
+	// needs no write (completed, in flight within its lease, mismatched,
+	// marked unknown), and a zero BeginResult (State 0) when the caller
+	// would have to reserve, renew or mark it. The service's shared re-read
+	// of a waited-for key uses it. Defaults to false.
+	Peek bool
 }
 
 // BeginState is the answer of Store.Begin.

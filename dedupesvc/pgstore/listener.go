@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,7 +24,16 @@ type Listener struct {
 	logger   *slog.Logger
 
 	waiters dedupesvc.Waiters[string] // by NotifyID
+	// healthy is set once a connection is made and cleared when listening
+	// fails, so the service polls often only while notifications may be lost.
+	healthy atomic.Bool
 }
+
+var _ dedupesvc.Healthy = (*Listener)(nil)
+
+// Healthy implements dedupesvc.Healthy: the Listener holds a connection and
+// no error was reported since it connected.
+func (l *Listener) Healthy() bool { return l.healthy.Load() }
 
 var _ dedupesvc.Notifier = (*Listener)(nil)
 
@@ -34,9 +44,12 @@ func NewListener(pool *pgxpool.Pool, channel string, logger *slog.Logger) *Liste
 	connConfig := pool.Config().ConnConfig
 	l.listener = &pgxlisten.Listener{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
-			return pgx.ConnectConfig(ctx, connConfig.Copy())
+			conn, err := pgx.ConnectConfig(ctx, connConfig.Copy())
+			l.healthy.Store(err == nil)
+			return conn, err
 		},
 		LogError: func(ctx context.Context, err error) {
+			l.healthy.Store(false)
 			if ctx.Err() == nil {
 				logger.WarnContext(ctx, "listening for record changes failed; waiters poll until it reconnects", slog.Any("error", err))
 			}

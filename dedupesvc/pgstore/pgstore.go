@@ -84,6 +84,13 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	return s
 }
 
+// Pool returns the connection pool the Store runs on.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Channel returns the NOTIFY channel state changes are announced on, ""
+// when notifications are off.
+func (s *Store) Channel() string { return s.channel }
+
 // announced wraps a state-changing UPDATE so that, when notifications are on
 // and a duplicate waits for the record (its waiters flag is set), the same
 // statement also sends a NOTIFY, delivered when it commits. The channel and
@@ -273,6 +280,12 @@ SET state = 'unknown',
 WHERE namespace = $5 AND scope = $1 AND idempotency_key = $2 AND epoch = $3
   AND state = 'in_flight' AND ` + leaseEnd("r") + ` <= now()`
 
+// usageSQL sums a namespace's usage rows, kept by triggers (migration 005):
+// an index range of at most 16 rows, however many records it holds.
+const usageSQL = `
+SELECT coalesce(sum(records), 0)::bigint, coalesce(sum(outcome_bytes), 0)::bigint
+FROM idemgate_namespace_usage WHERE namespace = $1`
+
 // Begin implements dedupesvc.Store, through dedupesvc.RunBegin: it reads
 // first, so a duplicate costs one read and no commit; only a free key is
 // written, and then the single upsert decides who holds it.
@@ -302,6 +315,13 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 				return time.Time{}, false, fmt.Errorf("pgstore: renew lease: %w", err)
 			}
 			return until, true, nil
+		},
+		Usage: func(ctx context.Context) (int64, int64, error) {
+			var records, bytes int64
+			if err := s.noted(ctx, s.pool.QueryRow(ctx, usageSQL, p.Namespace).Scan(&records, &bytes)); err != nil {
+				return 0, 0, fmt.Errorf("pgstore: read usage: %w", err)
+			}
+			return records, bytes, nil
 		},
 		Reserve: func(ctx context.Context, _ time.Time) (int64, time.Time, bool, error) {
 			var (

@@ -19,7 +19,22 @@ var (
 )
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) dedupesvc.Store { return pgstore.New(pgtest.Pool(t)) })
+	storetest.RunWithNotifier(t, func(t *testing.T) dedupesvc.Store {
+		pool, schema := pgtest.Schema(t)
+		return pgstore.New(pool, pgstore.WithChannel(schema))
+	}, listener)
+}
+
+// listener runs a Listener for the store s (built by TestConformance) until
+// the test ends.
+func listener(t *testing.T, s dedupesvc.Store) dedupesvc.Notifier {
+	store := s.(*pgstore.Store)
+	l := pgstore.NewListener(store.Pool(), store.Channel(), slog.Default())
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(runCtx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return l
 }
 
 func TestConformanceWithoutNotify(t *testing.T) {

@@ -236,6 +236,14 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 			}
 			return time.UnixMilli(until), true, nil
 		},
+		Usage: func(ctx context.Context) (int64, int64, error) {
+			var records, bytes int64
+			err := s.db.QueryRowContext(ctx, `SELECT records, outcome_bytes FROM idemgate_namespace_usage WHERE namespace = ?`, p.Namespace).Scan(&records, &bytes)
+			if err != nil && !errors.Is(err, sql.ErrNoRows) {
+				return 0, 0, fmt.Errorf("sqlitestore: read usage: %w", err)
+			}
+			return records, bytes, nil
+		},
 		Reserve: func(ctx context.Context, now time.Time) (int64, time.Time, bool, error) {
 			var epoch, leaseEnd int64
 			err := s.db.QueryRowContext(ctx, reserveSQL,

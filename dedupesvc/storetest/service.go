@@ -3,7 +3,9 @@ package storetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -167,4 +169,103 @@ func testNamespaces(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 			t.Fatalf("GetRecord without the namespace: found=%v, %v; want none", found, err)
 		}
 	}
+}
+
+// wantQuota fails unless err is RESOURCE_EXHAUSTED DEDUPE_QUOTA_EXCEEDED
+// naming quota, with RetryInfo exactly when retry is set.
+func wantQuota(t *testing.T, what string, err error, quota string, retry bool) {
+	t.Helper()
+	st, _ := status.FromError(err)
+	if st.Code() != codes.ResourceExhausted {
+		t.Fatalf("%s: %v; want RESOURCE_EXHAUSTED", what, err)
+	}
+	var infos []*errdetails.ErrorInfo
+	hasRetry := false
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			infos = append(infos, d)
+		case *errdetails.RetryInfo:
+			hasRetry = d.GetRetryDelay().AsDuration() > 0
+		}
+	}
+	if len(infos) != 1 || infos[0].GetReason() != dedupesvc.ReasonQuotaExceeded || infos[0].GetMetadata()["quota"] != quota || infos[0].GetMetadata()["limit"] == "" {
+		t.Fatalf("%s: ErrorInfo %v; want one %s with quota %q and its limit", what, infos, dedupesvc.ReasonQuotaExceeded, quota)
+	}
+	if hasRetry != retry {
+		t.Fatalf("%s: RetryInfo present = %v, want %v", what, hasRetry, retry)
+	}
+}
+
+// testServiceQuotas checks the per-caller quotas of records and stored
+// bytes, counted by the store, and that one caller at its quota leaves
+// every other caller, and its own existing keys, alone.
+func testServiceQuotas(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
+	t.Parallel()
+
+	t.Run("records", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		srv := dedupesvc.NewServer(s, dedupesvc.WithCallerQuota(3, 0))
+		var last *idemgatev1.BeginResponse
+		for i := range 3 {
+			begun, err := srv.Begin(as("greedy"), beginReq("/pkg.S/M", fmt.Sprintf("k%d", i), "t1"))
+			if err != nil || begun.GetReserved() == nil {
+				t.Fatalf("Begin %d = %v, %v", i, begun, err)
+			}
+			last = begun
+		}
+		_, err := srv.Begin(as("greedy"), beginReq("/pkg.S/M", "k3", "t1"))
+		wantQuota(t, "a fourth record", err, dedupesvc.QuotaRecords, false)
+		// Its own existing keys are still answered, and finished.
+		dup, err := srv.Begin(as("greedy"), beginReq("/pkg.S/M", "k2", "t2"))
+		if err != nil || dup.GetInFlight() == nil {
+			t.Fatalf("a duplicate at the quota = %v, %v; want in flight", dup, err)
+		}
+		if _, err := srv.Finish(as("greedy"), &idemgatev1.FinishRequest{Scope: "/pkg.S/M", Key: "k2", AttemptToken: "t1", Epoch: last.GetReserved().GetEpoch(),
+			Outcome: &anypb.Any{TypeUrl: outA.TypeURL, Value: []byte("v")}}); err != nil {
+			t.Fatalf("Finish at the quota: %v", err)
+		}
+		// Another caller is not affected.
+		if begun, err := srv.Begin(as("neighbour"), beginReq("/pkg.S/M", "k3", "t1")); err != nil || begun.GetReserved() == nil {
+			t.Fatalf("the neighbour's Begin = %v, %v; want reserved", begun, err)
+		}
+	})
+
+	t.Run("bytes, freed by the sweeper", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		srv := dedupesvc.NewServer(s, dedupesvc.WithCallerQuota(0, 1000))
+		req := beginReq("/pkg.S/M", "big", "t1")
+		req.Lease, req.Retention = durationpb.New(time.Second), durationpb.New(time.Second)
+		begun, err := srv.Begin(as("greedy"), req)
+		if err != nil || begun.GetReserved() == nil {
+			t.Fatalf("Begin = %v, %v", begun, err)
+		}
+		// The handler ran: its outcome is stored even past the quota.
+		if _, err := srv.Finish(as("greedy"), &idemgatev1.FinishRequest{Scope: "/pkg.S/M", Key: "big", AttemptToken: "t1", Epoch: begun.GetReserved().GetEpoch(),
+			Outcome: &anypb.Any{TypeUrl: outA.TypeURL, Value: make([]byte, 1500)}}); err != nil {
+			t.Fatalf("Finish past the quota: %v", err)
+		}
+		_, err = srv.Begin(as("greedy"), beginReq("/pkg.S/M", "next", "t1"))
+		wantQuota(t, "a Begin past the bytes quota", err, dedupesvc.QuotaBytes, false)
+		if begun, err := srv.Begin(as("neighbour"), beginReq("/pkg.S/M", "next", "t1")); err != nil || begun.GetReserved() == nil {
+			t.Fatalf("the neighbour's Begin = %v, %v; want reserved", begun, err)
+		}
+		// Once the big record expires and is swept, the caller may go on.
+		deadline := time.Now().Add(time.Minute)
+		for {
+			time.Sleep(200 * time.Millisecond)
+			if _, _, err := s.DeleteExpired(ctx, 100); err != nil {
+				t.Fatal(err)
+			}
+			begun, err := srv.Begin(as("greedy"), beginReq("/pkg.S/M", "next", "t1"))
+			if err == nil && begun.GetReserved() != nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("after the sweep, Begin = %v, %v; want reserved", begun, err)
+			}
+		}
+	})
 }

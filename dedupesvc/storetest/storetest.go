@@ -31,6 +31,19 @@ import (
 // its own store. Leases and retentions in the suite are 150ms to 1s, so a
 // store's clock must have millisecond resolution.
 func Run(t *testing.T, newStore func(t *testing.T) dedupesvc.Store) {
+	RunWithNotifier(t, newStore, nil)
+}
+
+// RunWithNotifier is Run with the Dedupe service's Notifier for a store
+// (nil: the store itself when it is one, else none), for the cases that
+// run the service over the store.
+func RunWithNotifier(t *testing.T, newStore func(t *testing.T) dedupesvc.Store, notifier func(t *testing.T, s dedupesvc.Store) dedupesvc.Notifier) {
+	if notifier == nil {
+		notifier = func(_ *testing.T, s dedupesvc.Store) dedupesvc.Notifier {
+			n, _ := s.(dedupesvc.Notifier)
+			return n
+		}
+	}
 	t.Run("Begin", func(t *testing.T) { testBegin(t, newStore) })
 	t.Run("BeginConcurrent", func(t *testing.T) { testBeginConcurrent(t, newStore) })
 	t.Run("Finish", func(t *testing.T) { testFinish(t, newStore) })
@@ -43,6 +56,9 @@ func Run(t *testing.T, newStore func(t *testing.T) dedupesvc.Store) {
 	t.Run("InspectorPages", func(t *testing.T) { testInspectorPages(t, newStore) })
 	t.Run("Namespaces", func(t *testing.T) { testNamespaces(t, newStore) })
 	t.Run("ServiceNamespaces", func(t *testing.T) { testServiceNamespaces(t, newStore) })
+	t.Run("ServiceQuotas", func(t *testing.T) { testServiceQuotas(t, newStore) })
+	// Not parallel: it measures a neighbour's throughput.
+	t.Run("ServiceWaiters", func(t *testing.T) { testServiceWaiters(t, newStore, notifier) })
 }
 
 // newInspector returns a fresh store and its Inspector, or skips a store
