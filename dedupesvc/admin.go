@@ -36,16 +36,18 @@ func NewAdminServer(store Store, service *Server) (*AdminServer, error) {
 }
 
 func storedID(ref *idemgatev1.RecordRef) (RecordID, error) {
+	if err := checkText("ref.namespace", "ref.namespace", ref.GetNamespace(), MaxNamespaceBytes); err != nil {
+		return RecordID{}, err
+	}
 	if err := validateRecordID(ref.GetScope(), ref.GetKey(), "admin"); err != nil {
 		return RecordID{}, err
 	}
-	return RecordID{Scope: JoinScope(ref.GetNamespace(), ref.GetScope()), Key: ref.GetKey()}, nil
+	return RecordID{Namespace: ref.GetNamespace(), Scope: ref.GetScope(), Key: ref.GetKey()}, nil
 }
 
 func toProto(r StoredRecord) *idemgatev1.Record {
-	ns, scope := SplitScope(r.ID.Scope)
 	out := &idemgatev1.Record{
-		Ref:            &idemgatev1.RecordRef{Namespace: ns, Scope: scope, Key: r.ID.Key},
+		Ref:            &idemgatev1.RecordRef{Namespace: r.ID.Namespace, Scope: r.ID.Scope, Key: r.ID.Key},
 		State:          r.State,
 		Epoch:          r.Epoch,
 		OutcomeTypeUrl: r.Outcome.TypeURL,
@@ -119,12 +121,13 @@ type pageToken struct {
 	State     string `json:"s"`
 	Unknown   bool   `json:"u,omitempty"`
 	ExpiresAt int64  `json:"e"` // Unix microseconds, PostgreSQL's precision
+	Namespace string `json:"ns,omitempty"`
 	Scope     string `json:"n"`
 	Key       string `json:"k"`
 }
 
 func encodePageToken(state string, p ListPosition) string {
-	raw, _ := json.Marshal(pageToken{State: state, Unknown: p.Unknown, ExpiresAt: p.ExpiresAt.UnixMicro(), Scope: p.ID.Scope, Key: p.ID.Key}) // cannot fail: strings, a bool and an int
+	raw, _ := json.Marshal(pageToken{State: state, Unknown: p.Unknown, ExpiresAt: p.ExpiresAt.UnixMicro(), Namespace: p.ID.Namespace, Scope: p.ID.Scope, Key: p.ID.Key}) // cannot fail: strings, a bool and an int
 	return base64.RawURLEncoding.EncodeToString(raw)
 }
 
@@ -140,7 +143,7 @@ func decodePageToken(token, state string) (ListPosition, error) {
 	if t.State != state {
 		return ListPosition{}, invalid("page_token", fmt.Sprintf("page_token continues a listing of state %q, not %q; pass the same state", t.State, state))
 	}
-	return ListPosition{Unknown: t.Unknown, ExpiresAt: time.UnixMicro(t.ExpiresAt), ID: RecordID{Scope: t.Scope, Key: t.Key}}, nil
+	return ListPosition{Unknown: t.Unknown, ExpiresAt: time.UnixMicro(t.ExpiresAt), ID: RecordID{Namespace: t.Namespace, Scope: t.Scope, Key: t.Key}}, nil
 }
 
 // CountRecords implements idemgatev1.AdminServiceServer.
@@ -163,7 +166,7 @@ func (a *AdminServer) ResolveRecord(ctx context.Context, req *idemgatev1.Resolve
 	if err != nil {
 		return nil, err
 	}
-	params := ResolveParams{Scope: id.Scope, Key: id.Key}
+	params := ResolveParams{Namespace: id.Namespace, Scope: id.Scope, Key: id.Key}
 	switch r := req.GetResolution().(type) {
 	case *idemgatev1.ResolveRecordRequest_Complete:
 		outcome, err := a.service.validOutcome("complete", r.Complete)

@@ -163,6 +163,10 @@ type BeginSteps struct {
 	// the new lease end and whether it did (false: the record changed
 	// meanwhile).
 	Renew func(ctx context.Context, epoch int64, now time.Time) (leaseExpiresAt time.Time, renewed bool, err error)
+	// Usage returns how many records and outcome bytes the namespace holds,
+	// read before a reservation when BeginParams sets a quota. It must be
+	// cheap: a lookup, never a count of the namespace's rows.
+	Usage func(ctx context.Context) (records, bytes int64, err error)
 }
 
 // maxBeginRounds bounds RunBegin's loop of read and write: the record can
@@ -184,9 +188,13 @@ func RunBegin(ctx context.Context, p BeginParams, steps BeginSteps) (BeginResult
 		if found {
 			res, step = DecideBegin(r, p, now)
 		}
-		switch step {
-		case StepAnswer:
+		switch {
+		case step == StepAnswer:
 			return res, nil
+		case p.Peek:
+			return BeginResult{}, nil
+		}
+		switch step {
 		case StepMarkUnknown:
 			marked, err := steps.MarkUnknown(ctx, r.Epoch, now)
 			if err != nil {
@@ -205,6 +213,18 @@ func RunBegin(ctx context.Context, p BeginParams, steps BeginSteps) (BeginResult
 				return BeginResult{State: BeginReserved, Epoch: r.Epoch, LeaseExpiresAt: leaseEnd}, nil
 			}
 			continue
+		}
+		if p.MaxRecords > 0 || p.MaxOutcomeBytes > 0 {
+			// Checked before, not in, the reserving upsert: concurrent Begins
+			// of one namespace may overshoot a quota by their number, which
+			// is fine for a limit against runaway callers.
+			records, bytes, err := steps.Usage(ctx)
+			if err != nil {
+				return BeginResult{}, err
+			}
+			if err := CheckQuota(p, !found, records, bytes); err != nil {
+				return BeginResult{}, err
+			}
 		}
 		epoch, leaseEnd, reserved, err := steps.Reserve(ctx, now)
 		if err != nil {

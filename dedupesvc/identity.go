@@ -1,13 +1,19 @@
 package dedupesvc
 
-import "context"
+import (
+	"context"
+	"fmt"
+	"unicode"
+	"unicode/utf8"
+)
 
 // Caller is who called the Dedupe service, as an authenticator established
 // it (see dedupesvc/auth).
 type Caller struct {
 	// Name identifies the calling service: a SPIFFE ID, a certificate
 	// subject, or a bearer token's configured name. Records are namespaced
-	// by it, so one service never sees another's.
+	// by it, so one service never sees another's; a name with a control
+	// character is refused.
 	Name string
 	// Admin allows the admin RPCs.
 	Admin bool
@@ -26,15 +32,37 @@ func CallerFromContext(ctx context.Context) (Caller, bool) {
 	return c, ok
 }
 
-// namespaceSeparator joins the caller's name and the scope. It is a control
-// character, which no caller name may contain, so the two never run together
-// ambiguously.
-const namespaceSeparator = "\x1f"
+// MaxNamespaceBytes is the longest caller name (namespace) accepted.
+const MaxNamespaceBytes = 1024
 
-// namespaced returns the scope as stored: prefixed by the authenticated
-// caller's name, so callers cannot reach each other's records. Without an
-// authenticated caller (no authenticator installed) the scope is stored as is.
-func namespaced(ctx context.Context, scope string) string {
+// namespace returns the authenticated caller's name, the namespace its
+// records are kept in: a column of its own in the record's key, never a
+// prefix of the scope. Without an authenticated caller (no authenticator
+// installed) it is empty. A name with a control character or over
+// MaxNamespaceBytes is refused: it is logged and shown to operators.
+func namespace(ctx context.Context) (string, error) {
 	c, _ := CallerFromContext(ctx)
-	return JoinScope(c.Name, scope)
+	if err := checkText("namespace", "the caller's name", c.Name, MaxNamespaceBytes); err != nil {
+		return "", err
+	}
+	return c.Name, nil
+}
+
+// checkText refuses s (the field named field, described as what) when it is
+// longer than max bytes, is not UTF-8, or holds a control character (C0,
+// DEL or C1): such bytes end up in logs, listings and SQL text parameters,
+// where PostgreSQL refuses NUL and the embedded store would keep them.
+func checkText(field, what, s string, max int) error {
+	if len(s) > max {
+		return invalid(field, fmt.Sprintf("%s is longer than %d bytes", what, max))
+	}
+	if !utf8.ValidString(s) {
+		return invalid(field, what+" is not valid UTF-8")
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return invalid(field, fmt.Sprintf("%s holds the control character %U", what, r))
+		}
+	}
+	return nil
 }

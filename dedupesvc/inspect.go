@@ -10,12 +10,11 @@ import (
 // Inspector is what the admin RPCs need from a Store beyond Store itself.
 // Both stores implement it.
 type Inspector interface {
-	// GetRecord returns one record by its stored scope and key.
+	// GetRecord returns one record by its namespace, scope and key.
 	GetRecord(ctx context.Context, id RecordID) (StoredRecord, bool, error)
 	// ListRecords lists one page of records in listing order (ListPosition).
 	ListRecords(ctx context.Context, q ListQuery) ([]StoredRecord, error)
-	// CountRecords counts records by state and method (MethodOf the scope
-	// without its namespace), across namespaces and tenants, in any order.
+	// CountRecords counts records by state and method (MethodOf the scope), across namespaces and tenants, in any order.
 	CountRecords(ctx context.Context) ([]MethodCount, error)
 	// MigrationStatus names the store and lists its migrations.
 	MigrationStatus(ctx context.Context) (store string, migrations []MigrationState, err error)
@@ -23,7 +22,7 @@ type Inspector interface {
 
 // StoredRecord is a record with its identity, as the admin RPCs show it.
 type StoredRecord struct {
-	// ID is the stored scope (caller namespace included) and key.
+	// ID is the record's namespace, scope and key.
 	ID RecordID
 	// Record is the record; its Outcome.Value is left empty.
 	Record
@@ -43,7 +42,7 @@ type ListQuery struct {
 }
 
 // ListPosition is a record's place in the listing order: outcome-unknown
-// records first (they need an operator), then by expiry, scope and key. The
+// records first (they need an operator), then by expiry, namespace, scope and key. The
 // order is total, so a listing resumed after a position neither repeats nor
 // skips a record that stayed put.
 type ListPosition struct {
@@ -51,7 +50,7 @@ type ListPosition struct {
 	Unknown bool
 	// ExpiresAt is the record's expiry.
 	ExpiresAt time.Time
-	// ID is the record's stored scope and key.
+	// ID is the record's namespace, scope and key.
 	ID RecordID
 }
 
@@ -66,23 +65,6 @@ type MigrationState struct {
 	Name string
 	// Applied reports whether the store has run it.
 	Applied bool
-}
-
-// SplitScope splits a stored scope into the calling service's namespace
-// (empty without authentication) and the scope the interceptor sent.
-func SplitScope(stored string) (namespace, scope string) {
-	if ns, rest, ok := strings.Cut(stored, namespaceSeparator); ok {
-		return ns, rest
-	}
-	return "", stored
-}
-
-// JoinScope is the inverse of SplitScope.
-func JoinScope(namespace, scope string) string {
-	if namespace == "" {
-		return scope
-	}
-	return namespace + namespaceSeparator + scope
 }
 
 // MethodOf returns the full method name at the start of a scope the

@@ -28,11 +28,14 @@ var allOutcomes = []string{
 }
 
 // Metrics are the Dedupe service's Prometheus metrics: a counter per outcome
-// (idemgate_dedupe_outcomes_total{outcome}) and the latency of each RPC,
+// (idemgate_dedupe_outcomes_total{outcome}), a counter per quota a caller
+// hit (idemgate_dedupe_quota_exceeded_total{quota}: rate, records, bytes,
+// retention, waiters) and the latency of each RPC,
 // store time and waiting included (idemgate_dedupe_rpc_duration_seconds{rpc}).
 // Register it with a prometheus.Registerer and pass it to WithMetrics.
 type Metrics struct {
 	outcomes *prometheus.CounterVec
+	quotas   *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
 }
 
@@ -45,6 +48,10 @@ func NewMetrics() *Metrics {
 			Name: "idemgate_dedupe_outcomes_total",
 			Help: "Dedupe service answers by outcome.",
 		}, []string{"outcome"}),
+		quotas: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_dedupe_quota_exceeded_total",
+			Help: "Dedupe requests refused or not waited for because the caller hit a quota, by quota.",
+		}, []string{"quota"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idemgate_dedupe_rpc_duration_seconds",
 			Help:    "Dedupe RPC latency in seconds, store and waiting included.",
@@ -54,18 +61,23 @@ func NewMetrics() *Metrics {
 	for _, o := range allOutcomes {
 		m.outcomes.WithLabelValues(o)
 	}
+	for _, q := range allQuotas {
+		m.quotas.WithLabelValues(q)
+	}
 	return m
 }
 
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.outcomes.Describe(ch)
+	m.quotas.Describe(ch)
 	m.latency.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
 func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.outcomes.Collect(ch)
+	m.quotas.Collect(ch)
 	m.latency.Collect(ch)
 }
 
@@ -86,4 +98,17 @@ func (m *Metrics) observe(rpc string, start time.Time) {
 // Defaults to none.
 func WithMetrics(m *Metrics) Option {
 	return func(o *options) { o.metrics = m }
+}
+
+// quota counts a caller hitting quota.
+func (m *Metrics) quota(quota string) {
+	if m != nil {
+		m.quotas.WithLabelValues(quota).Inc()
+	}
+}
+
+// QuotaCounter returns the counter of idemgate_dedupe_quota_exceeded_total
+// for quota, for tests and dashboards built in Go.
+func (m *Metrics) QuotaCounter(quota string) prometheus.Counter {
+	return m.quotas.WithLabelValues(quota)
 }

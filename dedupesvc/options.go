@@ -10,9 +10,9 @@ import (
 // record of their key changes. It is a hint: a waiter also polls, so a lost
 // notification only delays it.
 type Notifier interface {
-	// Subscribe returns a channel that receives after the in-flight record of
-	// (scope, key) settles, and a function that ends the subscription.
-	Subscribe(ctx context.Context, scope, key string) (<-chan struct{}, func())
+	// Subscribe returns a channel that receives after the in-flight record
+	// id settles, and a function that ends the subscription.
+	Subscribe(ctx context.Context, id RecordID) (<-chan struct{}, func())
 }
 
 type options struct {
@@ -23,6 +23,13 @@ type options struct {
 	unknownRetention time.Duration
 	maxOutcome       int
 	metrics          *Metrics
+	callerRate       float64
+	callerBurst      int
+	callerRecords    int64
+	callerBytes      int64
+	maxRetention     time.Duration
+	maxWaiters       int
+	maxCallerWaiters int
 }
 
 var defaultOptions = options{
@@ -31,6 +38,76 @@ var defaultOptions = options{
 	pollInterval:     200 * time.Millisecond,
 	unknownRetention: 7 * 24 * time.Hour,
 	maxOutcome:       1 << 20,
+	callerRate:       DefaultCallerRate,
+	callerBurst:      DefaultCallerBurst,
+	callerRecords:    DefaultCallerRecords,
+	callerBytes:      DefaultCallerBytes,
+	maxRetention:     DefaultMaxRetention,
+	maxWaiters:       DefaultMaxWaiters,
+	maxCallerWaiters: DefaultMaxCallerWaiters,
+}
+
+// Defaults of the per-caller limits; see WithCallerRate, WithCallerQuota and
+// WithMaxRetention.
+const (
+	// DefaultCallerRate is each caller's Begins per second: 500.
+	DefaultCallerRate = 500
+	// DefaultCallerBurst is each caller's Begin burst: 1000.
+	DefaultCallerBurst = 1000
+	// DefaultCallerRecords is each caller's stored records: 1,000,000.
+	DefaultCallerRecords = 1_000_000
+	// DefaultCallerBytes is each caller's stored outcome bytes: 1 GiB.
+	DefaultCallerBytes = 1 << 30
+	// DefaultMaxRetention is the longest retention a Begin may ask for: 7
+	// days.
+	DefaultMaxRetention = 7 * 24 * time.Hour
+	// DefaultMaxWaiters is how many Begins may wait for in-flight outcomes
+	// at once, in all: 10,000.
+	DefaultMaxWaiters = 10000
+	// DefaultMaxCallerWaiters is how many of them one caller may have: 1,000.
+	DefaultMaxCallerWaiters = 1000
+)
+
+// WithMaxWaiters caps the Begins waiting for in-flight outcomes (max_wait)
+// at once: total in all, perCaller for one caller. A Begin past a cap does
+// not wait: it answers in_flight at once (the interceptor turns that into
+// ABORTED IDEMPOTENCY_IN_FLIGHT with RetryInfo) and counts under
+// idemgate_dedupe_quota_exceeded_total{quota="waiters"}. Waiters of one key
+// share one watcher and one store read, so a waiter costs memory, not
+// store load. Defaults to 10,000 and 1,000.
+func WithMaxWaiters(total, perCaller int) Option {
+	return func(o *options) { o.maxWaiters, o.maxCallerWaiters = total, perCaller }
+}
+
+// WithCallerRate limits each caller (namespace) to perSecond Begins a
+// second with bursts of burst, a token bucket per caller
+// (golang.org/x/time/rate). Past it Begin answers RESOURCE_EXHAUSTED
+// (DEDUPE_QUOTA_EXCEEDED, quota "rate") with RetryInfo. Finish, Release,
+// Heartbeat and Resolve are not limited: they follow Begins already let in,
+// and refusing them would strand work already done. A perSecond of 0 is no
+// limit. Defaults to 500 a second, bursts of 1000.
+func WithCallerRate(perSecond float64, burst int) Option {
+	return func(o *options) { o.callerRate, o.callerBurst = perSecond, burst }
+}
+
+// WithCallerQuota limits what each caller (namespace) keeps stored: records
+// (expired ones count until swept) and outcome bytes. A Begin that would
+// reserve past either answers RESOURCE_EXHAUSTED (DEDUPE_QUOTA_EXCEEDED,
+// quota "records" or "bytes"); duplicates of existing keys are still
+// answered, and Finish is never refused (the handler ran), so bytes may
+// overshoot by the caller's in-flight outcomes. 0 is no limit. Defaults to
+// 1,000,000 records and 1 GiB.
+func WithCallerQuota(records, bytes int64) Option {
+	return func(o *options) { o.callerRecords, o.callerBytes = records, bytes }
+}
+
+// WithMaxRetention caps the retention a Begin may ask for; a longer one is
+// refused with INVALID_ARGUMENT (DEDUPE_REQUEST_INVALID, field "retention",
+// metadata "max_retention"), not clamped: a caller must not believe an
+// outcome is replayed for longer than it is. At most MaxRetention. Defaults
+// to 7 days.
+func WithMaxRetention(d time.Duration) Option {
+	return func(o *options) { o.maxRetention = min(d, MaxRetention) }
 }
 
 // WithMaxOutcomeBytes sets the largest outcome value Finish and Resolve
@@ -61,9 +138,11 @@ func WithNotifier(n Notifier) Option {
 	return func(o *options) { o.notifier = n }
 }
 
-// WithPollInterval sets how often a waiting Begin re-reads its record when no
-// notification came. Each waiter costs one short read per interval and holds
-// no database connection in between. Defaults to 200ms.
+// WithPollInterval sets how often the Begins waiting on one key re-read its
+// record, together, when no notification came: one short read per key per
+// interval, ten times the interval (jittered) while a Notifier is healthy
+// (see Healthy), since polling then only covers a lost notification.
+// Defaults to 200ms.
 func WithPollInterval(d time.Duration) Option {
 	return func(o *options) { o.pollInterval = d }
 }

@@ -20,6 +20,12 @@ const (
 	ReasonRecordNotUnknown = "RECORD_NOT_UNKNOWN"
 	// ReasonRecordNotFound: Resolve of a key with no live record; NOT_FOUND.
 	ReasonRecordNotFound = "RECORD_NOT_FOUND"
+	// ReasonQuotaExceeded: the caller is over one of its quotas;
+	// RESOURCE_EXHAUSTED, nothing stored. The ErrorInfo metadata "quota"
+	// names it (rate, records or bytes) and "limit" gives its limit; the rate
+	// quota adds RetryInfo (when a token is free). Records and bytes free up
+	// only as the caller's records expire and are swept: no RetryInfo.
+	ReasonQuotaExceeded = "DEDUPE_QUOTA_EXCEEDED"
 	// ReasonStoreUnavailable: the database failed or could not be reached;
 	// UNAVAILABLE with RetryInfo. Every Dedupe RPC is safe to retry.
 	ReasonStoreUnavailable = "DEDUPE_STORE_UNAVAILABLE"

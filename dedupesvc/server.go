@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -46,6 +48,8 @@ type Server struct {
 	store Store
 	opts  options
 	waits waitCounters
+	rates rateLimiters
+	keys  keyWaits
 }
 
 type waitCounters struct {
@@ -76,7 +80,9 @@ func NewServer(store Store, opts ...Option) *Server {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	return &Server{store: store, opts: o}
+	srv := &Server{store: store, opts: o}
+	srv.rates.limit, srv.rates.burst = rate.Limit(o.callerRate), o.callerBurst
+	return srv
 }
 
 // Begin implements idemgatev1.DedupeServiceServer.
@@ -134,6 +140,11 @@ func (s *Server) counted(ok string, err error) {
 }
 
 func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idemgatev1.BeginResponse, error) {
+	arrived := time.Now() // max_wait counts from here, the first read included
+	ns, err := namespace(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if err := validateRecordID(req.GetScope(), req.GetKey(), req.GetAttemptToken()); err != nil {
 		return nil, err
 	}
@@ -151,6 +162,12 @@ func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 	if err != nil {
 		return nil, err
 	}
+	if retention > s.opts.maxRetention {
+		s.opts.metrics.quota(QuotaRetention)
+		return nil, grpcerr.New(codes.InvalidArgument, ReasonInvalidRequest,
+			fmt.Sprintf("retention %s is over this service's cap of %s (-max-retention); ask for %s or less", retention, s.opts.maxRetention, s.opts.maxRetention),
+			map[string]string{"field": "retention", "max_retention": s.opts.maxRetention.String()}, 0)
+	}
 	var maxWait time.Duration
 	if req.GetMaxWait() != nil {
 		if maxWait, err = duration("max_wait", req.GetMaxWait(), 0, MaxWait); err != nil {
@@ -167,7 +184,8 @@ func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 		return nil, invalid("on_lost_outcome", fmt.Sprintf("on_lost_outcome %d is not a LostOutcomePolicy", req.GetOnLostOutcome()))
 	}
 	params := BeginParams{
-		Scope:            namespaced(ctx, req.GetScope()),
+		Namespace:        ns,
+		Scope:            req.GetScope(),
 		Key:              req.GetKey(),
 		Fingerprint:      req.GetFingerprint(),
 		AttemptToken:     req.GetAttemptToken(),
@@ -175,10 +193,18 @@ func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 		Retention:        retention,
 		OnLostOutcome:    onLost,
 		UnknownRetention: s.opts.unknownRetention,
+		MaxRecords:       s.opts.callerRecords,
+		MaxOutcomeBytes:  s.opts.callerBytes,
+	}
+	// Last of the checks, so a malformed request spends no token.
+	if wait, ok := s.rates.allow(ns); !ok {
+		s.opts.metrics.quota(QuotaRate)
+		return nil, quotaExceeded(QuotaRate, formatRate(s.rates.limit),
+			fmt.Sprintf("this caller is over its rate of %s Begins a second (-caller-begin-rate); retry after the delay", formatRate(s.rates.limit)), wait)
 	}
 	res, err := s.store.Begin(ctx, params)
 	if err == nil && res.State == BeginInFlight && maxWait > 0 {
-		res, err = s.wait(ctx, params, res, maxWait)
+		res, err = s.wait(ctx, params, res, arrived.Add(maxWait))
 	}
 	if err != nil {
 		return nil, s.storeError(ctx, "Begin", err)
@@ -211,54 +237,6 @@ func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 	}
 }
 
-// waitMargin is kept from the caller's deadline, so a wait that runs out
-// still answers in_flight instead of DEADLINE_EXCEEDED.
-const waitMargin = 50 * time.Millisecond
-
-// wait re-reads an in-flight key until its outcome is known, the key is free
-// for this attempt, or maxWait (within the caller's deadline) runs out. It
-// holds no database connection while it waits: a notification or the poll
-// timer wakes it, and each look is one short Begin.
-func (s *Server) wait(ctx context.Context, p BeginParams, res BeginResult, maxWait time.Duration) (BeginResult, error) {
-	deadline := time.Now().Add(maxWait)
-	if d, ok := ctx.Deadline(); ok && d.Add(-waitMargin).Before(deadline) {
-		deadline = d.Add(-waitMargin)
-	}
-	var wake <-chan struct{}
-	if s.opts.notifier != nil {
-		ch, unsubscribe := s.opts.notifier.Subscribe(ctx, p.Scope, p.Key)
-		defer unsubscribe()
-		wake = ch
-	}
-	s.waits.started.Add(1)
-	s.opts.metrics.count(outcomeWaited)
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	<-timer.C
-	for res.State == BeginInFlight {
-		remaining := time.Until(deadline)
-		if remaining <= 0 {
-			return res, nil
-		}
-		timer.Reset(min(s.opts.pollInterval, remaining))
-		select {
-		case <-wake:
-			s.waits.notified.Add(1)
-		case <-timer.C:
-			s.waits.polled.Add(1)
-		case <-ctx.Done():
-			return res, nil
-		}
-		next, err := s.store.Begin(ctx, p)
-		if err != nil {
-			return res, err
-		}
-		res = next
-	}
-	s.waits.outcomes.Add(1)
-	return res, nil
-}
-
 // Finish implements idemgatev1.DedupeServiceServer.
 func (s *Server) Finish(ctx context.Context, req *idemgatev1.FinishRequest) (*idemgatev1.FinishResponse, error) {
 	defer s.opts.metrics.observe("Finish", time.Now())
@@ -268,6 +246,10 @@ func (s *Server) Finish(ctx context.Context, req *idemgatev1.FinishRequest) (*id
 }
 
 func (s *Server) finish(ctx context.Context, req *idemgatev1.FinishRequest) (*idemgatev1.FinishResponse, error) {
+	ns, err := namespace(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if err := validateRecordID(req.GetScope(), req.GetKey(), req.GetAttemptToken()); err != nil {
 		return nil, err
 	}
@@ -279,7 +261,8 @@ func (s *Server) finish(ctx context.Context, req *idemgatev1.FinishRequest) (*id
 		return nil, err
 	}
 	err = s.store.Finish(ctx, FinishParams{
-		Scope:        namespaced(ctx, req.GetScope()),
+		Namespace:    ns,
+		Scope:        req.GetScope(),
 		Key:          req.GetKey(),
 		AttemptToken: req.GetAttemptToken(),
 		Epoch:        req.GetEpoch(),
@@ -300,14 +283,19 @@ func (s *Server) Release(ctx context.Context, req *idemgatev1.ReleaseRequest) (*
 }
 
 func (s *Server) release(ctx context.Context, req *idemgatev1.ReleaseRequest) (*idemgatev1.ReleaseResponse, error) {
+	ns, err := namespace(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if err := validateRecordID(req.GetScope(), req.GetKey(), req.GetAttemptToken()); err != nil {
 		return nil, err
 	}
 	if req.GetEpoch() <= 0 {
 		return nil, invalid("epoch", "epoch must be the positive epoch Begin answered")
 	}
-	err := s.store.Release(ctx, ReleaseParams{
-		Scope:        namespaced(ctx, req.GetScope()),
+	err = s.store.Release(ctx, ReleaseParams{
+		Namespace:    ns,
+		Scope:        req.GetScope(),
 		Key:          req.GetKey(),
 		AttemptToken: req.GetAttemptToken(),
 		Epoch:        req.GetEpoch(),
@@ -331,6 +319,10 @@ func (s *Server) Heartbeat(ctx context.Context, req *idemgatev1.HeartbeatRequest
 }
 
 func (s *Server) heartbeat(ctx context.Context, req *idemgatev1.HeartbeatRequest) (*idemgatev1.HeartbeatResponse, error) {
+	ns, err := namespace(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if err := validateRecordID(req.GetScope(), req.GetKey(), req.GetAttemptToken()); err != nil {
 		return nil, err
 	}
@@ -342,7 +334,8 @@ func (s *Server) heartbeat(ctx context.Context, req *idemgatev1.HeartbeatRequest
 		return nil, err
 	}
 	until, err := s.store.Heartbeat(ctx, HeartbeatParams{
-		Scope:        namespaced(ctx, req.GetScope()),
+		Namespace:    ns,
+		Scope:        req.GetScope(),
 		Key:          req.GetKey(),
 		AttemptToken: req.GetAttemptToken(),
 		Epoch:        req.GetEpoch(),
@@ -363,10 +356,14 @@ func (s *Server) Resolve(ctx context.Context, req *idemgatev1.ResolveRequest) (*
 }
 
 func (s *Server) resolve(ctx context.Context, req *idemgatev1.ResolveRequest) (*idemgatev1.ResolveResponse, error) {
+	ns, err := namespace(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if err := validateRecordID(req.GetScope(), req.GetKey(), "resolve"); err != nil {
 		return nil, err
 	}
-	params := ResolveParams{Scope: namespaced(ctx, req.GetScope()), Key: req.GetKey()}
+	params := ResolveParams{Namespace: ns, Scope: req.GetScope(), Key: req.GetKey()}
 	switch r := req.GetResolution().(type) {
 	case *idemgatev1.ResolveRequest_Complete:
 		outcome, err := s.validOutcome("complete", r.Complete)
@@ -400,6 +397,16 @@ func (s *Server) storeError(ctx context.Context, rpc string, err error) error {
 	case ctx.Err() != nil:
 		return status.FromContextError(ctx.Err()).Err()
 	}
+	var quota *QuotaError
+	if errors.As(err, &quota) {
+		s.opts.metrics.quota(quota.Quota)
+		flag := "-caller-max-records"
+		if quota.Quota == QuotaBytes {
+			flag = "-caller-max-bytes"
+		}
+		return quotaExceeded(quota.Quota, strconv.FormatInt(quota.Limit, 10),
+			fmt.Sprintf("this caller holds %d %s, at its quota of %d (%s); nothing was reserved. Space frees as its records expire", quota.Used, quota.Quota, quota.Limit, flag), 0)
+	}
 	s.opts.logger.ErrorContext(ctx, "dedupe store failed", slog.String("rpc", rpc), slog.Any("error", err))
 	return grpcerr.New(codes.Unavailable, ReasonStoreUnavailable,
 		"the dedupe store failed or is unreachable; the call is safe to retry", nil, s.opts.storeRetryAfter)
@@ -416,8 +423,9 @@ func (s *Server) validOutcome(field string, outcome *anypb.Any) (Outcome, error)
 		return Outcome{}, invalid(field, field+" is required")
 	case outcome.GetTypeUrl() == "":
 		return Outcome{}, invalid(field+".type_url", field+".type_url is required")
-	case len(outcome.GetTypeUrl()) > MaxTypeURLBytes:
-		return Outcome{}, invalid(field+".type_url", fmt.Sprintf("%s.type_url is longer than %d bytes", field, MaxTypeURLBytes))
+	}
+	if err := checkText(field+".type_url", field+".type_url", outcome.GetTypeUrl(), MaxTypeURLBytes); err != nil {
+		return Outcome{}, err
 	}
 	value := outcome.GetValue()
 	if value == nil {
@@ -430,8 +438,9 @@ func validateRecordID(scope, key, token string) error {
 	switch {
 	case scope == "":
 		return invalid("scope", "scope is required")
-	case len(scope) > MaxScopeBytes:
-		return invalid("scope", fmt.Sprintf("scope is longer than %d bytes", MaxScopeBytes))
+	}
+	if err := checkText("scope", "scope", scope, MaxScopeBytes); err != nil {
+		return err
 	}
 	if err := keys.Validate(key); err != nil {
 		return invalid("key", "key "+err.Error())

@@ -97,7 +97,8 @@ func TestBeginValidation(t *testing.T) {
 }
 
 // TestBeginLeaseBounds: Begin's lease has Heartbeat's bound (MaxLease), and
-// the retention, which must cover the lease, may still run to MaxRetention.
+// the retention, which must cover the lease, may still run to MaxRetention
+// when the service's cap (WithMaxRetention) allows it.
 func TestBeginLeaseBounds(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct{ lease, retention time.Duration }{
@@ -108,7 +109,7 @@ func TestBeginLeaseBounds(t *testing.T) {
 		store := &fakeStore{begin: dedupesvc.BeginResult{State: dedupesvc.BeginReserved, Epoch: 1}}
 		req := validBegin()
 		req.Lease, req.Retention = durationpb.New(tt.lease), durationpb.New(tt.retention)
-		if _, err := dedupesvc.NewServer(store).Begin(context.Background(), req); err != nil || store.calls != 1 {
+		if _, err := dedupesvc.NewServer(store, dedupesvc.WithMaxRetention(dedupesvc.MaxRetention)).Begin(context.Background(), req); err != nil || store.calls != 1 {
 			t.Errorf("Begin(lease %s, retention %s) = %v; want it accepted", tt.lease, tt.retention, err)
 		}
 	}

@@ -15,7 +15,9 @@ import (
 // could not be reached.
 type Store interface {
 	// Begin reserves (scope, key) for the attempt or reports why it cannot.
-	// A record past its expiry counts as absent.
+	// A record past its expiry counts as absent. A reservation the
+	// namespace's quotas do not allow (params.MaxRecords, MaxOutcomeBytes)
+	// returns a *QuotaError; answering a key that is not free never does.
 	Begin(ctx context.Context, params BeginParams) (BeginResult, error)
 
 	// Finish stores the outcome of the attempt holding the reservation, also
@@ -84,7 +86,11 @@ var (
 
 // RecordID names one record.
 type RecordID struct {
-	// Scope namespaces Key.
+	// Namespace is the authenticated caller's name (Caller.Name), empty
+	// without authentication. It is a column of its own and part of the
+	// record's unique key, so no scope can reach another caller's records.
+	Namespace string
+	// Scope namespaces Key within the caller's namespace.
 	Scope string
 	// Key is the idempotency key.
 	Key string
@@ -112,6 +118,8 @@ func (l LostOutcome) String() string {
 
 // BeginParams are the inputs of Store.Begin.
 type BeginParams struct {
+	// Namespace is the calling service (RecordID.Namespace).
+	Namespace string
 	// Scope namespaces Key (method and tenant).
 	Scope string
 	// Key names one logical action.
@@ -131,6 +139,21 @@ type BeginParams struct {
 	// UnknownRetention is how long a record marked outcome-unknown is kept
 	// (and keeps blocking its key) when nobody resolves it.
 	UnknownRetention time.Duration
+	// MaxRecords is the namespace's quota of stored records: a Begin that
+	// would add a record to a namespace holding this many returns a
+	// *QuotaError (CheckQuota). 0, the zero value, is no limit.
+	MaxRecords int64
+	// MaxOutcomeBytes is the namespace's quota of stored outcome bytes: a
+	// Begin that would reserve for a namespace holding this many returns a
+	// *QuotaError. Finish is never refused: the handler already ran. 0, the
+	// zero value, is no limit.
+	MaxOutcomeBytes int64
+	// Peek makes Begin read only: it answers what the record says when that
+	// needs no write (completed, in flight within its lease, mismatched,
+	// marked unknown), and a zero BeginResult (State 0) when the caller
+	// would have to reserve, renew or mark it. The service's shared re-read
+	// of a waited-for key uses it. Defaults to false.
+	Peek bool
 }
 
 // BeginState is the answer of Store.Begin.
@@ -197,6 +220,8 @@ type Outcome struct {
 
 // FinishParams are the inputs of Store.Finish.
 type FinishParams struct {
+	// Namespace as passed to Begin.
+	Namespace string
 	// Scope as passed to Begin.
 	Scope string
 	// Key as passed to Begin.
@@ -211,6 +236,8 @@ type FinishParams struct {
 
 // ReleaseParams are the inputs of Store.Release.
 type ReleaseParams struct {
+	// Namespace as passed to Begin.
+	Namespace string
 	// Scope as passed to Begin.
 	Scope string
 	// Key as passed to Begin.
@@ -232,6 +259,8 @@ type ReleaseParams struct {
 
 // HeartbeatParams are the inputs of Store.Heartbeat.
 type HeartbeatParams struct {
+	// Namespace as passed to Begin.
+	Namespace string
 	// Scope as passed to Begin.
 	Scope string
 	// Key as passed to Begin.
@@ -246,10 +275,37 @@ type HeartbeatParams struct {
 
 // ResolveParams are the inputs of Store.Resolve.
 type ResolveParams struct {
+	// Namespace of the record.
+	Namespace string
 	// Scope of the record.
 	Scope string
 	// Key of the record.
 	Key string
 	// Complete is the outcome to store; nil releases the record instead.
 	Complete *Outcome
+}
+
+// ID returns the record the params name.
+func (p BeginParams) ID() RecordID {
+	return RecordID{Namespace: p.Namespace, Scope: p.Scope, Key: p.Key}
+}
+
+// ID returns the record the params name.
+func (p FinishParams) ID() RecordID {
+	return RecordID{Namespace: p.Namespace, Scope: p.Scope, Key: p.Key}
+}
+
+// ID returns the record the params name.
+func (p ReleaseParams) ID() RecordID {
+	return RecordID{Namespace: p.Namespace, Scope: p.Scope, Key: p.Key}
+}
+
+// ID returns the record the params name.
+func (p HeartbeatParams) ID() RecordID {
+	return RecordID{Namespace: p.Namespace, Scope: p.Scope, Key: p.Key}
+}
+
+// ID returns the record the params name.
+func (p ResolveParams) ID() RecordID {
+	return RecordID{Namespace: p.Namespace, Scope: p.Scope, Key: p.Key}
 }

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -735,6 +736,9 @@ func (g *Gate) trySettle(ctx context.Context, c call, epoch int64, s settlement)
 // refusal, so no reservation can have been made.
 func refused(err error) bool {
 	switch status.Code(err) {
+	case codes.ResourceExhausted:
+		// A quota refusal comes before the store reserves anything.
+		return true
 	case codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied, codes.Unauthenticated, codes.Unimplemented, codes.OutOfRange:
 		return true
 	}
@@ -873,6 +877,13 @@ func (g *Gate) beginError(ctx context.Context, err error) error {
 		return status.FromContextError(ctxErr).Err()
 	}
 	switch status.Code(err) {
+	case codes.ResourceExhausted:
+		// A quota of this tool server at the Dedupe service: the store is
+		// fine, and retrying at once only spends the quota again.
+		retry, _ := grpcerr.RetryDelay(err)
+		return grpcerr.New(codes.ResourceExhausted, ReasonQuotaExceeded,
+			"this tool server is over its quota at the Dedupe service ("+status.Convert(err).Message()+"); the handler did not run",
+			map[string]string{"quota": quotaOf(err)}, retry)
 	case codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied, codes.Unauthenticated, codes.Unimplemented, codes.OutOfRange:
 		return grpcerr.New(codes.Internal, ReasonStoreRejected,
 			"the Dedupe service refused the reservation: "+status.Convert(err).Message()+"; the handler did not run", nil, 0)
@@ -881,6 +892,17 @@ func (g *Gate) beginError(ctx context.Context, err error) error {
 			"the Dedupe service is unavailable, so the call was not run (fail closed); retry with the same idempotency key",
 			nil, g.opts.storeRetry)
 	}
+}
+
+// quotaOf returns the quota a Dedupe service's RESOURCE_EXHAUSTED names in
+// its ErrorInfo metadata, or "" when it names none.
+func quotaOf(err error) string {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info.GetMetadata()["quota"]
+		}
+	}
+	return ""
 }
 
 // derivedKeyPrefix starts every key derived from a keyless call's

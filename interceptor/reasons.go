@@ -38,6 +38,13 @@ const (
 	// failed. UNAVAILABLE with RetryInfo; the handler did not run (fail
 	// closed), so retrying with the same key is safe.
 	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"
+	// ReasonQuotaExceeded: the Dedupe service refused the reservation
+	// because this tool server (its caller) is over a quota: its rate of
+	// Begins, its stored records or its stored outcome bytes.
+	// RESOURCE_EXHAUSTED; the handler did not run. The ErrorInfo metadata
+	// "quota" names the quota; RetryInfo, when present, says when a retry
+	// with the same key may get through (the rate quota).
+	ReasonQuotaExceeded = "IDEMPOTENCY_QUOTA_EXCEEDED"
 	// ReasonStoreRejected: the Dedupe service refused the interceptor's
 	// request (a misconfiguration, such as a tenant longer than the scope
 	// limit). INTERNAL; the handler did not run.

@@ -16,7 +16,7 @@ var _ dedupesvc.Inspector = (*Store)(nil)
 // listSQL selects records for the admin RPCs; the outcome's size, not its
 // bytes, so a listing stays small.
 const listSQL = `
-SELECT scope, idempotency_key, state, epoch, coalesce(outcome_type_url, ''), coalesce(octet_length(outcome_value), 0),
+SELECT namespace, scope, idempotency_key, state, epoch, coalesce(outcome_type_url, ''), coalesce(octet_length(outcome_value), 0),
        lease_expires_at, completed_at, expires_at
 FROM idemgate_records`
 
@@ -25,7 +25,7 @@ func scanRecord(row pgx.Row) (dedupesvc.StoredRecord, error) {
 		r           dedupesvc.StoredRecord
 		completedAt *time.Time
 	)
-	err := row.Scan(&r.ID.Scope, &r.ID.Key, &r.State, &r.Epoch, &r.Outcome.TypeURL, &r.OutcomeSize,
+	err := row.Scan(&r.ID.Namespace, &r.ID.Scope, &r.ID.Key, &r.State, &r.Epoch, &r.Outcome.TypeURL, &r.OutcomeSize,
 		&r.LeaseExpiresAt, &completedAt, &r.ExpiresAt)
 	if completedAt != nil {
 		r.CompletedAt = *completedAt
@@ -35,7 +35,7 @@ func scanRecord(row pgx.Row) (dedupesvc.StoredRecord, error) {
 
 // GetRecord implements dedupesvc.Inspector.
 func (s *Store) GetRecord(ctx context.Context, id dedupesvc.RecordID) (dedupesvc.StoredRecord, bool, error) {
-	r, err := scanRecord(s.pool.QueryRow(ctx, listSQL+` WHERE scope = $1 AND idempotency_key = $2`, id.Scope, id.Key))
+	r, err := scanRecord(s.pool.QueryRow(ctx, listSQL+` WHERE namespace = $3 AND scope = $1 AND idempotency_key = $2`, id.Scope, id.Key, id.Namespace))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return dedupesvc.StoredRecord{}, false, nil
@@ -53,9 +53,9 @@ func (s *Store) ListRecords(ctx context.Context, q dedupesvc.ListQuery) ([]dedup
 	}
 	rows, err := s.pool.Query(ctx, listSQL+`
 WHERE ($1 = '' OR state = $1)
-  AND (NOT $3 OR (state <> 'unknown', expires_at, scope, idempotency_key) > ($4::boolean, $5::timestamptz, $6::text, $7::text))
-ORDER BY state <> 'unknown', expires_at, scope, idempotency_key
-LIMIT $2`, q.State, q.Limit, q.After != nil, !after.Unknown, after.ExpiresAt, after.ID.Scope, after.ID.Key)
+  AND (NOT $3 OR (state <> 'unknown', expires_at, namespace, scope, idempotency_key) > ($4::boolean, $5::timestamptz, $8::text, $6::text, $7::text))
+ORDER BY state <> 'unknown', expires_at, namespace, scope, idempotency_key
+LIMIT $2`, q.State, q.Limit, q.After != nil, !after.Unknown, after.ExpiresAt, after.ID.Scope, after.ID.Key, after.ID.Namespace)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: list records: %w", err)
 	}
@@ -71,11 +71,10 @@ LIMIT $2`, q.State, q.Limit, q.After != nil, !after.Unknown, after.ExpiresAt, af
 	return out, rows.Err()
 }
 
-// countSQL takes the method out of a stored scope as dedupesvc.SplitScope
-// and MethodOf do: after the namespace separator (chr(31)), if any, and
-// before the first '|'.
+// countSQL takes the method out of a scope as dedupesvc.MethodOf does: the
+// part before the first '|'.
 const countSQL = `
-SELECT state, split_part(substr(scope, strpos(scope, chr(31)) + 1), '|', 1), count(*)
+SELECT state, split_part(scope, '|', 1), count(*)
 FROM idemgate_records
 GROUP BY 1, 2`
 

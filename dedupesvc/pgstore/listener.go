@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -23,7 +24,16 @@ type Listener struct {
 	logger   *slog.Logger
 
 	waiters dedupesvc.Waiters[string] // by NotifyID
+	// healthy is set once a connection is made and cleared when listening
+	// fails, so the service polls often only while notifications may be lost.
+	healthy atomic.Bool
 }
+
+var _ dedupesvc.Healthy = (*Listener)(nil)
+
+// Healthy implements dedupesvc.Healthy: the Listener holds a connection and
+// no error was reported since it connected.
+func (l *Listener) Healthy() bool { return l.healthy.Load() }
 
 var _ dedupesvc.Notifier = (*Listener)(nil)
 
@@ -34,9 +44,12 @@ func NewListener(pool *pgxpool.Pool, channel string, logger *slog.Logger) *Liste
 	connConfig := pool.Config().ConnConfig
 	l.listener = &pgxlisten.Listener{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
-			return pgx.ConnectConfig(ctx, connConfig.Copy())
+			conn, err := pgx.ConnectConfig(ctx, connConfig.Copy())
+			l.healthy.Store(err == nil)
+			return conn, err
 		},
 		LogError: func(ctx context.Context, err error) {
+			l.healthy.Store(false)
 			if ctx.Err() == nil {
 				logger.WarnContext(ctx, "listening for record changes failed; waiters poll until it reconnects", slog.Any("error", err))
 			}
@@ -60,15 +73,15 @@ func (l *Listener) Run(ctx context.Context) {
 // woken at once to read what it became.
 const watchSQL = `
 UPDATE idemgate_records SET waiters = true
-WHERE scope = $1 AND idempotency_key = $2 AND state = 'in_flight'`
+WHERE namespace = $3 AND scope = $1 AND idempotency_key = $2 AND state = 'in_flight'`
 
 // Subscribe implements dedupesvc.Notifier. It flags the record as waited for,
 // so the change that settles it sends a NOTIFY; if that fails the waiter
 // still polls.
-func (l *Listener) Subscribe(ctx context.Context, scope, key string) (<-chan struct{}, func()) {
-	id := NotifyID(scope, key)
+func (l *Listener) Subscribe(ctx context.Context, rid dedupesvc.RecordID) (<-chan struct{}, func()) {
+	id := NotifyID(rid)
 	ch, unsubscribe := l.waiters.Add(id)
-	tag, err := l.pool.Exec(ctx, watchSQL, scope, key)
+	tag, err := l.pool.Exec(ctx, watchSQL, rid.Scope, rid.Key, rid.Namespace)
 	switch {
 	case err != nil:
 		l.logger.WarnContext(ctx, "could not ask for a notification; the waiter polls", slog.Any("error", err))

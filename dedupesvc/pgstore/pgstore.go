@@ -75,14 +75,21 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	for _, opt := range opts {
 		opt(s)
 	}
-	s.finishSQL = s.announced(finishSQL, 7)
-	s.releaseSQL = s.announced(releaseSQL, 5)
-	s.releaseUnknownSQL = s.announced(releaseUnknownSQL, 6)
-	s.resolveCompleteSQL = s.announced(resolveCompleteSQL, 5)
-	s.resolveReleaseSQL = s.announced(resolveReleaseSQL, 3)
-	s.markUnknownSQL = s.announced(markUnknownSQL, 5)
+	s.finishSQL = s.announced(finishSQL, 8)
+	s.releaseSQL = s.announced(releaseSQL, 6)
+	s.releaseUnknownSQL = s.announced(releaseUnknownSQL, 7)
+	s.resolveCompleteSQL = s.announced(resolveCompleteSQL, 6)
+	s.resolveReleaseSQL = s.announced(resolveReleaseSQL, 4)
+	s.markUnknownSQL = s.announced(markUnknownSQL, 6)
 	return s
 }
+
+// Pool returns the connection pool the Store runs on.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Channel returns the NOTIFY channel state changes are announced on, ""
+// when notifications are off.
+func (s *Store) Channel() string { return s.channel }
 
 // announced wraps a state-changing UPDATE so that, when notifications are on
 // and a duplicate waits for the record (its waiters flag is set), the same
@@ -101,9 +108,9 @@ SELECT (SELECT count(*) FROM changed) + 0 * (SELECT count(*) FROM notified)`, up
 
 // change runs one of the announced statements and reports how many rows it
 // changed.
-func (s *Store) change(ctx context.Context, sql, scope, key string, args ...any) (int, error) {
+func (s *Store) change(ctx context.Context, sql string, id dedupesvc.RecordID, args ...any) (int, error) {
 	if s.channel != "" {
-		args = append(args, s.channel, NotifyID(scope, key))
+		args = append(args, s.channel, NotifyID(id))
 	}
 	var n int
 	err := s.pool.QueryRow(ctx, sql, args...).Scan(&n)
@@ -196,11 +203,15 @@ func leaseEnd(t string) string {
 
 // NotifyID is the NOTIFY payload that names a record: a hash, so a payload
 // stays short and never carries a tenant's key in clear.
-func NotifyID(scope, key string) string {
+func NotifyID(id dedupesvc.RecordID) string {
 	h := sha256.New()
-	h.Write([]byte(scope))
+	// NUL never occurs in a namespace or scope (the service refuses control
+	// characters), so the parts cannot run together.
+	h.Write([]byte(id.Namespace))
 	h.Write([]byte{0})
-	h.Write([]byte(key))
+	h.Write([]byte(id.Scope))
+	h.Write([]byte{0})
+	h.Write([]byte(id.Key))
 	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
@@ -215,7 +226,7 @@ SELECT fingerprint, state, attempt_token, epoch, outcome_type_url, outcome_value
        CASE WHEN state = 'in_flight' THEN greatest(expires_at, ` + leaseEnd("r") + `) ELSE expires_at END,
        now()
 FROM idemgate_records AS r
-WHERE scope = $1 AND idempotency_key = $2`
+WHERE namespace = $3 AND scope = $1 AND idempotency_key = $2`
 
 // inFlightLive is true for an in-flight row of alias t whose effective lease
 // still runs: such a row does not expire, even past its expires_at (a
@@ -231,12 +242,12 @@ func inFlightLive(t string) string {
 // the row is atomic, with the effective lease end (leaseEnd).
 var reserveSQL = `
 INSERT INTO idemgate_records AS r (
-    scope, idempotency_key, fingerprint, state, attempt_token, epoch,
+    namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
     retention_ms, lease_ms, lease_expires_at, expires_at)
 VALUES (
-    $1, $2, $3, 'in_flight', $4, 1,
+    $8, $1, $2, $3, 'in_flight', $4, 1,
     $6::bigint, $5::bigint, now() + $5::bigint * interval '1 millisecond', now() + $6::bigint * interval '1 millisecond')
-ON CONFLICT (scope, idempotency_key) DO UPDATE SET
+ON CONFLICT (namespace, scope, idempotency_key) DO UPDATE SET
     fingerprint = excluded.fingerprint,
     state = 'in_flight',
     attempt_token = excluded.attempt_token,
@@ -266,8 +277,14 @@ var markUnknownSQL = `
 UPDATE idemgate_records AS r
 SET state = 'unknown',
     expires_at = greatest(expires_at, now() + $4::bigint * interval '1 millisecond')
-WHERE scope = $1 AND idempotency_key = $2 AND epoch = $3
+WHERE namespace = $5 AND scope = $1 AND idempotency_key = $2 AND epoch = $3
   AND state = 'in_flight' AND ` + leaseEnd("r") + ` <= now()`
+
+// usageSQL sums a namespace's usage rows, kept by triggers (migration 005):
+// an index range of at most 16 rows, however many records it holds.
+const usageSQL = `
+SELECT coalesce(sum(records), 0)::bigint, coalesce(sum(outcome_bytes), 0)::bigint
+FROM idemgate_namespace_usage WHERE namespace = $1`
 
 // Begin implements dedupesvc.Store, through dedupesvc.RunBegin: it reads
 // first, so a duplicate costs one read and no commit; only a free key is
@@ -278,11 +295,11 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 	}
 	return dedupesvc.RunBegin(ctx, p, dedupesvc.BeginSteps{
 		Read: func(ctx context.Context) (dedupesvc.Record, bool, time.Time, error) {
-			row, found, err := s.read(ctx, p.Scope, p.Key)
+			row, found, err := s.read(ctx, p.ID())
 			return row.Record, found, row.now, err
 		},
 		MarkUnknown: func(ctx context.Context, epoch int64, _ time.Time) (bool, error) {
-			n, err := s.change(ctx, s.markUnknownSQL, p.Scope, p.Key, p.Scope, p.Key, epoch, p.UnknownRetention.Milliseconds())
+			n, err := s.change(ctx, s.markUnknownSQL, p.ID(), p.Scope, p.Key, epoch, p.UnknownRetention.Milliseconds(), p.Namespace)
 			if err != nil {
 				return false, fmt.Errorf("pgstore: mark outcome unknown: %w", err)
 			}
@@ -290,7 +307,7 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 		},
 		Renew: func(ctx context.Context, epoch int64, _ time.Time) (time.Time, bool, error) {
 			var until time.Time
-			err := s.noted(ctx, s.pool.QueryRow(ctx, renewSQL, p.Scope, p.Key, p.AttemptToken, epoch, p.Lease.Milliseconds()).Scan(&until))
+			err := s.noted(ctx, s.pool.QueryRow(ctx, renewSQL, p.Scope, p.Key, p.AttemptToken, epoch, p.Lease.Milliseconds(), p.Namespace).Scan(&until))
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
 				return time.Time{}, false, nil
@@ -299,6 +316,13 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 			}
 			return until, true, nil
 		},
+		Usage: func(ctx context.Context) (int64, int64, error) {
+			var records, bytes int64
+			if err := s.noted(ctx, s.pool.QueryRow(ctx, usageSQL, p.Namespace).Scan(&records, &bytes)); err != nil {
+				return 0, 0, fmt.Errorf("pgstore: read usage: %w", err)
+			}
+			return records, bytes, nil
+		},
 		Reserve: func(ctx context.Context, _ time.Time) (int64, time.Time, bool, error) {
 			var (
 				epoch    int64
@@ -306,7 +330,7 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 			)
 			err := s.noted(ctx, s.pool.QueryRow(ctx, reserveSQL,
 				p.Scope, p.Key, p.Fingerprint, p.AttemptToken, p.Lease.Milliseconds(), p.Retention.Milliseconds(),
-				p.OnLostOutcome == dedupesvc.Reexecute,
+				p.OnLostOutcome == dedupesvc.Reexecute, p.Namespace,
 			).Scan(&epoch, &leaseEnd))
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
@@ -326,13 +350,13 @@ type record struct {
 	now time.Time
 }
 
-func (s *Store) read(ctx context.Context, scope, key string) (record, bool, error) {
+func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (record, bool, error) {
 	var (
 		row         record
 		typeURL     *string
 		completedAt *time.Time
 	)
-	err := s.noted(ctx, s.pool.QueryRow(ctx, readSQL, scope, key).Scan(
+	err := s.noted(ctx, s.pool.QueryRow(ctx, readSQL, id.Scope, id.Key, id.Namespace).Scan(
 		&row.Fingerprint, &row.State, &row.AttemptToken, &row.Epoch, &typeURL, &row.Outcome.Value,
 		&row.LeaseExpiresAt, &completedAt, &row.ExpiresAt, &row.now))
 	switch {
@@ -356,7 +380,7 @@ func (s *Store) read(ctx context.Context, scope, key string) (record, bool, erro
 var finishSQL = `
 UPDATE idemgate_records
 ` + completeSet(5, 6) + `
-WHERE scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
+WHERE namespace = $7 AND scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
   AND state IN ('in_flight', 'unknown')`
 
 // completeSet is the SET clause that stores an outcome, its type URL and
@@ -374,14 +398,14 @@ func (s *Store) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
 	if err := s.resume(ctx); err != nil {
 		return err
 	}
-	n, err := s.change(ctx, s.finishSQL, p.Scope, p.Key, p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Outcome.TypeURL, p.Outcome.Value)
+	n, err := s.change(ctx, s.finishSQL, p.ID(), p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Outcome.TypeURL, p.Outcome.Value, p.Namespace)
 	if err != nil {
 		return fmt.Errorf("pgstore: finish: %w", err)
 	}
 	if n == 1 {
 		return nil
 	}
-	row, found, err := s.read(ctx, p.Scope, p.Key)
+	row, found, err := s.read(ctx, p.ID())
 	if err != nil {
 		return err
 	}
@@ -392,7 +416,7 @@ func (s *Store) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
 const releaseSQL = `
 UPDATE idemgate_records
 SET state = 'released', lease_expires_at = now()
-WHERE scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
+WHERE namespace = $5 AND scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
   AND state IN ('in_flight', 'unknown')`
 
 // releaseUnknownSQL is the holder's Release with the outcome unknown: its
@@ -403,7 +427,7 @@ const releaseUnknownSQL = `
 UPDATE idemgate_records
 SET state = 'unknown', lease_expires_at = now(),
     expires_at = greatest(expires_at, now() + $5::bigint * interval '1 millisecond')
-WHERE scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
+WHERE namespace = $6 AND scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
   AND state = 'in_flight'`
 
 // Release implements dedupesvc.Store.
@@ -416,9 +440,9 @@ func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
 		err error
 	)
 	if p.OutcomeUnknown {
-		n, err = s.change(ctx, s.releaseUnknownSQL, p.Scope, p.Key, p.Scope, p.Key, p.AttemptToken, p.Epoch, p.UnknownRetention.Milliseconds())
+		n, err = s.change(ctx, s.releaseUnknownSQL, p.ID(), p.Scope, p.Key, p.AttemptToken, p.Epoch, p.UnknownRetention.Milliseconds(), p.Namespace)
 	} else {
-		n, err = s.change(ctx, s.releaseSQL, p.Scope, p.Key, p.Scope, p.Key, p.AttemptToken, p.Epoch)
+		n, err = s.change(ctx, s.releaseSQL, p.ID(), p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Namespace)
 	}
 	if err != nil {
 		return fmt.Errorf("pgstore: release: %w", err)
@@ -426,7 +450,7 @@ func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
 	if n == 1 {
 		return nil
 	}
-	row, found, err := s.read(ctx, p.Scope, p.Key)
+	row, found, err := s.read(ctx, p.ID())
 	if err != nil {
 		return err
 	}
@@ -445,7 +469,7 @@ SET state = 'in_flight',
     lease_ms = $5::bigint,
     lease_expires_at = now() + $5::bigint * interval '1 millisecond',
     expires_at = greatest(expires_at, now() + $5::bigint * interval '1 millisecond')
-WHERE scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
+WHERE namespace = $6 AND scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
   AND state IN ('in_flight', 'unknown')
 RETURNING lease_expires_at`
 
@@ -459,7 +483,7 @@ SET state = 'in_flight',
     lease_ms = $5::bigint,
     lease_expires_at = now() + $5::bigint * interval '1 millisecond',
     expires_at = greatest(expires_at, now() + $5::bigint * interval '1 millisecond')
-WHERE scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
+WHERE namespace = $6 AND scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
   AND state IN ('in_flight', 'unknown')
 RETURNING lease_expires_at`
 
@@ -469,7 +493,7 @@ func (s *Store) Heartbeat(ctx context.Context, p dedupesvc.HeartbeatParams) (tim
 		return time.Time{}, err
 	}
 	var until time.Time
-	err := s.noted(ctx, s.pool.QueryRow(ctx, heartbeatSQL, p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Lease.Milliseconds()).Scan(&until))
+	err := s.noted(ctx, s.pool.QueryRow(ctx, heartbeatSQL, p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Lease.Milliseconds(), p.Namespace).Scan(&until))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return time.Time{}, dedupesvc.ErrNotHeld
@@ -479,12 +503,15 @@ func (s *Store) Heartbeat(ctx context.Context, p dedupesvc.HeartbeatParams) (tim
 	return until, nil
 }
 
-// unknownSQL is the condition a record must meet to be resolved: marked
+// unknownWhere is the condition a record must meet to be resolved: marked
 // unknown, or still in flight with its effective lease run out (nobody has
-// called with the key since), and not expired.
-var unknownSQL = `
-WHERE scope = $1 AND idempotency_key = $2 AND expires_at > now()
-  AND (state = 'unknown' OR (state = 'in_flight' AND ` + leaseEnd("r") + ` <= now()))`
+// called with the key since), and not expired. Its namespace is parameter
+// $ns.
+func unknownWhere(ns int) string {
+	return fmt.Sprintf(`
+WHERE namespace = $%d AND scope = $1 AND idempotency_key = $2 AND expires_at > now()
+  AND (state = 'unknown' OR (state = 'in_flight' AND %s <= now()))`, ns, leaseEnd("r"))
+}
 
 // resolveCompleteSQL and resolveReleaseSQL settle an unknown record. Both
 // bump the epoch, which fences the attempt that held it: its late Finish,
@@ -494,11 +521,11 @@ WHERE scope = $1 AND idempotency_key = $2 AND expires_at > now()
 var resolveCompleteSQL = `
 UPDATE idemgate_records AS r
 ` + completeSet(3, 4) + `,
-    epoch = epoch + 1` + unknownSQL
+    epoch = epoch + 1` + unknownWhere(5)
 
 var resolveReleaseSQL = `
 UPDATE idemgate_records AS r
-SET state = 'released', lease_expires_at = now(), epoch = epoch + 1` + unknownSQL
+SET state = 'released', lease_expires_at = now(), epoch = epoch + 1` + unknownWhere(3)
 
 // Resolve implements dedupesvc.Store.
 func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
@@ -510,9 +537,9 @@ func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 		err error
 	)
 	if p.Complete != nil {
-		n, err = s.change(ctx, s.resolveCompleteSQL, p.Scope, p.Key, p.Scope, p.Key, p.Complete.TypeURL, p.Complete.Value)
+		n, err = s.change(ctx, s.resolveCompleteSQL, p.ID(), p.Scope, p.Key, p.Complete.TypeURL, p.Complete.Value, p.Namespace)
 	} else {
-		n, err = s.change(ctx, s.resolveReleaseSQL, p.Scope, p.Key, p.Scope, p.Key)
+		n, err = s.change(ctx, s.resolveReleaseSQL, p.ID(), p.Scope, p.Key, p.Namespace)
 	}
 	if err != nil {
 		return fmt.Errorf("pgstore: resolve: %w", err)
@@ -520,7 +547,7 @@ func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 	if n == 1 {
 		return nil
 	}
-	row, found, err := s.read(ctx, p.Scope, p.Key)
+	row, found, err := s.read(ctx, p.ID())
 	if err != nil {
 		return err
 	}
@@ -533,13 +560,13 @@ func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 // in-flight row within its effective lease (inFlightLive).
 var deleteExpiredSQL = `
 DELETE FROM idemgate_records AS r
-WHERE (scope, idempotency_key) IN (
-    SELECT scope, idempotency_key FROM idemgate_records
+WHERE (namespace, scope, idempotency_key) IN (
+    SELECT namespace, scope, idempotency_key FROM idemgate_records
     WHERE expires_at <= now()
     ORDER BY expires_at
     LIMIT $1)
   AND expires_at <= now() AND NOT ` + inFlightLive("r") + `
-RETURNING scope, idempotency_key, state = 'unknown'`
+RETURNING namespace, scope, idempotency_key, state = 'unknown'`
 
 // DeleteExpired implements dedupesvc.Store.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.RecordID, error) {
@@ -553,7 +580,7 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.
 		id      dedupesvc.RecordID
 		wasLost bool
 	)
-	_, err = pgx.ForEachRow(rows, []any{&id.Scope, &id.Key, &wasLost}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&id.Namespace, &id.Scope, &id.Key, &wasLost}, func() error {
 		deleted++
 		if wasLost {
 			unknown = append(unknown, id)

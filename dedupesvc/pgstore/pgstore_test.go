@@ -19,7 +19,22 @@ var (
 )
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) dedupesvc.Store { return pgstore.New(pgtest.Pool(t)) })
+	storetest.RunWithNotifier(t, func(t *testing.T) dedupesvc.Store {
+		pool, schema := pgtest.Schema(t)
+		return pgstore.New(pool, pgstore.WithChannel(schema))
+	}, listener)
+}
+
+// listener runs a Listener for the store s (built by TestConformance) until
+// the test ends.
+func listener(t *testing.T, s dedupesvc.Store) dedupesvc.Notifier {
+	store := s.(*pgstore.Store)
+	l := pgstore.NewListener(store.Pool(), store.Channel(), slog.Default())
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(runCtx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return l
 }
 
 func TestConformanceWithoutNotify(t *testing.T) {
@@ -72,7 +87,7 @@ func TestListenerWakesSubscribersOfTheChangedKey(t *testing.T) {
 	go func() { defer close(done); l.Run(runCtx) }()
 	defer func() { cancel(); <-done }()
 
-	other, unsubscribeOther := l.Subscribe(ctx, "/pkg.S/M", "another key")
+	other, unsubscribeOther := l.Subscribe(ctx, dedupesvc.RecordID{Scope: "/pkg.S/M", Key: "another key"})
 	defer unsubscribeOther()
 	<-other // no such record in flight: woken at once, to read what it is
 
@@ -82,7 +97,7 @@ func TestListenerWakesSubscribersOfTheChangedKey(t *testing.T) {
 	deadline := time.After(20 * time.Second)
 	for {
 		epoch := mustReserve(t, s)
-		woken, unsubscribe := l.Subscribe(ctx, "/pkg.S/M", "key-1")
+		woken, unsubscribe := l.Subscribe(ctx, dedupesvc.RecordID{Scope: "/pkg.S/M", Key: "key-1"})
 		if err := s.Release(ctx, dedupesvc.ReleaseParams{Scope: "/pkg.S/M", Key: "key-1", AttemptToken: "t1", Epoch: epoch}); err != nil {
 			t.Fatal(err)
 		}

@@ -14,7 +14,7 @@ import (
 var _ dedupesvc.Inspector = (*Store)(nil)
 
 const listSQL = `
-SELECT scope, idempotency_key, state, epoch, coalesce(outcome_type_url, ''), coalesce(length(outcome_value), 0),
+SELECT namespace, scope, idempotency_key, state, epoch, coalesce(outcome_type_url, ''), coalesce(length(outcome_value), 0),
        lease_expires_at, completed_at, expires_at
 FROM idemgate_records`
 
@@ -26,7 +26,7 @@ func scanRecord(row scanner) (dedupesvc.StoredRecord, error) {
 		completedAt               sql.NullInt64
 		leaseExpiresAt, expiresAt int64
 	)
-	err := row.Scan(&r.ID.Scope, &r.ID.Key, &r.State, &r.Epoch, &r.Outcome.TypeURL, &r.OutcomeSize, &leaseExpiresAt, &completedAt, &expiresAt)
+	err := row.Scan(&r.ID.Namespace, &r.ID.Scope, &r.ID.Key, &r.State, &r.Epoch, &r.Outcome.TypeURL, &r.OutcomeSize, &leaseExpiresAt, &completedAt, &expiresAt)
 	r.LeaseExpiresAt, r.ExpiresAt = time.UnixMilli(leaseExpiresAt), time.UnixMilli(expiresAt)
 	if completedAt.Valid {
 		r.CompletedAt = time.UnixMilli(completedAt.Int64)
@@ -36,7 +36,7 @@ func scanRecord(row scanner) (dedupesvc.StoredRecord, error) {
 
 // GetRecord implements dedupesvc.Inspector.
 func (s *Store) GetRecord(ctx context.Context, id dedupesvc.RecordID) (dedupesvc.StoredRecord, bool, error) {
-	r, err := scanRecord(s.db.QueryRowContext(ctx, listSQL+` WHERE scope = ? AND idempotency_key = ?`, id.Scope, id.Key))
+	r, err := scanRecord(s.db.QueryRowContext(ctx, listSQL+` WHERE namespace = ? AND scope = ? AND idempotency_key = ?`, id.Namespace, id.Scope, id.Key))
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return dedupesvc.StoredRecord{}, false, nil
@@ -54,11 +54,11 @@ func (s *Store) ListRecords(ctx context.Context, q dedupesvc.ListQuery) ([]dedup
 	}
 	rows, err := s.db.QueryContext(ctx, listSQL+`
 WHERE (:state = '' OR state = :state)
-  AND (NOT :resume OR (state <> 'unknown', expires_at, scope, idempotency_key) > (:known, :expires_at, :scope, :key))
-ORDER BY state <> 'unknown', expires_at, scope, idempotency_key
+  AND (NOT :resume OR (state <> 'unknown', expires_at, namespace, scope, idempotency_key) > (:known, :expires_at, :ns, :scope, :key))
+ORDER BY state <> 'unknown', expires_at, namespace, scope, idempotency_key
 LIMIT :limit`, sql.Named("state", q.State), sql.Named("limit", q.Limit), sql.Named("resume", q.After != nil),
 		sql.Named("known", !after.Unknown), sql.Named("expires_at", after.ExpiresAt.UnixMilli()),
-		sql.Named("scope", after.ID.Scope), sql.Named("key", after.ID.Key))
+		sql.Named("ns", after.ID.Namespace), sql.Named("scope", after.ID.Scope), sql.Named("key", after.ID.Key))
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: list records: %w", err)
 	}
@@ -74,12 +74,11 @@ LIMIT :limit`, sql.Named("state", q.State), sql.Named("limit", q.Limit), sql.Nam
 	return out, rows.Err()
 }
 
-// countSQL takes the method out of a stored scope as dedupesvc.SplitScope
-// and MethodOf do: after the namespace separator (char(31)), if any, and
-// before the first '|'.
+// countSQL takes the method out of a scope as dedupesvc.MethodOf does: the
+// part before the first '|'.
 const countSQL = `
-SELECT state, CASE WHEN instr(rest, '|') > 0 THEN substr(rest, 1, instr(rest, '|') - 1) ELSE rest END, count(*)
-FROM (SELECT state, substr(scope, instr(scope, char(31)) + 1) AS rest FROM idemgate_records)
+SELECT state, CASE WHEN instr(scope, '|') > 0 THEN substr(scope, 1, instr(scope, '|') - 1) ELSE scope END, count(*)
+FROM idemgate_records
 GROUP BY 1, 2`
 
 // CountRecords implements dedupesvc.Inspector. It groups in the database,

@@ -200,17 +200,17 @@ SELECT fingerprint, state, attempt_token, epoch, outcome_type_url, outcome_value
        CASE WHEN state = 'in_flight' THEN ` + leaseEnd("r") + ` ELSE lease_expires_at END,
        completed_at,
        CASE WHEN state = 'in_flight' THEN max(expires_at, ` + leaseEnd("r") + `) ELSE expires_at END
-FROM idemgate_records AS r WHERE scope = ? AND idempotency_key = ?`
+FROM idemgate_records AS r WHERE namespace = ? AND scope = ? AND idempotency_key = ?`
 
 // reserveSQL takes the key when it is free, repeating DecideBegin's
 // conditions atomically, with the effective lease end; it returns no row
 // when the record blocks it.
 var reserveSQL = `
 INSERT INTO idemgate_records (
-    scope, idempotency_key, fingerprint, state, attempt_token, epoch,
+    namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
     retention_ms, lease_ms, lease_expires_at, expires_at, created_at)
-VALUES (:scope, :key, :fp, 'in_flight', :token, 1, :retention, :lease, :now + :lease, :now + :retention, :now)
-ON CONFLICT (scope, idempotency_key) DO UPDATE SET
+VALUES (:ns, :scope, :key, :fp, 'in_flight', :token, 1, :retention, :lease, :now + :lease, :now + :retention, :now)
+ON CONFLICT (namespace, scope, idempotency_key) DO UPDATE SET
     fingerprint = excluded.fingerprint,
     state = 'in_flight',
     attempt_token = excluded.attempt_token,
@@ -233,7 +233,7 @@ RETURNING epoch, lease_expires_at`
 var markUnknownSQL = `
 UPDATE idemgate_records
 SET state = 'unknown', expires_at = max(expires_at, :now + :unknown)
-WHERE scope = :scope AND idempotency_key = :key AND epoch = :epoch
+WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND epoch = :epoch
   AND state = 'in_flight' AND ` + leaseEnd("idemgate_records") + ` <= :now`
 
 // Begin implements dedupesvc.Store.
@@ -241,13 +241,13 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 	return dedupesvc.RunBegin(ctx, p, dedupesvc.BeginSteps{
 		Read: func(ctx context.Context) (dedupesvc.Record, bool, time.Time, error) {
 			now := s.now()
-			r, found, err := s.read(ctx, p.Scope, p.Key)
+			r, found, err := s.read(ctx, p.ID())
 			return r, found, now, err
 		},
 		MarkUnknown: func(ctx context.Context, epoch int64, now time.Time) (bool, error) {
-			n, err := s.change(ctx, p.Scope, p.Key, markUnknownSQL,
+			n, err := s.change(ctx, p.ID(), markUnknownSQL,
 				sql.Named("now", now.UnixMilli()), sql.Named("unknown", p.UnknownRetention.Milliseconds()),
-				sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("epoch", epoch))
+				sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("epoch", epoch))
 			if err != nil {
 				return false, fmt.Errorf("sqlitestore: mark outcome unknown: %w", err)
 			}
@@ -256,7 +256,7 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 		Renew: func(ctx context.Context, epoch int64, now time.Time) (time.Time, bool, error) {
 			var until int64
 			err := s.db.QueryRowContext(ctx, renewSQL, sql.Named("now", now.UnixMilli()), sql.Named("lease", p.Lease.Milliseconds()),
-				sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", epoch)).Scan(&until)
+				sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", epoch)).Scan(&until)
 			switch {
 			case errors.Is(err, sql.ErrNoRows):
 				return time.Time{}, false, nil
@@ -265,10 +265,18 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 			}
 			return time.UnixMilli(until), true, nil
 		},
+		Usage: func(ctx context.Context) (int64, int64, error) {
+			var records, bytes int64
+			err := s.db.QueryRowContext(ctx, `SELECT records, outcome_bytes FROM idemgate_namespace_usage WHERE namespace = ?`, p.Namespace).Scan(&records, &bytes)
+			if err != nil && !errors.Is(err, sql.ErrNoRows) {
+				return 0, 0, fmt.Errorf("sqlitestore: read usage: %w", err)
+			}
+			return records, bytes, nil
+		},
 		Reserve: func(ctx context.Context, now time.Time) (int64, time.Time, bool, error) {
 			var epoch, leaseEnd int64
 			err := s.db.QueryRowContext(ctx, reserveSQL,
-				sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("fp", p.Fingerprint), sql.Named("token", p.AttemptToken),
+				sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("fp", p.Fingerprint), sql.Named("token", p.AttemptToken),
 				sql.Named("retention", p.Retention.Milliseconds()), sql.Named("lease", p.Lease.Milliseconds()),
 				sql.Named("now", now.UnixMilli()), sql.Named("reexecute", p.OnLostOutcome == dedupesvc.Reexecute),
 			).Scan(&epoch, &leaseEnd)
@@ -283,14 +291,14 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 	})
 }
 
-func (s *Store) read(ctx context.Context, scope, key string) (dedupesvc.Record, bool, error) {
+func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (dedupesvc.Record, bool, error) {
 	var (
 		r                         dedupesvc.Record
 		typeURL                   sql.NullString
 		completedAt               sql.NullInt64
 		leaseExpiresAt, expiresAt int64
 	)
-	err := s.db.QueryRowContext(ctx, readSQL, scope, key).Scan(
+	err := s.db.QueryRowContext(ctx, readSQL, id.Namespace, id.Scope, id.Key).Scan(
 		&r.Fingerprint, &r.State, &r.AttemptToken, &r.Epoch, &typeURL, &r.Outcome.Value,
 		&leaseExpiresAt, &completedAt, &expiresAt)
 	switch {
@@ -312,7 +320,7 @@ func (s *Store) read(ctx context.Context, scope, key string) (dedupesvc.Record, 
 
 // change runs a state-changing statement and, if it changed the record,
 // wakes this process's waiters on it.
-func (s *Store) change(ctx context.Context, scope, key, query string, args ...any) (int64, error) {
+func (s *Store) change(ctx context.Context, id dedupesvc.RecordID, query string, args ...any) (int64, error) {
 	res, err := s.db.ExecContext(ctx, query, args...)
 	if err != nil {
 		return 0, err
@@ -322,7 +330,7 @@ func (s *Store) change(ctx context.Context, scope, key, query string, args ...an
 		return 0, err
 	}
 	if n > 0 {
-		s.waiters.Wake(dedupesvc.RecordID{Scope: scope, Key: key})
+		s.waiters.Wake(id)
 	}
 	return n, nil
 }
@@ -331,7 +339,7 @@ const finishSQL = `
 UPDATE idemgate_records
 SET state = 'completed', outcome_type_url = :type_url, outcome_value = :value,
     completed_at = :now, expires_at = :now + retention_ms
-WHERE scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
+WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
   AND state IN ('in_flight', 'unknown')`
 
 // Finish implements dedupesvc.Store.
@@ -340,16 +348,16 @@ func (s *Store) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
 	if value == nil {
 		value = []byte{}
 	}
-	n, err := s.change(ctx, p.Scope, p.Key, finishSQL,
+	n, err := s.change(ctx, p.ID(), finishSQL,
 		sql.Named("type_url", p.Outcome.TypeURL), sql.Named("value", value), sql.Named("now", s.now().UnixMilli()),
-		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch))
+		sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch))
 	if err != nil {
 		return fmt.Errorf("sqlitestore: finish: %w", err)
 	}
 	if n == 1 {
 		return nil
 	}
-	row, found, err := s.read(ctx, p.Scope, p.Key)
+	row, found, err := s.read(ctx, p.ID())
 	if err != nil {
 		return err
 	}
@@ -358,7 +366,7 @@ func (s *Store) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
 
 const releaseSQL = `
 UPDATE idemgate_records SET state = 'released', lease_expires_at = :now
-WHERE scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
+WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
   AND state IN ('in_flight', 'unknown')`
 
 // releaseUnknownSQL is Release with the outcome unknown: the holder's
@@ -366,7 +374,7 @@ WHERE scope = :scope AND idempotency_key = :key AND attempt_token = :token AND e
 // unknown retention.
 const releaseUnknownSQL = `
 UPDATE idemgate_records SET state = 'unknown', lease_expires_at = :now, expires_at = max(expires_at, :now + :unknown)
-WHERE scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
+WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
   AND state = 'in_flight'`
 
 // Release implements dedupesvc.Store.
@@ -375,15 +383,15 @@ func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
 	if p.OutcomeUnknown {
 		query = releaseUnknownSQL
 	}
-	n, err := s.change(ctx, p.Scope, p.Key, query, sql.Named("now", s.now().UnixMilli()), sql.Named("unknown", p.UnknownRetention.Milliseconds()),
-		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch))
+	n, err := s.change(ctx, p.ID(), query, sql.Named("now", s.now().UnixMilli()), sql.Named("unknown", p.UnknownRetention.Milliseconds()),
+		sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch))
 	if err != nil {
 		return fmt.Errorf("sqlitestore: release: %w", err)
 	}
 	if n == 1 {
 		return nil
 	}
-	row, found, err := s.read(ctx, p.Scope, p.Key)
+	row, found, err := s.read(ctx, p.ID())
 	if err != nil {
 		return err
 	}
@@ -395,7 +403,7 @@ func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
 const heartbeatSQL = `
 UPDATE idemgate_records
 SET state = 'in_flight', lease_ms = :lease, lease_expires_at = :now + :lease, expires_at = max(expires_at, :now + :lease)
-WHERE scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
+WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
   AND state IN ('in_flight', 'unknown')
 RETURNING lease_expires_at`
 
@@ -405,7 +413,7 @@ RETURNING lease_expires_at`
 const renewSQL = `
 UPDATE idemgate_records
 SET state = 'in_flight', lease_ms = :lease, lease_expires_at = :now + :lease, expires_at = max(expires_at, :now + :lease)
-WHERE scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
+WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
   AND state IN ('in_flight', 'unknown')
 RETURNING lease_expires_at`
 
@@ -413,7 +421,7 @@ RETURNING lease_expires_at`
 func (s *Store) Heartbeat(ctx context.Context, p dedupesvc.HeartbeatParams) (time.Time, error) {
 	var until int64
 	err := s.db.QueryRowContext(ctx, heartbeatSQL, sql.Named("now", s.now().UnixMilli()), sql.Named("lease", p.Lease.Milliseconds()),
-		sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch)).Scan(&until)
+		sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch)).Scan(&until)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return time.Time{}, dedupesvc.ErrNotHeld
@@ -424,7 +432,7 @@ func (s *Store) Heartbeat(ctx context.Context, p dedupesvc.HeartbeatParams) (tim
 }
 
 var unknownWhere = `
-WHERE scope = :scope AND idempotency_key = :key AND expires_at > :now
+WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND expires_at > :now
   AND (state = 'unknown' OR (state = 'in_flight' AND ` + leaseEnd("idemgate_records") + ` <= :now))`
 
 // resolveCompleteSQL and resolveReleaseSQL settle an unknown record and
@@ -441,7 +449,7 @@ UPDATE idemgate_records SET state = 'released', lease_expires_at = :now, epoch =
 // Resolve implements dedupesvc.Store.
 func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 	now := s.now()
-	args := []any{sql.Named("now", now.UnixMilli()), sql.Named("scope", p.Scope), sql.Named("key", p.Key)}
+	args := []any{sql.Named("now", now.UnixMilli()), sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key)}
 	query := resolveReleaseSQL
 	if p.Complete != nil {
 		value := p.Complete.Value
@@ -451,14 +459,14 @@ func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 		query = resolveCompleteSQL
 		args = append(args, sql.Named("type_url", p.Complete.TypeURL), sql.Named("value", value))
 	}
-	n, err := s.change(ctx, p.Scope, p.Key, query, args...)
+	n, err := s.change(ctx, p.ID(), query, args...)
 	if err != nil {
 		return fmt.Errorf("sqlitestore: resolve: %w", err)
 	}
 	if n == 1 {
 		return nil
 	}
-	row, found, err := s.read(ctx, p.Scope, p.Key)
+	row, found, err := s.read(ctx, p.ID())
 	if err != nil {
 		return err
 	}
@@ -472,7 +480,7 @@ DELETE FROM idemgate_records
 WHERE rowid IN (
     SELECT rowid FROM idemgate_records WHERE expires_at <= :now ORDER BY expires_at LIMIT :limit)
   AND NOT ` + inFlightLive("idemgate_records") + `
-RETURNING scope, idempotency_key, state = 'unknown'`
+RETURNING namespace, scope, idempotency_key, state = 'unknown'`
 
 // DeleteExpired implements dedupesvc.Store.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.RecordID, error) {
@@ -490,7 +498,7 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.
 			id      dedupesvc.RecordID
 			wasLost bool
 		)
-		if err := rows.Scan(&id.Scope, &id.Key, &wasLost); err != nil {
+		if err := rows.Scan(&id.Namespace, &id.Scope, &id.Key, &wasLost); err != nil {
 			return deleted, unknown, fmt.Errorf("sqlitestore: delete expired: %w", err)
 		}
 		deleted++
@@ -505,10 +513,9 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.
 // process wakes its subscribers. A record no longer in flight wakes the
 // subscriber at once, so a change between its Begin and Subscribe is not
 // missed.
-func (s *Store) Subscribe(ctx context.Context, scope, key string) (<-chan struct{}, func()) {
-	id := dedupesvc.RecordID{Scope: scope, Key: key}
+func (s *Store) Subscribe(ctx context.Context, id dedupesvc.RecordID) (<-chan struct{}, func()) {
 	ch, unsubscribe := s.waiters.Add(id)
-	if row, found, err := s.read(ctx, scope, key); err != nil || !found || row.State != dedupesvc.StateInFlight {
+	if row, found, err := s.read(ctx, id); err != nil || !found || row.State != dedupesvc.StateInFlight {
 		s.waiters.Wake(id)
 	}
 	return ch, unsubscribe

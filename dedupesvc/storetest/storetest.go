@@ -31,6 +31,19 @@ import (
 // its own store. Leases and retentions in the suite are 150ms to 1s, so a
 // store's clock must have millisecond resolution.
 func Run(t *testing.T, newStore func(t *testing.T) dedupesvc.Store) {
+	RunWithNotifier(t, newStore, nil)
+}
+
+// RunWithNotifier is Run with the Dedupe service's Notifier for a store
+// (nil: the store itself when it is one, else none), for the cases that
+// run the service over the store.
+func RunWithNotifier(t *testing.T, newStore func(t *testing.T) dedupesvc.Store, notifier func(t *testing.T, s dedupesvc.Store) dedupesvc.Notifier) {
+	if notifier == nil {
+		notifier = func(_ *testing.T, s dedupesvc.Store) dedupesvc.Notifier {
+			n, _ := s.(dedupesvc.Notifier)
+			return n
+		}
+	}
 	t.Run("Begin", func(t *testing.T) { testBegin(t, newStore) })
 	t.Run("BeginConcurrent", func(t *testing.T) { testBeginConcurrent(t, newStore) })
 	t.Run("Finish", func(t *testing.T) { testFinish(t, newStore) })
@@ -41,6 +54,11 @@ func Run(t *testing.T, newStore func(t *testing.T) dedupesvc.Store) {
 	t.Run("ResumeGrace", func(t *testing.T) { testResumeGrace(t, newStore) })
 	t.Run("Inspector", func(t *testing.T) { testInspector(t, newStore) })
 	t.Run("InspectorPages", func(t *testing.T) { testInspectorPages(t, newStore) })
+	t.Run("Namespaces", func(t *testing.T) { testNamespaces(t, newStore) })
+	t.Run("ServiceNamespaces", func(t *testing.T) { testServiceNamespaces(t, newStore) })
+	t.Run("ServiceQuotas", func(t *testing.T) { testServiceQuotas(t, newStore) })
+	// Not parallel: it measures a neighbour's throughput.
+	t.Run("ServiceWaiters", func(t *testing.T) { testServiceWaiters(t, newStore, notifier) })
 }
 
 // newInspector returns a fresh store and its Inspector, or skips a store
@@ -127,18 +145,18 @@ func testInspector(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 	t.Parallel()
 	s, inspector := newInspector(t, newStore)
 	// Records under two methods and two namespaces, one of them unknown.
-	add := func(scope, key string, lease time.Duration) dedupesvc.BeginResult {
+	add := func(ns, scope, key string, lease time.Duration) dedupesvc.BeginResult {
 		p := begin("t-"+key, fpA, lease, long)
-		p.Scope, p.Key = scope, key
+		p.Namespace, p.Scope, p.Key = ns, scope, key
 		return mustBegin(t, s, p, dedupesvc.BeginReserved)
 	}
-	r := add(dedupesvc.JoinScope("svc-a", "/pkg.S/Charge|tenant-1"), "k1", long)
-	if err := s.Finish(ctx, dedupesvc.FinishParams{Scope: dedupesvc.JoinScope("svc-a", "/pkg.S/Charge|tenant-1"), Key: "k1", AttemptToken: "t-k1", Epoch: r.Epoch, Outcome: outA}); err != nil {
+	r := add("svc-a", "/pkg.S/Charge|tenant-1", "k1", long)
+	if err := s.Finish(ctx, dedupesvc.FinishParams{Namespace: "svc-a", Scope: "/pkg.S/Charge|tenant-1", Key: "k1", AttemptToken: "t-k1", Epoch: r.Epoch, Outcome: outA}); err != nil {
 		t.Fatal(err)
 	}
-	add(dedupesvc.JoinScope("svc-b", "/pkg.S/Charge"), "k2", long)
-	add(dedupesvc.JoinScope("svc-a", "/pkg.S/Charge|tenant-2"), "k4", long)
-	add("/pkg.S/Send", "k3", short)
+	add("svc-b", "/pkg.S/Charge", "k2", long)
+	add("svc-a", "/pkg.S/Charge|tenant-2", "k4", long)
+	add("", "/pkg.S/Send", "k3", short)
 	time.Sleep(2 * short)
 	p := begin("t-other", fpA, long, long)
 	p.Scope, p.Key = "/pkg.S/Send", "k3"
@@ -149,13 +167,13 @@ func testInspector(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 		t.Fatalf("ListRecords = %+v, %v; want 4 records, the unknown one first", all, err)
 	}
 	completed, err := inspector.ListRecords(ctx, dedupesvc.ListQuery{State: dedupesvc.StateCompleted, Limit: 10})
-	if err != nil || len(completed) != 1 || completed[0].ID.Key != "k1" || completed[0].OutcomeSize != int64(len(outA.Value)) || completed[0].Outcome.TypeURL != outA.TypeURL {
+	if err != nil || len(completed) != 1 || completed[0].ID != (dedupesvc.RecordID{Namespace: "svc-a", Scope: "/pkg.S/Charge|tenant-1", Key: "k1"}) || completed[0].OutcomeSize != int64(len(outA.Value)) || completed[0].Outcome.TypeURL != outA.TypeURL {
 		t.Fatalf("ListRecords(completed) = %+v, %v", completed, err)
 	}
 	if limited, err := inspector.ListRecords(ctx, dedupesvc.ListQuery{Limit: 2}); err != nil || len(limited) != 2 {
 		t.Fatalf("ListRecords(limit 2) = %d records, %v", len(limited), err)
 	}
-	got, found, err := inspector.GetRecord(ctx, dedupesvc.RecordID{Scope: dedupesvc.JoinScope("svc-b", "/pkg.S/Charge"), Key: "k2"})
+	got, found, err := inspector.GetRecord(ctx, dedupesvc.RecordID{Namespace: "svc-b", Scope: "/pkg.S/Charge", Key: "k2"})
 	if err != nil || !found || got.State != dedupesvc.StateInFlight {
 		t.Fatalf("GetRecord = %+v, %v, %v", got, found, err)
 	}

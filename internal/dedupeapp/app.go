@@ -170,6 +170,14 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 		dedupesvc.WithPollInterval(cfg.PollInterval),
 		dedupesvc.WithUnknownRetention(cfg.UnknownRetention),
 		dedupesvc.WithMaxOutcomeBytes(cfg.MaxOutcomeBytes),
+		dedupesvc.WithCallerRate(cfg.CallerBeginRate, cfg.CallerBeginBurst),
+		dedupesvc.WithCallerQuota(cfg.CallerMaxRecords, cfg.CallerMaxBytes),
+	}
+	if cfg.MaxRetention > 0 { // zero in a Config built in Go: the default
+		serverOpts = append(serverOpts, dedupesvc.WithMaxRetention(cfg.MaxRetention))
+	}
+	if cfg.MaxWaiters > 0 && cfg.CallerMaxWaiters > 0 {
+		serverOpts = append(serverOpts, dedupesvc.WithMaxWaiters(cfg.MaxWaiters, cfg.CallerMaxWaiters))
 	}
 	if b.notifier != nil {
 		serverOpts = append(serverOpts, dedupesvc.WithNotifier(b.notifier))

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemgate/idemgate/dedupesvc"
 )
 
 // Config is the dedupesvc configuration. Every field has a flag and an
@@ -64,6 +66,26 @@ type Config struct {
 	// MaxOutcomeBytes is the largest outcome Finish and Resolve accept.
 	// Defaults to 1048576 (IDEMGATE_MAX_OUTCOME_BYTES).
 	MaxOutcomeBytes int
+	// CallerBeginRate is each caller's Begins per second; 0 (also in a
+	// Config built in Go) is no limit, as for the other caller limits.
+	// Defaults to 500 (IDEMGATE_CALLER_BEGIN_RATE).
+	CallerBeginRate float64
+	// CallerBeginBurst is each caller's Begin burst. Defaults to 1000
+	// (IDEMGATE_CALLER_BEGIN_BURST).
+	CallerBeginBurst int
+	// CallerMaxRecords is each caller's stored records; 0 is no limit.
+	// Defaults to 1000000 (IDEMGATE_CALLER_MAX_RECORDS).
+	CallerMaxRecords int64
+	// CallerMaxBytes is each caller's stored outcome bytes; 0 is no limit.
+	// Defaults to 1073741824 (IDEMGATE_CALLER_MAX_BYTES).
+	CallerMaxBytes int64
+	// MaxRetention is the longest retention a Begin may ask for; 0 takes the
+	// default. Defaults to 168h (IDEMGATE_MAX_RETENTION).
+	MaxRetention time.Duration
+	// MaxWaiters and CallerMaxWaiters cap the Begins waiting for in-flight
+	// outcomes, in all and per caller; 0 takes the default. Default to
+	// 10000 and 1000 (IDEMGATE_MAX_WAITERS, IDEMGATE_CALLER_MAX_WAITERS).
+	MaxWaiters, CallerMaxWaiters int
 	// MetricsListen is the HTTP address serving Prometheus metrics at
 	// /metrics; empty turns it off. Defaults to 127.0.0.1:9464
 	// (IDEMGATE_METRICS_LISTEN).
@@ -262,6 +284,13 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", durationEnv("IDEMGATE_POLL_INTERVAL", 200*time.Millisecond), "how often a waiting duplicate re-reads its record (env IDEMGATE_POLL_INTERVAL)")
 	fs.DurationVar(&cfg.UnknownRetention, "unknown-retention", durationEnv("IDEMGATE_UNKNOWN_RETENTION", 7*24*time.Hour), "how long an unresolved outcome-unknown record blocks its key (env IDEMGATE_UNKNOWN_RETENTION)")
 	fs.IntVar(&cfg.MaxOutcomeBytes, "max-outcome-bytes", intEnv("IDEMGATE_MAX_OUTCOME_BYTES", 1<<20), "largest stored outcome, in bytes (env IDEMGATE_MAX_OUTCOME_BYTES)")
+	fs.Float64Var(&cfg.CallerBeginRate, "caller-begin-rate", float64(intEnv("IDEMGATE_CALLER_BEGIN_RATE", dedupesvc.DefaultCallerRate)), "Begins a second each caller may make; 0 is no limit (env IDEMGATE_CALLER_BEGIN_RATE)")
+	fs.IntVar(&cfg.CallerBeginBurst, "caller-begin-burst", intEnv("IDEMGATE_CALLER_BEGIN_BURST", dedupesvc.DefaultCallerBurst), "Begins each caller may make at once above its rate (env IDEMGATE_CALLER_BEGIN_BURST)")
+	fs.Int64Var(&cfg.CallerMaxRecords, "caller-max-records", int64(intEnv("IDEMGATE_CALLER_MAX_RECORDS", dedupesvc.DefaultCallerRecords)), "records each caller may keep stored; 0 is no limit (env IDEMGATE_CALLER_MAX_RECORDS)")
+	fs.Int64Var(&cfg.CallerMaxBytes, "caller-max-bytes", int64(intEnv("IDEMGATE_CALLER_MAX_BYTES", dedupesvc.DefaultCallerBytes)), "outcome bytes each caller may keep stored; 0 is no limit (env IDEMGATE_CALLER_MAX_BYTES)")
+	fs.DurationVar(&cfg.MaxRetention, "max-retention", durationEnv("IDEMGATE_MAX_RETENTION", dedupesvc.DefaultMaxRetention), "longest retention a Begin may ask for; longer is refused (env IDEMGATE_MAX_RETENTION)")
+	fs.IntVar(&cfg.MaxWaiters, "max-waiters", intEnv("IDEMGATE_MAX_WAITERS", dedupesvc.DefaultMaxWaiters), "Begins that may wait for in-flight outcomes at once; past it they answer in_flight at once (env IDEMGATE_MAX_WAITERS)")
+	fs.IntVar(&cfg.CallerMaxWaiters, "caller-max-waiters", intEnv("IDEMGATE_CALLER_MAX_WAITERS", dedupesvc.DefaultMaxCallerWaiters), "of those, how many one caller may have (env IDEMGATE_CALLER_MAX_WAITERS)")
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", env("IDEMGATE_METRICS_LISTEN", "127.0.0.1:9464"), "HTTP `address` of the Prometheus /metrics endpoint; empty turns it off (env IDEMGATE_METRICS_LISTEN)")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", env("IDEMGATE_TLS_CERT", ""), "server certificate `file` (PEM); empty serves plaintext, loopback only (env IDEMGATE_TLS_CERT)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", env("IDEMGATE_TLS_KEY", ""), "server key `file` (PEM) (env IDEMGATE_TLS_KEY)")
@@ -346,6 +375,15 @@ func (c Config) validate() error {
 	}
 	if _, err := otlpExporterOptions(c.OTLPEndpoint); err != nil {
 		errs = append(errs, err)
+	}
+	if c.CallerBeginRate < 0 || (c.CallerBeginRate > 0 && c.CallerBeginBurst < 1) || c.CallerMaxRecords < 0 || c.CallerMaxBytes < 0 {
+		errs = append(errs, errors.New("-caller-begin-rate, -caller-max-records and -caller-max-bytes must be 0 (no limit) or more, -caller-begin-burst 1 or more"))
+	}
+	if c.MaxWaiters < 0 || c.CallerMaxWaiters < 0 {
+		errs = append(errs, errors.New("-max-waiters and -caller-max-waiters must be positive"))
+	}
+	if c.MaxRetention < 0 || c.MaxRetention > dedupesvc.MaxRetention {
+		errs = append(errs, fmt.Errorf("-max-retention must be between 0 and %s, got %s", dedupesvc.MaxRetention, c.MaxRetention))
 	}
 	if c.MaxOutcomeBytes <= 0 {
 		errs = append(errs, fmt.Errorf("-max-outcome-bytes must be positive, got %d", c.MaxOutcomeBytes))

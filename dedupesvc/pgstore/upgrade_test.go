@@ -1,0 +1,102 @@
+package pgstore_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/dedupesvc/pgstore"
+	"github.com/idemgate/idemgate/internal/pgtest"
+)
+
+// TestUpgradeMovesTheNamespaceOutOfTheScope writes records the way the
+// version before migration 004 did (the caller's name and \x1f in front of
+// the scope), migrates, and wants each replayed to its caller through the
+// service, and to no one else.
+func TestUpgradeMovesTheNamespaceOutOfTheScope(t *testing.T) {
+	t.Parallel()
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin, err := pgx.Connect(c, pgtest.URL())
+	if err != nil {
+		t.Skipf("PostgreSQL unreachable: %v", err)
+	}
+	defer admin.Close(c)
+	schema := "idemgate_upgrade_" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "_"))[:20] + time.Now().Format("150405000")
+	if _, err := admin.Exec(c, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
+	pool := pgtest.OpenPool(t, schema)
+
+	all, err := pgstore.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(c, `CREATE TABLE idemgate_schema_migrations (version bigint PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range all {
+		if m.Version >= 4 {
+			break
+		}
+		if _, err := pool.Exec(c, m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+			t.Fatalf("%s: %v", m.Name, err)
+		}
+		if _, err := pool.Exec(c, `INSERT INTO idemgate_schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fp := begin("x").Fingerprint
+	old := func(stored, key, value string) {
+		t.Helper()
+		if _, err := pool.Exec(c, `INSERT INTO idemgate_records (scope, idempotency_key, fingerprint, state, attempt_token, epoch,
+			outcome_type_url, outcome_value, retention_ms, lease_expires_at, expires_at, completed_at)
+			VALUES ($1, $2, $3, 'completed', 't-old', 1, 'type.googleapis.com/x.Y', $4::bytea, 3600000, now(), now() + interval '1 hour', now())`,
+			stored, key, fp, []byte(value)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old("svc-a\x1f/pkg.S/M|tenant", "k1", "outcome of svc-a")
+	old("/pkg.S/M|tenant", "k1", "outcome without a caller")
+	old("svc-b\x1f/pkg.S/M", "k1", "outcome of svc-b")
+
+	applied, err := pgstore.Migrate(c, pool)
+	if err != nil || len(applied) == 0 {
+		t.Fatalf("Migrate = %v, %v", applied, err)
+	}
+	s := pgstore.New(pool)
+	replay := func(ns, scope string) string {
+		t.Helper()
+		res, err := s.Begin(c, dedupesvc.BeginParams{Namespace: ns, Scope: scope, Key: "k1", Fingerprint: fp, AttemptToken: "t-new", Lease: time.Minute, Retention: time.Hour, UnknownRetention: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.State != dedupesvc.BeginCompleted {
+			return res.State.String()
+		}
+		return string(res.Outcome.Value)
+	}
+	for _, tc := range []struct{ ns, scope, want string }{
+		{"svc-a", "/pkg.S/M|tenant", "outcome of svc-a"},
+		{"", "/pkg.S/M|tenant", "outcome without a caller"},
+		{"svc-b", "/pkg.S/M", "outcome of svc-b"},
+		{"svc-b", "/pkg.S/M|tenant", "reserved"},
+	} {
+		if got := replay(tc.ns, tc.scope); got != tc.want {
+			t.Errorf("after the upgrade, namespace %q scope %q replays %q, want %q", tc.ns, tc.scope, got, tc.want)
+		}
+	}
+	// Safe to re-run: running 004 again changes nothing.
+	m := all[3]
+	if _, err := pool.Exec(c, m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatalf("re-running %s: %v", m.Name, err)
+	}
+	if got := replay("svc-a", "/pkg.S/M|tenant"); got != "outcome of svc-a" {
+		t.Errorf("after re-running %s: %q", m.Name, got)
+	}
+}

@@ -1,0 +1,126 @@
+package dedupesvc
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc/codes"
+
+	"github.com/idemgate/idemgate/internal/grpcerr"
+)
+
+// Quota names: the ErrorInfo metadata "quota" of DEDUPE_QUOTA_EXCEEDED and
+// the label of idemgate_dedupe_quota_exceeded_total.
+const (
+	// QuotaRate: the caller's Begins per second (WithCallerRate).
+	QuotaRate = "rate"
+	// QuotaRecords: the caller's stored records (WithCallerQuota).
+	QuotaRecords = "records"
+	// QuotaBytes: the caller's stored outcome bytes (WithCallerQuota).
+	QuotaBytes = "bytes"
+	// QuotaRetention: a Begin asked for a retention over the service's cap
+	// (WithMaxRetention); refused as INVALID_ARGUMENT, counted here too.
+	QuotaRetention = "retention"
+	// QuotaWaiters: a Begin could not wait for an in-flight outcome because
+	// too many Begins wait already (WithMaxWaiters); answered in_flight at
+	// once, counted here.
+	QuotaWaiters = "waiters"
+)
+
+var allQuotas = []string{QuotaRate, QuotaRecords, QuotaBytes, QuotaRetention, QuotaWaiters}
+
+// ErrQuotaExceeded is what a *QuotaError matches with errors.Is.
+var ErrQuotaExceeded = errors.New("dedupesvc: quota exceeded")
+
+// QuotaError is Store.Begin's refusal to reserve a new key for a namespace at
+// its quota (BeginParams.MaxRecords, MaxOutcomeBytes).
+type QuotaError struct {
+	// Quota is QuotaRecords or QuotaBytes.
+	Quota string
+	// Limit is the quota; Used what the namespace holds.
+	Limit, Used int64
+}
+
+// Error implements error.
+func (e *QuotaError) Error() string {
+	return fmt.Sprintf("dedupesvc: the namespace holds %d %s, at its quota of %d", e.Used, e.Quota, e.Limit)
+}
+
+// Is makes errors.Is(err, ErrQuotaExceeded) hold.
+func (e *QuotaError) Is(target error) bool { return target == ErrQuotaExceeded }
+
+// CheckQuota returns a *QuotaError when a namespace using records and bytes
+// may not reserve: a new key (newRecord) needs records under p.MaxRecords;
+// any reservation needs bytes under p.MaxOutcomeBytes, since its outcome
+// will add to them. A zero limit is no limit.
+func CheckQuota(p BeginParams, newRecord bool, records, bytes int64) error {
+	if newRecord && p.MaxRecords > 0 && records >= p.MaxRecords {
+		return &QuotaError{Quota: QuotaRecords, Limit: p.MaxRecords, Used: records}
+	}
+	if p.MaxOutcomeBytes > 0 && bytes >= p.MaxOutcomeBytes {
+		return &QuotaError{Quota: QuotaBytes, Limit: p.MaxOutcomeBytes, Used: bytes}
+	}
+	return nil
+}
+
+// quotaExceeded is the status a caller over a quota gets: RESOURCE_EXHAUSTED
+// with DEDUPE_QUOTA_EXCEEDED naming the quota and its limit, and RetryInfo
+// when waiting retryAfter helps.
+func quotaExceeded(quota, limit, message string, retryAfter time.Duration) error {
+	return grpcerr.New(codes.ResourceExhausted, ReasonQuotaExceeded, message,
+		map[string]string{"quota": quota, "limit": limit}, retryAfter)
+}
+
+// maxLimiters bounds the per-caller rate limiters kept; past it, those of
+// callers idle long enough to have a full bucket are dropped (they would
+// start full anyway).
+const maxLimiters = 10000
+
+// rateLimiters is one token bucket per namespace.
+type rateLimiters struct {
+	limit rate.Limit
+	burst int
+	mu    sync.Mutex
+	m     map[string]*rate.Limiter
+}
+
+// allow takes a token for ns, or returns how long until one is free.
+func (l *rateLimiters) allow(ns string) (time.Duration, bool) {
+	if l.limit <= 0 {
+		return 0, true
+	}
+	now := time.Now()
+	l.mu.Lock()
+	lim, ok := l.m[ns]
+	if !ok {
+		if l.m == nil {
+			l.m = map[string]*rate.Limiter{}
+		}
+		if len(l.m) >= maxLimiters {
+			for k, v := range l.m {
+				if v.TokensAt(now) >= float64(l.burst) {
+					delete(l.m, k)
+				}
+			}
+		}
+		lim = rate.NewLimiter(l.limit, l.burst)
+		l.m[ns] = lim
+	}
+	l.mu.Unlock()
+	if lim.AllowN(now, 1) {
+		return 0, true
+	}
+	r := lim.ReserveN(now, 1)
+	defer r.CancelAt(now)
+	if !r.OK() {
+		return time.Second, false
+	}
+	return max(r.DelayFrom(now), time.Millisecond), false
+}
+
+// formatRate writes a rate limit for ErrorInfo metadata.
+func formatRate(l rate.Limit) string { return strconv.FormatFloat(float64(l), 'g', -1, 64) + "/s" }

@@ -1,0 +1,92 @@
+package dedupesvc_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/internal/grpcerr"
+)
+
+func TestCallerRateLimitsOneCallerOnly(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{begin: dedupesvc.BeginResult{State: dedupesvc.BeginReserved, Epoch: 1}}
+	metrics := dedupesvc.NewMetrics()
+	srv := dedupesvc.NewServer(store, dedupesvc.WithCallerRate(0.001, 2), dedupesvc.WithMetrics(metrics))
+	greedy := dedupesvc.ContextWithCaller(context.Background(), dedupesvc.Caller{Name: "greedy"})
+	for i := range 2 {
+		if _, err := srv.Begin(greedy, validBegin()); err != nil {
+			t.Fatalf("Begin %d within the burst: %v", i, err)
+		}
+	}
+	calls := store.calls
+	_, err := srv.Begin(greedy, validBegin())
+	if status.Code(err) != codes.ResourceExhausted || grpcerr.Reason(err) != dedupesvc.ReasonQuotaExceeded {
+		t.Fatalf("Begin past the rate = %v; want RESOURCE_EXHAUSTED %s", err, dedupesvc.ReasonQuotaExceeded)
+	}
+	if d, ok := grpcerr.RetryDelay(err); !ok || d <= 0 {
+		t.Fatalf("Begin past the rate has RetryInfo %v, %v; want a delay", d, ok)
+	}
+	if info := errorInfo(t, err); info.GetMetadata()["quota"] != dedupesvc.QuotaRate || info.GetMetadata()["limit"] == "" {
+		t.Fatalf("ErrorInfo metadata %v; want quota rate and its limit", info.GetMetadata())
+	}
+	if store.calls != calls {
+		t.Fatal("a Begin refused for its rate reached the store")
+	}
+	neighbour := dedupesvc.ContextWithCaller(context.Background(), dedupesvc.Caller{Name: "neighbour"})
+	if _, err := srv.Begin(neighbour, validBegin()); err != nil {
+		t.Fatalf("another caller's Begin: %v", err)
+	}
+	if got := testutil.ToFloat64(metrics.QuotaCounter(dedupesvc.QuotaRate)); got != 1 {
+		t.Fatalf("idemgate_dedupe_quota_exceeded_total{quota=rate} = %v, want 1", got)
+	}
+}
+
+func TestRetentionOverTheCapIsRefusedNamingIt(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{begin: dedupesvc.BeginResult{State: dedupesvc.BeginReserved, Epoch: 1}}
+	metrics := dedupesvc.NewMetrics()
+	srv := dedupesvc.NewServer(store, dedupesvc.WithMaxRetention(48*time.Hour), dedupesvc.WithMetrics(metrics))
+	req := validBegin()
+	req.Retention = durationpb.New(365 * 24 * time.Hour)
+	_, err := srv.Begin(context.Background(), req)
+	if status.Code(err) != codes.InvalidArgument || grpcerr.Reason(err) != dedupesvc.ReasonInvalidRequest {
+		t.Fatalf("Begin over the retention cap = %v; want INVALID_ARGUMENT", err)
+	}
+	info := errorInfo(t, err)
+	if info.GetMetadata()["field"] != "retention" || info.GetMetadata()["max_retention"] != "48h0m0s" || !strings.Contains(status.Convert(err).Message(), "48h0m0s") {
+		t.Fatalf("refusal %v, metadata %v; want it to name the cap", err, info.GetMetadata())
+	}
+	if store.calls != 0 {
+		t.Fatal("a refused Begin reached the store")
+	}
+	req.Retention = durationpb.New(48 * time.Hour)
+	if _, err := srv.Begin(context.Background(), req); err != nil {
+		t.Fatalf("Begin at the cap: %v", err)
+	}
+	if got := testutil.ToFloat64(metrics.QuotaCounter(dedupesvc.QuotaRetention)); got != 1 {
+		t.Fatalf("idemgate_dedupe_quota_exceeded_total{quota=retention} = %v, want 1", got)
+	}
+}
+
+func errorInfo(t *testing.T, err error) *errdetails.ErrorInfo {
+	t.Helper()
+	var infos []*errdetails.ErrorInfo
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			infos = append(infos, info)
+		}
+	}
+	if len(infos) != 1 {
+		t.Fatalf("%v has %d ErrorInfo, want 1", err, len(infos))
+	}
+	return infos[0]
+}

@@ -1,0 +1,86 @@
+package sqlitestore_test
+
+import (
+	"context"
+	"database/sql"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
+	"github.com/idemgate/idemgate/migrations"
+)
+
+// TestUpgradeMovesTheNamespaceOutOfTheScope writes records the way the
+// version before migration 003 did (the caller's name and \x1f in front of
+// the scope), opens the store, which migrates, and wants each replayed to its
+// caller and to no one else.
+func TestUpgradeMovesTheNamespaceOutOfTheScope(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, sqlitestore.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := migrations.List(migrations.SQLite, "sqlite")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE idemgate_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range all {
+		if m.Version >= 3 {
+			break
+		}
+		if _, err := db.ExecContext(ctx, m.SQL); err != nil {
+			t.Fatalf("%s: %v", m.Name, err)
+		}
+		if _, err := db.ExecContext(ctx, `INSERT INTO idemgate_schema_migrations VALUES (?, ?, 0)`, m.Version, m.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fp := make([]byte, 32)
+	now := time.Now().UnixMilli()
+	for _, r := range []struct{ stored, value string }{
+		{"svc-a\x1f/pkg.S/M|tenant", "outcome of svc-a"},
+		{"/pkg.S/M|tenant", "outcome without a caller"},
+		{"svc-b\x1f/pkg.S/M", "outcome of svc-b"},
+	} {
+		if _, err := db.ExecContext(ctx, `INSERT INTO idemgate_records (scope, idempotency_key, fingerprint, state, attempt_token, epoch,
+			outcome_type_url, outcome_value, retention_ms, lease_expires_at, expires_at, created_at, completed_at)
+			VALUES (?, 'k1', ?, 'completed', 't-old', 1, 'type.googleapis.com/x.Y', ?, 3600000, ?, ?, ?, ?)`,
+			r.stored, fp, []byte(r.value), now, now+3600000, now, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s, err := sqlitestore.Open(ctx, dir)
+	if err != nil {
+		t.Fatalf("Open (migrating): %v", err)
+	}
+	defer s.Close()
+	for _, tc := range []struct{ ns, scope, want string }{
+		{"svc-a", "/pkg.S/M|tenant", "outcome of svc-a"},
+		{"", "/pkg.S/M|tenant", "outcome without a caller"},
+		{"svc-b", "/pkg.S/M", "outcome of svc-b"},
+		{"svc-b", "/pkg.S/M|tenant", "reserved"},
+	} {
+		res, err := s.Begin(ctx, dedupesvc.BeginParams{Namespace: tc.ns, Scope: tc.scope, Key: "k1", Fingerprint: fp, AttemptToken: "t-new", Lease: time.Minute, Retention: time.Hour, UnknownRetention: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := res.State.String()
+		if res.State == dedupesvc.BeginCompleted {
+			got = string(res.Outcome.Value)
+		}
+		if got != tc.want {
+			t.Errorf("after the upgrade, namespace %q scope %q replays %q, want %q", tc.ns, tc.scope, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,41 @@
+package interceptor_test
+
+import (
+	"testing"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
+	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/stacktest"
+)
+
+// TestQuotaExceededIsPreciseAndRetryable: a Begin the Dedupe service refuses
+// for the caller's quota reaches the tool's caller as RESOURCE_EXHAUSTED
+// IDEMPOTENCY_QUOTA_EXCEEDED naming the quota, with the service's RetryInfo,
+// not as the store being down; the handler did not run.
+func TestQuotaExceededIsPreciseAndRetryable(t *testing.T) {
+	t.Parallel()
+	h := setupWith(t, stacktest.Config{DedupeOptions: []dedupesvc.Option{dedupesvc.WithCallerRate(0.001, 1)}})
+	req := &testingv1.MutateRequest{Payload: "charge"}
+	if r := shortLease(withKey("quota-1"), h, req); r.err != nil {
+		t.Fatalf("first call: %v", r.err)
+	}
+	r := shortLease(withKey("quota-2"), h, req)
+	wantStatus(t, r.err, codes.ResourceExhausted, interceptor.ReasonQuotaExceeded)
+	if d, ok := grpcerr.RetryDelay(r.err); !ok || d <= 0 {
+		t.Fatalf("RetryInfo = %v, %v; want the Dedupe service's delay", d, ok)
+	}
+	for _, d := range status.Convert(r.err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetMetadata()["quota"] != dedupesvc.QuotaRate {
+			t.Fatalf("ErrorInfo metadata %v; want quota rate", info.GetMetadata())
+		}
+	}
+	if got := h.svc.Executions(); got != 1 {
+		t.Fatalf("%d executions, want only the first call's", got)
+	}
+}
