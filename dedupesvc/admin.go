@@ -170,6 +170,9 @@ func (a *AdminServer) ResolveRecord(ctx context.Context, req *idemgatev1.Resolve
 	switch r := req.GetResolution().(type) {
 	case *idemgatev1.ResolveRecordRequest_Complete:
 		outcome, err := a.service.validOutcome("complete", r.Complete)
+		if err == nil {
+			outcome, err = a.service.sealOutcome(id, outcome)
+		}
 		if err != nil {
 			return nil, err
 		}

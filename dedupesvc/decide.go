@@ -138,7 +138,7 @@ func RefusedResolve(r Record, found bool, now time.Time, p ResolveParams) error 
 	switch {
 	case !found || !r.ExpiresAt.After(now):
 		return ErrRecordNotFound
-	case p.Complete != nil && r.State == StateCompleted && r.Outcome.TypeURL == p.Complete.TypeURL && bytes.Equal(r.Outcome.Value, p.Complete.Value):
+	case p.Complete != nil && r.State == StateCompleted && r.Outcome.TypeURL == p.Complete.TypeURL && r.Outcome.KeyID == p.Complete.KeyID && bytes.Equal(r.Outcome.Value, p.Complete.Value):
 		return nil
 	case p.Complete == nil && r.State == StateReleased:
 		return nil

@@ -30,6 +30,7 @@ type options struct {
 	maxRetention     time.Duration
 	maxWaiters       int
 	maxCallerWaiters int
+	cipher           *OutcomeCipher
 }
 
 var defaultOptions = options{
@@ -152,4 +153,13 @@ func WithPollInterval(d time.Duration) Option {
 // absent and the sweeper deletes it with a warning. Defaults to 7 days.
 func WithUnknownRetention(d time.Duration) Option {
 	return func(o *options) { o.unknownRetention = d }
+}
+
+// WithOutcomeCipher seals the outcomes Finish, Resolve and the admin
+// ResolveRecord store, and opens them for Begin's replay (see
+// OutcomeCipher). Records stored without a key id (before encryption was
+// turned on) replay as stored. The type URL stays plaintext. Defaults to
+// nil: outcomes are stored as received.
+func WithOutcomeCipher(c *OutcomeCipher) Option {
+	return func(o *options) { o.cipher = c }
 }

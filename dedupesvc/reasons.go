@@ -26,6 +26,14 @@ const (
 	// quota adds RetryInfo (when a token is free). Records and bytes free up
 	// only as the caller's records expire and are swept: no RetryInfo.
 	ReasonQuotaExceeded = "DEDUPE_QUOTA_EXCEEDED"
+	// ReasonOutcomeUnreadable: Begin found a completed record whose sealed
+	// outcome cannot be opened: its key id is not in the outcome keys file
+	// (-outcome-keys-file: removed too early, or encryption turned off), or
+	// the stored bytes do not open for this record (damaged, or copied from
+	// another row); INTERNAL, logged. The record is never taken for absent,
+	// which would run the side effect again: restore the key, or settle the
+	// key by hand.
+	ReasonOutcomeUnreadable = "DEDUPE_OUTCOME_UNREADABLE"
 	// ReasonStoreUnavailable: the database failed or could not be reached;
 	// UNAVAILABLE with RetryInfo. Every Dedupe RPC is safe to retry.
 	ReasonStoreUnavailable = "DEDUPE_STORE_UNAVAILABLE"

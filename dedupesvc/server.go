@@ -216,8 +216,12 @@ func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 			LeaseExpiresAt: timestamppb.New(res.LeaseExpiresAt),
 		}}}, nil
 	case BeginCompleted:
+		value, err := s.openOutcome(ctx, params.ID(), res.Outcome)
+		if err != nil {
+			return nil, err
+		}
 		return &idemgatev1.BeginResponse{Result: &idemgatev1.BeginResponse_Completed_{Completed: &idemgatev1.BeginResponse_Completed{
-			Outcome:     &anypb.Any{TypeUrl: res.Outcome.TypeURL, Value: res.Outcome.Value},
+			Outcome:     &anypb.Any{TypeUrl: res.Outcome.TypeURL, Value: value},
 			CompletedAt: timestamppb.New(res.CompletedAt),
 			ExpiresAt:   timestamppb.New(res.ExpiresAt),
 		}}}, nil
@@ -258,6 +262,9 @@ func (s *Server) finish(ctx context.Context, req *idemgatev1.FinishRequest) (*id
 	}
 	outcome, err := s.validOutcome("outcome", req.GetOutcome())
 	if err != nil {
+		return nil, err
+	}
+	if outcome, err = s.sealOutcome(RecordID{Namespace: ns, Scope: req.GetScope(), Key: req.GetKey()}, outcome); err != nil {
 		return nil, err
 	}
 	err = s.store.Finish(ctx, FinishParams{
@@ -367,6 +374,9 @@ func (s *Server) resolve(ctx context.Context, req *idemgatev1.ResolveRequest) (*
 	switch r := req.GetResolution().(type) {
 	case *idemgatev1.ResolveRequest_Complete:
 		outcome, err := s.validOutcome("complete", r.Complete)
+		if err == nil {
+			outcome, err = s.sealOutcome(params.ID(), outcome)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -432,6 +442,42 @@ func (s *Server) validOutcome(field string, outcome *anypb.Any) (Outcome, error)
 		value = []byte{} // an empty message is a stored outcome, not a missing one
 	}
 	return Outcome{TypeURL: outcome.GetTypeUrl(), Value: value}, nil
+}
+
+// sealOutcome seals a validated outcome of record id with the service's
+// cipher, if it has one; the size limit was checked on the plaintext.
+func (s *Server) sealOutcome(id RecordID, outcome Outcome) (Outcome, error) {
+	if s.opts.cipher == nil {
+		return outcome, nil
+	}
+	keyID, sealed, err := s.opts.cipher.Seal(OutcomeAAD(id, outcome.TypeURL), outcome.Value)
+	if err != nil {
+		return Outcome{}, status.Errorf(codes.Internal, "dedupesvc: seal the outcome: %v", err)
+	}
+	return Outcome{TypeURL: outcome.TypeURL, Value: sealed, KeyID: keyID}, nil
+}
+
+// openOutcome returns the value of record id's stored outcome: as stored
+// when it has no key id, else opened with the service's cipher. One that
+// cannot be opened is INTERNAL DEDUPE_OUTCOME_UNREADABLE, never taken for
+// absent: that would run the side effect again.
+func (s *Server) openOutcome(ctx context.Context, id RecordID, outcome Outcome) ([]byte, error) {
+	if outcome.KeyID == "" {
+		return outcome.Value, nil
+	}
+	err := fmt.Errorf("dedupesvc: outcome sealed under key %q but no -outcome-keys-file is loaded", outcome.KeyID)
+	if s.opts.cipher != nil {
+		var value []byte
+		if value, err = s.opts.cipher.Open(outcome.KeyID, OutcomeAAD(id, outcome.TypeURL), outcome.Value); err == nil {
+			return value, nil
+		}
+	}
+	s.opts.logger.ErrorContext(ctx, "stored outcome cannot be opened; its duplicates fail until the key is restored or the key settled by hand",
+		slog.String("namespace", id.Namespace), slog.String("scope", id.Scope), slog.String("key", id.Key),
+		slog.String("outcome_key_id", outcome.KeyID), slog.Any("error", err))
+	return nil, grpcerr.New(codes.Internal, ReasonOutcomeUnreadable,
+		"the stored outcome of this key cannot be decrypted (its key is not in the service's keys file, or the record is damaged); nothing ran, and nothing will until an operator restores the key",
+		map[string]string{"outcome_key_id": outcome.KeyID}, 0)
 }
 
 func validateRecordID(scope, key, token string) error {

@@ -214,8 +214,12 @@ type BeginResult struct {
 type Outcome struct {
 	// TypeURL is the Any's type URL.
 	TypeURL string
-	// Value is the Any's serialized message.
+	// Value is the Any's serialized message, or, with KeyID set, the sealed
+	// envelope of it (OutcomeCipher).
 	Value []byte
+	// KeyID is the id of the key Value is sealed under (the column
+	// outcome_key_id); empty, the default, for a plaintext Value.
+	KeyID string
 }
 
 // FinishParams are the inputs of Store.Finish.

@@ -75,10 +75,10 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	for _, opt := range opts {
 		opt(s)
 	}
-	s.finishSQL = s.announced(finishSQL, 8)
+	s.finishSQL = s.announced(finishSQL, 9)
 	s.releaseSQL = s.announced(releaseSQL, 6)
 	s.releaseUnknownSQL = s.announced(releaseUnknownSQL, 7)
-	s.resolveCompleteSQL = s.announced(resolveCompleteSQL, 6)
+	s.resolveCompleteSQL = s.announced(resolveCompleteSQL, 7)
 	s.resolveReleaseSQL = s.announced(resolveReleaseSQL, 4)
 	s.markUnknownSQL = s.announced(markUnknownSQL, 6)
 	return s
@@ -220,7 +220,7 @@ func NotifyID(id dedupesvc.RecordID) string {
 // end is the effective one (leaseEnd), and so is its expiry when that is
 // later (inFlightLive).
 var readSQL = `
-SELECT fingerprint, state, attempt_token, epoch, outcome_type_url, outcome_value,
+SELECT fingerprint, state, attempt_token, epoch, outcome_type_url, outcome_value, outcome_key_id,
        CASE WHEN state = 'in_flight' THEN ` + leaseEnd("r") + ` ELSE lease_expires_at END,
        completed_at,
        CASE WHEN state = 'in_flight' THEN greatest(expires_at, ` + leaseEnd("r") + `) ELSE expires_at END,
@@ -256,6 +256,7 @@ ON CONFLICT (namespace, scope, idempotency_key) DO UPDATE SET
     lease_ms = excluded.lease_ms,
     outcome_type_url = NULL,
     outcome_value = NULL,
+    outcome_key_id = NULL,
     lease_expires_at = excluded.lease_expires_at,
     expires_at = excluded.expires_at,
     created_at = now(),
@@ -354,10 +355,11 @@ func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (record, bool, 
 	var (
 		row         record
 		typeURL     *string
+		keyID       *string
 		completedAt *time.Time
 	)
 	err := s.noted(ctx, s.pool.QueryRow(ctx, readSQL, id.Scope, id.Key, id.Namespace).Scan(
-		&row.Fingerprint, &row.State, &row.AttemptToken, &row.Epoch, &typeURL, &row.Outcome.Value,
+		&row.Fingerprint, &row.State, &row.AttemptToken, &row.Epoch, &typeURL, &row.Outcome.Value, &keyID,
 		&row.LeaseExpiresAt, &completedAt, &row.ExpiresAt, &row.now))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -367,6 +369,9 @@ func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (record, bool, 
 	}
 	if typeURL != nil {
 		row.Outcome.TypeURL = *typeURL
+	}
+	if keyID != nil {
+		row.Outcome.KeyID = *keyID
 	}
 	if completedAt != nil {
 		row.CompletedAt = *completedAt
@@ -379,18 +384,20 @@ func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (record, bool, 
 // settles it), and restarts the retention from now.
 var finishSQL = `
 UPDATE idemgate_records
-` + completeSet(5, 6) + `
+` + completeSet(5, 6, 8) + `
 WHERE namespace = $7 AND scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
   AND state IN ('in_flight', 'unknown')`
 
-// completeSet is the SET clause that stores an outcome, its type URL and
-// value taken from parameters $typeURL and $value, and restarts the retention.
-func completeSet(typeURL, value int) string {
+// completeSet is the SET clause that stores an outcome, its type URL, value
+// and key id taken from parameters $typeURL, $value and $keyID (NULL for a
+// plaintext value), and restarts the retention.
+func completeSet(typeURL, value, keyID int) string {
 	return fmt.Sprintf(`SET state = 'completed',
     outcome_type_url = $%d,
     outcome_value = $%d,
+    outcome_key_id = $%d,
     completed_at = now(),
-    expires_at = now() + retention_ms * interval '1 millisecond'`, typeURL, value)
+    expires_at = now() + retention_ms * interval '1 millisecond'`, typeURL, value, keyID)
 }
 
 // Finish implements dedupesvc.Store.
@@ -398,7 +405,7 @@ func (s *Store) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
 	if err := s.resume(ctx); err != nil {
 		return err
 	}
-	n, err := s.change(ctx, s.finishSQL, p.ID(), p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Outcome.TypeURL, p.Outcome.Value, p.Namespace)
+	n, err := s.change(ctx, s.finishSQL, p.ID(), p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Outcome.TypeURL, p.Outcome.Value, p.Namespace, keyIDParam(p.Outcome.KeyID))
 	if err != nil {
 		return fmt.Errorf("pgstore: finish: %w", err)
 	}
@@ -520,7 +527,7 @@ WHERE namespace = $%d AND scope = $1 AND idempotency_key = $2 AND expires_at > n
 // disappears.
 var resolveCompleteSQL = `
 UPDATE idemgate_records AS r
-` + completeSet(3, 4) + `,
+` + completeSet(3, 4, 6) + `,
     epoch = epoch + 1` + unknownWhere(5)
 
 var resolveReleaseSQL = `
@@ -537,7 +544,7 @@ func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 		err error
 	)
 	if p.Complete != nil {
-		n, err = s.change(ctx, s.resolveCompleteSQL, p.ID(), p.Scope, p.Key, p.Complete.TypeURL, p.Complete.Value, p.Namespace)
+		n, err = s.change(ctx, s.resolveCompleteSQL, p.ID(), p.Scope, p.Key, p.Complete.TypeURL, p.Complete.Value, p.Namespace, keyIDParam(p.Complete.KeyID))
 	} else {
 		n, err = s.change(ctx, s.resolveReleaseSQL, p.ID(), p.Scope, p.Key, p.Namespace)
 	}
@@ -591,4 +598,13 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.
 		return deleted, unknown, fmt.Errorf("pgstore: delete expired: %w", err)
 	}
 	return deleted, unknown, nil
+}
+
+// keyIDParam is an outcome's key id as a parameter: NULL for a plaintext
+// outcome, so the column tells sealed rows from plaintext ones.
+func keyIDParam(id string) *string {
+	if id == "" {
+		return nil
+	}
+	return &id
 }

@@ -196,7 +196,7 @@ func (s *Store) migrate(ctx context.Context) error {
 // readSQL reads a key's record; an in-flight one's lease end, and its expiry
 // when later, are the effective ones (leaseEnd).
 var readSQL = `
-SELECT fingerprint, state, attempt_token, epoch, outcome_type_url, outcome_value,
+SELECT fingerprint, state, attempt_token, epoch, outcome_type_url, outcome_value, outcome_key_id,
        CASE WHEN state = 'in_flight' THEN ` + leaseEnd("r") + ` ELSE lease_expires_at END,
        completed_at,
        CASE WHEN state = 'in_flight' THEN max(expires_at, ` + leaseEnd("r") + `) ELSE expires_at END
@@ -219,6 +219,7 @@ ON CONFLICT (namespace, scope, idempotency_key) DO UPDATE SET
     lease_ms = excluded.lease_ms,
     outcome_type_url = NULL,
     outcome_value = NULL,
+    outcome_key_id = NULL,
     lease_expires_at = excluded.lease_expires_at,
     expires_at = excluded.expires_at,
     created_at = excluded.created_at,
@@ -294,12 +295,12 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (dedupesvc.Record, bool, error) {
 	var (
 		r                         dedupesvc.Record
-		typeURL                   sql.NullString
+		typeURL, keyID            sql.NullString
 		completedAt               sql.NullInt64
 		leaseExpiresAt, expiresAt int64
 	)
 	err := s.db.QueryRowContext(ctx, readSQL, id.Namespace, id.Scope, id.Key).Scan(
-		&r.Fingerprint, &r.State, &r.AttemptToken, &r.Epoch, &typeURL, &r.Outcome.Value,
+		&r.Fingerprint, &r.State, &r.AttemptToken, &r.Epoch, &typeURL, &r.Outcome.Value, &keyID,
 		&leaseExpiresAt, &completedAt, &expiresAt)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
@@ -307,7 +308,7 @@ func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (dedupesvc.Reco
 	case err != nil:
 		return dedupesvc.Record{}, false, fmt.Errorf("sqlitestore: read record: %w", err)
 	}
-	r.Outcome.TypeURL = typeURL.String
+	r.Outcome.TypeURL, r.Outcome.KeyID = typeURL.String, keyID.String
 	if r.State == dedupesvc.StateCompleted && r.Outcome.Value == nil {
 		r.Outcome.Value = []byte{}
 	}
@@ -337,7 +338,7 @@ func (s *Store) change(ctx context.Context, id dedupesvc.RecordID, query string,
 
 const finishSQL = `
 UPDATE idemgate_records
-SET state = 'completed', outcome_type_url = :type_url, outcome_value = :value,
+SET state = 'completed', outcome_type_url = :type_url, outcome_value = :value, outcome_key_id = nullif(:key_id, ''),
     completed_at = :now, expires_at = :now + retention_ms
 WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
   AND state IN ('in_flight', 'unknown')`
@@ -349,7 +350,7 @@ func (s *Store) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
 		value = []byte{}
 	}
 	n, err := s.change(ctx, p.ID(), finishSQL,
-		sql.Named("type_url", p.Outcome.TypeURL), sql.Named("value", value), sql.Named("now", s.now().UnixMilli()),
+		sql.Named("type_url", p.Outcome.TypeURL), sql.Named("value", value), sql.Named("key_id", p.Outcome.KeyID), sql.Named("now", s.now().UnixMilli()),
 		sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch))
 	if err != nil {
 		return fmt.Errorf("sqlitestore: finish: %w", err)
@@ -440,7 +441,7 @@ WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND expires_
 // or Heartbeat gets ErrNotHeld instead of passing for a retry.
 var resolveCompleteSQL = `
 UPDATE idemgate_records
-SET state = 'completed', outcome_type_url = :type_url, outcome_value = :value,
+SET state = 'completed', outcome_type_url = :type_url, outcome_value = :value, outcome_key_id = nullif(:key_id, ''),
     completed_at = :now, expires_at = :now + retention_ms, epoch = epoch + 1` + unknownWhere
 
 var resolveReleaseSQL = `
@@ -457,7 +458,7 @@ func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 			value = []byte{}
 		}
 		query = resolveCompleteSQL
-		args = append(args, sql.Named("type_url", p.Complete.TypeURL), sql.Named("value", value))
+		args = append(args, sql.Named("type_url", p.Complete.TypeURL), sql.Named("value", value), sql.Named("key_id", p.Complete.KeyID))
 	}
 	n, err := s.change(ctx, p.ID(), query, args...)
 	if err != nil {

@@ -182,6 +182,15 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 	if b.notifier != nil {
 		serverOpts = append(serverOpts, dedupesvc.WithNotifier(b.notifier))
 	}
+	cipher, err := outcomeCipher(cfg.OutcomeKeysFile)
+	if err != nil {
+		return err
+	}
+	if cipher != nil {
+		serverOpts = append(serverOpts, dedupesvc.WithOutcomeCipher(cipher))
+		logger.Info("stored outcomes are encrypted", slog.String("path", cfg.OutcomeKeysFile), slog.String("active_key_id", cipher.ActiveKeyID()))
+		backgroundDone.Go(func() { watchOutcomeKeysFile(background, cfg.OutcomeKeysFile, cipher, logger) })
+	}
 	if b.run != nil {
 		backgroundDone.Go(func() { b.run(background) })
 	}

@@ -101,6 +101,12 @@ type Config struct {
 	// TokenFile lists accepted bearer tokens, one "name client|admin secret"
 	// a line. Defaults to empty (IDEMGATE_TOKEN_FILE).
 	TokenFile string
+	// OutcomeKeysFile turns on encryption of stored outcomes: one key a
+	// line, "id base64(32 bytes)"; the last line's key seals new outcomes,
+	// the others only open older ones (dedupesvc.ReadOutcomeKeys). It must
+	// be readable by the service's user only. Reloaded on SIGHUP. Defaults
+	// to empty: outcomes are stored as received (IDEMGATE_OUTCOME_KEYS_FILE).
+	OutcomeKeysFile string
 	// AdminIdentities are the certificate identities allowed the admin RPCs.
 	// Defaults to none (IDEMGATE_ADMIN_IDENTITIES, comma-separated).
 	AdminIdentities []string
@@ -296,6 +302,7 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 	fs.StringVar(&cfg.TLSKey, "tls-key", env("IDEMGATE_TLS_KEY", ""), "server key `file` (PEM) (env IDEMGATE_TLS_KEY)")
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", env("IDEMGATE_TLS_CLIENT_CA", ""), "CA `file` (PEM) of accepted client certificates: mutual TLS (env IDEMGATE_TLS_CLIENT_CA)")
 	fs.StringVar(&cfg.TokenFile, "token-file", env("IDEMGATE_TOKEN_FILE", ""), "`file` of accepted bearer tokens, \"name client|admin secret\" per line (env IDEMGATE_TOKEN_FILE)")
+	fs.StringVar(&cfg.OutcomeKeysFile, "outcome-keys-file", env("IDEMGATE_OUTCOME_KEYS_FILE", ""), "`file` of keys that encrypt stored outcomes, \"id base64-32-bytes\" per line, the last one sealing; reloaded on SIGHUP; empty stores outcomes as received (env IDEMGATE_OUTCOME_KEYS_FILE)")
 	admins := fs.String("admin-identities", env("IDEMGATE_ADMIN_IDENTITIES", ""), "comma-separated certificate identities allowed the admin RPCs (env IDEMGATE_ADMIN_IDENTITIES)")
 	fs.BoolVar(&cfg.InsecurePlaintext, "insecure-plaintext", boolEnv("IDEMGATE_INSECURE_PLAINTEXT", false), "allow plaintext on an address that is not loopback (env IDEMGATE_INSECURE_PLAINTEXT)")
 	fs.BoolVar(&cfg.Reflection, "reflection", boolEnv("IDEMGATE_REFLECTION", false), "serve gRPC server reflection (env IDEMGATE_REFLECTION)")

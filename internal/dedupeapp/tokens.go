@@ -26,7 +26,7 @@ func readTokenFile(path string) ([]auth.Token, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read -token-file: %w", err)
 	}
-	if err := privateFile(path, fi); err != nil {
+	if err := privateFile("-token-file", path, "every caller's secret", fi); err != nil {
 		return nil, err
 	}
 	tokens, err := auth.ReadTokens(f)
@@ -36,12 +36,14 @@ func readTokenFile(path string) ([]auth.Token, error) {
 	return tokens, nil
 }
 
-func privateFile(path string, fi fs.FileInfo) error {
+// privateFile refuses the file at path, given with flag and holding what,
+// when group or others may read or write it.
+func privateFile(flag, path, what string, fi fs.FileInfo) error {
 	if runtime.GOOS == "windows" { // no Unix permission bits to check
 		return nil
 	}
 	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
-		return fmt.Errorf("-token-file %s is open to group or others (mode %#o) and holds every caller's secret: run chmod 600 %s", path, perm, path)
+		return fmt.Errorf("%s %s is open to group or others (mode %#o) and holds %s: run chmod 600 %s", flag, path, perm, what, path)
 	}
 	return nil
 }
@@ -66,6 +68,20 @@ func statFile(path string) (fileState, error) {
 // ctx ends. A file that cannot be used (unreadable, malformed, open to
 // others) is logged as an error and the tokens in force stay.
 func watchTokenFile(ctx context.Context, path string, interval time.Duration, a *auth.Authenticator, logger *slog.Logger) {
+	watchFile(ctx, "token file", path, interval, logger, func() ([]slog.Attr, error) {
+		tokens, err := readTokenFile(path)
+		if err == nil {
+			err = a.SetTokens(tokens)
+		}
+		return []slog.Attr{slog.Int("tokens", len(tokens))}, err
+	})
+}
+
+// watchFile calls reload on SIGHUP and, every interval (when positive),
+// when the file's modification time, size or mode changed, until ctx ends.
+// reload keeps what is in force when it fails; the failure is logged as an
+// error, a success at info with the attributes reload returned.
+func watchFile(ctx context.Context, what, path string, interval time.Duration, logger *slog.Logger, reload func() ([]slog.Attr, error)) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -76,16 +92,17 @@ func watchTokenFile(ctx context.Context, path string, interval time.Duration, a 
 		tick = t.C
 	}
 	last, _ := statFile(path)
-	reload := func(why string) {
-		tokens, err := readTokenFile(path)
-		if err == nil {
-			err = a.SetTokens(tokens)
-		}
+	load := func(why string) {
+		attrs, err := reload()
 		if err != nil {
-			logger.Error("token file not reloaded; the tokens in force stay: "+err.Error(), slog.String("path", path), slog.String("trigger", why))
+			logger.Error(what+" not reloaded; what is in force stays: "+err.Error(), slog.String("path", path), slog.String("trigger", why))
 			return
 		}
-		logger.Info("token file reloaded", slog.String("path", path), slog.String("trigger", why), slog.Int("tokens", len(tokens)))
+		args := []any{slog.String("path", path), slog.String("trigger", why)}
+		for _, a := range attrs {
+			args = append(args, a)
+		}
+		logger.Info(what+" reloaded", args...)
 	}
 	for {
 		select {
@@ -93,18 +110,18 @@ func watchTokenFile(ctx context.Context, path string, interval time.Duration, a 
 			return
 		case <-hup:
 			last, _ = statFile(path)
-			reload("SIGHUP")
+			load("SIGHUP")
 		case <-tick:
 			now, err := statFile(path)
 			if err != nil || now == last {
 				if err != nil && last != (fileState{}) {
-					logger.Error("token file not readable; the tokens in force stay", slog.String("path", path), slog.Any("error", err))
+					logger.Error(what+" not readable; what is in force stays", slog.String("path", path), slog.Any("error", err))
 					last = fileState{}
 				}
 				continue
 			}
 			last = now
-			reload("changed")
+			load("changed")
 		}
 	}
 }
