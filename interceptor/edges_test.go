@@ -528,3 +528,19 @@ func TestSlowBeginAnswerIsRenewedAtOnce(t *testing.T) {
 		t.Fatalf("%d executions, want 1", got)
 	}
 }
+
+func TestUnreadableOutcomeIsNotRetriedAsAnOutage(t *testing.T) {
+	t.Parallel()
+	unreadable := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if method == idemgatev1.DedupeService_Begin_FullMethodName {
+			return grpcerr.New(codes.Internal, dedupesvc.ReasonOutcomeUnreadable, "the outcome was sealed with key k1, which this service does not have", nil, 0)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	h := setupWith(t, stacktest.Config{DedupeClientInterceptor: unreadable})
+	r := h.mutate(withKey("sealed"), &testingv1.MutateRequest{})
+	wantStatus(t, r.err, codes.Internal, interceptor.ReasonStoreRejected)
+	if h.svc.Executions() != 0 || h.Gate.Stats().LostBegins != 0 {
+		t.Fatalf("%d executions, %d lost Begins: an unreadable outcome must neither run the handler nor be taken for a lost answer", h.svc.Executions(), h.Gate.Stats().LostBegins)
+	}
+}

@@ -599,6 +599,11 @@ func (g *Gate) release(ctx context.Context, c call, epoch int64, unknown bool, l
 	})
 }
 
+// reasonDedupeOutcomeUnreadable is the Dedupe service's ErrorInfo reason
+// for a stored outcome sealed with a key it no longer has
+// (dedupesvc.ReasonOutcomeUnreadable).
+const reasonDedupeOutcomeUnreadable = "DEDUPE_OUTCOME_UNREADABLE"
+
 // reasonDedupeOutcomeTooLarge is the Dedupe service's ErrorInfo reason for
 // an outcome over its own size limit (dedupesvc.ReasonOutcomeTooLarge).
 const reasonDedupeOutcomeTooLarge = "DEDUPE_OUTCOME_TOO_LARGE"
@@ -736,11 +741,11 @@ func (g *Gate) trySettle(ctx context.Context, c call, epoch int64, s settlement)
 // refusal, so no reservation can have been made.
 func refused(err error) bool {
 	switch status.Code(err) {
-	case codes.ResourceExhausted:
-		// A quota refusal comes before the store reserves anything.
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied, codes.Unauthenticated, codes.Unimplemented, codes.OutOfRange,
+		codes.ResourceExhausted: // a quota refusal comes before the store reserves anything
 		return true
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied, codes.Unauthenticated, codes.Unimplemented, codes.OutOfRange:
-		return true
+	case codes.Internal:
+		return grpcerr.Reason(err) == reasonDedupeOutcomeUnreadable
 	}
 	return false
 }
@@ -887,6 +892,15 @@ func (g *Gate) beginError(ctx context.Context, err error) error {
 	case codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied, codes.Unauthenticated, codes.Unimplemented, codes.OutOfRange:
 		return grpcerr.New(codes.Internal, ReasonStoreRejected,
 			"the Dedupe service refused the reservation: "+status.Convert(err).Message()+"; the handler did not run", nil, 0)
+	case codes.Internal:
+		if grpcerr.Reason(err) == reasonDedupeOutcomeUnreadable {
+			// Retrying cannot help until an operator restores the key.
+			return grpcerr.New(codes.Internal, ReasonStoreRejected,
+				"the Dedupe service holds this action's outcome but cannot read it ("+status.Convert(err).Message()+"); the handler did not run, and will not until an operator restores the outcome key", nil, 0)
+		}
+		return grpcerr.New(codes.Unavailable, ReasonStoreUnavailable,
+			"the Dedupe service failed, so the call was not run (fail closed); retry with the same idempotency key",
+			nil, g.opts.storeRetry)
 	default:
 		return grpcerr.New(codes.Unavailable, ReasonStoreUnavailable,
 			"the Dedupe service is unavailable, so the call was not run (fail closed); retry with the same idempotency key",
