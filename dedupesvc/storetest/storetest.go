@@ -694,17 +694,19 @@ func testLostOutcome(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 	t.Run("unknown records outlive their retention until the unknown limit", func(t *testing.T) {
 		t.Parallel()
 		s := newStore(t)
-		mustBegin(t, s, begin("crashed", fpA, short, 5*short/2), dedupesvc.BeginReserved)
+		// The record's own retention leaves four leases of room for a starved
+		// scheduler between the lease running out and the duplicate's Begin.
+		mustBegin(t, s, begin("crashed", fpA, short, 6*short), dedupesvc.BeginReserved)
 		time.Sleep(2 * short)
 		p := begin("t2", fpA, long, long)
-		p.UnknownRetention = 10 * short
+		p.UnknownRetention = 14 * short
 		mustBegin(t, s, p, dedupesvc.BeginOutcomeUnknown)
-		time.Sleep(short) // past the record's own retention, well within the unknown limit
+		time.Sleep(5 * short) // past the record's own retention, well within the unknown limit
 		if n, _, err := s.DeleteExpired(ctx, 10); err != nil || n != 0 {
 			t.Fatalf("DeleteExpired = %d, %v; an unresolved unknown record was swept early", n, err)
 		}
 		mustBegin(t, s, begin("t3", fpA, long, long), dedupesvc.BeginOutcomeUnknown)
-		time.Sleep(10 * short)
+		time.Sleep(12 * short)
 		n, unknown, err := s.DeleteExpired(ctx, 10)
 		if err != nil || n != 1 || len(unknown) != 1 || unknown[0].Key != "key-1" {
 			t.Fatalf("DeleteExpired = %d, %v, %v; want the unknown record deleted and reported", n, unknown, err)
