@@ -30,8 +30,14 @@ var concurrencies = []int{1, 64}
 // result line makes benchstat drop the sample.
 var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// quiet are the Gate options of every benchmark.
-var quiet = []interceptor.Option{interceptor.WithLogger(discard)}
+// bench is the stack of every benchmark: quiet, and with no Begin rate
+// limit at the Dedupe service (its default of 500 a second would refuse
+// the concurrent rows).
+func bench(cfg stacktest.Config) stacktest.Config {
+	cfg.GateOptions = append(cfg.GateOptions, interceptor.WithLogger(discard))
+	cfg.DedupeOptions = append(cfg.DedupeOptions, dedupesvc.WithCallerRate(0, 0))
+	return cfg
+}
 
 // benchSeq numbers operations across every round of every benchmark: b.Run
 // calls a benchmark several times while it sizes b.N, and a fresh-key
@@ -63,7 +69,7 @@ func parallel(b *testing.B, c int, op func(n int64) error) {
 }
 
 func BenchmarkUngatedCall(b *testing.B) {
-	h := setup(b, quiet...)
+	h := setupWith(b, bench(stacktest.Config{}))
 	req := &testingv1.MutateRequest{Payload: "read"}
 	for _, c := range concurrencies {
 		b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) {
@@ -76,7 +82,7 @@ func BenchmarkUngatedCall(b *testing.B) {
 }
 
 func BenchmarkGatedFreshKey(b *testing.B) {
-	benchmarkFreshKey(b, setup(b, quiet...), "fresh")
+	benchmarkFreshKey(b, setupWith(b, bench(stacktest.Config{})), "fresh")
 }
 
 func benchmarkFreshKey(b *testing.B, h *harness, prefix string) {
@@ -94,7 +100,7 @@ func benchmarkFreshKey(b *testing.B, h *harness, prefix string) {
 }
 
 func BenchmarkGatedReplay(b *testing.B) {
-	benchmarkReplay(b, setup(b, quiet...), "replayed")
+	benchmarkReplay(b, setupWith(b, bench(stacktest.Config{})), "replayed")
 }
 
 func benchmarkReplay(b *testing.B, h *harness, key string) {
@@ -116,7 +122,7 @@ func benchmarkReplay(b *testing.B, h *harness, key string) {
 // BenchmarkSQLFloor runs the store's Begin and Finish statements directly on
 // pgx, with no gRPC: the floor a gated fresh-key call cannot go below.
 func BenchmarkSQLFloor(b *testing.B) {
-	benchmarkStoreFloor(b, setup(b, quiet...).Store)
+	benchmarkStoreFloor(b, setupWith(b, bench(stacktest.Config{})).Store)
 }
 
 // BenchmarkEmbeddedStoreFloor is the same on the embedded SQLite store.
@@ -159,7 +165,7 @@ func BenchmarkPoolSize(b *testing.B) {
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	for _, conns := range []int32{4, 8, 16, 32} {
 		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) {
-			h := setupWith(b, stacktest.Config{PoolMaxConns: conns, GateOptions: quiet})
+			h := setupWith(b, bench(stacktest.Config{PoolMaxConns: conns}))
 			parallel(b, 64, func(n int64) error {
 				ctx := metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, fmt.Sprintf("pool-%s-%d-%d", run, conns, n))
 				_, err := h.client.Mutate(ctx, req)
@@ -172,11 +178,17 @@ func BenchmarkPoolSize(b *testing.B) {
 // BenchmarkGatedFreshKeyInProcess is GatedFreshKey with the gate calling
 // the Dedupe service in-process (dedupesvc.NewInProcessClient).
 func BenchmarkGatedFreshKeyInProcess(b *testing.B) {
-	benchmarkFreshKey(b, setupWith(b, stacktest.Config{InProcessDedupe: true, GateOptions: quiet}), "fresh-inproc")
+	benchmarkFreshKey(b, setupWith(b, bench(stacktest.Config{InProcessDedupe: true})), "fresh-inproc")
 }
 
 // BenchmarkGatedReplayInProcess is GatedReplay through the in-process
 // client.
 func BenchmarkGatedReplayInProcess(b *testing.B) {
-	benchmarkReplay(b, setupWith(b, stacktest.Config{InProcessDedupe: true, GateOptions: quiet}), "replayed-inproc")
+	benchmarkReplay(b, setupWith(b, bench(stacktest.Config{InProcessDedupe: true})), "replayed-inproc")
+}
+
+// BenchmarkGatedReplayCached is GatedReplay with the replay cache on: a
+// duplicate is answered by the tool server alone.
+func BenchmarkGatedReplayCached(b *testing.B) {
+	benchmarkReplay(b, setupWith(b, bench(stacktest.Config{GateOptions: []interceptor.Option{interceptor.WithReplayCache(1024, 1<<20)}})), "replayed-cached")
 }
