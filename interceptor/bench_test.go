@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"io"
+	"log/slog"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/stacktest"
 )
 
 // The benchmarks run the whole stack on this machine: a client, the gated
@@ -22,6 +25,19 @@ import (
 // them as ratios within one run (make bench), never as absolute times.
 
 var concurrencies = []int{1, 64}
+
+// discard is the benchmarks' logger: a log line printed into a benchmark's
+// result line makes benchstat drop the sample.
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// bench is the stack of every benchmark: quiet, and with no Begin rate
+// limit at the Dedupe service (its default of 500 a second would refuse
+// the concurrent rows).
+func bench(cfg stacktest.Config) stacktest.Config {
+	cfg.GateOptions = append(cfg.GateOptions, interceptor.WithLogger(discard))
+	cfg.DedupeOptions = append(cfg.DedupeOptions, dedupesvc.WithCallerRate(0, 0))
+	return cfg
+}
 
 // benchSeq numbers operations across every round of every benchmark: b.Run
 // calls a benchmark several times while it sizes b.N, and a fresh-key
@@ -53,7 +69,7 @@ func parallel(b *testing.B, c int, op func(n int64) error) {
 }
 
 func BenchmarkUngatedCall(b *testing.B) {
-	h := setup(b)
+	h := setupWith(b, bench(stacktest.Config{}))
 	req := &testingv1.MutateRequest{Payload: "read"}
 	for _, c := range concurrencies {
 		b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) {
@@ -66,13 +82,16 @@ func BenchmarkUngatedCall(b *testing.B) {
 }
 
 func BenchmarkGatedFreshKey(b *testing.B) {
-	h := setup(b)
+	benchmarkFreshKey(b, setupWith(b, bench(stacktest.Config{})), "fresh")
+}
+
+func benchmarkFreshKey(b *testing.B, h *harness, prefix string) {
 	req := &testingv1.MutateRequest{Payload: "charge"}
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	for _, c := range concurrencies {
 		b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) {
 			parallel(b, c, func(n int64) error {
-				ctx := metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, fmt.Sprintf("fresh-%s-%d-%d", run, c, n))
+				ctx := metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, fmt.Sprintf("%s-%s-%d-%d", prefix, run, c, n))
 				_, err := h.client.Mutate(ctx, req)
 				return err
 			})
@@ -81,9 +100,12 @@ func BenchmarkGatedFreshKey(b *testing.B) {
 }
 
 func BenchmarkGatedReplay(b *testing.B) {
-	h := setup(b)
+	benchmarkReplay(b, setupWith(b, bench(stacktest.Config{})), "replayed")
+}
+
+func benchmarkReplay(b *testing.B, h *harness, key string) {
 	req := &testingv1.MutateRequest{Payload: "charge"}
-	ctx := metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, "replayed-key")
+	ctx := metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, key)
 	if _, err := h.client.Mutate(ctx, req); err != nil {
 		b.Fatal(err)
 	}
@@ -100,7 +122,7 @@ func BenchmarkGatedReplay(b *testing.B) {
 // BenchmarkSQLFloor runs the store's Begin and Finish statements directly on
 // pgx, with no gRPC: the floor a gated fresh-key call cannot go below.
 func BenchmarkSQLFloor(b *testing.B) {
-	benchmarkStoreFloor(b, setup(b).Store)
+	benchmarkStoreFloor(b, setupWith(b, bench(stacktest.Config{})).Store)
 }
 
 // BenchmarkEmbeddedStoreFloor is the same on the embedded SQLite store.
@@ -133,4 +155,40 @@ func benchmarkStoreFloor(b *testing.B, store dedupesvc.Store) {
 			})
 		})
 	}
+}
+
+// BenchmarkPoolSize is GatedFreshKey with 64 callers and the Dedupe
+// service's connection pool at each size: it chose dedupeapp's default
+// -db-max-conns.
+func BenchmarkPoolSize(b *testing.B) {
+	req := &testingv1.MutateRequest{Payload: "charge"}
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	for _, conns := range []int32{4, 8, 16, 32} {
+		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) {
+			h := setupWith(b, bench(stacktest.Config{PoolMaxConns: conns}))
+			parallel(b, 64, func(n int64) error {
+				ctx := metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, fmt.Sprintf("pool-%s-%d-%d", run, conns, n))
+				_, err := h.client.Mutate(ctx, req)
+				return err
+			})
+		})
+	}
+}
+
+// BenchmarkGatedFreshKeyInProcess is GatedFreshKey with the gate calling
+// the Dedupe service in-process (dedupesvc.NewInProcessClient).
+func BenchmarkGatedFreshKeyInProcess(b *testing.B) {
+	benchmarkFreshKey(b, setupWith(b, bench(stacktest.Config{InProcessDedupe: true})), "fresh-inproc")
+}
+
+// BenchmarkGatedReplayInProcess is GatedReplay through the in-process
+// client.
+func BenchmarkGatedReplayInProcess(b *testing.B) {
+	benchmarkReplay(b, setupWith(b, bench(stacktest.Config{InProcessDedupe: true})), "replayed-inproc")
+}
+
+// BenchmarkGatedReplayCached is GatedReplay with the replay cache on: a
+// duplicate is answered by the tool server alone.
+func BenchmarkGatedReplayCached(b *testing.B) {
+	benchmarkReplay(b, setupWith(b, bench(stacktest.Config{GateOptions: []interceptor.Option{interceptor.WithReplayCache(1024, 1<<20)}})), "replayed-cached")
 }

@@ -82,6 +82,8 @@ type Gate struct {
 	// lostBegins bounds how many lost Begins are followed up at once, so an
 	// outage does not pile up a goroutine per refused call.
 	lostBegins chan struct{}
+	// replays is the replay cache (WithReplayCache), nil when off.
+	replays *replayCache
 }
 
 // maxLostBeginFollowUps bounds the lost Begins followed up at once; past it
@@ -121,7 +123,8 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 	}
 	backgroundCtx, stopBackground := context.WithCancel(context.Background())
 	return &Gate{dedupe: dedupe, methods: r.gated, unclassified: r.unclassified, services: r.services, opts: o, metrics: metrics,
-		backgroundCtx: backgroundCtx, stopBackground: stopBackground, lostBegins: make(chan struct{}, maxLostBeginFollowUps)}, nil
+		backgroundCtx: backgroundCtx, stopBackground: stopBackground, lostBegins: make(chan struct{}, maxLostBeginFollowUps),
+		replays: newReplayCache(o.replayEntries, o.replayBytes, o.replayTTL)}, nil
 }
 
 // ServiceInfoProvider lists the services registered on a gRPC server;
@@ -247,6 +250,8 @@ type call struct {
 	token      string
 	// begin is the call's Begin request.
 	begin *idemgatev1.BeginRequest
+	// retention is how long the record is kept once completed.
+	retention time.Duration
 }
 
 // maxReconcileRounds bounds Begin after a reconciler settled a record: the
@@ -294,6 +299,18 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 		OnLostOutcome: m.policy.OnLostOutcome,
 		MaxWait:       durationpb.New(m.policy.MaxWait),
 	}
+	c.retention = retention
+	if g.replays != nil {
+		if stored, ok := g.replays.get(c.scope, key, fingerprint); ok {
+			g.event(c, eventReplayCacheHit)
+			resp, err, replayed := g.replay(ctx, m, stored)
+			if replayed {
+				*outcome = outcomeReplayed
+			}
+			return resp, err
+		}
+		g.event(c, eventReplayCacheMiss)
+	}
 
 	for round := 0; ; round++ {
 		beginCtx, cancel := context.WithTimeout(ctx, g.opts.dedupeTimeout+m.policy.MaxWait)
@@ -317,6 +334,9 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 			resp, err, replayed := g.replay(ctx, m, result.Completed.GetOutcome())
 			if replayed {
 				*outcome = outcomeReplayed // a response, or a stored final error
+				if g.replays != nil {
+					g.replays.put(c.scope, key, fingerprint, result.Completed.GetOutcome(), result.Completed.GetExpiresAt().AsTime())
+				}
 			}
 			return resp, err
 		case *idemgatev1.BeginResponse_InFlight_:
@@ -621,10 +641,16 @@ func (g *Gate) finish(ctx context.Context, c call, epoch int64, outcome *anypb.A
 	return g.settle(ctx, c, epoch, lease, settlement{
 		rpc: "Finish",
 		call: func(ctx context.Context) error {
+			// The record expires retention after the service stored it,
+			// so after this by the service's clock.
+			sent := time.Now()
 			_, err := g.dedupe.Finish(ctx, req)
 			if grpcerr.Reason(err) == reasonDedupeOutcomeTooLarge && req.GetOutcome().MessageName() != tooLargeName {
 				req.Outcome = g.boundedOutcome(ctx, c, outcome, 0)
 				_, err = g.dedupe.Finish(ctx, req)
+			}
+			if err == nil && g.replays != nil {
+				g.replays.put(c.scope, c.key, c.begin.GetFingerprint(), req.GetOutcome(), sent.Add(c.retention))
 			}
 			return err
 		},

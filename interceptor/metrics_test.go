@@ -44,7 +44,7 @@ idemgate_interceptor_calls_total{method="/idemgate.testing.v1.TestService/Mutate
 idemgate_interceptor_calls_total{method="/idemgate.testing.v1.TestService/Mutate",outcome="key_reused"} 1
 idemgate_interceptor_calls_total{method="/idemgate.testing.v1.TestService/Mutate",outcome="replayed"} 2
 idemgate_interceptor_calls_total{method="/idemgate.testing.v1.TestService/Mutate",outcome="result_too_large"} 1
-# HELP idemgate_interceptor_events_total Events the caller does not see, by method: fenced, finish_retry, outcome_lost, release_retry, release_failure, heartbeat_failure, reconciled, result_too_large, begin_lost.
+# HELP idemgate_interceptor_events_total Events the caller does not see, by method: fenced, finish_retry, outcome_lost, release_retry, release_failure, heartbeat_failure, reconciled, result_too_large, begin_lost, replay_cache_hit, replay_cache_miss.
 # TYPE idemgate_interceptor_events_total counter
 idemgate_interceptor_events_total{event="result_too_large",method="/idemgate.testing.v1.TestService/Mutate"} 1
 `

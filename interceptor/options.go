@@ -40,6 +40,9 @@ type options struct {
 	strictServices []string
 	maxOutcome     int
 	registerer     prometheus.Registerer
+	// replayEntries and replayBytes bound the replay cache; 0 turns it off.
+	replayEntries, replayBytes int
+	replayTTL                  time.Duration
 }
 
 var defaultOptions = options{
@@ -53,6 +56,7 @@ var defaultOptions = options{
 	outcomeTimeout: 5 * time.Second,
 	finishBudget:   time.Minute,
 	maxOutcome:     DefaultMaxOutcomeBytes,
+	replayTTL:      DefaultReplayCacheTTL,
 }
 
 // DefaultMaxOutcomeBytes is the largest serialized outcome stored for replay
@@ -172,4 +176,31 @@ func WithInFlightRetryAfter(d time.Duration) Option {
 // IDEMPOTENCY_STORE_UNAVAILABLE. Defaults to 1s.
 func WithStoreRetryAfter(d time.Duration) Option {
 	return func(o *options) { o.storeRetry = d }
+}
+
+// WithReplayCache keeps the outcomes of completed calls in memory, at most
+// maxEntries of them and about maxBytes in all (least recently used out
+// first), so a duplicate whose request has the same fingerprint is replayed
+// without a round trip to the Dedupe service: the same bytes, the
+// idempotency-replayed header and the stored metadata, as a replay through
+// the service. A duplicate with another fingerprint still asks the service
+// (IDEMPOTENCY_KEY_REUSED). An outcome is cached when its Finish succeeded
+// and when Begin answered it completed.
+//
+// A cached outcome is served until the earlier of WithReplayCacheTTL and its
+// record's expiry less ReplayCacheClockMargin, by this process's clock.
+// Until then the service is not asked, so what changes there is not seen
+// by this replica: a record an operator resolved or rewrote, deleted, or
+// that another replica's caller saw expire and run again, is still
+// answered with the cached outcome here for up to the TTL. Keep the TTL
+// below how quickly such a change must show. Off by default.
+func WithReplayCache(maxEntries, maxBytes int) Option {
+	return func(o *options) { o.replayEntries, o.replayBytes = maxEntries, maxBytes }
+}
+
+// WithReplayCacheTTL bounds how long an outcome is served from the replay
+// cache (WithReplayCache); it is never served past its record's expiry
+// either. Defaults to DefaultReplayCacheTTL, 1m.
+func WithReplayCacheTTL(d time.Duration) Option {
+	return func(o *options) { o.replayTTL = d }
 }

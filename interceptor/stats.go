@@ -45,6 +45,12 @@ type Stats struct {
 	// in the background and a reservation it made is released, so a handler
 	// that never ran does not leave its key blocked.
 	LostBegins int64
+	// ReplayCacheHits counts duplicates answered from the replay cache
+	// (WithReplayCache) without a Dedupe call.
+	ReplayCacheHits int64
+	// ReplayCacheMisses counts gated calls the replay cache could not answer
+	// (no entry, an expired one, or another fingerprint).
+	ReplayCacheMisses int64
 }
 
 // Event labels of idemgate_interceptor_events_total, one per Stats field.
@@ -58,6 +64,8 @@ const (
 	eventReconciled       = "reconciled"
 	eventResultTooLarge   = "result_too_large"
 	eventBeginLost        = "begin_lost"
+	eventReplayCacheHit   = "replay_cache_hit"
+	eventReplayCacheMiss  = "replay_cache_miss"
 )
 
 // Outcome labels of idemgate_interceptor_calls_total that no error reason
@@ -69,6 +77,7 @@ const (
 
 type counters struct {
 	fenced, finishRetries, outcomesLost, releaseRetries, releaseFailures, heartbeatFailures, reconciled, tooLarge, lostBegins atomic.Int64
+	replayCacheHits, replayCacheMisses                                                                                        atomic.Int64
 }
 
 func (c *counters) of(event string) *atomic.Int64 {
@@ -89,6 +98,10 @@ func (c *counters) of(event string) *atomic.Int64 {
 		return &c.reconciled
 	case eventBeginLost:
 		return &c.lostBegins
+	case eventReplayCacheHit:
+		return &c.replayCacheHits
+	case eventReplayCacheMiss:
+		return &c.replayCacheMisses
 	default:
 		return &c.tooLarge
 	}
@@ -106,6 +119,8 @@ func (g *Gate) Stats() Stats {
 		Reconciled:        g.counts.reconciled.Load(),
 		TooLarge:          g.counts.tooLarge.Load(),
 		LostBegins:        g.counts.lostBegins.Load(),
+		ReplayCacheHits:   g.counts.replayCacheHits.Load(),
+		ReplayCacheMisses: g.counts.replayCacheMisses.Load(),
 	}
 }
 
@@ -126,7 +141,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"method", "outcome"}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemgate_interceptor_events_total",
-			Help: "Events the caller does not see, by method: fenced, finish_retry, outcome_lost, release_retry, release_failure, heartbeat_failure, reconciled, result_too_large, begin_lost.",
+			Help: "Events the caller does not see, by method: fenced, finish_retry, outcome_lost, release_retry, release_failure, heartbeat_failure, reconciled, result_too_large, begin_lost, replay_cache_hit, replay_cache_miss.",
 		}, []string{"method", "event"}),
 	}
 	for _, vec := range []**prometheus.CounterVec{&m.calls, &m.events} {

@@ -44,13 +44,14 @@ import (
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 )
 
-// OpenPool connects to cfg.DatabaseURL with the configured pool size and
-// checks the connection.
+// OpenPool connects to cfg.DatabaseURL with the configured pool size
+// (DefaultDBMaxConns when cfg.MaxConns is 0) and checks the connection.
 func OpenPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("parse database URL: %w", err)
 	}
+	pcfg.MaxConns = DefaultDBMaxConns
 	if cfg.MaxConns > 0 {
 		pcfg.MaxConns = int32(cfg.MaxConns)
 	}
@@ -80,6 +81,8 @@ type backend struct {
 	// run, when set, runs until its context ends (the NOTIFY listener).
 	run   func(context.Context)
 	close func()
+	// pool is the PostgreSQL connection pool, nil on the embedded store.
+	pool *pgxpool.Pool
 }
 
 // openBackend opens the store cfg selects: PostgreSQL when a database URL is
@@ -115,7 +118,7 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 		}
 		logger.Info("migrations applied", slog.Any("applied", applied))
 	}
-	b := backend{close: pool.Close}
+	b := backend{close: pool.Close, pool: pool}
 	if cfg.Notify {
 		b.store = pgstore.New(pool)
 		listener := pgstore.NewListener(pool, pgstore.DefaultChannel, logger)
@@ -163,6 +166,9 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 	dedupeMetrics := dedupesvc.NewMetrics()
 	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
 	registry.MustRegister(dedupeMetrics, grpcMetrics, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if b.pool != nil {
+		registry.MustRegister(newPoolCollector(b.pool))
+	}
 
 	serverOpts := []dedupesvc.Option{
 		dedupesvc.WithMetrics(dedupeMetrics),

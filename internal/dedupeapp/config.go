@@ -37,8 +37,8 @@ type Config struct {
 	// MigrateOnStart applies pending migrations before serving. Defaults to
 	// true (IDEMGATE_MIGRATE_ON_START).
 	MigrateOnStart bool
-	// MaxConns sizes the database connection pool; 0 takes pgxpool's default
-	// of max(4, CPUs). Defaults to 0 (IDEMGATE_DB_MAX_CONNS).
+	// MaxConns sizes the database connection pool; 0 takes DefaultDBMaxConns.
+	// Defaults to DefaultDBMaxConns, 16 (IDEMGATE_DB_MAX_CONNS).
 	MaxConns int
 	// SweepInterval is the pause between sweeps of expired records. Defaults
 	// to 1m (IDEMGATE_SWEEP_INTERVAL).
@@ -173,7 +173,13 @@ type Config struct {
 // Defaults of the connection and logging limits, taken where a Config
 // field is zero.
 const (
-	DefaultMaxConnections        = 512
+	DefaultMaxConnections = 512
+	// DefaultDBMaxConns is the database pool's size. pgxpool's own default,
+	// max(4, CPUs), queues 64 concurrent callers behind 4 connections; 16
+	// measured best of 4, 8, 16 and 32 with 64 callers on a 2-core machine
+	// (BENCHMARKS.md, issue 12), and keeps three replicas well under
+	// PostgreSQL's default max_connections of 100.
+	DefaultDBMaxConns            = 16
 	DefaultMaxConcurrentStreams  = 256
 	DefaultHandshakeTimeout      = 5 * time.Second
 	DefaultMaxConnectionIdle     = 5 * time.Minute
@@ -189,6 +195,9 @@ const (
 func (c Config) withDefaults() Config {
 	if c.MaxConnections == 0 {
 		c.MaxConnections = DefaultMaxConnections
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = DefaultDBMaxConns
 	}
 	if c.MaxConcurrentStreams == 0 {
 		c.MaxConcurrentStreams = DefaultMaxConcurrentStreams
@@ -282,7 +291,7 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", ""), "PostgreSQL connection `URL`; empty uses the embedded SQLite store (env DATABASE_URL)")
 	fs.StringVar(&cfg.DataDir, "data-dir", env("IDEMGATE_DATA_DIR", defaultDataDir(getenv)), "`directory` of the embedded store, used when no database URL is set (env IDEMGATE_DATA_DIR)")
 	fs.BoolVar(&cfg.MigrateOnStart, "migrate-on-start", boolEnv("IDEMGATE_MIGRATE_ON_START", true), "apply pending migrations before serving (env IDEMGATE_MIGRATE_ON_START)")
-	fs.IntVar(&cfg.MaxConns, "db-max-conns", intEnv("IDEMGATE_DB_MAX_CONNS", 0), "database pool size; 0 means max(4, CPUs) (env IDEMGATE_DB_MAX_CONNS)")
+	fs.IntVar(&cfg.MaxConns, "db-max-conns", intEnv("IDEMGATE_DB_MAX_CONNS", DefaultDBMaxConns), "database pool `size`; watch idemgate_db_pool_empty_acquire_wait_seconds_total for callers queueing (env IDEMGATE_DB_MAX_CONNS)")
 	fs.DurationVar(&cfg.SweepInterval, "sweep-interval", durationEnv("IDEMGATE_SWEEP_INTERVAL", time.Minute), "pause between sweeps of expired records (env IDEMGATE_SWEEP_INTERVAL)")
 	fs.IntVar(&cfg.SweepBatch, "sweep-batch", intEnv("IDEMGATE_SWEEP_BATCH", 1000), "expired records deleted per statement (env IDEMGATE_SWEEP_BATCH)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", durationEnv("IDEMGATE_SHUTDOWN_TIMEOUT", 10*time.Second), "time in-flight calls get to finish on SIGTERM (env IDEMGATE_SHUTDOWN_TIMEOUT)")

@@ -66,15 +66,22 @@ func Schema(tb testing.TB) (*pgxpool.Pool, string) {
 }
 
 // OpenPool opens one more pool on schema, as a second dedupe service replica
-// would; it is closed when the test ends.
+// would, of 16 connections; it is closed when the test ends.
 func OpenPool(tb testing.TB, schema string) *pgxpool.Pool {
+	tb.Helper()
+	return OpenPoolSize(tb, schema, 16)
+}
+
+// OpenPoolSize is OpenPool with maxConns connections at most, for
+// benchmarks that size the pool.
+func OpenPoolSize(tb testing.TB, schema string, maxConns int32) *pgxpool.Pool {
 	tb.Helper()
 	cfg, err := pgxpool.ParseConfig(URL())
 	if err != nil {
 		tb.Fatalf("pgtest: parse %s: %v", URL(), err)
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	cfg.MaxConns = 16
+	cfg.MaxConns = maxConns
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		tb.Fatalf("pgtest: open pool: %v", err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
+	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/pgtest"
@@ -44,11 +45,20 @@ type Config struct {
 	DedupeMetrics *dedupesvc.Metrics
 	// DedupeOptions are extra options of the Dedupe service.
 	DedupeOptions []dedupesvc.Option
+	// InProcessDedupe makes the gate call the Dedupe service in-process
+	// (dedupesvc.NewInProcessClient) instead of over loopback TCP; the
+	// Dedupe gRPC server still serves Stack.Dedupe's connection.
+	// DedupeClientInterceptor does not apply to the in-process client.
+	InProcessDedupe bool
+	// PoolMaxConns, when set, sizes the Dedupe service's connection pool;
+	// 0 keeps pgtest's 16.
+	PoolMaxConns int32
 }
 
 // Stack is a running Dedupe service and gated tool server.
 type Stack struct {
-	// Pool is the schema's connection pool.
+	// Pool is the schema's connection pool (unset by StartEmbedded, as are
+	// Schema and Store).
 	Pool *pgxpool.Pool
 	// Schema is the test's schema, also the NOTIFY channel.
 	Schema string
@@ -74,9 +84,41 @@ func Start(tb testing.TB, register func(*grpc.Server), cfg Config) *Stack {
 	tb.Helper()
 	s := &Stack{}
 	s.Pool, s.Schema = pgtest.Schema(tb)
+	if cfg.PoolMaxConns > 0 {
+		s.Pool = pgtest.OpenPoolSize(tb, s.Schema, cfg.PoolMaxConns)
+	}
 	s.Store, s.DedupeServer, s.Service, s.Dedupe = s.replica(tb, s.Pool, cfg)
-	s.Gate, s.Tool = s.tool(tb, s.Dedupe, register, cfg)
+	s.Gate, s.Tool = s.tool(tb, s.gateDedupe(s.Service, s.Dedupe, cfg), register, cfg)
 	return s
+}
+
+// StartEmbedded is Start on the embedded store (sqlitestore in a temporary
+// directory) instead of PostgreSQL: Pool, Schema and Store stay unset.
+func StartEmbedded(tb testing.TB, register func(*grpc.Server), cfg Config) *Stack {
+	tb.Helper()
+	store, err := sqlitestore.Open(context.Background(), tb.TempDir())
+	if err != nil {
+		tb.Fatalf("open the embedded store: %v", err)
+	}
+	tb.Cleanup(func() { _ = store.Close() })
+	s := &Stack{}
+	serverOpts := append([]dedupesvc.Option{discardLogger(), dedupesvc.WithNotifier(store)}, cfg.DedupeOptions...)
+	s.DedupeServer, s.Service, s.Dedupe = s.serve(tb, store, serverOpts, cfg)
+	s.Gate, s.Tool = s.tool(tb, s.gateDedupe(s.Service, s.Dedupe, cfg), register, cfg)
+	return s
+}
+
+// gateDedupe is the Dedupe client the gate uses: dedupe, or an in-process
+// one of service.
+func (s *Stack) gateDedupe(service *dedupesvc.Server, dedupe idemgatev1.DedupeServiceClient, cfg Config) idemgatev1.DedupeServiceClient {
+	if cfg.InProcessDedupe {
+		return dedupesvc.NewInProcessClient(service)
+	}
+	return dedupe
+}
+
+func discardLogger() dedupesvc.Option {
+	return dedupesvc.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))
 }
 
 // SecondTool starts another Dedupe service replica on the same schema (its
@@ -85,14 +127,14 @@ func Start(tb testing.TB, register func(*grpc.Server), cfg Config) *Stack {
 func (s *Stack) SecondTool(tb testing.TB, register func(*grpc.Server), cfg Config) (*grpc.ClientConn, *dedupesvc.Server) {
 	tb.Helper()
 	_, _, service, dedupe := s.replica(tb, pgtest.OpenPool(tb, s.Schema), cfg)
-	_, conn := s.tool(tb, dedupe, register, cfg)
+	_, conn := s.tool(tb, s.gateDedupe(service, dedupe, cfg), register, cfg)
 	return conn, service
 }
 
 func (s *Stack) replica(tb testing.TB, pool *pgxpool.Pool, cfg Config) (*pgstore.Store, *grpc.Server, *dedupesvc.Server, idemgatev1.DedupeServiceClient) {
 	tb.Helper()
 	storeOpts := []pgstore.Option{pgstore.WithChannel(s.Schema)}
-	serverOpts := []dedupesvc.Option{dedupesvc.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))}
+	serverOpts := []dedupesvc.Option{discardLogger()}
 	if cfg.PollInterval > 0 {
 		serverOpts = append(serverOpts, dedupesvc.WithPollInterval(cfg.PollInterval))
 	}
@@ -103,7 +145,7 @@ func (s *Stack) replica(tb testing.TB, pool *pgxpool.Pool, cfg Config) (*pgstore
 	if cfg.NoNotify {
 		storeOpts = append(storeOpts, pgstore.WithoutNotify())
 	} else {
-		listener := pgstore.NewListener(pool, s.Schema, slog.Default())
+		listener := pgstore.NewListener(pool, s.Schema, slog.New(slog.NewTextHandler(io.Discard, nil)))
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() { defer close(done); listener.Run(ctx) }()
@@ -111,6 +153,14 @@ func (s *Stack) replica(tb testing.TB, pool *pgxpool.Pool, cfg Config) (*pgstore
 		serverOpts = append(serverOpts, dedupesvc.WithNotifier(listener))
 	}
 	store := pgstore.New(pool, storeOpts...)
+	srv, service, client := s.serve(tb, store, serverOpts, cfg)
+	return store, srv, service, client
+}
+
+// serve runs a Dedupe service over store on loopback and returns its
+// server, the service and a client of it.
+func (s *Stack) serve(tb testing.TB, store dedupesvc.Store, serverOpts []dedupesvc.Option, cfg Config) (*grpc.Server, *dedupesvc.Server, idemgatev1.DedupeServiceClient) {
+	tb.Helper()
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		s.DedupeCalls.Add(1)
 		return handler(ctx, req)
@@ -121,7 +171,7 @@ func (s *Stack) replica(tb testing.TB, pool *pgxpool.Pool, cfg Config) (*pgstore
 	if cfg.DedupeClientInterceptor != nil {
 		dial = append(dial, grpc.WithChainUnaryInterceptor(cfg.DedupeClientInterceptor))
 	}
-	return store, srv, service, idemgatev1.NewDedupeServiceClient(Serve(tb, srv, dial...))
+	return srv, service, idemgatev1.NewDedupeServiceClient(Serve(tb, srv, dial...))
 }
 
 func (s *Stack) tool(tb testing.TB, dedupe idemgatev1.DedupeServiceClient, register func(*grpc.Server), cfg Config) (*interceptor.Gate, *grpc.ClientConn) {
