@@ -62,7 +62,9 @@ func testServiceWaiters(t *testing.T, newStore func(*testing.T) dedupesvc.Store,
 	if err != nil || holder.GetReserved() == nil {
 		t.Fatalf("holder Begin = %v, %v", holder, err)
 	}
-	const maxWait = 3 * time.Second
+	// Long enough that the reads are counted while every waiter still waits,
+	// also on a starved machine: at max_wait each waiter reads for itself.
+	const maxWait = 10 * time.Second
 	var (
 		wg       sync.WaitGroup
 		overrun  atomic.Int64 // the largest, in nanoseconds
@@ -75,6 +77,7 @@ func testServiceWaiters(t *testing.T, newStore func(*testing.T) dedupesvc.Store,
 		v.(*atomic.Int64).Add(1)
 	}
 	waiting.Add(Waiters)
+	waitersStarted := time.Now()
 	beforeWaiters := store.begins.Load()
 	for i := range Waiters {
 		wg.Add(1)
@@ -106,8 +109,9 @@ func testServiceWaiters(t *testing.T, newStore func(*testing.T) dedupesvc.Store,
 	waiting.Wait()
 	// Each waiter's first Begin is its own; the waits follow.
 	withWaiters := neighbour("crowded")
-	time.Sleep(maxWait / 3)
+	time.Sleep(500 * time.Millisecond) // a few poll intervals with the neighbour gone
 	readsWhileWaiting := store.begins.Load() - beforeWaiters - Waiters - neighbourBegins
+	countedInTime := time.Since(waitersStarted) < maxWait-time.Second
 	wg.Wait()
 
 	var summary []string
@@ -125,7 +129,9 @@ func testServiceWaiters(t *testing.T, newStore func(*testing.T) dedupesvc.Store,
 	// O(keys): a handful of shared re-reads for the one key, not one per
 	// waiter per poll (2,000 waiters polling every 200ms made ~10,000 a
 	// second). The bound is loose; the figure is logged above.
-	if readsWhileWaiting > Waiters/10 {
+	if !countedInTime {
+		t.Logf("the machine was too slow to count the reads before max_wait ran out; the bound is not checked this run")
+	} else if readsWhileWaiting > Waiters/10 {
 		t.Fatalf("%d store reads while %d waited on one key; want O(keys), not O(waiters)", readsWhileWaiting, Waiters)
 	}
 
