@@ -305,10 +305,13 @@ func failoverAtPausePoint(st *Stack, done <-chan struct{}) error {
 	downAt := time.Now()
 	st.T().Logf("primary killed (-m immediate); promoting the standby in %s", lease+2*time.Second)
 	st.sleep(lease + 2*time.Second)
+	// The store may take writes as soon as pg_ctl promote runs, before
+	// Promote sees it does: the window ends when promotion starts.
+	upAt := time.Now()
 	st.Replicated.Promote(st.T())
 	st.failedOver = true
 	st.T().Log("standby promoted")
-	st.outage("PostgreSQL primary killed, standby promoted", downAt, time.Now())
+	st.outage("PostgreSQL primary killed, standby promoted", downAt, upAt)
 	return nil
 }
 
