@@ -314,7 +314,8 @@ type Member struct {
 	// means Addr. A Setup hook points it at a proxy.
 	CallerAddr string
 	// CallerProxy and DedupeProxy are a tool server's proxies from its
-	// callers and to its Dedupe replica, when a Setup hook put them there.
+	// callers and to its Dedupe replica; nil unless a Setup hook put them
+	// there.
 	CallerProxy, DedupeProxy *netfault.Proxy
 	proc                     *proctest.Process
 	mu                       sync.Mutex
