@@ -33,12 +33,23 @@ func (o Outage) covers(server string) bool {
 }
 
 // Rules say what a scenario's faults make legitimate, per the README's
-// "When something fails mid-call". Both default to false: the strict rules.
+// "When something fails mid-call". All default to false: the strict rules.
 type Rules struct {
-	// RerunAllowed: a holder is killed or stalled past its lease, so a
-	// REEXECUTE action may run again, and its stalled holder's caller may get
-	// that holder's own response while duplicates replay the new one.
+	// RerunAllowed: a holder is killed, stalled or cut off past its lease,
+	// so a REEXECUTE action may run again. A fenced holder's caller gets
+	// IDEMPOTENCY_IN_FLIGHT, not its own response, so this alone allows no
+	// caller a response other than the stored one.
 	RerunAllowed bool
+	// HolderCutOff: a holder may be cut off from the store after its
+	// handler returned. Its caller then gets the real response while Finish
+	// is retried in the background (README), and a REEXECUTE taker may store
+	// another once the lease runs out: callers of one action may see two.
+	// And a Begin that reserved the key but whose answer was cut off holds
+	// the key, unknowingly, until its lease runs out: a FAIL_CLOSED duplicate
+	// then gets outcome-unknown for an action no handler ran, until the
+	// attempt's re-sent Begin takes the record back. That is allowed for an
+	// action with a try that overlapped an outage.
+	HolderCutOff bool
 	// HolderFaults: a holder may die or stall, so an outcome-unknown answer
 	// is legitimate for any action whose handler started. Without it, an
 	// outcome-unknown answer for an action whose every run ended cleanly is a
@@ -65,9 +76,10 @@ type Report struct {
 	OK, Replayed, Unknown, Unsettled int
 	// Violations of the guarantees, each counted per action.
 	Duplicates, LostOutcomes, Phantoms, NonIdentical, FalseUnknowns, ExecutionsDuringOutage int
-	// Reruns counts REEXECUTE re-runs, DivergentTakeovers the actions whose
-	// stalled holder's caller got its own response; both allowed only under
-	// Rules.RerunAllowed, violations otherwise.
+	// Reruns counts REEXECUTE re-runs, allowed only under Rules.RerunAllowed
+	// or after a handler error; DivergentTakeovers the REEXECUTE actions whose
+	// callers got two different OK responses, allowed only under
+	// Rules.HolderCutOff. Violations otherwise.
 	Reruns, DivergentTakeovers int
 	// AttemptsDuringOutage counts tries that overlapped an outage (not a
 	// violation); TornLedgerLines the ledger lines cut short by a SIGKILL.
@@ -88,11 +100,11 @@ func (r *Report) String() string {
 	if r.Failed() {
 		verdict = fmt.Sprintf("FAIL (%d violations)", len(r.Violations))
 	}
-	allowed := func(ok bool) string {
+	allowed := func(ok bool, why, otherwise string) string {
 		if ok {
-			return "allowed: holder faults"
+			return "allowed: " + why
 		}
-		return "allowed only after a handler error"
+		return otherwise
 	}
 	fmt.Fprintf(&b, "scenario %s (seed %d): %s\n", r.Scenario, r.Seed, verdict)
 	fmt.Fprintf(&b, "  actions %d, attempts %d, executions %d, ok %d (replayed %d), outcome-unknown answers %d, actions never ok %d\n",
@@ -100,7 +112,8 @@ func (r *Report) String() string {
 	fmt.Fprintf(&b, "  duplicates %d, lost outcomes %d, phantom responses %d, non-identical replays %d, false unknowns %d, executions while the store was away %d\n",
 		r.Duplicates, r.LostOutcomes, r.Phantoms, r.NonIdentical, r.FalseUnknowns, r.ExecutionsDuringOutage)
 	fmt.Fprintf(&b, "  REEXECUTE re-runs %d (%s), takeover divergences %d (%s), attempts while the store was away %d, torn ledger lines %d\n",
-		r.Reruns, allowed(r.Rules.RerunAllowed), r.DivergentTakeovers, allowed(r.Rules.RerunAllowed), r.AttemptsDuringOutage, r.TornLedgerLines)
+		r.Reruns, allowed(r.Rules.RerunAllowed, "holder faults", "allowed only after a handler error"),
+		r.DivergentTakeovers, allowed(r.Rules.HolderCutOff, "holder cut off from the store", "never allowed"), r.AttemptsDuringOutage, r.TornLedgerLines)
 	const shown = 20
 	for i, v := range r.Violations {
 		if i == shown {
@@ -115,10 +128,12 @@ func (r *Report) String() string {
 // actionFacts is what the history and the ledger say about one key.
 type actionFacts struct {
 	reexecute bool
-	attempts  []Attempt
-	starts    []LedgerEntry
-	effects   []LedgerEntry
-	ends      []LedgerEntry
+	// triedDuringOutage: a try of the action overlapped an outage window.
+	triedDuringOutage bool
+	attempts          []Attempt
+	starts            []LedgerEntry
+	effects           []LedgerEntry
+	ends              []LedgerEntry
 }
 
 // Check judges one scenario's history against its ledger.
@@ -140,6 +155,7 @@ func Check(scenario string, seed uint64, history []Attempt, ledger []LedgerEntry
 		for _, o := range outages {
 			if a.Start.Before(o.End) && a.End.After(o.Start) {
 				r.AttemptsDuringOutage++
+				f.triedDuringOutage = true
 				break
 			}
 		}
@@ -243,8 +259,8 @@ func (r *Report) checkAction(key string, f *actionFacts) {
 		r.violate("%s: callers got %d different OK responses (%d different replays)", key, len(okBodies), len(replayBodies))
 	case len(okBodies) > 1:
 		r.DivergentTakeovers++
-		if !r.Rules.RerunAllowed && !endedInError(f.ends) {
-			r.violate("%s: REEXECUTE callers got %d different OK responses with no holder fault to allow it", key, len(okBodies))
+		if !r.Rules.HolderCutOff {
+			r.violate("%s: REEXECUTE callers got %d different OK responses, and no holder was cut off from the store to allow it", key, len(okBodies))
 		}
 	}
 	r.checkUnknowns(key, f)
@@ -263,6 +279,9 @@ func (r *Report) checkUnknowns(key string, f *actionFacts) {
 		return
 	}
 	if len(f.starts) == 0 {
+		if r.Rules.HolderCutOff && f.triedDuringOutage {
+			return
+		}
 		r.FalseUnknowns++
 		r.violate("%s: caller %d got %s (attempt %d) but no handler ever ran for it", key, unknown.Caller, reasonOutcomeUnknown, unknown.Attempt)
 		return

@@ -6,6 +6,8 @@
 //
 // The suite is TestChaos, run by `make chaos`; it skips unless -chaos is
 // given. The layout borrows etcd's robustness tests' split: the scenarios and
-// their faults (scenario.go), the traffic (cmd/chaos-workload), the ledger
-// and history records (record.go) and the checker with its report (check.go).
+// their faults (scenarios_test.go, run by suite_test.go), the traffic
+// (cmd/chaos-workload), the ledger and history records (record.go) and the
+// checker with its report (check.go). CHAOS.md at the repository root
+// describes the scenarios and their results.
 package chaos

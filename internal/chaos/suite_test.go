@@ -20,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemgate/idemgate/internal/netfault"
 	"github.com/idemgate/idemgate/internal/pgtest"
 	"github.com/idemgate/idemgate/internal/proctest"
 	"github.com/idemgate/idemgate/internal/stacktest"
@@ -215,12 +216,18 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 	if w.Spread == 0 {
 		w.Spread = 20 * time.Second
 	}
-	actions, spread := 30*scale, time.Duration(scale)*w.Spread
+	if w.Actions == 0 {
+		w.Actions = 30
+	}
+	actions, spread := w.Actions*scale, time.Duration(scale)*w.Spread
 	outages := sc.Outages * scale
 	history := filepath.Join(dir, "history.jsonl")
 	targets := make([]string, len(st.Tools))
 	for i, tool := range st.Tools {
 		targets[i] = tool.Addr
+		if tool.CallerAddr != "" {
+			targets[i] = tool.CallerAddr
+		}
 	}
 	args := []string{"-targets", strings.Join(targets, ","), "-history", history, "-seed", strconv.FormatUint(s.seed^hash(sc.Name), 10),
 		"-actions", strconv.Itoa(actions), "-spread", spread.String(), "-callers", "3",
@@ -303,8 +310,15 @@ type Member struct {
 	// DedupeAddr is the Dedupe address a tool server dials (a Setup hook may
 	// point it at a proxy); Ledger is a tool server's ledger file.
 	DedupeAddr, Ledger string
-	proc               *proctest.Process
-	mu                 sync.Mutex
+	// CallerAddr is the address the workload dials for a tool server; empty
+	// means Addr. A Setup hook points it at a proxy.
+	CallerAddr string
+	// CallerProxy and DedupeProxy are a tool server's proxies from its
+	// callers and to its Dedupe replica; nil unless a Setup hook put them
+	// there.
+	CallerProxy, DedupeProxy *netfault.Proxy
+	proc                     *proctest.Process
+	mu                       sync.Mutex
 }
 
 func (m *Member) process() *proctest.Process {
@@ -325,7 +339,11 @@ type Stack struct {
 	// failover pair). DataDir is the embedded store's directory.
 	Cluster     *pgtest.Cluster
 	DatabaseURL string
-	DataDir     string
+	// Replicated is the primary and standby a failover scenario's Setup
+	// started, nil otherwise; failedOver is set once the standby is promoted.
+	Replicated *pgtest.Replicated
+	failedOver bool
+	DataDir    string
 	// Dedupes and Tools are the processes; Setup may change their addresses
 	// before they start.
 	Dedupes, Tools []*Member
