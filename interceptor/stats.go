@@ -195,5 +195,5 @@ func reasonLabel(reason string) string {
 var interceptorReasons = map[string]bool{
 	ReasonKeyMissing: true, ReasonKeyInvalid: true, ReasonKeyConflict: true, ReasonKeyReused: true,
 	ReasonInFlight: true, ReasonOutcomeUnknown: true, ReasonResultTooLarge: true, ReasonStoreUnavailable: true,
-	ReasonStoreRejected: true, ReasonOutcomeTypeMismatch: true,
+	ReasonStoreRejected: true, ReasonOutcomeTypeMismatch: true, ReasonQuotaExceeded: true,
 }
