@@ -1,0 +1,158 @@
+// Command idemgate-mcp serves the methods of a gated gRPC tool server as MCP
+// tools: it reads the server's services (from a descriptor set, or by server
+// reflection), lists each unary method as a tool with a JSON Schema of its
+// request and annotations from its idemgate policy, and forwards each
+// tools/call as a gRPC call carrying the caller's idempotency key.
+//
+//	idemgate-mcp -target 127.0.0.1:50052 -plaintext [-descriptor-set payments.binpb] [-listen 127.0.0.1:8080]
+//
+// Without -listen it speaks MCP over stdio (newline-delimited JSON-RPC on
+// stdin and stdout; logs on stderr); with it, streamable HTTP at /mcp.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/reflect/protoregistry"
+
+	"github.com/idemgate/idemgate/dedupesvc/auth"
+	"github.com/idemgate/idemgate/internal/mcpbridge"
+)
+
+type flags struct {
+	target, descriptorSet, services, listen string
+	plaintext                               bool
+	caFile, serverName                      string
+	token                                   string
+	callTimeout                             time.Duration
+}
+
+func main() {
+	var f flags
+	flag.StringVar(&f.target, "target", os.Getenv("IDEMGATE_MCP_TARGET"), "gRPC `address` of the tool server (env IDEMGATE_MCP_TARGET); required")
+	flag.StringVar(&f.descriptorSet, "descriptor-set", "", "FileDescriptorSet `file` with the tool server's services (buf build -o); default: ask the server by reflection")
+	flag.StringVar(&f.services, "services", "", "comma-separated full `names` of the services to serve; default: all but grpc.*")
+	flag.StringVar(&f.listen, "listen", "", "serve streamable HTTP on this `address` at /mcp; default: stdio")
+	flag.BoolVar(&f.plaintext, "plaintext", false, "connect to the tool server without TLS (loopback only)")
+	flag.StringVar(&f.caFile, "tls-ca", "", "PEM `file` of the CAs that sign the tool server's certificate; default: the system's")
+	flag.StringVar(&f.serverName, "tls-server-name", "", "`name` to verify the tool server's certificate against; default: the target's host")
+	flag.StringVar(&f.token, "token", os.Getenv("IDEMGATE_MCP_TARGET_TOKEN"), "bearer `token` sent to the tool server (env IDEMGATE_MCP_TARGET_TOKEN)")
+	flag.DurationVar(&f.callTimeout, "call-timeout", 60*time.Second, "deadline of each forwarded call")
+	flag.Parse()
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := run(f, logger); err != nil {
+		logger.Error("idemgate-mcp failed", slog.Any("error", err))
+		os.Exit(1)
+	}
+}
+
+func run(f flags, logger *slog.Logger) error {
+	if f.target == "" {
+		return errors.New("-target is required")
+	}
+	var dial []grpc.DialOption
+	if f.plaintext {
+		dial = append(dial, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	} else {
+		cfg := &tls.Config{ServerName: f.serverName, MinVersion: tls.VersionTLS12}
+		if f.caFile != "" {
+			pem, err := os.ReadFile(f.caFile)
+			if err != nil {
+				return fmt.Errorf("-tls-ca: %w", err)
+			}
+			cfg.RootCAs = x509.NewCertPool()
+			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+				return fmt.Errorf("-tls-ca: no certificate in %s", f.caFile)
+			}
+		}
+		dial = append(dial, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	}
+	if f.token != "" {
+		dial = append(dial, grpc.WithPerRPCCredentials(auth.BearerToken(f.token, f.plaintext)))
+	}
+	conn, err := grpc.NewClient(f.target, dial...)
+	if err != nil {
+		return fmt.Errorf("tool server client: %w", err)
+	}
+	defer conn.Close()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	var files *protoregistry.Files
+	if f.descriptorSet != "" {
+		files, err = mcpbridge.LoadDescriptorSet(f.descriptorSet)
+	} else {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		files, err = mcpbridge.LoadReflection(rctx, conn)
+		cancel()
+	}
+	if err != nil {
+		return err
+	}
+	cfg := mcpbridge.Config{Conn: conn, Files: files, CallTimeout: f.callTimeout, Logger: logger}
+	if f.services != "" {
+		cfg.Services = strings.Split(f.services, ",")
+	}
+	server, err := mcpbridge.New(cfg)
+	if err != nil {
+		return err
+	}
+	methods, _ := mcpbridge.Methods(cfg)
+	for _, m := range methods {
+		logger.Info("tool", slog.String("name", m.Tool.Name), slog.String("policy", m.Class.String()))
+	}
+
+	if f.listen == "" {
+		logger.Info("serving MCP on stdio", slog.String("target", f.target))
+		err := server.Run(ctx, &mcp.IOTransport{Reader: readCloser{mcpbridge.KeyReader(os.Stdin), os.Stdin}, Writer: os.Stdout})
+		if errors.Is(err, context.Canceled) {
+			return nil
+		}
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", mcpbridge.HTTPMiddleware(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil)))
+	lis, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	logger.Info("serving MCP over streamable HTTP", slog.String("address", "http://"+lis.Addr().String()+"/mcp"), slog.String("target", f.target))
+	if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// readCloser closes stdin when the SDK closes the connection.
+type readCloser struct {
+	r interface{ Read([]byte) (int, error) }
+	c interface{ Close() error }
+}
+
+func (r readCloser) Read(p []byte) (int, error) { return r.r.Read(p) }
+func (r readCloser) Close() error               { return r.c.Close() }

@@ -1,0 +1,380 @@
+package mcpbridge
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/dynamicpb"
+
+	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/grpcerr"
+)
+
+// Config configures a bridge.
+type Config struct {
+	// Conn is the connection to the tool server. Required.
+	Conn grpc.ClientConnInterface
+	// Files holds the tool server's descriptors (LoadDescriptorSet,
+	// LoadReflection). Required.
+	Files *protoregistry.Files
+	// Services names the services to serve, by full name. Defaults to every
+	// service in Files except gRPC's own (grpc.*).
+	Services []string
+	// CallTimeout bounds each forwarded gRPC call. A gated handler keeps
+	// running when it fires (the gate detaches it from the caller), so a
+	// retry with the same key gets its outcome. Defaults to 60s.
+	CallTimeout time.Duration
+	// Name and Version are the server's implementation info. Default to
+	// "idemgate-mcp" and "dev".
+	Name, Version string
+	// Logger logs each forwarded call's failures. Defaults to discarding.
+	Logger *slog.Logger
+}
+
+// Method is one tool the bridge serves.
+type Method struct {
+	// Tool is the MCP tool, as listed.
+	Tool *mcp.Tool
+	// Descriptor is the gRPC method behind the tool.
+	Descriptor protoreflect.MethodDescriptor
+	// Class is the method's policy class.
+	Class Class
+}
+
+// Methods returns the tools cfg would serve, in name order, without a
+// connection: a unary method of each selected service becomes a tool named by
+// its full name ("examples.payments.v1.PaymentsService.ChargeCard");
+// streaming methods are left out (the gate stores only unary outcomes).
+func Methods(cfg Config) ([]Method, error) {
+	if cfg.Files == nil {
+		return nil, errors.New("mcpbridge: Config.Files is required")
+	}
+	names := cfg.Services
+	if len(names) == 0 {
+		cfg.Files.RangeFiles(func(fd protoreflect.FileDescriptor) bool {
+			for i := 0; i < fd.Services().Len(); i++ {
+				name := string(fd.Services().Get(i).FullName())
+				if !strings.HasPrefix(name, "grpc.") {
+					names = append(names, name)
+				}
+			}
+			return true
+		})
+	}
+	var methods []Method
+	for _, name := range names {
+		d, err := cfg.Files.FindDescriptorByName(protoreflect.FullName(name))
+		if err != nil {
+			return nil, fmt.Errorf("mcpbridge: service %q: not in the descriptors", name)
+		}
+		sd, ok := d.(protoreflect.ServiceDescriptor)
+		if !ok {
+			return nil, fmt.Errorf("mcpbridge: %q is not a service", name)
+		}
+		for i := 0; i < sd.Methods().Len(); i++ {
+			md := sd.Methods().Get(i)
+			if md.IsStreamingClient() || md.IsStreamingServer() {
+				continue
+			}
+			methods = append(methods, Method{Tool: tool(md), Descriptor: md, Class: Classify(md)})
+		}
+	}
+	sort.Slice(methods, func(i, j int) bool { return methods[i].Tool.Name < methods[j].Tool.Name })
+	return methods, nil
+}
+
+func tool(md protoreflect.MethodDescriptor) *mcp.Tool {
+	class := Classify(md)
+	t := &mcp.Tool{
+		Name:        string(md.FullName()),
+		Title:       string(md.Parent().Name()) + "." + string(md.Name()),
+		InputSchema: Schema(md.Input()),
+		Annotations: annotations(class),
+	}
+	if objectJSON(md.Output()) {
+		t.OutputSchema = Schema(md.Output())
+	}
+	desc := comment(md)
+	switch class {
+	case Gated:
+		if keylessAllowed(md) {
+			desc += "\n\nHas a side effect that runs once per idempotency key. Send the key in _meta[\"" + MetaKey + "\"]: minted once per logical action (the tool-call id), reused on every retry. Keyless calls are deduplicated on their arguments for a short window."
+		} else {
+			desc += "\n\nHas a side effect that runs once per idempotency key: a call without one is refused (IDEMPOTENCY_KEY_MISSING). Send the key in _meta[\"" + MetaKey + "\"]: minted once per logical action (the tool-call id), reused on every retry."
+		}
+	case ReadOnly:
+		desc += "\n\nRead-only: needs no idempotency key."
+	}
+	t.Description = strings.TrimSpace(desc)
+	return t
+}
+
+// annotations maps a policy class to MCP's hints: a read-only method is
+// readOnlyHint; a gated one is idempotentHint (given its key) and may be
+// destructive; an IDEMPOTENT one is idempotentHint; an unclassified or
+// not-mutating one claims nothing beyond MCP's defaults (destructive, not
+// idempotent), stated explicitly.
+func annotations(c Class) *mcp.ToolAnnotations {
+	yes, no := true, false
+	switch c {
+	case ReadOnly:
+		return &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, DestructiveHint: &no}
+	case Gated, Idempotent:
+		return &mcp.ToolAnnotations{IdempotentHint: true, DestructiveHint: &yes}
+	}
+	return &mcp.ToolAnnotations{DestructiveHint: &yes}
+}
+
+// New returns an MCP server serving cfg's methods as tools, forwarding each
+// call to cfg.Conn. Serve it with server.Run(ctx, &mcp.IOTransport{Reader:
+// KeyReader(os.Stdin), ...}) or mcp.NewStreamableHTTPHandler wrapped in
+// HTTPMiddleware.
+func New(cfg Config) (*mcp.Server, error) {
+	if cfg.Conn == nil {
+		return nil, errors.New("mcpbridge: Config.Conn is required")
+	}
+	methods, err := Methods(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = 60 * time.Second
+	}
+	if cfg.Name == "" {
+		cfg.Name = "idemgate-mcp"
+	}
+	if cfg.Version == "" {
+		cfg.Version = "dev"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	server := mcp.NewServer(&mcp.Implementation{Name: cfg.Name, Version: cfg.Version}, &mcp.ServerOptions{
+		Capabilities: &mcp.ServerCapabilities{
+			Tools: &mcp.ToolCapabilities{},
+			Experimental: map[string]any{
+				CapabilityName: map[string]any{"metaKey": MetaKey, "param": ParamKey},
+			},
+		},
+	})
+	server.AddReceivingMiddleware(advertiseIdempotency)
+	f := &forwarder{conn: cfg.Conn, types: dynamicpb.NewTypes(cfg.Files), timeout: cfg.CallTimeout, logger: cfg.Logger}
+	for _, m := range methods {
+		server.AddTool(m.Tool, f.handler(m.Descriptor))
+	}
+	return server, nil
+}
+
+type forwarder struct {
+	conn    grpc.ClientConnInterface
+	types   *dynamicpb.Types
+	timeout time.Duration
+	logger  *slog.Logger
+}
+
+func (f *forwarder) handler(md protoreflect.MethodDescriptor) mcp.ToolHandler {
+	fullMethod := "/" + string(md.Parent().FullName()) + "/" + string(md.Name())
+	structured := objectJSON(md.Output())
+	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		key, hasKey, err := callKey(req.Params.GetMeta())
+		if err != nil {
+			return errorResult(err), nil
+		}
+		in := dynamicpb.NewMessage(md.Input())
+		args := bytes.TrimSpace(req.Params.Arguments)
+		if len(args) == 0 || bytes.Equal(args, []byte("null")) {
+			args = []byte("{}")
+		}
+		if err := (protojson.UnmarshalOptions{Resolver: f.types}).Unmarshal(args, in); err != nil {
+			return errorResult(grpcerr.New(codes.InvalidArgument, ReasonArgumentsInvalid,
+				"the arguments are not a valid "+string(md.Input().FullName())+": "+err.Error(), nil, 0)), nil
+		}
+		ctx, cancel := context.WithTimeout(ctx, f.timeout)
+		defer cancel()
+		if hasKey {
+			ctx = metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, key)
+		}
+		out := dynamicpb.NewMessage(md.Output())
+		var header metadata.MD
+		if err := f.conn.Invoke(ctx, fullMethod, in, out, grpc.Header(&header)); err != nil {
+			f.logger.Info("tool call failed", slog.String("method", fullMethod), slog.Any("error", err))
+			return errorResult(err), nil
+		}
+		js, err := (protojson.MarshalOptions{Resolver: f.types}).Marshal(out)
+		if err != nil {
+			return nil, fmt.Errorf("encoding the response: %w", err)
+		}
+		// protojson varies its whitespace between builds on purpose;
+		// compacted, a replay's text is byte-identical to the original's
+		// whichever bridge process serves it.
+		var compact bytes.Buffer
+		if err := json.Compact(&compact, js); err != nil {
+			return nil, fmt.Errorf("encoding the response: %w", err)
+		}
+		res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: compact.String()}}}
+		if structured {
+			res.StructuredContent = json.RawMessage(compact.Bytes())
+		}
+		meta := mcp.Meta{MetaReplayed: headerTrue(header, interceptor.ReplayedHeader)}
+		if headerTrue(header, interceptor.KeyDerivedHeader) {
+			meta[MetaKeyDerived] = true
+		}
+		res.SetMeta(meta)
+		return res, nil
+	}
+}
+
+func headerTrue(md metadata.MD, name string) bool {
+	v := md.Get(name)
+	return len(v) > 0 && v[0] == "true"
+}
+
+// errorResult turns a gRPC error into a tool error result: the model reads
+// the text, a program reads _meta[MetaError].
+func errorResult(err error) *mcp.CallToolResult {
+	st := status.Convert(err)
+	e := map[string]any{
+		"code":    codeName(st.Code()),
+		"message": st.Message(),
+	}
+	var reason string
+	var retryAfter time.Duration
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			reason = d.GetReason()
+			e["reason"] = reason
+			e["domain"] = d.GetDomain()
+			if len(d.GetMetadata()) > 0 {
+				e["metadata"] = d.GetMetadata()
+			}
+		case *errdetails.RetryInfo:
+			retryAfter = d.GetRetryDelay().AsDuration()
+			e["retryAfterSeconds"] = retryAfter.Seconds()
+		}
+	}
+	text := codeName(st.Code())
+	if reason != "" {
+		text += " " + reason
+	}
+	text += ": " + st.Message()
+	if advice := Advice(reason, st.Code()); advice != "" {
+		e["advice"] = advice
+		text += " (" + advice
+		if retryAfter > 0 {
+			text += fmt.Sprintf(" after %s", retryAfter)
+		}
+		text += ")"
+	}
+	res := &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: text}}}
+	res.SetMeta(mcp.Meta{MetaError: e})
+	return res
+}
+
+// Advice values: what a caller does with an error, by its reason.
+const (
+	// AdviceRetrySameKey: retry the call with the same key (after the
+	// RetryInfo delay when there is one); it gets the action's outcome
+	// without running it twice.
+	AdviceRetrySameKey = "retry_same_key"
+	// AdviceNewAction: the key belongs to another action; this is a new
+	// action, mint a new key (or fix the key reuse in the orchestration).
+	AdviceNewAction = "new_key"
+	// AdviceFixRequest: the request is malformed (key missing or invalid,
+	// arguments invalid); fix it and call again.
+	AdviceFixRequest = "fix_request"
+	// AdviceEscalate: nothing a retry can fix (the outcome is unknown, the
+	// stored outcome cannot be returned); hand it to a human or the
+	// reconciliation process.
+	AdviceEscalate = "escalate"
+)
+
+// Advice returns what a caller does with an error of the reason (and code,
+// for errors without an idemgate reason): one of the Advice values, or ""
+// when the error is the tool's own.
+func Advice(reason string, code codes.Code) string {
+	switch reason {
+	case interceptor.ReasonInFlight, interceptor.ReasonStoreUnavailable, interceptor.ReasonQuotaExceeded:
+		return AdviceRetrySameKey
+	case interceptor.ReasonKeyReused:
+		return AdviceNewAction
+	case interceptor.ReasonKeyMissing, interceptor.ReasonKeyInvalid, interceptor.ReasonKeyConflict, ReasonArgumentsInvalid:
+		return AdviceFixRequest
+	case interceptor.ReasonOutcomeUnknown, interceptor.ReasonResultTooLarge, interceptor.ReasonStoreRejected, interceptor.ReasonOutcomeTypeMismatch:
+		return AdviceEscalate
+	}
+	if reason == "" && (code == codes.Unavailable || code == codes.DeadlineExceeded) {
+		// The tool server could not be reached or did not answer in time:
+		// a gated call may have run, and the same key finds out.
+		return AdviceRetrySameKey
+	}
+	return ""
+}
+
+// codeName is a code's canonical name, "FAILED_PRECONDITION".
+func codeName(c codes.Code) string {
+	s := c.String()
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 && r >= 'A' && r <= 'Z' {
+			b.WriteByte('_')
+		}
+		b.WriteRune(r)
+	}
+	return strings.ToUpper(b.String())
+}
+
+// advertiseIdempotency adds SEP-3182's tools.idempotency capability to the
+// initialize result, which the SDK's typed capabilities have no field for.
+func advertiseIdempotency(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		res, err := next(ctx, method, req)
+		if ir, ok := res.(*mcp.InitializeResult); ok && err == nil && method == "initialize" {
+			return initializeResult{ir}, nil
+		}
+		return res, err
+	}
+}
+
+// initializeResult is an InitializeResult that marshals with
+// capabilities.tools.idempotency.
+type initializeResult struct{ *mcp.InitializeResult }
+
+func (r initializeResult) MarshalJSON() ([]byte, error) {
+	b, err := json.Marshal(r.InitializeResult)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	caps, _ := m["capabilities"].(map[string]any)
+	if caps == nil {
+		caps = map[string]any{}
+		m["capabilities"] = caps
+	}
+	tools, _ := caps["tools"].(map[string]any)
+	if tools == nil {
+		tools = map[string]any{}
+		caps["tools"] = tools
+	}
+	tools["idempotency"] = map[string]any{}
+	return json.Marshal(m)
+}
