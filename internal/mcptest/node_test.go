@@ -98,7 +98,7 @@ func TestTypeScriptSDKClient(t *testing.T) {
 					Annotations map[string]any `json:"annotations"`
 				} `json:"tools"`
 				First, Second, Reuse, Keyless, SepFirst, SepSecond, Balance toolResult
-				Concurrent                                                   []toolResult
+				Concurrent                                                  []toolResult
 			}
 			if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
 				t.Fatalf("client.mjs printed %q: %v", stdout.String(), err)
@@ -156,6 +156,33 @@ func TestTypeScriptSDKClient(t *testing.T) {
 			if c := out.Balance.StructuredContent["charges"]; c != "3" {
 				t.Errorf("balance = %v, want 3 charges", out.Balance.StructuredContent)
 			}
+		})
+	}
+}
+
+// The TypeScript agent example (the official SDK's Client, keyed by the
+// tool-call id), over stdio and streamable HTTP.
+func TestTypeScriptAgentExample(t *testing.T) {
+	node := require(t, "node", "install Node.js 18 or later")
+	dir, _ := filepath.Abs(filepath.Join("..", "..", "examples", "mcp-typescript-agent"))
+	requireNodeModules(t, dir)
+	s := startStack(t)
+	for _, mode := range []string{"stdio", "http"} {
+		t.Run(mode, func(t *testing.T) {
+			args := []string{filepath.Join(dir, "agent.mjs"), "--conversation", "conv-ts-" + mode, "--customer", "cust_tsagent_" + mode}
+			if mode == "stdio" {
+				args = append(append(args, "--stdio", s.bridgeBin), s.bridgeArgs()...)
+			} else {
+				args = append(args, "--http", s.startHTTPBridge(t))
+			}
+			cmd := commandFor(t, node, args...)
+			cmd.Dir = dir
+			var stdout bytes.Buffer
+			cmd.Stdout = &stdout
+			if err := cmd.Run(); err != nil {
+				t.Fatalf("agent.mjs: %v\n%s", err, stdout.String())
+			}
+			checkAgent(t, &stdout, "conv-ts-"+mode, false)
 		})
 	}
 }

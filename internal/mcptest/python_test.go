@@ -49,43 +49,56 @@ func TestPythonAgentExample(t *testing.T) {
 				if err := cmd.Run(); err != nil {
 					t.Fatalf("agent.py: %v\n%s", err, stdout.String())
 				}
-				var lines []agentLine
-				sc := bufio.NewScanner(&stdout)
-				for sc.Scan() {
-					var l agentLine
-					if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
-						t.Fatalf("agent.py printed %q: %v", sc.Text(), err)
-					}
-					lines = append(lines, l)
-				}
-				if len(lines) != 7 {
-					t.Fatalf("agent.py printed %d lines, want 7:\n%s", len(lines), stdout.String())
-				}
-				tools, _ := lines[0].Capabilities["tools"].(map[string]any)
-				if _, ok := tools["idempotency"]; !ok {
-					t.Errorf("capabilities = %v, want tools.idempotency (SEP-3182)", lines[0].Capabilities)
-				}
-				lost, retry, reemit, receipt, reused, balance := lines[1], lines[2], lines[3], lines[4], lines[5], lines[6]
-				wantKey := "conv-" + run + "/call_7QXf2"
-				if lost.Key != wantKey || retry.Key != wantKey || reemit.Key != wantKey {
-					t.Errorf("keys = %q %q %q, want the tool call's %q", lost.Key, retry.Key, reemit.Key, wantKey)
-				}
-				if lost.IsError || lost.Replayed || !retry.Replayed || !reemit.Replayed {
-					t.Errorf("charge: lost %+v, retry %+v, re-emit %+v: want one run, then replays", lost, retry, reemit)
-				}
-				if retry.Structured["chargeId"] != lost.Structured["chargeId"] || reemit.Structured["chargeId"] != lost.Structured["chargeId"] {
-					t.Errorf("charge ids %v %v %v, want one", lost.Structured["chargeId"], retry.Structured["chargeId"], reemit.Structured["chargeId"])
-				}
-				if receipt.IsError || receipt.Replayed {
-					t.Errorf("receipt = %+v", receipt)
-				}
-				if !reused.IsError || reused.Reason != interceptor.ReasonKeyReused || reused.Advice != mcpbridge.AdviceNewAction {
-					t.Errorf("key reused = %+v, want %s with advice %s", reused, interceptor.ReasonKeyReused, mcpbridge.AdviceNewAction)
-				}
-				if balance.IsError || balance.Structured["charges"] != "1" || balance.Structured["receipts"] != "1" {
-					t.Errorf("balance = %+v, want one charge and one receipt", balance.Structured)
-				}
+				checkAgent(t, &stdout, "conv-"+run, true)
 			})
 		}
+	}
+}
+
+// checkAgent checks what an agent example printed: the charge ran once under
+// the tool call's key and every retry got its replay; the receipt ran; a key
+// reused for another action was refused with advice new_key; the balance
+// shows one charge and one receipt. rawCapabilities: the client shows the
+// raw capabilities (an SDK strips tools.idempotency).
+func checkAgent(t *testing.T, stdout *bytes.Buffer, conversation string, rawCapabilities bool) {
+	t.Helper()
+	printed := stdout.String()
+	var lines []agentLine
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		var l agentLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			t.Fatalf("the agent printed %q: %v", sc.Text(), err)
+		}
+		lines = append(lines, l)
+	}
+	if len(lines) != 7 {
+		t.Fatalf("the agent printed %d lines, want 7:\n%s", len(lines), printed)
+	}
+	if rawCapabilities {
+		tools, _ := lines[0].Capabilities["tools"].(map[string]any)
+		if _, ok := tools["idempotency"]; !ok {
+			t.Errorf("capabilities = %v, want tools.idempotency (SEP-3182)", lines[0].Capabilities)
+		}
+	}
+	lost, retry, reemit, receipt, reused, balance := lines[1], lines[2], lines[3], lines[4], lines[5], lines[6]
+	wantKey := conversation + "/call_7QXf2"
+	if lost.Key != wantKey || retry.Key != wantKey || reemit.Key != wantKey {
+		t.Errorf("keys = %q %q %q, want the tool call's %q", lost.Key, retry.Key, reemit.Key, wantKey)
+	}
+	if lost.IsError || lost.Replayed || !retry.Replayed || !reemit.Replayed {
+		t.Errorf("charge: lost %+v, retry %+v, re-emit %+v: want one run, then replays", lost, retry, reemit)
+	}
+	if retry.Structured["chargeId"] != lost.Structured["chargeId"] || reemit.Structured["chargeId"] != lost.Structured["chargeId"] {
+		t.Errorf("charge ids %v %v %v, want one", lost.Structured["chargeId"], retry.Structured["chargeId"], reemit.Structured["chargeId"])
+	}
+	if receipt.IsError || receipt.Replayed {
+		t.Errorf("receipt = %+v", receipt)
+	}
+	if !reused.IsError || reused.Reason != interceptor.ReasonKeyReused || reused.Advice != mcpbridge.AdviceNewAction {
+		t.Errorf("key reused = %+v, want %s with advice %s", reused, interceptor.ReasonKeyReused, mcpbridge.AdviceNewAction)
+	}
+	if balance.IsError || balance.Structured["charges"] != "1" || balance.Structured["receipts"] != "1" {
+		t.Errorf("balance = %+v, want one charge and one receipt", balance.Structured)
 	}
 }
