@@ -148,3 +148,16 @@ demo: ## Replay the essay's incident: 300 orders through timeouts, auto-retries 
 .PHONY: run-example
 run-example: ## Run the example payments tool server on 127.0.0.1:50052, gated by the dedupe service.
 	go run ./cmd/payments-server
+
+.PHONY: run-mcp
+run-mcp: $(BUF) ## Serve the example payments tool server (make run-example) as MCP tools, streamable HTTP on 127.0.0.1:8080/mcp.
+	@mkdir -p bin
+	$(BUF) build -o bin/payments.binpb --path proto/examples/payments/v1/payments.proto
+	go run ./cmd/idemgate-mcp -target 127.0.0.1:50052 -plaintext -descriptor-set bin/payments.binpb -listen 127.0.0.1:8080
+
+# NPM_DIRS hold the Node packages the MCP tests run (package-lock.json committed).
+NPM_DIRS := internal/mcptest/node examples/mcp-typescript-agent
+
+.PHONY: npm-ci
+npm-ci: ## Install the MCP tests' Node packages (npm ci from the committed lock files).
+	@for d in $(NPM_DIRS); do echo "npm ci in $$d"; (cd $$d && npm ci --no-audit --no-fund) || exit 1; done
