@@ -327,17 +327,23 @@ func Advice(reason string, code codes.Code) string {
 	return ""
 }
 
-// codeName is a code's canonical name, "FAILED_PRECONDITION".
+// codeName is a code's canonical name, as in google.rpc.Code
+// ("FAILED_PRECONDITION", "CANCELLED").
 func codeName(c codes.Code) string {
-	s := c.String()
-	var b strings.Builder
-	for i, r := range s {
-		if i > 0 && r >= 'A' && r <= 'Z' {
-			b.WriteByte('_')
-		}
-		b.WriteRune(r)
+	if name, ok := codeNames[c]; ok {
+		return name
 	}
-	return strings.ToUpper(b.String())
+	return c.String()
+}
+
+var codeNames = map[codes.Code]string{
+	codes.OK: "OK", codes.Canceled: "CANCELLED", codes.Unknown: "UNKNOWN",
+	codes.InvalidArgument: "INVALID_ARGUMENT", codes.DeadlineExceeded: "DEADLINE_EXCEEDED",
+	codes.NotFound: "NOT_FOUND", codes.AlreadyExists: "ALREADY_EXISTS",
+	codes.PermissionDenied: "PERMISSION_DENIED", codes.ResourceExhausted: "RESOURCE_EXHAUSTED",
+	codes.FailedPrecondition: "FAILED_PRECONDITION", codes.Aborted: "ABORTED",
+	codes.OutOfRange: "OUT_OF_RANGE", codes.Unimplemented: "UNIMPLEMENTED", codes.Internal: "INTERNAL",
+	codes.Unavailable: "UNAVAILABLE", codes.DataLoss: "DATA_LOSS", codes.Unauthenticated: "UNAUTHENTICATED",
 }
 
 // advertiseIdempotency adds SEP-3182's tools.idempotency capability to the
