@@ -1,7 +1,10 @@
 // Package mcptest tests the MCP bridge (cmd/idemgate-mcp) with clients
 // nobody here wrote, against the real payments-server and dedupesvc
 // binaries: the official Go SDK's client, the official TypeScript SDK's
-// client (a Node script in node/, driven from Go), and the stdlib-only Python
-// agent example (examples/mcp-python-agent). Under CI=true a missing node,
-// npm package or python3 fails the test instead of skipping it.
+// client (a Node script in node/, driven from Go), and the two agent
+// examples (examples/mcp-python-agent, stdlib only; examples/mcp-typescript-
+// agent, the TypeScript SDK). The fault tests put the bridge in front of the
+// chaos suite's tool server, killed or stalled after its side effect. Under
+// CI=true a missing node, npm package or python3 fails the test instead of
+// skipping it (.ci/run installs them; make npm-ci installs the packages).
 package mcptest
