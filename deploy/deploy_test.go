@@ -117,7 +117,7 @@ func TestMetricsIn(t *testing.T) {
 	for expr, want := range map[string][]string{
 		`sum by (method, le) (rate(a_bucket{method=~"x|y", le!="1"}[5m] offset 30m)) > 10 * b`: {"a_bucket", "b"},
 		`max by (instance) (c / d) >= 0.9 and on (instance) e unless f{g="h"}`:                 {"c", "d", "e", "f"},
-		`histogram_quantile(0.99, sum without (pod) (rate(h[$__rate_interval]))) > 1e3`:         {"h"},
+		`histogram_quantile(0.99, sum without (pod) (rate(h[$__rate_interval]))) > 1e3`:        {"h"},
 		`absent(i) or sum(increase(j{k="(l)"}[15m])) > 0`:                                      {"i", "j"},
 	} {
 		if got := metricsIn(expr); !slices.Equal(got, want) {
