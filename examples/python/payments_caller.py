@@ -114,9 +114,10 @@ def retryable(e):
 class PaymentsCaller:
     """Calls PaymentsService methods with a key, retrying with the same key."""
 
-    def __init__(self, channel, protos, max_attempts=4, backoff=0.2, timeout=5.0):
+    def __init__(self, channel, protos, max_attempts=4, backoff=0.2, timeout=5.0, sleep=time.sleep):
         self.channel, self.protos = channel, protos
         self.max_attempts, self.backoff, self.timeout = max_attempts, backoff, timeout
+        self.sleep = sleep
         # (method, key, code name) of every attempt, for whoever audits retries.
         self.attempts = []
 
@@ -142,7 +143,7 @@ class PaymentsCaller:
                 if isinstance(e, Escalate) or not retryable(e) or attempt == self.max_attempts:
                     raise e
                 # RetryInfo says when; without it, back off exponentially.
-                time.sleep(e.retry_delay if e.retry_delay is not None else self.backoff * 2 ** (attempt - 1))
+                self.sleep(e.retry_delay if e.retry_delay is not None else self.backoff * 2 ** (attempt - 1))
                 continue
             self.attempts.append((method, key, "OK"))
             replayed = dict(call.initial_metadata() or ()).get(REPLAYED_HEADER) == "true"

@@ -128,10 +128,19 @@ func TestPython(t *testing.T) {
 		t.Fatal(err)
 	}
 	set := descriptorSet(t)
+	// The retry decisions (IN_FLIGHT, backoff, escalation) against scripted
+	// answers: a live stack cannot be made to answer IN_FLIGHT on cue.
+	unit := exec.Command(python, "-m", "unittest", "discover", "-s", filepath.Dir(script))
+	unit.Env = append(os.Environ(), "IDEMGATE_DESCRIPTOR_SET="+set, "PYTHONDONTWRITEBYTECODE=1")
+	if out, err := unit.CombinedOutput(); err != nil {
+		t.Errorf("the Python example's unit tests: %v\n%s", err, out)
+	}
 	testExample(t, func(t *testing.T, target, scenario string) map[string]step {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		return run(t, exec.CommandContext(ctx, python, script, "--target", target, "--descriptor-set", set, "--scenario", scenario))
+		cmd := exec.CommandContext(ctx, python, script, "--target", target, "--descriptor-set", set, "--scenario", scenario)
+		cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
+		return run(t, cmd)
 	})
 }
 
@@ -153,6 +162,11 @@ func TestTypeScript(t *testing.T) {
 		t.Fatalf("tsc: %v\n%s", err, b)
 	}
 	set := descriptorSet(t)
+	unit := exec.Command("node", "--test", filepath.Join(out, "payments_caller.test.js"))
+	unit.Env = append(os.Environ(), "NODE_PATH="+filepath.Join(dir, "node_modules"), "IDEMGATE_DESCRIPTOR_SET="+set)
+	if b, err := unit.CombinedOutput(); err != nil {
+		t.Errorf("the TypeScript example's unit tests: %v\n%s", err, b)
+	}
 	testExample(t, func(t *testing.T, target, scenario string) map[string]step {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()

@@ -127,7 +127,7 @@ export class PaymentsCaller {
 
   constructor(
     target: string,
-    private readonly protos: Protos,
+    protected readonly protos: Protos,
     private readonly maxAttempts = 4,
     private readonly backoff = 0.2,
     private readonly timeout = 5,
@@ -150,13 +150,18 @@ export class PaymentsCaller {
           throw e;
         }
         // RetryInfo says when; without it, back off exponentially.
-        const delay = e.retryDelay ?? this.backoff * 2 ** (attempt - 1);
-        await new Promise((resolve) => setTimeout(resolve, delay * 1000));
+        await this.sleep(e.retryDelay ?? this.backoff * 2 ** (attempt - 1));
       }
     }
   }
 
-  private once(method: string, request: Record<string, unknown>, key: string | null): Promise<Result> {
+  /** Waits seconds before a retry. */
+  protected sleep(seconds: number): Promise<void> {
+    return new Promise((resolve) => setTimeout(resolve, seconds * 1000));
+  }
+
+  /** Makes one attempt: the call with the key in its metadata. */
+  protected once(method: string, request: Record<string, unknown>, key: string | null): Promise<Result> {
     const def = this.protos.service[method];
     const metadata = new grpc.Metadata();
     if (key !== null) {
