@@ -37,9 +37,13 @@ import uuid
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+# The request metadata that carries the action's key.
 KEY_HEADER = "idempotency-key"
+# The response header that says "true" when a stored outcome answered.
 REPLAYED_HEADER = "idempotency-replayed"
+# The trailer with the serialized google.rpc.Status of a failed call.
 STATUS_DETAILS_TRAILER = "grpc-status-details-bin"
+# The example tool's service.
 SERVICE = "examples.payments.v1.PaymentsService"
 
 # Reasons a retry with the same key can get past, after RetryInfo's delay.
@@ -197,6 +201,7 @@ def scenario(target, protos, name="main", backoff=0.2):
 
 
 def main():
+    """Plays the scenario the flags name and prints its steps as JSON lines."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="127.0.0.1:50052", help="address of the payments tool server")
     parser.add_argument("--descriptor-set", required=True, help="FileDescriptorSet from make protos-export")

@@ -23,20 +23,26 @@ class FakeError(grpc.RpcError):
         self._code, self._details, self._trailers = code, details, trailers
 
     def code(self):
+        """The status code."""
         return self._code
 
     def details(self):
+        """The status message."""
         return self._details
 
     def trailing_metadata(self):
+        """The trailers, grpc-status-details-bin among them."""
         return self._trailers
 
 
 class FakeCall:
+    """A finished call as grpcio returns it with the response: its header."""
+
     def __init__(self, header):
         self._header = header
 
     def initial_metadata(self):
+        """The response header."""
         return self._header
 
 
@@ -47,6 +53,8 @@ class ScriptedChannel:
         self.script, self.sent = list(script), []
 
     def unary_unary(self, path, request_serializer, response_deserializer):
+        """A multi-callable whose with_call answers from the script."""
+
         def with_call(request, metadata, timeout):
             self.sent.append((path, dict(metadata)))
             outcome = self.script.pop(0)
@@ -58,6 +66,8 @@ class ScriptedChannel:
 
 
 class RetryDecisions(unittest.TestCase):
+    """What PaymentsCaller.call does with each kind of answer."""
+
     @classmethod
     def setUpClass(cls):
         cls.protos = pc.Protos(DESCRIPTOR_SET)
@@ -75,16 +85,20 @@ class RetryDecisions(unittest.TestCase):
         return FakeError(code, reason, ((pc.STATUS_DETAILS_TRAILER, status.SerializeToString()),))
 
     def caller(self, script):
+        """A caller on a scripted channel, its channel, and the delays it slept."""
         channel, slept = ScriptedChannel(script), []
         return pc.PaymentsCaller(channel, self.protos, max_attempts=4, backoff=0.1, sleep=slept.append), channel, slept
 
     def request(self):
+        """A ChargeCard request."""
         return self.protos.message("examples.payments.v1.ChargeCardRequest")(customer_id="c", amount_cents=1)
 
     def response(self):
+        """A ChargeCard response, serialized as it comes over the wire."""
         return self.protos.message("examples.payments.v1.ChargeCardResponse")(charge_id="ch_1").SerializeToString()
 
     def keys(self, channel):
+        """The key each attempt sent (None: no key)."""
         return [md.get(pc.KEY_HEADER) for _, md in channel.sent]
 
     def test_in_flight_is_retried_with_the_same_key_after_the_delay(self):

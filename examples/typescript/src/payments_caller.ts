@@ -33,9 +33,13 @@ import * as protoLoader from "@grpc/proto-loader";
 import * as protobuf from "protobufjs";
 import "protobufjs/ext/descriptor"; // adds Root.fromDescriptor
 
+/** The request metadata that carries the action's key. */
 export const KEY_HEADER = "idempotency-key";
+/** The response header that says "true" when a stored outcome answered. */
 export const REPLAYED_HEADER = "idempotency-replayed";
+/** The trailer with the serialized google.rpc.Status of a failed call. */
 export const STATUS_DETAILS_TRAILER = "grpc-status-details-bin";
+/** The example tool's service. */
 export const SERVICE = "examples.payments.v1.PaymentsService";
 
 /** Reasons a retry with the same key can get past, after RetryInfo's delay. */
@@ -46,7 +50,9 @@ export const ESCALATE_REASONS = new Set(["IDEMPOTENCY_OUTCOME_UNKNOWN", "IDEMPOT
 
 /** The service's methods and every message type, from a FileDescriptorSet. */
 export class Protos {
+  /** Every message type of the set, for decoding the google.rpc details. */
   readonly root: protobuf.Root;
+  /** PaymentsService's methods: paths, serializers and deserializers. */
   readonly service: grpc.ServiceDefinition;
 
   constructor(path: string) {
@@ -114,8 +120,11 @@ export function retryable(e: CallError): boolean {
 
 /** What a successful call returns. */
 export interface Result {
+  /** The response, decoded. */
   response: Record<string, unknown>;
-  raw: Buffer; // the response as it came over the wire
+  /** The response as it came over the wire. */
+  raw: Buffer;
+  /** Whether a stored outcome answered (idempotency-replayed: true). */
   replayed: boolean;
 }
 
