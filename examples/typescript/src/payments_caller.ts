@@ -71,12 +71,19 @@ export class Protos {
 
 /** A failed call, with its google.rpc details decoded. */
 export class CallError extends Error {
+  /**
+   * @param code the gRPC status code
+   * @param details the status message
+   * @param reason ErrorInfo.reason, empty without an ErrorInfo
+   * @param metadata ErrorInfo.metadata
+   * @param retryDelay RetryInfo.retry_delay in seconds, null without a RetryInfo
+   */
   constructor(
     readonly code: grpc.status,
     readonly details: string,
     readonly reason: string,
     readonly metadata: Record<string, string>,
-    readonly retryDelay: number | null, // seconds, or null without RetryInfo
+    readonly retryDelay: number | null,
   ) {
     super(`${grpc.status[code]} ${reason || "(no reason)"}: ${details}`);
   }
@@ -134,6 +141,13 @@ export class PaymentsCaller {
   readonly attempts: [string, string | null, string][] = [];
   private readonly client: grpc.Client;
 
+  /**
+   * @param target the tool server's address
+   * @param protos the descriptor set's types
+   * @param maxAttempts attempts per call, the first included
+   * @param backoff the first retry's delay in seconds when no RetryInfo says one; doubled each time
+   * @param timeout each attempt's deadline in seconds
+   */
   constructor(
     target: string,
     protected readonly protos: Protos,
