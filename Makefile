@@ -32,6 +32,8 @@ CHAOS_RUN ?=
 # BUF_BREAKING_AGAINST is what `make lint` holds the protos to with buf breaking: by default the last
 # commit, so an uncommitted proto change that breaks wire or source compatibility fails lint.
 BUF_BREAKING_AGAINST ?= .git\#ref=HEAD
+# PROTOS_DIR is where `make protos-export` writes what a caller in another language needs.
+PROTOS_DIR ?= protos
 # FUZZ_TIME bounds each fuzz target's run in `make test`: an execution count, not a duration, because
 # Go before 1.27 can fail a clean duration-bounded run with "context deadline exceeded" when the
 # deadline races a busy worker (golang/go#75804). `make fuzz FUZZ_TIME=10m` digs deeper by hand.
@@ -62,6 +64,12 @@ $(BENCHSTAT):
 .PHONY: generate
 generate: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate gen/ from proto/ with buf and the local plugins.
 	PATH=$(PLUGIN_PATH) $(BUF) generate
+
+.PHONY: protos-export
+protos-export: $(BUF) ## Write the callers' protos to PROTOS_DIR: .proto sources (buf export) and a descriptor set with google/rpc.
+	$(BUF) export proto --exclude-path proto/idemgate/testing -o $(PROTOS_DIR)
+	go run ./internal/protoset/export -o $(PROTOS_DIR)/idemgate-callers.binpb
+	@echo "protos-export: $(PROTOS_DIR)/ has the .proto sources; $(PROTOS_DIR)/idemgate-callers.binpb is the FileDescriptorSet with google/rpc status and error_details"
 
 .PHONY: lint
 lint: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(STATICCHECK) ## go vet, staticcheck, gofmt, buf lint, buf format, buf breaking against the last commit, and a check that gen/ is fresh.
@@ -155,8 +163,8 @@ run-mcp: $(BUF) ## Serve the example payments tool server (make run-example) as 
 	$(BUF) build -o bin/payments.binpb --path proto/examples/payments/v1/payments.proto
 	go run ./cmd/idemgate-mcp -target 127.0.0.1:50052 -plaintext -descriptor-set bin/payments.binpb -listen 127.0.0.1:8080
 
-# NPM_DIRS hold the Node packages the MCP tests run (package-lock.json committed).
-NPM_DIRS := internal/mcptest/node examples/mcp-typescript-agent
+# NPM_DIRS hold the Node packages the MCP and polyglot tests run (package-lock.json committed).
+NPM_DIRS := internal/mcptest/node examples/mcp-typescript-agent examples/typescript
 
 .PHONY: npm-ci
 npm-ci: ## Install the MCP tests' Node packages (npm ci from the committed lock files).
