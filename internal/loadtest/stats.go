@@ -259,7 +259,7 @@ func writeReport(w io.Writer, rounds []round, settings string) {
 			formatValue(o.goal, o.Min), formatValue(o.goal, o.Max), met)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| row (medians across rounds) | p50 | p99 | req/s | calls | errors |")
+	fmt.Fprintln(w, "| row (medians across rounds) | p50 | p99 | req/s | calls (all rounds) | errors (all rounds) |")
 	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- |")
 	for _, id := range allRows {
 		s, ok := med[id]
