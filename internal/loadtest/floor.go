@@ -124,11 +124,11 @@ func captureFloor(ctx context.Context, dbURL string) (reserve, finish statement,
 
 	reserve, ok := find(begun, "INSERT INTO idemgate_records")
 	if !ok {
-		return statement{}, statement{}, "", fmt.Errorf("Begin sent no INSERT INTO idemgate_records; it sent:\n%s", sqlOf(begun))
+		return statement{}, statement{}, "", fmt.Errorf("pgstore's Begin sent no INSERT INTO idemgate_records; it sent:\n%s", sqlOf(begun))
 	}
 	finish, ok = find(finished, "UPDATE idemgate_records")
 	if !ok {
-		return statement{}, statement{}, "", fmt.Errorf("Finish sent no UPDATE idemgate_records; it sent:\n%s", sqlOf(finished))
+		return statement{}, statement{}, "", fmt.Errorf("pgstore's Finish sent no UPDATE idemgate_records; it sent:\n%s", sqlOf(finished))
 	}
 	return reserve, finish, key, nil
 }
