@@ -2,7 +2,9 @@ package main
 
 import (
 	"math"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -233,5 +235,17 @@ func TestGroupThousands(t *testing.T) {
 		if got := groupThousands(n); got != want {
 			t.Errorf("groupThousands(%d) = %q, want %q", n, got, want)
 		}
+	}
+}
+
+func TestDeadPid(t *testing.T) {
+	if _, ok := deadPid(strconv.Itoa(os.Getpid()) + "_abc_svc"); ok {
+		t.Error("this process counts as dead")
+	}
+	if _, ok := deadPid("notapid_svc"); ok {
+		t.Error("a name without a pid counts as a dead run's")
+	}
+	if _, ok := deadPid("12345"); ok {
+		t.Error("a name without a separator after the pid counts as a dead run's")
 	}
 }

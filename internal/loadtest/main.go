@@ -111,7 +111,7 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 		return config{}, fmt.Errorf("ghz: %w (make loadtest builds it with go install)", err)
 	}
 	if cfg.pgbench, err = exec.LookPath(cfg.pgbench); err != nil {
-		return config{}, fmt.Errorf("pgbench is needed for the floor pair and was not found (%v): install it with apt-get install postgresql-client, or pass -pgbench PATH", err)
+		return config{}, fmt.Errorf("pgbench is needed for the floor pair and was not found (%v): on Debian it comes with the server, apt-get install postgresql; or pass -pgbench PATH", err)
 	}
 	return cfg, nil
 }
@@ -147,7 +147,8 @@ func (lt *loadtest) run(ctx context.Context) error {
 	if err := os.MkdirAll(lt.cfg.results, 0o755); err != nil {
 		return err
 	}
-	if lt.tmp, err = os.MkdirTemp("", "idemgate-loadtest-"); err != nil {
+	removeDeadTemp()
+	if lt.tmp, err = os.MkdirTemp("", fmt.Sprintf("%s%d-", tmpPrefix, os.Getpid())); err != nil {
 		return err
 	}
 
@@ -229,9 +230,13 @@ func (lt *loadtest) run(ctx context.Context) error {
 // cleanup stops the servers, drops the databases and removes the temporary
 // directory; it runs however run ended.
 func (lt *loadtest) cleanup() {
+	start := time.Now()
 	stopAll()
+	fmt.Fprintf(os.Stderr, "loadtest: servers stopped (%s)\n", time.Since(start).Round(time.Millisecond))
 	if len(lt.dbs) > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		// DROP DATABASE waits for a checkpoint: seconds after a long run.
+		fmt.Fprintf(os.Stderr, "loadtest: dropping %s\n", strings.Join(lt.dbs, ", "))
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		if conn, err := pgx.Connect(ctx, lt.admin); err != nil {
 			fmt.Fprintf(os.Stderr, "loadtest: could not drop %s: %v\n", strings.Join(lt.dbs, ", "), err)
@@ -247,6 +252,34 @@ func (lt *loadtest) cleanup() {
 	if lt.tmp != "" {
 		_ = os.RemoveAll(lt.tmp)
 	}
+	fmt.Fprintf(os.Stderr, "loadtest: cleaned up (%s)\n", time.Since(start).Round(time.Millisecond))
+}
+
+// tmpPrefix names the temporary directories (binaries, the embedded
+// store); the pid that follows lets a later run remove those of a run that
+// was killed.
+const tmpPrefix = "idemgate-loadtest-"
+
+// removeDeadTemp removes the temporary directories of runs that are gone.
+func removeDeadTemp() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), tmpPrefix+"*"))
+	for _, dir := range dirs {
+		if pid, ok := deadPid(strings.TrimPrefix(filepath.Base(dir), tmpPrefix)); ok {
+			fmt.Printf("loadtest: removing %s, left by run %d that died\n", dir, pid)
+			_ = os.RemoveAll(dir)
+		}
+	}
+}
+
+// deadPid reads the pid that starts s (up to an underscore or a dash) and
+// reports whether no such process runs.
+func deadPid(s string) (int, bool) {
+	end := strings.IndexAny(s, "_-")
+	if end < 0 {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(s[:end])
+	return pid, err == nil && pid > 0 && errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
 }
 
 // createDatabases drops the databases of earlier runs that died, then
@@ -268,9 +301,8 @@ func (lt *loadtest) createDatabases(ctx context.Context) error {
 		return err
 	}
 	for _, name := range names {
-		pidText, _, _ := strings.Cut(strings.TrimPrefix(name, dbPrefix), "_")
-		if pid, err := strconv.Atoi(pidText); err == nil && errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
-			fmt.Printf("loadtest: dropping %s, left by a run that died\n", name)
+		if pid, ok := deadPid(strings.TrimPrefix(name, dbPrefix)); ok {
+			fmt.Printf("loadtest: dropping %s, left by run %d that died\n", name, pid)
 			if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
 				return err
 			}

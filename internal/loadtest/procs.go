@@ -106,7 +106,9 @@ func stopAll() {
 	serversMu.Lock()
 	defer serversMu.Unlock()
 	for i := len(servers) - 1; i >= 0; i-- {
+		start := time.Now()
 		servers[i].stop()
+		fmt.Fprintf(os.Stderr, "loadtest: %s stopped (%s)\n", servers[i].name, time.Since(start).Round(time.Millisecond))
 	}
 	servers = nil
 }
