@@ -8,6 +8,7 @@ PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 STATICCHECK_VERSION        := v0.8.2
 BENCHSTAT_VERSION          := v0.0.0-20260908200009-22c9c6c9d4da
+GHZ_VERSION                := v0.120.0
 
 TOOLS_DIR ?= $(HOME)/.cache/idemgate/tools
 BUF                := $(TOOLS_DIR)/buf-$(BUF_VERSION)/buf
@@ -15,6 +16,7 @@ PROTOC_GEN_GO      := $(TOOLS_DIR)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION)/protoc
 PROTOC_GEN_GO_GRPC := $(TOOLS_DIR)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION)/protoc-gen-go-grpc
 STATICCHECK        := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 BENCHSTAT          := $(TOOLS_DIR)/benchstat-$(BENCHSTAT_VERSION)/benchstat
+GHZ                := $(TOOLS_DIR)/ghz-$(GHZ_VERSION)/ghz
 PLUGIN_PATH        := $(dir $(PROTOC_GEN_GO)):$(dir $(PROTOC_GEN_GO_GRPC)):$(PATH)
 
 # DATABASE_URL is the PostgreSQL database `make run` serves from.
@@ -29,6 +31,12 @@ GO_TEST_FLAGS ?= -race -count=1 -timeout=15m
 SEED ?=
 LONG ?=
 CHAOS_RUN ?=
+# LOADTEST_DURATION is how long `make loadtest` drives each row in each round, LOADTEST_ROUNDS how
+# many interleaved rounds it runs (every row once a round); the defaults take about 5 minutes.
+# LOADTEST_ROWS selects rows by a regular expression on their names (empty: all).
+LOADTEST_DURATION ?= 10s
+LOADTEST_ROUNDS ?= 3
+LOADTEST_ROWS ?=
 # BUF_BREAKING_AGAINST is what `make lint` holds the protos to with buf breaking: by default the last
 # commit, so an uncommitted proto change that breaks wire or source compatibility fails lint.
 BUF_BREAKING_AGAINST ?= .git\#ref=HEAD
@@ -60,6 +68,9 @@ $(STATICCHECK):
 	GOBIN=$(@D) go install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 $(BENCHSTAT):
 	GOBIN=$(@D) go install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
+# ghz is built on first use by `make loadtest` only (it takes minutes), not by `make tools`.
+$(GHZ):
+	GOBIN=$(@D) go install github.com/bojand/ghz/cmd/ghz@$(GHZ_VERSION)
 
 .PHONY: generate
 generate: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate gen/ from proto/ with buf and the local plugins.
@@ -138,6 +149,10 @@ chaos: ## Run the chaos suite: real binaries, a throwaway PostgreSQL, seeded fau
 bench: $(BENCHSTAT) ## Run the benchmarks BENCH_COUNT times and summarise them with benchstat.
 	go test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) -timeout=60m ./interceptor/ | tee bench.txt
 	$(BENCHSTAT) bench.txt
+
+.PHONY: loadtest
+loadtest: $(GHZ) ## End-to-end load test of the real binaries with ghz and pgbench; prints issue 12's ratio table (LOADTEST_DURATION, LOADTEST_ROUNDS).
+	go run ./internal/loadtest -ghz '$(GHZ)' -duration '$(LOADTEST_DURATION)' -rounds '$(LOADTEST_ROUNDS)' -rows '$(LOADTEST_ROWS)'
 
 .PHONY: run
 run: ## Run the dedupe service on 127.0.0.1:50051 on the embedded store (no set-up; data in ~/.local/share/idemgate).
