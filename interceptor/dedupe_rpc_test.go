@@ -188,7 +188,7 @@ func TestNewRejectsInconsistentPolicies(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := g.Policy("/bad.v1.BadService/Charge").String(); got != "gated(action=/bad.v1.BadService/Charge, retention=24h0m0s, lease=30s, on_lost_outcome=reexecute, replay_codes=[NOT_FOUND FAILED_PRECONDITION], unknown_codes=[], max_wait=0s, keyless=reject, execution_timeout=1m0s)" {
+		if got := g.Policy("/bad.v1.BadService/Charge").String(); got != "gated(action=/bad.v1.BadService/Charge, retention=24h0m0s, lease=30s, on_lost_outcome=reexecute, replay_codes=[NOT_FOUND FAILED_PRECONDITION], unknown_codes=[], max_wait=0s, keyless=reject, execution_timeout=1m0s, finish=before_reply)" {
 			t.Errorf("Charge policy %s", got)
 		}
 		if got := g.Policy("/bad.v1.BadService/Get").String(); got != "ungated" {

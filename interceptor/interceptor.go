@@ -41,6 +41,21 @@ const (
 	// KeyDerivedHeader is the response header set to "true" when a keyless
 	// call was deduplicated on its fingerprint (KEYLESS_POLICY_FINGERPRINT).
 	KeyDerivedHeader = "idempotency-key-derived"
+	// ExpiresAtHeader is the response header, an RFC 3339 UTC time, until
+	// which the outcome is replayed to duplicates: on a replay the record's
+	// expires_at as the Dedupe service holds it; on a first execution the
+	// time this process sent its outcome to be stored (or, under
+	// FINISH_POLICY_AFTER_REPLY, answered) plus the method's retention, by
+	// this process's clock. The service counts the retention from when it
+	// stored the outcome, a moment later, so the record lives at least that
+	// long once stored. A trailer instead when the handler already sent the
+	// response headers.
+	ExpiresAtHeader = "idempotency-expires-at"
+	// OriginalTimeHeader is the response header, an RFC 3339 UTC time, that
+	// every answer from a stored outcome carries (a replay, from the Dedupe
+	// service or the replay cache): when that outcome was stored, the
+	// record's completed_at.
+	OriginalTimeHeader = "idempotency-original-time"
 )
 
 // DedupeServiceConfig is a gRPC service config for the client connection to
