@@ -56,7 +56,8 @@ const (
 	// OriginalTimeHeader is the response header, an RFC 3339 UTC time, that
 	// every answer from a stored outcome carries (a replay, from the Dedupe
 	// service or the replay cache): when that outcome was stored, the
-	// record's completed_at.
+	// record's completed_at (from a replay cache entry this process filled
+	// with its own Finish: when it sent that Finish).
 	OriginalTimeHeader = "idempotency-original-time"
 )
 
@@ -201,7 +202,8 @@ func strictRefusals(unclassified []string, o options) []string {
 }
 
 // Close waits until every outcome and release still being retried in the
-// background is settled or given up. When ctx ends first it stops those
+// background, and every FINISH_POLICY_AFTER_REPLY outcome not yet stored,
+// is settled or given up. When ctx ends first it stops those
 // retries (each is logged and counted as given up: its record runs down its
 // lease to its on_lost_outcome path), waits for them to return, and returns
 // ctx's error. Call it after the gRPC server stopped.
