@@ -147,6 +147,18 @@ func TestEveryGatedAnswerSaysWhenItsKeyExpires(t *testing.T) {
 	}
 	headerTime(t, header, interceptor.ExpiresAtHeader)
 
+	// A handler that sent its headers itself leaves the trailer as the
+	// only place for the expiry.
+	sent := &testingv1.MutateRequest{Payload: "headers sent", SendHeader: true, SetHeader: []*testingv1.MetadataPair{pair("x-a", []byte("1"))}}
+	var sentHeader, sentTrailer metadata.MD
+	if _, err := h.client.Mutate(withKey("expires-3"), sent, grpc.Header(&sentHeader), grpc.Trailer(&sentTrailer)); err != nil {
+		t.Fatal(err)
+	}
+	if len(sentHeader.Get(interceptor.ExpiresAtHeader)) != 0 {
+		t.Fatalf("expiry in a header the handler had already sent: %v", sentHeader)
+	}
+	headerTime(t, sentTrailer, interceptor.ExpiresAtHeader)
+
 	ages := replayAges(t, reg)
 	if ages[mutate] != 1 || ages[testingv1.TestService_MutateReplayErrors_FullMethodName] != 1 {
 		t.Fatalf("replay age samples %v, want one per replayed method", ages)
