@@ -184,3 +184,14 @@ func (m *Metrics) quota(quota string) {
 func (m *Metrics) QuotaCounter(quota string) prometheus.Counter {
 	return m.quotas.WithLabelValues(quota)
 }
+
+// ReplayCountsDropped returns idemgate_dedupe_replay_counts_dropped_total,
+// for tests and dashboards built in Go.
+func (m *Metrics) ReplayCountsDropped() prometheus.Counter { return m.dropped }
+
+// ForgottenCounter returns the counter of
+// idemgate_dedupe_records_forgotten_total for records forgotten in state,
+// forced or not, for tests and dashboards built in Go.
+func (m *Metrics) ForgottenCounter(state string, forced bool) prometheus.Counter {
+	return m.forgotten.WithLabelValues(state, strconv.FormatBool(forced))
+}
