@@ -416,7 +416,6 @@ func safe(s string) string {
 
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 
-
 func envOr(key, def string) string {
 	if v := os.Getenv(key); v != "" {
 		return v
