@@ -172,13 +172,12 @@ func (r *ReplayRecorder) Flush(ctx context.Context) error {
 	defer r.flushMu.Unlock()
 	r.mu.Lock()
 	batch := r.pending
-	if len(batch) > 0 {
-		r.pending = make(map[replayKey]*replayEntry, len(batch))
-	}
-	r.mu.Unlock()
 	if len(batch) == 0 {
+		r.mu.Unlock()
 		return nil
 	}
+	r.pending = make(map[replayKey]*replayEntry, len(batch))
+	r.mu.Unlock()
 	now := time.Now()
 	counts := make([]ReplayCount, 0, len(batch))
 	var total int64
