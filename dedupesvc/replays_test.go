@@ -197,12 +197,17 @@ func TestReplayRecorderCountsEachReplayOnceUnderConcurrentFlushes(t *testing.T) 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); recorder.Run(ctx) }()
-	const writers, each = 4, 500
+	const writers, each = 4, 200
 	var wg sync.WaitGroup
 	for w := range writers {
 		wg.Go(func() {
 			for i := range each {
 				recorder.Record(dedupesvc.RecordID{Scope: "/s/M", Key: string(rune('a' + (w+i)%7))}, time.Unix(0, 0))
+				if i%2 == 0 {
+					// Pauses let flushes find nothing pending too, while
+					// other replays arrive.
+					time.Sleep(100 * time.Microsecond)
+				}
 			}
 		})
 	}
