@@ -389,6 +389,20 @@ func TestShowListAndForgetEndToEnd(t *testing.T) {
 			if byAge := idemctl(t, 0, addr, adminToken, "list", "-sort", "replay-age"); !strings.Contains(byAge, "order-1") || !strings.Contains(byAge, "order-2") || strings.Contains(byAge, "order-3") {
 				t.Fatalf("list -sort replay-age:\n%s", byAge)
 			}
+			// Paging keeps the order: a page token of one order does not
+			// resume a listing in another.
+			first := idemctl(t, 0, addr, adminToken, "list", "-sort", "replays", "-limit", "1")
+			_, pageToken, found := strings.Cut(first, "-page-token ")
+			pageToken, _, _ = strings.Cut(pageToken, " ")
+			if !found || !strings.Contains(first, "order-1") || strings.Contains(first, "order-2") {
+				t.Fatalf("list -sort replays -limit 1:\n%s", first)
+			}
+			if next := idemctl(t, 0, addr, adminToken, "list", "-sort", "replays", "-limit", "1", "-page-token", pageToken); !strings.Contains(next, "order-2") || strings.Contains(next, "order-1") {
+				t.Fatalf("the second page by replays:\n%s", next)
+			}
+			if out := idemctl(t, 1, addr, adminToken, "list", "-page-token", pageToken); !strings.Contains(out, "same order") {
+				t.Fatalf("a replay listing's page token in the default order:\n%s", out)
+			}
 			if out := idemctl(t, 2, addr, adminToken, "list", "-sort", "newest"); !strings.Contains(out, "replay-age") {
 				t.Fatalf("list -sort newest:\n%s", out)
 			}
