@@ -3,6 +3,12 @@
 // outcome. It is shared infrastructure that every gated tool server calls
 // through the interceptor package.
 //
+// A replay never writes at Begin: with [WithReplayRecorder] the service counts
+// replays per record in memory and adds them to the store in one statement
+// per flush ([ReplayRecorder], [ReplayCounter]), so an operator sees every
+// suppressed execution; [AdminServer] also lets an operator forget a key
+// ([Forgetter]).
+//
 // The service is a thin, validating layer over a [Store]; the PostgreSQL
 // implementation lives in dedupesvc/pgstore. Run it with cmd/dedupesvc, or
 // embed it:
