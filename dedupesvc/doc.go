@@ -16,5 +16,5 @@
 //	store := pgstore.New(pool)
 //	srv := grpc.NewServer()
 //	idemgatev1.RegisterDedupeServiceServer(srv, dedupesvc.NewServer(store))
-//	go dedupesvc.NewSweeper(store).Run(ctx)
+//	go dedupesvc.NewSweeper(store, dedupesvc.SweeperConfig{}).Run(ctx)
 package dedupesvc
