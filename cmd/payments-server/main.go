@@ -1,5 +1,8 @@
 // Command payments-server runs the example PaymentsService tool server,
-// gated by the idemgate interceptor against a running dedupe service.
+// gated by the idemgate interceptor against a running dedupe service. It
+// checks the Dedupe service at start (logging the result; it starts either
+// way), logs failing Dedupe RPCs, and serves the gRPC health service with
+// idemgate.dedupe SERVING only while the Dedupe service answers.
 //
 //	payments-server [-listen 127.0.0.1:50052] [-dedupe 127.0.0.1:50051]
 package main
@@ -19,6 +22,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/examples/payments"
@@ -53,7 +58,9 @@ func run(listen, dedupeAddr, token string, logger *slog.Logger) error {
 		return fmt.Errorf("dedupe client: %w", err)
 	}
 	defer conn.Close()
-	gate, err := interceptor.New(idemgatev1.NewDedupeServiceClient(conn), interceptor.WithLogger(logger))
+	// WithDedupeConn: failing Dedupe RPCs are logged with its address, and
+	// WatchDedupe follows the connection.
+	gate, err := interceptor.New(idemgatev1.NewDedupeServiceClient(conn), interceptor.WithLogger(logger), interceptor.WithDedupeConn(conn))
 	if err != nil {
 		return err
 	}
@@ -62,16 +69,31 @@ func run(listen, dedupeAddr, token string, logger *slog.Logger) error {
 		gate.UnaryServerInterceptor(),
 	))
 	paymentsv1.RegisterPaymentsServiceServer(srv, &payments.Server{Ledger: &payments.Ledger{}})
+	// The server itself serves ("") whatever the Dedupe service does, so
+	// its reads keep working; idemgate.dedupe says whether gated calls can.
+	healthSrv := health.NewServer()
+	healthpb.RegisterHealthServer(srv, healthSrv)
 	if err := gate.CheckServer(srv); err != nil {
 		return err // a served method nobody classified
 	}
 
 	lis, err := net.Listen("tcp", listen)
 	if err != nil {
-		return err
+		return fmt.Errorf("-listen %s: %w", listen, err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// Not fatal: the Dedupe service may come up after the tool server, and
+	// gated calls fail closed until it does.
+	checkCtx, cancelCheck := context.WithTimeout(ctx, 5*time.Second)
+	if err := gate.CheckDedupe(checkCtx); err != nil {
+		logger.Warn("the Dedupe service does not serve this tool server yet; gated calls fail closed until it does",
+			slog.String("dedupe", dedupeAddr), slog.Any("error", err))
+	} else {
+		logger.Info("the Dedupe service serves this tool server", slog.String("dedupe", dedupeAddr))
+	}
+	cancelCheck()
+	go gate.WatchDedupe(ctx, healthSrv)
 	go func() { <-ctx.Done(); srv.GracefulStop() }()
 	defer func() {
 		// Outcomes whose Finish is still being retried get a last chance.
