@@ -165,9 +165,12 @@ func (d *dedupeObserver) observe(rpc string, err error, log bool) {
 		return
 	}
 	d.failures++
+	if !log {
+		return
+	}
 	code := status.Code(err)
 	now := d.now()
-	if !log || (d.logged && code == d.lastCode && now.Sub(d.lastLine) < d.every) || (!d.logged && !d.lastLine.IsZero() && now.Sub(d.lastLine) < d.every) {
+	if (d.logged && code == d.lastCode && now.Sub(d.lastLine) < d.every) || (!d.logged && !d.lastLine.IsZero() && now.Sub(d.lastLine) < d.every) {
 		// The same failure again within the interval, or a failure
 		// right after a recovery (a flapping service): counted.
 		d.suppressed++

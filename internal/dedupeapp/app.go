@@ -124,7 +124,7 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 		applied, err := pgstore.Migrate(ctx, pool)
 		if err != nil {
 			pool.Close()
-			return backend{}, fmt.Errorf("migrate: %w", err)
+			return backend{}, fmt.Errorf("migrate (-migrate-on-start): %w", err)
 		}
 		logger.Info("migrations applied", slog.Any("applied", applied))
 	}
@@ -142,7 +142,7 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 	// does the same when it opens.
 	if err := b.store.(dedupesvc.Resumer).MarkResumed(ctx); err != nil {
 		pool.Close()
-		return backend{}, fmt.Errorf("mark the store resumed (is the schema migrated?): %w", err)
+		return backend{}, fmt.Errorf("mark the store resumed: %w; is the schema migrated? run dedupesvc migrate, or serve with -migrate-on-start=true", err)
 	}
 	return b, nil
 }
@@ -404,7 +404,8 @@ func securityOptions(cfg Config, logger *slog.Logger) ([]grpc.ServerOption, *aut
 	}
 	authenticator, err := auth.New(authCfg)
 	if err != nil {
-		return nil, nil, err
+		// What auth.New refuses is the tokens, which come from the file.
+		return nil, nil, fmt.Errorf("-token-file %s: %w", cfg.TokenFile, err)
 	}
 	return opts, authenticator, nil
 }
@@ -446,7 +447,7 @@ func tracingOption(ctx context.Context, cfg Config, logger *slog.Logger) ([]grpc
 		}
 		exporter, err := otlptracegrpc.New(ctx, opts...)
 		if err != nil {
-			return nil, nil, fmt.Errorf("OTLP exporter: %w", err)
+			return nil, nil, fmt.Errorf("-otlp-endpoint %s: OTLP exporter: %w", cfg.OTLPEndpoint, err)
 		}
 		sdk := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter),
 			sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", "idemgate-dedupesvc"))))

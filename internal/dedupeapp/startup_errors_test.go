@@ -82,6 +82,10 @@ func TestStartupErrorsNameTheirFlag(t *testing.T) {
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte("tool client short\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -95,6 +99,7 @@ func TestStartupErrorsNameTheirFlag(t *testing.T) {
 		{"data directory under a file", dedupeapp.Config{DataDir: filepath.Join(file, "data")}, "-data-dir " + filepath.Join(file, "data") + ": "},
 		{"unparsable database URL", dedupeapp.Config{DatabaseURL: "postgres://a b@/%zz"}, "-database-url: "},
 		{"unreachable database", dedupeapp.Config{DatabaseURL: "postgres://postgres@127.0.0.1:1/x?connect_timeout=5"}, "-database-url (DATABASE_URL): "},
+		{"a token too short", dedupeapp.Config{DataDir: t.TempDir(), TokenFile: tokens}, "-token-file " + tokens + ": "},
 		{"metrics address in use", dedupeapp.Config{DataDir: t.TempDir(), MetricsListen: busy.Addr().String()}, "-metrics-listen " + busy.Addr().String() + ": "},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
