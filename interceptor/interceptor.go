@@ -140,6 +140,7 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 			"classify them, or use WithStrict to refuse such methods", slog.Any("methods", r.unclassified))
 	}
 	backgroundCtx, stopBackground := context.WithCancel(context.Background())
+	dedupe = newDedupeObserver(dedupe, o) // logs failing Dedupe RPCs; see dedupeconn.go
 	return &Gate{dedupe: dedupe, methods: r.gated, unclassified: r.unclassified, services: r.services, opts: o, metrics: metrics,
 		backgroundCtx: backgroundCtx, stopBackground: stopBackground, lostBegins: make(chan struct{}, maxLostBeginFollowUps),
 		replays: newReplayCache(o.replayEntries, o.replayBytes, o.replayTTL)}, nil
