@@ -142,7 +142,7 @@ run-postgres: ## Run the dedupe service on 127.0.0.1:50051 against PostgreSQL at
 	go run ./cmd/dedupesvc --database-url "$(DATABASE_URL)"
 
 .PHONY: demo
-demo: ## Replay the essay's incident: 300 orders through timeouts, auto-retries and re-emissions, without and with idemgate.
+demo: ## Replay the double-charge incident idemgate grew from: 300 orders through timeouts, auto-retries and re-emissions, without and with idemgate.
 	go run ./cmd/incident-replay
 
 .PHONY: run-example
