@@ -191,10 +191,10 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	if r.Ungated, err = runScenario(ctx, cfg, plan, "without idemgate", nil, ungated); err != nil {
 		return r, err
 	}
-	if r.Gated, err = runScenario(ctx, cfg, plan, "idemgate, key from the orchestration layer", gateFor(dedupe, runID+"-a"), orchestrated); err != nil {
+	if r.Gated, err = runScenario(ctx, cfg, plan, "idemgate, key from the orchestration layer", gateFor(dedupe, runID+"-a", cfg), orchestrated); err != nil {
 		return r, err
 	}
-	if r.FreshKey, err = runScenario(ctx, cfg, plan, "idemgate, model re-emits with its own key", gateFor(dedupe, runID+"-b"), freshModel); err != nil {
+	if r.FreshKey, err = runScenario(ctx, cfg, plan, "idemgate, model re-emits with its own key", gateFor(dedupe, runID+"-b", cfg), freshModel); err != nil {
 		return r, err
 	}
 	r.Elapsed = time.Since(start)
@@ -285,11 +285,14 @@ func startDedupe(ctx context.Context, cfg Config) (idemgatev1.DedupeServiceClien
 }
 
 // gateFor builds a gate whose records live under their own tenant, so runs
-// and scenarios never replay each other's outcomes.
-func gateFor(dedupe idemgatev1.DedupeServiceClient, tenant string) func() (*interceptor.Gate, error) {
+// and scenarios never replay each other's outcomes. Its Dedupe calls get the
+// call deadline, not the 5s default: on a starved machine a Begin can take
+// that long, and a Begin given up on would change the replay's numbers.
+func gateFor(dedupe idemgatev1.DedupeServiceClient, tenant string, cfg Config) func() (*interceptor.Gate, error) {
 	return func() (*interceptor.Gate, error) {
 		return interceptor.New(dedupe,
 			interceptor.WithTenant(func(context.Context) (string, error) { return "incident-" + tenant, nil }),
+			interceptor.WithDedupeTimeout(cfg.CallDeadline),
 			interceptor.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	}
 }
@@ -302,16 +305,16 @@ const (
 )
 
 // network is the simulated network's memory of slow calls: for each attempt
-// sent slow, whether the provider has acted on it and whether the client has
-// given up on it.
+// sent slow, whether the provider has acted on it, whether the client has
+// given up on it, and whether the server is done with it.
 type network struct {
 	mu    sync.Mutex
 	calls map[string]*slowCall
 }
 
 type slowCall struct {
-	acted, gaveUp         chan struct{}
-	actedOnce, gaveUpOnce sync.Once
+	acted, gaveUp, served             chan struct{}
+	actedOnce, gaveUpOnce, servedOnce sync.Once
 }
 
 func (n *network) call(id string) *slowCall {
@@ -319,10 +322,23 @@ func (n *network) call(id string) *slowCall {
 	defer n.mu.Unlock()
 	c, ok := n.calls[id]
 	if !ok {
-		c = &slowCall{acted: make(chan struct{}), gaveUp: make(chan struct{})}
+		c = &slowCall{acted: make(chan struct{}), gaveUp: make(chan struct{}), served: make(chan struct{})}
 		n.calls[id] = c
 	}
 	return c
+}
+
+// serve marks a slow call done at the server once everything on it has run,
+// the gate's Finish included: the slow response would now be on its way.
+func (n *network) serve(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if flag(ctx, slowHeader) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		if ids := md.Get(attemptHeader); len(ids) == 1 {
+			c := n.call(ids[0])
+			defer c.servedOnce.Do(func() { close(c.served) })
+		}
+	}
+	return handler(ctx, req)
 }
 
 // provider is the simulated payment provider's answer. A slow call's answer
@@ -355,7 +371,7 @@ func runScenario(ctx context.Context, cfg Config, plan []order, name string, new
 	// Outside the gate: a response lost on the way back, after everything
 	// ran. Inside the handler: a slow provider answer, after the side
 	// effect ran.
-	chain := []grpc.UnaryServerInterceptor{stall(cfg.stall), loseResponse}
+	chain := []grpc.UnaryServerInterceptor{nw.serve, stall(cfg.stall), loseResponse}
 	if newGate != nil {
 		gate, err := newGate()
 		if err != nil {
@@ -526,10 +542,15 @@ func (rt *runtime) act(ctx context.Context, key string, a action, modelKey strin
 }
 
 // send makes one call attempt. A slow attempt times out in simulated time:
-// the client gives up on it as soon as the provider has acted on it, then
-// lets the provider answer (to nobody). No wall-clock timer races the call.
+// the client gives up on it as soon as the provider has acted on it, lets the
+// provider answer (to nobody), and returns once the server is done with the
+// call, so that the framework's retry comes after the slow response, as it
+// does when the client's timeout plus its back-off outlast the response. No
+// wall-clock timer races the call, and no retry races the first call's
+// Finish against the gate's max_wait.
 func (rt *runtime) send(ctx context.Context, key string, at attempt, call func(context.Context, ...grpc.CallOption) error) error {
 	rt.calls.Add(1)
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, rt.cfg.CallDeadline)
 	defer cancel()
 	id := strconv.FormatInt(rt.attempts.Add(1), 10)
@@ -551,6 +572,14 @@ func (rt *runtime) send(ctx context.Context, key string, at attempt, call func(c
 	var header metadata.MD
 	err := call(ctx, grpc.Header(&header))
 	if timedOut.Load() {
+		c := rt.net.call(id)
+		c.gaveUpOnce.Do(func() { close(c.gaveUp) })
+		wait, stop := context.WithTimeout(parent, rt.cfg.CallDeadline)
+		select {
+		case <-c.served:
+		case <-wait.Done():
+		}
+		stop()
 		return status.Error(codes.DeadlineExceeded, "incident: the client timed out waiting for a slow response")
 	}
 	if err == nil && interceptor.IsReplayed(header) {
