@@ -1,3 +1,8 @@
+//go:build faults
+
+// Real dedupesvc processes on one data directory: in `make faults` with the
+// other real-process tests.
+
 package main_test
 
 import (
