@@ -1,0 +1,140 @@
+package mcpgate_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/mcpgate"
+)
+
+// The concurrency promise holds on both stores, in process and over gRPC.
+func TestConcurrentDuplicatesRunOnceOnPostgreSQL(t *testing.T) {
+	f := setup(t, grpcDedupe(t))
+	const n = 6
+	results := make([]*mcp.CallToolResult, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() { defer wg.Done(); results[i] = call(t, f.client, "charge", "order-pg", order) }()
+	}
+	wg.Wait()
+	if c := f.tools.charges.Load(); c != 1 {
+		t.Fatalf("charges = %d, want 1", c)
+	}
+	ids := map[any]bool{}
+	for _, res := range results {
+		if res.IsError {
+			wantReason(t, res, mcpgate.ReasonInFlight)
+			continue
+		}
+		ids[structured(t, res)["charge_id"]] = true
+	}
+	if len(ids) != 1 {
+		t.Fatalf("charge ids %v, want one", ids)
+	}
+}
+
+// failingDedupe is a Dedupe service that cannot be reached.
+type failingDedupe struct{ idemgatev1.DedupeServiceClient }
+
+func (failingDedupe) Begin(context.Context, *idemgatev1.BeginRequest, ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
+	return nil, status.Error(codes.InvalidArgument, "refused") // a definite refusal: nothing to follow up
+}
+
+func TestAnUnreachableStoreFailsClosed(t *testing.T) {
+	f := setup(t, failingDedupe{})
+	e := wantReason(t, call(t, f.client, "charge", "k", order), mcpgate.ReasonStoreRejected)
+	if e["code"] != "INTERNAL" || f.tools.charges.Load() != 0 {
+		t.Fatalf("refusal %v after %d charges, want INTERNAL and no charge", e, f.tools.charges.Load())
+	}
+}
+
+type unavailableDedupe struct{ idemgatev1.DedupeServiceClient }
+
+func (unavailableDedupe) Begin(context.Context, *idemgatev1.BeginRequest, ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
+	return nil, status.Error(codes.Unavailable, "down")
+}
+
+func TestADownStoreAnswersStoreUnavailable(t *testing.T) {
+	f := setup(t, unavailableDedupe{}, mcpgate.WithFinishRetryBudget(1))
+	e := wantReason(t, call(t, f.client, "charge", "k", order), mcpgate.ReasonStoreUnavailable)
+	if e["advice"] != "retry_same_key" || e["retryAfterSeconds"] == nil || f.tools.charges.Load() != 0 {
+		t.Fatalf("refusal %v after %d charges, want retry_same_key with a delay and no charge", e, f.tools.charges.Load())
+	}
+}
+
+// Under REEXECUTE a tool whose outcome is unknown frees its key: the retry
+// runs.
+func TestAnUnknownOutcomeUnderReexecuteRunsAgain(t *testing.T) {
+	dedupe := embeddedDedupe(t)
+	server := mcp.NewServer(&mcp.Implementation{Name: "s"}, nil)
+	var runs int
+	mcp.AddTool(server, &mcp.Tool{Name: "send"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+		runs++
+		if runs == 1 {
+			return nil, nil, context.DeadlineExceeded
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "sent"}}}, nil, nil
+	})
+	if _, err := mcpgate.New(context.Background(), dedupe, server, mcpgate.WithLogger(quiet()),
+		mcpgate.WithTool("send", mcpgate.ToolPolicy{OnLostOutcome: idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_REEXECUTE})); err != nil {
+		t.Fatal(err)
+	}
+	ct, st := mcp.NewInMemoryTransports()
+	if _, err := server.Connect(context.Background(), st, nil); err != nil {
+		t.Fatal(err)
+	}
+	cs := connect(t, ct)
+	if res := call(t, cs, "send", "k", nil); !res.IsError {
+		t.Fatalf("first = %+v, want the tool's error", res)
+	}
+	if res := call(t, cs, "send", "k", nil); res.IsError || replayed(res) || runs != 2 {
+		t.Fatalf("retry = %+v after %d runs, want a second run", res, runs)
+	}
+}
+
+// A tool added after New is classified on its first call: gated by MCP's
+// defaults, refused under strict mode.
+func TestToolsAddedLater(t *testing.T) {
+	for _, strict := range []bool{false, true} {
+		ts := &tools{}
+		server := ts.newServer()
+		opts := []mcpgate.Option{mcpgate.WithLogger(quiet()), mcpgate.WithTool("charge", mcpgate.ToolPolicy{})}
+		if strict {
+			opts = append(opts, mcpgate.WithStrict())
+		}
+		if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, opts...); err != nil {
+			t.Fatal(err)
+		}
+		var runs int
+		mcp.AddTool(server, &mcp.Tool{Name: "late"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+			runs++
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "done"}}}, nil, nil
+		})
+		ct, st := mcp.NewInMemoryTransports()
+		if _, err := server.Connect(context.Background(), st, nil); err != nil {
+			t.Fatal(err)
+		}
+		cs := connect(t, ct)
+		if strict {
+			e := wantReason(t, call(t, cs, "late", "k", nil), mcpgate.ReasonStoreRejected)
+			if !strings.Contains(e["message"].(string), `"late"`) || runs != 0 {
+				t.Fatalf("strict: %v after %d runs, want a refusal naming late and no run", e, runs)
+			}
+			continue
+		}
+		wantReason(t, call(t, cs, "late", "", nil), mcpgate.ReasonKeyMissing)
+		call(t, cs, "late", "k", nil)
+		if res := call(t, cs, "late", "k", nil); !replayed(res) || runs != 1 {
+			t.Fatalf("late tool: %+v after %d runs, want gated", res, runs)
+		}
+	}
+}
