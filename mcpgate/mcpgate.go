@@ -524,7 +524,7 @@ func (g *Gate) run(ctx context.Context, next mcp.MethodHandler, call *mcp.CallTo
 		a.Lost("the tool's result cannot be stored", slog.Any("error", err))
 		return res, nil
 	}
-	if fenced := a.Finish(outcome); fenced {
+	if fenced := a.Finish(outcome, false); fenced {
 		return mcpwire.ErrorResult(g.engine.AnswerFenced()), nil
 	}
 	return &storedResult{raw: raw, replayed: false, derived: derived}, nil

@@ -2,6 +2,7 @@ package gatecore
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -68,13 +69,20 @@ func (a *Attempt) Abandon() {
 	a.cancel()
 }
 
+// Fenced reports whether the attempt lost its reservation while it ran.
+func (a *Attempt) Fenced() bool { return errors.Is(context.Cause(a.hctx), ErrFenced) }
+
 // Finish stores the outcome of a handler that ran. An outcome over the size
 // limit (the Engine's, or the Dedupe service's when it is lower) is replaced
 // by a ResultTooLarge marker, so a duplicate never runs the side effect again
 // for want of a stored outcome. It reports whether the store refused the
 // outcome at once because the attempt had been fenced: its caller must then
 // get AnswerFenced, not this attempt's answer.
-func (a *Attempt) Finish(outcome *anypb.Any) (fenced bool) {
+//
+// With afterReply it returns at once, reporting false, and stores the
+// outcome in the background (FINISH_POLICY_AFTER_REPLY), the lease renewed
+// until it is stored or given up; Close waits for it.
+func (a *Attempt) Finish(outcome *anypb.Any, afterReply bool) (fenced bool) {
 	defer a.cancel()
 	e, c := a.e, a.c
 	req := &idemgatev1.FinishRequest{Scope: c.Scope, Key: c.Key, AttemptToken: c.Token, Epoch: a.epoch, Outcome: e.boundedOutcome(a.ctx, c, outcome, e.opts.MaxOutcome)}
@@ -90,14 +98,14 @@ func (a *Attempt) Finish(outcome *anypb.Any) (fenced bool) {
 				_, err = e.dedupe.Finish(ctx, req)
 			}
 			if err == nil && c.Stored != nil {
-				c.Stored(req.GetOutcome(), sent.Add(c.Retention))
+				c.Stored(req.GetOutcome(), sent)
 			}
 			return err
 		},
 		retryEvent: EventFinishRetry,
 		failEvent:  EventOutcomeLost,
 		lost:       "the side effect ran and the caller got its response, but the outcome could not be stored",
-	})
+	}, afterReply)
 }
 
 // Release gives the reservation up after a handler error, so a retry runs;
@@ -229,7 +237,7 @@ func (e *Engine) release(ctx context.Context, c *Call, epoch int64, unknown bool
 		retryEvent: EventReleaseRetry,
 		failEvent:  EventReleaseFailure,
 		lost:       lost,
-	})
+	}, false)
 }
 
 // settlement is one way to end a reservation: Finish or Release.
@@ -255,12 +263,18 @@ type settlement struct {
 //
 // It reports whether that first attempt was refused because the attempt had
 // been fenced.
-func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseKeeper, s settlement) (fenced bool) {
+//
+// With inBackground even the first attempt runs in the background: settle
+// returns at once, reporting false, and the lease is renewed until the
+// matter is settled or given up, as for the retries.
+func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseKeeper, s settlement, inBackground bool) (fenced bool) {
 	lease.settling.Store(true)
 	detached := context.WithoutCancel(ctx)
-	if settled, fenced := e.trySettle(detached, c, epoch, s); settled {
-		lease.stop()
-		return fenced
+	if !inBackground {
+		if settled, fenced := e.trySettle(detached, c, epoch, s); settled {
+			lease.stop()
+			return fenced
+		}
 	}
 	e.background.Add(1)
 	go func() {
@@ -270,6 +284,11 @@ func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseK
 		defer cancel()
 		defer context.AfterFunc(e.backgroundCtx, cancel)()
 		deadline := time.Now().Add(e.opts.FinishBudget)
+		if inBackground {
+			if settled, _ := e.trySettle(bctx, c, epoch, s); settled {
+				return
+			}
+		}
 		backoff := 100 * time.Millisecond
 		for time.Now().Add(backoff).Before(deadline) {
 			if !sleep(bctx, backoff) {

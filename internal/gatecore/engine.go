@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/grpcerr"
@@ -162,9 +163,9 @@ type Call struct {
 	// BeginRequest is the call's Begin.
 	BeginRequest *idemgatev1.BeginRequest
 	// Stored, when set, is told every outcome the service took for this
-	// call and when its record expires by this process's estimate (for a
-	// replay cache).
-	Stored func(outcome *anypb.Any, expires time.Time)
+	// call and when its Finish was sent, this process's estimate of when
+	// it was stored (the record expires Retention after that).
+	Stored func(outcome *anypb.Any, sent time.Time)
 }
 
 // NewCall returns the call that reserves key in scope for a request with
@@ -205,9 +206,10 @@ type Begun struct {
 	// BeginTook is how long Begin took to answer (Reserved): a reservation
 	// made early in a slow Begin has used that much of its lease.
 	BeginTook time.Duration
-	// Outcome and ExpiresAt of the stored record (Completed).
-	Outcome   *anypb.Any
-	ExpiresAt time.Time
+	// Outcome, CompletedAt and ExpiresAt of the stored record (Completed);
+	// a time the service did not send is zero.
+	Outcome                *anypb.Any
+	CompletedAt, ExpiresAt time.Time
 }
 
 // Begin reserves the call's key. It returns Reserved, Completed or Unknown
@@ -231,7 +233,8 @@ func (e *Engine) Begin(ctx context.Context, c *Call) (Begun, error) {
 	case *idemgatev1.BeginResponse_Reserved_:
 		return Begun{Kind: Reserved, Epoch: result.Reserved.GetEpoch(), BeginTook: time.Since(sent)}, nil
 	case *idemgatev1.BeginResponse_Completed_:
-		return Begun{Kind: Completed, Outcome: result.Completed.GetOutcome(), ExpiresAt: result.Completed.GetExpiresAt().AsTime()}, nil
+		return Begun{Kind: Completed, Outcome: result.Completed.GetOutcome(),
+			CompletedAt: timeOf(result.Completed.GetCompletedAt()), ExpiresAt: timeOf(result.Completed.GetExpiresAt())}, nil
 	case *idemgatev1.BeginResponse_InFlight_:
 		return Begun{}, grpcerr.New(codes.Aborted, ReasonInFlight,
 			"another call with this idempotency key is still running; retry with the same key to get its outcome",
@@ -246,6 +249,15 @@ func (e *Engine) Begin(ctx context.Context, c *Call) (Begun, error) {
 		return Begun{}, grpcerr.New(codes.Internal, ReasonStoreRejected,
 			fmt.Sprintf("the Dedupe service answered Begin with an unknown result %T", result), nil, 0)
 	}
+}
+
+// timeOf is ts as a time, or the zero time when the Dedupe service sent
+// none.
+func timeOf(ts *timestamppb.Timestamp) time.Time {
+	if ts == nil {
+		return time.Time{}
+	}
+	return ts.AsTime()
 }
 
 // OutcomeUnknown is the refusal of a call whose key's outcome was lost.
