@@ -8,6 +8,7 @@ PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 STATICCHECK_VERSION        := v0.8.2
 BENCHSTAT_VERSION          := v0.0.0-20260908200009-22c9c6c9d4da
+GHZ_VERSION                := v0.120.0
 
 TOOLS_DIR ?= $(HOME)/.cache/idemgate/tools
 BUF                := $(TOOLS_DIR)/buf-$(BUF_VERSION)/buf
@@ -15,6 +16,7 @@ PROTOC_GEN_GO      := $(TOOLS_DIR)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION)/protoc
 PROTOC_GEN_GO_GRPC := $(TOOLS_DIR)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION)/protoc-gen-go-grpc
 STATICCHECK        := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 BENCHSTAT          := $(TOOLS_DIR)/benchstat-$(BENCHSTAT_VERSION)/benchstat
+GHZ                := $(TOOLS_DIR)/ghz-$(GHZ_VERSION)/ghz
 PLUGIN_PATH        := $(dir $(PROTOC_GEN_GO)):$(dir $(PROTOC_GEN_GO_GRPC)):$(PATH)
 
 # DATABASE_URL is the PostgreSQL database `make run` serves from.
@@ -29,9 +31,17 @@ GO_TEST_FLAGS ?= -race -count=1 -timeout=15m
 SEED ?=
 LONG ?=
 CHAOS_RUN ?=
+# LOADTEST_DURATION is how long `make loadtest` drives each row in each round, LOADTEST_ROUNDS how
+# many interleaved rounds it runs (every row once a round); the defaults take about 5 minutes.
+# LOADTEST_ROWS selects rows by a regular expression on their names (empty: all).
+LOADTEST_DURATION ?= 10s
+LOADTEST_ROUNDS ?= 3
+LOADTEST_ROWS ?=
 # BUF_BREAKING_AGAINST is what `make lint` holds the protos to with buf breaking: by default the last
 # commit, so an uncommitted proto change that breaks wire or source compatibility fails lint.
 BUF_BREAKING_AGAINST ?= .git\#ref=HEAD
+# PROTOS_DIR is where `make protos-export` writes what a caller in another language needs.
+PROTOS_DIR ?= protos
 # FUZZ_TIME bounds each fuzz target's run in `make test`: an execution count, not a duration, because
 # Go before 1.27 can fail a clean duration-bounded run with "context deadline exceeded" when the
 # deadline races a busy worker (golang/go#75804). `make fuzz FUZZ_TIME=10m` digs deeper by hand.
@@ -58,10 +68,19 @@ $(STATICCHECK):
 	GOBIN=$(@D) go install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 $(BENCHSTAT):
 	GOBIN=$(@D) go install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
+# ghz is built on first use by `make loadtest` only (it takes minutes), not by `make tools`.
+$(GHZ):
+	GOBIN=$(@D) go install github.com/bojand/ghz/cmd/ghz@$(GHZ_VERSION)
 
 .PHONY: generate
 generate: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate gen/ from proto/ with buf and the local plugins.
 	PATH=$(PLUGIN_PATH) $(BUF) generate
+
+.PHONY: protos-export
+protos-export: $(BUF) ## Write the callers' protos to PROTOS_DIR: .proto sources (buf export) and a descriptor set with google/rpc.
+	$(BUF) export proto --exclude-path proto/idemgate/testing -o $(PROTOS_DIR)
+	go run ./internal/protoset/export -o $(PROTOS_DIR)/idemgate-callers.binpb
+	@echo "protos-export: $(PROTOS_DIR)/ has the .proto sources; $(PROTOS_DIR)/idemgate-callers.binpb is the FileDescriptorSet with google/rpc status and error_details"
 
 .PHONY: lint
 lint: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(STATICCHECK) ## go vet, staticcheck, gofmt, buf lint, buf format, buf breaking against the last commit, and a check that gen/ is fresh.
@@ -131,6 +150,10 @@ bench: $(BENCHSTAT) ## Run the benchmarks BENCH_COUNT times and summarise them w
 	go test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) -timeout=60m ./interceptor/ | tee bench.txt
 	$(BENCHSTAT) bench.txt
 
+.PHONY: loadtest
+loadtest: $(GHZ) ## End-to-end load test of the real binaries with ghz and pgbench; prints issue 12's ratio table (LOADTEST_DURATION, LOADTEST_ROUNDS).
+	go run ./internal/loadtest -ghz '$(GHZ)' -duration '$(LOADTEST_DURATION)' -rounds '$(LOADTEST_ROUNDS)' -rows '$(LOADTEST_ROWS)'
+
 .PHONY: run
 run: ## Run the dedupe service on 127.0.0.1:50051 on the embedded store (no set-up; data in ~/.local/share/idemgate).
 	go run ./cmd/dedupesvc --database-url ""
@@ -155,8 +178,8 @@ run-mcp: $(BUF) ## Serve the example payments tool server (make run-example) as 
 	$(BUF) build -o bin/payments.binpb --path proto/examples/payments/v1/payments.proto
 	go run ./cmd/idemgate-mcp -target 127.0.0.1:50052 -plaintext -descriptor-set bin/payments.binpb -listen 127.0.0.1:8080
 
-# NPM_DIRS hold the Node packages the MCP tests run (package-lock.json committed).
-NPM_DIRS := internal/mcptest/node examples/mcp-typescript-agent
+# NPM_DIRS hold the Node packages the MCP and polyglot tests run (package-lock.json committed).
+NPM_DIRS := internal/mcptest/node examples/mcp-typescript-agent examples/typescript
 
 .PHONY: npm-ci
 npm-ci: ## Install the MCP tests' Node packages (npm ci from the committed lock files).

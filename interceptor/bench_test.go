@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/idemgate/idemgate/dedupesvc"
@@ -85,14 +86,27 @@ func BenchmarkGatedFreshKey(b *testing.B) {
 	benchmarkFreshKey(b, setupWith(b, bench(stacktest.Config{})), "fresh")
 }
 
+// BenchmarkGatedFreshKeyAfterReply is GatedFreshKey on a method with
+// finish: FINISH_POLICY_AFTER_REPLY: the caller is answered before the
+// outcome is stored, and the Finish runs in the background, overlapping the
+// next calls.
+func BenchmarkGatedFreshKeyAfterReply(b *testing.B) {
+	h := setupWith(b, bench(stacktest.Config{}))
+	benchmarkFreshKeyOn(b, h.client.MutateAfterReply, "fresh-after-reply")
+}
+
 func benchmarkFreshKey(b *testing.B, h *harness, prefix string) {
+	benchmarkFreshKeyOn(b, h.client.Mutate, prefix)
+}
+
+func benchmarkFreshKeyOn(b *testing.B, call func(context.Context, *testingv1.MutateRequest, ...grpc.CallOption) (*testingv1.MutateResponse, error), prefix string) {
 	req := &testingv1.MutateRequest{Payload: "charge"}
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	for _, c := range concurrencies {
 		b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) {
 			parallel(b, c, func(n int64) error {
 				ctx := metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, fmt.Sprintf("%s-%s-%d-%d", prefix, run, c, n))
-				_, err := h.client.Mutate(ctx, req)
+				_, err := call(ctx, req)
 				return err
 			})
 		})

@@ -141,6 +141,8 @@ func TestNewRejectsInconsistentPolicies(t *testing.T) {
 			&idemgatev1.MethodPolicy{Mutating: true, ReplayCodes: []string{"OK"}}), `replay_codes has "OK"`},
 		{"max_wait over 60s", method("Wait", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN,
 			&idemgatev1.MethodPolicy{Mutating: true, MaxWait: durationpb.New(2 * time.Minute)}), "max_wait 2m0s is outside"},
+		{"finish not a FinishPolicy", method("Finish", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN,
+			&idemgatev1.MethodPolicy{Mutating: true, Finish: idemgatev1.FinishPolicy(7)}), "policy finish 7 is not a FinishPolicy"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -182,13 +184,14 @@ func TestNewRejectsInconsistentPolicies(t *testing.T) {
 			method("Charge", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN, &idemgatev1.MethodPolicy{
 				Mutating: true, Lease: durationpb.New(30 * time.Second), ReplayCodes: []string{"NOT_FOUND", "FAILED_PRECONDITION"},
 				OnLostOutcome: idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_REEXECUTE, MaxWait: durationpb.New(0),
+				Finish: idemgatev1.FinishPolicy_FINISH_POLICY_AFTER_REPLY,
 			}),
 			method("Get", false, descriptorpb.MethodOptions_NO_SIDE_EFFECTS, nil))
 		g, err := interceptor.New(idemgatev1.NewDedupeServiceClient(nil), interceptor.WithFiles(files))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := g.Policy("/bad.v1.BadService/Charge").String(); got != "gated(action=/bad.v1.BadService/Charge, retention=24h0m0s, lease=30s, on_lost_outcome=reexecute, replay_codes=[NOT_FOUND FAILED_PRECONDITION], unknown_codes=[], max_wait=0s, keyless=reject, execution_timeout=1m0s)" {
+		if got := g.Policy("/bad.v1.BadService/Charge").String(); got != "gated(action=/bad.v1.BadService/Charge, retention=24h0m0s, lease=30s, on_lost_outcome=reexecute, replay_codes=[NOT_FOUND FAILED_PRECONDITION], unknown_codes=[], max_wait=0s, keyless=reject, execution_timeout=1m0s, finish=after_reply)" {
 			t.Errorf("Charge policy %s", got)
 		}
 		if got := g.Policy("/bad.v1.BadService/Get").String(); got != "ungated" {

@@ -21,7 +21,17 @@
 // once, and stores its response (Finish). A duplicate gets the stored
 // response, with the response header "idempotency-replayed: true"; a
 // duplicate that arrives while the first call runs gets ABORTED; a call
-// without a key is refused. Every refusal is a status error with one
+// without a key is refused. Every answer that carries the action's outcome
+// says until when it is replayed (ExpiresAtHeader), and every replay when
+// the outcome was stored (OriginalTimeHeader); with WithRegisterer each
+// replay's age is observed in idemgate_interceptor_replay_age_seconds.
+//
+// By default the outcome is stored before the caller is answered. A method
+// whose policy says finish: FINISH_POLICY_AFTER_REPLY is answered first and
+// its outcome stored right after, in the background (duplicates meanwhile
+// wait for it, and Close waits for it too); an outcome that then never
+// lands was answered "ok" anyway, and goes down on_lost_outcome like any
+// lost outcome. Every refusal is a status error with one
 // google.rpc.ErrorInfo whose reason is one of the Reason constants.
 //
 // A duplicate also gets the response metadata the handler set: what it

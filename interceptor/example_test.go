@@ -45,7 +45,7 @@ func ExampleNew() {
 	fmt.Println(gate.Policy(paymentsv1.PaymentsService_ChargeCard_FullMethodName))
 	fmt.Println(gate.Policy(paymentsv1.PaymentsService_GetBalance_FullMethodName))
 	// Output:
-	// gated(action=/examples.payments.v1.PaymentsService/ChargeCard, retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[], unknown_codes=[], max_wait=3s, keyless=reject, execution_timeout=1m0s)
+	// gated(action=/examples.payments.v1.PaymentsService/ChargeCard, retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[], unknown_codes=[], max_wait=3s, keyless=reject, execution_timeout=1m0s, finish=before_reply)
 	// ungated
 }
 
@@ -77,9 +77,9 @@ func ExampleGate_Policy() {
 	fmt.Println(gate.Policy(testingv1.TestService_MutateReplayErrors_FullMethodName))
 	fmt.Println(gate.Policy(testingv1.TestService_MutateKeyless_FullMethodName))
 	// Output:
-	// gated(action=/idemgate.testing.v1.TestService/MutateReexecute, retention=24h0m0s, lease=1s, on_lost_outcome=reexecute, replay_codes=[], unknown_codes=[], max_wait=0s, keyless=reject, execution_timeout=1m0s)
-	// gated(action=/idemgate.testing.v1.TestService/MutateReplayErrors, retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[INVALID_ARGUMENT FAILED_PRECONDITION], unknown_codes=[], max_wait=3s, keyless=reject, execution_timeout=1m0s)
-	// gated(action=/idemgate.testing.v1.TestService/MutateKeyless, retention=24h0m0s, lease=1s, on_lost_outcome=fail_closed, replay_codes=[], unknown_codes=[], max_wait=3s, keyless=fingerprint(2s), execution_timeout=1m0s)
+	// gated(action=/idemgate.testing.v1.TestService/MutateReexecute, retention=24h0m0s, lease=1s, on_lost_outcome=reexecute, replay_codes=[], unknown_codes=[], max_wait=0s, keyless=reject, execution_timeout=1m0s, finish=before_reply)
+	// gated(action=/idemgate.testing.v1.TestService/MutateReplayErrors, retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[INVALID_ARGUMENT FAILED_PRECONDITION], unknown_codes=[], max_wait=3s, keyless=reject, execution_timeout=1m0s, finish=before_reply)
+	// gated(action=/idemgate.testing.v1.TestService/MutateKeyless, retention=24h0m0s, lease=1s, on_lost_outcome=fail_closed, replay_codes=[], unknown_codes=[], max_wait=3s, keyless=fingerprint(2s), execution_timeout=1m0s, finish=before_reply)
 }
 
 // The orchestration layer mints one key per logical action and reuses it

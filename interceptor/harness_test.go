@@ -58,12 +58,14 @@ type result struct {
 	raw      []byte
 	replayed bool
 	err      error
+	// header is the response header, where the call helper records it.
+	header metadata.MD
 }
 
 func (h *harness) mutate(ctx context.Context, req *testingv1.MutateRequest) result {
 	var header metadata.MD
 	resp, err := h.client.Mutate(ctx, req, grpc.Header(&header))
-	r := result{resp: resp, err: err, replayed: len(header.Get(interceptor.ReplayedHeader)) == 1 && header.Get(interceptor.ReplayedHeader)[0] == "true"}
+	r := result{resp: resp, err: err, replayed: len(header.Get(interceptor.ReplayedHeader)) == 1 && header.Get(interceptor.ReplayedHeader)[0] == "true", header: header}
 	if resp != nil {
 		r.raw = h.codec.bytesOf(resp)
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -25,6 +26,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/grpcerr"
@@ -41,6 +43,22 @@ const (
 	// KeyDerivedHeader is the response header set to "true" when a keyless
 	// call was deduplicated on its fingerprint (KEYLESS_POLICY_FINGERPRINT).
 	KeyDerivedHeader = "idempotency-key-derived"
+	// ExpiresAtHeader is the response header, an RFC 3339 UTC time, until
+	// which the outcome is replayed to duplicates: on a replay the record's
+	// expires_at as the Dedupe service holds it; on a first execution the
+	// time this process sent its outcome to be stored (or, under
+	// FINISH_POLICY_AFTER_REPLY, answered) plus the method's retention, by
+	// this process's clock. The service counts the retention from when it
+	// stored the outcome, a moment later, so the record lives at least that
+	// long once stored. A trailer instead when the handler already sent the
+	// response headers.
+	ExpiresAtHeader = "idempotency-expires-at"
+	// OriginalTimeHeader is the response header, an RFC 3339 UTC time, that
+	// every answer from a stored outcome carries (a replay, from the Dedupe
+	// service or the replay cache): when that outcome was stored, the
+	// record's completed_at (from a replay cache entry this process filled
+	// with its own Finish: when it sent that Finish).
+	OriginalTimeHeader = "idempotency-original-time"
 )
 
 // DedupeServiceConfig is a gRPC service config for the client connection to
@@ -184,7 +202,8 @@ func strictRefusals(unclassified []string, o options) []string {
 }
 
 // Close waits until every outcome and release still being retried in the
-// background is settled or given up. When ctx ends first it stops those
+// background, and every FINISH_POLICY_AFTER_REPLY outcome not yet stored,
+// is settled or given up. When ctx ends first it stops those
 // retries (each is logged and counted as given up: its record runs down its
 // lease to its on_lost_outcome path), waits for them to return, and returns
 // ctx's error. Call it after the gRPC server stopped.
@@ -303,7 +322,8 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 	if g.replays != nil {
 		if stored, ok := g.replays.get(c.scope, key, fingerprint); ok {
 			g.event(c, eventReplayCacheHit)
-			resp, err, replayed := g.replay(ctx, m, stored)
+			g.suppressed(ctx, c, stored)
+			resp, err, replayed := g.replay(ctx, m, stored.outcome)
 			if replayed {
 				*outcome = outcomeReplayed
 			}
@@ -331,11 +351,14 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 			*outcome = outcomeExecuted
 			return g.run(ctx, req, c, result.Reserved.GetEpoch(), time.Since(sent), handler)
 		case *idemgatev1.BeginResponse_Completed_:
-			resp, err, replayed := g.replay(ctx, m, result.Completed.GetOutcome())
+			stored := cachedOutcome{outcome: result.Completed.GetOutcome(),
+				completedAt: timeOf(result.Completed.GetCompletedAt()), expiresAt: timeOf(result.Completed.GetExpiresAt())}
+			g.suppressed(ctx, c, stored)
+			resp, err, replayed := g.replay(ctx, m, stored.outcome)
 			if replayed {
 				*outcome = outcomeReplayed // a response, or a stored final error
 				if g.replays != nil {
-					g.replays.put(c.scope, key, fingerprint, result.Completed.GetOutcome(), result.Completed.GetExpiresAt().AsTime())
+					g.replays.put(c.scope, key, fingerprint, stored)
 				}
 			}
 			return resp, err
@@ -360,6 +383,56 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 			return nil, grpcerr.New(codes.Internal, ReasonStoreRejected,
 				fmt.Sprintf("the Dedupe service answered Begin with an unknown result %T", result), nil, 0)
 		}
+	}
+}
+
+// timeOf is ts as a time, or the zero time when the Dedupe service sent
+// none.
+func timeOf(ts *timestamppb.Timestamp) time.Time {
+	if ts == nil {
+		return time.Time{}
+	}
+	return ts.AsTime()
+}
+
+// suppressed makes an answer from a stored outcome, a run that did not
+// happen, visible: its caller learns when the outcome was stored and until
+// when it is replayed, and its age is observed per method. It is called for
+// every such answer, from the Dedupe service or the replay cache, whatever
+// the stored outcome turns out to be.
+func (g *Gate) suppressed(ctx context.Context, c call, stored cachedOutcome) {
+	var pairs []string
+	if !stored.completedAt.IsZero() {
+		pairs = append(pairs, OriginalTimeHeader, headerTimeText(stored.completedAt))
+		if g.metrics != nil {
+			// A clock behind the service's must not observe a negative age.
+			g.metrics.replayAge.WithLabelValues(c.fullMethod).Observe(max(time.Since(stored.completedAt), 0).Seconds())
+		}
+	}
+	if !stored.expiresAt.IsZero() {
+		pairs = append(pairs, ExpiresAtHeader, headerTimeText(stored.expiresAt))
+	}
+	g.setHeaders(ctx, pairs...)
+}
+
+// headerTimeText spells a time as the interceptor's time headers carry it.
+func headerTimeText(t time.Time) string {
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+// setHeaders sets the interceptor's own response headers, or trailers when
+// the handler already sent the headers: the caller must get them either
+// way, and a trailer is the only place left.
+func (g *Gate) setHeaders(ctx context.Context, pairs ...string) {
+	if len(pairs) == 0 {
+		return
+	}
+	md := metadata.Pairs(pairs...)
+	if grpc.SetHeader(ctx, md) == nil {
+		return
+	}
+	if err := grpc.SetTrailer(ctx, md); err != nil {
+		g.opts.logger.WarnContext(ctx, "idemgate: could not set the interceptor's response metadata", slog.Any("keys", pairs), slog.Any("error", err))
 	}
 }
 
@@ -462,7 +535,7 @@ func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, beginTook 
 			g.release(ctx, c, epoch, false, lease)
 			return resp, unwrapped
 		}
-		if fenced := g.finish(ctx, c, epoch, outcome, lease); fenced {
+		if fenced := g.storeOutcome(ctx, hctx, c, epoch, outcome, lease); fenced {
 			return g.answerFenced()
 		}
 		// The caller gets exactly what duplicates will be replayed.
@@ -481,10 +554,31 @@ func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, beginTook 
 		g.event(c, eventOutcomeLost)
 		return resp, nil
 	}
-	if fenced := g.finish(ctx, c, epoch, outcome, lease); fenced {
+	if fenced := g.storeOutcome(ctx, hctx, c, epoch, outcome, lease); fenced {
 		return g.answerFenced()
 	}
 	return resp, nil
+}
+
+// storeOutcome stores the outcome of a handler that ran, before its caller
+// is answered or, under FINISH_POLICY_AFTER_REPLY, right after, and tells
+// the caller until when the outcome will be replayed. It reports whether the
+// attempt was fenced, so the caller must not get this attempt's answer.
+//
+// hctx is the handler's context: an attempt already fenced while the handler
+// ran stores synchronously even under FINISH_POLICY_AFTER_REPLY, so its
+// caller is told, as under the default, instead of getting an answer no
+// duplicate will see.
+func (g *Gate) storeOutcome(ctx, hctx context.Context, c call, epoch int64, outcome *anypb.Any, lease *leaseKeeper) (fenced bool) {
+	// The service counts the retention from when it stores the outcome,
+	// after this, so the record lives at least until expires once stored.
+	expires := time.Now().Add(c.retention)
+	afterReply := c.method.policy.FinishAfterReply && !errors.Is(context.Cause(hctx), ErrFenced)
+	if fenced := g.finish(ctx, c, epoch, outcome, lease, afterReply); fenced {
+		return true
+	}
+	g.setHeaders(ctx, ExpiresAtHeader, headerTimeText(expires))
+	return false
 }
 
 // answerFenced answers the caller of a holder whose outcome the store
@@ -616,7 +710,7 @@ func (g *Gate) release(ctx context.Context, c call, epoch int64, unknown bool, l
 		retryEvent: eventReleaseRetry,
 		failEvent:  eventReleaseFailure,
 		lost:       lost,
-	})
+	}, false)
 }
 
 // reasonDedupeOutcomeUnreadable is the Dedupe service's ErrorInfo reason
@@ -636,7 +730,10 @@ const reasonDedupeOutcomeTooLarge = "DEDUPE_OUTCOME_TOO_LARGE"
 // It reports whether the store refused the outcome at once because the
 // attempt had been fenced, so the caller must not get this attempt's
 // response.
-func (g *Gate) finish(ctx context.Context, c call, epoch int64, outcome *anypb.Any, lease *leaseKeeper) (fenced bool) {
+//
+// With afterReply it returns at once and stores the outcome in the
+// background (settle), reporting false.
+func (g *Gate) finish(ctx context.Context, c call, epoch int64, outcome *anypb.Any, lease *leaseKeeper, afterReply bool) (fenced bool) {
 	req := &idemgatev1.FinishRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch, Outcome: g.boundedOutcome(ctx, c, outcome, g.opts.maxOutcome)}
 	return g.settle(ctx, c, epoch, lease, settlement{
 		rpc: "Finish",
@@ -650,14 +747,14 @@ func (g *Gate) finish(ctx context.Context, c call, epoch int64, outcome *anypb.A
 				_, err = g.dedupe.Finish(ctx, req)
 			}
 			if err == nil && g.replays != nil {
-				g.replays.put(c.scope, c.key, c.begin.GetFingerprint(), req.GetOutcome(), sent.Add(c.retention))
+				g.replays.put(c.scope, c.key, c.begin.GetFingerprint(), cachedOutcome{outcome: req.GetOutcome(), completedAt: sent, expiresAt: sent.Add(c.retention)})
 			}
 			return err
 		},
 		retryEvent: eventFinishRetry,
 		failEvent:  eventOutcomeLost,
 		lost:       "the side effect ran and the caller got its response, but the outcome could not be stored",
-	})
+	}, afterReply)
 }
 
 // settlement is one way to end a reservation: Finish or Release.
@@ -685,12 +782,20 @@ type settlement struct {
 //
 // It reports whether that first attempt was refused because the attempt had
 // been fenced.
-func (g *Gate) settle(ctx context.Context, c call, epoch int64, lease *leaseKeeper, s settlement) (fenced bool) {
+//
+// With inBackground even the first attempt runs in the background
+// (FINISH_POLICY_AFTER_REPLY): settle returns at once, reporting false, and
+// the lease is renewed until the matter is settled or given up, exactly as
+// for the retries, so a duplicate meanwhile waits or is told the call is in
+// flight. Close waits for it too, and stops it when its context ends first.
+func (g *Gate) settle(ctx context.Context, c call, epoch int64, lease *leaseKeeper, s settlement, inBackground bool) (fenced bool) {
 	lease.settling.Store(true)
 	detached := context.WithoutCancel(ctx)
-	if settled, fenced := g.trySettle(detached, c, epoch, s); settled {
-		lease.stop()
-		return fenced
+	if !inBackground {
+		if settled, fenced := g.trySettle(detached, c, epoch, s); settled {
+			lease.stop()
+			return fenced
+		}
 	}
 	g.background.Add(1)
 	go func() {
@@ -700,6 +805,11 @@ func (g *Gate) settle(ctx context.Context, c call, epoch int64, lease *leaseKeep
 		defer cancel()
 		defer context.AfterFunc(g.backgroundCtx, cancel)()
 		deadline := time.Now().Add(g.opts.finishBudget)
+		if inBackground {
+			if settled, _ := g.trySettle(bctx, c, epoch, s); settled {
+				return
+			}
+		}
 		backoff := 100 * time.Millisecond
 		for time.Now().Add(backoff).Before(deadline) {
 			if !sleep(bctx, backoff) {

@@ -136,7 +136,7 @@ func replayableKey(k string) bool {
 		return false
 	}
 	switch k {
-	case "content-type", "te", "user-agent", ReplayedHeader, KeyDerivedHeader:
+	case "content-type", "te", "user-agent", ReplayedHeader, KeyDerivedHeader, ExpiresAtHeader, OriginalTimeHeader:
 		return false
 	}
 	return true

@@ -49,7 +49,8 @@ func (h *harness) observe(ctx context.Context, call rpc, req *testingv1.MutateRe
 func handlerSet(md metadata.MD) metadata.MD {
 	out := metadata.MD{}
 	for k, v := range md {
-		if strings.HasPrefix(k, "grpc-") || k == "content-type" || k == interceptor.ReplayedHeader || k == interceptor.KeyDerivedHeader {
+		if strings.HasPrefix(k, "grpc-") || k == "content-type" || k == interceptor.ReplayedHeader || k == interceptor.KeyDerivedHeader ||
+			k == interceptor.ExpiresAtHeader || k == interceptor.OriginalTimeHeader {
 			continue
 		}
 		out[k] = v

@@ -48,7 +48,7 @@ idemgate_interceptor_calls_total{method="/idemgate.testing.v1.TestService/Mutate
 # TYPE idemgate_interceptor_events_total counter
 idemgate_interceptor_events_total{event="result_too_large",method="/idemgate.testing.v1.TestService/Mutate"} 1
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want)); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "idemgate_interceptor_calls_total", "idemgate_interceptor_events_total"); err != nil {
 		t.Fatal(err)
 	}
 

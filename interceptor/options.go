@@ -131,12 +131,15 @@ func WithMaxOutcomeBytes(n int) Option {
 	return func(o *options) { o.maxOutcome = n }
 }
 
-// WithRegisterer registers the interceptor's Prometheus counters with reg:
+// WithRegisterer registers the interceptor's Prometheus metrics with reg:
 // idemgate_interceptor_calls_total{method,outcome} (executed, replayed, or
-// the reason a call was refused, such as key_missing or in_flight) and
+// the reason a call was refused, such as key_missing or in_flight),
 // idemgate_interceptor_events_total{method,event} (fenced, finish_retry,
-// release_retry, outcome_lost, ...; the same events as Stats). Defaults to
-// none.
+// release_retry, outcome_lost, ...; the same events as Stats) and the
+// histogram idemgate_interceptor_replay_age_seconds{method} (for every
+// answer from a stored outcome, from the Dedupe service or the replay
+// cache, the seconds since it was stored; buckets ReplayAgeBuckets).
+// Defaults to none.
 func WithRegisterer(reg prometheus.Registerer) Option {
 	return func(o *options) { o.registerer = reg }
 }
@@ -182,8 +185,11 @@ func WithStoreRetryAfter(d time.Duration) Option {
 // maxEntries of them and about maxBytes in all (least recently used out
 // first), so a duplicate whose request has the same fingerprint is replayed
 // without a round trip to the Dedupe service: the same bytes, the
-// idempotency-replayed header and the stored metadata, as a replay through
-// the service. A duplicate with another fingerprint still asks the service
+// idempotency-replayed, idempotency-original-time and idempotency-expires-at
+// headers and the stored metadata, as a replay through the service, and
+// observed in the replay age histogram alike. An entry this process filled
+// from its own Finish carries its own estimate of the two times (when it
+// sent the Finish), not the service's. A duplicate with another fingerprint still asks the service
 // (IDEMPOTENCY_KEY_REUSED). An outcome is cached when its Finish succeeded
 // and when Begin answered it completed.
 //

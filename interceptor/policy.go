@@ -87,10 +87,14 @@ type Policy struct {
 	// CANCELLED, whose errors leave the outcome unknown instead of freeing
 	// the key.
 	UnknownCodes []codes.Code
+	// FinishAfterReply reports whether the caller is answered before the
+	// outcome is stored (FINISH_POLICY_AFTER_REPLY), the outcome then stored
+	// in the background. False, the default, stores it first.
+	FinishAfterReply bool
 }
 
 // String describes the policy as logged, for example
-// "gated(action=/pkg.S/M, retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[], unknown_codes=[], max_wait=3s, keyless=reject, execution_timeout=1m0s)"
+// "gated(action=/pkg.S/M, retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[], unknown_codes=[], max_wait=3s, keyless=reject, execution_timeout=1m0s, finish=before_reply)"
 // or "ungated".
 func (p Policy) String() string {
 	if !p.Gated {
@@ -104,8 +108,12 @@ func (p Policy) String() string {
 	if p.KeylessFingerprint {
 		keyless = "fingerprint(" + p.KeylessWindow.String() + ")"
 	}
-	return fmt.Sprintf("gated(action=%s, retention=%s, lease=%s, on_lost_outcome=%s, replay_codes=[%s], unknown_codes=[%s], max_wait=%s, keyless=%s, execution_timeout=%s)",
-		p.Action, p.Retention, p.Lease, onLost, codeNames(p.ReplayCodes), codeNames(p.UnknownCodes), p.MaxWait, keyless, p.ExecutionTimeout)
+	finish := "before_reply"
+	if p.FinishAfterReply {
+		finish = "after_reply"
+	}
+	return fmt.Sprintf("gated(action=%s, retention=%s, lease=%s, on_lost_outcome=%s, replay_codes=[%s], unknown_codes=[%s], max_wait=%s, keyless=%s, execution_timeout=%s, finish=%s)",
+		p.Action, p.Retention, p.Lease, onLost, codeNames(p.ReplayCodes), codeNames(p.UnknownCodes), p.MaxWait, keyless, p.ExecutionTimeout, finish)
 }
 
 func codeNames(cs []codes.Code) string {
@@ -365,6 +373,13 @@ func methodPolicy(md protoreflect.MethodDescriptor) (Policy, error) {
 			return Policy{}, fmt.Errorf("idemgate: method %s: policy lists %s in both replay_codes and unknown_codes: an error is either a final outcome or an unknown one", name, codeText)
 		}
 		p.UnknownCodes = append(p.UnknownCodes, c)
+	}
+	switch raw.GetFinish() {
+	case idemgatev1.FinishPolicy_FINISH_POLICY_UNSPECIFIED, idemgatev1.FinishPolicy_FINISH_POLICY_BEFORE_REPLY:
+	case idemgatev1.FinishPolicy_FINISH_POLICY_AFTER_REPLY:
+		p.FinishAfterReply = true
+	default:
+		return Policy{}, fmt.Errorf("idemgate: method %s: policy finish %d is not a FinishPolicy", name, raw.GetFinish())
 	}
 	switch raw.GetKeyless() {
 	case idemgatev1.KeylessPolicy_KEYLESS_POLICY_UNSPECIFIED, idemgatev1.KeylessPolicy_KEYLESS_POLICY_REJECT:

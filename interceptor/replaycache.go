@@ -40,9 +40,18 @@ type replayCache struct {
 
 type replayKey struct{ scope, key string }
 
+// cachedOutcome is a completed record as a replay needs it.
+type cachedOutcome struct {
+	outcome *anypb.Any
+	// completedAt and expiresAt are the record's completed_at and
+	// expires_at: the Dedupe service's, from a Begin that answered
+	// completed, or this process's estimate, from its own Finish.
+	completedAt, expiresAt time.Time
+}
+
 type replayEntry struct {
-	id          replayKey
-	outcome     *anypb.Any
+	id replayKey
+	cachedOutcome
 	fingerprint []byte
 	// until is when the entry stops being served: the earlier of the TTL
 	// and the record's expiry less ReplayCacheClockMargin.
@@ -61,43 +70,44 @@ func newReplayCache(maxEntries, maxBytes int, ttl time.Duration) *replayCache {
 // get returns the outcome cached for (scope, key) when its fingerprint is
 // fingerprint and it has not expired. A different fingerprint is a miss:
 // the Dedupe service answers it (fingerprint_mismatch).
-func (c *replayCache) get(scope, key string, fingerprint []byte) (*anypb.Any, bool) {
+func (c *replayCache) get(scope, key string, fingerprint []byte) (cachedOutcome, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	el, ok := c.entries[replayKey{scope, key}]
 	if !ok {
-		return nil, false
+		return cachedOutcome{}, false
 	}
 	e := el.Value.(*replayEntry)
 	if !c.now().Before(e.until) {
 		c.remove(el)
-		return nil, false
+		return cachedOutcome{}, false
 	}
 	if !bytes.Equal(e.fingerprint, fingerprint) {
-		return nil, false
+		return cachedOutcome{}, false
 	}
 	c.order.MoveToFront(el)
-	return e.outcome, true
+	return e.cachedOutcome, true
 }
 
-// put caches a completed outcome whose record expires at expires. The
-// outcome is shared with every duplicate served from it, so neither the
-// caller nor the cache may change it afterwards.
-func (c *replayCache) put(scope, key string, fingerprint []byte, outcome *anypb.Any, expires time.Time) {
+// put caches a completed outcome. Its outcome is shared with every
+// duplicate served from it, so neither the caller nor the cache may change
+// it afterwards.
+func (c *replayCache) put(scope, key string, fingerprint []byte, stored cachedOutcome) {
 	now := c.now()
 	until := now.Add(c.ttl)
-	if last := expires.Add(-ReplayCacheClockMargin); last.Before(until) {
+	if last := stored.expiresAt.Add(-ReplayCacheClockMargin); last.Before(until) {
 		until = last
 	}
 	if !now.Before(until) {
 		return
 	}
+	outcome := stored.outcome
 	size := replayEntryOverhead + len(scope) + len(key) + len(fingerprint) + len(outcome.GetTypeUrl()) + len(outcome.GetValue())
 	if size > c.maxBytes {
 		return
 	}
 	id := replayKey{scope, key}
-	e := &replayEntry{id: id, outcome: outcome, fingerprint: fingerprint, until: until, size: size}
+	e := &replayEntry{id: id, cachedOutcome: stored, fingerprint: fingerprint, until: until, size: size}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if el, ok := c.entries[id]; ok {

@@ -31,12 +31,12 @@ func outcomeOf(n int) *anypb.Any {
 func TestReplayCacheEvictsLeastRecentlyUsedByEntries(t *testing.T) {
 	c, clock := newTestCache(2, 1<<20, time.Minute)
 	far := clock.t.Add(time.Hour)
-	c.put("s", "a", fp1, outcomeOf(1), far)
-	c.put("s", "b", fp1, outcomeOf(1), far)
+	c.put("s", "a", fp1, cachedOutcome{outcome: outcomeOf(1), expiresAt: far})
+	c.put("s", "b", fp1, cachedOutcome{outcome: outcomeOf(1), expiresAt: far})
 	if _, ok := c.get("s", "a", fp1); !ok { // a is now the most recently used
 		t.Fatal("a missing")
 	}
-	c.put("s", "c", fp1, outcomeOf(1), far)
+	c.put("s", "c", fp1, cachedOutcome{outcome: outcomeOf(1), expiresAt: far})
 	if _, ok := c.get("s", "b", fp1); ok {
 		t.Error("b, the least recently used, was not evicted")
 	}
@@ -55,7 +55,7 @@ func TestReplayCacheEvictsByBytes(t *testing.T) {
 	c, clock := newTestCache(100, 2*(replayEntryOverhead+value+100), time.Minute)
 	far := clock.t.Add(time.Hour)
 	for _, k := range []string{"a", "b", "c"} {
-		c.put("s", k, fp1, outcomeOf(value), far)
+		c.put("s", k, fp1, cachedOutcome{outcome: outcomeOf(value), expiresAt: far})
 	}
 	if n, size := c.len(); n != 2 || size > c.maxBytes {
 		t.Fatalf("%d entries of %d bytes, want 2 within %d", n, size, c.maxBytes)
@@ -63,7 +63,7 @@ func TestReplayCacheEvictsByBytes(t *testing.T) {
 	if _, ok := c.get("s", "a", fp1); ok {
 		t.Error("the oldest entry was not evicted")
 	}
-	c.put("s", "huge", fp1, outcomeOf(c.maxBytes), far)
+	c.put("s", "huge", fp1, cachedOutcome{outcome: outcomeOf(c.maxBytes), expiresAt: far})
 	if _, ok := c.get("s", "huge", fp1); ok {
 		t.Error("an outcome over maxBytes was cached")
 	}
@@ -75,11 +75,11 @@ func TestReplayCacheEvictsByBytes(t *testing.T) {
 func TestReplayCacheHonoursExpiry(t *testing.T) {
 	c, clock := newTestCache(10, 1<<20, time.Minute)
 	// The record expires in 30s: served until 30s less the margin.
-	c.put("s", "record", fp1, outcomeOf(1), clock.t.Add(30*time.Second))
+	c.put("s", "record", fp1, cachedOutcome{outcome: outcomeOf(1), expiresAt: clock.t.Add(30 * time.Second)})
 	// The record outlives the TTL: served for the TTL.
-	c.put("s", "ttl", fp1, outcomeOf(1), clock.t.Add(time.Hour))
+	c.put("s", "ttl", fp1, cachedOutcome{outcome: outcomeOf(1), expiresAt: clock.t.Add(time.Hour)})
 	// The record expires within the margin: never cached.
-	c.put("s", "soon", fp1, outcomeOf(1), clock.t.Add(ReplayCacheClockMargin))
+	c.put("s", "soon", fp1, cachedOutcome{outcome: outcomeOf(1), expiresAt: clock.t.Add(ReplayCacheClockMargin)})
 
 	if _, ok := c.get("s", "soon", fp1); ok {
 		t.Error("an outcome whose record expires within the clock margin was cached")
@@ -103,7 +103,7 @@ func TestReplayCacheHonoursExpiry(t *testing.T) {
 
 func TestReplayCacheMatchesTheFingerprint(t *testing.T) {
 	c, clock := newTestCache(10, 1<<20, time.Minute)
-	c.put("s", "k", fp1, outcomeOf(1), clock.t.Add(time.Hour))
+	c.put("s", "k", fp1, cachedOutcome{outcome: outcomeOf(1), expiresAt: clock.t.Add(time.Hour)})
 	if _, ok := c.get("s", "k", fp2); ok {
 		t.Error("served to a request with another fingerprint")
 	}

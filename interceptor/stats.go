@@ -124,11 +124,20 @@ func (g *Gate) Stats() Stats {
 	}
 }
 
-// metrics are the Prometheus counters of WithRegisterer.
+// metrics are the Prometheus metrics of WithRegisterer.
 type metrics struct {
 	calls  *prometheus.CounterVec
 	events *prometheus.CounterVec
+	// replayAge observes, per method, how long ago each replayed outcome
+	// was stored: every run the gate suppressed shows here.
+	replayAge *prometheus.HistogramVec
 }
+
+// ReplayAgeBuckets are the upper bounds, in seconds, of
+// idemgate_interceptor_replay_age_seconds: from a duplicate that raced its
+// original (10ms) to one a week later, past the longest retention the
+// Dedupe service allows by default.
+var ReplayAgeBuckets = []float64{0.01, 0.1, 1, 10, 60, 300, 1800, 3600, 6 * 3600, 24 * 3600, 7 * 24 * 3600}
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
@@ -143,6 +152,22 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "idemgate_interceptor_events_total",
 			Help: "Events the caller does not see, by method: fenced, finish_retry, outcome_lost, release_retry, release_failure, heartbeat_failure, reconciled, result_too_large, begin_lost, replay_cache_hit, replay_cache_miss.",
 		}, []string{"method", "event"}),
+	}
+	m.replayAge = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "idemgate_interceptor_replay_age_seconds",
+		Help:    "Age of each outcome answered from storage instead of running the handler (a replay from the Dedupe service or the replay cache): seconds since it was stored, by method.",
+		Buckets: ReplayAgeBuckets,
+	}, []string{"method"})
+	if err := reg.Register(m.replayAge); err != nil {
+		var already prometheus.AlreadyRegisteredError
+		if !errors.As(err, &already) {
+			return nil, err
+		}
+		existing, ok := already.ExistingCollector.(*prometheus.HistogramVec)
+		if !ok {
+			return nil, err
+		}
+		m.replayAge = existing
 	}
 	for _, vec := range []**prometheus.CounterVec{&m.calls, &m.events} {
 		if err := reg.Register(*vec); err != nil {

@@ -1,7 +1,11 @@
 // Command payments-server runs the example PaymentsService tool server,
 // gated by the idemgate interceptor against a running dedupe service.
 //
-//	payments-server [-listen 127.0.0.1:50052] [-dedupe 127.0.0.1:50051]
+//	payments-server [-listen 127.0.0.1:50052] [-dedupe 127.0.0.1:50051] [-reflection]
+//
+// With -reflection it also serves gRPC server reflection, so grpcurl and
+// other generic clients can list the service and decode the
+// google.rpc.ErrorInfo and RetryInfo details of its errors.
 package main
 
 import (
@@ -12,6 +16,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -19,6 +24,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/reflection"
 
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/examples/payments"
@@ -31,15 +37,16 @@ func main() {
 	listen := flag.String("listen", envOr("PAYMENTS_LISTEN", "127.0.0.1:50052"), "gRPC listen `address` of the tool server (env PAYMENTS_LISTEN)")
 	dedupeAddr := flag.String("dedupe", envOr("IDEMGATE_DEDUPE_ADDR", "127.0.0.1:50051"), "`address` of the dedupe service (env IDEMGATE_DEDUPE_ADDR)")
 	token := flag.String("dedupe-token", os.Getenv("IDEMGATE_DEDUPE_TOKEN"), "bearer `token` for a dedupe service started with -token-file (env IDEMGATE_DEDUPE_TOKEN)")
+	reflect := flag.Bool("reflection", envBool("PAYMENTS_REFLECTION"), "serve gRPC server reflection, for grpcurl and other generic clients (env PAYMENTS_REFLECTION)")
 	flag.Parse()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(*listen, *dedupeAddr, *token, logger); err != nil {
+	if err := run(*listen, *dedupeAddr, *token, *reflect, logger); err != nil {
 		logger.Error("payments-server failed", slog.Any("error", err))
 		os.Exit(1)
 	}
 }
 
-func run(listen, dedupeAddr, token string, logger *slog.Logger) error {
+func run(listen, dedupeAddr, token string, reflect bool, logger *slog.Logger) error {
 	// Plaintext is for this loopback example only; use TLS between machines.
 	dial := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -65,6 +72,12 @@ func run(listen, dedupeAddr, token string, logger *slog.Logger) error {
 	if err := gate.CheckServer(srv); err != nil {
 		return err // a served method nobody classified
 	}
+	if reflect {
+		// After CheckServer, which ignores gRPC's own grpc.* services.
+		// Reflection answers for every file linked into the binary, the
+		// google.rpc error details included.
+		reflection.Register(srv)
+	}
 
 	lis, err := net.Listen("tcp", listen)
 	if err != nil {
@@ -86,6 +99,13 @@ func run(listen, dedupeAddr, token string, logger *slog.Logger) error {
 		slog.String("SendReceipt", gate.Policy(paymentsv1.PaymentsService_SendReceipt_FullMethodName).String()),
 		slog.String("GetBalance", gate.Policy(paymentsv1.PaymentsService_GetBalance_FullMethodName).String()))
 	return srv.Serve(lis)
+}
+
+// envBool reads a boolean environment variable: true for "1", "t", "true"
+// and the like, false when unset or unparsable.
+func envBool(key string) bool {
+	v, _ := strconv.ParseBool(os.Getenv(key))
+	return v
 }
 
 func envOr(key, def string) string {

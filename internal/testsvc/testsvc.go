@@ -153,6 +153,16 @@ func (s *Server) MutateHeldReexecute(ctx context.Context, req *testingv1.MutateR
 	return s.handle(ctx, req)
 }
 
+// MutateAfterReply implements testingv1.TestServiceServer.
+func (s *Server) MutateAfterReply(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+	return s.handle(ctx, req)
+}
+
+// MutateAfterReplyReexecute implements testingv1.TestServiceServer.
+func (s *Server) MutateAfterReplyReexecute(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+	return s.handle(ctx, req)
+}
+
 // MutateRenamed implements testingv1.TestServiceServer.
 func (s *Server) MutateRenamed(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
 	return s.handle(ctx, req)

@@ -23,6 +23,68 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// FinishPolicy says when a gated method's outcome is stored relative to
+// answering its caller.
+type FinishPolicy int32
+
+const (
+	// FINISH_POLICY_UNSPECIFIED means FINISH_POLICY_BEFORE_REPLY.
+	FinishPolicy_FINISH_POLICY_UNSPECIFIED FinishPolicy = 0
+	// FINISH_POLICY_BEFORE_REPLY stores the outcome, then answers the caller
+	// (when the store cannot take it at once: after the first attempt, with
+	// retries in the background).
+	FinishPolicy_FINISH_POLICY_BEFORE_REPLY FinishPolicy = 1
+	// FINISH_POLICY_AFTER_REPLY answers the caller first and stores the
+	// outcome right after, in the background, renewing the lease until it is
+	// stored. A duplicate that arrives before the store waits for it as for
+	// any call in flight. The caller may be answered for an outcome that is
+	// then never stored: under FAIL_CLOSED its key becomes outcome-unknown
+	// after the lease, under REEXECUTE a later duplicate runs the side effect
+	// again.
+	FinishPolicy_FINISH_POLICY_AFTER_REPLY FinishPolicy = 2
+)
+
+// Enum value maps for FinishPolicy.
+var (
+	FinishPolicy_name = map[int32]string{
+		0: "FINISH_POLICY_UNSPECIFIED",
+		1: "FINISH_POLICY_BEFORE_REPLY",
+		2: "FINISH_POLICY_AFTER_REPLY",
+	}
+	FinishPolicy_value = map[string]int32{
+		"FINISH_POLICY_UNSPECIFIED":  0,
+		"FINISH_POLICY_BEFORE_REPLY": 1,
+		"FINISH_POLICY_AFTER_REPLY":  2,
+	}
+)
+
+func (x FinishPolicy) Enum() *FinishPolicy {
+	p := new(FinishPolicy)
+	*p = x
+	return p
+}
+
+func (x FinishPolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FinishPolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_idemgate_v1_policy_proto_enumTypes[0].Descriptor()
+}
+
+func (FinishPolicy) Type() protoreflect.EnumType {
+	return &file_idemgate_v1_policy_proto_enumTypes[0]
+}
+
+func (x FinishPolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FinishPolicy.Descriptor instead.
+func (FinishPolicy) EnumDescriptor() ([]byte, []int) {
+	return file_idemgate_v1_policy_proto_rawDescGZIP(), []int{0}
+}
+
 // KeylessPolicy says how a gated method treats a call without a key.
 type KeylessPolicy int32
 
@@ -65,11 +127,11 @@ func (x KeylessPolicy) String() string {
 }
 
 func (KeylessPolicy) Descriptor() protoreflect.EnumDescriptor {
-	return file_idemgate_v1_policy_proto_enumTypes[0].Descriptor()
+	return file_idemgate_v1_policy_proto_enumTypes[1].Descriptor()
 }
 
 func (KeylessPolicy) Type() protoreflect.EnumType {
-	return &file_idemgate_v1_policy_proto_enumTypes[0]
+	return &file_idemgate_v1_policy_proto_enumTypes[1]
 }
 
 func (x KeylessPolicy) Number() protoreflect.EnumNumber {
@@ -78,7 +140,7 @@ func (x KeylessPolicy) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use KeylessPolicy.Descriptor instead.
 func (KeylessPolicy) EnumDescriptor() ([]byte, []int) {
-	return file_idemgate_v1_policy_proto_rawDescGZIP(), []int{0}
+	return file_idemgate_v1_policy_proto_rawDescGZIP(), []int{1}
 }
 
 // LostOutcomePolicy says how a method treats a reservation whose lease ran
@@ -123,11 +185,11 @@ func (x LostOutcomePolicy) String() string {
 }
 
 func (LostOutcomePolicy) Descriptor() protoreflect.EnumDescriptor {
-	return file_idemgate_v1_policy_proto_enumTypes[1].Descriptor()
+	return file_idemgate_v1_policy_proto_enumTypes[2].Descriptor()
 }
 
 func (LostOutcomePolicy) Type() protoreflect.EnumType {
-	return &file_idemgate_v1_policy_proto_enumTypes[1]
+	return &file_idemgate_v1_policy_proto_enumTypes[2]
 }
 
 func (x LostOutcomePolicy) Number() protoreflect.EnumNumber {
@@ -136,7 +198,7 @@ func (x LostOutcomePolicy) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LostOutcomePolicy.Descriptor instead.
 func (LostOutcomePolicy) EnumDescriptor() ([]byte, []int) {
-	return file_idemgate_v1_policy_proto_rawDescGZIP(), []int{1}
+	return file_idemgate_v1_policy_proto_rawDescGZIP(), []int{2}
 }
 
 // MethodPolicy declares, next to a gRPC method, whether the idemgate interceptor
@@ -209,7 +271,16 @@ type MethodPolicy struct {
 	// UNAVAILABLE) when your downstream client reports ambiguous failures with
 	// them. A code may not be in both replay_codes and unknown_codes.
 	// Defaults to none beyond the two above.
-	UnknownCodes  []string `protobuf:"bytes,11,rep,name=unknown_codes,json=unknownCodes,proto3" json:"unknown_codes,omitempty"`
+	UnknownCodes []string `protobuf:"bytes,11,rep,name=unknown_codes,json=unknownCodes,proto3" json:"unknown_codes,omitempty"`
+	// finish says when the outcome is stored (the Dedupe service's Finish)
+	// relative to answering the caller. FINISH_POLICY_BEFORE_REPLY, the
+	// default, stores it first, so a caller that got an answer knows every
+	// duplicate will replay it. FINISH_POLICY_AFTER_REPLY answers first and
+	// stores right after, in the background, saving the caller the Finish
+	// round trip. Releases (handler errors that free the key) and
+	// outcome-unknown marks are never deferred.
+	// Defaults to FINISH_POLICY_BEFORE_REPLY.
+	Finish        FinishPolicy `protobuf:"varint,12,opt,name=finish,proto3,enum=idemgate.v1.FinishPolicy" json:"finish,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -321,6 +392,13 @@ func (x *MethodPolicy) GetUnknownCodes() []string {
 	return nil
 }
 
+func (x *MethodPolicy) GetFinish() FinishPolicy {
+	if x != nil {
+		return x.Finish
+	}
+	return FinishPolicy_FINISH_POLICY_UNSPECIFIED
+}
+
 // FieldPolicy marks fields of a gated method's request.
 type FieldPolicy struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -423,7 +501,7 @@ var File_idemgate_v1_policy_proto protoreflect.FileDescriptor
 
 const file_idemgate_v1_policy_proto_rawDesc = "" +
 	"\n" +
-	"\x18idemgate/v1/policy.proto\x12\videmgate.v1\x1a google/protobuf/descriptor.proto\x1a\x1egoogle/protobuf/duration.proto\"\xb2\x04\n" +
+	"\x18idemgate/v1/policy.proto\x12\videmgate.v1\x1a google/protobuf/descriptor.proto\x1a\x1egoogle/protobuf/duration.proto\"\xe5\x04\n" +
 	"\fMethodPolicy\x12\x1a\n" +
 	"\bmutating\x18\x01 \x01(\bR\bmutating\x127\n" +
 	"\tretention\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\tretention\x12/\n" +
@@ -436,10 +514,15 @@ const file_idemgate_v1_policy_proto_rawDesc = "" +
 	"\x11execution_timeout\x18\t \x01(\v2\x19.google.protobuf.DurationR\x10executionTimeout\x12\x16\n" +
 	"\x06action\x18\n" +
 	" \x01(\tR\x06action\x12#\n" +
-	"\runknown_codes\x18\v \x03(\tR\funknownCodes\"p\n" +
+	"\runknown_codes\x18\v \x03(\tR\funknownCodes\x121\n" +
+	"\x06finish\x18\f \x01(\x0e2\x19.idemgate.v1.FinishPolicyR\x06finish\"p\n" +
 	"\vFieldPolicy\x12'\n" +
 	"\x0fidempotency_key\x18\x01 \x01(\bR\x0eidempotencyKey\x128\n" +
-	"\x18exclude_from_fingerprint\x18\x02 \x01(\bR\x16excludeFromFingerprint*j\n" +
+	"\x18exclude_from_fingerprint\x18\x02 \x01(\bR\x16excludeFromFingerprint*l\n" +
+	"\fFinishPolicy\x12\x1d\n" +
+	"\x19FINISH_POLICY_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aFINISH_POLICY_BEFORE_REPLY\x10\x01\x12\x1d\n" +
+	"\x19FINISH_POLICY_AFTER_REPLY\x10\x02*j\n" +
 	"\rKeylessPolicy\x12\x1e\n" +
 	"\x1aKEYLESS_POLICY_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15KEYLESS_POLICY_REJECT\x10\x01\x12\x1e\n" +
@@ -463,34 +546,36 @@ func file_idemgate_v1_policy_proto_rawDescGZIP() []byte {
 	return file_idemgate_v1_policy_proto_rawDescData
 }
 
-var file_idemgate_v1_policy_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_idemgate_v1_policy_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_idemgate_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_idemgate_v1_policy_proto_goTypes = []any{
-	(KeylessPolicy)(0),                 // 0: idemgate.v1.KeylessPolicy
-	(LostOutcomePolicy)(0),             // 1: idemgate.v1.LostOutcomePolicy
-	(*MethodPolicy)(nil),               // 2: idemgate.v1.MethodPolicy
-	(*FieldPolicy)(nil),                // 3: idemgate.v1.FieldPolicy
-	(*durationpb.Duration)(nil),        // 4: google.protobuf.Duration
-	(*descriptorpb.FieldOptions)(nil),  // 5: google.protobuf.FieldOptions
-	(*descriptorpb.MethodOptions)(nil), // 6: google.protobuf.MethodOptions
+	(FinishPolicy)(0),                  // 0: idemgate.v1.FinishPolicy
+	(KeylessPolicy)(0),                 // 1: idemgate.v1.KeylessPolicy
+	(LostOutcomePolicy)(0),             // 2: idemgate.v1.LostOutcomePolicy
+	(*MethodPolicy)(nil),               // 3: idemgate.v1.MethodPolicy
+	(*FieldPolicy)(nil),                // 4: idemgate.v1.FieldPolicy
+	(*durationpb.Duration)(nil),        // 5: google.protobuf.Duration
+	(*descriptorpb.FieldOptions)(nil),  // 6: google.protobuf.FieldOptions
+	(*descriptorpb.MethodOptions)(nil), // 7: google.protobuf.MethodOptions
 }
 var file_idemgate_v1_policy_proto_depIdxs = []int32{
-	4,  // 0: idemgate.v1.MethodPolicy.retention:type_name -> google.protobuf.Duration
-	4,  // 1: idemgate.v1.MethodPolicy.lease:type_name -> google.protobuf.Duration
-	1,  // 2: idemgate.v1.MethodPolicy.on_lost_outcome:type_name -> idemgate.v1.LostOutcomePolicy
-	4,  // 3: idemgate.v1.MethodPolicy.max_wait:type_name -> google.protobuf.Duration
-	0,  // 4: idemgate.v1.MethodPolicy.keyless:type_name -> idemgate.v1.KeylessPolicy
-	4,  // 5: idemgate.v1.MethodPolicy.keyless_window:type_name -> google.protobuf.Duration
-	4,  // 6: idemgate.v1.MethodPolicy.execution_timeout:type_name -> google.protobuf.Duration
-	5,  // 7: idemgate.v1.field:extendee -> google.protobuf.FieldOptions
-	6,  // 8: idemgate.v1.policy:extendee -> google.protobuf.MethodOptions
-	3,  // 9: idemgate.v1.field:type_name -> idemgate.v1.FieldPolicy
-	2,  // 10: idemgate.v1.policy:type_name -> idemgate.v1.MethodPolicy
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	9,  // [9:11] is the sub-list for extension type_name
-	7,  // [7:9] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	5,  // 0: idemgate.v1.MethodPolicy.retention:type_name -> google.protobuf.Duration
+	5,  // 1: idemgate.v1.MethodPolicy.lease:type_name -> google.protobuf.Duration
+	2,  // 2: idemgate.v1.MethodPolicy.on_lost_outcome:type_name -> idemgate.v1.LostOutcomePolicy
+	5,  // 3: idemgate.v1.MethodPolicy.max_wait:type_name -> google.protobuf.Duration
+	1,  // 4: idemgate.v1.MethodPolicy.keyless:type_name -> idemgate.v1.KeylessPolicy
+	5,  // 5: idemgate.v1.MethodPolicy.keyless_window:type_name -> google.protobuf.Duration
+	5,  // 6: idemgate.v1.MethodPolicy.execution_timeout:type_name -> google.protobuf.Duration
+	0,  // 7: idemgate.v1.MethodPolicy.finish:type_name -> idemgate.v1.FinishPolicy
+	6,  // 8: idemgate.v1.field:extendee -> google.protobuf.FieldOptions
+	7,  // 9: idemgate.v1.policy:extendee -> google.protobuf.MethodOptions
+	4,  // 10: idemgate.v1.field:type_name -> idemgate.v1.FieldPolicy
+	3,  // 11: idemgate.v1.policy:type_name -> idemgate.v1.MethodPolicy
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	10, // [10:12] is the sub-list for extension type_name
+	8,  // [8:10] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_idemgate_v1_policy_proto_init() }
@@ -503,7 +588,7 @@ func file_idemgate_v1_policy_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idemgate_v1_policy_proto_rawDesc), len(file_idemgate_v1_policy_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   2,
 			NumExtensions: 2,
 			NumServices:   0,

@@ -470,7 +470,7 @@ const file_idemgate_testing_v1_testing_proto_rawDesc = "" +
 	"\tErrorMark\x12\x1a\n" +
 	"\x16ERROR_MARK_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10ERROR_MARK_FINAL\x10\x01\x12\x18\n" +
-	"\x14ERROR_MARK_RETRYABLE\x10\x022\xa8\f\n" +
+	"\x14ERROR_MARK_RETRYABLE\x10\x022\x8f\x0e\n" +
 	"\vTestService\x12Y\n" +
 	"\x06Mutate\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x06\x92\xa1\x19\x02\b\x01\x12f\n" +
 	"\vMutateOther\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x0e\x92\xa1\x19\n" +
@@ -486,7 +486,10 @@ const file_idemgate_testing_v1_testing_proto_rawDesc = "" +
 	"\n" +
 	"MutateHeld\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\f\x92\xa1\x19\b\b\x01\x1a\x02\b\x042\x00\x12n\n" +
 	"\x13MutateHeldReexecute\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x0e\x92\xa1\x19\n" +
-	"\b\x01\x1a\x02\b\x04 \x022\x00\x12R\n" +
+	"\b\x01\x1a\x02\b\x04 \x022\x00\x12m\n" +
+	"\x10MutateAfterReply\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x10\x92\xa1\x19\f\b\x01\x1a\x02\b\x042\x02\b\n" +
+	"`\x02\x12v\n" +
+	"\x19MutateAfterReplyReexecute\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x10\x92\xa1\x19\f\b\x01\x1a\x02\b\x04 \x022\x00`\x02\x12R\n" +
 	"\x05Watch\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse0\x01\x12T\n" +
 	"\x04Read\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\x03\x90\x02\x01\x12Y\n" +
 	"\x03Put\x12\".idemgate.testing.v1.MutateRequest\x1a#.idemgate.testing.v1.MutateResponse\"\t\x92\xa1\x19\x02\b\x01\x90\x02\x02\x12S\n" +
@@ -533,27 +536,31 @@ var file_idemgate_testing_v1_testing_proto_depIdxs = []int32{
 	1,  // 14: idemgate.testing.v1.TestService.MutateRenamed:input_type -> idemgate.testing.v1.MutateRequest
 	1,  // 15: idemgate.testing.v1.TestService.MutateHeld:input_type -> idemgate.testing.v1.MutateRequest
 	1,  // 16: idemgate.testing.v1.TestService.MutateHeldReexecute:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 17: idemgate.testing.v1.TestService.Watch:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 18: idemgate.testing.v1.TestService.Read:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 19: idemgate.testing.v1.TestService.Put:input_type -> idemgate.testing.v1.MutateRequest
-	1,  // 20: idemgate.testing.v1.TestService.Unmarked:input_type -> idemgate.testing.v1.MutateRequest
-	4,  // 21: idemgate.testing.v1.TestService.Mutate:output_type -> idemgate.testing.v1.MutateResponse
-	4,  // 22: idemgate.testing.v1.TestService.MutateOther:output_type -> idemgate.testing.v1.MutateResponse
-	4,  // 23: idemgate.testing.v1.TestService.MutateShortLease:output_type -> idemgate.testing.v1.MutateResponse
-	4,  // 24: idemgate.testing.v1.TestService.MutateReexecute:output_type -> idemgate.testing.v1.MutateResponse
-	4,  // 25: idemgate.testing.v1.TestService.MutateReplayErrors:output_type -> idemgate.testing.v1.MutateResponse
-	4,  // 26: idemgate.testing.v1.TestService.MutateNoWait:output_type -> idemgate.testing.v1.MutateResponse
-	4,  // 27: idemgate.testing.v1.TestService.MutateKeyless:output_type -> idemgate.testing.v1.MutateResponse
-	4,  // 28: idemgate.testing.v1.TestService.MutateBounded:output_type -> idemgate.testing.v1.MutateResponse
-	4,  // 29: idemgate.testing.v1.TestService.MutateRenamed:output_type -> idemgate.testing.v1.MutateResponse
-	4,  // 30: idemgate.testing.v1.TestService.MutateHeld:output_type -> idemgate.testing.v1.MutateResponse
-	4,  // 31: idemgate.testing.v1.TestService.MutateHeldReexecute:output_type -> idemgate.testing.v1.MutateResponse
-	4,  // 32: idemgate.testing.v1.TestService.Watch:output_type -> idemgate.testing.v1.MutateResponse
-	4,  // 33: idemgate.testing.v1.TestService.Read:output_type -> idemgate.testing.v1.MutateResponse
-	4,  // 34: idemgate.testing.v1.TestService.Put:output_type -> idemgate.testing.v1.MutateResponse
-	4,  // 35: idemgate.testing.v1.TestService.Unmarked:output_type -> idemgate.testing.v1.MutateResponse
-	21, // [21:36] is the sub-list for method output_type
-	6,  // [6:21] is the sub-list for method input_type
+	1,  // 17: idemgate.testing.v1.TestService.MutateAfterReply:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 18: idemgate.testing.v1.TestService.MutateAfterReplyReexecute:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 19: idemgate.testing.v1.TestService.Watch:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 20: idemgate.testing.v1.TestService.Read:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 21: idemgate.testing.v1.TestService.Put:input_type -> idemgate.testing.v1.MutateRequest
+	1,  // 22: idemgate.testing.v1.TestService.Unmarked:input_type -> idemgate.testing.v1.MutateRequest
+	4,  // 23: idemgate.testing.v1.TestService.Mutate:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 24: idemgate.testing.v1.TestService.MutateOther:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 25: idemgate.testing.v1.TestService.MutateShortLease:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 26: idemgate.testing.v1.TestService.MutateReexecute:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 27: idemgate.testing.v1.TestService.MutateReplayErrors:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 28: idemgate.testing.v1.TestService.MutateNoWait:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 29: idemgate.testing.v1.TestService.MutateKeyless:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 30: idemgate.testing.v1.TestService.MutateBounded:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 31: idemgate.testing.v1.TestService.MutateRenamed:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 32: idemgate.testing.v1.TestService.MutateHeld:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 33: idemgate.testing.v1.TestService.MutateHeldReexecute:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 34: idemgate.testing.v1.TestService.MutateAfterReply:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 35: idemgate.testing.v1.TestService.MutateAfterReplyReexecute:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 36: idemgate.testing.v1.TestService.Watch:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 37: idemgate.testing.v1.TestService.Read:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 38: idemgate.testing.v1.TestService.Put:output_type -> idemgate.testing.v1.MutateResponse
+	4,  // 39: idemgate.testing.v1.TestService.Unmarked:output_type -> idemgate.testing.v1.MutateResponse
+	23, // [23:40] is the sub-list for method output_type
+	6,  // [6:23] is the sub-list for method input_type
 	6,  // [6:6] is the sub-list for extension type_name
 	6,  // [6:6] is the sub-list for extension extendee
 	0,  // [0:6] is the sub-list for field type_name

@@ -19,21 +19,23 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	TestService_Mutate_FullMethodName              = "/idemgate.testing.v1.TestService/Mutate"
-	TestService_MutateOther_FullMethodName         = "/idemgate.testing.v1.TestService/MutateOther"
-	TestService_MutateShortLease_FullMethodName    = "/idemgate.testing.v1.TestService/MutateShortLease"
-	TestService_MutateReexecute_FullMethodName     = "/idemgate.testing.v1.TestService/MutateReexecute"
-	TestService_MutateReplayErrors_FullMethodName  = "/idemgate.testing.v1.TestService/MutateReplayErrors"
-	TestService_MutateNoWait_FullMethodName        = "/idemgate.testing.v1.TestService/MutateNoWait"
-	TestService_MutateKeyless_FullMethodName       = "/idemgate.testing.v1.TestService/MutateKeyless"
-	TestService_MutateBounded_FullMethodName       = "/idemgate.testing.v1.TestService/MutateBounded"
-	TestService_MutateRenamed_FullMethodName       = "/idemgate.testing.v1.TestService/MutateRenamed"
-	TestService_MutateHeld_FullMethodName          = "/idemgate.testing.v1.TestService/MutateHeld"
-	TestService_MutateHeldReexecute_FullMethodName = "/idemgate.testing.v1.TestService/MutateHeldReexecute"
-	TestService_Watch_FullMethodName               = "/idemgate.testing.v1.TestService/Watch"
-	TestService_Read_FullMethodName                = "/idemgate.testing.v1.TestService/Read"
-	TestService_Put_FullMethodName                 = "/idemgate.testing.v1.TestService/Put"
-	TestService_Unmarked_FullMethodName            = "/idemgate.testing.v1.TestService/Unmarked"
+	TestService_Mutate_FullMethodName                    = "/idemgate.testing.v1.TestService/Mutate"
+	TestService_MutateOther_FullMethodName               = "/idemgate.testing.v1.TestService/MutateOther"
+	TestService_MutateShortLease_FullMethodName          = "/idemgate.testing.v1.TestService/MutateShortLease"
+	TestService_MutateReexecute_FullMethodName           = "/idemgate.testing.v1.TestService/MutateReexecute"
+	TestService_MutateReplayErrors_FullMethodName        = "/idemgate.testing.v1.TestService/MutateReplayErrors"
+	TestService_MutateNoWait_FullMethodName              = "/idemgate.testing.v1.TestService/MutateNoWait"
+	TestService_MutateKeyless_FullMethodName             = "/idemgate.testing.v1.TestService/MutateKeyless"
+	TestService_MutateBounded_FullMethodName             = "/idemgate.testing.v1.TestService/MutateBounded"
+	TestService_MutateRenamed_FullMethodName             = "/idemgate.testing.v1.TestService/MutateRenamed"
+	TestService_MutateHeld_FullMethodName                = "/idemgate.testing.v1.TestService/MutateHeld"
+	TestService_MutateHeldReexecute_FullMethodName       = "/idemgate.testing.v1.TestService/MutateHeldReexecute"
+	TestService_MutateAfterReply_FullMethodName          = "/idemgate.testing.v1.TestService/MutateAfterReply"
+	TestService_MutateAfterReplyReexecute_FullMethodName = "/idemgate.testing.v1.TestService/MutateAfterReplyReexecute"
+	TestService_Watch_FullMethodName                     = "/idemgate.testing.v1.TestService/Watch"
+	TestService_Read_FullMethodName                      = "/idemgate.testing.v1.TestService/Read"
+	TestService_Put_FullMethodName                       = "/idemgate.testing.v1.TestService/Put"
+	TestService_Unmarked_FullMethodName                  = "/idemgate.testing.v1.TestService/Unmarked"
 )
 
 // TestServiceClient is the client API for TestService service.
@@ -68,6 +70,14 @@ type TestServiceClient interface {
 	MutateHeld(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
 	// MutateHeldReexecute is taken over when its 4s lease runs out.
 	MutateHeldReexecute(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
+	// MutateAfterReply answers before its outcome is stored
+	// (FINISH_POLICY_AFTER_REPLY) and fails closed; a duplicate waits up to
+	// 10s for the outcome.
+	MutateAfterReply(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
+	// MutateAfterReplyReexecute answers before its outcome is stored and is
+	// taken over when its 4s lease runs out; a duplicate in flight gets
+	// ABORTED at once.
+	MutateAfterReplyReexecute(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error)
 	// Watch streams and is not gated: the stream interceptor passes it through.
 	Watch(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[MutateResponse], error)
 	// Read has no side effects and is never gated.
@@ -196,6 +206,26 @@ func (c *testServiceClient) MutateHeldReexecute(ctx context.Context, in *MutateR
 	return out, nil
 }
 
+func (c *testServiceClient) MutateAfterReply(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MutateResponse)
+	err := c.cc.Invoke(ctx, TestService_MutateAfterReply_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *testServiceClient) MutateAfterReplyReexecute(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (*MutateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MutateResponse)
+	err := c.cc.Invoke(ctx, TestService_MutateAfterReplyReexecute_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *testServiceClient) Watch(ctx context.Context, in *MutateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[MutateResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &TestService_ServiceDesc.Streams[0], TestService_Watch_FullMethodName, cOpts...)
@@ -277,6 +307,14 @@ type TestServiceServer interface {
 	MutateHeld(context.Context, *MutateRequest) (*MutateResponse, error)
 	// MutateHeldReexecute is taken over when its 4s lease runs out.
 	MutateHeldReexecute(context.Context, *MutateRequest) (*MutateResponse, error)
+	// MutateAfterReply answers before its outcome is stored
+	// (FINISH_POLICY_AFTER_REPLY) and fails closed; a duplicate waits up to
+	// 10s for the outcome.
+	MutateAfterReply(context.Context, *MutateRequest) (*MutateResponse, error)
+	// MutateAfterReplyReexecute answers before its outcome is stored and is
+	// taken over when its 4s lease runs out; a duplicate in flight gets
+	// ABORTED at once.
+	MutateAfterReplyReexecute(context.Context, *MutateRequest) (*MutateResponse, error)
 	// Watch streams and is not gated: the stream interceptor passes it through.
 	Watch(*MutateRequest, grpc.ServerStreamingServer[MutateResponse]) error
 	// Read has no side effects and is never gated.
@@ -327,6 +365,12 @@ func (UnimplementedTestServiceServer) MutateHeld(context.Context, *MutateRequest
 }
 func (UnimplementedTestServiceServer) MutateHeldReexecute(context.Context, *MutateRequest) (*MutateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method MutateHeldReexecute not implemented")
+}
+func (UnimplementedTestServiceServer) MutateAfterReply(context.Context, *MutateRequest) (*MutateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MutateAfterReply not implemented")
+}
+func (UnimplementedTestServiceServer) MutateAfterReplyReexecute(context.Context, *MutateRequest) (*MutateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MutateAfterReplyReexecute not implemented")
 }
 func (UnimplementedTestServiceServer) Watch(*MutateRequest, grpc.ServerStreamingServer[MutateResponse]) error {
 	return status.Error(codes.Unimplemented, "method Watch not implemented")
@@ -559,6 +603,42 @@ func _TestService_MutateHeldReexecute_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TestService_MutateAfterReply_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MutateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TestServiceServer).MutateAfterReply(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TestService_MutateAfterReply_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TestServiceServer).MutateAfterReply(ctx, req.(*MutateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TestService_MutateAfterReplyReexecute_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MutateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TestServiceServer).MutateAfterReplyReexecute(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TestService_MutateAfterReplyReexecute_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TestServiceServer).MutateAfterReplyReexecute(ctx, req.(*MutateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _TestService_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(MutateRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -674,6 +754,14 @@ var TestService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MutateHeldReexecute",
 			Handler:    _TestService_MutateHeldReexecute_Handler,
+		},
+		{
+			MethodName: "MutateAfterReply",
+			Handler:    _TestService_MutateAfterReply_Handler,
+		},
+		{
+			MethodName: "MutateAfterReplyReexecute",
+			Handler:    _TestService_MutateAfterReplyReexecute_Handler,
 		},
 		{
 			MethodName: "Read",

@@ -1,0 +1,253 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/dedupesvc/pgstore"
+	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
+)
+
+// The floor pair is not copied from dedupesvc/pgstore: the load test runs
+// one fresh-key Begin and one Finish through pgstore on the floor's
+// database, records the statements pgx sends, and turns the reserve INSERT
+// and the Finish UPDATE into a pgbench script. So the floor is always the
+// store's current SQL, with the arguments the store binds.
+
+// statement is one SQL statement as pgx sent it.
+type statement struct {
+	SQL  string
+	Args []any
+}
+
+// recorder is a pgx.QueryTracer that keeps the statements sent while on.
+type recorder struct {
+	mu  sync.Mutex
+	on  bool
+	got []statement
+}
+
+// TraceQueryStart implements pgx.QueryTracer.
+func (r *recorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.on {
+		r.got = append(r.got, statement{SQL: d.SQL, Args: d.Args})
+	}
+	return ctx
+}
+
+// TraceQueryEnd implements pgx.QueryTracer.
+func (r *recorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// take returns the statements recorded since the last take and keeps
+// recording.
+func (r *recorder) take() []statement {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	got := r.got
+	r.got, r.on = nil, true
+	return got
+}
+
+// floorScope is the scope the captured pair is bound with: the payments
+// server's gated method, as the interceptor scopes it without tenants.
+const floorScope = "/examples.payments.v1.PaymentsService/ChargeCard"
+
+// captureFloor migrates the database at dbURL with the project's
+// migrations, marks it resumed as a starting Dedupe service does, and
+// returns the reserve INSERT and the Finish UPDATE that pgstore runs for
+// one fresh key, with their arguments, and that key.
+func captureFloor(ctx context.Context, dbURL string) (reserve, finish statement, key string, err error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return statement{}, statement{}, "", err
+	}
+	rec := &recorder{}
+	cfg.ConnConfig.Tracer = rec
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return statement{}, statement{}, "", err
+	}
+	defer pool.Close()
+	if _, err := pgstore.Migrate(ctx, pool); err != nil {
+		return statement{}, statement{}, "", fmt.Errorf("migrate the floor's database: %w", err)
+	}
+	store := pgstore.New(pool) // notifications on, as dedupesvc runs by default
+	if err := store.MarkResumed(ctx); err != nil {
+		return statement{}, statement{}, "", err
+	}
+
+	key = "loadtest-capture-" + rand.Text()
+	token := rand.Text()
+	fingerprint := sha256.Sum256([]byte(key))
+	rec.take()
+	res, err := store.Begin(ctx, dedupesvc.BeginParams{
+		Scope: floorScope, Key: key, Fingerprint: fingerprint[:], AttemptToken: token,
+		Lease: 10 * time.Second, Retention: 24 * time.Hour, OnLostOutcome: dedupesvc.FailClosed,
+		UnknownRetention: 7 * 24 * time.Hour, MaxRecords: 1 << 40, MaxOutcomeBytes: 1 << 50,
+	})
+	if err != nil {
+		return statement{}, statement{}, "", fmt.Errorf("capture Begin: %w", err)
+	}
+	if res.State != dedupesvc.BeginReserved {
+		return statement{}, statement{}, "", fmt.Errorf("capture Begin: a fresh key answered %v, want reserved", res.State)
+	}
+	begun := rec.take()
+	value, err := proto.Marshal(&paymentsv1.ChargeCardResponse{ChargeId: "ch_000001", CustomerId: "cust_loadtest", AmountCents: 100})
+	if err != nil {
+		return statement{}, statement{}, "", err
+	}
+	if err := store.Finish(ctx, dedupesvc.FinishParams{
+		Scope: floorScope, Key: key, AttemptToken: token, Epoch: res.Epoch,
+		Outcome: dedupesvc.Outcome{TypeURL: "type.googleapis.com/examples.payments.v1.ChargeCardResponse", Value: value},
+	}); err != nil {
+		return statement{}, statement{}, "", fmt.Errorf("capture Finish: %w", err)
+	}
+	finished := rec.take()
+
+	reserve, ok := find(begun, "INSERT INTO idemgate_records")
+	if !ok {
+		return statement{}, statement{}, "", fmt.Errorf("pgstore's Begin sent no INSERT INTO idemgate_records; it sent:\n%s", sqlOf(begun))
+	}
+	finish, ok = find(finished, "UPDATE idemgate_records")
+	if !ok {
+		return statement{}, statement{}, "", fmt.Errorf("pgstore's Finish sent no UPDATE idemgate_records; it sent:\n%s", sqlOf(finished))
+	}
+	return reserve, finish, key, nil
+}
+
+// find returns the first statement whose SQL contains what.
+func find(stmts []statement, what string) (statement, bool) {
+	for _, s := range stmts {
+		if strings.Contains(s.SQL, what) {
+			return s, true
+		}
+	}
+	return statement{}, false
+}
+
+func sqlOf(stmts []statement) string {
+	var b strings.Builder
+	for _, s := range stmts {
+		fmt.Fprintf(&b, "%s;\n", strings.TrimSpace(s.SQL))
+	}
+	return b.String()
+}
+
+// floorScript is a pgbench custom script and the variables (-D name=value)
+// it needs.
+type floorScript struct {
+	Script string
+	Vars   []string
+}
+
+var placeholder = regexp.MustCompile(`\$(\d+)`)
+
+// renderFloor turns the captured statements into a pgbench script: each
+// statement its own transaction (pgbench runs a statement outside BEGIN in
+// autocommit), the captured key replaced by :key, a fresh number a run,
+// every other argument bound from a -D variable (run with -M prepared, as
+// pgx prepares), and a NULL or empty argument written as NULL or as an
+// empty string literal.
+func renderFloor(reserve, finish statement, key string) (floorScript, error) {
+	var fs floorScript
+	var b strings.Builder
+	b.WriteString("-- The floor pair: the reserve INSERT and the Finish UPDATE that dedupesvc/pgstore\n")
+	b.WriteString("-- sends for a fresh key, captured from it by the load test; each commits alone.\n")
+	b.WriteString("\\set key random(1, 999999999999999)\n")
+	for _, st := range []struct {
+		prefix string
+		stmt   statement
+	}{{"r", reserve}, {"f", finish}} {
+		var bad error
+		bound := map[string]bool{}
+		sql := placeholder.ReplaceAllStringFunc(st.stmt.SQL, func(p string) string {
+			n, _ := strconv.Atoi(p[1:])
+			if n < 1 || n > len(st.stmt.Args) {
+				bad = fmt.Errorf("%s has no argument for it (%d given)", p, len(st.stmt.Args))
+				return p
+			}
+			arg := st.stmt.Args[n-1]
+			if s, ok := arg.(string); ok && s == key {
+				return ":key"
+			}
+			text, null, err := argText(arg)
+			if err != nil {
+				bad = fmt.Errorf("%s: %w", p, err)
+				return p
+			}
+			switch {
+			case null:
+				return "NULL"
+			case text == "":
+				return "''" // pgbench refuses an empty -D variable
+			}
+			name := fmt.Sprintf("%s%d", st.prefix, n)
+			if !bound[name] {
+				bound[name] = true
+				fs.Vars = append(fs.Vars, name+"="+text)
+			}
+			return ":" + name
+		})
+		if bad != nil {
+			return floorScript{}, bad
+		}
+		if strings.Contains(sql, ";") {
+			return floorScript{}, errors.New("a captured statement contains a semicolon, which would split it in a pgbench script")
+		}
+		b.WriteString(strings.TrimSpace(sql))
+		b.WriteString(";\n")
+	}
+	if !strings.Contains(b.String(), ":key") {
+		return floorScript{}, errors.New("the captured statements do not bind the key")
+	}
+	fs.Script = b.String()
+	return fs, nil
+}
+
+// argText is an argument in PostgreSQL's text input format; null for a nil
+// argument or nil pointer.
+func argText(arg any) (text string, null bool, err error) {
+	v := reflect.ValueOf(arg)
+	for v.IsValid() && v.Kind() == reflect.Pointer {
+		if v.IsNil() {
+			return "", true, nil
+		}
+		v = v.Elem()
+	}
+	if !v.IsValid() {
+		return "", true, nil
+	}
+	switch v.Kind() {
+	case reflect.String:
+		return v.String(), false, nil
+	case reflect.Bool:
+		return strconv.FormatBool(v.Bool()), false, nil
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return strconv.FormatInt(v.Int(), 10), false, nil
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return strconv.FormatUint(v.Uint(), 10), false, nil
+	case reflect.Slice:
+		if v.Type().Elem().Kind() == reflect.Uint8 {
+			return `\x` + hex.EncodeToString(v.Bytes()), false, nil
+		}
+	}
+	return "", false, fmt.Errorf("argument of type %T has no text form here", arg)
+}

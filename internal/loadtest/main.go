@@ -1,0 +1,675 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
+	"github.com/idemgate/idemgate/interceptor"
+)
+
+// config is the load test's settings, from flags and the environment.
+type config struct {
+	ghz, pgbench string
+	databaseURL  string
+	duration     time.Duration
+	rounds       int
+	rows         *regexp.Regexp
+	results      string
+}
+
+func main() {
+	os.Exit(run())
+}
+
+func run() int {
+	cfg, err := parseConfig(os.Args[1:], os.Getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadtest:", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	lt := &loadtest{cfg: cfg}
+	defer lt.cleanup()
+	if err := lt.run(ctx); err != nil {
+		if ctx.Err() != nil {
+			fmt.Fprintln(os.Stderr, "loadtest: interrupted; cleaning up")
+		} else {
+			fmt.Fprintln(os.Stderr, "loadtest:", err)
+		}
+		return 1
+	}
+	if len(lt.problems) > 0 {
+		fmt.Fprintln(os.Stderr, "loadtest: the figures above are suspect:")
+		for _, p := range lt.problems {
+			fmt.Fprintln(os.Stderr, "  -", p)
+		}
+		return 1
+	}
+	return 0
+}
+
+func parseConfig(args []string, getenv func(string) string) (config, error) {
+	env := func(key, def string) string {
+		if v := getenv(key); v != "" {
+			return v
+		}
+		return def
+	}
+	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
+	var cfg config
+	fs.StringVar(&cfg.ghz, "ghz", env("GHZ", ""), "`path` of the ghz binary; make loadtest builds the pinned one (env GHZ)")
+	fs.StringVar(&cfg.pgbench, "pgbench", env("PGBENCH", "pgbench"), "pgbench `binary` (env PGBENCH)")
+	fs.StringVar(&cfg.databaseURL, "database-url", env("LOADTEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
+		"PostgreSQL server `URL` to create the throwaway databases on; its user needs CREATEDB (env LOADTEST_DATABASE_URL)")
+	duration := fs.String("duration", env("LOADTEST_DURATION", "10s"), "how long each row runs in each round (env LOADTEST_DURATION)")
+	rounds := fs.String("rounds", env("LOADTEST_ROUNDS", "3"), "interleaved rounds, every row once a round (env LOADTEST_ROUNDS)")
+	rows := fs.String("rows", env("LOADTEST_ROWS", ""), "run only the rows whose names match this `regexp`, e.g. 'pg|floor' (env LOADTEST_ROWS)")
+	fs.StringVar(&cfg.results, "results", env("LOADTEST_RESULTS", ""), "`directory` for the raw ghz and pgbench output; default loadtest-results/<UTC time> in the repository (env LOADTEST_RESULTS)")
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	var err error
+	if cfg.duration, err = time.ParseDuration(*duration); err != nil || cfg.duration < time.Second {
+		return config{}, fmt.Errorf("-duration %q: want a duration of 1s or more", *duration)
+	}
+	if cfg.rounds, err = strconv.Atoi(*rounds); err != nil || cfg.rounds < 1 {
+		return config{}, fmt.Errorf("-rounds %q: want 1 or more", *rounds)
+	}
+	if cfg.rows, err = regexp.Compile(*rows); err != nil {
+		return config{}, fmt.Errorf("-rows: %w", err)
+	}
+	if cfg.ghz == "" {
+		return config{}, errors.New("-ghz is required: run make loadtest, which builds the pinned ghz")
+	}
+	if cfg.ghz, err = exec.LookPath(cfg.ghz); err != nil {
+		return config{}, fmt.Errorf("ghz: %w (make loadtest builds it with go install)", err)
+	}
+	if cfg.pgbench, err = exec.LookPath(cfg.pgbench); err != nil {
+		return config{}, fmt.Errorf("pgbench is needed for the floor pair and was not found (%v): on Debian it comes with the server, apt-get install postgresql; or pass -pgbench PATH", err)
+	}
+	return cfg, nil
+}
+
+// loadtest is one run: its settings, what it created, what it measured.
+type loadtest struct {
+	cfg      config
+	repo     string   // the repository's root, holding go.mod and proto/
+	tmp      string   // binaries and the embedded store's data
+	admin    string   // the server URL the throwaway databases are made on
+	dbs      []string // the throwaway databases created
+	svcURL   string   // the Dedupe service's database
+	floorURL string   // the floor pair's database
+	floor    floorScript
+	pg       string // the payments server gated through PostgreSQL
+	sqlite   string // the payments server gated through the embedded store
+	rounds   []round
+	problems []string
+}
+
+// dbPrefix names the throwaway databases; the pid that follows lets a later
+// run drop those of a run that was killed.
+const dbPrefix = "idemgate_loadtest_"
+
+func (lt *loadtest) run(ctx context.Context) error {
+	var err error
+	if lt.repo, err = repoRoot(); err != nil {
+		return err
+	}
+	if lt.cfg.results == "" {
+		lt.cfg.results = filepath.Join(lt.repo, "loadtest-results", time.Now().UTC().Format("20060102T150405Z"))
+	}
+	if err := os.MkdirAll(lt.cfg.results, 0o755); err != nil {
+		return err
+	}
+	removeDeadTemp()
+	if lt.tmp, err = os.MkdirTemp("", fmt.Sprintf("%s%d-", tmpPrefix, os.Getpid())); err != nil {
+		return err
+	}
+
+	fmt.Println("loadtest: building cmd/dedupesvc and cmd/payments-server")
+	bins, err := buildBinaries(ctx, lt.tmp, "github.com/idemgate/idemgate/cmd/dedupesvc", "github.com/idemgate/idemgate/cmd/payments-server")
+	if err != nil {
+		return err
+	}
+	dedupeBin, paymentsBin := bins[0], bins[1]
+
+	if err := lt.createDatabases(ctx); err != nil {
+		return err
+	}
+	reserve, finish, key, err := captureFloor(ctx, lt.floorURL)
+	if err != nil {
+		return fmt.Errorf("capture the floor pair from pgstore: %w", err)
+	}
+	if lt.floor, err = renderFloor(reserve, finish, key); err != nil {
+		return fmt.Errorf("floor pair: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(lt.cfg.results, "floor.sql"), []byte(lt.floor.Script), 0o644); err != nil {
+		return err
+	}
+
+	// The Dedupe service's per-caller rate limit (500 Begins/s, bursts of
+	// 1000) and quotas are raised far past what a run reaches, not turned
+	// off, so every Begin still takes the limiter and reads the usage as
+	// with the defaults; the pool is the default, 16.
+	common := []string{
+		"-metrics-listen=", "-db-max-conns=16",
+		"-caller-begin-rate=1000000", "-caller-begin-burst=1000000",
+		"-caller-max-records=1000000000000", "-caller-max-bytes=1000000000000000",
+	}
+	if lt.pg, err = lt.startStack(ctx, "pg", dedupeBin, paymentsBin, append([]string{"-database-url=" + lt.svcURL}, common...)); err != nil {
+		return err
+	}
+	sqliteDir := filepath.Join(lt.tmp, "sqlite")
+	if lt.sqlite, err = lt.startStack(ctx, "sqlite", dedupeBin, paymentsBin, append([]string{"-database-url=", "-data-dir=" + sqliteDir}, common...)); err != nil {
+		return err
+	}
+
+	settings, err := lt.settings(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Println(settings)
+	if err := lt.warmUp(ctx); err != nil {
+		return err
+	}
+	for r := 1; r <= lt.cfg.rounds; r++ {
+		rd := round{Samples: map[rowID]sample{}, Start: readLoad()}
+		for _, id := range allRows {
+			if !lt.cfg.rows.MatchString(string(id)) {
+				continue
+			}
+			s, err := lt.runRow(ctx, id, r)
+			if err != nil {
+				return fmt.Errorf("round %d, %s: %w", r, id, err)
+			}
+			if s.Errors > 0 {
+				lt.problems = append(lt.problems, fmt.Sprintf("round %d, %s: %d of %d calls failed (see %s)", r, id, s.Errors, s.Count, lt.cfg.results))
+			}
+			rd.Samples[id] = s
+			fmt.Printf("round %d/%d  %-18s p50 %-8s p99 %-8s %8.0f req/s  errors %d  load %.2f\n",
+				r, lt.cfg.rounds, id, formatDuration(s.P50), formatDuration(s.P99), s.RPS, s.Errors, readLoad()[0])
+		}
+		rd.Stop = readLoad()
+		lt.rounds = append(lt.rounds, rd)
+	}
+
+	var report bytes.Buffer
+	writeReport(&report, lt.rounds, settings)
+	fmt.Println()
+	fmt.Print(report.String())
+	fmt.Printf("\nraw output: %s\n", lt.cfg.results)
+	return os.WriteFile(filepath.Join(lt.cfg.results, "report.md"), report.Bytes(), 0o644)
+}
+
+// cleanup stops the servers, drops the databases and removes the temporary
+// directory; it runs however run ended.
+func (lt *loadtest) cleanup() {
+	start := time.Now()
+	stopAll()
+	fmt.Fprintf(os.Stderr, "loadtest: servers stopped (%s)\n", time.Since(start).Round(time.Millisecond))
+	if len(lt.dbs) > 0 {
+		// DROP DATABASE waits for a checkpoint: seconds after a long run.
+		fmt.Fprintf(os.Stderr, "loadtest: dropping %s\n", strings.Join(lt.dbs, ", "))
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if conn, err := pgx.Connect(ctx, lt.admin); err != nil {
+			fmt.Fprintf(os.Stderr, "loadtest: could not drop %s: %v\n", strings.Join(lt.dbs, ", "), err)
+		} else {
+			for _, db := range lt.dbs {
+				if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{db}.Sanitize()+" WITH (FORCE)"); err != nil {
+					fmt.Fprintf(os.Stderr, "loadtest: drop database %s: %v\n", db, err)
+				}
+			}
+			conn.Close(ctx)
+		}
+	}
+	if lt.tmp != "" {
+		_ = os.RemoveAll(lt.tmp)
+	}
+	fmt.Fprintf(os.Stderr, "loadtest: cleaned up (%s)\n", time.Since(start).Round(time.Millisecond))
+}
+
+// tmpPrefix names the temporary directories (binaries, the embedded
+// store); the pid that follows lets a later run remove those of a run that
+// was killed.
+const tmpPrefix = "idemgate-loadtest-"
+
+// removeDeadTemp removes the temporary directories of runs that are gone.
+func removeDeadTemp() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), tmpPrefix+"*"))
+	for _, dir := range dirs {
+		if pid, ok := deadPid(strings.TrimPrefix(filepath.Base(dir), tmpPrefix)); ok {
+			fmt.Printf("loadtest: removing %s, left by run %d that died\n", dir, pid)
+			_ = os.RemoveAll(dir)
+		}
+	}
+}
+
+// deadPid reads the pid that starts s (up to an underscore or a dash) and
+// reports whether no such process runs.
+func deadPid(s string) (int, bool) {
+	end := strings.IndexAny(s, "_-")
+	if end < 0 {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(s[:end])
+	return pid, err == nil && pid > 0 && errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+}
+
+// createDatabases drops the databases of earlier runs that died, then
+// creates this run's two: the Dedupe service's (it migrates it on start)
+// and the floor pair's.
+func (lt *loadtest) createDatabases(ctx context.Context) error {
+	lt.admin = lt.cfg.databaseURL
+	conn, err := pgx.Connect(ctx, lt.admin)
+	if err != nil {
+		return fmt.Errorf("connect to PostgreSQL at %s: %w", redact(lt.admin), err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, "SELECT datname FROM pg_database WHERE starts_with(datname, $1)", dbPrefix)
+	if err != nil {
+		return err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		if pid, ok := deadPid(strings.TrimPrefix(name, dbPrefix)); ok {
+			fmt.Printf("loadtest: dropping %s, left by run %d that died\n", name, pid)
+			if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+				return err
+			}
+		}
+	}
+	suffix := strings.ToLower(rand.Text()[:6])
+	for _, role := range []string{"svc", "floor"} {
+		name := fmt.Sprintf("%s%d_%s_%s", dbPrefix, os.Getpid(), suffix, role)
+		if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+			return fmt.Errorf("create database %s: %w", name, err)
+		}
+		lt.dbs = append(lt.dbs, name)
+		u, err := withDatabase(lt.admin, name)
+		if err != nil {
+			return err
+		}
+		if role == "svc" {
+			lt.svcURL = u
+		} else {
+			lt.floorURL = u
+		}
+	}
+	return nil
+}
+
+// withDatabase returns the URL u naming database db instead.
+func withDatabase(u, db string) (string, error) {
+	parsed, err := url.Parse(u)
+	if err != nil {
+		return "", fmt.Errorf("database URL: %w", err)
+	}
+	parsed.Path = "/" + db
+	return parsed.String(), nil
+}
+
+// redact drops a URL's password, for messages.
+func redact(u string) string {
+	parsed, err := url.Parse(u)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return parsed.Redacted()
+}
+
+// startStack starts a Dedupe service with dedupeArgs and a payments server
+// gated through it, waits until a gated call goes through, and returns the
+// payments server's address.
+func (lt *loadtest) startStack(ctx context.Context, name, dedupeBin, paymentsBin string, dedupeArgs []string) (string, error) {
+	dedupeAddr, err := freeAddr()
+	if err != nil {
+		return "", err
+	}
+	payAddr, err := freeAddr()
+	if err != nil {
+		return "", err
+	}
+	dedupe, err := startServer("dedupesvc "+name, dedupeBin, append([]string{"-listen=" + dedupeAddr}, dedupeArgs...),
+		filepath.Join(lt.cfg.results, "dedupesvc-"+name+".log"))
+	if err != nil {
+		return "", err
+	}
+	pay, err := startServer("payments-server "+name, paymentsBin, []string{"-listen=" + payAddr, "-dedupe=" + dedupeAddr},
+		filepath.Join(lt.cfg.results, "payments-server-"+name+".log"))
+	if err != nil {
+		return "", err
+	}
+	conn, err := grpc.NewClient(payAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	client := paymentsv1.NewPaymentsServiceClient(conn)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		callCtx = metadata.AppendToOutgoingContext(callCtx, interceptor.KeyHeader, "loadtest-ready-"+rand.Text())
+		_, err = client.ChargeCard(callCtx, &paymentsv1.ChargeCardRequest{CustomerId: "cust_ready", AmountCents: 1})
+		cancel()
+		if err == nil {
+			fmt.Printf("loadtest: %s stack up: dedupesvc on %s, payments-server on %s\n", name, dedupeAddr, payAddr)
+			return payAddr, nil
+		}
+		for _, s := range []*server{dedupe, pay} {
+			if done, exitErr := s.exited(); done {
+				return "", fmt.Errorf("%s exited (%v) before serving:\n%s", s.name, exitErr, s.tail())
+			}
+		}
+		if ctx.Err() != nil {
+			return "", ctx.Err()
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("%s stack: no gated call went through in 2 minutes: %v\n%s\n%s", name, err, dedupe.tail(), pay.tail())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// settings describes the run and the machine, for the report.
+func (lt *loadtest) settings(ctx context.Context) (string, error) {
+	conn, err := pgx.Connect(ctx, lt.svcURL)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(ctx)
+	var pgVersion string
+	if err := conn.QueryRow(ctx, "SHOW server_version").Scan(&pgVersion); err != nil {
+		return "", err
+	}
+	out, err := exec.CommandContext(ctx, lt.cfg.pgbench, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("pgbench --version: %w", err)
+	}
+	return fmt.Sprintf("%d rounds of %s a row; ghz %s (one connection), %s; %s, PostgreSQL %s, %d CPUs, %s",
+		lt.cfg.rounds, lt.cfg.duration, strings.TrimPrefix(filepath.Base(filepath.Dir(lt.cfg.ghz)), "ghz-"),
+		strings.TrimSpace(string(out)), runtime.Version(), pgVersion, runtime.NumCPU(), cpuModel()), nil
+}
+
+// warmUp runs each stack and the floor briefly, unrecorded: first
+// connections, prepared statements and page cache are not what a round
+// measures.
+func (lt *loadtest) warmUp(ctx context.Context) error {
+	fmt.Println("loadtest: warming up")
+	for name, target := range map[string]string{"warmup-pg": lt.pg, "warmup-sqlite": lt.sqlite} {
+		if _, err := lt.ghz(ctx, name, target, "ChargeCard", 16, freshKey, chargeData("cust_loadtest"), "--total", "400"); err != nil {
+			return err
+		}
+	}
+	_, err := lt.pgbench(ctx, "warmup-floor", 4, 1)
+	return err
+}
+
+// freshKey is ghz metadata giving every call its own idempotency key.
+var freshKey = fmt.Sprintf(`{%q:"{{.UUID}}"}`, interceptor.KeyHeader)
+
+func chargeData(customer string) string {
+	return fmt.Sprintf(`{"customer_id":%q,"amount_cents":100}`, customer)
+}
+
+// runRow runs one row once.
+func (lt *loadtest) runRow(ctx context.Context, id rowID, r int) (sample, error) {
+	name := fmt.Sprintf("r%d-%s", r, strings.NewReplacer(" ", "-", "=", "").Replace(string(id)))
+	secs := int(math.Ceil(lt.cfg.duration.Seconds()))
+	dur := []string{"--duration", lt.cfg.duration.String(), "--duration-stop", "wait"}
+	switch id {
+	case rowUngated:
+		return lt.ghz(ctx, name, lt.pg, "GetBalance", 1, "", `{"customer_id":"cust_loadtest"}`, dur...)
+	case rowPG1:
+		return lt.fresh(ctx, name, lt.pg, 1, dur)
+	case rowPG16:
+		return lt.fresh(ctx, name, lt.pg, 16, dur)
+	case rowPG64:
+		return lt.fresh(ctx, name, lt.pg, 64, dur)
+	case rowSQLite1:
+		return lt.fresh(ctx, name, lt.sqlite, 1, dur)
+	case rowSQLite64:
+		return lt.fresh(ctx, name, lt.sqlite, 64, dur)
+	case rowReplay:
+		return lt.replay(ctx, name, r, dur)
+	case rowFloor1:
+		return lt.pgbench(ctx, name, 1, secs)
+	case rowFloor64:
+		return lt.pgbench(ctx, name, 64, secs)
+	}
+	return sample{}, fmt.Errorf("unknown row %q", id)
+}
+
+// ghz calls method of the payments server at target from callers workers
+// over one connection and reads its JSON report.
+func (lt *loadtest) ghz(ctx context.Context, name, target, method string, callers int, md, data string, extra ...string) (sample, error) {
+	out := filepath.Join(lt.cfg.results, name+".ghz.json")
+	args := []string{
+		"--insecure",
+		"--proto", filepath.Join(lt.repo, "proto/examples/payments/v1/payments.proto"),
+		"--import-paths", filepath.Join(lt.repo, "proto"),
+		"--call", "examples.payments.v1.PaymentsService." + method,
+		"--concurrency", strconv.Itoa(callers), "--connections", "1",
+		"--data", data, "--format", "json", "--output", out,
+	}
+	if md != "" {
+		args = append(args, "--metadata", md)
+	}
+	args = append(append(args, extra...), target)
+	if err := runTool(ctx, filepath.Join(lt.cfg.results, name+".ghz.log"), lt.cfg.ghz, args...); err != nil {
+		return sample{}, err
+	}
+	f, err := os.Open(out)
+	if err != nil {
+		return sample{}, err
+	}
+	defer f.Close()
+	s, rep, err := parseGhz(f)
+	if err != nil {
+		return sample{}, fmt.Errorf("%s: %w", out, err)
+	}
+	if s.Errors > 0 {
+		fmt.Printf("loadtest: %s: status codes %v, errors %v\n", name, rep.StatusCodes, rep.Errors)
+	}
+	return s, nil
+}
+
+// fresh runs ChargeCard with a fresh key a call, and checks the ledger
+// afterwards: one charge for every call that succeeded, or the keys were
+// not fresh and the row measured replays.
+func (lt *loadtest) fresh(ctx context.Context, name, target string, callers int, dur []string) (sample, error) {
+	before, err := charges(ctx, target, "cust_loadtest")
+	if err != nil {
+		return sample{}, err
+	}
+	s, err := lt.ghz(ctx, name, target, "ChargeCard", callers, freshKey, chargeData("cust_loadtest"), dur...)
+	if err != nil {
+		return sample{}, err
+	}
+	after, err := charges(ctx, target, "cust_loadtest")
+	if err != nil {
+		return sample{}, err
+	}
+	if ran := after - before; ran != s.Count-s.Errors {
+		lt.problems = append(lt.problems, fmt.Sprintf("%s: %d charges ran for %d successful calls with fresh keys", name, ran, s.Count-s.Errors))
+	}
+	return s, nil
+}
+
+// charges asks the payments server at target how many charges ran for
+// customer.
+func charges(ctx context.Context, target, customer string) (int64, error) {
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	callCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	bal, err := paymentsv1.NewPaymentsServiceClient(conn).GetBalance(callCtx, &paymentsv1.GetBalanceRequest{CustomerId: customer})
+	if err != nil {
+		return 0, fmt.Errorf("GetBalance on %s: %w", target, err)
+	}
+	return bal.GetCharges(), nil
+}
+
+// replay makes one call with a key of its own, then repeats it from one
+// caller for the row's duration: every repeat is a replay. It checks the
+// ledger afterwards: one charge, or the row measured something else.
+func (lt *loadtest) replay(ctx context.Context, name string, r int, dur []string) (sample, error) {
+	key := fmt.Sprintf("loadtest-replay-%d-%s", r, rand.Text())
+	customer := fmt.Sprintf("cust_replay_%d_%s", r, rand.Text()[:8])
+	conn, err := grpc.NewClient(lt.pg, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return sample{}, err
+	}
+	defer conn.Close()
+	client := paymentsv1.NewPaymentsServiceClient(conn)
+	callCtx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, key), 30*time.Second)
+	defer cancel()
+	if _, err := client.ChargeCard(callCtx, &paymentsv1.ChargeCardRequest{CustomerId: customer, AmountCents: 100}); err != nil {
+		return sample{}, fmt.Errorf("the first call: %w", err)
+	}
+	s, err := lt.ghz(ctx, name, lt.pg, "ChargeCard", 1, fmt.Sprintf(`{%q:%q}`, interceptor.KeyHeader, key), chargeData(customer), dur...)
+	if err != nil {
+		return sample{}, err
+	}
+	ran, err := charges(ctx, lt.pg, customer)
+	if err != nil {
+		return sample{}, err
+	}
+	if ran != 1 {
+		lt.problems = append(lt.problems, fmt.Sprintf("%s: %d charges ran for one key, want 1", name, ran))
+	}
+	return s, nil
+}
+
+// pgbench runs the floor pair from clients clients for secs seconds, and
+// checks that every pair it ran completed its record.
+func (lt *loadtest) pgbench(ctx context.Context, name string, clients, secs int) (sample, error) {
+	script := filepath.Join(lt.cfg.results, "floor.sql")
+	prefix := filepath.Join(lt.cfg.results, name+".pgbench")
+	args := []string{"-n", "-M", "prepared", "-f", script, "-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(clients, runtime.NumCPU())),
+		"-T", strconv.Itoa(secs), "--log", "--log-prefix", prefix}
+	for _, v := range lt.floor.Vars {
+		args = append(args, "-D", v)
+	}
+	args = append(args, lt.floorURL)
+	outPath := prefix + ".out"
+	if err := runTool(ctx, outPath, lt.cfg.pgbench, args...); err != nil {
+		return sample{}, err
+	}
+	out, err := os.ReadFile(outPath)
+	if err != nil {
+		return sample{}, err
+	}
+	sum, err := parsePgbenchSummary(string(out))
+	if err != nil {
+		return sample{}, err
+	}
+	logs, err := filepath.Glob(prefix + ".*[0-9]")
+	if err != nil {
+		return sample{}, err
+	}
+	var latencies []time.Duration
+	for _, l := range logs {
+		f, err := os.Open(l)
+		if err != nil {
+			return sample{}, err
+		}
+		latencies, err = parsePgbenchLog(f, latencies)
+		f.Close()
+		if err != nil {
+			return sample{}, fmt.Errorf("%s: %w", l, err)
+		}
+	}
+	if len(latencies) == 0 {
+		return sample{}, fmt.Errorf("pgbench wrote no transaction log at %s.*", prefix)
+	}
+	conn, err := pgx.Connect(ctx, lt.floorURL)
+	if err != nil {
+		return sample{}, err
+	}
+	defer conn.Close(ctx)
+	var inFlight int64
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM idemgate_records WHERE state = 'in_flight'").Scan(&inFlight); err != nil {
+		return sample{}, err
+	}
+	if inFlight > 0 {
+		return sample{}, fmt.Errorf("%d floor records are still in flight: the script's Finish UPDATE did not match what its INSERT reserved", inFlight)
+	}
+	return pgbenchSample(sum, latencies), nil
+}
+
+// readLoad reads the load average; zero if it cannot.
+func readLoad() loadAvg {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return loadAvg{}
+	}
+	l, _ := parseLoadAvg(string(b))
+	return l
+}
+
+// cpuModel is the first model name in /proc/cpuinfo, or "".
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// repoRoot finds the directory of this module's go.mod, from the working
+// directory up.
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err == nil && bytes.HasPrefix(b, []byte("module github.com/idemgate/idemgate\n")) {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("run from inside the idemgate repository (no go.mod of github.com/idemgate/idemgate above the working directory)")
+		}
+		dir = parent
+	}
+}
