@@ -171,6 +171,7 @@ func New(ctx context.Context, dedupe idemgatev1.DedupeServiceClient, server *mcp
 	var problems []string
 	for _, t := range tools {
 		r := g.resolve(t)
+		g.tools[t.Name] = r
 		switch {
 		case r.err != nil:
 			problems = append(problems, r.err.Error())
@@ -391,8 +392,10 @@ func advertise(ir *mcp.InitializeResult) *mcp.InitializeResult {
 	return &out
 }
 
-// lookup returns the tool's resolved policy, as the server lists it now, or
-// nil when it lists no such tool.
+// lookup returns the tool's resolved policy, as the server lists it now
+// (through the handlers inside the gate); a tool not listed now keeps the
+// last policy resolved under its name, and nil means no tool of the name
+// was ever listed.
 func (g *Gate) lookup(ctx context.Context, next mcp.MethodHandler, call *mcp.CallToolRequest) (*resolved, error) {
 	name := call.Params.Name
 	cursor := ""
@@ -419,7 +422,12 @@ func (g *Gate) lookup(ctx context.Context, next mcp.MethodHandler, call *mcp.Cal
 			return r, nil
 		}
 		if list.NextCursor == "" {
-			return nil, nil
+			// Not listed for this request (a middleware inside the gate may
+			// filter the list): the last classification under the name, or
+			// none, and the SDK answers an unknown tool.
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			return g.tools[name], nil
 		}
 		cursor = list.NextCursor
 	}

@@ -138,3 +138,44 @@ func TestToolsAddedLater(t *testing.T) {
 		}
 	}
 }
+
+// A tool that a middleware inside the gate hides from tools/list is still
+// gated: the gate keeps what it resolved under the name.
+func TestAToolHiddenFromTheListStaysGated(t *testing.T) {
+	ts := &tools{}
+	server := ts.newServer()
+	hide := false
+	var mu sync.Mutex
+	server.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			res, err := next(ctx, method, req)
+			mu.Lock()
+			defer mu.Unlock()
+			if list, ok := res.(*mcp.ListToolsResult); ok && hide {
+				kept := []*mcp.Tool{}
+				for _, tool := range list.Tools {
+					if tool.Name != "charge" {
+						kept = append(kept, tool)
+					}
+				}
+				return &mcp.ListToolsResult{Tools: kept}, err
+			}
+			return res, err
+		}
+	})
+	if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, mcpgate.WithLogger(quiet())); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	hide = true
+	mu.Unlock()
+	ct, st := mcp.NewInMemoryTransports()
+	if _, err := server.Connect(context.Background(), st, nil); err != nil {
+		t.Fatal(err)
+	}
+	cs := connect(t, ct)
+	wantReason(t, call(t, cs, "charge", "", order), mcpgate.ReasonKeyMissing)
+	if ts.charges.Load() != 0 {
+		t.Fatal("the hidden tool ran ungated")
+	}
+}
