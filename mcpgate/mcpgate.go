@@ -123,8 +123,9 @@ const (
 // Gate gates the tools/call requests of one MCP server. It is safe for
 // concurrent use.
 type Gate struct {
-	engine *gatecore.Engine
-	opts   options
+	engine  *gatecore.Engine
+	opts    options
+	metrics *metrics
 	// tools caches each tool's resolved policy by name, valid while the
 	// server lists the same *mcp.Tool under it.
 	mu    sync.Mutex
@@ -188,9 +189,12 @@ func New(ctx context.Context, dedupe idemgatev1.DedupeServiceClient, server *mcp
 		sort.Strings(problems)
 		return nil, fmt.Errorf("mcpgate: %s", strings.Join(problems, "; "))
 	}
+	if g.metrics, err = newMetrics(o.registerer); err != nil {
+		return nil, err
+	}
 	g.engine = gatecore.New(dedupe, gatecore.Options{
 		Logger: o.logger, DedupeTimeout: o.dedupeTimeout, OutcomeTimeout: o.outcomeTimeout, FinishBudget: o.finishBudget,
-		InFlightRetry: o.inFlightRetry, StoreRetry: o.storeRetry, MaxOutcome: o.maxOutcome,
+		InFlightRetry: o.inFlightRetry, StoreRetry: o.storeRetry, MaxOutcome: o.maxOutcome, OnEvent: g.metrics.event,
 	})
 	server.AddReceivingMiddleware(mcpwire.AdvertiseIdempotency, g.middleware)
 	return g, nil
@@ -371,7 +375,9 @@ func (g *Gate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		if !r.gated {
 			return next(ctx, method, req)
 		}
-		return g.gate(ctx, next, call, r)
+		res, err := g.gate(ctx, next, call, r)
+		g.metrics.call(r.tool.Name, res, err)
+		return res, err
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -177,5 +178,44 @@ func TestAToolHiddenFromTheListStaysGated(t *testing.T) {
 	wantReason(t, call(t, cs, "charge", "", order), mcpgate.ReasonKeyMissing)
 	if ts.charges.Load() != 0 {
 		t.Fatal("the hidden tool ran ungated")
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	f := setup(t, embeddedDedupe(t), mcpgate.WithRegisterer(reg))
+	call(t, f.client, "charge", "m-1", order)
+	call(t, f.client, "charge", "m-1", order)
+	call(t, f.client, "charge", "", order)
+	call(t, f.client, "flaky", "m-2", nil)
+	call(t, f.client, "balance", "", nil)
+	for _, tc := range []struct {
+		tool, outcome string
+		want          float64
+	}{
+		{"charge", "executed", 1}, {"charge", "replayed", 1}, {"charge", "key_missing", 1}, {"flaky", "released", 1}, {"balance", "executed", 0},
+	} {
+		got, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v float64
+		for _, mf := range got {
+			if mf.GetName() != "idemgate_mcpgate_calls_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				labels := map[string]string{}
+				for _, l := range m.GetLabel() {
+					labels[l.GetName()] = l.GetValue()
+				}
+				if labels["tool"] == tc.tool && labels["outcome"] == tc.outcome {
+					v = m.GetCounter().GetValue()
+				}
+			}
+		}
+		if v != tc.want {
+			t.Errorf("calls_total{tool=%s,outcome=%s} = %v, want %v", tc.tool, tc.outcome, v, tc.want)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/prometheus/client_golang/prometheus"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 )
@@ -87,6 +88,7 @@ type options struct {
 	inFlightRetry  time.Duration
 	storeRetry     time.Duration
 	maxOutcome     int
+	registerer     prometheus.Registerer
 }
 
 var defaultOptions = options{
@@ -152,3 +154,12 @@ func WithInFlightRetryAfter(d time.Duration) Option { return func(o *options) { 
 // its caller and duplicates get IDEMPOTENCY_RESULT_TOO_LARGE. Defaults to
 // 1 MiB, the Dedupe service's default limit.
 func WithMaxOutcomeBytes(n int) Option { return func(o *options) { o.maxOutcome = n } }
+
+// WithRegisterer registers Prometheus counters with reg:
+// idemgate_mcpgate_calls_total{tool,outcome} (executed, replayed, released,
+// or the reason a call was refused, such as key_missing or in_flight) and
+// idemgate_mcpgate_events_total{tool,event} (fenced, finish_retry,
+// outcome_lost, ...; the same events as Stats). Defaults to none.
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(o *options) { o.registerer = reg }
+}
