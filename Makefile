@@ -32,7 +32,7 @@ SEED ?=
 LONG ?=
 CHAOS_RUN ?=
 # LOADTEST_DURATION is how long `make loadtest` drives each row in each round, LOADTEST_ROUNDS how
-# many interleaved rounds it runs (every row once a round); the defaults take about 5 minutes.
+# many interleaved rounds it runs (every row once a round); the defaults take about 5½ minutes.
 # LOADTEST_ROWS selects rows by a regular expression on their names (empty: all).
 LOADTEST_DURATION ?= 10s
 LOADTEST_ROUNDS ?= 3

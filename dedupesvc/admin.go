@@ -4,10 +4,14 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
@@ -21,6 +25,7 @@ type AdminServer struct {
 	idemgatev1.UnimplementedAdminServiceServer
 	store     Store
 	inspector Inspector
+	forgetter Forgetter // nil when the store cannot forget
 	service   *Server
 }
 
@@ -32,7 +37,8 @@ func NewAdminServer(store Store, service *Server) (*AdminServer, error) {
 	if !ok {
 		return nil, fmt.Errorf("dedupesvc: the store %T cannot list records (it is not a dedupesvc.Inspector)", store)
 	}
-	return &AdminServer{store: store, inspector: inspector, service: service}, nil
+	forgetter, _ := store.(Forgetter)
+	return &AdminServer{store: store, inspector: inspector, forgetter: forgetter, service: service}, nil
 }
 
 func storedID(ref *idemgatev1.RecordRef) (RecordID, error) {
@@ -58,6 +64,10 @@ func toProto(r StoredRecord) *idemgatev1.Record {
 	if !r.CompletedAt.IsZero() {
 		out.CompletedAt = timestamppb.New(r.CompletedAt)
 	}
+	if r.ReplayCount > 0 {
+		out.ReplayCount = r.ReplayCount
+		out.LastReplayedAt = timestamppb.New(r.LastReplayedAt)
+	}
 	return out
 }
 
@@ -74,7 +84,19 @@ func (a *AdminServer) GetRecord(ctx context.Context, req *idemgatev1.GetRecordRe
 	if !found {
 		return nil, grpcerr.New(codes.NotFound, ReasonRecordNotFound, "no record for this namespace, scope and key", nil, 0)
 	}
-	return &idemgatev1.GetRecordResponse{Record: toProto(r)}, nil
+	out := toProto(r)
+	if req.GetIncludeOutcome() && r.State == StateCompleted {
+		// Opened like a replay, so the operator sees what duplicates get;
+		// one that cannot be opened is reported beside the record rather
+		// than hiding it.
+		value, err := a.service.openOutcome(ctx, id, r.Outcome)
+		if err != nil {
+			out.OutcomeError = status.Convert(err).Message()
+		} else {
+			out.Outcome = &anypb.Any{TypeUrl: r.Outcome.TypeURL, Value: value}
+		}
+	}
+	return &idemgatev1.GetRecordResponse{Record: out}, nil
 }
 
 // ListRecords implements idemgatev1.AdminServiceServer.
@@ -91,9 +113,19 @@ func (a *AdminServer) ListRecords(ctx context.Context, req *idemgatev1.ListRecor
 	case limit < 0 || limit > 1000:
 		return nil, invalid("limit", "limit must be between 1 and 1000")
 	}
-	q := ListQuery{State: req.GetState(), Limit: limit + 1} // one more tells whether a next page exists
+	var order ListOrder
+	switch req.GetOrder() {
+	case idemgatev1.RecordOrder_RECORD_ORDER_UNSPECIFIED:
+	case idemgatev1.RecordOrder_RECORD_ORDER_REPLAYS:
+		order = OrderReplays
+	case idemgatev1.RecordOrder_RECORD_ORDER_REPLAY_AGE:
+		order = OrderReplayAge
+	default:
+		return nil, invalid("order", fmt.Sprintf("order %d is not a RecordOrder", req.GetOrder()))
+	}
+	q := ListQuery{State: req.GetState(), Order: order, Limit: limit + 1} // one more tells whether a next page exists
 	if req.GetPageToken() != "" {
-		after, err := decodePageToken(req.GetPageToken(), req.GetState())
+		after, err := decodePageToken(req.GetPageToken(), req.GetState(), order)
 		if err != nil {
 			return nil, err
 		}
@@ -106,7 +138,7 @@ func (a *AdminServer) ListRecords(ctx context.Context, req *idemgatev1.ListRecor
 	resp := &idemgatev1.ListRecordsResponse{}
 	if len(records) > limit {
 		records = records[:limit]
-		resp.NextPageToken = encodePageToken(req.GetState(), PositionOf(records[limit-1]))
+		resp.NextPageToken = encodePageToken(req.GetState(), order, PositionOf(records[limit-1]))
 	}
 	for _, r := range records {
 		resp.Records = append(resp.Records, toProto(r))
@@ -118,20 +150,24 @@ func (a *AdminServer) ListRecords(ctx context.Context, req *idemgatev1.ListRecor
 // filter and the last listed record's position. It is opaque to callers but
 // not secret: an admin may list every record anyway.
 type pageToken struct {
-	State     string `json:"s"`
-	Unknown   bool   `json:"u,omitempty"`
-	ExpiresAt int64  `json:"e"` // Unix microseconds, PostgreSQL's precision
-	Namespace string `json:"ns,omitempty"`
-	Scope     string `json:"n"`
-	Key       string `json:"k"`
+	State     string    `json:"s"`
+	Order     ListOrder `json:"o,omitempty"`
+	Unknown   bool      `json:"u,omitempty"`
+	ExpiresAt int64     `json:"e"` // Unix microseconds, PostgreSQL's precision
+	Replays   int64     `json:"r,omitempty"`
+	ReplayAge int64     `json:"a,omitempty"` // microseconds
+	Namespace string    `json:"ns,omitempty"`
+	Scope     string    `json:"n"`
+	Key       string    `json:"k"`
 }
 
-func encodePageToken(state string, p ListPosition) string {
-	raw, _ := json.Marshal(pageToken{State: state, Unknown: p.Unknown, ExpiresAt: p.ExpiresAt.UnixMicro(), Namespace: p.ID.Namespace, Scope: p.ID.Scope, Key: p.ID.Key}) // cannot fail: strings, a bool and an int
+func encodePageToken(state string, order ListOrder, p ListPosition) string {
+	raw, _ := json.Marshal(pageToken{State: state, Order: order, Unknown: p.Unknown, ExpiresAt: p.ExpiresAt.UnixMicro(), // cannot fail: strings, bools and ints
+		Replays: p.ReplayCount, ReplayAge: p.ReplayAge.Microseconds(), Namespace: p.ID.Namespace, Scope: p.ID.Scope, Key: p.ID.Key})
 	return base64.RawURLEncoding.EncodeToString(raw)
 }
 
-func decodePageToken(token, state string) (ListPosition, error) {
+func decodePageToken(token, state string, order ListOrder) (ListPosition, error) {
 	var t pageToken
 	raw, err := base64.RawURLEncoding.DecodeString(token)
 	if err == nil {
@@ -143,7 +179,11 @@ func decodePageToken(token, state string) (ListPosition, error) {
 	if t.State != state {
 		return ListPosition{}, invalid("page_token", fmt.Sprintf("page_token continues a listing of state %q, not %q; pass the same state", t.State, state))
 	}
-	return ListPosition{Unknown: t.Unknown, ExpiresAt: time.UnixMicro(t.ExpiresAt), ID: RecordID{Namespace: t.Namespace, Scope: t.Scope, Key: t.Key}}, nil
+	if t.Order != order {
+		return ListPosition{}, invalid("page_token", "page_token continues a listing in another order; pass the same order")
+	}
+	return ListPosition{Unknown: t.Unknown, ExpiresAt: time.UnixMicro(t.ExpiresAt), ReplayCount: t.Replays, ReplayAge: time.Duration(t.ReplayAge) * time.Microsecond,
+		ID: RecordID{Namespace: t.Namespace, Scope: t.Scope, Key: t.Key}}, nil
 }
 
 // CountRecords implements idemgatev1.AdminServiceServer.
@@ -186,6 +226,40 @@ func (a *AdminServer) ResolveRecord(ctx context.Context, req *idemgatev1.Resolve
 	}
 	a.service.opts.metrics.count(outcomeResolved)
 	return &idemgatev1.ResolveRecordResponse{}, nil
+}
+
+// ForgetRecord implements idemgatev1.AdminServiceServer. Every forget is
+// logged as a warning naming who forgot what, and counted
+// (idemgate_dedupe_records_forgotten_total).
+func (a *AdminServer) ForgetRecord(ctx context.Context, req *idemgatev1.ForgetRecordRequest) (*idemgatev1.ForgetRecordResponse, error) {
+	id, err := storedID(req.GetRef())
+	if err != nil {
+		return nil, err
+	}
+	if a.forgetter == nil {
+		return nil, grpcerr.New(codes.Unimplemented, ReasonStoreUnsupported,
+			fmt.Sprintf("this service's store (%T) cannot forget records", a.store), nil, 0)
+	}
+	before, err := a.forgetter.ForgetRecord(ctx, ForgetParams{ID: id, Force: req.GetForce()})
+	if errors.Is(err, ErrNotSettled) {
+		msg := "the record is in flight: an attempt holds the key and may be running its side effect now; forgetting it lets a duplicate run the side effect again beside it. Wait until it settles, or pass force"
+		if before.State == StateUnknown {
+			msg = "the record's outcome is unknown: its side effect may have happened; forgetting it lets the next call run it again. Settle it with ResolveRecord (idemctl resolve), or pass force"
+		}
+		return nil, grpcerr.New(codes.FailedPrecondition, ReasonRecordNotSettled, msg, map[string]string{"state": before.State}, 0)
+	}
+	if err != nil {
+		return nil, a.service.storeError(ctx, "ForgetRecord", err)
+	}
+	who := "(unauthenticated)"
+	if c, ok := CallerFromContext(ctx); ok {
+		who = c.Name
+	}
+	a.service.opts.logger.WarnContext(ctx, "record forgotten by an operator: the next call with its key runs the side effect again",
+		slog.String("by", who), slog.String("namespace", id.Namespace), slog.String("scope", id.Scope), slog.String("key", id.Key),
+		slog.String("state", before.State), slog.Int64("epoch", before.Epoch), slog.Bool("forced", req.GetForce()))
+	a.service.opts.metrics.forgot(before.State, req.GetForce())
+	return &idemgatev1.ForgetRecordResponse{Record: toProto(before)}, nil
 }
 
 // GetMigrationStatus implements idemgatev1.AdminServiceServer.

@@ -3,6 +3,12 @@
 // outcome. It is shared infrastructure that every gated tool server calls
 // through the interceptor package.
 //
+// A replay never writes at Begin: with [WithReplayRecorder] the service counts
+// replays per record in memory and adds them to the store in one statement
+// per flush ([ReplayRecorder], [ReplayCounter]), so an operator sees every
+// suppressed execution; [AdminServer] also lets an operator forget a key
+// ([Forgetter]).
+//
 // The service is a thin, validating layer over a [Store]; the PostgreSQL
 // implementation lives in dedupesvc/pgstore. Run it with cmd/dedupesvc, or
 // embed it:
@@ -10,5 +16,5 @@
 //	store := pgstore.New(pool)
 //	srv := grpc.NewServer()
 //	idemgatev1.RegisterDedupeServiceServer(srv, dedupesvc.NewServer(store))
-//	go dedupesvc.NewSweeper(store).Run(ctx)
+//	go dedupesvc.NewSweeper(store, dedupesvc.SweeperConfig{}).Run(ctx)
 package dedupesvc

@@ -10,9 +10,11 @@ import (
 // Inspector is what the admin RPCs need from a Store beyond Store itself.
 // Both stores implement it.
 type Inspector interface {
-	// GetRecord returns one record by its namespace, scope and key.
+	// GetRecord returns one record by its namespace, scope and key, with its
+	// outcome's value (as stored: sealed when Outcome.KeyID is set).
 	GetRecord(ctx context.Context, id RecordID) (StoredRecord, bool, error)
-	// ListRecords lists one page of records in listing order (ListPosition).
+	// ListRecords lists one page of records in the query's order
+	// (ListPosition), without outcome values.
 	ListRecords(ctx context.Context, q ListQuery) ([]StoredRecord, error)
 	// CountRecords counts records by state and method (MethodOf the scope), across namespaces and tenants, in any order.
 	CountRecords(ctx context.Context) ([]MethodCount, error)
@@ -24,16 +26,49 @@ type Inspector interface {
 type StoredRecord struct {
 	// ID is the record's namespace, scope and key.
 	ID RecordID
-	// Record is the record; its Outcome.Value is left empty.
+	// Record is the record; its Outcome.Value is left empty in listings.
 	Record
 	// OutcomeSize is the stored outcome's size in bytes.
 	OutcomeSize int64
+	// ReplayCount is how many replays of the current outcome were counted
+	// (ReplayCounter): a lower bound. 0 when none, also for counts a record
+	// kept from an earlier life of its key.
+	ReplayCount int64
+	// LastReplayedAt is when the last counted replay was served; zero when
+	// none was.
+	LastReplayedAt time.Time
 }
+
+// ReplayAge is how long after its completion the record was last replayed;
+// 0 when it was never replayed.
+func (r StoredRecord) ReplayAge() time.Duration {
+	if r.ReplayCount == 0 || r.LastReplayedAt.IsZero() || r.CompletedAt.IsZero() {
+		return 0
+	}
+	return r.LastReplayedAt.Sub(r.CompletedAt)
+}
+
+// ListOrder is the order Inspector.ListRecords lists in.
+type ListOrder int
+
+const (
+	// OrderDefault lists outcome-unknown records first, then by expiry,
+	// namespace, scope and key. The zero value.
+	OrderDefault ListOrder = iota
+	// OrderReplays lists replayed records only (ReplayCount above 0), the
+	// most replayed first, then by namespace, scope and key.
+	OrderReplays
+	// OrderReplayAge lists replayed records only, the longest ReplayAge
+	// first, then by namespace, scope and key.
+	OrderReplayAge
+)
 
 // ListQuery selects one page of records for Inspector.ListRecords.
 type ListQuery struct {
 	// State, when not empty, lists only records in that state.
 	State string
+	// Order is the listing's order. Defaults to OrderDefault.
+	Order ListOrder
 	// Limit is the most records the page holds.
 	Limit int
 	// After, when set, starts the page after this position; nil starts at the
@@ -41,22 +76,28 @@ type ListQuery struct {
 	After *ListPosition
 }
 
-// ListPosition is a record's place in the listing order: outcome-unknown
-// records first (they need an operator), then by expiry, namespace, scope and key. The
-// order is total, so a listing resumed after a position neither repeats nor
-// skips a record that stayed put.
+// ListPosition is a record's place in a listing order. OrderDefault puts
+// outcome-unknown records first (they need an operator), then sorts by
+// expiry, namespace, scope and key; the replay orders sort by ReplayCount
+// or ReplayAge, descending, then namespace, scope and key. Each order is
+// total, so a listing resumed after a position neither repeats nor skips a
+// record that stayed put.
 type ListPosition struct {
 	// Unknown reports whether the record's outcome is unknown.
 	Unknown bool
 	// ExpiresAt is the record's expiry.
 	ExpiresAt time.Time
+	// ReplayCount is the record's replay count (OrderReplays).
+	ReplayCount int64
+	// ReplayAge is the record's replay age (OrderReplayAge).
+	ReplayAge time.Duration
 	// ID is the record's namespace, scope and key.
 	ID RecordID
 }
 
-// PositionOf returns r's place in the listing order.
+// PositionOf returns r's place in every listing order.
 func PositionOf(r StoredRecord) ListPosition {
-	return ListPosition{Unknown: r.State == StateUnknown, ExpiresAt: r.ExpiresAt, ID: r.ID}
+	return ListPosition{Unknown: r.State == StateUnknown, ExpiresAt: r.ExpiresAt, ReplayCount: r.ReplayCount, ReplayAge: r.ReplayAge(), ID: r.ID}
 }
 
 // MigrationState is one migration and whether the store has it.

@@ -1,6 +1,8 @@
 package dedupesvc
 
 import (
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,14 +32,33 @@ var allOutcomes = []string{
 // Metrics are the Dedupe service's Prometheus metrics: a counter per outcome
 // (idemgate_dedupe_outcomes_total{outcome}), a counter per quota a caller
 // hit (idemgate_dedupe_quota_exceeded_total{quota}: rate, records, bytes,
-// retention, waiters) and the latency of each RPC,
-// store time and waiting included (idemgate_dedupe_rpc_duration_seconds{rpc}).
+// retention, waiters), the latency of each RPC, store time and waiting
+// included (idemgate_dedupe_rpc_duration_seconds{rpc}), the replays served
+// per method (idemgate_dedupe_replays_total{method}), the replays a
+// ReplayRecorder could not record (idemgate_dedupe_replay_counts_dropped_total)
+// and the records operators forgot
+// (idemgate_dedupe_records_forgotten_total{state,forced}).
 // Register it with a prometheus.Registerer and pass it to WithMetrics.
 type Metrics struct {
-	outcomes *prometheus.CounterVec
-	quotas   *prometheus.CounterVec
-	latency  *prometheus.HistogramVec
+	outcomes  *prometheus.CounterVec
+	quotas    *prometheus.CounterVec
+	latency   *prometheus.HistogramVec
+	replays   *prometheus.CounterVec
+	dropped   prometheus.Counter
+	forgotten *prometheus.CounterVec
+
+	methodsMu sync.Mutex
+	methods   map[string]bool // the method labels of replays in use
 }
+
+// MaxReplayMethods bounds the method labels of idemgate_dedupe_replays_total:
+// callers choose scopes, so the methods seen are bounded here rather than by
+// the protos. Replays of methods past the first MaxReplayMethods are counted
+// under "other".
+const MaxReplayMethods = 500
+
+// OtherMethod is the method label of replays past MaxReplayMethods methods.
+const OtherMethod = "other"
 
 var _ prometheus.Collector = (*Metrics)(nil)
 
@@ -57,6 +78,19 @@ func NewMetrics() *Metrics {
 			Help:    "Dedupe RPC latency in seconds, store and waiting included.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"rpc"}),
+		replays: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_dedupe_replays_total",
+			Help: "Duplicates answered with a stored outcome (suppressed executions), by method (the scope's action, at most 500 methods, then \"other\").",
+		}, []string{"method"}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemgate_dedupe_replay_counts_dropped_total",
+			Help: "Replays served but not added to their records' replay counts: the recorder was full or a flush failed.",
+		}),
+		forgotten: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_dedupe_records_forgotten_total",
+			Help: "Records an operator forgot (AdminService.ForgetRecord), by the state they were in and whether forced.",
+		}, []string{"state", "forced"}),
+		methods: map[string]bool{},
 	}
 	for _, o := range allOutcomes {
 		m.outcomes.WithLabelValues(o)
@@ -72,6 +106,9 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.outcomes.Describe(ch)
 	m.quotas.Describe(ch)
 	m.latency.Describe(ch)
+	m.replays.Describe(ch)
+	m.dropped.Describe(ch)
+	m.forgotten.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -79,6 +116,41 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.outcomes.Collect(ch)
 	m.quotas.Collect(ch)
 	m.latency.Collect(ch)
+	m.replays.Collect(ch)
+	m.dropped.Collect(ch)
+	m.forgotten.Collect(ch)
+}
+
+// replay counts a replay served for scope's method.
+func (m *Metrics) replay(scope string) {
+	if m == nil {
+		return
+	}
+	method := MethodOf(scope)
+	m.methodsMu.Lock()
+	if !m.methods[method] {
+		if len(m.methods) >= MaxReplayMethods {
+			method = OtherMethod
+		} else {
+			m.methods[method] = true
+		}
+	}
+	m.methodsMu.Unlock()
+	m.replays.WithLabelValues(method).Inc()
+}
+
+// replayCountsDropped counts n replays that did not reach their records.
+func (m *Metrics) replayCountsDropped(n int64) {
+	if m != nil {
+		m.dropped.Add(float64(n))
+	}
+}
+
+// forgot counts a record an operator forgot, by its state before.
+func (m *Metrics) forgot(state string, forced bool) {
+	if m != nil {
+		m.forgotten.WithLabelValues(state, strconv.FormatBool(forced)).Inc()
+	}
 }
 
 func (m *Metrics) count(outcome string) {
@@ -111,4 +183,15 @@ func (m *Metrics) quota(quota string) {
 // for quota, for tests and dashboards built in Go.
 func (m *Metrics) QuotaCounter(quota string) prometheus.Counter {
 	return m.quotas.WithLabelValues(quota)
+}
+
+// ReplayCountsDropped returns idemgate_dedupe_replay_counts_dropped_total,
+// for tests and dashboards built in Go.
+func (m *Metrics) ReplayCountsDropped() prometheus.Counter { return m.dropped }
+
+// ForgottenCounter returns the counter of
+// idemgate_dedupe_records_forgotten_total for records forgotten in state,
+// forced or not, for tests and dashboards built in Go.
+func (m *Metrics) ForgottenCounter(state string, forced bool) prometheus.Counter {
+	return m.forgotten.WithLabelValues(state, strconv.FormatBool(forced))
 }

@@ -31,6 +31,7 @@ type options struct {
 	maxWaiters       int
 	maxCallerWaiters int
 	cipher           *OutcomeCipher
+	replays          *ReplayRecorder
 }
 
 var defaultOptions = options{
@@ -162,4 +163,13 @@ func WithUnknownRetention(d time.Duration) Option {
 // nil: outcomes are stored as received.
 func WithOutcomeCipher(c *OutcomeCipher) Option {
 	return func(o *options) { o.cipher = c }
+}
+
+// WithReplayRecorder makes the service count every replay it serves, per
+// record, in r, which adds the counts to the store's records every flush
+// (Record.replay_count, last_replayed_at in the admin API). Run r alongside
+// the service, and Flush it after the service stopped. Defaults to nil:
+// replays are counted per method in the metrics only.
+func WithReplayRecorder(r *ReplayRecorder) Option {
+	return func(o *options) { o.replays = r }
 }

@@ -20,6 +20,13 @@ const (
 	ReasonRecordNotUnknown = "RECORD_NOT_UNKNOWN"
 	// ReasonRecordNotFound: Resolve of a key with no live record; NOT_FOUND.
 	ReasonRecordNotFound = "RECORD_NOT_FOUND"
+	// ReasonRecordNotSettled: AdminService.ForgetRecord without force of a
+	// record that is in flight or outcome-unknown; FAILED_PRECONDITION,
+	// nothing changed. The ErrorInfo metadata "state" names its state.
+	ReasonRecordNotSettled = "RECORD_NOT_SETTLED"
+	// ReasonStoreUnsupported: an admin RPC the store cannot serve (a store
+	// that is not a Forgetter); UNIMPLEMENTED.
+	ReasonStoreUnsupported = "DEDUPE_STORE_UNSUPPORTED"
 	// ReasonQuotaExceeded: the caller is over one of its quotas;
 	// RESOURCE_EXHAUSTED, nothing stored. The ErrorInfo metadata "quota"
 	// names it (rate, records or bytes) and "limit" gives its limit; the rate

@@ -90,7 +90,25 @@ func (s *Server) Begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 	defer s.opts.metrics.observe("Begin", time.Now())
 	resp, err := s.begin(ctx, req)
 	s.countBegin(resp, err)
+	if c := resp.GetCompleted(); c != nil {
+		s.replayed(ctx, req, c)
+	}
 	return resp, err
+}
+
+// replayed counts a replay served: per method in the metrics, and per record
+// in the replay recorder, which adds it to the record later (Begin itself
+// stays read-only on a replay).
+func (s *Server) replayed(ctx context.Context, req *idemgatev1.BeginRequest, c *idemgatev1.BeginResponse_Completed) {
+	s.opts.metrics.replay(req.GetScope())
+	if s.opts.replays == nil {
+		return
+	}
+	ns, err := namespace(ctx)
+	if err != nil {
+		return // cannot happen: Begin answered, so the name was valid
+	}
+	s.opts.replays.Record(RecordID{Namespace: ns, Scope: req.GetScope(), Key: req.GetKey()}, c.GetCompletedAt().AsTime())
 }
 
 // countBegin counts Begin's answer.

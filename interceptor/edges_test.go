@@ -59,14 +59,23 @@ func TestCallerThatGivesUpDoesNotRunTwice(t *testing.T) {
 		for i := range keys {
 			wg.Go(func() {
 				key := fmt.Sprintf("gave-up-%s-%d", strings.ReplaceAll(name, " ", "-"), i)
-				// The handler's provider call takes 3s and honours its
-				// context; the caller gives up after 500ms.
-				req := &testingv1.MutateRequest{Payload: key, Delay: durationpb.New(3 * time.Second)}
-				ctx, cancel := context.WithTimeout(withKey(key), 500*time.Millisecond)
+				// The handler's provider call takes 10s and honours its
+				// context; the caller gives up once the handler has started
+				// (not after a fixed time, which a starved machine can spend
+				// before Begin is even answered).
+				req := &testingv1.MutateRequest{Payload: key, Delay: durationpb.New(10 * time.Second)}
+				ctx, cancel := context.WithCancel(withKey(key))
+				go func() {
+					select {
+					case <-h.svc.Started(key):
+					case <-time.After(2 * time.Minute):
+					}
+					cancel()
+				}()
 				first := call(ctx, req)
 				cancel()
-				if status.Code(first.err) != codes.DeadlineExceeded {
-					t.Errorf("%s: first call: %v, want the caller's own DEADLINE_EXCEEDED", key, first.err)
+				if status.Code(first.err) != codes.Canceled {
+					t.Errorf("%s: first call: %v, want the caller's own CANCELLED", key, first.err)
 				}
 				retry := retryUntilSettled(t, func() result { return call(withKey(key), req) })
 				if retry.err != nil || !retry.replayed || retry.resp.GetPayload() != key {

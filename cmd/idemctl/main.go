@@ -1,16 +1,20 @@
 // Command idemctl is the operator's CLI for the Dedupe service's admin RPCs:
-// show a record, list records (outcome-unknown first), count them by state
-// and method, settle an unknown outcome, and report migration status.
+// show a record with its stored outcome and replays, list records
+// (outcome-unknown first, or the most replayed first), count them by state
+// and method, settle an unknown outcome, forget a key, and report migration
+// status.
 //
-//	idemctl [connection flags] show -scope S -key K [-namespace N]
-//	idemctl [connection flags] list [-state unknown] [-limit 100] [-page-token T | -all]
+//	idemctl [connection flags] show -scope S -key K [-namespace N] [-descriptors set.binpb]
+//	idemctl [connection flags] list [-state unknown] [-sort expiry|replays|replay-age] [-limit 100] [-page-token T | -all]
 //	idemctl [connection flags] count
 //	idemctl [connection flags] resolve -scope S -key K [-namespace N] -release
 //	idemctl [connection flags] resolve -scope S -key K [-namespace N] -complete-json '{"chargeId": "ch_1"}' [-descriptors set.binpb]
+//	idemctl [connection flags] forget -scope S -key K [-namespace N] [-force] [-yes]
 //	idemctl [connection flags] migrations
 //
-// It authenticates like any caller: a bearer token (-token, IDEMCTL_TOKEN)
-// or a client certificate; the identity needs the admin right. Without
+// It authenticates like any caller: a bearer token (IDEMCTL_TOKEN, or
+// -token-file, or -token) or a client certificate; the identity needs the
+// admin right. Without
 // -tls-ca it speaks plaintext, to a loopback address only unless
 // -insecure-plaintext is given. Every string from the service is printed
 // escaped (Go quoted) when it holds anything but printable ASCII, since
@@ -27,21 +31,21 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protodesc"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
-	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/dynamicpb"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -56,29 +60,53 @@ import (
 const rpcTimeout = 30 * time.Second
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 
 const usage = `usage: idemctl [connection flags] <command> [flags]
 
 commands:
-  show        -scope S -key K [-namespace N]     one record
-  list        [-state S] [-limit N] [-page-token T | -all]
-                                                 records, outcome-unknown first, a page at a time
+  show        -scope S -key K [-namespace N] [-descriptors FILE]
+                                                 one record: its outcome, replays and ages
+  list        [-state S] [-sort expiry|replays|replay-age] [-limit N] [-page-token T | -all]
+                                                 records, outcome-unknown first (or most replayed,
+                                                 or replayed longest after completion), a page at a time
   count                                          records by state and method
   resolve     -scope S -key K [-namespace N] (-release | -complete-json JSON [-descriptors FILE])
                                                  settle an outcome-unknown record
+  forget      -scope S -key K [-namespace N] [-force] [-yes]
+                                                 forget a key: its next call runs the side effect again
   migrations                                     the store's migrations
+
+The token: IDEMCTL_TOKEN, or -token-file FILE (mode 0600). Avoid -token $VAR:
+with VAR empty the command name becomes the token.
 
 connection flags:
 `
 
-func run(args []string, stdout, stderr io.Writer) int {
+// commands are idemctl's commands; a -token whose value is one of them is
+// an empty variable that swallowed the command.
+var commands = []string{"show", "list", "count", "resolve", "forget", "migrations"}
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	// Go's flag package takes the next argument as -token's value, so
+	// "-token $ADMIN list" with ADMIN empty runs nothing useful: say why,
+	// before a parse error about the command's flags hides it.
+	for i, a := range args {
+		if (a == "-token" || a == "--token") && i+1 < len(args) && slices.Contains(commands, args[i+1]) {
+			fmt.Fprintf(stderr, "idemctl: -token took %q, a command, as the token: the variable after -token is probably empty or unset (-token $ADMIN with ADMIN empty). Put the token in IDEMCTL_TOKEN or in a file passed with -token-file, or quote it: -token \"$ADMIN\"\n", args[i+1])
+			return 2
+		}
+		if a == "--" || !strings.HasPrefix(a, "-") {
+			break
+		}
+	}
 	top := flag.NewFlagSet("idemctl", flag.ContinueOnError)
 	top.SetOutput(stderr)
 	top.Usage = func() { fmt.Fprint(stderr, usage); top.PrintDefaults() }
 	addr := top.String("addr", envOr("IDEMCTL_ADDR", "127.0.0.1:50051"), "dedupe service `address` (env IDEMCTL_ADDR)")
-	token := top.String("token", os.Getenv("IDEMCTL_TOKEN"), "bearer `token` with the admin right (env IDEMCTL_TOKEN)")
+	token := top.String("token", os.Getenv("IDEMCTL_TOKEN"), "bearer `token` with the admin right (env IDEMCTL_TOKEN); prefer the environment or -token-file, which keep it out of the process list")
+	tokenFile := top.String("token-file", os.Getenv("IDEMCTL_TOKEN_FILE"), "`file` holding the bearer token, readable by its owner only (env IDEMCTL_TOKEN_FILE)")
 	caFile := top.String("tls-ca", "", "CA `file` (PEM) that signed the service's certificate; empty uses plaintext")
 	certFile := top.String("tls-cert", "", "client certificate `file` (PEM), for mutual TLS")
 	keyFile := top.String("tls-key", "", "client key `file` (PEM)")
@@ -91,6 +119,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if top.NArg() == 0 {
 		top.Usage()
 		return 2
+	}
+	if *tokenFile != "" {
+		tokenSet := false
+		top.Visit(func(f *flag.Flag) { tokenSet = tokenSet || f.Name == "token" })
+		if tokenSet {
+			fmt.Fprintln(stderr, "idemctl: pass the token once: -token or -token-file, not both")
+			return 2
+		}
+		t, err := readTokenFile(*tokenFile)
+		if err != nil {
+			fmt.Fprintln(stderr, "idemctl:", err)
+			return 2
+		}
+		*token = t
 	}
 	conn, err := dial(*addr, *token, *caFile, *certFile, *keyFile, *insecurePlaintext)
 	if err != nil {
@@ -108,46 +150,65 @@ func run(args []string, stdout, stderr io.Writer) int {
 	scope := cmd.String("scope", "", "the record's scope: the full method, then |tenant if any")
 	key := cmd.String("key", "", "the idempotency key")
 	state := cmd.String("state", "", "list only this state: in_flight, completed, released or unknown")
+	sortBy := cmd.String("sort", "expiry", "list: expiry (outcome-unknown first, then by expiry), replays (the most replayed first) or replay-age (replayed longest after completion first); the replay orders list replayed records only")
+	force := cmd.Bool("force", false, "forget: an in-flight or outcome-unknown record too (a duplicate may then run the side effect a second time)")
+	yes := cmd.Bool("yes", false, "forget: do not ask for the key to confirm")
 	limit := cmd.Int("limit", 100, "list: records per page, 1 to 1000")
 	pageToken := cmd.String("page-token", "", "list: resume after the page that printed this token")
 	all := cmd.Bool("all", false, "list: walk every page")
 	release := cmd.Bool("release", false, "resolve: the side effect did not happen; the next call runs")
 	completeJSON := cmd.String("complete-json", "", "resolve: the outcome, as JSON of the method's response type")
-	descriptors := cmd.String("descriptors", "", "resolve: a FileDescriptorSet (buf build -o set.binpb) holding the method, if idemctl does not know it")
+	descriptors := cmd.String("descriptors", "", "resolve, show: a FileDescriptorSet (buf build -o set.binpb) holding the method's types, if idemctl does not know them")
 	if err := cmd.Parse(top.Args()[1:]); err != nil {
 		return 2
 	}
+	if cmd.NArg() > 0 {
+		fmt.Fprintf(stderr, "idemctl %s: unexpected argument %q (flags go before it)\n", top.Arg(0), cmd.Arg(0))
+		return 2
+	}
 	ref := &idemgatev1.RecordRef{Namespace: *namespace, Scope: *scope, Key: *key}
+	fail := func(err error) int { return failRPC(stderr, *addr, err) }
 
 	switch top.Arg(0) {
 	case "show":
-		resp, err := admin.GetRecord(ctx, &idemgatev1.GetRecordRequest{Ref: ref})
+		resp, err := admin.GetRecord(ctx, &idemgatev1.GetRecordRequest{Ref: ref, IncludeOutcome: true})
 		if err != nil {
-			return fail(stderr, err)
+			return fail(err)
 		}
-		r := resp.GetRecord()
-		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		for _, kv := range [][2]string{
-			{"namespace", safe(r.GetRef().GetNamespace())}, {"scope", safe(r.GetRef().GetScope())}, {"key", safe(r.GetRef().GetKey())},
-			{"state", safe(r.GetState())}, {"epoch", fmt.Sprint(r.GetEpoch())}, {"outcome", fmt.Sprintf("%s (%d bytes)", safe(r.GetOutcomeTypeUrl()), r.GetOutcomeSize())},
-			{"lease_expires_at", stamp(r.GetLeaseExpiresAt().AsTime())}, {"completed_at", completed(r)}, {"expires_at", stamp(r.GetExpiresAt().AsTime())},
-		} {
-			fmt.Fprintf(w, "%s\t%s\n", kv[0], kv[1])
+		resolver, err := typesResolver(*descriptors)
+		if err != nil {
+			fmt.Fprintln(stderr, "idemctl:", err)
+			return 2
 		}
-		w.Flush()
+		showRecord(stdout, resp.GetRecord(), time.Now(), resolver)
 	case "list":
-		req := &idemgatev1.ListRecordsRequest{State: *state, Limit: int32(*limit), PageToken: *pageToken}
+		order, ok := sortOrders[*sortBy]
+		if !ok {
+			fmt.Fprintf(stderr, "idemctl: -sort %q: want expiry, replays or replay-age\n", *sortBy)
+			return 2
+		}
+		req := &idemgatev1.ListRecordsRequest{State: *state, Limit: int32(*limit), PageToken: *pageToken, Order: order}
 		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "STATE\tNAMESPACE\tSCOPE\tKEY\tEPOCH\tEXPIRES")
+		replayOrder := order != idemgatev1.RecordOrder_RECORD_ORDER_UNSPECIFIED
+		if replayOrder {
+			fmt.Fprintln(w, "REPLAYS\tREPLAY_AGE\tLAST_REPLAYED\tSTATE\tNAMESPACE\tSCOPE\tKEY")
+		} else {
+			fmt.Fprintln(w, "STATE\tNAMESPACE\tSCOPE\tKEY\tEPOCH\tEXPIRES")
+		}
 		for {
 			pageCtx, cancelPage := context.WithTimeout(context.Background(), rpcTimeout) // per page: -all may walk many
 			resp, err := admin.ListRecords(pageCtx, req)
 			cancelPage()
 			if err != nil {
 				w.Flush()
-				return fail(stderr, err)
+				return fail(err)
 			}
 			for _, r := range resp.GetRecords() {
+				if replayOrder {
+					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.GetReplayCount(), age(replayAge(r)), stamp(r.GetLastReplayedAt().AsTime()),
+						safe(r.GetState()), safe(r.GetRef().GetNamespace()), safe(r.GetRef().GetScope()), safe(r.GetRef().GetKey()))
+					continue
+				}
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", safe(r.GetState()), safe(r.GetRef().GetNamespace()), safe(r.GetRef().GetScope()), safe(r.GetRef().GetKey()), r.GetEpoch(), stamp(r.GetExpiresAt().AsTime()))
 			}
 			req.PageToken = resp.GetNextPageToken()
@@ -164,7 +225,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "count":
 		resp, err := admin.CountRecords(ctx, &idemgatev1.CountRecordsRequest{})
 		if err != nil {
-			return fail(stderr, err)
+			return fail(err)
 		}
 		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "STATE\tMETHOD\tCOUNT")
@@ -189,13 +250,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 			req.Resolution = &idemgatev1.ResolveRecordRequest_Complete{Complete: outcome}
 		}
 		if _, err := admin.ResolveRecord(ctx, req); err != nil {
-			return fail(stderr, err)
+			return fail(err)
 		}
 		fmt.Fprintf(stdout, "resolved %s %s\n", safe(*scope), safe(*key))
+	case "forget":
+		return forget(ctx, admin, ref, *force, *yes, stdin, stdout, stderr, fail)
 	case "migrations":
 		resp, err := admin.GetMigrationStatus(ctx, &idemgatev1.GetMigrationStatusRequest{})
 		if err != nil {
-			return fail(stderr, err)
+			return fail(err)
 		}
 		for _, m := range resp.GetMigrations() {
 			state := "pending"
@@ -222,16 +285,9 @@ func outcomeFromJSON(scope, text, descriptorFile string) (*anypb.Any, error) {
 	}
 	files := protoregistry.GlobalFiles
 	if descriptorFile != "" {
-		raw, err := os.ReadFile(descriptorFile)
-		if err != nil {
+		var err error
+		if files, err = readDescriptors(descriptorFile); err != nil {
 			return nil, err
-		}
-		set := &descriptorpb.FileDescriptorSet{}
-		if err := proto.Unmarshal(raw, set); err != nil {
-			return nil, fmt.Errorf("-descriptors %s is not a FileDescriptorSet: %w", descriptorFile, err)
-		}
-		if files, err = protodesc.NewFiles(set); err != nil {
-			return nil, fmt.Errorf("-descriptors %s: %w", descriptorFile, err)
 		}
 	}
 	d, err := files.FindDescriptorByName(protoreflect.FullName(service))
@@ -293,10 +349,38 @@ func dial(addr, token, caFile, certFile, keyFile string, insecurePlaintext bool)
 	return grpc.NewClient(addr, opts...)
 }
 
-func fail(stderr io.Writer, err error) int {
+// failRPC prints an RPC's error and returns the exit code 1. The service's
+// own errors carry a reason; an error without one comes from the
+// connection, and is told as what could not be reached and what to check.
+func failRPC(stderr io.Writer, addr string, err error) int {
 	st := status.Convert(err)
-	fmt.Fprintf(stderr, "idemctl: %s %s: %s\n", st.Code(), safe(grpcerr.Reason(err)), safe(st.Message()))
+	reason := grpcerr.Reason(err)
+	switch {
+	case reason != "":
+		fmt.Fprintf(stderr, "idemctl: %s %s: %s\n", st.Code(), safe(reason), safe(st.Message()))
+	case st.Code() == codes.Unavailable:
+		fmt.Fprintf(stderr, "idemctl: cannot reach the Dedupe service at %s: %s. Is it running (dedupesvc, make run), and is -addr (IDEMCTL_ADDR) its address? For TLS, check -tls-ca and that the address matches its certificate\n",
+			safe(addr), safe(connectionCause(st.Message())))
+	case st.Code() == codes.DeadlineExceeded:
+		fmt.Fprintf(stderr, "idemctl: the Dedupe service at %s did not answer within %s; it may be overloaded or its store unreachable: check its logs and health\n", safe(addr), rpcTimeout)
+	default:
+		fmt.Fprintf(stderr, "idemctl: %s from %s: %s\n", st.Code(), safe(addr), safe(st.Message()))
+	}
 	return 1
+}
+
+// connectionCause keeps the part of a gRPC transport error an operator acts
+// on: "connection error: desc = \"transport: Error while dialing: dial tcp
+// 127.0.0.1:1: connect: connection refused\"" becomes "dial tcp
+// 127.0.0.1:1: connect: connection refused".
+func connectionCause(msg string) string {
+	if _, desc, ok := strings.Cut(msg, "desc = "); ok {
+		msg = strings.Trim(desc, `"`)
+	}
+	for _, prefix := range []string{"transport: ", "Error while dialing: ", "error while dialing: "} {
+		msg = strings.TrimPrefix(msg, prefix)
+	}
+	return msg
 }
 
 // isLoopback reports whether a target (host:port, or dns:///host:port)
@@ -331,13 +415,6 @@ func safe(s string) string {
 }
 
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
-
-func completed(r *idemgatev1.Record) string {
-	if r.GetCompletedAt() == nil {
-		return "-"
-	}
-	return stamp(r.GetCompletedAt().AsTime())
-}
 
 func envOr(key, def string) string {
 	if v := os.Getenv(key); v != "" {

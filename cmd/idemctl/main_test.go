@@ -4,18 +4,24 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"github.com/idemgate/idemgate/dedupesvc"
-	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
@@ -134,8 +140,14 @@ func hasRow(table string, cells ...string) bool {
 
 func idemctl(t *testing.T, wantCode int, addr, token string, args ...string) string {
 	t.Helper()
+	return idemctlInput(t, "", wantCode, addr, token, args...)
+}
+
+// idemctlInput is idemctl with stdin, for the questions it asks.
+func idemctlInput(t *testing.T, stdin string, wantCode int, addr, token string, args ...string) string {
+	t.Helper()
 	var stdout, stderr bytes.Buffer
-	code := run(append([]string{"-addr", addr, "-token", token}, args...), &stdout, &stderr)
+	code := run(append([]string{"-addr", addr, "-token", token}, args...), strings.NewReader(stdin), &stdout, &stderr)
 	if code != wantCode {
 		t.Fatalf("idemctl %v exited %d, want %d\nstdout:\n%s\nstderr:\n%s", args, code, wantCode, stdout.String(), stderr.String())
 	}
@@ -207,7 +219,7 @@ func TestPlaintextToARemoteAddressNeedsAFlag(t *testing.T) {
 	t.Parallel()
 	for _, addr := range []string{"10.0.0.1:50051", "dedupe.example:50051", "dns:///dedupe.example:50051"} {
 		var stdout, stderr bytes.Buffer
-		if code := run([]string{"-addr", addr, "-token", adminToken, "list"}, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "-insecure-plaintext") {
+		if code := run([]string{"-addr", addr, "-token", adminToken, "list"}, strings.NewReader(""), &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "-insecure-plaintext") {
 			t.Errorf("plaintext to %s: exit %d, stderr %q; want 2 and a refusal naming -insecure-plaintext", addr, code, stderr.String())
 		}
 		// With the flag it dials (lazily: nothing is sent here).
@@ -225,5 +237,203 @@ func TestPlaintextToARemoteAddressNeedsAFlag(t *testing.T) {
 			continue
 		}
 		_ = conn.Close()
+	}
+}
+
+// `-token $ADMIN list` with ADMIN empty or unset hands "list" to -token; the
+// command must not run with the command name as its token, and the message
+// must say what happened and what to do.
+func TestAnEmptyTokenVariableDoesNotSwallowTheCommand(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"-token", "list"},
+		{"-token", "show", "-scope", scope, "-key", "order-1"},
+		{"-addr", "127.0.0.1:1", "--token", "forget", "-key", "k"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(args, strings.NewReader(""), &stdout, &stderr)
+		if code != 2 || !strings.Contains(stderr.String(), "IDEMCTL_TOKEN") || !strings.Contains(stderr.String(), "-token-file") ||
+			!strings.Contains(stderr.String(), "empty") {
+			t.Errorf("idemctl %v: exit %d, stderr %q; want 2 and a message naming the empty variable, IDEMCTL_TOKEN and -token-file", args, code, stderr.String())
+		}
+	}
+}
+
+// The token can come from a file, which must be private like the service's.
+func TestTokenFile(t *testing.T) {
+	t.Parallel()
+	addr := serve(t, dedupeapp.Config{DataDir: t.TempDir()})
+	dir := t.TempDir()
+	private, open := filepath.Join(dir, "private"), filepath.Join(dir, "open")
+	if err := os.WriteFile(private, []byte(adminToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(open, []byte(adminToken+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"-addr", addr, "-token-file", private, "count"}, strings.NewReader(""), &stdout, &stderr); code != 0 {
+		t.Fatalf("-token-file: exit %d, %s", code, stderr.String())
+	}
+	stderr.Reset()
+	if code := run([]string{"-addr", addr, "-token-file", open, "count"}, strings.NewReader(""), &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "chmod 600") {
+		t.Fatalf("a token file others may read: exit %d, %q; want 2 and chmod 600", code, stderr.String())
+	}
+	stderr.Reset()
+	if code := run([]string{"-addr", addr, "-token", adminToken, "-token-file", private, "count"}, strings.NewReader(""), &stdout, &stderr); code != 2 {
+		t.Fatalf("-token and -token-file: exit %d, %q; want 2", code, stderr.String())
+	}
+}
+
+// A service that cannot be reached is reported with its address, what
+// failed and what to do, not as "Unavailable :".
+func TestConnectionErrorsAreReadable(t *testing.T) {
+	t.Parallel()
+	addr := stacktest.FreeAddr(t) // nothing listens there
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"-addr", addr, "-token", adminToken, "count"}, strings.NewReader(""), &stdout, &stderr)
+	msg := stderr.String()
+	if code != 1 || strings.Contains(msg, "Unavailable :") || !strings.Contains(msg, addr) || !strings.Contains(msg, "cannot reach") ||
+		!strings.Contains(msg, "connection refused") || !strings.Contains(msg, "-addr") {
+		t.Fatalf("exit %d, stderr %q; want 1 and a message naming %s, the refused connection and -addr", code, msg, addr)
+	}
+}
+
+// show prints the stored outcome (a response as JSON, a stored error, an
+// unknown type raw), the replay count and ages; list sorts by replays;
+// forget asks for the key and forgets, refusing an in-flight record unless
+// forced; on each store, against a running service.
+func TestShowListAndForgetEndToEnd(t *testing.T) {
+	t.Parallel()
+	for name, store := range map[string]dedupeapp.Config{
+		"embedded": {DataDir: t.TempDir(), ReplayFlushInterval: 20 * time.Millisecond},
+		"postgres": {DatabaseURL: pgtest.SchemaURL(t), MigrateOnStart: true, ReplayFlushInterval: 20 * time.Millisecond},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			addr := serve(t, store)
+			payments := dedupeClient(t, addr, paymentsToken)
+			ctx := context.Background()
+			fp := sha256.Sum256([]byte("charge"))
+			begin := func(key, token string) *idemgatev1.BeginResponse {
+				t.Helper()
+				res, err := payments.Begin(ctx, &idemgatev1.BeginRequest{Scope: scope, Key: key, Fingerprint: fp[:], AttemptToken: token,
+					Lease: durationpb.New(time.Hour), Retention: durationpb.New(time.Hour)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return res
+			}
+			complete := func(key string, outcome *anypb.Any) {
+				t.Helper()
+				r := begin(key, "t-"+key).GetReserved()
+				if _, err := payments.Finish(ctx, &idemgatev1.FinishRequest{Scope: scope, Key: key, AttemptToken: "t-" + key, Epoch: r.GetEpoch(), Outcome: outcome}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			charge, _ := anypb.New(&paymentsv1.ChargeCardResponse{ChargeId: "ch_000042", CustomerId: "cust_17", AmountCents: 4200})
+			complete("order-1", charge)
+			info, _ := anypb.New(&errdetails.ErrorInfo{Reason: "CARD_DECLINED", Domain: "payments.example"})
+			declined, _ := anypb.New(&spb.Status{Code: int32(codes.InvalidArgument), Message: "card declined", Details: []*anypb.Any{info}})
+			complete("order-2", declined)
+			complete("order-3", &anypb.Any{TypeUrl: "type.googleapis.com/acme.v9.Secret", Value: []byte{1, 2, 3}})
+			for i := range 3 {
+				if begin("order-1", fmt.Sprint("dup-", i)).GetCompleted() == nil {
+					t.Fatal("order-1 is not replayed")
+				}
+			}
+			begin("order-2", "dup")
+
+			show := func(key string) string {
+				return idemctl(t, 0, addr, adminToken, "show", "-namespace", "payments", "-scope", scope, "-key", key)
+			}
+			replays := func(out string) string {
+				for line := range strings.Lines(out) {
+					if f := strings.Fields(line); len(f) > 1 && f[0] == "replays" {
+						return f[1]
+					}
+				}
+				return ""
+			}
+			// The service flushes its counts every 20ms; a starved machine
+			// may take far longer, so wait for the count, not for a time.
+			out := show("order-1")
+			for deadline := time.Now().Add(time.Minute); replays(out) != "3" || replays(show("order-2")) != "1"; out = show("order-1") {
+				if time.Now().After(deadline) {
+					t.Fatalf("the replays never reached the record:\n%s", out)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			for _, want := range []string{"examples.payments.v1.ChargeCardResponse", `"chargeId": "ch_000042"`, `"amountCents": "4200"`, "after completion", "ago"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("show order-1 does not print %q:\n%s", want, out)
+				}
+			}
+			out = show("order-2")
+			for _, want := range []string{"a stored error", "code: InvalidArgument", "message: card declined", `"reason": "CARD_DECLINED"`} {
+				if !strings.Contains(out, want) {
+					t.Errorf("show order-2 does not print %q:\n%s", want, out)
+				}
+			}
+			out = show("order-3")
+			if !strings.Contains(out, "type.googleapis.com/acme.v9.Secret") || !strings.Contains(out, "AQID") || !strings.Contains(out, "-descriptors") {
+				t.Errorf("show of an unknown type: want its type URL, base64 and a hint at -descriptors:\n%s", out)
+			}
+
+			byReplays := idemctl(t, 0, addr, adminToken, "list", "-sort", "replays")
+			lines := strings.Split(strings.TrimSpace(byReplays), "\n")
+			if len(lines) != 3 || !strings.Contains(lines[1], "order-1") || strings.Fields(lines[1])[0] != "3" ||
+				!strings.Contains(lines[2], "order-2") || strings.Contains(byReplays, "order-3") {
+				t.Fatalf("list -sort replays:\n%s\nwant order-1 (3) then order-2 (1), nothing never replayed", byReplays)
+			}
+			if byAge := idemctl(t, 0, addr, adminToken, "list", "-sort", "replay-age"); !strings.Contains(byAge, "order-1") || !strings.Contains(byAge, "order-2") || strings.Contains(byAge, "order-3") {
+				t.Fatalf("list -sort replay-age:\n%s", byAge)
+			}
+			// Paging keeps the order: a page token of one order does not
+			// resume a listing in another.
+			first := idemctl(t, 0, addr, adminToken, "list", "-sort", "replays", "-limit", "1")
+			_, pageToken, found := strings.Cut(first, "-page-token ")
+			pageToken, _, _ = strings.Cut(pageToken, " ")
+			if !found || !strings.Contains(first, "order-1") || strings.Contains(first, "order-2") {
+				t.Fatalf("list -sort replays -limit 1:\n%s", first)
+			}
+			if next := idemctl(t, 0, addr, adminToken, "list", "-sort", "replays", "-limit", "1", "-page-token", pageToken); !strings.Contains(next, "order-2") || strings.Contains(next, "order-1") {
+				t.Fatalf("the second page by replays:\n%s", next)
+			}
+			if out := idemctl(t, 1, addr, adminToken, "list", "-page-token", pageToken); !strings.Contains(out, "same order") {
+				t.Fatalf("a replay listing's page token in the default order:\n%s", out)
+			}
+			if out := idemctl(t, 2, addr, adminToken, "list", "-sort", "newest"); !strings.Contains(out, "replay-age") {
+				t.Fatalf("list -sort newest:\n%s", out)
+			}
+
+			forget := []string{"forget", "-namespace", "payments", "-scope", scope, "-key", "order-1"}
+			if out := idemctlInput(t, "order-2\n", 1, addr, adminToken, forget...); !strings.Contains(out, "AGAIN") || !strings.Contains(out, "not forgotten") {
+				t.Fatalf("forget answered with another key:\n%s", out)
+			}
+			if begin("order-1", "dup-after-refusal").GetCompleted() == nil {
+				t.Fatal("a forget not confirmed forgot the record")
+			}
+			if out := idemctlInput(t, "order-1\n", 0, addr, adminToken, forget...); !strings.Contains(out, "forgot") || !strings.Contains(out, "was completed") {
+				t.Fatalf("forget:\n%s", out)
+			}
+			rerun := begin("order-1", "t-rerun").GetReserved()
+			if rerun == nil || rerun.GetEpoch() <= 1 {
+				t.Fatalf("after forget, order-1: %v; want reserved anew with a higher epoch", rerun)
+			}
+			// Now in flight: refused without -force, whatever the answer.
+			if out := idemctlInput(t, "order-1\n", 1, addr, adminToken, forget...); !strings.Contains(out, "-force") || !strings.Contains(out, "NOW") {
+				t.Fatalf("forget in flight without -force:\n%s", out)
+			}
+			if out := idemctl(t, 0, addr, adminToken, append(forget, "-force", "-yes")...); !strings.Contains(out, "was in_flight") {
+				t.Fatalf("forget -force -yes:\n%s", out)
+			}
+			if begin("order-1", "t-after-force").GetReserved() == nil {
+				t.Fatal("after a forced forget the key is not free")
+			}
+			if out := idemctl(t, 1, addr, adminToken, "forget", "-namespace", "payments", "-scope", scope, "-key", "never-seen", "-yes"); !strings.Contains(out, "RECORD_NOT_FOUND") {
+				t.Fatalf("forget of no record:\n%s", out)
+			}
+		})
 	}
 }

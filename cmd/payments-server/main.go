@@ -2,16 +2,26 @@
 // gated by the idemgate interceptor against a running dedupe service.
 //
 //	payments-server [-listen 127.0.0.1:50052] [-dedupe 127.0.0.1:50051] [-reflection]
+//	                [-replay-cache-entries 0] [-replay-cache-bytes 67108864]
 //
 // With -reflection it also serves gRPC server reflection, so grpcurl and
 // other generic clients can list the service and decode the
 // google.rpc.ErrorInfo and RetryInfo details of its errors.
+//
+// With -replay-cache-entries above 0 it keeps the outcomes of completed calls
+// in memory (interceptor.WithReplayCache, at most that many and about
+// -replay-cache-bytes in all, each served for at most
+// interceptor.DefaultReplayCacheTTL), so a duplicate is replayed without a
+// call to the Dedupe service. Every flag also reads an environment variable;
+// payments-server -h lists them.
 package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -33,34 +43,117 @@ import (
 	"github.com/idemgate/idemgate/interceptor"
 )
 
+// defaultReplayCacheBytes is -replay-cache-bytes' default: 64 MiB.
+const defaultReplayCacheBytes = 64 << 20
+
+// config is the server's settings, from flags and the environment.
+type config struct {
+	listen, dedupeAddr, token string
+	reflection                bool
+	// replayCacheEntries and replayCacheBytes bound the replay cache;
+	// replayCacheEntries 0 turns it off.
+	replayCacheEntries, replayCacheBytes int
+}
+
 func main() {
-	listen := flag.String("listen", envOr("PAYMENTS_LISTEN", "127.0.0.1:50052"), "gRPC listen `address` of the tool server (env PAYMENTS_LISTEN)")
-	dedupeAddr := flag.String("dedupe", envOr("IDEMGATE_DEDUPE_ADDR", "127.0.0.1:50051"), "`address` of the dedupe service (env IDEMGATE_DEDUPE_ADDR)")
-	token := flag.String("dedupe-token", os.Getenv("IDEMGATE_DEDUPE_TOKEN"), "bearer `token` for a dedupe service started with -token-file (env IDEMGATE_DEDUPE_TOKEN)")
-	reflect := flag.Bool("reflection", envBool("PAYMENTS_REFLECTION"), "serve gRPC server reflection, for grpcurl and other generic clients (env PAYMENTS_REFLECTION)")
-	flag.Parse()
+	cfg, err := parseConfig(os.Args[1:], os.Getenv, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "payments-server:", err)
+		os.Exit(2)
+	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(*listen, *dedupeAddr, *token, *reflect, logger); err != nil {
+	if err := run(cfg, logger); err != nil {
 		logger.Error("payments-server failed", slog.Any("error", err))
 		os.Exit(1)
 	}
 }
 
-func run(listen, dedupeAddr, token string, reflect bool, logger *slog.Logger) error {
+// parseConfig reads args (without the program name) and the environment
+// through getenv. It returns flag.ErrHelp after printing usage for -h.
+func parseConfig(args []string, getenv func(string) string, usage io.Writer) (config, error) {
+	fs := flag.NewFlagSet("payments-server", flag.ContinueOnError)
+	fs.SetOutput(usage)
+	var cfg config
+	var errs []error
+	env := func(key, def string) string {
+		if v := getenv(key); v != "" {
+			return v
+		}
+		return def
+	}
+	intEnv := func(key, flagName string, def int) int {
+		v := getenv(key)
+		if v == "" {
+			return def
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q (-%s): want a whole number", key, v, flagName))
+		}
+		return n
+	}
+	// An unparsable PAYMENTS_REFLECTION reads as false, as it always has.
+	reflectionEnv, _ := strconv.ParseBool(getenv("PAYMENTS_REFLECTION"))
+
+	fs.StringVar(&cfg.listen, "listen", env("PAYMENTS_LISTEN", "127.0.0.1:50052"), "gRPC listen `address` of the tool server (env PAYMENTS_LISTEN)")
+	fs.StringVar(&cfg.dedupeAddr, "dedupe", env("IDEMGATE_DEDUPE_ADDR", "127.0.0.1:50051"), "`address` of the dedupe service (env IDEMGATE_DEDUPE_ADDR)")
+	fs.StringVar(&cfg.token, "dedupe-token", getenv("IDEMGATE_DEDUPE_TOKEN"), "bearer `token` for a dedupe service started with -token-file (env IDEMGATE_DEDUPE_TOKEN)")
+	fs.BoolVar(&cfg.reflection, "reflection", reflectionEnv, "serve gRPC server reflection, for grpcurl and other generic clients (env PAYMENTS_REFLECTION)")
+	fs.IntVar(&cfg.replayCacheEntries, "replay-cache-entries", intEnv("PAYMENTS_REPLAY_CACHE_ENTRIES", "replay-cache-entries", 0),
+		"keep up to `n` completed outcomes in memory and replay duplicates from there, without a call to the dedupe service; "+
+			"0, the default, turns the replay cache off (env PAYMENTS_REPLAY_CACHE_ENTRIES)")
+	fs.IntVar(&cfg.replayCacheBytes, "replay-cache-bytes", intEnv("PAYMENTS_REPLAY_CACHE_BYTES", "replay-cache-bytes", defaultReplayCacheBytes),
+		"about how many `bytes` of memory the replay cache may hold (64 MiB); only with -replay-cache-entries (env PAYMENTS_REPLAY_CACHE_BYTES)")
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	if len(errs) > 0 {
+		return config{}, errors.Join(errs...) // an unparsable variable, before checks that would read its zero
+	}
+	bytesSet := getenv("PAYMENTS_REPLAY_CACHE_BYTES") != ""
+	fs.Visit(func(f *flag.Flag) { bytesSet = bytesSet || f.Name == "replay-cache-bytes" })
+	switch {
+	case cfg.replayCacheEntries < 0:
+		return config{}, fmt.Errorf("-replay-cache-entries must be 0 (off) or more, got %d", cfg.replayCacheEntries)
+	case cfg.replayCacheBytes <= 0:
+		return config{}, fmt.Errorf("-replay-cache-bytes must be positive, got %d", cfg.replayCacheBytes)
+	case cfg.replayCacheEntries == 0 && bytesSet:
+		return config{}, errors.New("-replay-cache-bytes is set but -replay-cache-entries is 0, which leaves the replay cache off: " +
+			"set -replay-cache-entries too, or drop -replay-cache-bytes")
+	}
+	return cfg, nil
+}
+
+// replayCache describes the replay cache for the start-up line.
+func (c config) replayCache() string {
+	if c.replayCacheEntries == 0 {
+		return "off"
+	}
+	return fmt.Sprintf("entries=%d bytes=%d ttl=%s", c.replayCacheEntries, c.replayCacheBytes, interceptor.DefaultReplayCacheTTL)
+}
+
+func run(cfg config, logger *slog.Logger) error {
 	// Plaintext is for this loopback example only; use TLS between machines.
 	dial := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig),
 	}
-	if token != "" {
-		dial = append(dial, grpc.WithPerRPCCredentials(auth.BearerToken(token, true)))
+	if cfg.token != "" {
+		dial = append(dial, grpc.WithPerRPCCredentials(auth.BearerToken(cfg.token, true)))
 	}
-	conn, err := grpc.NewClient(dedupeAddr, dial...)
+	conn, err := grpc.NewClient(cfg.dedupeAddr, dial...)
 	if err != nil {
 		return fmt.Errorf("dedupe client: %w", err)
 	}
 	defer conn.Close()
-	gate, err := interceptor.New(idemgatev1.NewDedupeServiceClient(conn), interceptor.WithLogger(logger))
+	opts := []interceptor.Option{interceptor.WithLogger(logger)}
+	if cfg.replayCacheEntries > 0 {
+		opts = append(opts, interceptor.WithReplayCache(cfg.replayCacheEntries, cfg.replayCacheBytes))
+	}
+	gate, err := interceptor.New(idemgatev1.NewDedupeServiceClient(conn), opts...)
 	if err != nil {
 		return err
 	}
@@ -72,14 +165,14 @@ func run(listen, dedupeAddr, token string, reflect bool, logger *slog.Logger) er
 	if err := gate.CheckServer(srv); err != nil {
 		return err // a served method nobody classified
 	}
-	if reflect {
+	if cfg.reflection {
 		// After CheckServer, which ignores gRPC's own grpc.* services.
 		// Reflection answers for every file linked into the binary, the
 		// google.rpc error details included.
 		reflection.Register(srv)
 	}
 
-	lis, err := net.Listen("tcp", listen)
+	lis, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
 		return err
 	}
@@ -94,23 +187,10 @@ func run(listen, dedupeAddr, token string, reflect bool, logger *slog.Logger) er
 			logger.Error("outcomes still unstored at exit", slog.Any("error", err))
 		}
 	}()
-	logger.Info("payments tool server serving", slog.String("address", lis.Addr().String()), slog.String("dedupe", dedupeAddr),
+	logger.Info("payments tool server serving", slog.String("address", lis.Addr().String()), slog.String("dedupe", cfg.dedupeAddr),
+		slog.String("replay_cache", cfg.replayCache()),
 		slog.String("ChargeCard", gate.Policy(paymentsv1.PaymentsService_ChargeCard_FullMethodName).String()),
 		slog.String("SendReceipt", gate.Policy(paymentsv1.PaymentsService_SendReceipt_FullMethodName).String()),
 		slog.String("GetBalance", gate.Policy(paymentsv1.PaymentsService_GetBalance_FullMethodName).String()))
 	return srv.Serve(lis)
-}
-
-// envBool reads a boolean environment variable: true for "1", "t", "true"
-// and the like, false when unset or unparsable.
-func envBool(key string) bool {
-	v, _ := strconv.ParseBool(os.Getenv(key))
-	return v
-}
-
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
 }

@@ -13,29 +13,55 @@ import (
 
 var _ dedupesvc.Inspector = (*Store)(nil)
 
-// listSQL selects records for the admin RPCs; the outcome's size, not its
-// bytes, so a listing stays small.
+// replayCounted is true when the row's replay columns count replays of its
+// current outcome, not of an earlier one of its key (migration 007).
+const replayCounted = `(replay_count > 0 AND last_replayed_at >= completed_at)`
+
+// listColumns selects records for the admin RPCs; the outcome's size, not
+// its bytes, so a listing stays small. The replay columns count only while
+// replayCounted.
+const listColumns = `namespace, scope, idempotency_key, state, epoch, coalesce(outcome_type_url, ''), coalesce(octet_length(outcome_value), 0),
+       lease_expires_at, completed_at, expires_at,
+       CASE WHEN ` + replayCounted + ` THEN replay_count ELSE 0 END,
+       CASE WHEN ` + replayCounted + ` THEN last_replayed_at END`
+
 const listSQL = `
-SELECT namespace, scope, idempotency_key, state, epoch, coalesce(outcome_type_url, ''), coalesce(octet_length(outcome_value), 0),
-       lease_expires_at, completed_at, expires_at
+SELECT ` + listColumns + `
 FROM idemgate_records`
 
-func scanRecord(row pgx.Row) (dedupesvc.StoredRecord, error) {
+// getSQL is listSQL with the outcome's bytes and key id, for GetRecord.
+const getSQL = `
+SELECT ` + listColumns + `, outcome_value, coalesce(outcome_key_id, '')
+FROM idemgate_records
+WHERE namespace = $3 AND scope = $1 AND idempotency_key = $2`
+
+func scanRecord(row pgx.Row, extra ...any) (dedupesvc.StoredRecord, error) {
 	var (
-		r           dedupesvc.StoredRecord
-		completedAt *time.Time
+		r                           dedupesvc.StoredRecord
+		completedAt, lastReplayedAt *time.Time
 	)
-	err := row.Scan(&r.ID.Namespace, &r.ID.Scope, &r.ID.Key, &r.State, &r.Epoch, &r.Outcome.TypeURL, &r.OutcomeSize,
-		&r.LeaseExpiresAt, &completedAt, &r.ExpiresAt)
+	err := row.Scan(append([]any{&r.ID.Namespace, &r.ID.Scope, &r.ID.Key, &r.State, &r.Epoch, &r.Outcome.TypeURL, &r.OutcomeSize,
+		&r.LeaseExpiresAt, &completedAt, &r.ExpiresAt, &r.ReplayCount, &lastReplayedAt}, extra...)...)
 	if completedAt != nil {
 		r.CompletedAt = *completedAt
+	}
+	if lastReplayedAt != nil {
+		r.LastReplayedAt = *lastReplayedAt
 	}
 	return r, err
 }
 
 // GetRecord implements dedupesvc.Inspector.
 func (s *Store) GetRecord(ctx context.Context, id dedupesvc.RecordID) (dedupesvc.StoredRecord, bool, error) {
-	r, err := scanRecord(s.pool.QueryRow(ctx, listSQL+` WHERE namespace = $3 AND scope = $1 AND idempotency_key = $2`, id.Scope, id.Key, id.Namespace))
+	var (
+		value []byte
+		keyID string
+	)
+	r, err := scanRecord(s.pool.QueryRow(ctx, getSQL, id.Scope, id.Key, id.Namespace), &value, &keyID)
+	r.Outcome.Value, r.Outcome.KeyID = value, keyID
+	if r.State == dedupesvc.StateCompleted && r.Outcome.Value == nil {
+		r.Outcome.Value = []byte{}
+	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return dedupesvc.StoredRecord{}, false, nil
@@ -45,17 +71,50 @@ func (s *Store) GetRecord(ctx context.Context, id dedupesvc.RecordID) (dedupesvc
 	return r, true, nil
 }
 
+// The listings' statements: $1 state (” for any), $2 limit, $3 resume
+// after the position $4 scope, $5 key, $6 namespace and the order's own
+// columns from $7. Each ORDER BY is the leading columns of an index
+// (migrations 001, 007), and the row comparison resumes in it.
+const (
+	listDefaultSQL = listSQL + `
+WHERE ($1 = '' OR state = $1)
+  AND (NOT $3 OR (state <> 'unknown', expires_at, namespace, scope, idempotency_key) > ($7::boolean, $8::timestamptz, $6::text, $4::text, $5::text))
+ORDER BY state <> 'unknown', expires_at, namespace, scope, idempotency_key
+LIMIT $2`
+	// -replay_count sorts the most replayed first in an ascending index.
+	listReplaysSQL = listSQL + `
+WHERE replay_count > 0 AND last_replayed_at >= completed_at AND ($1 = '' OR state = $1)
+  AND (NOT $3 OR (-replay_count, namespace, scope, idempotency_key) > ($7::bigint, $6::text, $4::text, $5::text))
+ORDER BY -replay_count, namespace, scope, idempotency_key
+LIMIT $2`
+	// completed_at - last_replayed_at is minus the replay age: the longest
+	// first in an ascending index.
+	listReplayAgeSQL = listSQL + `
+WHERE replay_count > 0 AND last_replayed_at >= completed_at AND ($1 = '' OR state = $1)
+  AND (NOT $3 OR (completed_at - last_replayed_at, namespace, scope, idempotency_key) > ($7::interval, $6::text, $4::text, $5::text))
+ORDER BY completed_at - last_replayed_at, namespace, scope, idempotency_key
+LIMIT $2`
+)
+
 // ListRecords implements dedupesvc.Inspector.
 func (s *Store) ListRecords(ctx context.Context, q dedupesvc.ListQuery) ([]dedupesvc.StoredRecord, error) {
 	var after dedupesvc.ListPosition
 	if q.After != nil {
 		after = *q.After
 	}
-	rows, err := s.pool.Query(ctx, listSQL+`
-WHERE ($1 = '' OR state = $1)
-  AND (NOT $3 OR (state <> 'unknown', expires_at, namespace, scope, idempotency_key) > ($4::boolean, $5::timestamptz, $8::text, $6::text, $7::text))
-ORDER BY state <> 'unknown', expires_at, namespace, scope, idempotency_key
-LIMIT $2`, q.State, q.Limit, q.After != nil, !after.Unknown, after.ExpiresAt, after.ID.Scope, after.ID.Key, after.ID.Namespace)
+	var (
+		query string
+		args  = []any{q.State, q.Limit, q.After != nil, after.ID.Scope, after.ID.Key, after.ID.Namespace}
+	)
+	switch q.Order {
+	case dedupesvc.OrderReplays:
+		query, args = listReplaysSQL, append(args, -after.ReplayCount)
+	case dedupesvc.OrderReplayAge:
+		query, args = listReplayAgeSQL, append(args, -after.ReplayAge)
+	default:
+		query, args = listDefaultSQL, append(args, !after.Unknown, after.ExpiresAt)
+	}
+	rows, err := s.pool.Query(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("pgstore: list records: %w", err)
 	}

@@ -100,3 +100,74 @@ func TestUpgradeMovesTheNamespaceOutOfTheScope(t *testing.T) {
 		t.Errorf("after re-running %s: %q", m.Name, got)
 	}
 }
+
+// TestUpgradeAddsReplayCounts writes a completed record the way the version
+// before migration 007 did, migrates, and wants it to replay as before, to
+// read zero replays, and to count the next ones; re-running 007 is safe.
+func TestUpgradeAddsReplayCounts(t *testing.T) {
+	t.Parallel()
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin, err := pgx.Connect(c, pgtest.URL())
+	if err != nil {
+		t.Skipf("PostgreSQL unreachable: %v", err)
+	}
+	defer admin.Close(c)
+	schema := "idemgate_upgrade_replays_" + time.Now().Format("150405000000")
+	if _, err := admin.Exec(c, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
+	pool := pgtest.OpenPool(t, schema)
+	all, err := pgstore.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(c, `CREATE TABLE idemgate_schema_migrations (version bigint PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+	var replayMigration pgstore.Migration
+	for _, m := range all {
+		if m.Version >= 7 {
+			replayMigration = m
+			break
+		}
+		if _, err := pool.Exec(c, m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+			t.Fatalf("%s: %v", m.Name, err)
+		}
+		if _, err := pool.Exec(c, `INSERT INTO idemgate_schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if replayMigration.Version != 7 {
+		t.Fatal("no migration 007")
+	}
+	fp := begin("x").Fingerprint
+	if _, err := pool.Exec(c, `INSERT INTO idemgate_records (namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
+		outcome_type_url, outcome_value, retention_ms, lease_expires_at, expires_at, completed_at)
+		VALUES ('svc-a', '/pkg.S/M', 'k1', $1, 'completed', 't-old', 1, 'type.googleapis.com/x.Y', 'old outcome'::bytea, 3600000, now(), now() + interval '1 hour', now())`, fp); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgstore.Migrate(c, pool); err != nil {
+		t.Fatal(err)
+	}
+	s := pgstore.New(pool)
+	id := dedupesvc.RecordID{Namespace: "svc-a", Scope: "/pkg.S/M", Key: "k1"}
+	res, err := s.Begin(c, dedupesvc.BeginParams{Namespace: id.Namespace, Scope: id.Scope, Key: id.Key, Fingerprint: fp, AttemptToken: "t-new", Lease: time.Minute, Retention: time.Hour, UnknownRetention: time.Hour})
+	if err != nil || res.State != dedupesvc.BeginCompleted || string(res.Outcome.Value) != "old outcome" {
+		t.Fatalf("after the upgrade: %+v, %v; want the old outcome replayed", res, err)
+	}
+	r, found, err := s.GetRecord(c, id)
+	if err != nil || !found || r.ReplayCount != 0 || !r.LastReplayedAt.IsZero() {
+		t.Fatalf("the old record after the upgrade: %+v, %v, %v; want 0 replays, none dated", r, found, err)
+	}
+	if _, err := pool.Exec(c, replayMigration.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatalf("re-running %s: %v", replayMigration.Name, err)
+	}
+	if n, err := s.AddReplays(c, []dedupesvc.ReplayCount{{ID: id, CompletedAt: res.CompletedAt, Count: 1}}); err != nil || n != 1 {
+		t.Fatalf("AddReplays = %d, %v", n, err)
+	}
+	if r, _, _ := s.GetRecord(c, id); r.ReplayCount != 1 || r.LastReplayedAt.IsZero() {
+		t.Fatalf("after one counted replay: %d, last %v", r.ReplayCount, r.LastReplayedAt)
+	}
+}

@@ -13,30 +13,54 @@ import (
 
 var _ dedupesvc.Inspector = (*Store)(nil)
 
+// replayCounted is true when the row's replay columns count replays of its
+// current outcome, not of an earlier one of its key (migration 006; see
+// postgres/007_replay_counts.sql).
+const replayCounted = `(replay_count > 0 AND last_replayed_at >= completed_at)`
+
+// listColumns are the columns the admin RPCs show: the outcome's size, not
+// its bytes, so a listing stays small.
+const listColumns = `namespace, scope, idempotency_key, state, epoch, coalesce(outcome_type_url, ''), coalesce(length(outcome_value), 0),
+       lease_expires_at, completed_at, expires_at,
+       CASE WHEN ` + replayCounted + ` THEN replay_count ELSE 0 END,
+       CASE WHEN ` + replayCounted + ` THEN last_replayed_at END`
+
 const listSQL = `
-SELECT namespace, scope, idempotency_key, state, epoch, coalesce(outcome_type_url, ''), coalesce(length(outcome_value), 0),
-       lease_expires_at, completed_at, expires_at
+SELECT ` + listColumns + `
 FROM idemgate_records`
 
 type scanner interface{ Scan(dest ...any) error }
 
-func scanRecord(row scanner) (dedupesvc.StoredRecord, error) {
+func scanRecord(row scanner, extra ...any) (dedupesvc.StoredRecord, error) {
 	var (
-		r                         dedupesvc.StoredRecord
-		completedAt               sql.NullInt64
-		leaseExpiresAt, expiresAt int64
+		r                           dedupesvc.StoredRecord
+		completedAt, lastReplayedAt sql.NullInt64
+		leaseExpiresAt, expiresAt   int64
 	)
-	err := row.Scan(&r.ID.Namespace, &r.ID.Scope, &r.ID.Key, &r.State, &r.Epoch, &r.Outcome.TypeURL, &r.OutcomeSize, &leaseExpiresAt, &completedAt, &expiresAt)
+	err := row.Scan(append([]any{&r.ID.Namespace, &r.ID.Scope, &r.ID.Key, &r.State, &r.Epoch, &r.Outcome.TypeURL, &r.OutcomeSize,
+		&leaseExpiresAt, &completedAt, &expiresAt, &r.ReplayCount, &lastReplayedAt}, extra...)...)
 	r.LeaseExpiresAt, r.ExpiresAt = time.UnixMilli(leaseExpiresAt), time.UnixMilli(expiresAt)
 	if completedAt.Valid {
 		r.CompletedAt = time.UnixMilli(completedAt.Int64)
+	}
+	if lastReplayedAt.Valid {
+		r.LastReplayedAt = time.UnixMilli(lastReplayedAt.Int64)
 	}
 	return r, err
 }
 
 // GetRecord implements dedupesvc.Inspector.
 func (s *Store) GetRecord(ctx context.Context, id dedupesvc.RecordID) (dedupesvc.StoredRecord, bool, error) {
-	r, err := scanRecord(s.db.QueryRowContext(ctx, listSQL+` WHERE namespace = ? AND scope = ? AND idempotency_key = ?`, id.Namespace, id.Scope, id.Key))
+	var (
+		value []byte
+		keyID string
+	)
+	r, err := scanRecord(s.db.QueryRowContext(ctx, `SELECT `+listColumns+`, outcome_value, coalesce(outcome_key_id, '')
+FROM idemgate_records WHERE namespace = ? AND scope = ? AND idempotency_key = ?`, id.Namespace, id.Scope, id.Key), &value, &keyID)
+	r.Outcome.Value, r.Outcome.KeyID = value, keyID
+	if r.State == dedupesvc.StateCompleted && r.Outcome.Value == nil {
+		r.Outcome.Value = []byte{}
+	}
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return dedupesvc.StoredRecord{}, false, nil
@@ -46,18 +70,42 @@ func (s *Store) GetRecord(ctx context.Context, id dedupesvc.RecordID) (dedupesvc
 	return r, true, nil
 }
 
+// The listings' statements; each ORDER BY is the leading columns of an
+// index (migrations 001, 006), and the row comparison resumes in it.
+const (
+	listDefaultSQL = listSQL + `
+WHERE (:state = '' OR state = :state)
+  AND (NOT :resume OR (state <> 'unknown', expires_at, namespace, scope, idempotency_key) > (:known, :expires_at, :ns, :scope, :key))
+ORDER BY state <> 'unknown', expires_at, namespace, scope, idempotency_key
+LIMIT :limit`
+	listReplaysSQL = listSQL + `
+WHERE replay_count > 0 AND last_replayed_at >= completed_at AND (:state = '' OR state = :state)
+  AND (NOT :resume OR (-replay_count, namespace, scope, idempotency_key) > (:neg_replays, :ns, :scope, :key))
+ORDER BY -replay_count, namespace, scope, idempotency_key
+LIMIT :limit`
+	listReplayAgeSQL = listSQL + `
+WHERE replay_count > 0 AND last_replayed_at >= completed_at AND (:state = '' OR state = :state)
+  AND (NOT :resume OR (completed_at - last_replayed_at, namespace, scope, idempotency_key) > (:neg_age, :ns, :scope, :key))
+ORDER BY completed_at - last_replayed_at, namespace, scope, idempotency_key
+LIMIT :limit`
+)
+
 // ListRecords implements dedupesvc.Inspector.
 func (s *Store) ListRecords(ctx context.Context, q dedupesvc.ListQuery) ([]dedupesvc.StoredRecord, error) {
 	var after dedupesvc.ListPosition
 	if q.After != nil {
 		after = *q.After
 	}
-	rows, err := s.db.QueryContext(ctx, listSQL+`
-WHERE (:state = '' OR state = :state)
-  AND (NOT :resume OR (state <> 'unknown', expires_at, namespace, scope, idempotency_key) > (:known, :expires_at, :ns, :scope, :key))
-ORDER BY state <> 'unknown', expires_at, namespace, scope, idempotency_key
-LIMIT :limit`, sql.Named("state", q.State), sql.Named("limit", q.Limit), sql.Named("resume", q.After != nil),
+	query := listDefaultSQL
+	switch q.Order {
+	case dedupesvc.OrderReplays:
+		query = listReplaysSQL
+	case dedupesvc.OrderReplayAge:
+		query = listReplayAgeSQL
+	}
+	rows, err := s.db.QueryContext(ctx, query, sql.Named("state", q.State), sql.Named("limit", q.Limit), sql.Named("resume", q.After != nil),
 		sql.Named("known", !after.Unknown), sql.Named("expires_at", after.ExpiresAt.UnixMilli()),
+		sql.Named("neg_replays", -after.ReplayCount), sql.Named("neg_age", -after.ReplayAge.Milliseconds()),
 		sql.Named("ns", after.ID.Namespace), sql.Named("scope", after.ID.Scope), sql.Named("key", after.ID.Key))
 	if err != nil {
 		return nil, fmt.Errorf("sqlitestore: list records: %w", err)

@@ -84,3 +84,65 @@ func TestUpgradeMovesTheNamespaceOutOfTheScope(t *testing.T) {
 		}
 	}
 }
+
+// TestUpgradeAddsReplayCounts writes a completed record the way the version
+// before migration 006 did, opens the store (which migrates), and wants it
+// replayed as before, read with zero replays, and counting the next ones.
+func TestUpgradeAddsReplayCounts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, sqlitestore.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := migrations.List(migrations.SQLite, "sqlite")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE idemgate_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range all {
+		if m.Version >= 6 {
+			break
+		}
+		if _, err := db.ExecContext(ctx, m.SQL); err != nil {
+			t.Fatalf("%s: %v", m.Name, err)
+		}
+		if _, err := db.ExecContext(ctx, `INSERT INTO idemgate_schema_migrations VALUES (?, ?, 0)`, m.Version, m.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fp := make([]byte, 32)
+	now := time.Now().UnixMilli()
+	if _, err := db.ExecContext(ctx, `INSERT INTO idemgate_records (namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
+		outcome_type_url, outcome_value, retention_ms, lease_expires_at, expires_at, created_at, completed_at)
+		VALUES ('svc-a', '/pkg.S/M', 'k1', ?, 'completed', 't-old', 1, 'type.googleapis.com/x.Y', ?, 3600000, ?, ?, ?, ?)`,
+		fp, []byte("old outcome"), now, now+3600000, now, now); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s, err := sqlitestore.Open(ctx, dir)
+	if err != nil {
+		t.Fatalf("Open (migrating): %v", err)
+	}
+	defer s.Close()
+	id := dedupesvc.RecordID{Namespace: "svc-a", Scope: "/pkg.S/M", Key: "k1"}
+	res, err := s.Begin(ctx, dedupesvc.BeginParams{Namespace: id.Namespace, Scope: id.Scope, Key: id.Key, Fingerprint: fp, AttemptToken: "t-new", Lease: time.Minute, Retention: time.Hour, UnknownRetention: time.Hour})
+	if err != nil || res.State != dedupesvc.BeginCompleted || string(res.Outcome.Value) != "old outcome" {
+		t.Fatalf("after the upgrade: %+v, %v; want the old outcome replayed", res, err)
+	}
+	if r, found, err := s.GetRecord(ctx, id); err != nil || !found || r.ReplayCount != 0 || !r.LastReplayedAt.IsZero() {
+		t.Fatalf("the old record after the upgrade: %+v, %v, %v; want 0 replays, none dated", r, found, err)
+	}
+	if n, err := s.AddReplays(ctx, []dedupesvc.ReplayCount{{ID: id, CompletedAt: res.CompletedAt, Count: 1}}); err != nil || n != 1 {
+		t.Fatalf("AddReplays = %d, %v", n, err)
+	}
+	if r, _, _ := s.GetRecord(ctx, id); r.ReplayCount != 1 || r.LastReplayedAt.IsZero() {
+		t.Fatalf("after one counted replay: %d, last %v", r.ReplayCount, r.LastReplayedAt)
+	}
+}

@@ -54,6 +54,8 @@ func RunWithNotifier(t *testing.T, newStore func(t *testing.T) dedupesvc.Store, 
 	t.Run("ResumeGrace", func(t *testing.T) { testResumeGrace(t, newStore) })
 	t.Run("Inspector", func(t *testing.T) { testInspector(t, newStore) })
 	t.Run("InspectorPages", func(t *testing.T) { testInspectorPages(t, newStore) })
+	t.Run("ReplayCounts", func(t *testing.T) { testReplayCounts(t, newStore) })
+	t.Run("Forget", func(t *testing.T) { testForget(t, newStore) })
 	t.Run("Namespaces", func(t *testing.T) { testNamespaces(t, newStore) })
 	t.Run("ServiceNamespaces", func(t *testing.T) { testServiceNamespaces(t, newStore) })
 	t.Run("ServiceQuotas", func(t *testing.T) { testServiceQuotas(t, newStore) })

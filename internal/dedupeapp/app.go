@@ -188,6 +188,12 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 	if b.notifier != nil {
 		serverOpts = append(serverOpts, dedupesvc.WithNotifier(b.notifier))
 	}
+	var replays *dedupesvc.ReplayRecorder
+	if counter, ok := b.store.(dedupesvc.ReplayCounter); ok {
+		replays = dedupesvc.NewReplayRecorder(counter, dedupesvc.ReplayRecorderConfig{Interval: cfg.ReplayFlushInterval, Logger: logger, Metrics: dedupeMetrics})
+		serverOpts = append(serverOpts, dedupesvc.WithReplayRecorder(replays))
+		backgroundDone.Go(func() { replays.Run(background) })
+	}
 	cipher, err := outcomeCipher(cfg.OutcomeKeysFile)
 	if err != nil {
 		return err
@@ -279,6 +285,15 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 		logger.Warn("graceful stop timed out; cutting the remaining calls")
 		srv.Stop()
 		<-stopped
+	}
+	if replays != nil {
+		// No replay is served any more: store what was counted since the
+		// last flush, before the store closes.
+		flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		if err := replays.Flush(flushCtx); err != nil {
+			logger.Warn("flushing replay counts at shutdown failed; they are dropped", slog.Any("error", err))
+		}
+		cancel()
 	}
 	if err := <-serveErr; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return err

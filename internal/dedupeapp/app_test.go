@@ -49,12 +49,13 @@ func TestParseConfig(t *testing.T) {
 	}
 	if cfg.MaxConnections != 512 || cfg.MaxConcurrentStreams != 256 || cfg.HandshakeTimeout != 5*time.Second ||
 		cfg.MaxConnectionIdle != 5*time.Minute || cfg.MaxConnectionAge != 30*time.Minute || cfg.MaxConnectionAgeGrace != 2*time.Minute ||
-		cfg.KeepaliveMinTime != 10*time.Second || cfg.AuthRefusalLogRate != 1 || cfg.TokenReloadInterval != 5*time.Second || cfg.ResolveAdminOnly {
+		cfg.KeepaliveMinTime != 10*time.Second || cfg.AuthRefusalLogRate != 1 || cfg.TokenReloadInterval != 5*time.Second || cfg.ResolveAdminOnly ||
+		cfg.ReplayFlushInterval != time.Second {
 		t.Fatalf("config %+v: the limits' defaults not applied", cfg)
 	}
-	limits := map[string]string{"IDEMGATE_MAX_CONCURRENT_STREAMS": "8", "IDEMGATE_RESOLVE_ADMIN_ONLY": "true", "IDEMGATE_TOKEN_FILE": "t"}
+	limits := map[string]string{"IDEMGATE_MAX_CONCURRENT_STREAMS": "8", "IDEMGATE_RESOLVE_ADMIN_ONLY": "true", "IDEMGATE_TOKEN_FILE": "t", "IDEMGATE_REPLAY_FLUSH_INTERVAL": "250ms"}
 	cfg, err = dedupeapp.ParseConfig("dedupesvc", []string{"-max-connection-idle", "1m"}, func(k string) string { return limits[k] }, io.Discard)
-	if err != nil || cfg.MaxConcurrentStreams != 8 || !cfg.ResolveAdminOnly || cfg.MaxConnectionIdle != time.Minute {
+	if err != nil || cfg.MaxConcurrentStreams != 8 || !cfg.ResolveAdminOnly || cfg.MaxConnectionIdle != time.Minute || cfg.ReplayFlushInterval != 250*time.Millisecond {
 		t.Fatalf("config %+v, %v: the limits' flags and environment not applied", cfg, err)
 	}
 
@@ -78,6 +79,7 @@ func TestParseConfig(t *testing.T) {
 		{[]string{"-resolve-admin-only"}, nil, "-resolve-admin-only needs"},
 		{[]string{"-max-concurrent-streams", "-1"}, nil, "-max-concurrent-streams must be positive"},
 		{nil, map[string]string{"IDEMGATE_AUTH_REFUSAL_LOG_RATE": "fast"}, "IDEMGATE_AUTH_REFUSAL_LOG_RATE"},
+		{[]string{"-replay-flush-interval", "-1s"}, nil, "-replay-flush-interval must be positive"},
 	}
 	for _, tt := range bad {
 		_, err := dedupeapp.ParseConfig("dedupesvc", tt.args, func(k string) string { return tt.env[k] }, io.Discard)

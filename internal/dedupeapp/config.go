@@ -163,6 +163,11 @@ type Config struct {
 	// once. Negative turns polling off (SIGHUP only). 0 takes the default of
 	// 5s (IDEMGATE_TOKEN_RELOAD_INTERVAL).
 	TokenReloadInterval time.Duration
+	// ReplayFlushInterval is how often replay counts, counted per record in
+	// memory, are added to the store's records; counts not yet flushed are
+	// lost when the process dies, and a flush is also made at shutdown. 0
+	// takes the default. Defaults to 1s (IDEMGATE_REPLAY_FLUSH_INTERVAL).
+	ReplayFlushInterval time.Duration
 	// ResolveAdminOnly reserves DedupeService.Resolve to admin identities;
 	// others get PERMISSION_DENIED (DEDUPE_PERMISSION_DENIED). Needs
 	// authentication. Defaults to false: every caller may resolve its own
@@ -222,6 +227,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.TokenReloadInterval == 0 {
 		c.TokenReloadInterval = DefaultTokenReloadInterval
+	}
+	if c.ReplayFlushInterval == 0 {
+		c.ReplayFlushInterval = dedupesvc.DefaultReplayFlushInterval
 	}
 	return c
 }
@@ -326,6 +334,7 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 	fs.Float64Var(&cfg.AuthRefusalLogRate, "auth-refusal-log-rate", floatEnv("IDEMGATE_AUTH_REFUSAL_LOG_RATE", DefaultAuthRefusalLogRate), "refused-authentication log lines per second, bursts of 10; all are counted (env IDEMGATE_AUTH_REFUSAL_LOG_RATE)")
 	fs.DurationVar(&cfg.TokenReloadInterval, "token-reload-interval", durationEnv("IDEMGATE_TOKEN_RELOAD_INTERVAL", DefaultTokenReloadInterval), "how often the token file is checked for changes; negative: on SIGHUP only (env IDEMGATE_TOKEN_RELOAD_INTERVAL)")
 	fs.BoolVar(&cfg.ResolveAdminOnly, "resolve-admin-only", boolEnv("IDEMGATE_RESOLVE_ADMIN_ONLY", false), "reserve DedupeService.Resolve to admin identities (env IDEMGATE_RESOLVE_ADMIN_ONLY)")
+	fs.DurationVar(&cfg.ReplayFlushInterval, "replay-flush-interval", durationEnv("IDEMGATE_REPLAY_FLUSH_INTERVAL", dedupesvc.DefaultReplayFlushInterval), "how often replay counts are added to the records, in one statement; unflushed counts die with the process (env IDEMGATE_REPLAY_FLUSH_INTERVAL)")
 	level := fs.String("log-level", env("IDEMGATE_LOG_LEVEL", "info"), "log `level`: debug, info, warn or error (env IDEMGATE_LOG_LEVEL)")
 	if len(errs) > 0 {
 		return Config{}, errors.Join(errs...)
@@ -432,6 +441,9 @@ func (c Config) validate() error {
 	}
 	if c.AuthRefusalLogRate < 0 {
 		errs = append(errs, fmt.Errorf("-auth-refusal-log-rate must be positive, got %g", c.AuthRefusalLogRate))
+	}
+	if c.ReplayFlushInterval < 0 {
+		errs = append(errs, fmt.Errorf("-replay-flush-interval must be positive, got %s", c.ReplayFlushInterval))
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("-shutdown-timeout must be positive, got %s", c.ShutdownTimeout))

@@ -79,14 +79,15 @@ func TestMediansTakeEachFieldAcrossRounds(t *testing.T) {
 func TestGoals(t *testing.T) {
 	ms := time.Millisecond
 	m := map[rowID]sample{
-		rowUngated:  {P50: ms / 5},
-		rowFloor1:   {P50: ms},
-		rowPG1:      {P50: 3 * ms},
-		rowPG16:     {RPS: 1000},
-		rowPG64:     {RPS: 1200},
-		rowFloor64:  {RPS: 1500},
-		rowReplay:   {P50: ms / 2},
-		rowSQLite64: {RPS: 1100},
+		rowUngated:      {P50: ms / 5},
+		rowFloor1:       {P50: ms},
+		rowPG1:          {P50: 3 * ms},
+		rowPG16:         {RPS: 1000},
+		rowPG64:         {RPS: 1200},
+		rowFloor64:      {RPS: 1500},
+		rowReplay:       {P50: ms / 2},
+		rowReplayCached: {P50: ms / 4},
+		rowSQLite64:     {RPS: 1100},
 	}
 	rounds := []round{{Samples: m}, {Samples: map[rowID]sample{rowSQLite64: {RPS: 900}}}}
 	out := evaluate(rounds, m)
@@ -98,6 +99,7 @@ func TestGoals(t *testing.T) {
 		{3 / 1.2, false, 3 / 1.2, 3 / 1.2}, // 3ms / (0.2ms + 1ms)
 		{0.8, false, 0.8, 0.8},             // 1200 / 1500
 		{2.5, false, 2.5, 2.5},             // 0.5ms / 0.2ms
+		{1.25, true, 1.25, 1.25},           // 0.25ms / 0.2ms
 		{1.2, true, 1.2, 1.2},              // 1200 / 1000
 		{1100, false, 900, 1100},           // absolute, each round
 	}
@@ -113,6 +115,15 @@ func TestGoals(t *testing.T) {
 	}
 	if o := evaluate(nil, map[rowID]sample{rowPG1: {P50: ms}})[0]; o.OK || o.Met() {
 		t.Errorf("a goal whose rows did not run: ok %v, met %v", o.OK, o.Met())
+	}
+	noCache := map[rowID]sample{rowUngated: {P50: ms / 5}, rowReplay: {P50: ms / 2}}
+	for _, o := range evaluate([]round{{Samples: noCache}}, noCache) {
+		if o.Name == "cached replay p50 / ungated p50, 1 caller" && (o.OK || o.Met()) {
+			t.Errorf("the cached replay goal without its row: ok %v, met %v", o.OK, o.Met())
+		}
+		if o.Name == "replay p50 / ungated p50, 1 caller" && !o.OK {
+			t.Error("the replay goal needs the cached replay row")
+		}
 	}
 	if o := (outcome{goal: goals[0], Value: 1.2, OK: true}); !o.Met() {
 		t.Error("a value equal to an at-most goal does not meet it")

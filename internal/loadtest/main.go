@@ -127,6 +127,7 @@ type loadtest struct {
 	floorURL string   // the floor pair's database
 	floor    floorScript
 	pg       string // the payments server gated through PostgreSQL
+	pgCached string // a second one on the same Dedupe service, with the replay cache on; "" when its row is not run
 	sqlite   string // the payments server gated through the embedded store
 	rounds   []round
 	problems []string
@@ -182,11 +183,20 @@ func (lt *loadtest) run(ctx context.Context) error {
 		"-caller-begin-rate=1000000", "-caller-begin-burst=1000000",
 		"-caller-max-records=1000000000000", "-caller-max-bytes=1000000000000000",
 	}
-	if lt.pg, err = lt.startStack(ctx, "pg", dedupeBin, paymentsBin, append([]string{"-database-url=" + lt.svcURL}, common...)); err != nil {
+	var pgDedupe *server
+	var pgDedupeAddr string
+	if lt.pg, pgDedupe, pgDedupeAddr, err = lt.startStack(ctx, "pg", dedupeBin, paymentsBin, append([]string{"-database-url=" + lt.svcURL}, common...)); err != nil {
 		return err
 	}
+	if lt.cfg.rows.MatchString(string(rowReplayCached)) {
+		// Room for every key a run replays, and the warm-up's, many times
+		// over; -replay-cache-bytes keeps its default.
+		if lt.pgCached, err = lt.startPayments(ctx, "pg-cached", paymentsBin, pgDedupeAddr, pgDedupe, "-replay-cache-entries=10000"); err != nil {
+			return err
+		}
+	}
 	sqliteDir := filepath.Join(lt.tmp, "sqlite")
-	if lt.sqlite, err = lt.startStack(ctx, "sqlite", dedupeBin, paymentsBin, append([]string{"-database-url=", "-data-dir=" + sqliteDir}, common...)); err != nil {
+	if lt.sqlite, _, _, err = lt.startStack(ctx, "sqlite", dedupeBin, paymentsBin, append([]string{"-database-url=", "-data-dir=" + sqliteDir}, common...)); err != nil {
 		return err
 	}
 
@@ -212,7 +222,7 @@ func (lt *loadtest) run(ctx context.Context) error {
 				lt.problems = append(lt.problems, fmt.Sprintf("round %d, %s: %d of %d calls failed (see %s)", r, id, s.Errors, s.Count, lt.cfg.results))
 			}
 			rd.Samples[id] = s
-			fmt.Printf("round %d/%d  %-18s p50 %-8s p99 %-8s %8.0f req/s  errors %d  load %.2f\n",
+			fmt.Printf("round %d/%d  %-20s p50 %-8s p99 %-8s %8.0f req/s  errors %d  load %.2f\n",
 				r, lt.cfg.rounds, id, formatDuration(s.P50), formatDuration(s.P99), s.RPS, s.Errors, readLoad()[0])
 		}
 		rd.Stop = readLoad()
@@ -349,22 +359,32 @@ func redact(u string) string {
 
 // startStack starts a Dedupe service with dedupeArgs and a payments server
 // gated through it, waits until a gated call goes through, and returns the
-// payments server's address.
-func (lt *loadtest) startStack(ctx context.Context, name, dedupeBin, paymentsBin string, dedupeArgs []string) (string, error) {
-	dedupeAddr, err := freeAddr()
-	if err != nil {
-		return "", err
+// payments server's address, and the Dedupe service with its address for
+// another payments server in front of it.
+func (lt *loadtest) startStack(ctx context.Context, name, dedupeBin, paymentsBin string, dedupeArgs []string) (payAddr string, dedupe *server, dedupeAddr string, err error) {
+	if dedupeAddr, err = freeAddr(); err != nil {
+		return "", nil, "", err
 	}
+	dedupe, err = startServer("dedupesvc "+name, dedupeBin, append([]string{"-listen=" + dedupeAddr}, dedupeArgs...),
+		filepath.Join(lt.cfg.results, "dedupesvc-"+name+".log"))
+	if err != nil {
+		return "", nil, "", err
+	}
+	if payAddr, err = lt.startPayments(ctx, name, paymentsBin, dedupeAddr, dedupe); err != nil {
+		return "", nil, "", err
+	}
+	return payAddr, dedupe, dedupeAddr, nil
+}
+
+// startPayments starts a payments server with extra flags, gated through
+// the Dedupe service dedupe at dedupeAddr, waits until a gated call goes
+// through, and returns its address.
+func (lt *loadtest) startPayments(ctx context.Context, name, paymentsBin, dedupeAddr string, dedupe *server, extra ...string) (string, error) {
 	payAddr, err := freeAddr()
 	if err != nil {
 		return "", err
 	}
-	dedupe, err := startServer("dedupesvc "+name, dedupeBin, append([]string{"-listen=" + dedupeAddr}, dedupeArgs...),
-		filepath.Join(lt.cfg.results, "dedupesvc-"+name+".log"))
-	if err != nil {
-		return "", err
-	}
-	pay, err := startServer("payments-server "+name, paymentsBin, []string{"-listen=" + payAddr, "-dedupe=" + dedupeAddr},
+	pay, err := startServer("payments-server "+name, paymentsBin, append([]string{"-listen=" + payAddr, "-dedupe=" + dedupeAddr}, extra...),
 		filepath.Join(lt.cfg.results, "payments-server-"+name+".log"))
 	if err != nil {
 		return "", err
@@ -382,7 +402,7 @@ func (lt *loadtest) startStack(ctx context.Context, name, dedupeBin, paymentsBin
 		_, err = client.ChargeCard(callCtx, &paymentsv1.ChargeCardRequest{CustomerId: "cust_ready", AmountCents: 1})
 		cancel()
 		if err == nil {
-			fmt.Printf("loadtest: %s stack up: dedupesvc on %s, payments-server on %s\n", name, dedupeAddr, payAddr)
+			fmt.Printf("loadtest: %s stack up: dedupesvc on %s, payments-server on %s%s\n", name, dedupeAddr, payAddr, strings.TrimRight(" "+strings.Join(extra, " "), " "))
 			return payAddr, nil
 		}
 		for _, s := range []*server{dedupe, pay} {
@@ -425,7 +445,11 @@ func (lt *loadtest) settings(ctx context.Context) (string, error) {
 // measures.
 func (lt *loadtest) warmUp(ctx context.Context) error {
 	fmt.Println("loadtest: warming up")
-	for name, target := range map[string]string{"warmup-pg": lt.pg, "warmup-sqlite": lt.sqlite} {
+	targets := map[string]string{"warmup-pg": lt.pg, "warmup-sqlite": lt.sqlite}
+	if lt.pgCached != "" {
+		targets["warmup-pg-cached"] = lt.pgCached
+	}
+	for name, target := range targets {
 		if _, err := lt.ghz(ctx, name, target, "ChargeCard", 16, freshKey, chargeData("cust_loadtest"), "--total", "400"); err != nil {
 			return err
 		}
@@ -460,7 +484,9 @@ func (lt *loadtest) runRow(ctx context.Context, id rowID, r int) (sample, error)
 	case rowSQLite64:
 		return lt.fresh(ctx, name, lt.sqlite, 64, dur)
 	case rowReplay:
-		return lt.replay(ctx, name, r, dur)
+		return lt.replay(ctx, name, lt.pg, r, dur)
+	case rowReplayCached:
+		return lt.replay(ctx, name, lt.pgCached, r, dur)
 	case rowFloor1:
 		return lt.pgbench(ctx, name, 1, secs)
 	case rowFloor64:
@@ -542,13 +568,15 @@ func charges(ctx context.Context, target, customer string) (int64, error) {
 	return bal.GetCharges(), nil
 }
 
-// replay makes one call with a key of its own, then repeats it from one
-// caller for the row's duration: every repeat is a replay. It checks the
-// ledger afterwards: one charge, or the row measured something else.
-func (lt *loadtest) replay(ctx context.Context, name string, r int, dur []string) (sample, error) {
+// replay makes one call with a key of its own on the payments server at
+// target, then repeats it from one caller for the row's duration: every
+// repeat is a replay (from the replay cache, when target has it on). It
+// checks the ledger afterwards: one charge, or the row measured something
+// else.
+func (lt *loadtest) replay(ctx context.Context, name, target string, r int, dur []string) (sample, error) {
 	key := fmt.Sprintf("loadtest-replay-%d-%s", r, rand.Text())
 	customer := fmt.Sprintf("cust_replay_%d_%s", r, rand.Text()[:8])
-	conn, err := grpc.NewClient(lt.pg, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return sample{}, err
 	}
@@ -559,11 +587,11 @@ func (lt *loadtest) replay(ctx context.Context, name string, r int, dur []string
 	if _, err := client.ChargeCard(callCtx, &paymentsv1.ChargeCardRequest{CustomerId: customer, AmountCents: 100}); err != nil {
 		return sample{}, fmt.Errorf("the first call: %w", err)
 	}
-	s, err := lt.ghz(ctx, name, lt.pg, "ChargeCard", 1, fmt.Sprintf(`{%q:%q}`, interceptor.KeyHeader, key), chargeData(customer), dur...)
+	s, err := lt.ghz(ctx, name, target, "ChargeCard", 1, fmt.Sprintf(`{%q:%q}`, interceptor.KeyHeader, key), chargeData(customer), dur...)
 	if err != nil {
 		return sample{}, err
 	}
-	ran, err := charges(ctx, lt.pg, customer)
+	ran, err := charges(ctx, target, customer)
 	if err != nil {
 		return sample{}, err
 	}

@@ -5,7 +5,7 @@ package testsvc
 
 import (
 	"context"
-
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -27,6 +27,34 @@ type Server struct {
 	executions atomic.Int64
 	failFirst  atomic.Int64
 	lastCause  atomic.Pointer[error]
+
+	startedMu sync.Mutex
+	started   map[string]*startSignal
+}
+
+// startSignal is closed once, when the first handler for its payload starts.
+type startSignal struct {
+	ch   chan struct{}
+	once sync.Once
+}
+
+// Started returns a channel that is closed once a handler has started running
+// a request with this payload, so a test can act "after the side effect began"
+// without guessing how long the machine takes to get there.
+func (s *Server) Started(payload string) <-chan struct{} { return s.startSignal(payload).ch }
+
+func (s *Server) startSignal(payload string) *startSignal {
+	s.startedMu.Lock()
+	defer s.startedMu.Unlock()
+	if s.started == nil {
+		s.started = make(map[string]*startSignal)
+	}
+	sig, ok := s.started[payload]
+	if !ok {
+		sig = &startSignal{ch: make(chan struct{})}
+		s.started[payload] = sig
+	}
+	return sig
 }
 
 // LastCause is the cause (context.Cause) of the last handler context that
@@ -47,6 +75,8 @@ func (s *Server) FailNext(n int64) { s.failFirst.Store(n) }
 
 func (s *Server) handle(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
 	n := s.executions.Add(1)
+	sig := s.startSignal(req.GetPayload())
+	sig.once.Do(func() { close(sig.ch) })
 	if d := req.GetDelay().AsDuration(); d > 0 {
 		select {
 		case <-time.After(d):

@@ -23,6 +23,62 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// RecordOrder is the order ListRecords lists in.
+type RecordOrder int32
+
+const (
+	// RECORD_ORDER_UNSPECIFIED: outcome-unknown records first, then by expiry,
+	// namespace, scope and key.
+	RecordOrder_RECORD_ORDER_UNSPECIFIED RecordOrder = 0
+	// RECORD_ORDER_REPLAYS: replayed records only, the most replayed first,
+	// then by namespace, scope and key.
+	RecordOrder_RECORD_ORDER_REPLAYS RecordOrder = 1
+	// RECORD_ORDER_REPLAY_AGE: replayed records only, the longest time from
+	// completion to the last replay first, then by namespace, scope and key.
+	RecordOrder_RECORD_ORDER_REPLAY_AGE RecordOrder = 2
+)
+
+// Enum value maps for RecordOrder.
+var (
+	RecordOrder_name = map[int32]string{
+		0: "RECORD_ORDER_UNSPECIFIED",
+		1: "RECORD_ORDER_REPLAYS",
+		2: "RECORD_ORDER_REPLAY_AGE",
+	}
+	RecordOrder_value = map[string]int32{
+		"RECORD_ORDER_UNSPECIFIED": 0,
+		"RECORD_ORDER_REPLAYS":     1,
+		"RECORD_ORDER_REPLAY_AGE":  2,
+	}
+)
+
+func (x RecordOrder) Enum() *RecordOrder {
+	p := new(RecordOrder)
+	*p = x
+	return p
+}
+
+func (x RecordOrder) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RecordOrder) Descriptor() protoreflect.EnumDescriptor {
+	return file_idemgate_v1_admin_proto_enumTypes[0].Descriptor()
+}
+
+func (RecordOrder) Type() protoreflect.EnumType {
+	return &file_idemgate_v1_admin_proto_enumTypes[0]
+}
+
+func (x RecordOrder) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RecordOrder.Descriptor instead.
+func (RecordOrder) EnumDescriptor() ([]byte, []int) {
+	return file_idemgate_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
 // RecordRef names a record.
 type RecordRef struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -106,7 +162,25 @@ type Record struct {
 	// expires_at is when the record counts as absent.
 	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
 	// completed_at is when the outcome was stored.
-	CompletedAt   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=completed_at,json=completedAt,proto3" json:"completed_at,omitempty"`
+	CompletedAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=completed_at,json=completedAt,proto3" json:"completed_at,omitempty"`
+	// replay_count is how many duplicates were answered with the stored
+	// outcome since completed_at. A lower bound: each Dedupe service replica
+	// counts in memory and adds its counts to the store every flush interval
+	// (-replay-flush-interval, default 1s), so the latest replays may not be
+	// in yet and a replica that crashes loses its unflushed counts. Replays a
+	// tool server answers from its own replay cache never reach the service
+	// and are not counted. 0 for records stored before counting existed.
+	ReplayCount int64 `protobuf:"varint,9,opt,name=replay_count,json=replayCount,proto3" json:"replay_count,omitempty"`
+	// last_replayed_at is when the last counted replay was served; unset when
+	// none was counted.
+	LastReplayedAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=last_replayed_at,json=lastReplayedAt,proto3" json:"last_replayed_at,omitempty"`
+	// outcome is the stored outcome, decrypted, as every duplicate receives it:
+	// set by GetRecord with include_outcome, for a completed record whose
+	// outcome can be read. Never set in listings.
+	Outcome *anypb.Any `protobuf:"bytes,11,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// outcome_error says why outcome is unset although include_outcome asked
+	// for it and the record is completed (its encryption key is not loaded).
+	OutcomeError  string `protobuf:"bytes,12,opt,name=outcome_error,json=outcomeError,proto3" json:"outcome_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -197,13 +271,44 @@ func (x *Record) GetCompletedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Record) GetReplayCount() int64 {
+	if x != nil {
+		return x.ReplayCount
+	}
+	return 0
+}
+
+func (x *Record) GetLastReplayedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastReplayedAt
+	}
+	return nil
+}
+
+func (x *Record) GetOutcome() *anypb.Any {
+	if x != nil {
+		return x.Outcome
+	}
+	return nil
+}
+
+func (x *Record) GetOutcomeError() string {
+	if x != nil {
+		return x.OutcomeError
+	}
+	return ""
+}
+
 // GetRecordRequest names the record.
 type GetRecordRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// ref names the record.
-	Ref           *RecordRef `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Ref *RecordRef `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	// include_outcome returns the stored outcome too (Record.outcome).
+	// Defaults to false: only its type and size.
+	IncludeOutcome bool `protobuf:"varint,2,opt,name=include_outcome,json=includeOutcome,proto3" json:"include_outcome,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *GetRecordRequest) Reset() {
@@ -241,6 +346,13 @@ func (x *GetRecordRequest) GetRef() *RecordRef {
 		return x.Ref
 	}
 	return nil
+}
+
+func (x *GetRecordRequest) GetIncludeOutcome() bool {
+	if x != nil {
+		return x.IncludeOutcome
+	}
+	return false
 }
 
 // GetRecordResponse is the record; NOT_FOUND when there is none.
@@ -298,8 +410,11 @@ type ListRecordsRequest struct {
 	// limit bounds one page: 1 to 1000; 0 means 100.
 	Limit int32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
 	// page_token, when set, resumes a listing after the page that answered it
-	// (its next_page_token); the state must be the one that listing used.
-	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// (its next_page_token); the state and order must be the ones that
+	// listing used.
+	PageToken string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// order of the listing. Defaults to RECORD_ORDER_UNSPECIFIED.
+	Order         RecordOrder `protobuf:"varint,4,opt,name=order,proto3,enum=idemgate.v1.RecordOrder" json:"order,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -355,8 +470,14 @@ func (x *ListRecordsRequest) GetPageToken() string {
 	return ""
 }
 
-// ListRecordsResponse is one page of the listing, outcome-unknown records
-// first, then by expiry, scope and key.
+func (x *ListRecordsRequest) GetOrder() RecordOrder {
+	if x != nil {
+		return x.Order
+	}
+	return RecordOrder_RECORD_ORDER_UNSPECIFIED
+}
+
+// ListRecordsResponse is one page of the listing, in the order asked for.
 type ListRecordsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// records listed.
@@ -628,6 +749,109 @@ func (*ResolveRecordResponse) Descriptor() ([]byte, []int) {
 	return file_idemgate_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
+// ForgetRecordRequest names the record to forget.
+type ForgetRecordRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ref names the record.
+	Ref *RecordRef `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	// force forgets an in-flight or outcome-unknown record too: a duplicate
+	// may then run the side effect while (or after) the first attempt did,
+	// and that attempt's Finish is refused. Defaults to false.
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetRecordRequest) Reset() {
+	*x = ForgetRecordRequest{}
+	mi := &file_idemgate_v1_admin_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetRecordRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetRecordRequest) ProtoMessage() {}
+
+func (x *ForgetRecordRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idemgate_v1_admin_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetRecordRequest.ProtoReflect.Descriptor instead.
+func (*ForgetRecordRequest) Descriptor() ([]byte, []int) {
+	return file_idemgate_v1_admin_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ForgetRecordRequest) GetRef() *RecordRef {
+	if x != nil {
+		return x.Ref
+	}
+	return nil
+}
+
+func (x *ForgetRecordRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
+}
+
+// ForgetRecordResponse is the record as it was before it was forgotten.
+type ForgetRecordResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// record as it was.
+	Record        *Record `protobuf:"bytes,1,opt,name=record,proto3" json:"record,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetRecordResponse) Reset() {
+	*x = ForgetRecordResponse{}
+	mi := &file_idemgate_v1_admin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetRecordResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetRecordResponse) ProtoMessage() {}
+
+func (x *ForgetRecordResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idemgate_v1_admin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetRecordResponse.ProtoReflect.Descriptor instead.
+func (*ForgetRecordResponse) Descriptor() ([]byte, []int) {
+	return file_idemgate_v1_admin_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ForgetRecordResponse) GetRecord() *Record {
+	if x != nil {
+		return x.Record
+	}
+	return nil
+}
+
 // GetMigrationStatusRequest is empty.
 type GetMigrationStatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -637,7 +861,7 @@ type GetMigrationStatusRequest struct {
 
 func (x *GetMigrationStatusRequest) Reset() {
 	*x = GetMigrationStatusRequest{}
-	mi := &file_idemgate_v1_admin_proto_msgTypes[10]
+	mi := &file_idemgate_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -649,7 +873,7 @@ func (x *GetMigrationStatusRequest) String() string {
 func (*GetMigrationStatusRequest) ProtoMessage() {}
 
 func (x *GetMigrationStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_admin_proto_msgTypes[10]
+	mi := &file_idemgate_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -662,7 +886,7 @@ func (x *GetMigrationStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMigrationStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetMigrationStatusRequest) Descriptor() ([]byte, []int) {
-	return file_idemgate_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_idemgate_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 // GetMigrationStatusResponse lists migrations.
@@ -678,7 +902,7 @@ type GetMigrationStatusResponse struct {
 
 func (x *GetMigrationStatusResponse) Reset() {
 	*x = GetMigrationStatusResponse{}
-	mi := &file_idemgate_v1_admin_proto_msgTypes[11]
+	mi := &file_idemgate_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -690,7 +914,7 @@ func (x *GetMigrationStatusResponse) String() string {
 func (*GetMigrationStatusResponse) ProtoMessage() {}
 
 func (x *GetMigrationStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_admin_proto_msgTypes[11]
+	mi := &file_idemgate_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -703,7 +927,7 @@ func (x *GetMigrationStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMigrationStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetMigrationStatusResponse) Descriptor() ([]byte, []int) {
-	return file_idemgate_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_idemgate_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetMigrationStatusResponse) GetStore() string {
@@ -735,7 +959,7 @@ type CountRecordsResponse_Count struct {
 
 func (x *CountRecordsResponse_Count) Reset() {
 	*x = CountRecordsResponse_Count{}
-	mi := &file_idemgate_v1_admin_proto_msgTypes[12]
+	mi := &file_idemgate_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -747,7 +971,7 @@ func (x *CountRecordsResponse_Count) String() string {
 func (*CountRecordsResponse_Count) ProtoMessage() {}
 
 func (x *CountRecordsResponse_Count) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_admin_proto_msgTypes[12]
+	mi := &file_idemgate_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -793,7 +1017,7 @@ type ResolveRecordRequest_Release struct {
 
 func (x *ResolveRecordRequest_Release) Reset() {
 	*x = ResolveRecordRequest_Release{}
-	mi := &file_idemgate_v1_admin_proto_msgTypes[13]
+	mi := &file_idemgate_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -805,7 +1029,7 @@ func (x *ResolveRecordRequest_Release) String() string {
 func (*ResolveRecordRequest_Release) ProtoMessage() {}
 
 func (x *ResolveRecordRequest_Release) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_admin_proto_msgTypes[13]
+	mi := &file_idemgate_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -834,7 +1058,7 @@ type GetMigrationStatusResponse_Migration struct {
 
 func (x *GetMigrationStatusResponse_Migration) Reset() {
 	*x = GetMigrationStatusResponse_Migration{}
-	mi := &file_idemgate_v1_admin_proto_msgTypes[14]
+	mi := &file_idemgate_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -846,7 +1070,7 @@ func (x *GetMigrationStatusResponse_Migration) String() string {
 func (*GetMigrationStatusResponse_Migration) ProtoMessage() {}
 
 func (x *GetMigrationStatusResponse_Migration) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_admin_proto_msgTypes[14]
+	mi := &file_idemgate_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -859,7 +1083,7 @@ func (x *GetMigrationStatusResponse_Migration) ProtoReflect() protoreflect.Messa
 
 // Deprecated: Use GetMigrationStatusResponse_Migration.ProtoReflect.Descriptor instead.
 func (*GetMigrationStatusResponse_Migration) Descriptor() ([]byte, []int) {
-	return file_idemgate_v1_admin_proto_rawDescGZIP(), []int{11, 0}
+	return file_idemgate_v1_admin_proto_rawDescGZIP(), []int{13, 0}
 }
 
 func (x *GetMigrationStatusResponse_Migration) GetName() string {
@@ -884,7 +1108,7 @@ const file_idemgate_v1_admin_proto_rawDesc = "" +
 	"\tRecordRef\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x14\n" +
 	"\x05scope\x18\x02 \x01(\tR\x05scope\x12\x10\n" +
-	"\x03key\x18\x03 \x01(\tR\x03key\"\xeb\x02\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\"\xa9\x04\n" +
 	"\x06Record\x12(\n" +
 	"\x03ref\x18\x01 \x01(\v2\x16.idemgate.v1.RecordRefR\x03ref\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x14\n" +
@@ -894,16 +1118,23 @@ const file_idemgate_v1_admin_proto_rawDesc = "" +
 	"\x10lease_expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\x129\n" +
 	"\n" +
 	"expires_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12=\n" +
-	"\fcompleted_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\"<\n" +
+	"\fcompleted_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x12!\n" +
+	"\freplay_count\x18\t \x01(\x03R\vreplayCount\x12D\n" +
+	"\x10last_replayed_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\x0elastReplayedAt\x12.\n" +
+	"\aoutcome\x18\v \x01(\v2\x14.google.protobuf.AnyR\aoutcome\x12#\n" +
+	"\routcome_error\x18\f \x01(\tR\foutcomeError\"e\n" +
 	"\x10GetRecordRequest\x12(\n" +
-	"\x03ref\x18\x01 \x01(\v2\x16.idemgate.v1.RecordRefR\x03ref\"@\n" +
+	"\x03ref\x18\x01 \x01(\v2\x16.idemgate.v1.RecordRefR\x03ref\x12'\n" +
+	"\x0finclude_outcome\x18\x02 \x01(\bR\x0eincludeOutcome\"@\n" +
 	"\x11GetRecordResponse\x12+\n" +
-	"\x06record\x18\x01 \x01(\v2\x13.idemgate.v1.RecordR\x06record\"_\n" +
+	"\x06record\x18\x01 \x01(\v2\x13.idemgate.v1.RecordR\x06record\"\x8f\x01\n" +
 	"\x12ListRecordsRequest\x12\x14\n" +
 	"\x05state\x18\x01 \x01(\tR\x05state\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x05R\x05limit\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x03 \x01(\tR\tpageToken\"l\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\x12.\n" +
+	"\x05order\x18\x04 \x01(\x0e2\x18.idemgate.v1.RecordOrderR\x05order\"l\n" +
 	"\x13ListRecordsResponse\x12-\n" +
 	"\arecords\x18\x01 \x03(\v2\x13.idemgate.v1.RecordR\arecords\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x15\n" +
@@ -921,7 +1152,12 @@ const file_idemgate_v1_admin_proto_rawDesc = "" +
 	"\aReleaseB\f\n" +
 	"\n" +
 	"resolution\"\x17\n" +
-	"\x15ResolveRecordResponse\"\x1b\n" +
+	"\x15ResolveRecordResponse\"U\n" +
+	"\x13ForgetRecordRequest\x12(\n" +
+	"\x03ref\x18\x01 \x01(\v2\x16.idemgate.v1.RecordRefR\x03ref\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"C\n" +
+	"\x14ForgetRecordResponse\x12+\n" +
+	"\x06record\x18\x01 \x01(\v2\x13.idemgate.v1.RecordR\x06record\"\x1b\n" +
 	"\x19GetMigrationStatusRequest\"\xc0\x01\n" +
 	"\x1aGetMigrationStatusResponse\x12\x14\n" +
 	"\x05store\x18\x01 \x01(\tR\x05store\x12Q\n" +
@@ -930,12 +1166,17 @@ const file_idemgate_v1_admin_proto_rawDesc = "" +
 	"migrations\x1a9\n" +
 	"\tMigration\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
-	"\aapplied\x18\x02 \x01(\bR\aapplied2\xd9\x03\n" +
+	"\aapplied\x18\x02 \x01(\bR\aapplied*b\n" +
+	"\vRecordOrder\x12\x1c\n" +
+	"\x18RECORD_ORDER_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14RECORD_ORDER_REPLAYS\x10\x01\x12\x1b\n" +
+	"\x17RECORD_ORDER_REPLAY_AGE\x10\x022\xb3\x04\n" +
 	"\fAdminService\x12O\n" +
 	"\tGetRecord\x12\x1d.idemgate.v1.GetRecordRequest\x1a\x1e.idemgate.v1.GetRecordResponse\"\x03\x90\x02\x01\x12U\n" +
 	"\vListRecords\x12\x1f.idemgate.v1.ListRecordsRequest\x1a .idemgate.v1.ListRecordsResponse\"\x03\x90\x02\x01\x12X\n" +
 	"\fCountRecords\x12 .idemgate.v1.CountRecordsRequest\x1a!.idemgate.v1.CountRecordsResponse\"\x03\x90\x02\x01\x12[\n" +
-	"\rResolveRecord\x12!.idemgate.v1.ResolveRecordRequest\x1a\".idemgate.v1.ResolveRecordResponse\"\x03\x90\x02\x02\x12j\n" +
+	"\rResolveRecord\x12!.idemgate.v1.ResolveRecordRequest\x1a\".idemgate.v1.ResolveRecordResponse\"\x03\x90\x02\x02\x12X\n" +
+	"\fForgetRecord\x12 .idemgate.v1.ForgetRecordRequest\x1a!.idemgate.v1.ForgetRecordResponse\"\x03\x90\x02\x02\x12j\n" +
 	"\x12GetMigrationStatus\x12&.idemgate.v1.GetMigrationStatusRequest\x1a'.idemgate.v1.GetMigrationStatusResponse\"\x03\x90\x02\x01B9Z7github.com/idemgate/idemgate/gen/idemgate/v1;idemgatev1b\x06proto3"
 
 var (
@@ -950,54 +1191,65 @@ func file_idemgate_v1_admin_proto_rawDescGZIP() []byte {
 	return file_idemgate_v1_admin_proto_rawDescData
 }
 
-var file_idemgate_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_idemgate_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_idemgate_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_idemgate_v1_admin_proto_goTypes = []any{
-	(*RecordRef)(nil),                            // 0: idemgate.v1.RecordRef
-	(*Record)(nil),                               // 1: idemgate.v1.Record
-	(*GetRecordRequest)(nil),                     // 2: idemgate.v1.GetRecordRequest
-	(*GetRecordResponse)(nil),                    // 3: idemgate.v1.GetRecordResponse
-	(*ListRecordsRequest)(nil),                   // 4: idemgate.v1.ListRecordsRequest
-	(*ListRecordsResponse)(nil),                  // 5: idemgate.v1.ListRecordsResponse
-	(*CountRecordsRequest)(nil),                  // 6: idemgate.v1.CountRecordsRequest
-	(*CountRecordsResponse)(nil),                 // 7: idemgate.v1.CountRecordsResponse
-	(*ResolveRecordRequest)(nil),                 // 8: idemgate.v1.ResolveRecordRequest
-	(*ResolveRecordResponse)(nil),                // 9: idemgate.v1.ResolveRecordResponse
-	(*GetMigrationStatusRequest)(nil),            // 10: idemgate.v1.GetMigrationStatusRequest
-	(*GetMigrationStatusResponse)(nil),           // 11: idemgate.v1.GetMigrationStatusResponse
-	(*CountRecordsResponse_Count)(nil),           // 12: idemgate.v1.CountRecordsResponse.Count
-	(*ResolveRecordRequest_Release)(nil),         // 13: idemgate.v1.ResolveRecordRequest.Release
-	(*GetMigrationStatusResponse_Migration)(nil), // 14: idemgate.v1.GetMigrationStatusResponse.Migration
-	(*timestamppb.Timestamp)(nil),                // 15: google.protobuf.Timestamp
-	(*anypb.Any)(nil),                            // 16: google.protobuf.Any
+	(RecordOrder)(0),                             // 0: idemgate.v1.RecordOrder
+	(*RecordRef)(nil),                            // 1: idemgate.v1.RecordRef
+	(*Record)(nil),                               // 2: idemgate.v1.Record
+	(*GetRecordRequest)(nil),                     // 3: idemgate.v1.GetRecordRequest
+	(*GetRecordResponse)(nil),                    // 4: idemgate.v1.GetRecordResponse
+	(*ListRecordsRequest)(nil),                   // 5: idemgate.v1.ListRecordsRequest
+	(*ListRecordsResponse)(nil),                  // 6: idemgate.v1.ListRecordsResponse
+	(*CountRecordsRequest)(nil),                  // 7: idemgate.v1.CountRecordsRequest
+	(*CountRecordsResponse)(nil),                 // 8: idemgate.v1.CountRecordsResponse
+	(*ResolveRecordRequest)(nil),                 // 9: idemgate.v1.ResolveRecordRequest
+	(*ResolveRecordResponse)(nil),                // 10: idemgate.v1.ResolveRecordResponse
+	(*ForgetRecordRequest)(nil),                  // 11: idemgate.v1.ForgetRecordRequest
+	(*ForgetRecordResponse)(nil),                 // 12: idemgate.v1.ForgetRecordResponse
+	(*GetMigrationStatusRequest)(nil),            // 13: idemgate.v1.GetMigrationStatusRequest
+	(*GetMigrationStatusResponse)(nil),           // 14: idemgate.v1.GetMigrationStatusResponse
+	(*CountRecordsResponse_Count)(nil),           // 15: idemgate.v1.CountRecordsResponse.Count
+	(*ResolveRecordRequest_Release)(nil),         // 16: idemgate.v1.ResolveRecordRequest.Release
+	(*GetMigrationStatusResponse_Migration)(nil), // 17: idemgate.v1.GetMigrationStatusResponse.Migration
+	(*timestamppb.Timestamp)(nil),                // 18: google.protobuf.Timestamp
+	(*anypb.Any)(nil),                            // 19: google.protobuf.Any
 }
 var file_idemgate_v1_admin_proto_depIdxs = []int32{
-	0,  // 0: idemgate.v1.Record.ref:type_name -> idemgate.v1.RecordRef
-	15, // 1: idemgate.v1.Record.lease_expires_at:type_name -> google.protobuf.Timestamp
-	15, // 2: idemgate.v1.Record.expires_at:type_name -> google.protobuf.Timestamp
-	15, // 3: idemgate.v1.Record.completed_at:type_name -> google.protobuf.Timestamp
-	0,  // 4: idemgate.v1.GetRecordRequest.ref:type_name -> idemgate.v1.RecordRef
-	1,  // 5: idemgate.v1.GetRecordResponse.record:type_name -> idemgate.v1.Record
-	1,  // 6: idemgate.v1.ListRecordsResponse.records:type_name -> idemgate.v1.Record
-	12, // 7: idemgate.v1.CountRecordsResponse.counts:type_name -> idemgate.v1.CountRecordsResponse.Count
-	0,  // 8: idemgate.v1.ResolveRecordRequest.ref:type_name -> idemgate.v1.RecordRef
-	16, // 9: idemgate.v1.ResolveRecordRequest.complete:type_name -> google.protobuf.Any
-	13, // 10: idemgate.v1.ResolveRecordRequest.release:type_name -> idemgate.v1.ResolveRecordRequest.Release
-	14, // 11: idemgate.v1.GetMigrationStatusResponse.migrations:type_name -> idemgate.v1.GetMigrationStatusResponse.Migration
-	2,  // 12: idemgate.v1.AdminService.GetRecord:input_type -> idemgate.v1.GetRecordRequest
-	4,  // 13: idemgate.v1.AdminService.ListRecords:input_type -> idemgate.v1.ListRecordsRequest
-	6,  // 14: idemgate.v1.AdminService.CountRecords:input_type -> idemgate.v1.CountRecordsRequest
-	8,  // 15: idemgate.v1.AdminService.ResolveRecord:input_type -> idemgate.v1.ResolveRecordRequest
-	10, // 16: idemgate.v1.AdminService.GetMigrationStatus:input_type -> idemgate.v1.GetMigrationStatusRequest
-	3,  // 17: idemgate.v1.AdminService.GetRecord:output_type -> idemgate.v1.GetRecordResponse
-	5,  // 18: idemgate.v1.AdminService.ListRecords:output_type -> idemgate.v1.ListRecordsResponse
-	7,  // 19: idemgate.v1.AdminService.CountRecords:output_type -> idemgate.v1.CountRecordsResponse
-	9,  // 20: idemgate.v1.AdminService.ResolveRecord:output_type -> idemgate.v1.ResolveRecordResponse
-	11, // 21: idemgate.v1.AdminService.GetMigrationStatus:output_type -> idemgate.v1.GetMigrationStatusResponse
-	17, // [17:22] is the sub-list for method output_type
-	12, // [12:17] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	1,  // 0: idemgate.v1.Record.ref:type_name -> idemgate.v1.RecordRef
+	18, // 1: idemgate.v1.Record.lease_expires_at:type_name -> google.protobuf.Timestamp
+	18, // 2: idemgate.v1.Record.expires_at:type_name -> google.protobuf.Timestamp
+	18, // 3: idemgate.v1.Record.completed_at:type_name -> google.protobuf.Timestamp
+	18, // 4: idemgate.v1.Record.last_replayed_at:type_name -> google.protobuf.Timestamp
+	19, // 5: idemgate.v1.Record.outcome:type_name -> google.protobuf.Any
+	1,  // 6: idemgate.v1.GetRecordRequest.ref:type_name -> idemgate.v1.RecordRef
+	2,  // 7: idemgate.v1.GetRecordResponse.record:type_name -> idemgate.v1.Record
+	0,  // 8: idemgate.v1.ListRecordsRequest.order:type_name -> idemgate.v1.RecordOrder
+	2,  // 9: idemgate.v1.ListRecordsResponse.records:type_name -> idemgate.v1.Record
+	15, // 10: idemgate.v1.CountRecordsResponse.counts:type_name -> idemgate.v1.CountRecordsResponse.Count
+	1,  // 11: idemgate.v1.ResolveRecordRequest.ref:type_name -> idemgate.v1.RecordRef
+	19, // 12: idemgate.v1.ResolveRecordRequest.complete:type_name -> google.protobuf.Any
+	16, // 13: idemgate.v1.ResolveRecordRequest.release:type_name -> idemgate.v1.ResolveRecordRequest.Release
+	1,  // 14: idemgate.v1.ForgetRecordRequest.ref:type_name -> idemgate.v1.RecordRef
+	2,  // 15: idemgate.v1.ForgetRecordResponse.record:type_name -> idemgate.v1.Record
+	17, // 16: idemgate.v1.GetMigrationStatusResponse.migrations:type_name -> idemgate.v1.GetMigrationStatusResponse.Migration
+	3,  // 17: idemgate.v1.AdminService.GetRecord:input_type -> idemgate.v1.GetRecordRequest
+	5,  // 18: idemgate.v1.AdminService.ListRecords:input_type -> idemgate.v1.ListRecordsRequest
+	7,  // 19: idemgate.v1.AdminService.CountRecords:input_type -> idemgate.v1.CountRecordsRequest
+	9,  // 20: idemgate.v1.AdminService.ResolveRecord:input_type -> idemgate.v1.ResolveRecordRequest
+	11, // 21: idemgate.v1.AdminService.ForgetRecord:input_type -> idemgate.v1.ForgetRecordRequest
+	13, // 22: idemgate.v1.AdminService.GetMigrationStatus:input_type -> idemgate.v1.GetMigrationStatusRequest
+	4,  // 23: idemgate.v1.AdminService.GetRecord:output_type -> idemgate.v1.GetRecordResponse
+	6,  // 24: idemgate.v1.AdminService.ListRecords:output_type -> idemgate.v1.ListRecordsResponse
+	8,  // 25: idemgate.v1.AdminService.CountRecords:output_type -> idemgate.v1.CountRecordsResponse
+	10, // 26: idemgate.v1.AdminService.ResolveRecord:output_type -> idemgate.v1.ResolveRecordResponse
+	12, // 27: idemgate.v1.AdminService.ForgetRecord:output_type -> idemgate.v1.ForgetRecordResponse
+	14, // 28: idemgate.v1.AdminService.GetMigrationStatus:output_type -> idemgate.v1.GetMigrationStatusResponse
+	23, // [23:29] is the sub-list for method output_type
+	17, // [17:23] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_idemgate_v1_admin_proto_init() }
@@ -1014,13 +1266,14 @@ func file_idemgate_v1_admin_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idemgate_v1_admin_proto_rawDesc), len(file_idemgate_v1_admin_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   15,
+			NumEnums:      1,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_idemgate_v1_admin_proto_goTypes,
 		DependencyIndexes: file_idemgate_v1_admin_proto_depIdxs,
+		EnumInfos:         file_idemgate_v1_admin_proto_enumTypes,
 		MessageInfos:      file_idemgate_v1_admin_proto_msgTypes,
 	}.Build()
 	File_idemgate_v1_admin_proto = out.File

@@ -23,6 +23,7 @@ const (
 	AdminService_ListRecords_FullMethodName        = "/idemgate.v1.AdminService/ListRecords"
 	AdminService_CountRecords_FullMethodName       = "/idemgate.v1.AdminService/CountRecords"
 	AdminService_ResolveRecord_FullMethodName      = "/idemgate.v1.AdminService/ResolveRecord"
+	AdminService_ForgetRecord_FullMethodName       = "/idemgate.v1.AdminService/ForgetRecord"
 	AdminService_GetMigrationStatus_FullMethodName = "/idemgate.v1.AdminService/GetMigrationStatus"
 )
 
@@ -36,13 +37,24 @@ const (
 type AdminServiceClient interface {
 	// GetRecord returns one record.
 	GetRecord(ctx context.Context, in *GetRecordRequest, opts ...grpc.CallOption) (*GetRecordResponse, error)
-	// ListRecords lists records, outcome-unknown ones first, then by expiry.
+	// ListRecords lists records, outcome-unknown ones first, then by expiry;
+	// or the most replayed first, or those replayed longest after completion
+	// first (ListRecordsRequest.order).
 	ListRecords(ctx context.Context, in *ListRecordsRequest, opts ...grpc.CallOption) (*ListRecordsResponse, error)
 	// CountRecords counts records by state and method.
 	CountRecords(ctx context.Context, in *CountRecordsRequest, opts ...grpc.CallOption) (*CountRecordsResponse, error)
 	// ResolveRecord settles an outcome-unknown record of any calling service,
 	// like DedupeService.Resolve does for the caller's own.
 	ResolveRecord(ctx context.Context, in *ResolveRecordRequest, opts ...grpc.CallOption) (*ResolveRecordResponse, error)
+	// ForgetRecord makes the service forget a key: the next call with it runs
+	// the side effect again, as for a key never seen. The record is not
+	// deleted but retired (released, expired, its epoch bumped), so epochs,
+	// the fencing tokens downstream stores compare, keep growing; the sweeper
+	// deletes it later. An in-flight or outcome-unknown record is refused
+	// (FAILED_PRECONDITION RECORD_NOT_SETTLED) unless force is set: forgetting
+	// it lets a duplicate run while the first attempt may still be running or
+	// may have run. A retry is harmless: a forgotten record stays forgotten.
+	ForgetRecord(ctx context.Context, in *ForgetRecordRequest, opts ...grpc.CallOption) (*ForgetRecordResponse, error)
 	// GetMigrationStatus lists the store's migrations and whether each is
 	// applied.
 	GetMigrationStatus(ctx context.Context, in *GetMigrationStatusRequest, opts ...grpc.CallOption) (*GetMigrationStatusResponse, error)
@@ -96,6 +108,16 @@ func (c *adminServiceClient) ResolveRecord(ctx context.Context, in *ResolveRecor
 	return out, nil
 }
 
+func (c *adminServiceClient) ForgetRecord(ctx context.Context, in *ForgetRecordRequest, opts ...grpc.CallOption) (*ForgetRecordResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForgetRecordResponse)
+	err := c.cc.Invoke(ctx, AdminService_ForgetRecord_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) GetMigrationStatus(ctx context.Context, in *GetMigrationStatusRequest, opts ...grpc.CallOption) (*GetMigrationStatusResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetMigrationStatusResponse)
@@ -116,13 +138,24 @@ func (c *adminServiceClient) GetMigrationStatus(ctx context.Context, in *GetMigr
 type AdminServiceServer interface {
 	// GetRecord returns one record.
 	GetRecord(context.Context, *GetRecordRequest) (*GetRecordResponse, error)
-	// ListRecords lists records, outcome-unknown ones first, then by expiry.
+	// ListRecords lists records, outcome-unknown ones first, then by expiry;
+	// or the most replayed first, or those replayed longest after completion
+	// first (ListRecordsRequest.order).
 	ListRecords(context.Context, *ListRecordsRequest) (*ListRecordsResponse, error)
 	// CountRecords counts records by state and method.
 	CountRecords(context.Context, *CountRecordsRequest) (*CountRecordsResponse, error)
 	// ResolveRecord settles an outcome-unknown record of any calling service,
 	// like DedupeService.Resolve does for the caller's own.
 	ResolveRecord(context.Context, *ResolveRecordRequest) (*ResolveRecordResponse, error)
+	// ForgetRecord makes the service forget a key: the next call with it runs
+	// the side effect again, as for a key never seen. The record is not
+	// deleted but retired (released, expired, its epoch bumped), so epochs,
+	// the fencing tokens downstream stores compare, keep growing; the sweeper
+	// deletes it later. An in-flight or outcome-unknown record is refused
+	// (FAILED_PRECONDITION RECORD_NOT_SETTLED) unless force is set: forgetting
+	// it lets a duplicate run while the first attempt may still be running or
+	// may have run. A retry is harmless: a forgotten record stays forgotten.
+	ForgetRecord(context.Context, *ForgetRecordRequest) (*ForgetRecordResponse, error)
 	// GetMigrationStatus lists the store's migrations and whether each is
 	// applied.
 	GetMigrationStatus(context.Context, *GetMigrationStatusRequest) (*GetMigrationStatusResponse, error)
@@ -147,6 +180,9 @@ func (UnimplementedAdminServiceServer) CountRecords(context.Context, *CountRecor
 }
 func (UnimplementedAdminServiceServer) ResolveRecord(context.Context, *ResolveRecordRequest) (*ResolveRecordResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResolveRecord not implemented")
+}
+func (UnimplementedAdminServiceServer) ForgetRecord(context.Context, *ForgetRecordRequest) (*ForgetRecordResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ForgetRecord not implemented")
 }
 func (UnimplementedAdminServiceServer) GetMigrationStatus(context.Context, *GetMigrationStatusRequest) (*GetMigrationStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetMigrationStatus not implemented")
@@ -244,6 +280,24 @@ func _AdminService_ResolveRecord_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ForgetRecord_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForgetRecordRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ForgetRecord(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ForgetRecord_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ForgetRecord(ctx, req.(*ForgetRecordRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_GetMigrationStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetMigrationStatusRequest)
 	if err := dec(in); err != nil {
@@ -284,6 +338,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResolveRecord",
 			Handler:    _AdminService_ResolveRecord_Handler,
+		},
+		{
+			MethodName: "ForgetRecord",
+			Handler:    _AdminService_ForgetRecord_Handler,
 		},
 		{
 			MethodName: "GetMigrationStatus",
