@@ -16,9 +16,10 @@ import (
 const nativeServerPkg = "github.com/idemgate/idemgate/examples/mcp-server"
 
 // The official TypeScript SDK's Client, over stdio and streamable HTTP,
-// against the native Go MCP server gated by mcpgate (examples/mcp-server,
-// with its Dedupe service in process on the embedded store): the same
-// script and the same promises as through the bridge.
+// against the native Go MCP server gated by mcpgate (examples/mcp-server;
+// over stdio with its Dedupe service in process on the embedded store, over
+// HTTP on the real dedupesvc binary): the same script and the same promises
+// as through the bridge.
 func TestTypeScriptSDKClientNativeServer(t *testing.T) {
 	node := require(t, "node", "install Node.js 18 or later")
 	dir, _ := filepath.Abs("node")
@@ -31,8 +32,14 @@ func TestTypeScriptSDKClientNativeServer(t *testing.T) {
 			if mode == "stdio" {
 				args = append(args, bin, "-data-dir", dataDir)
 			} else {
+				// Over HTTP, on the real dedupesvc binary, as make
+				// run-mcp-server runs it.
+				dedupeAddr := stacktest.FreeAddr(t)
+				proctest.Start(t, proctest.Build(t, dedupePkg),
+					[]string{"-listen", dedupeAddr, "-data-dir", dataDir, "-metrics-listen", stacktest.FreeAddr(t)},
+					[]string{"DATABASE_URL="}).WaitTCP(t, dedupeAddr, startTimeout)
 				addr := stacktest.FreeAddr(t)
-				proctest.Start(t, bin, []string{"-data-dir", dataDir, "-listen", addr}, nil).WaitTCP(t, addr, startTimeout)
+				proctest.Start(t, bin, []string{"-dedupe", dedupeAddr, "-listen", addr}, nil).WaitTCP(t, addr, startTimeout)
 				args = append(args, "http://"+addr+"/mcp")
 			}
 			cmd := commandFor(t, node, args...)
