@@ -19,6 +19,7 @@ import (
 	"github.com/gowebpki/jcs"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -455,7 +456,10 @@ func (g *Gate) gate(ctx context.Context, next mcp.MethodHandler, call *mcp.CallT
 	}
 	tenant, err := g.opts.tenant(ctx, call)
 	if err != nil {
-		return mcpwire.ErrorResult(grpcerr.New(codes.Unauthenticated, "", err.Error(), nil, 0)), nil
+		if _, ok := status.FromError(err); !ok {
+			err = status.Error(codes.Unauthenticated, err.Error())
+		}
+		return mcpwire.ErrorResult(err), nil
 	}
 	fingerprint, err := Fingerprint(args, r.keyArgs, r.exclude)
 	if err != nil {

@@ -219,3 +219,14 @@ func TestMetrics(t *testing.T) {
 		}
 	}
 }
+
+// The tenant function's refusal reaches the caller, and nothing runs.
+func TestATenantRefusal(t *testing.T) {
+	f := setup(t, embeddedDedupe(t), mcpgate.WithTenant(func(context.Context, *mcp.CallToolRequest) (string, error) {
+		return "", status.Error(codes.PermissionDenied, "no tenant for this session")
+	}))
+	res := call(t, f.client, "charge", "k", order)
+	if e := errInfo(res); !res.IsError || e["code"] != "PERMISSION_DENIED" || f.tools.charges.Load() != 0 {
+		t.Fatalf("result %+v after %d charges, want PERMISSION_DENIED and no charge", res, f.tools.charges.Load())
+	}
+}

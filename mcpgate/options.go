@@ -12,8 +12,9 @@ import (
 )
 
 // TenantFunc names the tenant of a tools/call, which namespaces its keys so
-// two tenants using one key never share a record. An error refuses the call
-// with that error's text.
+// two tenants using one key never share a record. An error refuses the call:
+// a gRPC status error as it is (code, reason), any other as UNAUTHENTICATED
+// with its text.
 type TenantFunc func(ctx context.Context, req *mcp.CallToolRequest) (string, error)
 
 // DefaultTenant is the tenant of a call without an authenticated identity:

@@ -115,12 +115,6 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts Options) *Engine {
 		lostBegins: make(chan struct{}, maxLostBeginFollowUps)}
 }
 
-// Logger returns the Engine's logger.
-func (e *Engine) Logger() *slog.Logger { return e.opts.Logger }
-
-// MaxOutcome returns the largest outcome stored.
-func (e *Engine) MaxOutcome() int { return e.opts.MaxOutcome }
-
 // Close waits until every settlement still retried in the background is
 // settled or given up. When ctx ends first it stops them (each is logged and
 // counted as given up), waits for them to return, and returns ctx's error.
