@@ -84,7 +84,7 @@ type Gate struct {
 	opts         options
 	metrics      *metrics
 	// replays is the replay cache (WithReplayCache), nil when off.
-	replays *replayCache
+	replays *gatecore.ReplayCache
 }
 
 // New resolves the policy of every method in the descriptor registry (see
@@ -123,7 +123,7 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 		OnEvent: metrics.event,
 	})
 	return &Gate{engine: engine, methods: r.gated, unclassified: r.unclassified, services: r.services, opts: o, metrics: metrics,
-		replays: newReplayCache(o.replayEntries, o.replayBytes, o.replayTTL)}, nil
+		replays: gatecore.NewReplayCache(o.replayEntries, o.replayBytes, o.replayTTL)}, nil
 }
 
 // ServiceInfoProvider lists the services registered on a gRPC server;
@@ -276,12 +276,12 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 	}, retention)}
 	if g.replays != nil {
 		c.Stored = func(outcome *anypb.Any, sent time.Time) {
-			g.replays.put(c.Scope, c.Key, fingerprint, cachedOutcome{outcome: outcome, completedAt: sent, expiresAt: sent.Add(c.Retention)})
+			g.replays.Put(c.Scope, c.Key, fingerprint, cachedOutcome{Outcome: outcome, CompletedAt: sent, ExpiresAt: sent.Add(c.Retention)})
 		}
-		if stored, ok := g.replays.get(c.Scope, key, fingerprint); ok {
+		if stored, ok := g.replays.Get(c.Scope, key, fingerprint); ok {
 			g.engine.Event(c.Call, gatecore.EventReplayCacheHit)
 			g.suppressed(ctx, c, stored)
-			resp, err, replayed := g.replay(ctx, m, stored.outcome)
+			resp, err, replayed := g.replay(ctx, m, stored.Outcome)
 			if replayed {
 				*outcome = outcomeReplayed
 			}
@@ -297,13 +297,13 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 			*outcome = outcomeExecuted
 			return g.run(ctx, req, c, begun, handler)
 		case begun.Kind == gatecore.Completed:
-			stored := cachedOutcome{outcome: begun.Outcome, completedAt: begun.CompletedAt, expiresAt: begun.ExpiresAt}
+			stored := cachedOutcome{Outcome: begun.Outcome, CompletedAt: begun.CompletedAt, ExpiresAt: begun.ExpiresAt}
 			g.suppressed(ctx, c, stored)
-			resp, err, replayed := g.replay(ctx, m, stored.outcome)
+			resp, err, replayed := g.replay(ctx, m, stored.Outcome)
 			if replayed {
 				*outcome = outcomeReplayed // a response, or a stored final error
 				if g.replays != nil {
-					g.replays.put(c.Scope, key, fingerprint, stored)
+					g.replays.Put(c.Scope, key, fingerprint, stored)
 				}
 			}
 			return resp, err
@@ -328,15 +328,15 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 // the stored outcome turns out to be.
 func (g *Gate) suppressed(ctx context.Context, c call, stored cachedOutcome) {
 	var pairs []string
-	if !stored.completedAt.IsZero() {
-		pairs = append(pairs, OriginalTimeHeader, headerTimeText(stored.completedAt))
+	if !stored.CompletedAt.IsZero() {
+		pairs = append(pairs, OriginalTimeHeader, headerTimeText(stored.CompletedAt))
 		if g.metrics != nil {
 			// A clock behind the service's must not observe a negative age.
-			g.metrics.replayAge.WithLabelValues(c.fullMethod).Observe(max(time.Since(stored.completedAt), 0).Seconds())
+			g.metrics.replayAge.WithLabelValues(c.fullMethod).Observe(max(time.Since(stored.CompletedAt), 0).Seconds())
 		}
 	}
-	if !stored.expiresAt.IsZero() {
-		pairs = append(pairs, ExpiresAtHeader, headerTimeText(stored.expiresAt))
+	if !stored.ExpiresAt.IsZero() {
+		pairs = append(pairs, ExpiresAtHeader, headerTimeText(stored.ExpiresAt))
 	}
 	g.setHeaders(ctx, pairs...)
 }

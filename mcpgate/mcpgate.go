@@ -127,6 +127,8 @@ type Gate struct {
 	engine  *gatecore.Engine
 	opts    options
 	metrics *metrics
+	// replays is the replay cache (WithReplayCache), nil when off.
+	replays *gatecore.ReplayCache
 	// tools caches each tool's resolved policy by name, valid while the
 	// server lists the same *mcp.Tool under it.
 	mu    sync.Mutex
@@ -193,6 +195,7 @@ func New(ctx context.Context, dedupe idemgatev1.DedupeServiceClient, server *mcp
 	if g.metrics, err = newMetrics(o.registerer); err != nil {
 		return nil, err
 	}
+	g.replays = gatecore.NewReplayCache(o.replayEntries, o.replayBytes, o.replayTTL)
 	g.engine = gatecore.New(dedupe, gatecore.Options{
 		Logger: o.logger, DedupeTimeout: o.dedupeTimeout, OutcomeTimeout: o.outcomeTimeout, FinishBudget: o.finishBudget,
 		InFlightRetry: o.inFlightRetry, StoreRetry: o.storeRetry, MaxOutcome: o.maxOutcome, OnEvent: g.metrics.event,
@@ -483,13 +486,27 @@ func (g *Gate) gate(ctx context.Context, next mcp.MethodHandler, call *mcp.CallT
 	c := gatecore.NewCall(r.tool.Name, scope, key, fingerprint, gatecore.Policy{
 		Lease: p.Lease, MaxWait: p.MaxWait, OnLostOutcome: p.OnLostOutcome, ExecutionTimeout: p.ExecutionTimeout,
 	}, retention)
+	if g.replays != nil {
+		c.Stored = func(outcome *anypb.Any, sent time.Time) {
+			g.replays.Put(scope, key, fingerprint, gatecore.Stored{Outcome: outcome, CompletedAt: sent, ExpiresAt: sent.Add(retention)})
+		}
+		if stored, ok := g.replays.Get(scope, key, fingerprint); ok {
+			g.engine.Event(c, gatecore.EventReplayCacheHit)
+			return replay(stored.Outcome, true, derived)
+		}
+		g.engine.Event(c, gatecore.EventReplayCacheMiss)
+	}
 	b, err := g.engine.Begin(ctx, c)
 	if err != nil {
 		return mcpwire.ErrorResult(err), nil
 	}
 	switch b.Kind {
 	case gatecore.Completed:
-		return replay(b.Outcome, true, derived)
+		res, err := replay(b.Outcome, true, derived)
+		if _, ok := res.(*storedResult); ok && g.replays != nil {
+			g.replays.Put(scope, key, fingerprint, gatecore.Stored{Outcome: b.Outcome, CompletedAt: b.CompletedAt, ExpiresAt: b.ExpiresAt})
+		}
+		return res, err
 	case gatecore.Reserved:
 		return g.run(ctx, next, call, c, b, r, derived)
 	}

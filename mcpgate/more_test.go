@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -228,5 +229,32 @@ func TestATenantRefusal(t *testing.T) {
 	res := call(t, f.client, "charge", "k", order)
 	if e := errInfo(res); !res.IsError || e["code"] != "PERMISSION_DENIED" || f.tools.charges.Load() != 0 {
 		t.Fatalf("result %+v after %d charges, want PERMISSION_DENIED and no charge", res, f.tools.charges.Load())
+	}
+}
+
+// countingDedupe counts the Begins that reach the Dedupe service.
+type countingDedupe struct {
+	idemgatev1.DedupeServiceClient
+	begins atomic.Int64
+}
+
+func (c *countingDedupe) Begin(ctx context.Context, req *idemgatev1.BeginRequest, opts ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
+	c.begins.Add(1)
+	return c.DedupeServiceClient.Begin(ctx, req, opts...)
+}
+
+// With the replay cache a duplicate is answered without a Begin, with the
+// same result; another request with the key still asks the service.
+func TestReplayCache(t *testing.T) {
+	d := &countingDedupe{DedupeServiceClient: embeddedDedupe(t)}
+	f := setup(t, d, mcpgate.WithReplayCache(100, 1<<20))
+	first := call(t, f.client, "charge", "c-1", order)
+	second := call(t, f.client, "charge", "c-1", order)
+	if n := d.begins.Load(); n != 1 || !replayed(second) || structured(t, first)["charge_id"] != structured(t, second)["charge_id"] {
+		t.Fatalf("%d Begins, second %+v: want one Begin and the replay", n, second)
+	}
+	wantReason(t, call(t, f.client, "charge", "c-1", map[string]any{"customer": "x", "amount": 1}), mcpgate.ReasonKeyReused)
+	if s := f.gate.Stats(); d.begins.Load() != 2 || s.ReplayCacheHits != 1 || s.ReplayCacheMisses != 2 {
+		t.Fatalf("%d Begins, stats %+v: want the other request asked the service", d.begins.Load(), s)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/gatecore"
 )
 
 // TenantFunc names the tenant of a tools/call, which namespaces its keys so
@@ -90,6 +91,9 @@ type options struct {
 	storeRetry     time.Duration
 	maxOutcome     int
 	registerer     prometheus.Registerer
+	// replayEntries and replayBytes bound the replay cache; 0 turns it off.
+	replayEntries, replayBytes int
+	replayTTL                  time.Duration
 }
 
 var defaultOptions = options{
@@ -98,6 +102,7 @@ var defaultOptions = options{
 	maxOutcome:    1 << 20,
 	inFlightRetry: time.Second,
 	storeRetry:    time.Second,
+	replayTTL:     gatecore.DefaultReplayCacheTTL,
 }
 
 // Option configures New.
@@ -163,4 +168,22 @@ func WithMaxOutcomeBytes(n int) Option { return func(o *options) { o.maxOutcome 
 // outcome_lost, ...; the same events as Stats). Defaults to none.
 func WithRegisterer(reg prometheus.Registerer) Option {
 	return func(o *options) { o.registerer = reg }
+}
+
+// WithReplayCache keeps the results of completed calls in memory, at most
+// maxEntries of them and about maxBytes in all (least recently used out
+// first), so a duplicate with the same fingerprint is replayed without a
+// round trip to the Dedupe service, the same bytes and mark as a replay
+// through it; the interceptor's replay cache, with its caveat: what changes
+// at the service (a record resolved, or expired and run again through
+// another replica) is not seen here until the entry's TTL
+// (WithReplayCacheTTL) runs out. Off by default.
+func WithReplayCache(maxEntries, maxBytes int) Option {
+	return func(o *options) { o.replayEntries, o.replayBytes = maxEntries, maxBytes }
+}
+
+// WithReplayCacheTTL bounds how long a result is served from the replay
+// cache; never past its record's expiry less 5s either. Defaults to 1m.
+func WithReplayCacheTTL(d time.Duration) Option {
+	return func(o *options) { o.replayTTL = d }
 }
