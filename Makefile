@@ -23,8 +23,18 @@ PLUGIN_PATH        := $(dir $(PROTOC_GEN_GO)):$(dir $(PROTOC_GEN_GO_GRPC)):$(PAT
 DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/idemgate?sslmode=disable
 # BENCH_COUNT is how many times `make bench` runs each benchmark for benchstat.
 BENCH_COUNT ?= 6
-# GO_TEST_FLAGS are passed to `go test` by `make test`.
+# GO_TEST_FLAGS are passed to `go test` by `make test` and `make faults`.
 GO_TEST_FLAGS ?= -race -count=1 -timeout=15m
+# BIN_DIR holds the commands `make build` links (ignored by git); `make run`, `make demo` and
+# `make run-example`, `make run-mcp` run them from there instead of relinking with go run each time.
+BIN_DIR ?= bin
+# CMDS are the commands under cmd/ that `make build` builds.
+CMDS := dedupesvc idemctl idemgate-mcp incident-replay payments-server paymentsctl
+BINS := $(addprefix $(BIN_DIR)/,$(CMDS))
+# GO_SOURCES are what the binaries are built from: make rebuilds them only when one changes.
+GO_SOURCES := $(shell find . -path ./.git -prune -o -path ./$(BIN_DIR) -prune -o \( -name '*.go' -o -name '*.sql' \) -print) go.mod go.sum
+# FIRST_BUILD is printed before anything that may compile every dependency.
+FIRST_BUILD := on an empty build cache this compiles every dependency first, modernc.org/sqlite (SQLite translated to Go) above all: see README "How long the first build takes"
 # SEED seeds `make chaos` (the workload and the fault schedule); empty picks one from the clock,
 # printed so the run can be reproduced. LONG=1 runs ten times the actions and outages. CHAOS_RUN
 # selects scenarios by name, as go test -run does for subtests (e.g. CHAOS_RUN=sqlite/).
@@ -42,9 +52,10 @@ LOADTEST_ROWS ?=
 BUF_BREAKING_AGAINST ?= .git\#ref=HEAD
 # PROTOS_DIR is where `make protos-export` writes what a caller in another language needs.
 PROTOS_DIR ?= protos
-# FUZZ_TIME bounds each fuzz target's run in `make test`: an execution count, not a duration, because
+# FUZZ_TIME bounds each fuzz target's run in `make fuzz`: an execution count, not a duration, because
 # Go before 1.27 can fail a clean duration-bounded run with "context deadline exceeded" when the
-# deadline races a busy worker (golang/go#75804). `make fuzz FUZZ_TIME=10m` digs deeper by hand.
+# deadline races a busy worker (golang/go#75804). `make fuzz FUZZ_TIME=2000000x` is the nightly-style
+# long run. The seed corpora run as plain tests in `make test` without it.
 FUZZ_TIME ?= 50000x
 # FUZZ_TARGETS are package:target pairs; their corpora live in <package>/testdata/fuzz.
 FUZZ_TARGETS := ./internal/keys:FuzzValidate ./interceptor:FuzzFingerprint ./dedupesvc:FuzzRequestValidation
@@ -84,8 +95,8 @@ protos-export: $(BUF) ## Write the callers' protos to PROTOS_DIR: .proto sources
 
 .PHONY: lint
 lint: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(STATICCHECK) ## go vet, staticcheck, gofmt, buf lint, buf format, buf breaking against the last commit, and a check that gen/ is fresh.
-	go vet ./...
-	$(STATICCHECK) ./...
+	go vet -tags faults ./...
+	$(STATICCHECK) -tags faults ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	$(BUF) lint
@@ -95,13 +106,28 @@ lint: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(STATICCHECK) ## go vet, st
 	  PATH=$(PLUGIN_PATH) $(BUF) generate --output "$$tmp" && \
 	  if ! diff -r gen "$$tmp/gen"; then echo "gen/ is stale: run make generate and commit it"; exit 1; fi
 
+.PHONY: build
+build: $(BINS) ## Build every command into bin/ once; later make targets reuse it until a source changes.
+
+# One go build for every command: they share the compile, and make skips it while bin/ is newer
+# than every source.
+$(BINS) &: $(GO_SOURCES)
+	@echo 'make: building $(CMDS) into $(BIN_DIR)/; $(FIRST_BUILD)'
+	go build -o $(BIN_DIR)/ $(addprefix ./cmd/,$(CMDS))
+
 .PHONY: test
-test: ## Run every test with the race detector against the local PostgreSQL, then each fuzz target for FUZZ_TIME.
+test: ## Run every test (fuzz seed corpora included) with the race detector against the local PostgreSQL.
+	@echo 'make test: go test -race ./...; $(FIRST_BUILD)'
 	go test $(GO_TEST_FLAGS) ./...
-	@$(MAKE) --no-print-directory fuzz
+
+.PHONY: faults
+faults: ## Run the real-process fault tests (build tag faults): dedupesvc killed, PostgreSQL crashed and failed over, store outages.
+	@echo 'make faults: builds cmd/dedupesvc and starts throwaway PostgreSQL clusters; $(FIRST_BUILD)'
+	go test $(GO_TEST_FLAGS) -tags faults ./cmd/dedupesvc/ ./internal/outagetest/
 
 .PHONY: fuzz
-fuzz: ## Run each fuzz target for FUZZ_TIME (default 50000 executions).
+fuzz: ## Run each fuzz target for FUZZ_TIME (default 50000 executions; FUZZ_TIME=2000000x nightly).
+	@echo "make fuzz: rebuilds every dependency with coverage instrumentation first"
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "go test -run='^$$' -fuzz='^$${t#*:}$$' -fuzztime=$(FUZZ_TIME) $${t%%:*}"; \
 	  go test -run='^$$' -fuzz="^$${t#*:}\$$" -fuzztime=$(FUZZ_TIME) $${t%%:*}; \
@@ -142,6 +168,7 @@ model: ## Model-check the reservation protocol (internal/model) with SPIN, then 
 
 .PHONY: chaos
 chaos: ## Run the chaos suite: real binaries, a throwaway PostgreSQL, seeded faults, a checker (SEED=n, LONG=1, CHAOS_RUN=re).
+	@echo 'make chaos: builds dedupesvc, chaos-tool and chaos-workload; $(FIRST_BUILD)'
 	go test -count=1 -v -run '^TestChaos$$/$(CHAOS_RUN)' -parallel 4 -timeout $(if $(LONG),180m,20m) ./internal/chaos/ \
 	  -chaos -chaos.seed=$(or $(SEED),0) $(if $(LONG),-chaos.long)
 
@@ -155,28 +182,27 @@ loadtest: $(GHZ) ## End-to-end load test of the real binaries with ghz and pgben
 	go run ./internal/loadtest -ghz '$(GHZ)' -duration '$(LOADTEST_DURATION)' -rounds '$(LOADTEST_ROUNDS)' -rows '$(LOADTEST_ROWS)'
 
 .PHONY: run
-run: ## Run the dedupe service on 127.0.0.1:50051 on the embedded store (no set-up; data in ~/.local/share/idemgate).
-	go run ./cmd/dedupesvc --database-url ""
+run: $(BIN_DIR)/dedupesvc ## Run the dedupe service on 127.0.0.1:50051 on the embedded store (no set-up; data in ~/.local/share/idemgate).
+	$(BIN_DIR)/dedupesvc --database-url ""
 
 .PHONY: run-postgres
-run-postgres: ## Run the dedupe service on 127.0.0.1:50051 against PostgreSQL at DATABASE_URL (database created if missing).
+run-postgres: $(BIN_DIR)/dedupesvc ## Run the dedupe service on 127.0.0.1:50051 against PostgreSQL at DATABASE_URL (database created if missing).
 	@psql "$(subst /idemgate?,/postgres?,$(DATABASE_URL))" -tAc "SELECT 1 FROM pg_database WHERE datname = 'idemgate'" | grep -q 1 || \
 	  psql "$(subst /idemgate?,/postgres?,$(DATABASE_URL))" -c "CREATE DATABASE idemgate"
-	go run ./cmd/dedupesvc --database-url "$(DATABASE_URL)"
+	$(BIN_DIR)/dedupesvc --database-url "$(DATABASE_URL)"
 
 .PHONY: demo
-demo: ## Replay the essay's incident: 300 orders through timeouts, auto-retries and re-emissions, without and with idemgate.
-	go run ./cmd/incident-replay
+demo: $(BIN_DIR)/incident-replay ## Replay the double-charge incident idemgate grew from: 300 orders through timeouts, auto-retries and re-emissions, without and with idemgate.
+	$(BIN_DIR)/incident-replay
 
 .PHONY: run-example
-run-example: ## Run the example payments tool server on 127.0.0.1:50052, gated by the dedupe service.
-	go run ./cmd/payments-server
+run-example: $(BIN_DIR)/payments-server ## Run the example payments tool server on 127.0.0.1:50052, gated by the dedupe service.
+	$(BIN_DIR)/payments-server
 
 .PHONY: run-mcp
-run-mcp: $(BUF) ## Serve the example payments tool server (make run-example) as MCP tools, streamable HTTP on 127.0.0.1:8080/mcp.
-	@mkdir -p bin
-	$(BUF) build -o bin/payments.binpb --path proto/examples/payments/v1/payments.proto
-	go run ./cmd/idemgate-mcp -target 127.0.0.1:50052 -plaintext -descriptor-set bin/payments.binpb -listen 127.0.0.1:8080
+run-mcp: $(BUF) $(BIN_DIR)/idemgate-mcp ## Serve the example payments tool server (make run-example) as MCP tools, streamable HTTP on 127.0.0.1:8080/mcp.
+	$(BUF) build -o $(BIN_DIR)/payments.binpb --path proto/examples/payments/v1/payments.proto
+	$(BIN_DIR)/idemgate-mcp -target 127.0.0.1:50052 -plaintext -descriptor-set $(BIN_DIR)/payments.binpb -listen 127.0.0.1:8080
 
 .PHONY: run-mcp-server
 run-mcp-server: ## Serve the native Go MCP server gated by mcpgate (examples/mcp-server), streamable HTTP on 127.0.0.1:8081/mcp; needs make run.

@@ -70,6 +70,14 @@
 // interceptor. The key may also travel in a request field marked
 // (idemgate.v1.field) = {idempotency_key: true}.
 //
+// When the Dedupe service cannot be reached or refuses the tool server,
+// gated calls fail closed, and the Gate says why: it logs each failing
+// Dedupe RPC (rate-limited: WithDedupeFailureLogInterval) with the service's
+// address (WithDedupeConn), the code and the message; CheckDedupe is a
+// start-up check that changes nothing; and WatchDedupe keeps the tool
+// server's health status for DedupeHealthService ("idemgate.dedupe") in
+// step with the service.
+//
 // Only unary methods can be gated: a streaming method marked mutating makes
 // New fail, because its outcome is not one message to store and replay; the
 // stream interceptors pass every stream through.

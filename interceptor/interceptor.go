@@ -74,6 +74,9 @@ const DedupeServiceConfig = `{
 // Gate holds the resolved policies of every method and a client of the
 // Dedupe service. It is safe for concurrent use.
 type Gate struct {
+	// dedupe is the client of the Dedupe service, observed (dedupeconn.go):
+	// the engine's, and CheckDedupe's and WatchDedupe's.
+	dedupe idemgatev1.DedupeServiceClient
 	// engine reserves, keeps the lease, settles and counts: the
 	// transport-free core the MCP middleware (mcpgate) runs on too.
 	engine  *gatecore.Engine
@@ -117,12 +120,13 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 		o.logger.Info("idemgate: these methods are neither marked mutating nor declared safe with idempotency_level, so they are not gated; "+
 			"classify them, or use WithStrict to refuse such methods", slog.Any("methods", r.unclassified))
 	}
+	dedupe = newDedupeObserver(dedupe, o) // logs failing Dedupe RPCs; see dedupeconn.go
 	engine := gatecore.New(dedupe, gatecore.Options{
 		Logger: o.logger, DedupeTimeout: o.dedupeTimeout, OutcomeTimeout: o.outcomeTimeout, FinishBudget: o.finishBudget,
 		InFlightRetry: o.inFlightRetry, StoreRetry: o.storeRetry, MaxOutcome: o.maxOutcome, TypeURLOf: resultTypeURL,
 		OnEvent: metrics.event,
 	})
-	return &Gate{engine: engine, methods: r.gated, unclassified: r.unclassified, services: r.services, opts: o, metrics: metrics,
+	return &Gate{dedupe: dedupe, engine: engine, methods: r.gated, unclassified: r.unclassified, services: r.services, opts: o, metrics: metrics,
 		replays: gatecore.NewReplayCache(o.replayEntries, o.replayBytes, o.replayTTL)}, nil
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemgate/idemgate/internal/identity"
 
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/reflect/protoregistry"
 )
 
@@ -43,6 +44,9 @@ type options struct {
 	// replayEntries and replayBytes bound the replay cache; 0 turns it off.
 	replayEntries, replayBytes int
 	replayTTL                  time.Duration
+	// dedupeConn and dedupeLogEvery: see dedupeconn.go.
+	dedupeConn     *grpc.ClientConn
+	dedupeLogEvery time.Duration
 }
 
 var defaultOptions = options{
@@ -57,6 +61,7 @@ var defaultOptions = options{
 	finishBudget:   time.Minute,
 	maxOutcome:     DefaultMaxOutcomeBytes,
 	replayTTL:      DefaultReplayCacheTTL,
+	dedupeLogEvery: DefaultDedupeFailureLogInterval,
 }
 
 // DefaultMaxOutcomeBytes is the largest serialized outcome stored for replay

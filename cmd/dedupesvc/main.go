@@ -2,11 +2,12 @@
 // DATABASE_URL (or -database-url) is set, else on the embedded SQLite store in
 // the data directory, which needs no set-up.
 //
-//	dedupesvc [flags]            serve (migrating first unless -migrate-on-start=false)
-//	dedupesvc migrate [flags]    apply pending migrations and exit
-//	dedupesvc migrate status     list migrations and whether each is applied
+//	dedupesvc [flags]                 serve (migrating first unless -migrate-on-start=false)
+//	dedupesvc [flags] migrate         apply pending migrations and exit
+//	dedupesvc [flags] migrate status  list migrations and whether each is applied, changing nothing
 //
-// Every flag also reads an environment variable; run dedupesvc -h for both.
+// Flags may also follow the command. Every flag also reads an environment
+// variable; run dedupesvc -h for both.
 package main
 
 import (
@@ -14,10 +15,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
@@ -27,37 +30,48 @@ import (
 )
 
 func main() {
-	os.Exit(run(os.Args[1:]))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-func run(args []string) int {
-	command := "serve"
-	if len(args) > 0 && args[0] == "migrate" {
-		command, args = "migrate", args[1:]
-	}
-	showStatus := false
-	if command == "migrate" && len(args) > 0 && args[0] == "status" {
-		showStatus, args = true, args[1:]
-	}
-	cfg, err := dedupeapp.ParseConfig("dedupesvc", args, os.Getenv, os.Stderr)
+// synopsis is what -h prints above the flags.
+const synopsis = `  dedupesvc [flags]                 serve the Dedupe service (migrating first unless -migrate-on-start=false)
+  dedupesvc [flags] migrate         apply pending migrations and exit
+  dedupesvc [flags] migrate status  list the migrations and whether each is applied; changes nothing
+                                    (on the embedded store it opens the file read-only and never creates it)
+
+The store is PostgreSQL when -database-url (DATABASE_URL) is set, else the embedded SQLite store
+in -data-dir. Flags may come before or after the command.
+`
+
+func run(args []string, stdout, stderr io.Writer) int {
+	cfg, words, err := dedupeapp.ParseArgs("dedupesvc", synopsis, args, os.Getenv, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "dedupesvc:", err)
+		fmt.Fprintln(stderr, "dedupesvc:", err)
 		return 2
 	}
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	command := strings.Join(words, " ")
+	switch command {
+	case "", "migrate", "migrate status":
+	default:
+		fmt.Fprintf(stderr, "dedupesvc: unknown command %q; the commands are migrate and migrate status, or none to serve (dedupesvc -h)\n", command)
+		return 2
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	switch {
-	case command == "migrate":
-		err = migrate(ctx, cfg, logger, showStatus)
+	switch command {
+	case "migrate", "migrate status":
+		err = migrate(ctx, cfg, logger, command == "migrate status", stdout)
 	default:
 		var lis net.Listener
 		lis, err = net.Listen("tcp", cfg.Listen)
-		if err == nil {
+		if err != nil {
+			err = fmt.Errorf("-listen %s: %w", cfg.Listen, err)
+		} else {
 			err = dedupeapp.Serve(ctx, cfg, lis, logger)
 		}
 	}
@@ -68,10 +82,13 @@ func run(args []string) int {
 	return 0
 }
 
-func migrate(ctx context.Context, cfg dedupeapp.Config, logger *slog.Logger, showStatus bool) error {
+func migrate(ctx context.Context, cfg dedupeapp.Config, logger *slog.Logger, showStatus bool, stdout io.Writer) error {
 	if cfg.DatabaseURL == "" {
+		if showStatus {
+			return embeddedStatus(ctx, cfg.DataDir, stdout)
+		}
 		// The embedded store migrates whenever it opens.
-		s, err := sqlitestore.Open(ctx, cfg.DataDir)
+		s, err := dedupeapp.OpenEmbedded(ctx, cfg.DataDir)
 		if err != nil {
 			return err
 		}
@@ -81,7 +98,7 @@ func migrate(ctx context.Context, cfg dedupeapp.Config, logger *slog.Logger, sho
 			return err
 		}
 		for _, m := range all {
-			fmt.Printf("%-8s %s (sqlite: %s)\n", "applied", m.Name, s.Path())
+			fmt.Fprintf(stdout, "%-8s %s (sqlite: %s)\n", "applied", m.Name, s.Path())
 		}
 		return nil
 	}
@@ -100,7 +117,7 @@ func migrate(ctx context.Context, cfg dedupeapp.Config, logger *slog.Logger, sho
 			if m.Applied {
 				state = "applied"
 			}
-			fmt.Printf("%-8s %s\n", state, m.Name)
+			fmt.Fprintf(stdout, "%-8s %s\n", state, m.Name)
 		}
 		return nil
 	}
@@ -109,5 +126,25 @@ func migrate(ctx context.Context, cfg dedupeapp.Config, logger *slog.Logger, sho
 		return err
 	}
 	logger.Info("migrations applied", slog.Any("applied", applied))
+	return nil
+}
+
+// embeddedStatus prints the embedded store's migrations, read-only: a
+// missing database is reported, not created.
+func embeddedStatus(ctx context.Context, dir string, stdout io.Writer) error {
+	report, err := sqlitestore.Status(ctx, dir)
+	if err != nil {
+		return fmt.Errorf("-data-dir %s: %w", dir, err)
+	}
+	if !report.Exists {
+		fmt.Fprintf(stdout, "database does not exist: %s (dedupesvc migrate, or starting the service, creates it and applies every migration below)\n", report.Path)
+	}
+	for _, m := range report.Migrations {
+		state := "pending"
+		if m.Applied {
+			state = "applied"
+		}
+		fmt.Fprintf(stdout, "%-8s %s (sqlite: %s)\n", state, m.Name, report.Path)
+	}
 	return nil
 }

@@ -1,3 +1,9 @@
+//go:build faults
+
+// The real-process tests build cmd/dedupesvc (a second, non-race compile of
+// every dependency) and start real processes and PostgreSQL clusters: they
+// run in `make faults`, which CI runs, not in `make test`.
+
 package main_test
 
 import (

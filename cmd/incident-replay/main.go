@@ -1,12 +1,16 @@
-// Command incident-replay runs the essay's incident as a reproducible
-// simulation: an agent runtime takes orders (ChargeCard, then SendReceipt)
-// through client timeouts, framework auto-retries and model re-emissions,
-// without idemgate and with it, and prints what ran.
+// Command incident-replay runs the double-charge incident idemgate grew from
+// (a slow charge timed out, the framework retried, the card was charged twice)
+// as a reproducible simulation: an agent runtime takes orders (ChargeCard,
+// then SendReceipt) through client timeouts, framework auto-retries and model
+// re-emissions, without idemgate and with it, and prints what ran.
 //
 //	incident-replay [-orders 300] [-seed 1] [-database-url postgres://...]
 //
-// It exits 1 if the run with idemgate and orchestration keys shows a
-// duplicate side effect.
+// Its result does not depend on the machine's speed: slow responses time out
+// in simulated time. An action is either done (with idemgate and
+// orchestration keys: its side effect ran exactly once) or counted "not done"
+// (every attempt failed). It exits 1 if any action is neither, or if the run
+// with idemgate and orchestration keys shows a duplicate side effect.
 package main
 
 import (
@@ -47,9 +51,17 @@ func run() int {
 	}
 	fmt.Print(report.Table())
 	fmt.Printf("\n(%s)\n", report.Elapsed.Round(100_000_000))
+	code := 0
+	if u := report.Unexplained(); len(u) > 0 {
+		fmt.Fprintf(os.Stderr, "incident-replay: %d actions neither done as their row promises nor reported not done:\n", len(u))
+		for _, line := range u {
+			fmt.Fprintln(os.Stderr, "  "+line)
+		}
+		code = 1
+	}
 	if report.Gated.Duplicates > 0 {
 		fmt.Fprintf(os.Stderr, "incident-replay: %d duplicate side effects with idemgate and orchestration keys\n", report.Gated.Duplicates)
-		return 1
+		code = 1
 	}
-	return 0
+	return code
 }

@@ -1,5 +1,8 @@
 // Command payments-server runs the example PaymentsService tool server,
-// gated by the idemgate interceptor against a running dedupe service.
+// gated by the idemgate interceptor against a running dedupe service. It
+// checks the Dedupe service at start (logging the result; it starts either
+// way), logs failing Dedupe RPCs, and serves the gRPC health service with
+// idemgate.dedupe SERVING only while the Dedupe service answers.
 //
 //	payments-server [-listen 127.0.0.1:50052] [-dedupe 127.0.0.1:50051] [-reflection]
 //	                [-replay-cache-entries 0] [-replay-cache-bytes 67108864]
@@ -34,6 +37,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/idemgate/idemgate/dedupesvc/auth"
@@ -149,7 +154,9 @@ func run(cfg config, logger *slog.Logger) error {
 		return fmt.Errorf("dedupe client: %w", err)
 	}
 	defer conn.Close()
-	opts := []interceptor.Option{interceptor.WithLogger(logger)}
+	// WithDedupeConn: failing Dedupe RPCs are logged with its address, and
+	// WatchDedupe follows the connection.
+	opts := []interceptor.Option{interceptor.WithLogger(logger), interceptor.WithDedupeConn(conn)}
 	if cfg.replayCacheEntries > 0 {
 		opts = append(opts, interceptor.WithReplayCache(cfg.replayCacheEntries, cfg.replayCacheBytes))
 	}
@@ -162,6 +169,10 @@ func run(cfg config, logger *slog.Logger) error {
 		gate.UnaryServerInterceptor(),
 	))
 	paymentsv1.RegisterPaymentsServiceServer(srv, &payments.Server{Ledger: &payments.Ledger{}})
+	// The server itself serves ("") whatever the Dedupe service does, so
+	// its reads keep working; idemgate.dedupe says whether gated calls can.
+	healthSrv := health.NewServer()
+	healthpb.RegisterHealthServer(srv, healthSrv)
 	if err := gate.CheckServer(srv); err != nil {
 		return err // a served method nobody classified
 	}
@@ -174,10 +185,21 @@ func run(cfg config, logger *slog.Logger) error {
 
 	lis, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
-		return err
+		return fmt.Errorf("-listen %s: %w", cfg.listen, err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// Not fatal: the Dedupe service may come up after the tool server, and
+	// gated calls fail closed until it does.
+	checkCtx, cancelCheck := context.WithTimeout(ctx, 5*time.Second)
+	if err := gate.CheckDedupe(checkCtx); err != nil {
+		logger.Warn("the Dedupe service does not serve this tool server yet; gated calls fail closed until it does",
+			slog.String("dedupe", cfg.dedupeAddr), slog.Any("error", err))
+	} else {
+		logger.Info("the Dedupe service serves this tool server", slog.String("dedupe", cfg.dedupeAddr))
+	}
+	cancelCheck()
+	go gate.WatchDedupe(ctx, healthSrv)
 	go func() { <-ctx.Done(); srv.GracefulStop() }()
 	defer func() {
 		// Outcomes whose Finish is still being retried get a last chance.

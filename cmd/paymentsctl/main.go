@@ -2,7 +2,7 @@
 // deduplication can be seen by hand:
 //
 //	paymentsctl charge  -key order-8842 -customer cust_17 -amount 4200
-//	paymentsctl receipt -key order-8842-receipt -customer cust_17 -charge ch_000001
+//	paymentsctl receipt -key order-8842-receipt -customer cust_17 -charge ch_k7q2m4xa_000001
 //	paymentsctl balance -customer cust_17
 //
 // Each command prints one line; a refused call prints the gRPC code and the

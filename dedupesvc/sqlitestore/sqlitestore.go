@@ -13,6 +13,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -39,6 +40,8 @@ type Store struct {
 	now func() time.Time
 
 	waiters dedupesvc.Waiters[dedupesvc.RecordID]
+	// lock is the held lock file (lock.go), nil when opened without one.
+	lock io.Closer
 }
 
 var (
@@ -50,11 +53,27 @@ var (
 // Open opens (creating it and its directory if needed) the store in dir,
 // applies its migrations and marks it resumed (MarkResumed): a process that
 // opens the store has been away, so every in-flight lease gets one more full
-// lease. Close it when done.
+// lease. Only one process may have the store open: Open fails with a
+// *LockedError naming the holder while another has it (see LockSuffix).
+// Close it when done.
 func Open(ctx context.Context, dir string) (*Store, error) {
+	path := filepath.Join(dir, FileName)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, explainOpenError(dir, path, fmt.Errorf("sqlitestore: create data directory: %w", err))
+	}
+	lock, err := lockFile(path)
+	if err != nil {
+		return nil, explainOpenError(dir, path, err)
+	}
 	opened := time.Now()
 	// time.Since reads the monotonic clock that time.Now recorded.
-	return open(ctx, dir, opened, func() time.Duration { return time.Since(opened) })
+	s, err := open(ctx, dir, opened, func() time.Duration { return time.Since(opened) })
+	if err != nil {
+		lock.Close()
+		return nil, explainOpenError(dir, path, err)
+	}
+	s.lock = lock
+	return s, nil
 }
 
 // open is Open with the clock's parts given: the wall time at opening and
@@ -150,8 +169,14 @@ func inFlightLive(t string) string {
 // Path is the database file.
 func (s *Store) Path() string { return s.path }
 
-// Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+// Close closes the database and releases its lock.
+func (s *Store) Close() error {
+	err := s.db.Close()
+	if s.lock != nil {
+		s.lock.Close()
+	}
+	return err
+}
 
 func (s *Store) migrate(ctx context.Context) error {
 	all, err := migrations.List(migrations.SQLite, "sqlite")

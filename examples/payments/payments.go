@@ -9,9 +9,11 @@ package payments
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base32"
 	"fmt"
+	"strings"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -21,8 +23,14 @@ import (
 )
 
 // Ledger records every executed charge and receipt. Its zero value is ready.
+//
+// The ledger lives in memory, while the Dedupe service keeps outcomes for
+// their retention, so a restarted server starts a new ledger whose ids must
+// not collide with the ones the Dedupe service still replays: every id
+// carries a random prefix drawn once per ledger ("ch_k7q2m4xa_000001").
 type Ledger struct {
 	mu        sync.Mutex
+	prefix    string
 	charges   []Charge
 	receipts  int
 	perClient map[string]*balance
@@ -30,7 +38,8 @@ type Ledger struct {
 
 // Charge is one executed charge.
 type Charge struct {
-	// ID is the charge's id, "ch_000001" onwards.
+	// ID is the charge's id: "ch_", the ledger's random prefix, then a
+	// sequence number from 000001, e.g. "ch_k7q2m4xa_000001".
 	ID string
 	// CustomerID is the charged customer.
 	CustomerID string
@@ -71,6 +80,16 @@ func (l *Ledger) Executions(customerID string) (charges, receipts int64) {
 	return b.charges, b.receipts
 }
 
+// nextID returns the ledger's next id of a kind ("ch", "msg"); l.mu is held.
+func (l *Ledger) nextID(kind string, n int) string {
+	if l.prefix == "" {
+		var b [5]byte
+		_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+		l.prefix = strings.ToLower(base32.StdEncoding.EncodeToString(b[:]))
+	}
+	return fmt.Sprintf("%s_%s_%06d", kind, l.prefix, n)
+}
+
 func (l *Ledger) customer(id string) *balance {
 	if l.perClient == nil {
 		l.perClient = map[string]*balance{}
@@ -88,31 +107,29 @@ type Server struct {
 	paymentsv1.UnimplementedPaymentsServiceServer
 	// Ledger receives the side effects.
 	Ledger *Ledger
-	// ProviderLatency, when set, says how long the simulated provider takes
-	// to answer a call after it acted on it. The handler waits for that
-	// answer on its context, as a real provider client does, and returns the
-	// context's error if it ends first: the side effect has happened, the
-	// answer is lost. Defaults to no latency.
-	ProviderLatency func(ctx context.Context) time.Duration
+	// Provider, when set, is the simulated payment provider's answer to a
+	// call it has just acted on: the handler calls it with its context after
+	// the side effect and returns its error, as a real handler returns its
+	// provider client's (the side effect happened, the answer is lost). It
+	// must honour ctx. Defaults to an immediate answer.
+	Provider func(ctx context.Context) error
 }
 
-// awaitProvider waits for the simulated provider's answer, or for ctx.
+// reachProvider is the start of a provider call: like a real provider client
+// it sends nothing on a context that has already ended.
+func reachProvider(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err()
+	}
+	return nil
+}
+
+// awaitProvider waits for the simulated provider's answer.
 func (s *Server) awaitProvider(ctx context.Context) error {
-	if s.ProviderLatency == nil {
+	if s.Provider == nil {
 		return nil
 	}
-	d := s.ProviderLatency(ctx)
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return status.FromContextError(ctx.Err()).Err()
-	}
+	return s.Provider(ctx)
 }
 
 // ChargeCard implements paymentsv1.PaymentsServiceServer.
@@ -122,9 +139,12 @@ func (s *Server) ChargeCard(ctx context.Context, req *paymentsv1.ChargeCardReque
 	}
 	// The key a payment provider dedupes on: unique per tenant and method.
 	key, _ := interceptor.DownstreamKeyFromContext(ctx)
+	if err := reachProvider(ctx); err != nil {
+		return nil, err
+	}
 	l := s.Ledger
 	l.mu.Lock()
-	c := Charge{ID: fmt.Sprintf("ch_%06d", len(l.charges)+1), CustomerID: req.GetCustomerId(), AmountCents: req.GetAmountCents(), IdempotencyKey: key}
+	c := Charge{ID: l.nextID("ch", len(l.charges)+1), CustomerID: req.GetCustomerId(), AmountCents: req.GetAmountCents(), IdempotencyKey: key}
 	l.charges = append(l.charges, c)
 	b := l.customer(c.CustomerID)
 	b.charges++
@@ -141,11 +161,14 @@ func (s *Server) SendReceipt(ctx context.Context, req *paymentsv1.SendReceiptReq
 	if req.GetCustomerId() == "" || req.GetChargeId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "customer_id and charge_id are required")
 	}
+	if err := reachProvider(ctx); err != nil {
+		return nil, err
+	}
 	l := s.Ledger
 	l.mu.Lock()
 	l.receipts++
 	l.customer(req.GetCustomerId()).receipts++
-	id := fmt.Sprintf("msg_%06d", l.receipts)
+	id := l.nextID("msg", l.receipts)
 	l.mu.Unlock()
 	if err := s.awaitProvider(ctx); err != nil {
 		return nil, err

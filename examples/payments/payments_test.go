@@ -88,3 +88,51 @@ func TestChargeWithoutKeyIsRefused(t *testing.T) {
 		t.Fatal("a keyless charge ran or reached the Dedupe service")
 	}
 }
+
+// A restarted server starts a new ledger: its charges must not reuse the ids
+// of charges the Dedupe service still replays from before the restart.
+func TestChargeIDsUniqueAcrossRestarts(t *testing.T) {
+	t.Parallel()
+	req := &paymentsv1.ChargeCardRequest{CustomerId: "cust_17", AmountCents: 4200}
+	seen := map[string]bool{}
+	for restart := range 3 {
+		srv := &payments.Server{Ledger: &payments.Ledger{}}
+		for range 2 {
+			resp, err := srv.ChargeCard(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if seen[resp.GetChargeId()] {
+				t.Fatalf("after %d restarts a new charge got id %s, which an earlier ledger already gave out", restart, resp.GetChargeId())
+			}
+			seen[resp.GetChargeId()] = true
+		}
+		receipt, err := srv.SendReceipt(context.Background(), &paymentsv1.SendReceiptRequest{CustomerId: "cust_17", ChargeId: "ch_1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[receipt.GetMessageId()] {
+			t.Fatalf("after %d restarts a new receipt got id %s, which an earlier ledger already gave out", restart, receipt.GetMessageId())
+		}
+		seen[receipt.GetMessageId()] = true
+	}
+}
+
+// A handler honours its context as a real one does: a call whose caller is
+// gone before the provider is reached does not act.
+func TestChargeOnEndedContextDoesNotAct(t *testing.T) {
+	t.Parallel()
+	ledger := &payments.Ledger{}
+	srv := &payments.Server{Ledger: ledger}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := srv.ChargeCard(ctx, &paymentsv1.ChargeCardRequest{CustomerId: "c", AmountCents: 1}); status.Code(err) != codes.Canceled {
+		t.Fatalf("ChargeCard on an ended context: %v, want CANCELLED", err)
+	}
+	if _, err := srv.SendReceipt(ctx, &paymentsv1.SendReceiptRequest{CustomerId: "c", ChargeId: "ch_1"}); status.Code(err) != codes.Canceled {
+		t.Fatalf("SendReceipt on an ended context: %v, want CANCELLED", err)
+	}
+	if len(ledger.Charges()) != 0 || ledger.Receipts() != 0 {
+		t.Fatal("a call on an ended context reached the provider")
+	}
+}

@@ -49,7 +49,7 @@ import (
 func OpenPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("parse database URL: %w", err)
+		return nil, fmt.Errorf("-database-url: not a PostgreSQL URL: %w", err)
 	}
 	pcfg.MaxConns = DefaultDBMaxConns
 	if cfg.MaxConns > 0 {
@@ -57,15 +57,25 @@ func OpenPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, fmt.Errorf("open database pool: %w", err)
+		return nil, fmt.Errorf("-database-url (DATABASE_URL): open database pool: %w", err)
 	}
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("connect to %s@%s:%d/%s: %w", pcfg.ConnConfig.User, pcfg.ConnConfig.Host, pcfg.ConnConfig.Port, pcfg.ConnConfig.Database, err)
+		return nil, fmt.Errorf("-database-url (DATABASE_URL): connect to %s@%s:%d/%s: %w", pcfg.ConnConfig.User, pcfg.ConnConfig.Host, pcfg.ConnConfig.Port, pcfg.ConnConfig.Database, err)
 	}
 	return pool, nil
+}
+
+// OpenEmbedded opens the embedded store in dir (sqlitestore.Open); its
+// errors start with the flag that chooses dir.
+func OpenEmbedded(ctx context.Context, dir string) (*sqlitestore.Store, error) {
+	s, err := sqlitestore.Open(ctx, dir)
+	if err != nil {
+		return nil, fmt.Errorf("-data-dir %s: %w", dir, err)
+	}
+	return s, nil
 }
 
 // Input bounds of the gRPC server.
@@ -92,7 +102,7 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 	if cfg.DatabaseURL == "" {
 		logger.Info("using the embedded store (SQLite); set DATABASE_URL to use PostgreSQL",
 			slog.String("store", "sqlite"), slog.String("path", filepath.Join(cfg.DataDir, sqlitestore.FileName)))
-		s, err := sqlitestore.Open(ctx, cfg.DataDir)
+		s, err := OpenEmbedded(ctx, cfg.DataDir)
 		if err != nil {
 			return backend{}, err
 		}
@@ -114,7 +124,7 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 		applied, err := pgstore.Migrate(ctx, pool)
 		if err != nil {
 			pool.Close()
-			return backend{}, fmt.Errorf("migrate: %w", err)
+			return backend{}, fmt.Errorf("migrate (-migrate-on-start): %w", err)
 		}
 		logger.Info("migrations applied", slog.Any("applied", applied))
 	}
@@ -132,7 +142,7 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 	// does the same when it opens.
 	if err := b.store.(dedupesvc.Resumer).MarkResumed(ctx); err != nil {
 		pool.Close()
-		return backend{}, fmt.Errorf("mark the store resumed (is the schema migrated?): %w", err)
+		return backend{}, fmt.Errorf("mark the store resumed: %w; is the schema migrated? run dedupesvc migrate, or serve with -migrate-on-start=true", err)
 	}
 	return b, nil
 }
@@ -330,7 +340,7 @@ func codeLevel(code codes.Code) logging.Level {
 func serveMetrics(addr string, registry *prometheus.Registry, logger *slog.Logger) (func(), error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("metrics listener: %w", err)
+		return nil, fmt.Errorf("-metrics-listen %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
@@ -409,7 +419,8 @@ func securityOptions(cfg Config, logger *slog.Logger) ([]grpc.ServerOption, *aut
 	}
 	authenticator, err := auth.New(authCfg)
 	if err != nil {
-		return nil, nil, err
+		// What auth.New refuses is the tokens, which come from the file.
+		return nil, nil, fmt.Errorf("-token-file %s: %w", cfg.TokenFile, err)
 	}
 	return opts, authenticator, nil
 }
@@ -451,7 +462,7 @@ func tracingOption(ctx context.Context, cfg Config, logger *slog.Logger) ([]grpc
 		}
 		exporter, err := otlptracegrpc.New(ctx, opts...)
 		if err != nil {
-			return nil, nil, fmt.Errorf("OTLP exporter: %w", err)
+			return nil, nil, fmt.Errorf("-otlp-endpoint %s: OTLP exporter: %w", cfg.OTLPEndpoint, err)
 		}
 		sdk := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter),
 			sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", "idemgate-dedupesvc"))))

@@ -11,7 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
-
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -238,17 +238,41 @@ func (c Config) withDefaults() Config {
 func (c Config) authConfigured() bool { return c.TLSClientCA != "" || c.TokenFile != "" }
 
 // ParseConfig reads args (without the program name) and the environment
-// through getenv. It returns flag.ErrHelp after printing usage for -h.
+// through getenv. It returns flag.ErrHelp after printing usage for -h, and an
+// error for any argument that is not a flag.
 func ParseConfig(name string, args []string, getenv func(string) string, usage io.Writer) (Config, error) {
+	cfg, words, err := ParseArgs(name, "", args, getenv, usage)
+	if err == nil && len(words) > 0 {
+		return Config{}, fmt.Errorf("unexpected argument %q", words[0])
+	}
+	return cfg, err
+}
+
+// envFlag finds the environment variable a flag's usage names, "(env KEY".
+var envFlag = regexp.MustCompile(`\(env ([A-Z0-9_]+)`)
+
+// ParseArgs is ParseConfig for a binary with commands: flags may come before,
+// between and after the command's words, which it returns in order.
+// synopsis, printed by -h above the flags, lists the commands.
+func ParseArgs(name, synopsis string, args []string, getenv func(string) string, usage io.Writer) (Config, []string, error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(usage)
+	fs.Usage = func() {
+		fmt.Fprintf(usage, "Usage of %s:\n%s\nFlags (each also read from the environment variable it names; the flag wins):\n", name, synopsis)
+		fs.PrintDefaults()
+	}
 	var cfg Config
-	var errs []error
+	// envErrs holds the environment variables that did not parse, by
+	// name: reported with their flag, unless the flag is given and wins.
+	envErrs := map[string]error{}
 	env := func(key, def string) string {
 		if v := getenv(key); v != "" {
 			return v
 		}
 		return def
+	}
+	badEnv := func(key, v string, err error) {
+		envErrs[key] = fmt.Errorf("%s=%q: %w", key, v, err)
 	}
 	durationEnv := func(key string, def time.Duration) time.Duration {
 		v := getenv(key)
@@ -257,7 +281,8 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 		}
 		d, err := time.ParseDuration(v)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", key, v, err))
+			badEnv(key, v, err)
+			return def
 		}
 		return d
 	}
@@ -268,7 +293,8 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 		}
 		n, err := strconv.Atoi(v)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", key, v, err))
+			badEnv(key, v, err)
+			return def
 		}
 		return n
 	}
@@ -279,7 +305,8 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 		}
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", key, v, err))
+			badEnv(key, v, err)
+			return def
 		}
 		return f
 	}
@@ -290,7 +317,8 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 		}
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", key, v, err))
+			badEnv(key, v, err)
+			return def
 		}
 		return b
 	}
@@ -336,14 +364,26 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 	fs.BoolVar(&cfg.ResolveAdminOnly, "resolve-admin-only", boolEnv("IDEMGATE_RESOLVE_ADMIN_ONLY", false), "reserve DedupeService.Resolve to admin identities (env IDEMGATE_RESOLVE_ADMIN_ONLY)")
 	fs.DurationVar(&cfg.ReplayFlushInterval, "replay-flush-interval", durationEnv("IDEMGATE_REPLAY_FLUSH_INTERVAL", dedupesvc.DefaultReplayFlushInterval), "how often replay counts are added to the records, in one statement; unflushed counts die with the process (env IDEMGATE_REPLAY_FLUSH_INTERVAL)")
 	level := fs.String("log-level", env("IDEMGATE_LOG_LEVEL", "info"), "log `level`: debug, info, warn or error (env IDEMGATE_LOG_LEVEL)")
+	var words []string
+	for rest := args; ; {
+		if err := fs.Parse(rest); err != nil {
+			return Config{}, nil, err
+		}
+		if rest = fs.Args(); len(rest) == 0 {
+			break
+		}
+		words, rest = append(words, rest[0]), rest[1:]
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if m := envFlag.FindStringSubmatch(f.Usage); m != nil && envErrs[m[1]] != nil && !given[f.Name] {
+			errs = append(errs, fmt.Errorf("-%s: %w; fix the variable, unset it, or give -%s", f.Name, envErrs[m[1]], f.Name))
+		}
+	})
 	if len(errs) > 0 {
-		return Config{}, errors.Join(errs...)
-	}
-	if err := fs.Parse(args); err != nil {
-		return Config{}, err
-	}
-	if fs.NArg() > 0 {
-		return Config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return Config{}, nil, errors.Join(errs...)
 	}
 	for _, id := range strings.Split(*admins, ",") {
 		if id = strings.TrimSpace(id); id != "" {
@@ -351,9 +391,9 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 		}
 	}
 	if err := cfg.LogLevel.UnmarshalText([]byte(strings.ToUpper(*level))); err != nil {
-		return Config{}, fmt.Errorf("-log-level %q: want debug, info, warn or error", *level)
+		return Config{}, nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", *level)
 	}
-	return cfg, cfg.validate()
+	return cfg, words, cfg.validate()
 }
 
 // defaultDataDir follows the XDG base directory convention.

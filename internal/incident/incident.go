@@ -1,13 +1,18 @@
-// Package incident replays the essay's incident: a simulated agent runtime
-// takes orders, each a ChargeCard then a SendReceipt against the example
-// payments tool, through the three retry sources the tool never sees — a
-// client timeout after the work succeeded, a framework's auto-retry on any
-// error, and the model calling again to be sure — once without idemgate and
-// once with it, and counts the side effects.
+// Package incident replays the double-charge incident idemgate grew from (a
+// slow charge timed out, the framework retried, the card was charged twice): a
+// simulated agent runtime takes orders, each a ChargeCard then a SendReceipt
+// against the example payments tool, through the three retry sources the tool
+// never sees — a client timeout after the work succeeded, a framework's
+// auto-retry on any error, and the model calling again to be sure — once
+// without idemgate and once with it, and counts the side effects.
 //
 // Every random draw comes from a generator seeded per order and made before
 // any call, so the same seed gives the same workload in every scenario and
-// in every run, whatever the goroutine schedule.
+// in every run, whatever the goroutine schedule. Nor does the result depend
+// on the machine's speed: a slow response is one the client gives up on by
+// construction (the simulated provider holds its answer until the client has
+// timed out), not a wall-clock race between a timer and a starved scheduler,
+// so an idle laptop and a loaded CI machine print the same table.
 package incident
 
 import (
@@ -49,13 +54,11 @@ type Config struct {
 	Seed uint64
 	// Concurrency is how many orders run at once. Defaults to 16.
 	Concurrency int
-	// ClientTimeout is how long the runtime waits for a tool call before it
-	// gives up. Defaults to 200ms.
-	ClientTimeout time.Duration
-	// SlowDelay is how long a slow response takes, after the side effect
-	// ran. Defaults to 300ms.
-	SlowDelay time.Duration
-	// SlowRate is the chance that a call's response is slow. Defaults to 0.06.
+	// SlowRate is the chance that a call's response is slow: the provider
+	// acts, then answers only after the client has timed out and given up
+	// on the call (which the client then retries). Simulated, so it takes
+	// no wall-clock time and no machine is too slow or too fast for it.
+	// Defaults to 0.06.
 	SlowRate float64
 	// LostRate is the chance that a response is lost after the side effect
 	// ran (the framework sees an error). Defaults to 0.04.
@@ -66,11 +69,18 @@ type Config struct {
 	// FrameworkRetries is how often the framework retries a failed call.
 	// Defaults to 2.
 	FrameworkRetries int
+	// CallDeadline bounds each call in wall-clock time, a backstop against
+	// a hung replay only: no call of a healthy run comes near it, however
+	// loaded the machine. A call that reaches it fails, and an action whose
+	// every attempt fails counts as not done. Defaults to 1 minute.
+	CallDeadline time.Duration
 	// DatabaseURL runs the dedupe service on PostgreSQL; empty uses the
 	// embedded store in DataDir.
 	DatabaseURL string
 	// DataDir holds the embedded store. Required when DatabaseURL is empty.
 	DataDir string
+
+	stall time.Duration // tests: every call waits this long before it runs, as on a starved machine
 }
 
 func (c *Config) defaults() {
@@ -83,12 +93,6 @@ func (c *Config) defaults() {
 	if c.Concurrency == 0 {
 		c.Concurrency = 16
 	}
-	if c.ClientTimeout == 0 {
-		c.ClientTimeout = 200 * time.Millisecond
-	}
-	if c.SlowDelay == 0 {
-		c.SlowDelay = 300 * time.Millisecond
-	}
 	if c.SlowRate == 0 {
 		c.SlowRate = 0.06
 	}
@@ -100,6 +104,9 @@ func (c *Config) defaults() {
 	}
 	if c.FrameworkRetries == 0 {
 		c.FrameworkRetries = 2
+	}
+	if c.CallDeadline == 0 {
+		c.CallDeadline = time.Minute
 	}
 }
 
@@ -117,8 +124,18 @@ type Scenario struct {
 	Duplicates int64
 	// Replays is how many calls got a stored outcome instead of a run.
 	Replays int64
-	// Errors counts the actions that failed after every retry, by reason.
+	// NotDone is how many actions the runtime gave up on: every attempt
+	// failed, or (a receipt) the charge it needed was not done.
+	NotDone int
+	// Errors counts the calls that failed for good (an action's last
+	// attempt, or a model's re-emission), by reason.
 	Errors map[string]int
+	// Unexplained lists the actions that are neither done as this row
+	// promises nor reported not done: with idemgate and orchestration keys,
+	// an action that succeeded but whose side effect did not run exactly
+	// once, or that failed after running more than once. Any entry means
+	// the replay's numbers cannot be trusted, and the demo fails.
+	Unexplained []string
 }
 
 // Report is the outcome of a replay.
@@ -135,6 +152,28 @@ type Report struct {
 	Elapsed time.Duration
 }
 
+// Unexplained returns every row's unexplained actions, each prefixed with
+// its row's name.
+func (r Report) Unexplained() []string {
+	var out []string
+	for _, s := range []Scenario{r.Ungated, r.Gated, r.FreshKey} {
+		for _, u := range s.Unexplained {
+			out = append(out, s.Name+": "+u)
+		}
+	}
+	return out
+}
+
+// keying is how a scenario's model keys its re-emissions, and what the row
+// promises about side effects.
+type keying int
+
+const (
+	ungated      keying = iota // no gate: anything goes, duplicates are the point
+	orchestrated               // the gate, one key per action: each action runs at most once
+	freshModel                 // the gate, the model's own key on re-emission: at most twice
+)
+
 // Run replays the incident three times: without idemgate, with it, and with
 // it while the model makes up its own keys.
 func Run(ctx context.Context, cfg Config) (Report, error) {
@@ -149,13 +188,13 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 
 	r := Report{Config: cfg}
 	runID := strconv.FormatInt(time.Now().UnixNano(), 36)
-	if r.Ungated, err = runScenario(ctx, cfg, plan, "without idemgate", nil, false); err != nil {
+	if r.Ungated, err = runScenario(ctx, cfg, plan, "without idemgate", nil, ungated); err != nil {
 		return r, err
 	}
-	if r.Gated, err = runScenario(ctx, cfg, plan, "idemgate, key from the orchestration layer", gateFor(dedupe, runID+"-a"), false); err != nil {
+	if r.Gated, err = runScenario(ctx, cfg, plan, "idemgate, key from the orchestration layer", gateFor(dedupe, runID+"-a", cfg), orchestrated); err != nil {
 		return r, err
 	}
-	if r.FreshKey, err = runScenario(ctx, cfg, plan, "idemgate, model re-emits with its own key", gateFor(dedupe, runID+"-b"), true); err != nil {
+	if r.FreshKey, err = runScenario(ctx, cfg, plan, "idemgate, model re-emits with its own key", gateFor(dedupe, runID+"-b", cfg), freshModel); err != nil {
 		return r, err
 	}
 	r.Elapsed = time.Since(start)
@@ -246,27 +285,93 @@ func startDedupe(ctx context.Context, cfg Config) (idemgatev1.DedupeServiceClien
 }
 
 // gateFor builds a gate whose records live under their own tenant, so runs
-// and scenarios never replay each other's outcomes.
-func gateFor(dedupe idemgatev1.DedupeServiceClient, tenant string) func() (*interceptor.Gate, error) {
+// and scenarios never replay each other's outcomes. Its Dedupe calls get the
+// call deadline, not the 5s default: on a starved machine a Begin can take
+// that long, and a Begin given up on would change the replay's numbers.
+func gateFor(dedupe idemgatev1.DedupeServiceClient, tenant string, cfg Config) func() (*interceptor.Gate, error) {
 	return func() (*interceptor.Gate, error) {
 		return interceptor.New(dedupe,
 			interceptor.WithTenant(func(context.Context) (string, error) { return "incident-" + tenant, nil }),
+			interceptor.WithDedupeTimeout(cfg.CallDeadline),
 			interceptor.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	}
 }
 
 // Metadata the simulated runtime sends for the simulated network.
 const (
-	slowHeader = "x-sim-slow"
-	lostHeader = "x-sim-lost"
+	slowHeader    = "x-sim-slow"
+	lostHeader    = "x-sim-lost"
+	attemptHeader = "x-sim-attempt"
 )
 
-func runScenario(ctx context.Context, cfg Config, plan []order, name string, newGate func() (*interceptor.Gate, error), freshKeys bool) (Scenario, error) {
+// network is the simulated network's memory of slow calls: for each attempt
+// sent slow, whether the provider has acted on it, whether the client has
+// given up on it, and whether the server is done with it.
+type network struct {
+	mu    sync.Mutex
+	calls map[string]*slowCall
+}
+
+type slowCall struct {
+	acted, gaveUp, served             chan struct{}
+	actedOnce, gaveUpOnce, servedOnce sync.Once
+}
+
+func (n *network) call(id string) *slowCall {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	c, ok := n.calls[id]
+	if !ok {
+		c = &slowCall{acted: make(chan struct{}), gaveUp: make(chan struct{}), served: make(chan struct{})}
+		n.calls[id] = c
+	}
+	return c
+}
+
+// serve marks a slow call done at the server once everything on it has run,
+// the gate's Finish included: the slow response would now be on its way.
+func (n *network) serve(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if flag(ctx, slowHeader) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		if ids := md.Get(attemptHeader); len(ids) == 1 {
+			c := n.call(ids[0])
+			defer c.servedOnce.Do(func() { close(c.served) })
+		}
+	}
+	return handler(ctx, req)
+}
+
+// provider is the simulated payment provider's answer. A slow call's answer
+// comes only once the client has given up on it: the provider tells the
+// client it acted (the client's timeout then fires, in simulated time), and
+// waits, on the handler's context as a real provider client does, until the
+// client has gone.
+func (n *network) provider(ctx context.Context) error {
+	if !flag(ctx, slowHeader) {
+		return nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	ids := md.Get(attemptHeader)
+	if len(ids) != 1 {
+		return status.Error(codes.Internal, "incident: a slow call without an attempt id")
+	}
+	c := n.call(ids[0])
+	c.actedOnce.Do(func() { close(c.acted) })
+	select {
+	case <-c.gaveUp:
+		return nil
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+func runScenario(ctx context.Context, cfg Config, plan []order, name string, newGate func() (*interceptor.Gate, error), kind keying) (Scenario, error) {
 	ledger := &payments.Ledger{}
+	nw := &network{calls: map[string]*slowCall{}}
 	// Outside the gate: a response lost on the way back, after everything
 	// ran. Inside the handler: a slow provider answer, after the side
 	// effect ran.
-	chain := []grpc.UnaryServerInterceptor{loseResponse}
+	chain := []grpc.UnaryServerInterceptor{nw.serve, stall(cfg.stall), loseResponse}
 	if newGate != nil {
 		gate, err := newGate()
 		if err != nil {
@@ -275,21 +380,15 @@ func runScenario(ctx context.Context, cfg Config, plan []order, name string, new
 		chain = append(chain, gate.UnaryServerInterceptor())
 	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
-	// A slow call: the provider acted, and its answer takes SlowDelay. The
-	// handler waits for it on its context, as a real one does.
-	paymentsv1.RegisterPaymentsServiceServer(srv, &payments.Server{Ledger: ledger, ProviderLatency: func(ctx context.Context) time.Duration {
-		if flag(ctx, slowHeader) {
-			return cfg.SlowDelay
-		}
-		return 0
-	}})
+	paymentsv1.RegisterPaymentsServiceServer(srv, &payments.Server{Ledger: ledger, Provider: nw.provider})
 	conn, stop, err := serve(srv)
 	if err != nil {
 		return Scenario{}, err
 	}
 	defer stop()
-	rt := &runtime{cfg: cfg, client: paymentsv1.NewPaymentsServiceClient(conn), freshKeys: freshKeys, errors: map[string]int{}}
+	rt := &runtime{cfg: cfg, client: paymentsv1.NewPaymentsServiceClient(conn), net: nw, freshKeys: kind == freshModel, errors: map[string]int{}}
 
+	results := make([]orderResult, len(plan))
 	var wg sync.WaitGroup
 	next := atomic.Int64{}
 	for range cfg.Concurrency {
@@ -299,69 +398,139 @@ func runScenario(ctx context.Context, cfg Config, plan []order, name string, new
 				if i >= len(plan) {
 					return
 				}
-				rt.order(ctx, i, plan[i])
+				results[i] = rt.order(ctx, i, plan[i])
 			}
 		})
 	}
 	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return Scenario{}, err
+	}
 
 	s := Scenario{Name: name, Actions: 2 * len(plan), Calls: rt.calls.Load(), Replays: rt.replays.Load(), Errors: rt.errors}
-	for _, o := range plan {
+	for i, o := range plan {
 		charges, receipts := ledger.Executions(o.customer)
 		s.Executed += charges + receipts
 		s.Duplicates += max(0, charges-1) + max(0, receipts-1)
+		for _, a := range []struct {
+			what     string
+			res      actionResult
+			executed int64
+		}{{"charge", results[i].charge, charges}, {"receipt", results[i].receipt, receipts}} {
+			if !a.res.done {
+				s.NotDone++
+			}
+			if why := kind.unexplained(a.res, a.executed); why != "" {
+				s.Unexplained = append(s.Unexplained, fmt.Sprintf("order %d's %s %s", i, a.what, why))
+			}
+		}
 	}
 	return s, nil
 }
+
+// unexplained says what is wrong with an action that ran executed times, or
+// "" if the row's promise holds for it.
+func (k keying) unexplained(a actionResult, executed int64) string {
+	switch {
+	case !a.sent && executed != 0:
+		return fmt.Sprintf("was never sent but ran %d times", executed)
+	case a.done && executed == 0:
+		return "succeeded but never ran"
+	}
+	limit := int64(-1) // no limit without the gate
+	switch k {
+	case orchestrated:
+		limit = 1
+	case freshModel:
+		limit = 1
+		if a.reemitted {
+			limit = 2 // the model's own key is a second action to the gate
+		}
+	}
+	if limit >= 0 && executed > limit {
+		state := "succeeded"
+		if !a.done {
+			state = "was reported not done"
+		}
+		return fmt.Sprintf("%s but ran %d times, more than the %d its keys allow", state, executed, limit)
+	}
+	return ""
+}
+
+// actionResult is what the runtime saw of one action.
+type actionResult struct {
+	sent      bool // at least one attempt went out
+	done      bool // an attempt succeeded
+	reemitted bool // the model called again after it succeeded
+}
+
+// orderResult is what the runtime saw of one order.
+type orderResult struct{ charge, receipt actionResult }
 
 // runtime is the simulated agent runtime.
 type runtime struct {
 	cfg       Config
 	client    paymentsv1.PaymentsServiceClient
+	net       *network
 	freshKeys bool
 
-	calls, replays atomic.Int64
-	mu             sync.Mutex
-	errors         map[string]int
+	calls, replays, attempts atomic.Int64
+	mu                       sync.Mutex
+	errors                   map[string]int
 }
 
-func (rt *runtime) order(ctx context.Context, i int, o order) {
+func (rt *runtime) order(ctx context.Context, i int, o order) orderResult {
 	// The orchestration layer mints one key per logical action.
 	chargeKey, receiptKey := fmt.Sprintf("order-%04d-charge", i), fmt.Sprintf("order-%04d-receipt", i)
-	var charge *paymentsv1.ChargeCardResponse
-	ok := rt.act(ctx, chargeKey, o.charge, fmt.Sprintf("model-%04d-charge-again", i), func(ctx context.Context, opts ...grpc.CallOption) error {
+	var (
+		res    orderResult
+		charge *paymentsv1.ChargeCardResponse
+	)
+	res.charge = rt.act(ctx, chargeKey, o.charge, fmt.Sprintf("model-%04d-charge-again", i), func(ctx context.Context, opts ...grpc.CallOption) error {
 		resp, err := rt.client.ChargeCard(ctx, &paymentsv1.ChargeCardRequest{CustomerId: o.customer, AmountCents: o.amount}, opts...)
 		if err == nil {
 			charge = resp
 		}
 		return err
 	})
-	if !ok {
-		return
+	if !res.charge.done {
+		return res // no receipt for a charge that was not done: the receipt is not done either
 	}
-	rt.act(ctx, receiptKey, o.notify, fmt.Sprintf("model-%04d-receipt-again", i), func(ctx context.Context, opts ...grpc.CallOption) error {
+	res.receipt = rt.act(ctx, receiptKey, o.notify, fmt.Sprintf("model-%04d-receipt-again", i), func(ctx context.Context, opts ...grpc.CallOption) error {
 		_, err := rt.client.SendReceipt(ctx, &paymentsv1.SendReceiptRequest{CustomerId: o.customer, ChargeId: charge.GetChargeId()}, opts...)
 		return err
 	})
+	return res
 }
 
 // act makes one logical action through the framework's retries, then lets
-// the model re-emit it. It reports whether the action succeeded.
-func (rt *runtime) act(ctx context.Context, key string, a action, modelKey string, call func(context.Context, ...grpc.CallOption) error) bool {
+// the model re-emit it.
+func (rt *runtime) act(ctx context.Context, key string, a action, modelKey string, call func(context.Context, ...grpc.CallOption) error) actionResult {
+	res := actionResult{sent: true}
 	var err error
-	for _, at := range a.attempts {
+	for j, at := range a.attempts {
+		if j > 0 {
+			// The framework's back-off, on the runtime's context.
+			select {
+			case <-time.After(20 * time.Millisecond):
+			case <-ctx.Done():
+				rt.fail(status.FromContextError(ctx.Err()).Err())
+				return res
+			}
+		}
 		if err = rt.send(ctx, key, at, call); err == nil {
 			break
 		}
-		time.Sleep(20 * time.Millisecond) // the framework's back-off
 	}
 	if err != nil {
 		rt.fail(err)
-		return false
+		return res
 	}
+	res.done = true
 	if a.reemit {
 		// The model calls again to be sure: with the orchestration's key, or
 		// with one it made up.
+		res.reemitted = true
 		if rt.freshKeys {
 			key = modelKey
 		}
@@ -369,17 +538,50 @@ func (rt *runtime) act(ctx context.Context, key string, a action, modelKey strin
 			rt.fail(err)
 		}
 	}
-	return true
+	return res
 }
 
+// send makes one call attempt. A slow attempt times out in simulated time:
+// the client gives up on it as soon as the provider has acted on it, lets the
+// provider answer (to nobody), and returns once the server is done with the
+// call, so that the framework's retry comes after the slow response, as it
+// does when the client's timeout plus its back-off outlast the response. No
+// wall-clock timer races the call, and no retry races the first call's
+// Finish against the gate's max_wait.
 func (rt *runtime) send(ctx context.Context, key string, at attempt, call func(context.Context, ...grpc.CallOption) error) error {
 	rt.calls.Add(1)
-	ctx, cancel := context.WithTimeout(ctx, rt.cfg.ClientTimeout)
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, rt.cfg.CallDeadline)
 	defer cancel()
-	ctx = metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, key,
+	id := strconv.FormatInt(rt.attempts.Add(1), 10)
+	ctx = metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, key, attemptHeader, id,
 		slowHeader, strconv.FormatBool(at.slow), lostHeader, strconv.FormatBool(at.lost))
+	var timedOut atomic.Bool
+	if at.slow {
+		c := rt.net.call(id)
+		defer c.gaveUpOnce.Do(func() { close(c.gaveUp) })
+		go func() {
+			select {
+			case <-c.acted:
+				timedOut.Store(true)
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
 	var header metadata.MD
 	err := call(ctx, grpc.Header(&header))
+	if timedOut.Load() {
+		c := rt.net.call(id)
+		c.gaveUpOnce.Do(func() { close(c.gaveUp) })
+		wait, stop := context.WithTimeout(parent, rt.cfg.CallDeadline)
+		select {
+		case <-c.served:
+		case <-wait.Done():
+		}
+		stop()
+		return status.Error(codes.DeadlineExceeded, "incident: the client timed out waiting for a slow response")
+	}
 	if err == nil && interceptor.IsReplayed(header) {
 		rt.replays.Add(1)
 	}
@@ -405,6 +607,23 @@ func loseResponse(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler
 	return resp, err
 }
 
+// stall delays every call by d before it runs, as a starved scheduler does;
+// the wait ends early with the call's context.
+func stall(d time.Duration) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if d > 0 {
+			t := time.NewTimer(d)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return nil, status.FromContextError(ctx.Err()).Err()
+			}
+		}
+		return handler(ctx, req)
+	}
+}
+
 func flag(ctx context.Context, name string) bool {
 	md, _ := metadata.FromIncomingContext(ctx)
 	v := md.Get(name)
@@ -428,11 +647,11 @@ func serve(srv *grpc.Server, dial ...grpc.DialOption) (*grpc.ClientConn, func(),
 // Table renders the report as the table the demo prints.
 func (r Report) Table() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d orders (ChargeCard + SendReceipt each), seed %d: slow responses %.0f%%, lost responses %.0f%%, model re-emits %.0f%%, client timeout %s, %d framework retries\n\n",
-		r.Config.Orders, r.Config.Seed, 100*r.Config.SlowRate, 100*r.Config.LostRate, 100*r.Config.ReemitRate, r.Config.ClientTimeout, r.Config.FrameworkRetries)
-	fmt.Fprintf(&b, "%-44s %8s %6s %13s %11s %8s  %s\n", "scenario", "actions", "calls", "side effects", "duplicates", "replays", "errors by reason")
+	fmt.Fprintf(&b, "%d orders (ChargeCard + SendReceipt each), seed %d: slow responses %.0f%% (the client times out), lost responses %.0f%%, model re-emits %.0f%%, %d framework retries\n\n",
+		r.Config.Orders, r.Config.Seed, 100*r.Config.SlowRate, 100*r.Config.LostRate, 100*r.Config.ReemitRate, r.Config.FrameworkRetries)
+	fmt.Fprintf(&b, "%-44s %8s %6s %13s %11s %8s %9s  %s\n", "scenario", "actions", "calls", "side effects", "duplicates", "replays", "not done", "errors by reason")
 	for _, s := range []Scenario{r.Ungated, r.Gated, r.FreshKey} {
-		fmt.Fprintf(&b, "%-44s %8d %6d %13d %11d %8d  %s\n", s.Name, s.Actions, s.Calls, s.Executed, s.Duplicates, s.Replays, errorsText(s.Errors))
+		fmt.Fprintf(&b, "%-44s %8d %6d %13d %11d %8d %9d  %s\n", s.Name, s.Actions, s.Calls, s.Executed, s.Duplicates, s.Replays, s.NotDone, errorsText(s.Errors))
 	}
 	return b.String()
 }

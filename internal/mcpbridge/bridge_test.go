@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
 
 	"github.com/idemgate/idemgate/examples/payments"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
@@ -27,12 +28,13 @@ const chargeTool = "examples.payments.v1.PaymentsService.ChargeCard"
 
 // setup runs the example payments server, gated, with server reflection,
 // and a bridge built from what reflection reports, reached by the go-sdk
-// client in memory. provider, when set, is the simulated provider's latency.
-func setup(t *testing.T, callTimeout time.Duration, provider func(context.Context) time.Duration) (*mcp.ClientSession, *payments.Ledger) {
+// client in memory. provider, when set, is the simulated provider's answer
+// (payments.Server.Provider).
+func setup(t *testing.T, callTimeout time.Duration, provider func(context.Context) error) (*mcp.ClientSession, *payments.Ledger) {
 	t.Helper()
 	ledger := &payments.Ledger{}
 	stack := stacktest.StartEmbedded(t, func(s *grpc.Server) {
-		paymentsv1.RegisterPaymentsServiceServer(s, &payments.Server{Ledger: ledger, ProviderLatency: provider})
+		paymentsv1.RegisterPaymentsServiceServer(s, &payments.Server{Ledger: ledger, Provider: provider})
 		reflection.Register(s)
 	}, stacktest.Config{})
 	ctx := context.Background()
@@ -109,10 +111,14 @@ func TestReflectionListsThePolicy(t *testing.T) {
 func TestCallerGivesUpThenRetriesWithTheSameKey(t *testing.T) {
 	release, started := make(chan struct{}), make(chan struct{}, 1)
 	var once sync.Once
-	cs, ledger := setup(t, 200*time.Millisecond, func(ctx context.Context) time.Duration {
+	cs, ledger := setup(t, 200*time.Millisecond, func(ctx context.Context) error {
 		started <- struct{}{}
-		<-release // the provider acted; its answer is slow
-		return 0
+		select { // the provider acted; its answer is slow
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
 	})
 	t.Cleanup(func() { once.Do(func() { close(release) }) })
 
