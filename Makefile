@@ -204,6 +204,10 @@ run-mcp: $(BUF) $(BIN_DIR)/idemgate-mcp ## Serve the example payments tool serve
 	$(BUF) build -o $(BIN_DIR)/payments.binpb --path proto/examples/payments/v1/payments.proto
 	$(BIN_DIR)/idemgate-mcp -target 127.0.0.1:50052 -plaintext -descriptor-set $(BIN_DIR)/payments.binpb -listen 127.0.0.1:8080
 
+.PHONY: run-mcp-server
+run-mcp-server: ## Serve the native Go MCP server gated by mcpgate (examples/mcp-server), streamable HTTP on 127.0.0.1:8081/mcp; needs make run.
+	go run ./examples/mcp-server -dedupe 127.0.0.1:50051 -listen 127.0.0.1:8081
+
 # NPM_DIRS hold the Node packages the MCP and polyglot tests run (package-lock.json committed).
 NPM_DIRS := internal/mcptest/node examples/mcp-typescript-agent examples/typescript
 

@@ -4,7 +4,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
+
+	"github.com/idemgate/idemgate/internal/gatecore"
 )
 
 // Causes a gated handler's context can end with (context.Cause). The handler
@@ -15,9 +16,9 @@ var (
 	// another attempt took the key over, or an operator settled the record),
 	// so whatever it does next is refused by the Dedupe service. Stop, and do
 	// not write downstream without the FencingToken.
-	ErrFenced = errors.New("idemgate: this attempt was fenced: its reservation was taken over or settled by another attempt, and its outcome will be refused")
+	ErrFenced = gatecore.ErrFenced
 	// ErrExecutionTimeout: the method's execution_timeout ran out.
-	ErrExecutionTimeout = errors.New("idemgate: the handler ran past its execution_timeout")
+	ErrExecutionTimeout = gatecore.ErrExecutionTimeout
 )
 
 // FencingToken names one reservation of one key. Epoch grows every time the
@@ -86,9 +87,9 @@ func FencingTokenFromContext(ctx context.Context) (FencingToken, bool) {
 
 func contextWithCall(ctx context.Context, c call, epoch int64) context.Context {
 	return context.WithValue(ctx, callContextKey{}, &gatedCall{
-		key:           c.key,
-		downstreamKey: downstreamKey(c.scope, c.key),
-		token:         FencingToken{Scope: c.scope, Key: c.key, Epoch: epoch},
+		key:           c.Key,
+		downstreamKey: downstreamKey(c.Scope, c.Key),
+		token:         FencingToken{Scope: c.Scope, Key: c.Key, Epoch: epoch},
 	})
 }
 

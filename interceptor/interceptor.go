@@ -2,21 +2,15 @@ package interceptor
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -25,10 +19,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/keys"
 )
@@ -81,33 +74,21 @@ const DedupeServiceConfig = `{
 // Gate holds the resolved policies of every method and a client of the
 // Dedupe service. It is safe for concurrent use.
 type Gate struct {
-	dedupe  idemgatev1.DedupeServiceClient
+	// dedupe is the client of the Dedupe service, observed (dedupeconn.go):
+	// the engine's, and CheckDedupe's and WatchDedupe's.
+	dedupe idemgatev1.DedupeServiceClient
+	// engine reserves, keeps the lease, settles and counts: the
+	// transport-free core the MCP middleware (mcpgate) runs on too.
+	engine  *gatecore.Engine
 	methods map[string]*gatedMethod
 	// unclassified and services are what CheckServer compares a server with.
 	unclassified []string
 	services     map[string]bool
 	opts         options
-	counts       counters
 	metrics      *metrics
-	// background tracks Finish and Release retries still running after
-	// their caller got its response, and re-sent Begins whose first answer
-	// was lost.
-	background sync.WaitGroup
-	// stopBackground ends the background work, when Close's context ends
-	// first; backgroundCtx is what that work runs under.
-	backgroundCtx  context.Context
-	stopBackground context.CancelFunc
-	// lostBegins bounds how many lost Begins are followed up at once, so an
-	// outage does not pile up a goroutine per refused call.
-	lostBegins chan struct{}
 	// replays is the replay cache (WithReplayCache), nil when off.
-	replays *replayCache
+	replays *gatecore.ReplayCache
 }
-
-// maxLostBeginFollowUps bounds the lost Begins followed up at once; past it
-// a lost Begin is logged and counted, and its reservation, if it was made,
-// runs down its lease.
-const maxLostBeginFollowUps = 1024
 
 // New resolves the policy of every method in the descriptor registry (see
 // WithFiles) and returns a Gate that deduplicates the gated ones through
@@ -139,11 +120,14 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 		o.logger.Info("idemgate: these methods are neither marked mutating nor declared safe with idempotency_level, so they are not gated; "+
 			"classify them, or use WithStrict to refuse such methods", slog.Any("methods", r.unclassified))
 	}
-	backgroundCtx, stopBackground := context.WithCancel(context.Background())
 	dedupe = newDedupeObserver(dedupe, o) // logs failing Dedupe RPCs; see dedupeconn.go
-	return &Gate{dedupe: dedupe, methods: r.gated, unclassified: r.unclassified, services: r.services, opts: o, metrics: metrics,
-		backgroundCtx: backgroundCtx, stopBackground: stopBackground, lostBegins: make(chan struct{}, maxLostBeginFollowUps),
-		replays: newReplayCache(o.replayEntries, o.replayBytes, o.replayTTL)}, nil
+	engine := gatecore.New(dedupe, gatecore.Options{
+		Logger: o.logger, DedupeTimeout: o.dedupeTimeout, OutcomeTimeout: o.outcomeTimeout, FinishBudget: o.finishBudget,
+		InFlightRetry: o.inFlightRetry, StoreRetry: o.storeRetry, MaxOutcome: o.maxOutcome, TypeURLOf: resultTypeURL,
+		OnEvent: metrics.event,
+	})
+	return &Gate{dedupe: dedupe, engine: engine, methods: r.gated, unclassified: r.unclassified, services: r.services, opts: o, metrics: metrics,
+		replays: gatecore.NewReplayCache(o.replayEntries, o.replayBytes, o.replayTTL)}, nil
 }
 
 // ServiceInfoProvider lists the services registered on a gRPC server;
@@ -208,19 +192,7 @@ func strictRefusals(unclassified []string, o options) []string {
 // retries (each is logged and counted as given up: its record runs down its
 // lease to its on_lost_outcome path), waits for them to return, and returns
 // ctx's error. Call it after the gRPC server stopped.
-func (g *Gate) Close(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() { g.background.Wait(); close(done) }()
-	select {
-	case <-done:
-		g.stopBackground()
-		return nil
-	case <-ctx.Done():
-		g.stopBackground()
-		<-done
-		return ctx.Err()
-	}
-}
+func (g *Gate) Close(ctx context.Context) error { return g.engine.Close(ctx) }
 
 // Policy returns the resolved policy of a full method name
 // ("/pkg.Service/Method"); a method it does not gate reports Gated false.
@@ -260,18 +232,13 @@ func (g *Gate) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	}
 }
 
-// call is one gated call's identity in the Dedupe service.
+// call is one gated call: its identity in the Dedupe service (the core's
+// Call) and the method it calls.
 type call struct {
+	*gatecore.Call
 	// fullMethod is the gRPC method name, the metrics' method label.
 	fullMethod string
 	method     *gatedMethod
-	key        string
-	scope      string
-	token      string
-	// begin is the call's Begin request.
-	begin *idemgatev1.BeginRequest
-	// retention is how long the record is kept once completed.
-	retention time.Duration
 }
 
 // maxReconcileRounds bounds Begin after a reconciler settled a record: the
@@ -308,92 +275,54 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 			g.opts.logger.WarnContext(ctx, "idemgate: could not set the derived-key header", slog.Any("error", err))
 		}
 	}
-	c := call{fullMethod: fullMethod, method: m, key: key, scope: scopeOf(m.policy.Action, tenant), token: rand.Text()}
-	c.begin = &idemgatev1.BeginRequest{
-		Scope:         c.scope,
-		Key:           key,
-		Fingerprint:   fingerprint,
-		AttemptToken:  c.token,
-		Lease:         durationpb.New(m.policy.Lease),
-		Retention:     durationpb.New(retention),
-		OnLostOutcome: m.policy.OnLostOutcome,
-		MaxWait:       durationpb.New(m.policy.MaxWait),
-	}
-	c.retention = retention
+	c := call{fullMethod: fullMethod, method: m, Call: gatecore.NewCall(fullMethod, scopeOf(m.policy.Action, tenant), key, fingerprint, gatecore.Policy{
+		Lease: m.policy.Lease, MaxWait: m.policy.MaxWait, OnLostOutcome: m.policy.OnLostOutcome, ExecutionTimeout: m.policy.ExecutionTimeout,
+	}, retention)}
 	if g.replays != nil {
-		if stored, ok := g.replays.get(c.scope, key, fingerprint); ok {
-			g.event(c, eventReplayCacheHit)
+		c.Stored = func(outcome *anypb.Any, sent time.Time) {
+			g.replays.Put(c.Scope, c.Key, fingerprint, cachedOutcome{Outcome: outcome, CompletedAt: sent, ExpiresAt: sent.Add(c.Retention)})
+		}
+		if stored, ok := g.replays.Get(c.Scope, key, fingerprint); ok {
+			g.engine.Event(c.Call, gatecore.EventReplayCacheHit)
 			g.suppressed(ctx, c, stored)
-			resp, err, replayed := g.replay(ctx, m, stored.outcome)
+			resp, err, replayed := g.replay(ctx, m, stored.Outcome)
 			if replayed {
 				*outcome = outcomeReplayed
 			}
 			return resp, err
 		}
-		g.event(c, eventReplayCacheMiss)
+		g.engine.Event(c.Call, gatecore.EventReplayCacheMiss)
 	}
 
 	for round := 0; ; round++ {
-		beginCtx, cancel := context.WithTimeout(ctx, g.opts.dedupeTimeout+m.policy.MaxWait)
-		sent := time.Now()
-		begun, err := g.dedupe.Begin(beginCtx, c.begin)
-		cancel()
-		if err != nil {
-			if !refused(err) {
-				// The reservation may have been made and only its answer
-				// lost: make sure it does not outlive this call.
-				g.followUpLostBegin(ctx, c)
-			}
-			return nil, g.beginError(ctx, err)
-		}
-
-		switch result := begun.GetResult().(type) {
-		case *idemgatev1.BeginResponse_Reserved_:
+		begun, err := g.engine.Begin(ctx, c.Call)
+		switch {
+		case begun.Kind == gatecore.Reserved:
 			*outcome = outcomeExecuted
-			return g.run(ctx, req, c, result.Reserved.GetEpoch(), time.Since(sent), handler)
-		case *idemgatev1.BeginResponse_Completed_:
-			stored := cachedOutcome{outcome: result.Completed.GetOutcome(),
-				completedAt: timeOf(result.Completed.GetCompletedAt()), expiresAt: timeOf(result.Completed.GetExpiresAt())}
+			return g.run(ctx, req, c, begun, handler)
+		case begun.Kind == gatecore.Completed:
+			stored := cachedOutcome{Outcome: begun.Outcome, CompletedAt: begun.CompletedAt, ExpiresAt: begun.ExpiresAt}
 			g.suppressed(ctx, c, stored)
-			resp, err, replayed := g.replay(ctx, m, stored.outcome)
+			resp, err, replayed := g.replay(ctx, m, stored.Outcome)
 			if replayed {
 				*outcome = outcomeReplayed // a response, or a stored final error
 				if g.replays != nil {
-					g.replays.put(c.scope, key, fingerprint, stored)
+					g.replays.Put(c.Scope, key, fingerprint, stored)
 				}
 			}
 			return resp, err
-		case *idemgatev1.BeginResponse_InFlight_:
-			return nil, grpcerr.New(codes.Aborted, ReasonInFlight,
-				"another call with this idempotency key is still running; retry with the same key to get its outcome",
-				nil, g.opts.inFlightRetry)
-		case *idemgatev1.BeginResponse_FingerprintMismatch_:
-			return nil, grpcerr.New(codes.FailedPrecondition, ReasonKeyReused,
-				"this idempotency key was first used with a different request; use a new key for a new action",
-				nil, 0)
-		case *idemgatev1.BeginResponse_OutcomeUnknown_:
-			if m.reconcile == nil || round >= maxReconcileRounds {
-				return nil, outcomeUnknown(key)
-			}
+		case begun.Kind == gatecore.Unknown && m.reconcile != nil && round < maxReconcileRounds:
 			resp, settled, err := g.reconcile(ctx, c, msg)
 			if err != nil || settled {
 				return resp, err
 			}
 			// Released, or another caller settled it first: Begin again.
 		default:
-			return nil, grpcerr.New(codes.Internal, ReasonStoreRejected,
-				fmt.Sprintf("the Dedupe service answered Begin with an unknown result %T", result), nil, 0)
+			// In flight, another request, outcome unknown, or the Dedupe
+			// service's failure.
+			return nil, err
 		}
 	}
-}
-
-// timeOf is ts as a time, or the zero time when the Dedupe service sent
-// none.
-func timeOf(ts *timestamppb.Timestamp) time.Time {
-	if ts == nil {
-		return time.Time{}
-	}
-	return ts.AsTime()
 }
 
 // suppressed makes an answer from a stored outcome, a run that did not
@@ -403,15 +332,15 @@ func timeOf(ts *timestamppb.Timestamp) time.Time {
 // the stored outcome turns out to be.
 func (g *Gate) suppressed(ctx context.Context, c call, stored cachedOutcome) {
 	var pairs []string
-	if !stored.completedAt.IsZero() {
-		pairs = append(pairs, OriginalTimeHeader, headerTimeText(stored.completedAt))
+	if !stored.CompletedAt.IsZero() {
+		pairs = append(pairs, OriginalTimeHeader, headerTimeText(stored.CompletedAt))
 		if g.metrics != nil {
 			// A clock behind the service's must not observe a negative age.
-			g.metrics.replayAge.WithLabelValues(c.fullMethod).Observe(max(time.Since(stored.completedAt), 0).Seconds())
+			g.metrics.replayAge.WithLabelValues(c.fullMethod).Observe(max(time.Since(stored.CompletedAt), 0).Seconds())
 		}
 	}
-	if !stored.expiresAt.IsZero() {
-		pairs = append(pairs, ExpiresAtHeader, headerTimeText(stored.expiresAt))
+	if !stored.ExpiresAt.IsZero() {
+		pairs = append(pairs, ExpiresAtHeader, headerTimeText(stored.ExpiresAt))
 	}
 	g.setHeaders(ctx, pairs...)
 }
@@ -437,35 +366,28 @@ func (g *Gate) setHeaders(ctx context.Context, pairs ...string) {
 	}
 }
 
-func outcomeUnknown(key string) error {
-	return grpcerr.New(codes.FailedPrecondition, ReasonOutcomeUnknown,
-		"an earlier attempt with this idempotency key stopped before its outcome was stored, so its side effect may or may not have happened; "+
-			"it will not run again until an operator resolves the record (idemctl, or the Dedupe service's Resolve)",
-		map[string]string{"key": key}, 0)
-}
-
 // reconcile asks the method's Reconciler what happened to a lost outcome and
 // settles the record with its answer. It reports settled with the call's
 // answer, or not settled when the caller should Begin again.
 func (g *Gate) reconcile(ctx context.Context, c call, req proto.Message) (any, bool, error) {
-	res, err := c.method.reconcile(ctx, c.key, req)
+	res, err := c.method.reconcile(ctx, c.Key, req)
 	if err != nil {
-		g.opts.logger.WarnContext(ctx, "idemgate: the reconciler failed; the outcome stays unknown", slog.String("scope", c.scope), slog.Any("error", err))
-		return nil, true, outcomeUnknown(c.key)
+		g.opts.logger.WarnContext(ctx, "idemgate: the reconciler failed; the outcome stays unknown", slog.String("scope", c.Scope), slog.Any("error", err))
+		return nil, true, gatecore.OutcomeUnknown(c.Key)
 	}
-	resolve := &idemgatev1.ResolveRequest{Scope: c.scope, Key: c.key}
+	resolve := &idemgatev1.ResolveRequest{Scope: c.Scope, Key: c.Key}
 	switch res.kind {
 	case resolvedResponse:
 		if res.response == nil || res.response.ProtoReflect().Descriptor().FullName() != c.method.outputName {
-			return nil, true, status.Errorf(codes.Internal, "idemgate: the reconciler of %s answered %T, not a %s", c.scope, res.response, c.method.outputName)
+			return nil, true, status.Errorf(codes.Internal, "idemgate: the reconciler of %s answered %T, not a %s", c.Scope, res.response, c.method.outputName)
 		}
-		outcome, err := marshalAny(res.response)
+		outcome, err := gatecore.MarshalAny(res.response)
 		if err != nil {
 			return nil, true, status.Errorf(codes.Internal, "idemgate: serialize the reconciler's response: %v", err)
 		}
 		resolve.Resolution = &idemgatev1.ResolveRequest_Complete{Complete: outcome}
 	case resolvedError:
-		outcome, err := marshalAny(status.Convert(res.err).Proto())
+		outcome, err := gatecore.MarshalAny(status.Convert(res.err).Proto())
 		if err != nil {
 			return nil, true, status.Errorf(codes.Internal, "idemgate: serialize the reconciler's error: %v", err)
 		}
@@ -473,71 +395,56 @@ func (g *Gate) reconcile(ctx context.Context, c call, req proto.Message) (any, b
 	case resolvedNotRun:
 		resolve.Resolution = &idemgatev1.ResolveRequest_Release_{Release: &idemgatev1.ResolveRequest_Release{}}
 	default:
-		return nil, true, outcomeUnknown(c.key)
-	}
-	resolveCtx, cancel := context.WithTimeout(ctx, g.opts.dedupeTimeout)
-	defer cancel()
-	if _, err := g.dedupe.Resolve(resolveCtx, resolve); err != nil {
-		if code := status.Code(err); code != codes.FailedPrecondition && code != codes.NotFound {
-			return nil, true, g.beginError(ctx, err)
-		}
+		return nil, true, gatecore.OutcomeUnknown(c.Key)
 	}
 	// Settled by us, or by a racing caller, or expired meanwhile: either way
 	// the next Begin replays the settled outcome or reserves a free key.
-	g.event(c, eventReconciled)
+	if err := g.engine.Resolve(ctx, c.Call, resolve); err != nil {
+		return nil, true, err
+	}
 	return nil, false, nil
 }
 
 // run executes the handler under the reservation and records what happened.
-// The handler runs on a context that keeps the caller's values but not its
-// cancellation or deadline, bounded by the method's execution_timeout: a
-// caller that gave up after the side effect started must find its outcome
-// stored when it retries, not a second run. The lease is renewed from here
-// until the outcome is stored or released, with no gap in between.
-//
-// beginTook is how long Begin took to answer: a reservation made early in a
-// slow or retried Begin has used that much of its lease already, so the
-// first renewal comes that much sooner.
-func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, beginTook time.Duration, handler grpc.UnaryHandler) (resp any, err error) {
-	hctx, cancelExecution := context.WithTimeoutCause(context.WithoutCancel(ctx), c.method.policy.ExecutionTimeout, ErrExecutionTimeout)
-	defer cancelExecution()
-	hctx, fence := context.WithCancelCause(hctx)
-	defer fence(nil)
-	lease := g.keepLease(ctx, c, epoch, c.method.policy.Lease/3-beginTook, func() { fence(ErrFenced) })
+// The handler runs on the attempt's context, which keeps the caller's values
+// but not its cancellation or deadline, bounded by the method's
+// execution_timeout: a caller that gave up after the side effect started
+// must find its outcome stored when it retries, not a second run. The lease
+// is renewed from Begin's answer until the outcome is stored or released,
+// with no gap in between.
+func (g *Gate) run(ctx context.Context, req any, c call, begun gatecore.Begun, handler grpc.UnaryHandler) (resp any, err error) {
+	a := g.engine.Start(ctx, c.Call, begun)
 	defer func() {
 		if p := recover(); p != nil {
-			lease.stop()
-			g.event(c, eventOutcomeLost)
-			g.opts.logger.ErrorContext(ctx, "idemgate: the handler panicked; its outcome is lost, not released, so the key will not silently run again",
-				slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Any("panic", p))
+			a.Lost("the handler panicked", slog.Any("panic", p))
 			panic(p)
 		}
 	}()
-	handlerCtx, recorded := recordMetadata(contextWithCall(hctx, c, epoch))
+	handlerCtx, recorded := recordMetadata(contextWithCall(a.Context(), c, a.Epoch()))
 	resp, handlerErr := handler(handlerCtx, req)
 
 	if handlerErr != nil {
 		kind, st, unwrapped := c.method.classify(handlerErr)
 		switch kind {
 		case errRetryable:
-			g.release(ctx, c, epoch, false, lease)
+			a.Release(false)
 			return resp, unwrapped
 		case errUnknown:
 			if c.method.policy.OnLostOutcome == idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_REEXECUTE {
-				g.release(ctx, c, epoch, false, lease)
+				a.Release(false)
 				return resp, unwrapped
 			}
-			g.release(ctx, c, epoch, true, lease)
-			return nil, handlerOutcomeUnknown(c.key, st)
+			a.Release(true)
+			return nil, gatecore.HandlerOutcomeUnknown(c.Key, codeName(st.Code()), st.Message())
 		}
-		outcome, err := recorded.wrap(marshalAny(st.Proto()))
+		outcome, err := recorded.wrap(gatecore.MarshalAny(st.Proto()))
 		if err != nil {
-			g.opts.logger.ErrorContext(ctx, "idemgate: could not serialize a final error to store it; releasing instead", slog.String("scope", c.scope), slog.Any("error", err))
-			g.release(ctx, c, epoch, false, lease)
+			g.opts.logger.ErrorContext(ctx, "idemgate: could not serialize a final error to store it; releasing instead", slog.String("scope", c.Scope), slog.Any("error", err))
+			a.Release(false)
 			return resp, unwrapped
 		}
-		if fenced := g.storeOutcome(ctx, hctx, c, epoch, outcome, lease); fenced {
-			return g.answerFenced()
+		if fenced := g.storeOutcome(ctx, c, a, outcome); fenced {
+			return nil, g.engine.AnswerFenced()
 		}
 		// The caller gets exactly what duplicates will be replayed.
 		return nil, status.FromProto(st.Proto()).Err()
@@ -545,18 +452,16 @@ func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, beginTook 
 
 	respMsg, ok := resp.(proto.Message)
 	if !ok {
-		lease.stop()
+		a.Abandon()
 		return resp, nil // grpc will fail to encode it anyway
 	}
-	outcome, err := recorded.wrap(marshalAny(respMsg))
+	outcome, err := recorded.wrap(gatecore.MarshalAny(respMsg))
 	if err != nil {
-		lease.stop()
-		g.opts.logger.ErrorContext(ctx, "idemgate: could not serialize the response to store it", slog.String("scope", c.scope), slog.Any("error", err))
-		g.event(c, eventOutcomeLost)
+		a.Lost("could not serialize the response to store it", slog.Any("error", err))
 		return resp, nil
 	}
-	if fenced := g.storeOutcome(ctx, hctx, c, epoch, outcome, lease); fenced {
-		return g.answerFenced()
+	if fenced := g.storeOutcome(ctx, c, a, outcome); fenced {
+		return nil, g.engine.AnswerFenced()
 	}
 	return resp, nil
 }
@@ -566,390 +471,19 @@ func (g *Gate) run(ctx context.Context, req any, c call, epoch int64, beginTook 
 // the caller until when the outcome will be replayed. It reports whether the
 // attempt was fenced, so the caller must not get this attempt's answer.
 //
-// hctx is the handler's context: an attempt already fenced while the handler
-// ran stores synchronously even under FINISH_POLICY_AFTER_REPLY, so its
-// caller is told, as under the default, instead of getting an answer no
-// duplicate will see.
-func (g *Gate) storeOutcome(ctx, hctx context.Context, c call, epoch int64, outcome *anypb.Any, lease *leaseKeeper) (fenced bool) {
+// An attempt already fenced while the handler ran stores synchronously even
+// under FINISH_POLICY_AFTER_REPLY, so its caller is told, as under the
+// default, instead of getting an answer no duplicate will see.
+func (g *Gate) storeOutcome(ctx context.Context, c call, a *gatecore.Attempt, outcome *anypb.Any) (fenced bool) {
 	// The service counts the retention from when it stores the outcome,
 	// after this, so the record lives at least until expires once stored.
-	expires := time.Now().Add(c.retention)
-	afterReply := c.method.policy.FinishAfterReply && !errors.Is(context.Cause(hctx), ErrFenced)
-	if fenced := g.finish(ctx, c, epoch, outcome, lease, afterReply); fenced {
+	expires := time.Now().Add(c.Retention)
+	afterReply := c.method.policy.FinishAfterReply && !a.Fenced()
+	if fenced := a.Finish(outcome, afterReply); fenced {
 		return true
 	}
 	g.setHeaders(ctx, ExpiresAtHeader, headerTimeText(expires))
 	return false
-}
-
-// answerFenced answers the caller of a holder whose outcome the store
-// refused because another attempt took the key over (REEXECUTE) or an
-// operator settled it. This attempt's response is not the action's outcome,
-// so the caller gets IDEMPOTENCY_IN_FLIGHT: its retry with the same key gets
-// the outcome the store holds, as every duplicate does. (Looking it up here
-// would take a Begin, which under REEXECUTE may itself take the key over.)
-func (g *Gate) answerFenced() (any, error) {
-	return nil, grpcerr.New(codes.Aborted, ReasonInFlight,
-		"this attempt lost its reservation to another attempt before its outcome was stored, so its response is not the action's outcome; "+
-			"retry with the same key to get the outcome that was stored",
-		nil, g.opts.inFlightRetry)
-}
-
-// handlerOutcomeUnknown is what the caller of a FAIL_CLOSED handler that
-// could not tell whether its side effect happened gets: the same answer its
-// retries will get.
-func handlerOutcomeUnknown(key string, st *status.Status) error {
-	return grpcerr.New(codes.FailedPrecondition, ReasonOutcomeUnknown,
-		fmt.Sprintf("the handler ended with %s (%s), which leaves its side effect's outcome unknown; the record is marked outcome-unknown "+
-			"and the call will not run again until an operator resolves it (idemctl, or the Dedupe service's Resolve)", codeName(st.Code()), st.Message()),
-		map[string]string{"key": key}, 0)
-}
-
-// leaseKeeper renews one reservation until stop is called.
-type leaseKeeper struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-	// settling is set once the outcome is on its way: a renewal refused from
-	// then on is the settlement racing it, and the settlement's own answer
-	// says whether the attempt was fenced.
-	settling atomic.Bool
-}
-
-// stop ends the renewals and waits for them; it may be called more than once.
-func (k *leaseKeeper) stop() {
-	k.cancel()
-	<-k.done
-}
-
-// maxOutstandingRenewals bounds the renewals in flight at once: a renewal
-// that hangs must not stop the next one from being sent, and a dead store
-// must not collect an unbounded number of them.
-const maxOutstandingRenewals = 4
-
-// keepLease renews the reservation about every third of the lease, the
-// first time after first (at once when that is not positive), until
-// stopped. When a renewal fails, or hangs past the next tick, another one is
-// sent every tenth of the lease without waiting for it, so neither a flaky
-// store nor a hung connection costs a live holder its reservation while
-// some renewal can still get through. A renewal the service refuses means
-// the attempt was fenced: fenced is called and the renewals stop.
-func (g *Gate) keepLease(ctx context.Context, c call, epoch int64, first time.Duration, fenced func()) *leaseKeeper {
-	lease := c.method.policy.Lease
-	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	k := &leaseKeeper{cancel: cancel, done: make(chan struct{})}
-	req := &idemgatev1.HeartbeatRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch, Lease: durationpb.New(lease)}
-	go func() {
-		defer close(k.done)
-		var attempts sync.WaitGroup
-		defer attempts.Wait()
-		results := make(chan error, maxOutstandingRenewals)
-		outstanding := 0
-		timer := time.NewTimer(max(first, 0))
-		defer timer.Stop()
-		for {
-			select {
-			case <-kctx.Done():
-				return
-			case <-timer.C:
-				if outstanding < maxOutstandingRenewals {
-					outstanding++
-					attempts.Add(1)
-					go func() {
-						defer attempts.Done()
-						callCtx, cancelCall := context.WithTimeout(kctx, lease/2)
-						defer cancelCall()
-						_, err := g.dedupe.Heartbeat(callCtx, req)
-						results <- err
-					}()
-				}
-				// Until a renewal gets through, keep sending one a tick.
-				timer.Reset(lease / 10)
-			case err := <-results:
-				outstanding--
-				switch {
-				case err == nil:
-					timer.Reset(lease / 3)
-				case kctx.Err() != nil:
-					return
-				case status.Code(err) == codes.FailedPrecondition && k.settling.Load():
-					return
-				case status.Code(err) == codes.FailedPrecondition:
-					g.event(c, eventFenced)
-					g.opts.logger.WarnContext(ctx, "idemgate: the reservation was taken over or settled by another attempt (its lease ran out, or an operator resolved it); "+
-						"the handler's context is cancelled with ErrFenced and this attempt's outcome will be refused",
-						slog.String("scope", c.scope), slog.Int64("epoch", epoch))
-					fenced()
-					return
-				default:
-					g.event(c, eventHeartbeatFailure)
-					g.opts.logger.WarnContext(ctx, "idemgate: could not renew the reservation's lease; trying again soon", slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Any("error", err))
-				}
-			}
-		}
-	}()
-	return k
-}
-
-// release gives the reservation up after a handler error, so a retry runs;
-// with unknown set it marks the record outcome-unknown instead, because the
-// handler cannot tell whether its side effect happened.
-func (g *Gate) release(ctx context.Context, c call, epoch int64, unknown bool, lease *leaseKeeper) {
-	req := &idemgatev1.ReleaseRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch, OutcomeUnknown: unknown}
-	lost := "the handler failed, but its reservation could not be released"
-	if unknown {
-		lost = "the handler's outcome is unknown, but the record could not be marked so"
-		// A renewal that lands after the mark would turn the record back
-		// into a live reservation: no renewal may be under way when it goes.
-		lease.stop()
-	}
-	_ = g.settle(ctx, c, epoch, lease, settlement{
-		rpc: "Release",
-		call: func(ctx context.Context) error {
-			_, err := g.dedupe.Release(ctx, req)
-			return err
-		},
-		retryEvent: eventReleaseRetry,
-		failEvent:  eventReleaseFailure,
-		lost:       lost,
-	}, false)
-}
-
-// reasonDedupeOutcomeUnreadable is the Dedupe service's ErrorInfo reason
-// for a stored outcome sealed with a key it no longer has
-// (dedupesvc.ReasonOutcomeUnreadable).
-const reasonDedupeOutcomeUnreadable = "DEDUPE_OUTCOME_UNREADABLE"
-
-// reasonDedupeOutcomeTooLarge is the Dedupe service's ErrorInfo reason for
-// an outcome over its own size limit (dedupesvc.ReasonOutcomeTooLarge).
-const reasonDedupeOutcomeTooLarge = "DEDUPE_OUTCOME_TOO_LARGE"
-
-// finish stores the outcome of a handler that ran. An outcome over the
-// Dedupe service's limit, when that is below the Gate's, is replaced by the
-// same ResultTooLarge marker the Gate's own limit stores, so a duplicate
-// never runs the side effect again for want of a stored outcome.
-//
-// It reports whether the store refused the outcome at once because the
-// attempt had been fenced, so the caller must not get this attempt's
-// response.
-//
-// With afterReply it returns at once and stores the outcome in the
-// background (settle), reporting false.
-func (g *Gate) finish(ctx context.Context, c call, epoch int64, outcome *anypb.Any, lease *leaseKeeper, afterReply bool) (fenced bool) {
-	req := &idemgatev1.FinishRequest{Scope: c.scope, Key: c.key, AttemptToken: c.token, Epoch: epoch, Outcome: g.boundedOutcome(ctx, c, outcome, g.opts.maxOutcome)}
-	return g.settle(ctx, c, epoch, lease, settlement{
-		rpc: "Finish",
-		call: func(ctx context.Context) error {
-			// The record expires retention after the service stored it,
-			// so after this by the service's clock.
-			sent := time.Now()
-			_, err := g.dedupe.Finish(ctx, req)
-			if grpcerr.Reason(err) == reasonDedupeOutcomeTooLarge && req.GetOutcome().MessageName() != tooLargeName {
-				req.Outcome = g.boundedOutcome(ctx, c, outcome, 0)
-				_, err = g.dedupe.Finish(ctx, req)
-			}
-			if err == nil && g.replays != nil {
-				g.replays.put(c.scope, c.key, c.begin.GetFingerprint(), cachedOutcome{outcome: req.GetOutcome(), completedAt: sent, expiresAt: sent.Add(c.retention)})
-			}
-			return err
-		},
-		retryEvent: eventFinishRetry,
-		failEvent:  eventOutcomeLost,
-		lost:       "the side effect ran and the caller got its response, but the outcome could not be stored",
-	}, afterReply)
-}
-
-// settlement is one way to end a reservation: Finish or Release.
-type settlement struct {
-	// rpc names the Dedupe RPC, for logs.
-	rpc string
-	// call makes one attempt.
-	call func(context.Context) error
-	// retryEvent is counted for each attempt after the first; failEvent when
-	// the settlement is given up or rejected.
-	retryEvent, failEvent string
-	// lost says what a settlement given up leaves behind.
-	lost string
-}
-
-// settle ends the reservation and then stops renewing its lease. The first
-// attempt runs before the caller gets its answer, so a duplicate right after
-// it sees the result, and detached from the caller's context: a caller that
-// timed out after the side effect ran must still leave its outcome behind.
-// If the Dedupe service cannot take it, retries with backoff go on in the
-// background within the finish retry budget (Close waits for them), and the
-// lease is renewed all along: the reservation is still this attempt's, and a
-// duplicate must neither take it over (REEXECUTE) nor find it lost while the
-// store is briefly away.
-//
-// It reports whether that first attempt was refused because the attempt had
-// been fenced.
-//
-// With inBackground even the first attempt runs in the background
-// (FINISH_POLICY_AFTER_REPLY): settle returns at once, reporting false, and
-// the lease is renewed until the matter is settled or given up, exactly as
-// for the retries, so a duplicate meanwhile waits or is told the call is in
-// flight. Close waits for it too, and stops it when its context ends first.
-func (g *Gate) settle(ctx context.Context, c call, epoch int64, lease *leaseKeeper, s settlement, inBackground bool) (fenced bool) {
-	lease.settling.Store(true)
-	detached := context.WithoutCancel(ctx)
-	if !inBackground {
-		if settled, fenced := g.trySettle(detached, c, epoch, s); settled {
-			lease.stop()
-			return fenced
-		}
-	}
-	g.background.Add(1)
-	go func() {
-		defer g.background.Done()
-		defer lease.stop()
-		bctx, cancel := context.WithCancel(detached)
-		defer cancel()
-		defer context.AfterFunc(g.backgroundCtx, cancel)()
-		deadline := time.Now().Add(g.opts.finishBudget)
-		if inBackground {
-			if settled, _ := g.trySettle(bctx, c, epoch, s); settled {
-				return
-			}
-		}
-		backoff := 100 * time.Millisecond
-		for time.Now().Add(backoff).Before(deadline) {
-			if !sleep(bctx, backoff) {
-				g.giveUp(ctx, c, epoch, s, "the Gate was closed")
-				return
-			}
-			backoff = min(2*backoff, 5*time.Second)
-			g.event(c, s.retryEvent)
-			if settled, _ := g.trySettle(bctx, c, epoch, s); settled {
-				return
-			}
-		}
-		g.giveUp(ctx, c, epoch, s, "the retry budget ran out")
-	}()
-	return false
-}
-
-// giveUp counts and logs a settlement that will not be retried any more.
-func (g *Gate) giveUp(ctx context.Context, c call, epoch int64, s settlement, why string) {
-	g.event(c, s.failEvent)
-	g.opts.logger.ErrorContext(ctx, "idemgate: gave up ("+why+"): "+s.lost+"; the key goes down its on_lost_outcome path when the lease runs out",
-		slog.String("rpc", s.rpc), slog.String("scope", c.scope), slog.Int64("epoch", epoch), slog.Duration("budget", g.opts.finishBudget))
-}
-
-// sleep waits for d and reports true, or false when ctx ends first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
-// trySettle makes one attempt and reports whether the matter is settled:
-// done, or refused for good (fenced, or rejected), and whether it was
-// fenced.
-func (g *Gate) trySettle(ctx context.Context, c call, epoch int64, s settlement) (settled, fenced bool) {
-	callCtx, cancel := context.WithTimeout(ctx, g.opts.outcomeTimeout)
-	defer cancel()
-	err := s.call(callCtx)
-	switch status.Code(err) {
-	case codes.OK:
-		return true, false
-	case codes.FailedPrecondition:
-		g.event(c, eventFenced)
-		g.opts.logger.WarnContext(ctx, "idemgate: refused because the reservation had been taken over or settled by another attempt (its lease ran out, or an operator resolved it); what the other attempt did stands",
-			slog.String("rpc", s.rpc), slog.String("scope", c.scope), slog.Int64("epoch", epoch))
-		return true, true
-	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.ResourceExhausted:
-		g.event(c, s.failEvent)
-		g.opts.logger.ErrorContext(ctx, "idemgate: the Dedupe service rejected this: "+s.lost,
-			slog.String("rpc", s.rpc), slog.String("scope", c.scope), slog.Any("error", err))
-		return true, false
-	default:
-		g.opts.logger.WarnContext(ctx, "idemgate: the Dedupe service could not take this; retrying",
-			slog.String("rpc", s.rpc), slog.String("scope", c.scope), slog.Any("error", err))
-		return false, false
-	}
-}
-
-// refused reports whether a Begin error is the Dedupe service's definite
-// refusal, so no reservation can have been made.
-func refused(err error) bool {
-	switch status.Code(err) {
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied, codes.Unauthenticated, codes.Unimplemented, codes.OutOfRange,
-		codes.ResourceExhausted: // a quota refusal comes before the store reserves anything
-		return true
-	case codes.Internal:
-		return grpcerr.Reason(err) == reasonDedupeOutcomeUnreadable
-	}
-	return false
-}
-
-// followUpLostBegin runs after a Begin whose answer never arrived (the
-// Dedupe service crashed, the connection broke, the call's deadline fired):
-// the reservation may have been made, and the handler certainly did not run,
-// so it must not block the key. It re-sends the same Begin (the same attempt
-// token, so the service recognises the attempt and answers reserved again if
-// it holds the key) in the background until an answer arrives or the finish
-// retry budget runs out, and releases what it finds reserved.
-func (g *Gate) followUpLostBegin(ctx context.Context, c call) {
-	g.event(c, eventBeginLost)
-	select {
-	case g.lostBegins <- struct{}{}:
-	default:
-		g.opts.logger.WarnContext(ctx, "idemgate: too many lost Begins are being followed up; if this one made a reservation, it runs down its lease",
-			slog.String("scope", c.scope))
-		return
-	}
-	req := proto.CloneOf(c.begin)
-	req.MaxWait = durationpb.New(0)
-	g.background.Add(1)
-	go func() {
-		defer g.background.Done()
-		defer func() { <-g.lostBegins }()
-		bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		defer cancel()
-		defer context.AfterFunc(g.backgroundCtx, cancel)()
-		deadline := time.Now().Add(g.opts.finishBudget)
-		backoff := 50 * time.Millisecond
-		for {
-			callCtx, cancelCall := context.WithTimeout(bctx, g.opts.dedupeTimeout)
-			res, err := g.dedupe.Begin(callCtx, req)
-			cancelCall()
-			if err == nil {
-				if reserved := res.GetReserved(); reserved != nil {
-					lease := g.keepLease(bctx, c, reserved.GetEpoch(), 0, func() {})
-					g.release(bctx, c, reserved.GetEpoch(), false, lease)
-				}
-				return
-			}
-			if refused(err) || !time.Now().Add(backoff).Before(deadline) || !sleep(bctx, backoff) {
-				g.opts.logger.ErrorContext(ctx, "idemgate: could not follow up a Begin whose answer was lost; if it made a reservation, the key goes down its on_lost_outcome path when the lease runs out",
-					slog.String("scope", c.scope), slog.Any("error", err))
-				return
-			}
-			backoff = min(2*backoff, 5*time.Second)
-		}
-	}()
-}
-
-// boundedOutcome returns outcome, or the ResultTooLarge marker that takes its
-// place when it is over limit.
-func (g *Gate) boundedOutcome(ctx context.Context, c call, outcome *anypb.Any, limit int) *anypb.Any {
-	size := proto.Size(outcome)
-	if size <= limit {
-		return outcome
-	}
-	g.event(c, eventResultTooLarge)
-	g.opts.logger.WarnContext(ctx, "idemgate: the outcome is over the size limit (the Gate's, or the Dedupe service's when it is lower); the caller got it, duplicates will get IDEMPOTENCY_RESULT_TOO_LARGE",
-		slog.String("scope", c.scope), slog.Int("bytes", size), slog.Int("gate_limit", g.opts.maxOutcome))
-	marker, err := marshalAny(&idemgatev1.ResultTooLarge{SizeBytes: int64(size), TypeUrl: resultTypeURL(outcome)})
-	if err != nil {
-		return outcome // cannot happen for this message; the service will refuse the big one
-	}
-	return marker
 }
 
 // replay returns the stored outcome: the method's response, or the final
@@ -961,12 +495,8 @@ func (g *Gate) replay(ctx context.Context, m *gatedMethod, outcome *anypb.Any) (
 	if err != nil {
 		return nil, err, false
 	}
-	if outcome.MessageName() == tooLargeName {
-		marker := &idemgatev1.ResultTooLarge{}
-		_ = proto.Unmarshal(outcome.GetValue(), marker)
-		return nil, grpcerr.New(codes.FailedPrecondition, ReasonResultTooLarge,
-			fmt.Sprintf("this action already ran, but its outcome (%d bytes) was over the size limit and was not stored, so it cannot be replayed; the call was not run again", marker.GetSizeBytes()),
-			map[string]string{"size_bytes": strconv.FormatInt(marker.GetSizeBytes(), 10)}, 0), false
+	if err := gatecore.TooLarge(outcome); err != nil {
+		return nil, err, false
 	}
 	if outcome.MessageName() == statusName {
 		st := &spb.Status{}
@@ -999,62 +529,7 @@ func (g *Gate) markReplayed(ctx context.Context) {
 	}
 }
 
-var (
-	statusName   = (&spb.Status{}).ProtoReflect().Descriptor().FullName()
-	tooLargeName = (&idemgatev1.ResultTooLarge{}).ProtoReflect().Descriptor().FullName()
-)
-
-func marshalAny(m proto.Message) (*anypb.Any, error) {
-	outcome := &anypb.Any{}
-	err := anypb.MarshalFrom(outcome, m, proto.MarshalOptions{Deterministic: true})
-	return outcome, err
-}
-
-// beginError maps a failed Begin. The caller's own cancellation stays what it
-// is; a Dedupe service that is down or overloaded fails closed as
-// UNAVAILABLE; a Dedupe service that refused the request is a
-// misconfiguration, INTERNAL.
-func (g *Gate) beginError(ctx context.Context, err error) error {
-	if ctxErr := ctx.Err(); ctxErr != nil {
-		return status.FromContextError(ctxErr).Err()
-	}
-	switch status.Code(err) {
-	case codes.ResourceExhausted:
-		// A quota of this tool server at the Dedupe service: the store is
-		// fine, and retrying at once only spends the quota again.
-		retry, _ := grpcerr.RetryDelay(err)
-		return grpcerr.New(codes.ResourceExhausted, ReasonQuotaExceeded,
-			"this tool server is over its quota at the Dedupe service ("+status.Convert(err).Message()+"); the handler did not run",
-			map[string]string{"quota": quotaOf(err)}, retry)
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied, codes.Unauthenticated, codes.Unimplemented, codes.OutOfRange:
-		return grpcerr.New(codes.Internal, ReasonStoreRejected,
-			"the Dedupe service refused the reservation: "+status.Convert(err).Message()+"; the handler did not run", nil, 0)
-	case codes.Internal:
-		if grpcerr.Reason(err) == reasonDedupeOutcomeUnreadable {
-			// Retrying cannot help until an operator restores the key.
-			return grpcerr.New(codes.Internal, ReasonStoreRejected,
-				"the Dedupe service holds this action's outcome but cannot read it ("+status.Convert(err).Message()+"); the handler did not run, and will not until an operator restores the outcome key", nil, 0)
-		}
-		return grpcerr.New(codes.Unavailable, ReasonStoreUnavailable,
-			"the Dedupe service failed, so the call was not run (fail closed); retry with the same idempotency key",
-			nil, g.opts.storeRetry)
-	default:
-		return grpcerr.New(codes.Unavailable, ReasonStoreUnavailable,
-			"the Dedupe service is unavailable, so the call was not run (fail closed); retry with the same idempotency key",
-			nil, g.opts.storeRetry)
-	}
-}
-
-// quotaOf returns the quota a Dedupe service's RESOURCE_EXHAUSTED names in
-// its ErrorInfo metadata, or "" when it names none.
-func quotaOf(err error) string {
-	for _, d := range status.Convert(err).Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok {
-			return info.GetMetadata()["quota"]
-		}
-	}
-	return ""
-}
+var statusName = (&spb.Status{}).ProtoReflect().Descriptor().FullName()
 
 // derivedKeyPrefix starts every key derived from a keyless call's
 // fingerprint, so it never collides with a caller's key of the same text.

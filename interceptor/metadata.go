@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 )
 
@@ -105,7 +106,7 @@ func (r *metadataRecorder) wrap(result *anypb.Any, err error) (*anypb.Any, error
 	if len(header) == 0 && len(trailer) == 0 {
 		return result, nil
 	}
-	return marshalAny(&idemgatev1.StoredOutcome{Result: result, Header: header, Trailer: trailer})
+	return gatecore.MarshalAny(&idemgatev1.StoredOutcome{Result: result, Header: header, Trailer: trailer})
 }
 
 // metadataEntries returns the replayable keys of md, sorted, each with its

@@ -1,56 +1,59 @@
 package interceptor
 
+import "github.com/idemgate/idemgate/internal/gatecore"
+
 // ErrorInfo reasons of the errors the interceptor returns. They are stable:
 // callers may switch on them (grpcerr-style: status.FromError, then the
-// ErrorInfo detail).
+// ErrorInfo detail). They are the core's (internal/gatecore), so mcpgate's
+// refusals carry the same ones.
 const (
 	// ReasonKeyMissing: a gated method was called without the
 	// idempotency-key metadata. INVALID_ARGUMENT; send a key minted once per
 	// logical action.
-	ReasonKeyMissing = "IDEMPOTENCY_KEY_MISSING"
+	ReasonKeyMissing = gatecore.ReasonKeyMissing
 	// ReasonKeyInvalid: the key is empty, longer than 255 bytes, not
 	// printable ASCII, starts or ends with a space, or is sent twice with
 	// different values. INVALID_ARGUMENT.
-	ReasonKeyInvalid = "IDEMPOTENCY_KEY_INVALID"
+	ReasonKeyInvalid = gatecore.ReasonKeyInvalid
 	// ReasonKeyConflict: the idempotency-key metadata and the request's key
 	// field carry different keys. INVALID_ARGUMENT; send one, or the same in
 	// both.
-	ReasonKeyConflict = "IDEMPOTENCY_KEY_CONFLICT"
+	ReasonKeyConflict = gatecore.ReasonKeyConflict
 	// ReasonKeyReused: the key was first used with a different request.
 	// FAILED_PRECONDITION; the handler did not run. Use a new key for a new
 	// action.
-	ReasonKeyReused = "IDEMPOTENCY_KEY_REUSED"
+	ReasonKeyReused = gatecore.ReasonKeyReused
 	// ReasonInFlight: another call with the key is running now. ABORTED with
 	// RetryInfo; retry with the same key to get its outcome.
-	ReasonInFlight = "IDEMPOTENCY_IN_FLIGHT"
+	ReasonInFlight = gatecore.ReasonInFlight
 	// ReasonOutcomeUnknown: an earlier attempt with the key lost its lease
 	// before it stored an outcome (the tool server died or hung mid-call), so
 	// its side effect may or may not have happened, and the method's
 	// on_lost_outcome is FAIL_CLOSED. FAILED_PRECONDITION; nothing runs until
 	// an operator resolves the record or a Reconciler settles it.
-	ReasonOutcomeUnknown = "IDEMPOTENCY_OUTCOME_UNKNOWN"
+	ReasonOutcomeUnknown = gatecore.ReasonOutcomeUnknown
 	// ReasonResultTooLarge: the action already ran, but its outcome was over
 	// the size limit (WithMaxOutcomeBytes) and only a marker was stored.
 	// FAILED_PRECONDITION; the handler did not run again. The ErrorInfo
 	// metadata "size_bytes" gives the outcome's size.
-	ReasonResultTooLarge = "IDEMPOTENCY_RESULT_TOO_LARGE"
+	ReasonResultTooLarge = gatecore.ReasonResultTooLarge
 	// ReasonStoreUnavailable: the Dedupe service could not be reached or
 	// failed. UNAVAILABLE with RetryInfo; the handler did not run (fail
 	// closed), so retrying with the same key is safe.
-	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"
+	ReasonStoreUnavailable = gatecore.ReasonStoreUnavailable
 	// ReasonQuotaExceeded: the Dedupe service refused the reservation
 	// because this tool server (its caller) is over a quota: its rate of
 	// Begins, its stored records or its stored outcome bytes.
 	// RESOURCE_EXHAUSTED; the handler did not run. The ErrorInfo metadata
 	// "quota" names the quota; RetryInfo, when present, says when a retry
 	// with the same key may get through (the rate quota).
-	ReasonQuotaExceeded = "IDEMPOTENCY_QUOTA_EXCEEDED"
+	ReasonQuotaExceeded = gatecore.ReasonQuotaExceeded
 	// ReasonStoreRejected: the Dedupe service refused the interceptor's
 	// request (a misconfiguration, such as a tenant longer than the scope
 	// limit). INTERNAL; the handler did not run.
-	ReasonStoreRejected = "IDEMPOTENCY_STORE_REJECTED"
+	ReasonStoreRejected = gatecore.ReasonStoreRejected
 	// ReasonOutcomeTypeMismatch: the stored outcome is not of the method's
 	// response type (the method's response type changed within the
 	// retention). INTERNAL; the handler is not run again.
-	ReasonOutcomeTypeMismatch = "IDEMPOTENCY_OUTCOME_TYPE_MISMATCH"
+	ReasonOutcomeTypeMismatch = gatecore.ReasonOutcomeTypeMismatch
 )

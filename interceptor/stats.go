@@ -3,7 +3,6 @@ package interceptor
 import (
 	"errors"
 	"strings"
-	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -53,21 +52,6 @@ type Stats struct {
 	ReplayCacheMisses int64
 }
 
-// Event labels of idemgate_interceptor_events_total, one per Stats field.
-const (
-	eventFenced           = "fenced"
-	eventFinishRetry      = "finish_retry"
-	eventOutcomeLost      = "outcome_lost"
-	eventReleaseRetry     = "release_retry"
-	eventReleaseFailure   = "release_failure"
-	eventHeartbeatFailure = "heartbeat_failure"
-	eventReconciled       = "reconciled"
-	eventResultTooLarge   = "result_too_large"
-	eventBeginLost        = "begin_lost"
-	eventReplayCacheHit   = "replay_cache_hit"
-	eventReplayCacheMiss  = "replay_cache_miss"
-)
-
 // Outcome labels of idemgate_interceptor_calls_total that no error reason
 // names.
 const (
@@ -75,52 +59,21 @@ const (
 	outcomeReplayed = "replayed" // a stored outcome answered
 )
 
-type counters struct {
-	fenced, finishRetries, outcomesLost, releaseRetries, releaseFailures, heartbeatFailures, reconciled, tooLarge, lostBegins atomic.Int64
-	replayCacheHits, replayCacheMisses                                                                                        atomic.Int64
-}
-
-func (c *counters) of(event string) *atomic.Int64 {
-	switch event {
-	case eventFenced:
-		return &c.fenced
-	case eventFinishRetry:
-		return &c.finishRetries
-	case eventOutcomeLost:
-		return &c.outcomesLost
-	case eventReleaseRetry:
-		return &c.releaseRetries
-	case eventReleaseFailure:
-		return &c.releaseFailures
-	case eventHeartbeatFailure:
-		return &c.heartbeatFailures
-	case eventReconciled:
-		return &c.reconciled
-	case eventBeginLost:
-		return &c.lostBegins
-	case eventReplayCacheHit:
-		return &c.replayCacheHits
-	case eventReplayCacheMiss:
-		return &c.replayCacheMisses
-	default:
-		return &c.tooLarge
-	}
-}
-
 // Stats returns the counters since the Gate was built.
 func (g *Gate) Stats() Stats {
+	s := g.engine.Stats()
 	return Stats{
-		Fenced:            g.counts.fenced.Load(),
-		FinishRetries:     g.counts.finishRetries.Load(),
-		OutcomesLost:      g.counts.outcomesLost.Load(),
-		ReleaseRetries:    g.counts.releaseRetries.Load(),
-		ReleaseFailures:   g.counts.releaseFailures.Load(),
-		HeartbeatFailures: g.counts.heartbeatFailures.Load(),
-		Reconciled:        g.counts.reconciled.Load(),
-		TooLarge:          g.counts.tooLarge.Load(),
-		LostBegins:        g.counts.lostBegins.Load(),
-		ReplayCacheHits:   g.counts.replayCacheHits.Load(),
-		ReplayCacheMisses: g.counts.replayCacheMisses.Load(),
+		Fenced:            s.Fenced,
+		FinishRetries:     s.FinishRetries,
+		OutcomesLost:      s.OutcomesLost,
+		ReleaseRetries:    s.ReleaseRetries,
+		ReleaseFailures:   s.ReleaseFailures,
+		HeartbeatFailures: s.HeartbeatFailures,
+		Reconciled:        s.Reconciled,
+		TooLarge:          s.TooLarge,
+		LostBegins:        s.LostBegins,
+		ReplayCacheHits:   s.ReplayCacheHits,
+		ReplayCacheMisses: s.ReplayCacheMisses,
 	}
 }
 
@@ -186,11 +139,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// event counts something the caller does not see.
-func (g *Gate) event(c call, event string) {
-	g.counts.of(event).Add(1)
-	if g.metrics != nil {
-		g.metrics.events.WithLabelValues(c.fullMethod, event).Inc()
+// event counts in idemgate_interceptor_events_total an event the core
+// reports for method; m may be nil (no registerer).
+func (m *metrics) event(method, event string) {
+	if m != nil {
+		m.events.WithLabelValues(method, event).Inc()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,7 +14,7 @@ import (
 // idemgate_interceptor_calls_total; one missing from interceptorReasons
 // would be counted as "refused".
 func TestEveryReasonHasItsOwnLabel(t *testing.T) {
-	f, err := parser.ParseFile(token.NewFileSet(), "reasons.go", nil, 0)
+	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join("..", "internal", "gatecore", "reasons.go"), nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

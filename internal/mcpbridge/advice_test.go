@@ -16,7 +16,7 @@ import (
 // added to interceptor/reasons.go without advice here would reach agents as
 // an error with none.
 func TestEveryReasonHasAdvice(t *testing.T) {
-	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join("..", "..", "interceptor", "reasons.go"), nil, 0)
+	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join("..", "gatecore", "reasons.go"), nil, 0)
 	if err != nil {
 		t.Fatalf("%v (the gate's reasons moved? point this test at them)", err)
 	}

@@ -12,11 +12,9 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
@@ -24,6 +22,7 @@ import (
 
 	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/mcpwire"
 )
 
 // Config configures a bridge.
@@ -166,14 +165,9 @@ func New(cfg Config) (*mcp.Server, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	server := mcp.NewServer(&mcp.Implementation{Name: cfg.Name, Version: cfg.Version}, &mcp.ServerOptions{
-		Capabilities: &mcp.ServerCapabilities{
-			Tools: &mcp.ToolCapabilities{},
-			Experimental: map[string]any{
-				CapabilityName: map[string]any{"metaKey": MetaKey, "param": ParamKey},
-			},
-		},
+		Capabilities: mcpwire.Capabilities(),
 	})
-	server.AddReceivingMiddleware(advertiseIdempotency)
+	server.AddReceivingMiddleware(mcpwire.AdvertiseIdempotency)
 	f := &forwarder{conn: cfg.Conn, types: dynamicpb.NewTypes(cfg.Files), timeout: cfg.CallTimeout, logger: cfg.Logger}
 	for _, m := range methods {
 		server.AddTool(m.Tool, f.handler(m.Descriptor))
@@ -192,9 +186,9 @@ func (f *forwarder) handler(md protoreflect.MethodDescriptor) mcp.ToolHandler {
 	fullMethod := "/" + string(md.Parent().FullName()) + "/" + string(md.Name())
 	structured := objectJSON(md.Output())
 	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		key, hasKey, err := callKey(req.Params.GetMeta())
+		key, hasKey, err := mcpwire.CallKey(req.Params.GetMeta())
 		if err != nil {
-			return errorResult(err), nil
+			return mcpwire.ErrorResult(err), nil
 		}
 		in := dynamicpb.NewMessage(md.Input())
 		args := bytes.TrimSpace(req.Params.Arguments)
@@ -202,7 +196,7 @@ func (f *forwarder) handler(md protoreflect.MethodDescriptor) mcp.ToolHandler {
 			args = []byte("{}")
 		}
 		if err := (protojson.UnmarshalOptions{Resolver: f.types}).Unmarshal(args, in); err != nil {
-			return errorResult(grpcerr.New(codes.InvalidArgument, ReasonArgumentsInvalid,
+			return mcpwire.ErrorResult(grpcerr.New(codes.InvalidArgument, ReasonArgumentsInvalid,
 				"the arguments are not a valid "+string(md.Input().FullName())+": "+err.Error(), nil, 0)), nil
 		}
 		ctx, cancel := context.WithTimeout(ctx, f.timeout)
@@ -214,7 +208,7 @@ func (f *forwarder) handler(md protoreflect.MethodDescriptor) mcp.ToolHandler {
 		var header metadata.MD
 		if err := f.conn.Invoke(ctx, fullMethod, in, out, grpc.Header(&header)); err != nil {
 			f.logger.Info("tool call failed", slog.String("method", fullMethod), slog.Any("error", err))
-			return errorResult(err), nil
+			return mcpwire.ErrorResult(err), nil
 		}
 		js, err := (protojson.MarshalOptions{Resolver: f.types}).Marshal(out)
 		if err != nil {
@@ -243,144 +237,4 @@ func (f *forwarder) handler(md protoreflect.MethodDescriptor) mcp.ToolHandler {
 func headerTrue(md metadata.MD, name string) bool {
 	v := md.Get(name)
 	return len(v) > 0 && v[0] == "true"
-}
-
-// errorResult turns a gRPC error into a tool error result: the model reads
-// the text, a program reads _meta[MetaError].
-func errorResult(err error) *mcp.CallToolResult {
-	st := status.Convert(err)
-	e := map[string]any{
-		"code":    codeName(st.Code()),
-		"message": st.Message(),
-	}
-	var reason string
-	var retryAfter time.Duration
-	for _, d := range st.Details() {
-		switch d := d.(type) {
-		case *errdetails.ErrorInfo:
-			reason = d.GetReason()
-			e["reason"] = reason
-			e["domain"] = d.GetDomain()
-			if len(d.GetMetadata()) > 0 {
-				e["metadata"] = d.GetMetadata()
-			}
-		case *errdetails.RetryInfo:
-			retryAfter = d.GetRetryDelay().AsDuration()
-			e["retryAfterSeconds"] = retryAfter.Seconds()
-		}
-	}
-	text := codeName(st.Code())
-	if reason != "" {
-		text += " " + reason
-	}
-	text += ": " + st.Message()
-	if advice := Advice(reason, st.Code()); advice != "" {
-		e["advice"] = advice
-		text += " (" + advice
-		if retryAfter > 0 {
-			text += fmt.Sprintf(" after %s", retryAfter)
-		}
-		text += ")"
-	}
-	res := &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: text}}}
-	res.SetMeta(mcp.Meta{MetaError: e})
-	return res
-}
-
-// Advice values: what a caller does with an error, by its reason.
-const (
-	// AdviceRetrySameKey: retry the call with the same key (after the
-	// RetryInfo delay when there is one); it gets the action's outcome
-	// without running it twice.
-	AdviceRetrySameKey = "retry_same_key"
-	// AdviceNewAction: the key belongs to another action; this is a new
-	// action, mint a new key (or fix the key reuse in the orchestration).
-	AdviceNewAction = "new_key"
-	// AdviceFixRequest: the request is malformed (key missing or invalid,
-	// arguments invalid); fix it and call again.
-	AdviceFixRequest = "fix_request"
-	// AdviceEscalate: nothing a retry can fix (the outcome is unknown, the
-	// stored outcome cannot be returned); hand it to a human or the
-	// reconciliation process.
-	AdviceEscalate = "escalate"
-)
-
-// Advice returns what a caller does with an error of the reason (and code,
-// for errors without an idemgate reason): one of the Advice values, or ""
-// when the error is the tool's own.
-func Advice(reason string, code codes.Code) string {
-	switch reason {
-	case interceptor.ReasonInFlight, interceptor.ReasonStoreUnavailable, interceptor.ReasonQuotaExceeded:
-		return AdviceRetrySameKey
-	case interceptor.ReasonKeyReused:
-		return AdviceNewAction
-	case interceptor.ReasonKeyMissing, interceptor.ReasonKeyInvalid, interceptor.ReasonKeyConflict, ReasonArgumentsInvalid:
-		return AdviceFixRequest
-	case interceptor.ReasonOutcomeUnknown, interceptor.ReasonResultTooLarge, interceptor.ReasonStoreRejected, interceptor.ReasonOutcomeTypeMismatch:
-		return AdviceEscalate
-	}
-	if reason == "" && (code == codes.Unavailable || code == codes.DeadlineExceeded) {
-		// The tool server could not be reached or did not answer in time:
-		// a gated call may have run, and the same key finds out.
-		return AdviceRetrySameKey
-	}
-	return ""
-}
-
-// codeName is a code's canonical name, as in google.rpc.Code
-// ("FAILED_PRECONDITION", "CANCELLED").
-func codeName(c codes.Code) string {
-	if name, ok := codeNames[c]; ok {
-		return name
-	}
-	return c.String()
-}
-
-var codeNames = map[codes.Code]string{
-	codes.OK: "OK", codes.Canceled: "CANCELLED", codes.Unknown: "UNKNOWN",
-	codes.InvalidArgument: "INVALID_ARGUMENT", codes.DeadlineExceeded: "DEADLINE_EXCEEDED",
-	codes.NotFound: "NOT_FOUND", codes.AlreadyExists: "ALREADY_EXISTS",
-	codes.PermissionDenied: "PERMISSION_DENIED", codes.ResourceExhausted: "RESOURCE_EXHAUSTED",
-	codes.FailedPrecondition: "FAILED_PRECONDITION", codes.Aborted: "ABORTED",
-	codes.OutOfRange: "OUT_OF_RANGE", codes.Unimplemented: "UNIMPLEMENTED", codes.Internal: "INTERNAL",
-	codes.Unavailable: "UNAVAILABLE", codes.DataLoss: "DATA_LOSS", codes.Unauthenticated: "UNAUTHENTICATED",
-}
-
-// advertiseIdempotency adds SEP-3182's tools.idempotency capability to the
-// initialize result, which the SDK's typed capabilities have no field for.
-func advertiseIdempotency(next mcp.MethodHandler) mcp.MethodHandler {
-	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-		res, err := next(ctx, method, req)
-		if ir, ok := res.(*mcp.InitializeResult); ok && err == nil && method == "initialize" {
-			return initializeResult{ir}, nil
-		}
-		return res, err
-	}
-}
-
-// initializeResult is an InitializeResult that marshals with
-// capabilities.tools.idempotency.
-type initializeResult struct{ *mcp.InitializeResult }
-
-func (r initializeResult) MarshalJSON() ([]byte, error) {
-	b, err := json.Marshal(r.InitializeResult)
-	if err != nil {
-		return nil, err
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, err
-	}
-	caps, _ := m["capabilities"].(map[string]any)
-	if caps == nil {
-		caps = map[string]any{}
-		m["capabilities"] = caps
-	}
-	tools, _ := caps["tools"].(map[string]any)
-	if tools == nil {
-		tools = map[string]any{}
-		caps["tools"] = tools
-	}
-	tools["idempotency"] = map[string]any{}
-	return json.Marshal(m)
 }

@@ -1,252 +1,74 @@
 package mcpbridge
 
 import (
-	"bufio"
-	"bytes"
-	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/idemgate/idemgate/interceptor"
-	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/mcpwire"
 )
 
+// The wire names the bridge shares with every idemgate MCP server
+// (internal/mcpwire, mcpgate).
 const (
 	// MetaKey is the _meta member of a tools/call request that carries the
 	// idempotency key: the carrier every MCP client can set.
-	MetaKey = "io.idemgate/idempotency-key"
+	MetaKey = mcpwire.MetaKey
 	// MetaReplayed is the _meta member of a CallToolResult that says whether
 	// the result is the stored outcome of an earlier call with the key (true)
 	// or of this call (false). Set on every result of a successful call.
-	MetaReplayed = "io.idemgate/replayed"
+	MetaReplayed = mcpwire.MetaReplayed
 	// MetaKeyDerived is the _meta member set to true when the tool server
 	// deduplicated a keyless call on its fingerprint (keyless FINGERPRINT).
-	MetaKeyDerived = "io.idemgate/key-derived"
+	MetaKeyDerived = mcpwire.MetaKeyDerived
 	// MetaError is the _meta member of an error result: an object with the
 	// gRPC code name ("FAILED_PRECONDITION"), the ErrorInfo reason, domain and
 	// metadata, the message, and the RetryInfo delay as retryAfterSeconds
 	// when the tool server sent one.
-	MetaError = "io.idemgate/error"
+	MetaError = mcpwire.MetaError
 	// ParamKey is SEP-3182's tools/call parameter carrying the key (a
 	// proposal, not part of the MCP specification).
-	ParamKey = "idempotencyKey"
+	ParamKey = mcpwire.ParamKey
 	// CapabilityName is the experimental capability the bridge advertises:
 	// {"metaKey": MetaKey, "param": ParamKey}.
-	CapabilityName = "io.idemgate/idempotency"
-
-	// paramMetaKey is where KeyReader and HTTPMiddleware move SEP-3182's
-	// parameter, since the SDK drops unknown members of the params. A value a
-	// client sends under this name itself is overwritten or removed.
-	paramMetaKey = "io.idemgate/sep3182-idempotency-key"
-
-	// maxLiftBytes bounds the messages the key carriers parse; a longer one
-	// passes through unchanged (the SDK refuses it). The SDK's default.
-	maxLiftBytes = 16 << 20
+	CapabilityName = mcpwire.CapabilityName
+	// ReasonArgumentsInvalid is the ErrorInfo reason of a tool call whose
+	// arguments do not parse as the method's request message (protojson).
+	// INVALID_ARGUMENT; nothing was sent to the tool server. Fix the
+	// arguments.
+	ReasonArgumentsInvalid = mcpwire.ReasonArgumentsInvalid
 )
 
-// ReasonArgumentsInvalid is the ErrorInfo reason of a tool call whose
-// arguments do not parse as the method's request message (protojson).
-// INVALID_ARGUMENT; nothing was sent to the tool server. Fix the arguments.
-const ReasonArgumentsInvalid = "MCP_ARGUMENTS_INVALID"
+// Advice values: what a caller does with an error, by its reason (see
+// mcpwire).
+const (
+	// AdviceRetrySameKey: retry with the same key; it gets the action's
+	// outcome without running it twice.
+	AdviceRetrySameKey = mcpwire.AdviceRetrySameKey
+	// AdviceNewAction: the key belongs to another action: mint a new key.
+	AdviceNewAction = mcpwire.AdviceNewAction
+	// AdviceFixRequest: the request is malformed; fix it and call again.
+	AdviceFixRequest = mcpwire.AdviceFixRequest
+	// AdviceEscalate: nothing a retry can fix; hand it to a human.
+	AdviceEscalate = mcpwire.AdviceEscalate
+)
 
-// callKey returns the key of a tools/call from its _meta: MetaKey first,
-// then SEP-3182's parameter as moved there by the carriers. Both present and
-// different is IDEMPOTENCY_KEY_CONFLICT, a key that is not a string or not
-// printable ASCII IDEMPOTENCY_KEY_INVALID; the tool server checks the rest
-// (length, spaces) with the same reasons. "" with ok false: no key.
-func callKey(meta map[string]any) (key string, ok bool, err error) {
-	k1, ok1, err := metaString(meta, MetaKey)
-	if err != nil {
-		return "", false, err
-	}
-	k2, ok2, err := metaString(meta, paramMetaKey)
-	if err != nil {
-		return "", false, err
-	}
-	switch {
-	case ok1 && ok2 && k1 != k2:
-		return "", false, grpcerr.New(codes.InvalidArgument, interceptor.ReasonKeyConflict,
-			"_meta[\""+MetaKey+"\"] and the idempotencyKey parameter carry different keys; send one, or the same in both", nil, 0)
-	case ok1:
-		key, ok = k1, true
-	case ok2:
-		key, ok = k2, true
-	default:
-		return "", false, nil
-	}
-	for i := 0; i < len(key); i++ {
-		if key[i] < 0x20 || key[i] > 0x7e {
-			return "", false, grpcerr.New(codes.InvalidArgument, interceptor.ReasonKeyInvalid,
-				"the idempotency key must be 1 to 255 bytes of printable ASCII", nil, 0)
-		}
-	}
-	return key, true, nil
-}
-
-func metaString(meta map[string]any, name string) (string, bool, error) {
-	v, ok := meta[name]
-	if !ok || v == nil {
-		return "", false, nil
-	}
-	s, ok := v.(string)
-	if !ok {
-		return "", false, grpcerr.New(codes.InvalidArgument, interceptor.ReasonKeyInvalid,
-			"the idempotency key must be a JSON string", nil, 0)
-	}
-	return s, true, nil
-}
-
-// liftMessage moves SEP-3182's idempotencyKey parameter of a tools/call
-// request (or of each in a batch) into params._meta under paramMetaKey. Any
-// other message, and anything that does not parse, comes back unchanged.
-func liftMessage(msg []byte) []byte {
-	trimmed := bytes.TrimSpace(msg)
-	if len(trimmed) == 0 || len(trimmed) > maxLiftBytes || !bytes.Contains(trimmed, []byte(`tools/call`)) {
-		return msg
-	}
-	if trimmed[0] == '[' {
-		var batch []json.RawMessage
-		if json.Unmarshal(trimmed, &batch) != nil {
-			return msg
-		}
-		changed := false
-		for i, m := range batch {
-			if out, ok := liftRequest(m); ok {
-				batch[i], changed = out, true
-			}
-		}
-		if !changed {
-			return msg
-		}
-		out, err := json.Marshal(batch)
-		if err != nil {
-			return msg
-		}
-		return out
-	}
-	if out, ok := liftRequest(trimmed); ok {
-		return out
-	}
-	return msg
-}
-
-func liftRequest(msg []byte) ([]byte, bool) {
-	var req map[string]json.RawMessage
-	if json.Unmarshal(msg, &req) != nil {
-		return nil, false
-	}
-	var method string
-	if json.Unmarshal(req["method"], &method) != nil || method != "tools/call" {
-		return nil, false
-	}
-	var params map[string]json.RawMessage
-	if json.Unmarshal(req["params"], &params) != nil || params == nil {
-		return nil, false
-	}
-	var meta map[string]json.RawMessage
-	if raw, ok := params["_meta"]; ok && json.Unmarshal(raw, &meta) != nil {
-		return nil, false // not an object: the SDK refuses the request
-	}
-	key, hasKey := params[ParamKey]
-	if _, forged := meta[paramMetaKey]; !hasKey && !forged {
-		return nil, false
-	}
-	delete(params, ParamKey)
-	if meta == nil {
-		meta = map[string]json.RawMessage{}
-	}
-	delete(meta, paramMetaKey)
-	if hasKey {
-		meta[paramMetaKey] = key
-	}
-	var err error
-	if params["_meta"], err = json.Marshal(meta); err != nil {
-		return nil, false
-	}
-	if req["params"], err = json.Marshal(params); err != nil {
-		return nil, false
-	}
-	out, err := json.Marshal(req)
-	return out, err == nil
-}
+// Advice returns what a caller does with an error of the reason (and code,
+// for errors without an idemgate reason): one of the Advice values, or ""
+// when the error is the tool's own.
+func Advice(reason string, code codes.Code) string { return mcpwire.Advice(reason, code) }
 
 // KeyReader wraps the input of a newline-delimited JSON-RPC stream (an MCP
 // server's stdin) so that SEP-3182's idempotencyKey parameter of every
 // tools/call reaches the bridge: use it as the Reader of an mcp.IOTransport.
 // Every other message passes through unchanged.
-func KeyReader(r io.Reader) io.Reader {
-	return &keyReader{src: bufio.NewReaderSize(r, 64<<10)}
-}
-
-type keyReader struct {
-	src *bufio.Reader
-	buf []byte // the rewritten line not yet read
-	err error
-}
-
-func (k *keyReader) Read(p []byte) (int, error) {
-	for len(k.buf) == 0 {
-		if k.err != nil {
-			return 0, k.err
-		}
-		line, err := k.readLine()
-		k.err = err
-		if len(line) > 0 {
-			nl := len(line) > 0 && line[len(line)-1] == '\n'
-			k.buf = liftMessage(line)
-			if nl && (len(k.buf) == 0 || k.buf[len(k.buf)-1] != '\n') {
-				k.buf = append(k.buf, '\n')
-			}
-		}
-	}
-	n := copy(p, k.buf)
-	k.buf = k.buf[n:]
-	return n, nil
-}
-
-// readLine reads one line with its newline; a line longer than
-// maxLiftBytes is returned in pieces, which liftMessage leaves alone.
-func (k *keyReader) readLine() ([]byte, error) {
-	var line []byte
-	for {
-		chunk, err := k.src.ReadSlice('\n')
-		line = append(line, chunk...)
-		if errors.Is(err, bufio.ErrBufferFull) {
-			if len(line) > maxLiftBytes {
-				return line, nil
-			}
-			continue
-		}
-		return line, err
-	}
-}
+func KeyReader(r io.Reader) io.Reader { return mcpwire.KeyReader(r) }
 
 // HTTPMiddleware wraps a streamable HTTP MCP handler so that SEP-3182's
 // idempotencyKey parameter of a tools/call POSTed to it reaches the bridge.
 // It reads the body (at most 16 MiB, the SDK's default limit; a longer body
 // gets 413) and hands the handler the rewritten one.
-func HTTPMiddleware(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost || r.Body == nil {
-			next.ServeHTTP(w, r)
-			return
-		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxLiftBytes))
-		if err != nil {
-			var tooLarge *http.MaxBytesError
-			if errors.As(err, &tooLarge) {
-				http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
-				return
-			}
-			http.Error(w, "reading the request body: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		body = liftMessage(body)
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		r.ContentLength = int64(len(body))
-		next.ServeHTTP(w, r)
-	})
-}
+func HTTPMiddleware(next http.Handler) http.Handler { return mcpwire.HTTPMiddleware(next) }
+
+func codeName(c codes.Code) string { return mcpwire.CodeName(c) }

@@ -4,7 +4,9 @@
 // client (a Node script in node/, driven from Go), and the two agent
 // examples (examples/mcp-python-agent, stdlib only; examples/mcp-typescript-
 // agent, the TypeScript SDK). The fault tests put the bridge in front of the
-// chaos suite's tool server, killed or stalled after its side effect. Under
+// chaos suite's tool server, killed or stalled after its side effect. The
+// TypeScript SDK's client also runs the same script against the native Go
+// server gated by mcpgate (examples/mcp-server). Under
 // CI=true a missing node, npm package or python3 fails the test instead of
 // skipping it (.ci/run installs them; make npm-ci installs the packages).
 package mcptest

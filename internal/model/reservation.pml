@@ -144,7 +144,7 @@ inline begin(me, res) {
 	fi
 }
 
-/* Heartbeat: interceptor keepLease → pgstore heartbeatSQL (revives its own 'unknown'). */
+/* Heartbeat: gatecore keepLease → pgstore heartbeatSQL (revives its own 'unknown'). */
 inline heartbeat(me) {
 	if
 	:: !up -> skip  /* failed renewal: keepLease retries every tenth of the lease */
@@ -189,7 +189,7 @@ inline release(me, unknown, res) {
 	      if :: ran[me] && !stored[me] -> failures++ :: else -> skip fi }; goto dead \
 	   :: true -> skip fi
 
-/* Settle: interceptor settle/trySettle; the lease is renewed until it returns. */
+/* Settle: gatecore settle/trySettle; the lease is renewed until it returns. */
 inline settle_finish(me) {
 	do
 	:: atomic { finish(me, r); LOSE_REPLY(r, ERR) };
@@ -217,7 +217,7 @@ proctype Attempt(byte me) {
 	mtype a, r;
 	bool retryable, retried;
 	mayrun[me] = true;
-	/* Gate.gate: g.dedupe.Begin. From the answer on, the attempt is bound by T1 (keepLease
+	/* Gate.gate: gatecore Engine.Begin. From the answer on, the attempt is bound by T1 (keepLease
 	 * starts) or, when the answer is lost, by T2 (the follow-up re-sends). */
 gate:
 	atomic { begin(me, a); LOSE_REPLY(a, A_ERR); keeping[me] = (a == A_RESERVED); pending[me] = (a == A_ERR) };
@@ -248,7 +248,7 @@ gate:
 	:: a == A_RESERVED -> skip
 	fi;
 
-	/* Gate.run: keepLease from Begin until settled; the handler on a detached context. */
+	/* Gate.run: gatecore Start and keepLease from Begin until settled; the handler on a detached context. */
 	started[me] = true;
 	CRASHPOINT(me);
 	if

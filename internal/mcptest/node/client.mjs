@@ -6,15 +6,18 @@
 //   node client.mjs stdio <bridge binary> <bridge flags...>
 //   node client.mjs http <endpoint URL>
 //
-// Each run uses its own keys and customer, given by MCPTEST_RUN.
+// Each run uses its own keys and customer, given by MCPTEST_RUN. The tools
+// are the bridge's payments tools unless MCPTEST_CHARGE_TOOL and
+// MCPTEST_BALANCE_TOOL name others with the same arguments (the native
+// mcpgate example server's).
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 
 const [mode, ...rest] = process.argv.slice(2);
 const run = process.env.MCPTEST_RUN ?? "ts";
-const charge = "examples.payments.v1.PaymentsService.ChargeCard";
-const balance = "examples.payments.v1.PaymentsService.GetBalance";
+const charge = process.env.MCPTEST_CHARGE_TOOL ?? "examples.payments.v1.PaymentsService.ChargeCard";
+const balance = process.env.MCPTEST_BALANCE_TOOL ?? "examples.payments.v1.PaymentsService.GetBalance";
 const metaKey = "io.idemgate/idempotency-key";
 
 let transport;

@@ -1,4 +1,4 @@
-package interceptor
+package gatecore
 
 import (
 	"testing"
@@ -12,9 +12,9 @@ type fakeClock struct{ t time.Time }
 
 func (c *fakeClock) now() time.Time { return c.t }
 
-func newTestCache(entries, bytes int, ttl time.Duration) (*replayCache, *fakeClock) {
+func newTestCache(entries, bytes int, ttl time.Duration) (*ReplayCache, *fakeClock) {
 	clock := &fakeClock{t: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
-	c := newReplayCache(entries, bytes, ttl)
+	c := NewReplayCache(entries, bytes, ttl)
 	c.now = clock.now
 	return c, clock
 }
@@ -31,21 +31,21 @@ func outcomeOf(n int) *anypb.Any {
 func TestReplayCacheEvictsLeastRecentlyUsedByEntries(t *testing.T) {
 	c, clock := newTestCache(2, 1<<20, time.Minute)
 	far := clock.t.Add(time.Hour)
-	c.put("s", "a", fp1, cachedOutcome{outcome: outcomeOf(1), expiresAt: far})
-	c.put("s", "b", fp1, cachedOutcome{outcome: outcomeOf(1), expiresAt: far})
-	if _, ok := c.get("s", "a", fp1); !ok { // a is now the most recently used
+	c.Put("s", "a", fp1, Stored{Outcome: outcomeOf(1), ExpiresAt: far})
+	c.Put("s", "b", fp1, Stored{Outcome: outcomeOf(1), ExpiresAt: far})
+	if _, ok := c.Get("s", "a", fp1); !ok { // a is now the most recently used
 		t.Fatal("a missing")
 	}
-	c.put("s", "c", fp1, cachedOutcome{outcome: outcomeOf(1), expiresAt: far})
-	if _, ok := c.get("s", "b", fp1); ok {
+	c.Put("s", "c", fp1, Stored{Outcome: outcomeOf(1), ExpiresAt: far})
+	if _, ok := c.Get("s", "b", fp1); ok {
 		t.Error("b, the least recently used, was not evicted")
 	}
 	for _, k := range []string{"a", "c"} {
-		if _, ok := c.get("s", k, fp1); !ok {
+		if _, ok := c.Get("s", k, fp1); !ok {
 			t.Errorf("%s was evicted", k)
 		}
 	}
-	if n, _ := c.len(); n != 2 {
+	if n, _ := c.Len(); n != 2 {
 		t.Errorf("%d entries, want 2", n)
 	}
 }
@@ -55,19 +55,19 @@ func TestReplayCacheEvictsByBytes(t *testing.T) {
 	c, clock := newTestCache(100, 2*(replayEntryOverhead+value+100), time.Minute)
 	far := clock.t.Add(time.Hour)
 	for _, k := range []string{"a", "b", "c"} {
-		c.put("s", k, fp1, cachedOutcome{outcome: outcomeOf(value), expiresAt: far})
+		c.Put("s", k, fp1, Stored{Outcome: outcomeOf(value), ExpiresAt: far})
 	}
-	if n, size := c.len(); n != 2 || size > c.maxBytes {
+	if n, size := c.Len(); n != 2 || size > c.maxBytes {
 		t.Fatalf("%d entries of %d bytes, want 2 within %d", n, size, c.maxBytes)
 	}
-	if _, ok := c.get("s", "a", fp1); ok {
+	if _, ok := c.Get("s", "a", fp1); ok {
 		t.Error("the oldest entry was not evicted")
 	}
-	c.put("s", "huge", fp1, cachedOutcome{outcome: outcomeOf(c.maxBytes), expiresAt: far})
-	if _, ok := c.get("s", "huge", fp1); ok {
+	c.Put("s", "huge", fp1, Stored{Outcome: outcomeOf(c.maxBytes), ExpiresAt: far})
+	if _, ok := c.Get("s", "huge", fp1); ok {
 		t.Error("an outcome over maxBytes was cached")
 	}
-	if n, _ := c.len(); n != 2 {
+	if n, _ := c.Len(); n != 2 {
 		t.Errorf("an outcome too large to cache evicted others: %d entries left", n)
 	}
 }
@@ -75,50 +75,50 @@ func TestReplayCacheEvictsByBytes(t *testing.T) {
 func TestReplayCacheHonoursExpiry(t *testing.T) {
 	c, clock := newTestCache(10, 1<<20, time.Minute)
 	// The record expires in 30s: served until 30s less the margin.
-	c.put("s", "record", fp1, cachedOutcome{outcome: outcomeOf(1), expiresAt: clock.t.Add(30 * time.Second)})
+	c.Put("s", "record", fp1, Stored{Outcome: outcomeOf(1), ExpiresAt: clock.t.Add(30 * time.Second)})
 	// The record outlives the TTL: served for the TTL.
-	c.put("s", "ttl", fp1, cachedOutcome{outcome: outcomeOf(1), expiresAt: clock.t.Add(time.Hour)})
+	c.Put("s", "ttl", fp1, Stored{Outcome: outcomeOf(1), ExpiresAt: clock.t.Add(time.Hour)})
 	// The record expires within the margin: never cached.
-	c.put("s", "soon", fp1, cachedOutcome{outcome: outcomeOf(1), expiresAt: clock.t.Add(ReplayCacheClockMargin)})
+	c.Put("s", "soon", fp1, Stored{Outcome: outcomeOf(1), ExpiresAt: clock.t.Add(ReplayCacheClockMargin)})
 
-	if _, ok := c.get("s", "soon", fp1); ok {
+	if _, ok := c.Get("s", "soon", fp1); ok {
 		t.Error("an outcome whose record expires within the clock margin was cached")
 	}
 	clock.t = clock.t.Add(30*time.Second - ReplayCacheClockMargin - time.Nanosecond)
-	if _, ok := c.get("s", "record", fp1); !ok {
+	if _, ok := c.Get("s", "record", fp1); !ok {
 		t.Error("missing before its record's expiry less the margin")
 	}
 	clock.t = clock.t.Add(time.Nanosecond)
-	if _, ok := c.get("s", "record", fp1); ok {
+	if _, ok := c.Get("s", "record", fp1); ok {
 		t.Error("served at its record's expiry less the margin")
 	}
 	clock.t = clock.t.Add(time.Minute)
-	if _, ok := c.get("s", "ttl", fp1); ok {
+	if _, ok := c.Get("s", "ttl", fp1); ok {
 		t.Error("served past the TTL")
 	}
-	if n, _ := c.len(); n != 0 {
+	if n, _ := c.Len(); n != 0 {
 		t.Errorf("%d expired entries kept", n)
 	}
 }
 
 func TestReplayCacheMatchesTheFingerprint(t *testing.T) {
 	c, clock := newTestCache(10, 1<<20, time.Minute)
-	c.put("s", "k", fp1, cachedOutcome{outcome: outcomeOf(1), expiresAt: clock.t.Add(time.Hour)})
-	if _, ok := c.get("s", "k", fp2); ok {
+	c.Put("s", "k", fp1, Stored{Outcome: outcomeOf(1), ExpiresAt: clock.t.Add(time.Hour)})
+	if _, ok := c.Get("s", "k", fp2); ok {
 		t.Error("served to a request with another fingerprint")
 	}
-	if _, ok := c.get("other", "k", fp1); ok {
+	if _, ok := c.Get("other", "k", fp1); ok {
 		t.Error("served in another scope")
 	}
-	if _, ok := c.get("s", "k", fp1); !ok {
+	if _, ok := c.Get("s", "k", fp1); !ok {
 		t.Error("a mismatch evicted the entry")
 	}
 }
 
 func TestReplayCacheOffUnlessBounded(t *testing.T) {
 	for _, bounds := range [][2]int{{0, 1 << 20}, {10, 0}} {
-		if c := newReplayCache(bounds[0], bounds[1], time.Minute); c != nil {
-			t.Errorf("newReplayCache(%d, %d) is on", bounds[0], bounds[1])
+		if c := NewReplayCache(bounds[0], bounds[1], time.Minute); c != nil {
+			t.Errorf("NewReplayCache(%d, %d) is on", bounds[0], bounds[1])
 		}
 	}
 }

@@ -1,0 +1,192 @@
+// Command mcp-server is an MCP server written natively with the official Go
+// SDK whose tools are gated by mcpgate: charge_card runs once per
+// idempotency key and replays its result to every retry; get_balance is
+// read-only and never gated.
+//
+//	go run ./examples/mcp-server -dedupe 127.0.0.1:50051 -listen 127.0.0.1:8081   # make run first
+//	go run ./examples/mcp-server -data-dir /tmp/mcp-dedupe                         # stdio, embedded store in process
+//
+// Without -listen it speaks MCP over stdio; with it, streamable HTTP at /mcp.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/dedupesvc/auth"
+	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/mcpgate"
+)
+
+func main() {
+	dedupeAddr := flag.String("dedupe", "127.0.0.1:50051", "gRPC `address` of the Dedupe service (plaintext, loopback)")
+	dedupeToken := flag.String("dedupe-token", os.Getenv("IDEMGATE_DEDUPE_TOKEN"), "bearer `token` for the Dedupe service (env IDEMGATE_DEDUPE_TOKEN)")
+	dataDir := flag.String("data-dir", "", "run a Dedupe service in this process on the embedded store in this `directory`, instead of -dedupe")
+	listen := flag.String("listen", "", "serve streamable HTTP on this `address` at /mcp; default: stdio")
+	flag.Parse()
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := run(*dedupeAddr, *dedupeToken, *dataDir, *listen, logger); err != nil {
+		logger.Error("mcp-server failed", slog.Any("error", err))
+		os.Exit(1)
+	}
+}
+
+func run(dedupeAddr, dedupeToken, dataDir, listen string, logger *slog.Logger) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	var dedupe idemgatev1.DedupeServiceClient
+	if dataDir != "" {
+		store, err := sqlitestore.Open(ctx, dataDir)
+		if err != nil {
+			return err
+		}
+		defer store.Close()
+		dedupe = dedupesvc.NewInProcessClient(dedupesvc.NewServer(store, dedupesvc.WithNotifier(store), dedupesvc.WithLogger(logger)))
+	} else {
+		dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig)}
+		if dedupeToken != "" {
+			dial = append(dial, grpc.WithPerRPCCredentials(auth.BearerToken(dedupeToken, true)))
+		}
+		conn, err := grpc.NewClient(dedupeAddr, dial...)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		dedupe = idemgatev1.NewDedupeServiceClient(conn)
+	}
+
+	server := newServer(&ledger{})
+	// Strict: every tool must be annotated or named, so none is gated or
+	// left ungated by accident.
+	gate, err := mcpgate.New(ctx, dedupe, server, mcpgate.WithStrict(), mcpgate.WithLogger(logger))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		closing, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = gate.Close(closing) // outcomes still being stored
+	}()
+
+	if listen == "" {
+		logger.Info("serving MCP on stdio")
+		err := server.Run(ctx, &mcp.IOTransport{Reader: readCloser{mcpgate.KeyReader(os.Stdin), os.Stdin}, Writer: os.Stdout})
+		if errors.Is(err, context.Canceled) {
+			return nil
+		}
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", mcpgate.HTTPMiddleware(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil)))
+	lis, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	logger.Info("serving MCP over streamable HTTP", slog.String("address", "http://"+lis.Addr().String()+"/mcp"))
+	if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// ledger counts every side effect, so a retried charge that ran twice shows.
+type ledger struct {
+	mu      sync.Mutex
+	charges map[string]int64 // customer -> charges
+	n       int
+}
+
+type chargeIn struct {
+	CustomerID  string `json:"customerId" jsonschema:"the customer to charge"`
+	AmountCents int64  `json:"amountCents" jsonschema:"the amount, in cents"`
+	OrderID     string `json:"orderId,omitempty" jsonschema:"the order; also the idempotency key when _meta carries none"`
+	Note        string `json:"note,omitempty" jsonschema:"free text, not part of the action (left out of the fingerprint)"`
+}
+
+type chargeOut struct {
+	ChargeID    string `json:"chargeId"`
+	CustomerID  string `json:"customerId"`
+	AmountCents int64  `json:"amountCents"`
+}
+
+type balanceIn struct {
+	CustomerID string `json:"customerId"`
+}
+
+type balanceOut struct {
+	CustomerID string `json:"customerId"`
+	Charges    int64  `json:"charges"`
+}
+
+func newServer(l *ledger) *mcp.Server {
+	server := mcp.NewServer(&mcp.Implementation{Name: "payments-mcp", Version: "1"}, nil)
+	schema, err := jsonschema.For[chargeIn](nil)
+	if err != nil {
+		panic(err)
+	}
+	// The order id carries the key, and the note is not part of the action.
+	schema.Properties["orderId"].Extra = map[string]any{mcpgate.SchemaKey: true}
+	schema.Properties["note"].Extra = map[string]any{mcpgate.SchemaExclude: true}
+	destructive := true
+	mcp.AddTool(server, &mcp.Tool{
+		Name:        "charge_card",
+		Description: "Charges a card. Runs once per idempotency key: send it in _meta[\"" + mcpgate.MetaKey + "\"] (the tool-call id), reused on every retry.",
+		InputSchema: schema,
+		// Not read-only, not idempotent by itself: gated.
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: &destructive},
+	}, func(ctx context.Context, _ *mcp.CallToolRequest, in chargeIn) (*mcp.CallToolResult, chargeOut, error) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.charges == nil {
+			l.charges = map[string]int64{}
+		}
+		l.n++
+		l.charges[in.CustomerID]++
+		return nil, chargeOut{ChargeID: fmt.Sprintf("ch_%06d", l.n), CustomerID: in.CustomerID, AmountCents: in.AmountCents}, nil
+	})
+	mcp.AddTool(server, &mcp.Tool{
+		Name:        "get_balance",
+		Description: "Reads how often a customer was charged. Read-only: needs no key.",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
+	}, func(_ context.Context, _ *mcp.CallToolRequest, in balanceIn) (*mcp.CallToolResult, balanceOut, error) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return nil, balanceOut{CustomerID: in.CustomerID, Charges: l.charges[in.CustomerID]}, nil
+	})
+	return server
+}
+
+// readCloser closes stdin when the SDK closes the connection.
+type readCloser struct {
+	r interface{ Read([]byte) (int, error) }
+	c interface{ Close() error }
+}
+
+func (r readCloser) Read(p []byte) (int, error) { return r.r.Read(p) }
+func (r readCloser) Close() error               { return r.c.Close() }

@@ -1,0 +1,399 @@
+package gatecore
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/grpcerr"
+)
+
+// Attempt is a reservation whose handler runs: its lease is renewed from
+// Start until Finish or Release, with no gap in between.
+type Attempt struct {
+	e     *Engine
+	c     *Call
+	epoch int64
+	// ctx is the caller's context, for logs and values; hctx the handler's.
+	ctx, hctx context.Context
+	cancel    func()
+	lease     *leaseKeeper
+}
+
+// Start begins running a reservation Begin made. The handler's context
+// (Context) keeps ctx's values but not its cancellation or deadline: a
+// caller that gave up after the side effect started must find its outcome
+// stored when it retries, not a second run. It ends with
+// ErrExecutionTimeout after the policy's execution timeout, and with
+// ErrFenced when the attempt loses its reservation.
+func (e *Engine) Start(ctx context.Context, c *Call, b Begun) *Attempt {
+	hctx, cancelExecution := context.WithTimeoutCause(context.WithoutCancel(ctx), c.Policy.ExecutionTimeout, ErrExecutionTimeout)
+	hctx, fence := context.WithCancelCause(hctx)
+	a := &Attempt{e: e, c: c, epoch: b.Epoch, ctx: ctx, hctx: hctx,
+		cancel: func() { fence(nil); cancelExecution() }}
+	a.lease = e.keepLease(ctx, c, b.Epoch, c.Policy.Lease/3-b.BeginTook, func() { fence(ErrFenced) })
+	return a
+}
+
+// Context is the handler's context.
+func (a *Attempt) Context() context.Context { return a.hctx }
+
+// Epoch is the reservation's epoch.
+func (a *Attempt) Epoch() int64 { return a.epoch }
+
+// Lost stops the renewals of an attempt whose outcome will never be stored
+// (the handler panicked, its answer cannot be serialized): the record goes
+// down its on_lost_outcome path when the lease runs out.
+func (a *Attempt) Lost(why string, attrs ...slog.Attr) {
+	a.lease.stop()
+	a.cancel()
+	a.e.Event(a.c, EventOutcomeLost)
+	a.e.opts.Logger.LogAttrs(a.ctx, slog.LevelError, "idemgate: "+why+"; its outcome is lost, not released, so the key will not silently run again",
+		append([]slog.Attr{slog.String("scope", a.c.Scope), slog.Int64("epoch", a.epoch)}, attrs...)...)
+}
+
+// Abandon stops the renewals without storing anything and without counting
+// a lost outcome (the answer cannot be stored and the front end says why).
+func (a *Attempt) Abandon() {
+	a.lease.stop()
+	a.cancel()
+}
+
+// Fenced reports whether the attempt lost its reservation while it ran.
+func (a *Attempt) Fenced() bool { return errors.Is(context.Cause(a.hctx), ErrFenced) }
+
+// Finish stores the outcome of a handler that ran. An outcome over the size
+// limit (the Engine's, or the Dedupe service's when it is lower) is replaced
+// by a ResultTooLarge marker, so a duplicate never runs the side effect again
+// for want of a stored outcome. It reports whether the store refused the
+// outcome at once because the attempt had been fenced: its caller must then
+// get AnswerFenced, not this attempt's answer.
+//
+// With afterReply it returns at once, reporting false, and stores the
+// outcome in the background (FINISH_POLICY_AFTER_REPLY), the lease renewed
+// until it is stored or given up; Close waits for it.
+func (a *Attempt) Finish(outcome *anypb.Any, afterReply bool) (fenced bool) {
+	defer a.cancel()
+	e, c := a.e, a.c
+	req := &idemgatev1.FinishRequest{Scope: c.Scope, Key: c.Key, AttemptToken: c.Token, Epoch: a.epoch, Outcome: e.boundedOutcome(a.ctx, c, outcome, e.opts.MaxOutcome)}
+	return e.settle(a.ctx, c, a.epoch, a.lease, settlement{
+		rpc: "Finish",
+		call: func(ctx context.Context) error {
+			// The record expires retention after the service stored it,
+			// so after this by the service's clock.
+			sent := time.Now()
+			_, err := e.dedupe.Finish(ctx, req)
+			if grpcerr.Reason(err) == reasonDedupeOutcomeTooLarge && req.GetOutcome().MessageName() != TooLargeName {
+				req.Outcome = e.boundedOutcome(ctx, c, outcome, 0)
+				_, err = e.dedupe.Finish(ctx, req)
+			}
+			if err == nil && c.Stored != nil {
+				c.Stored(req.GetOutcome(), sent)
+			}
+			return err
+		},
+		retryEvent: EventFinishRetry,
+		failEvent:  EventOutcomeLost,
+		lost:       "the side effect ran and the caller got its response, but the outcome could not be stored",
+	}, afterReply)
+}
+
+// Release gives the reservation up after a handler error, so a retry runs;
+// with unknown set it marks the record outcome-unknown instead, because the
+// handler cannot tell whether its side effect happened.
+func (a *Attempt) Release(unknown bool) {
+	defer a.cancel()
+	a.e.release(a.ctx, a.c, a.epoch, unknown, a.lease)
+}
+
+// boundedOutcome returns outcome, or the ResultTooLarge marker that takes its
+// place when it is over limit.
+func (e *Engine) boundedOutcome(ctx context.Context, c *Call, outcome *anypb.Any, limit int) *anypb.Any {
+	size := proto.Size(outcome)
+	if size <= limit {
+		return outcome
+	}
+	e.Event(c, EventResultTooLarge)
+	e.opts.Logger.WarnContext(ctx, "idemgate: the outcome is over the size limit (the Gate's, or the Dedupe service's when it is lower); the caller got it, duplicates will get IDEMPOTENCY_RESULT_TOO_LARGE",
+		slog.String("scope", c.Scope), slog.Int("bytes", size), slog.Int("gate_limit", e.opts.MaxOutcome))
+	marker, err := MarshalAny(&idemgatev1.ResultTooLarge{SizeBytes: int64(size), TypeUrl: e.opts.TypeURLOf(outcome)})
+	if err != nil {
+		return outcome // cannot happen for this message; the service will refuse the big one
+	}
+	return marker
+}
+
+// leaseKeeper renews one reservation until stop is called.
+type leaseKeeper struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	// settling is set once the outcome is on its way: a renewal refused from
+	// then on is the settlement racing it, and the settlement's own answer
+	// says whether the attempt was fenced.
+	settling atomic.Bool
+}
+
+// stop ends the renewals and waits for them; it may be called more than once.
+func (k *leaseKeeper) stop() {
+	k.cancel()
+	<-k.done
+}
+
+// maxOutstandingRenewals bounds the renewals in flight at once: a renewal
+// that hangs must not stop the next one from being sent, and a dead store
+// must not collect an unbounded number of them.
+const maxOutstandingRenewals = 4
+
+// keepLease renews the reservation about every third of the lease, the
+// first time after first (at once when that is not positive), until
+// stopped. When a renewal fails, or hangs past the next tick, another one is
+// sent every tenth of the lease without waiting for it, so neither a flaky
+// store nor a hung connection costs a live holder its reservation while
+// some renewal can still get through. A renewal the service refuses means
+// the attempt was fenced: fenced is called and the renewals stop.
+func (e *Engine) keepLease(ctx context.Context, c *Call, epoch int64, first time.Duration, fenced func()) *leaseKeeper {
+	lease := c.Policy.Lease
+	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	k := &leaseKeeper{cancel: cancel, done: make(chan struct{})}
+	req := &idemgatev1.HeartbeatRequest{Scope: c.Scope, Key: c.Key, AttemptToken: c.Token, Epoch: epoch, Lease: durationpb.New(lease)}
+	go func() {
+		defer close(k.done)
+		var attempts sync.WaitGroup
+		defer attempts.Wait()
+		results := make(chan error, maxOutstandingRenewals)
+		outstanding := 0
+		timer := time.NewTimer(max(first, 0))
+		defer timer.Stop()
+		for {
+			select {
+			case <-kctx.Done():
+				return
+			case <-timer.C:
+				if outstanding < maxOutstandingRenewals {
+					outstanding++
+					attempts.Add(1)
+					go func() {
+						defer attempts.Done()
+						callCtx, cancelCall := context.WithTimeout(kctx, lease/2)
+						defer cancelCall()
+						_, err := e.dedupe.Heartbeat(callCtx, req)
+						results <- err
+					}()
+				}
+				// Until a renewal gets through, keep sending one a tick.
+				timer.Reset(lease / 10)
+			case err := <-results:
+				outstanding--
+				switch {
+				case err == nil:
+					timer.Reset(lease / 3)
+				case kctx.Err() != nil:
+					return
+				case status.Code(err) == codes.FailedPrecondition && k.settling.Load():
+					return
+				case status.Code(err) == codes.FailedPrecondition:
+					e.Event(c, EventFenced)
+					e.opts.Logger.WarnContext(ctx, "idemgate: the reservation was taken over or settled by another attempt (its lease ran out, or an operator resolved it); "+
+						"the handler's context is cancelled with ErrFenced and this attempt's outcome will be refused",
+						slog.String("scope", c.Scope), slog.Int64("epoch", epoch))
+					fenced()
+					return
+				default:
+					e.Event(c, EventHeartbeatFailure)
+					e.opts.Logger.WarnContext(ctx, "idemgate: could not renew the reservation's lease; trying again soon", slog.String("scope", c.Scope), slog.Int64("epoch", epoch), slog.Any("error", err))
+				}
+			}
+		}
+	}()
+	return k
+}
+
+// release gives the reservation up, or marks it outcome-unknown.
+func (e *Engine) release(ctx context.Context, c *Call, epoch int64, unknown bool, lease *leaseKeeper) {
+	req := &idemgatev1.ReleaseRequest{Scope: c.Scope, Key: c.Key, AttemptToken: c.Token, Epoch: epoch, OutcomeUnknown: unknown}
+	lost := "the handler failed, but its reservation could not be released"
+	if unknown {
+		lost = "the handler's outcome is unknown, but the record could not be marked so"
+		// A renewal that lands after the mark would turn the record back
+		// into a live reservation: no renewal may be under way when it goes.
+		lease.stop()
+	}
+	_ = e.settle(ctx, c, epoch, lease, settlement{
+		rpc: "Release",
+		call: func(ctx context.Context) error {
+			_, err := e.dedupe.Release(ctx, req)
+			return err
+		},
+		retryEvent: EventReleaseRetry,
+		failEvent:  EventReleaseFailure,
+		lost:       lost,
+	}, false)
+}
+
+// settlement is one way to end a reservation: Finish or Release.
+type settlement struct {
+	// rpc names the Dedupe RPC, for logs.
+	rpc string
+	// call makes one attempt.
+	call func(context.Context) error
+	// retryEvent is counted for each attempt after the first; failEvent when
+	// the settlement is given up or rejected.
+	retryEvent, failEvent string
+	// lost says what a settlement given up leaves behind.
+	lost string
+}
+
+// settle ends the reservation and then stops renewing its lease. The first
+// attempt runs before the caller gets its answer, so a duplicate right after
+// it sees the result, and detached from the caller's context: a caller that
+// timed out after the side effect ran must still leave its outcome behind.
+// If the Dedupe service cannot take it, retries with backoff go on in the
+// background within the finish retry budget (Close waits for them), and the
+// lease is renewed all along.
+//
+// It reports whether that first attempt was refused because the attempt had
+// been fenced.
+//
+// With inBackground even the first attempt runs in the background: settle
+// returns at once, reporting false, and the lease is renewed until the
+// matter is settled or given up, as for the retries.
+func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseKeeper, s settlement, inBackground bool) (fenced bool) {
+	lease.settling.Store(true)
+	detached := context.WithoutCancel(ctx)
+	if !inBackground {
+		if settled, fenced := e.trySettle(detached, c, epoch, s); settled {
+			lease.stop()
+			return fenced
+		}
+	}
+	e.background.Add(1)
+	go func() {
+		defer e.background.Done()
+		defer lease.stop()
+		bctx, cancel := context.WithCancel(detached)
+		defer cancel()
+		defer context.AfterFunc(e.backgroundCtx, cancel)()
+		deadline := time.Now().Add(e.opts.FinishBudget)
+		if inBackground {
+			if settled, _ := e.trySettle(bctx, c, epoch, s); settled {
+				return
+			}
+		}
+		backoff := 100 * time.Millisecond
+		for time.Now().Add(backoff).Before(deadline) {
+			if !sleep(bctx, backoff) {
+				e.giveUp(ctx, c, epoch, s, "the Gate was closed")
+				return
+			}
+			backoff = min(2*backoff, 5*time.Second)
+			e.Event(c, s.retryEvent)
+			if settled, _ := e.trySettle(bctx, c, epoch, s); settled {
+				return
+			}
+		}
+		e.giveUp(ctx, c, epoch, s, "the retry budget ran out")
+	}()
+	return false
+}
+
+// giveUp counts and logs a settlement that will not be retried any more.
+func (e *Engine) giveUp(ctx context.Context, c *Call, epoch int64, s settlement, why string) {
+	e.Event(c, s.failEvent)
+	e.opts.Logger.ErrorContext(ctx, "idemgate: gave up ("+why+"): "+s.lost+"; the key goes down its on_lost_outcome path when the lease runs out",
+		slog.String("rpc", s.rpc), slog.String("scope", c.Scope), slog.Int64("epoch", epoch), slog.Duration("budget", e.opts.FinishBudget))
+}
+
+// sleep waits for d and reports true, or false when ctx ends first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// trySettle makes one attempt and reports whether the matter is settled:
+// done, or refused for good (fenced, or rejected), and whether it was
+// fenced.
+func (e *Engine) trySettle(ctx context.Context, c *Call, epoch int64, s settlement) (settled, fenced bool) {
+	callCtx, cancel := context.WithTimeout(ctx, e.opts.OutcomeTimeout)
+	defer cancel()
+	err := s.call(callCtx)
+	switch status.Code(err) {
+	case codes.OK:
+		return true, false
+	case codes.FailedPrecondition:
+		e.Event(c, EventFenced)
+		e.opts.Logger.WarnContext(ctx, "idemgate: refused because the reservation had been taken over or settled by another attempt (its lease ran out, or an operator resolved it); what the other attempt did stands",
+			slog.String("rpc", s.rpc), slog.String("scope", c.Scope), slog.Int64("epoch", epoch))
+		return true, true
+	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.ResourceExhausted:
+		e.Event(c, s.failEvent)
+		e.opts.Logger.ErrorContext(ctx, "idemgate: the Dedupe service rejected this: "+s.lost,
+			slog.String("rpc", s.rpc), slog.String("scope", c.Scope), slog.Any("error", err))
+		return true, false
+	default:
+		e.opts.Logger.WarnContext(ctx, "idemgate: the Dedupe service could not take this; retrying",
+			slog.String("rpc", s.rpc), slog.String("scope", c.Scope), slog.Any("error", err))
+		return false, false
+	}
+}
+
+// followUpLostBegin runs after a Begin whose answer never arrived: the
+// reservation may have been made, and the handler certainly did not run,
+// so it must not block the key. It re-sends the same Begin (the same attempt
+// token) in the background until an answer arrives or the finish retry
+// budget runs out, and releases what it finds reserved.
+func (e *Engine) followUpLostBegin(ctx context.Context, c *Call) {
+	e.Event(c, EventBeginLost)
+	select {
+	case e.lostBegins <- struct{}{}:
+	default:
+		e.opts.Logger.WarnContext(ctx, "idemgate: too many lost Begins are being followed up; if this one made a reservation, it runs down its lease",
+			slog.String("scope", c.Scope))
+		return
+	}
+	req := proto.CloneOf(c.BeginRequest)
+	req.MaxWait = durationpb.New(0)
+	e.background.Add(1)
+	go func() {
+		defer e.background.Done()
+		defer func() { <-e.lostBegins }()
+		bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		defer cancel()
+		defer context.AfterFunc(e.backgroundCtx, cancel)()
+		deadline := time.Now().Add(e.opts.FinishBudget)
+		backoff := 50 * time.Millisecond
+		for {
+			callCtx, cancelCall := context.WithTimeout(bctx, e.opts.DedupeTimeout)
+			res, err := e.dedupe.Begin(callCtx, req)
+			cancelCall()
+			if err == nil {
+				if reserved := res.GetReserved(); reserved != nil {
+					lease := e.keepLease(bctx, c, reserved.GetEpoch(), 0, func() {})
+					e.release(bctx, c, reserved.GetEpoch(), false, lease)
+				}
+				return
+			}
+			if refused(err) || !time.Now().Add(backoff).Before(deadline) || !sleep(bctx, backoff) {
+				e.opts.Logger.ErrorContext(ctx, "idemgate: could not follow up a Begin whose answer was lost; if it made a reservation, the key goes down its on_lost_outcome path when the lease runs out",
+					slog.String("scope", c.Scope), slog.Any("error", err))
+				return
+			}
+			backoff = min(2*backoff, 5*time.Second)
+		}
+	}()
+}

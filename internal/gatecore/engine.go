@@ -1,0 +1,377 @@
+package gatecore
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/grpcerr"
+)
+
+// Causes a gated handler's context can end with (context.Cause).
+var (
+	// ErrFenced: the attempt lost its reservation (its lease ran out and
+	// another attempt took the key over, or an operator settled the record),
+	// so whatever it does next is refused by the Dedupe service. Stop, and do
+	// not write downstream without the fencing token.
+	ErrFenced = errors.New("idemgate: this attempt was fenced: its reservation was taken over or settled by another attempt, and its outcome will be refused")
+	// ErrExecutionTimeout: the handler's execution timeout ran out.
+	ErrExecutionTimeout = errors.New("idemgate: the handler ran past its execution_timeout")
+)
+
+// Options configure an Engine. A zero field takes the default named.
+type Options struct {
+	// Logger logs what the caller does not see. Defaults to slog.Default().
+	Logger *slog.Logger
+	// DedupeTimeout bounds each Begin (plus the call's MaxWait) and Resolve.
+	// Defaults to 5s.
+	DedupeTimeout time.Duration
+	// OutcomeTimeout bounds each Finish or Release attempt. Defaults to 5s.
+	OutcomeTimeout time.Duration
+	// FinishBudget bounds the background retries of a settlement and of a
+	// lost Begin's follow-up. Defaults to 1m.
+	FinishBudget time.Duration
+	// InFlightRetry is the RetryInfo delay of IDEMPOTENCY_IN_FLIGHT.
+	// Defaults to 1s.
+	InFlightRetry time.Duration
+	// StoreRetry is the RetryInfo delay of IDEMPOTENCY_STORE_UNAVAILABLE.
+	// Defaults to 1s.
+	StoreRetry time.Duration
+	// MaxOutcome is the largest outcome stored; a larger one is stored as a
+	// ResultTooLarge marker. Defaults to 1 MiB.
+	MaxOutcome int
+	// OnEvent, when set, is told every event with its call's label (for
+	// metrics). Defaults to none.
+	OnEvent func(label, event string)
+	// TypeURLOf names the type of an outcome in the ResultTooLarge marker.
+	// Defaults to the outcome's type URL.
+	TypeURLOf func(*anypb.Any) string
+}
+
+func (o *Options) defaults() {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	setDefault(&o.DedupeTimeout, 5*time.Second)
+	setDefault(&o.OutcomeTimeout, 5*time.Second)
+	setDefault(&o.FinishBudget, time.Minute)
+	setDefault(&o.InFlightRetry, time.Second)
+	setDefault(&o.StoreRetry, time.Second)
+	if o.TypeURLOf == nil {
+		o.TypeURLOf = (*anypb.Any).GetTypeUrl
+	}
+	if o.MaxOutcome == 0 {
+		o.MaxOutcome = 1 << 20
+	}
+}
+
+func setDefault(d *time.Duration, v time.Duration) {
+	if *d == 0 {
+		*d = v
+	}
+}
+
+// Engine runs gated calls against one Dedupe service. It is safe for
+// concurrent use.
+type Engine struct {
+	dedupe idemgatev1.DedupeServiceClient
+	opts   Options
+	counts counters
+	// background tracks settlements retried after their caller got its
+	// answer, and re-sent Begins whose first answer was lost.
+	background sync.WaitGroup
+	// stopBackground ends the background work when Close's context ends
+	// first; backgroundCtx is what that work runs under.
+	backgroundCtx  context.Context
+	stopBackground context.CancelFunc
+	// lostBegins bounds how many lost Begins are followed up at once.
+	lostBegins chan struct{}
+}
+
+// maxLostBeginFollowUps bounds the lost Begins followed up at once; past it
+// a lost Begin is logged and counted, and its reservation, if it was made,
+// runs down its lease.
+const maxLostBeginFollowUps = 1024
+
+// New returns an Engine on dedupe.
+func New(dedupe idemgatev1.DedupeServiceClient, opts Options) *Engine {
+	opts.defaults()
+	ctx, stop := context.WithCancel(context.Background())
+	return &Engine{dedupe: dedupe, opts: opts, backgroundCtx: ctx, stopBackground: stop,
+		lostBegins: make(chan struct{}, maxLostBeginFollowUps)}
+}
+
+// Close waits until every settlement still retried in the background is
+// settled or given up. When ctx ends first it stops them (each is logged and
+// counted as given up), waits for them to return, and returns ctx's error.
+func (e *Engine) Close(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() { e.background.Wait(); close(done) }()
+	select {
+	case <-done:
+		e.stopBackground()
+		return nil
+	case <-ctx.Done():
+		e.stopBackground()
+		<-done
+		return ctx.Err()
+	}
+}
+
+// Policy is what the Engine needs of a gated operation's policy.
+type Policy struct {
+	// Lease is how long a reservation is held without a heartbeat.
+	Lease time.Duration
+	// MaxWait is how long a duplicate waits for an in-flight outcome.
+	MaxWait time.Duration
+	// OnLostOutcome says what a call finds after an attempt lost its lease.
+	OnLostOutcome idemgatev1.LostOutcomePolicy
+	// ExecutionTimeout is the handler's deadline.
+	ExecutionTimeout time.Duration
+}
+
+// Call is one gated call's identity in the Dedupe service.
+type Call struct {
+	// Label names the operation in events (the gRPC method, the MCP tool).
+	Label string
+	// Scope, Key and Token name the record and this attempt.
+	Scope, Key, Token string
+	// Policy is the operation's policy.
+	Policy Policy
+	// Retention is how long the record is kept once completed.
+	Retention time.Duration
+	// BeginRequest is the call's Begin.
+	BeginRequest *idemgatev1.BeginRequest
+	// Stored, when set, is told every outcome the service took for this
+	// call and when its Finish was sent, this process's estimate of when
+	// it was stored (the record expires Retention after that).
+	Stored func(outcome *anypb.Any, sent time.Time)
+}
+
+// NewCall returns the call that reserves key in scope for a request with
+// fingerprint, kept retention once completed.
+func NewCall(label, scope, key string, fingerprint []byte, p Policy, retention time.Duration) *Call {
+	c := &Call{Label: label, Scope: scope, Key: key, Token: rand.Text(), Policy: p, Retention: retention}
+	c.BeginRequest = &idemgatev1.BeginRequest{
+		Scope:         scope,
+		Key:           key,
+		Fingerprint:   fingerprint,
+		AttemptToken:  c.Token,
+		Lease:         durationpb.New(p.Lease),
+		Retention:     durationpb.New(retention),
+		OnLostOutcome: p.OnLostOutcome,
+		MaxWait:       durationpb.New(p.MaxWait),
+	}
+	return c
+}
+
+// Kind is what Begin found.
+type Kind int
+
+const (
+	// Reserved: this call holds the key; run the handler (Start).
+	Reserved Kind = iota + 1
+	// Completed: the key's outcome is stored; replay it.
+	Completed
+	// Unknown: an earlier attempt's outcome was lost (FAIL_CLOSED); the
+	// error is IDEMPOTENCY_OUTCOME_UNKNOWN unless a reconciler settles it.
+	Unknown
+)
+
+// Begun is Begin's answer.
+type Begun struct {
+	Kind Kind
+	// Epoch of the reservation (Reserved).
+	Epoch int64
+	// BeginTook is how long Begin took to answer (Reserved): a reservation
+	// made early in a slow Begin has used that much of its lease.
+	BeginTook time.Duration
+	// Outcome, CompletedAt and ExpiresAt of the stored record (Completed);
+	// a time the service did not send is zero.
+	Outcome                *anypb.Any
+	CompletedAt, ExpiresAt time.Time
+}
+
+// Begin reserves the call's key. It returns Reserved, Completed or Unknown
+// (with the IDEMPOTENCY_OUTCOME_UNKNOWN error), or the error to refuse the
+// call with: IDEMPOTENCY_IN_FLIGHT, IDEMPOTENCY_KEY_REUSED, or the Dedupe
+// service's failure mapped (a lost answer is followed up in the background).
+func (e *Engine) Begin(ctx context.Context, c *Call) (Begun, error) {
+	beginCtx, cancel := context.WithTimeout(ctx, e.opts.DedupeTimeout+c.Policy.MaxWait)
+	sent := time.Now()
+	begun, err := e.dedupe.Begin(beginCtx, c.BeginRequest)
+	cancel()
+	if err != nil {
+		if !refused(err) {
+			// The reservation may have been made and only its answer lost:
+			// make sure it does not outlive this call.
+			e.followUpLostBegin(ctx, c)
+		}
+		return Begun{}, e.BeginError(ctx, err)
+	}
+	switch result := begun.GetResult().(type) {
+	case *idemgatev1.BeginResponse_Reserved_:
+		return Begun{Kind: Reserved, Epoch: result.Reserved.GetEpoch(), BeginTook: time.Since(sent)}, nil
+	case *idemgatev1.BeginResponse_Completed_:
+		return Begun{Kind: Completed, Outcome: result.Completed.GetOutcome(),
+			CompletedAt: timeOf(result.Completed.GetCompletedAt()), ExpiresAt: timeOf(result.Completed.GetExpiresAt())}, nil
+	case *idemgatev1.BeginResponse_InFlight_:
+		return Begun{}, grpcerr.New(codes.Aborted, ReasonInFlight,
+			"another call with this idempotency key is still running; retry with the same key to get its outcome",
+			nil, e.opts.InFlightRetry)
+	case *idemgatev1.BeginResponse_FingerprintMismatch_:
+		return Begun{}, grpcerr.New(codes.FailedPrecondition, ReasonKeyReused,
+			"this idempotency key was first used with a different request; use a new key for a new action",
+			nil, 0)
+	case *idemgatev1.BeginResponse_OutcomeUnknown_:
+		return Begun{Kind: Unknown}, OutcomeUnknown(c.Key)
+	default:
+		return Begun{}, grpcerr.New(codes.Internal, ReasonStoreRejected,
+			fmt.Sprintf("the Dedupe service answered Begin with an unknown result %T", result), nil, 0)
+	}
+}
+
+// timeOf is ts as a time, or the zero time when the Dedupe service sent
+// none.
+func timeOf(ts *timestamppb.Timestamp) time.Time {
+	if ts == nil {
+		return time.Time{}
+	}
+	return ts.AsTime()
+}
+
+// OutcomeUnknown is the refusal of a call whose key's outcome was lost.
+func OutcomeUnknown(key string) error {
+	return grpcerr.New(codes.FailedPrecondition, ReasonOutcomeUnknown,
+		"an earlier attempt with this idempotency key stopped before its outcome was stored, so its side effect may or may not have happened; "+
+			"it will not run again until an operator resolves the record (idemctl, or the Dedupe service's Resolve)",
+		map[string]string{"key": key}, 0)
+}
+
+// HandlerOutcomeUnknown is what the caller of a FAIL_CLOSED handler that
+// could not tell whether its side effect happened gets: the same answer its
+// retries will get. code names the handler's error code.
+func HandlerOutcomeUnknown(key, code, message string) error {
+	return grpcerr.New(codes.FailedPrecondition, ReasonOutcomeUnknown,
+		fmt.Sprintf("the handler ended with %s (%s), which leaves its side effect's outcome unknown; the record is marked outcome-unknown "+
+			"and the call will not run again until an operator resolves it (idemctl, or the Dedupe service's Resolve)", code, message),
+		map[string]string{"key": key}, 0)
+}
+
+// AnswerFenced is the answer for the caller of a holder whose outcome the
+// store refused because another attempt took the key over (REEXECUTE) or an
+// operator settled it: IDEMPOTENCY_IN_FLIGHT, so its retry gets the outcome
+// the store holds.
+func (e *Engine) AnswerFenced() error {
+	return grpcerr.New(codes.Aborted, ReasonInFlight,
+		"this attempt lost its reservation to another attempt before its outcome was stored, so its response is not the action's outcome; "+
+			"retry with the same key to get the outcome that was stored",
+		nil, e.opts.InFlightRetry)
+}
+
+// Resolve settles an outcome-unknown record with a reconciler's answer. A
+// record already settled or gone counts as settled: the next Begin replays
+// or reserves. It counts the reconciliation.
+func (e *Engine) Resolve(ctx context.Context, c *Call, req *idemgatev1.ResolveRequest) error {
+	resolveCtx, cancel := context.WithTimeout(ctx, e.opts.DedupeTimeout)
+	defer cancel()
+	if _, err := e.dedupe.Resolve(resolveCtx, req); err != nil {
+		if code := status.Code(err); code != codes.FailedPrecondition && code != codes.NotFound {
+			return e.BeginError(ctx, err)
+		}
+	}
+	e.Event(c, EventReconciled)
+	return nil
+}
+
+// BeginError maps a failed Dedupe call before the handler ran. The caller's
+// own cancellation stays what it is; a Dedupe service that is down or
+// overloaded fails closed as UNAVAILABLE; one that refused the request is a
+// misconfiguration, INTERNAL.
+func (e *Engine) BeginError(ctx context.Context, err error) error {
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return status.FromContextError(ctxErr).Err()
+	}
+	switch status.Code(err) {
+	case codes.ResourceExhausted:
+		retry, _ := grpcerr.RetryDelay(err)
+		return grpcerr.New(codes.ResourceExhausted, ReasonQuotaExceeded,
+			"this tool server is over its quota at the Dedupe service ("+status.Convert(err).Message()+"); the handler did not run",
+			map[string]string{"quota": quotaOf(err)}, retry)
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied, codes.Unauthenticated, codes.Unimplemented, codes.OutOfRange:
+		return grpcerr.New(codes.Internal, ReasonStoreRejected,
+			"the Dedupe service refused the reservation: "+status.Convert(err).Message()+"; the handler did not run", nil, 0)
+	case codes.Internal:
+		if grpcerr.Reason(err) == reasonDedupeOutcomeUnreadable {
+			return grpcerr.New(codes.Internal, ReasonStoreRejected,
+				"the Dedupe service holds this action's outcome but cannot read it ("+status.Convert(err).Message()+"); the handler did not run, and will not until an operator restores the outcome key", nil, 0)
+		}
+		return grpcerr.New(codes.Unavailable, ReasonStoreUnavailable,
+			"the Dedupe service failed, so the call was not run (fail closed); retry with the same idempotency key",
+			nil, e.opts.StoreRetry)
+	default:
+		return grpcerr.New(codes.Unavailable, ReasonStoreUnavailable,
+			"the Dedupe service is unavailable, so the call was not run (fail closed); retry with the same idempotency key",
+			nil, e.opts.StoreRetry)
+	}
+}
+
+func quotaOf(err error) string {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info.GetMetadata()["quota"]
+		}
+	}
+	return ""
+}
+
+// refused reports whether a Begin error is the Dedupe service's definite
+// refusal, so no reservation can have been made.
+func refused(err error) bool {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied, codes.Unauthenticated, codes.Unimplemented, codes.OutOfRange,
+		codes.ResourceExhausted:
+		return true
+	case codes.Internal:
+		return grpcerr.Reason(err) == reasonDedupeOutcomeUnreadable
+	}
+	return false
+}
+
+// TooLargeName is the full name of the marker stored in place of an outcome
+// over the size limit.
+var TooLargeName = (&idemgatev1.ResultTooLarge{}).ProtoReflect().Descriptor().FullName()
+
+// TooLarge returns the IDEMPOTENCY_RESULT_TOO_LARGE refusal when a stored
+// outcome is the marker of one over the size limit, else nil.
+func TooLarge(outcome *anypb.Any) error {
+	if outcome.MessageName() != TooLargeName {
+		return nil
+	}
+	marker := &idemgatev1.ResultTooLarge{}
+	_ = proto.Unmarshal(outcome.GetValue(), marker)
+	return grpcerr.New(codes.FailedPrecondition, ReasonResultTooLarge,
+		fmt.Sprintf("this action already ran, but its outcome (%d bytes) was over the size limit and was not stored, so it cannot be replayed; the call was not run again", marker.GetSizeBytes()),
+		map[string]string{"size_bytes": strconv.FormatInt(marker.GetSizeBytes(), 10)}, 0)
+}
+
+// MarshalAny packs m deterministically.
+func MarshalAny(m proto.Message) (*anypb.Any, error) {
+	outcome := &anypb.Any{}
+	err := anypb.MarshalFrom(outcome, m, proto.MarshalOptions{Deterministic: true})
+	return outcome, err
+}

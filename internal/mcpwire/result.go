@@ -1,0 +1,167 @@
+package mcpwire
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemgate/idemgate/internal/gatecore"
+)
+
+// ErrorResult turns a status error into a tool error result: the model
+// reads the text, a program reads _meta[MetaError].
+func ErrorResult(err error) *mcp.CallToolResult {
+	st := status.Convert(err)
+	e := map[string]any{
+		"code":    CodeName(st.Code()),
+		"message": st.Message(),
+	}
+	var reason string
+	var retryAfter time.Duration
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			reason = d.GetReason()
+			e["reason"] = reason
+			e["domain"] = d.GetDomain()
+			if len(d.GetMetadata()) > 0 {
+				e["metadata"] = d.GetMetadata()
+			}
+		case *errdetails.RetryInfo:
+			retryAfter = d.GetRetryDelay().AsDuration()
+			e["retryAfterSeconds"] = retryAfter.Seconds()
+		}
+	}
+	text := CodeName(st.Code())
+	if reason != "" {
+		text += " " + reason
+	}
+	text += ": " + st.Message()
+	if advice := Advice(reason, st.Code()); advice != "" {
+		e["advice"] = advice
+		text += " (" + advice
+		if retryAfter > 0 {
+			text += fmt.Sprintf(" after %s", retryAfter)
+		}
+		text += ")"
+	}
+	res := &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: text}}}
+	res.SetMeta(mcp.Meta{MetaError: e})
+	return res
+}
+
+// Advice values: what a caller does with an error, by its reason.
+const (
+	// AdviceRetrySameKey: retry the call with the same key (after the
+	// RetryInfo delay when there is one); it gets the action's outcome
+	// without running it twice.
+	AdviceRetrySameKey = "retry_same_key"
+	// AdviceNewAction: the key belongs to another action; this is a new
+	// action, mint a new key (or fix the key reuse in the orchestration).
+	AdviceNewAction = "new_key"
+	// AdviceFixRequest: the request is malformed (key missing or invalid,
+	// arguments invalid); fix it and call again.
+	AdviceFixRequest = "fix_request"
+	// AdviceEscalate: nothing a retry can fix (the outcome is unknown, the
+	// stored outcome cannot be returned); hand it to a human or the
+	// reconciliation process.
+	AdviceEscalate = "escalate"
+)
+
+// Advice returns what a caller does with an error of the reason (and code,
+// for errors without an idemgate reason): one of the Advice values, or ""
+// when the error is the tool's own.
+func Advice(reason string, code codes.Code) string {
+	switch reason {
+	case gatecore.ReasonInFlight, gatecore.ReasonStoreUnavailable, gatecore.ReasonQuotaExceeded:
+		return AdviceRetrySameKey
+	case gatecore.ReasonKeyReused:
+		return AdviceNewAction
+	case gatecore.ReasonKeyMissing, gatecore.ReasonKeyInvalid, gatecore.ReasonKeyConflict, ReasonArgumentsInvalid:
+		return AdviceFixRequest
+	case gatecore.ReasonOutcomeUnknown, gatecore.ReasonResultTooLarge, gatecore.ReasonStoreRejected, gatecore.ReasonOutcomeTypeMismatch:
+		return AdviceEscalate
+	}
+	if reason == "" && (code == codes.Unavailable || code == codes.DeadlineExceeded) {
+		// The tool server could not be reached or did not answer in time:
+		// a gated call may have run, and the same key finds out.
+		return AdviceRetrySameKey
+	}
+	return ""
+}
+
+// CodeName is a code's canonical name, as in google.rpc.Code
+// ("FAILED_PRECONDITION", "CANCELLED").
+func CodeName(c codes.Code) string {
+	if name, ok := codeNames[c]; ok {
+		return name
+	}
+	return c.String()
+}
+
+var codeNames = map[codes.Code]string{
+	codes.OK: "OK", codes.Canceled: "CANCELLED", codes.Unknown: "UNKNOWN",
+	codes.InvalidArgument: "INVALID_ARGUMENT", codes.DeadlineExceeded: "DEADLINE_EXCEEDED",
+	codes.NotFound: "NOT_FOUND", codes.AlreadyExists: "ALREADY_EXISTS",
+	codes.PermissionDenied: "PERMISSION_DENIED", codes.ResourceExhausted: "RESOURCE_EXHAUSTED",
+	codes.FailedPrecondition: "FAILED_PRECONDITION", codes.Aborted: "ABORTED",
+	codes.OutOfRange: "OUT_OF_RANGE", codes.Unimplemented: "UNIMPLEMENTED", codes.Internal: "INTERNAL",
+	codes.Unavailable: "UNAVAILABLE", codes.DataLoss: "DATA_LOSS", codes.Unauthenticated: "UNAUTHENTICATED",
+}
+
+// Capabilities returns the server capabilities to advertise: tools, with
+// the experimental CapabilityName. Pass it in mcp.ServerOptions and add
+// AdvertiseIdempotency to the server's receiving middleware for SEP-3182's.
+func Capabilities() *mcp.ServerCapabilities {
+	return &mcp.ServerCapabilities{
+		Tools: &mcp.ToolCapabilities{},
+		Experimental: map[string]any{
+			CapabilityName: map[string]any{"metaKey": MetaKey, "param": ParamKey},
+		},
+	}
+}
+
+// AdvertiseIdempotency adds SEP-3182's tools.idempotency capability to the
+// initialize result, which the SDK's typed capabilities have no field for.
+func AdvertiseIdempotency(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		res, err := next(ctx, method, req)
+		if ir, ok := res.(*mcp.InitializeResult); ok && err == nil && method == "initialize" {
+			return initializeResult{ir}, nil
+		}
+		return res, err
+	}
+}
+
+// initializeResult is an InitializeResult that marshals with
+// capabilities.tools.idempotency.
+type initializeResult struct{ *mcp.InitializeResult }
+
+func (r initializeResult) MarshalJSON() ([]byte, error) {
+	b, err := json.Marshal(r.InitializeResult)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	caps, _ := m["capabilities"].(map[string]any)
+	if caps == nil {
+		caps = map[string]any{}
+		m["capabilities"] = caps
+	}
+	tools, _ := caps["tools"].(map[string]any)
+	if tools == nil {
+		tools = map[string]any{}
+		caps["tools"] = tools
+	}
+	tools["idempotency"] = map[string]any{}
+	return json.Marshal(m)
+}

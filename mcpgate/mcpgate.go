@@ -1,0 +1,707 @@
+package mcpgate
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gowebpki/jcs"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/keys"
+	"github.com/idemgate/idemgate/internal/mcpwire"
+)
+
+// The wire names, shared with the idemgate MCP bridge.
+const (
+	// MetaKey is the _meta member of a tools/call request that carries the
+	// idempotency key.
+	MetaKey = mcpwire.MetaKey
+	// MetaReplayed is the _meta member of a gated tool's result: true when
+	// it is the stored outcome of an earlier call with the key, false on the
+	// run that stored it.
+	MetaReplayed = mcpwire.MetaReplayed
+	// MetaKeyDerived is the _meta member set to true when a keyless call was
+	// deduplicated on its fingerprint (ToolPolicy.KeylessFingerprint).
+	MetaKeyDerived = mcpwire.MetaKeyDerived
+	// MetaError is the _meta member of a refusal: code, reason, domain,
+	// metadata, message, retryAfterSeconds and advice.
+	MetaError = mcpwire.MetaError
+	// ParamKey is SEP-3182's tools/call parameter carrying the key.
+	ParamKey = mcpwire.ParamKey
+	// CapabilityName is the experimental capability advertised:
+	// {"metaKey": MetaKey, "param": ParamKey}.
+	CapabilityName = mcpwire.CapabilityName
+	// SchemaKey marks, in a tool's input schema, the property that carries
+	// the idempotency key: "io.idemgate/idempotency-key": true.
+	SchemaKey = "io.idemgate/idempotency-key"
+	// SchemaExclude marks, in a tool's input schema, a property left out of
+	// the fingerprint: "io.idemgate/exclude-from-fingerprint": true.
+	SchemaExclude = "io.idemgate/exclude-from-fingerprint"
+)
+
+// The reasons of refusals: the gRPC interceptor's (see its Reason
+// constants for when each is given), in _meta[MetaError].reason.
+const (
+	// ReasonKeyMissing: a gated tool was called without a key.
+	ReasonKeyMissing = gatecore.ReasonKeyMissing
+	// ReasonKeyInvalid: the key is not 1 to 255 printable ASCII bytes
+	// without edge spaces, or not a string.
+	ReasonKeyInvalid = gatecore.ReasonKeyInvalid
+	// ReasonKeyConflict: two carriers of the key carry different keys.
+	ReasonKeyConflict = gatecore.ReasonKeyConflict
+	// ReasonKeyReused: the key was first used with other arguments.
+	ReasonKeyReused = gatecore.ReasonKeyReused
+	// ReasonInFlight: another call with the key is still running; retry
+	// with the same key after retryAfterSeconds.
+	ReasonInFlight = gatecore.ReasonInFlight
+	// ReasonOutcomeUnknown: an earlier attempt stopped before its outcome
+	// was stored (FAIL_CLOSED); nothing runs until the record is resolved.
+	ReasonOutcomeUnknown = gatecore.ReasonOutcomeUnknown
+	// ReasonResultTooLarge: the action ran, but its result was over the
+	// size limit and cannot be replayed.
+	ReasonResultTooLarge = gatecore.ReasonResultTooLarge
+	// ReasonStoreUnavailable: the Dedupe service could not be reached; the
+	// tool did not run.
+	ReasonStoreUnavailable = gatecore.ReasonStoreUnavailable
+	// ReasonQuotaExceeded: this server is over a quota at the Dedupe
+	// service; the tool did not run.
+	ReasonQuotaExceeded = gatecore.ReasonQuotaExceeded
+	// ReasonStoreRejected: the Dedupe service refused the gate's request,
+	// or (strict) the tool is unclassified; the tool did not run.
+	ReasonStoreRejected = gatecore.ReasonStoreRejected
+	// ReasonOutcomeTypeMismatch: the stored outcome is not a tool result.
+	ReasonOutcomeTypeMismatch = gatecore.ReasonOutcomeTypeMismatch
+	// ReasonArgumentsInvalid: the arguments are not a JSON object.
+	ReasonArgumentsInvalid = mcpwire.ReasonArgumentsInvalid
+)
+
+// Causes a gated tool's context can end with (context.Cause).
+var (
+	// ErrFenced: the attempt lost its reservation; its result will be
+	// refused.
+	ErrFenced = gatecore.ErrFenced
+	// ErrExecutionTimeout: the tool ran past its ExecutionTimeout.
+	ErrExecutionTimeout = gatecore.ErrExecutionTimeout
+)
+
+// Policy defaults, the gRPC interceptor's.
+const (
+	// DefaultRetention is how long an outcome is replayed: 24h.
+	DefaultRetention = 24 * time.Hour
+	// DefaultLease is how long a reservation is held without a heartbeat:
+	// 10s.
+	DefaultLease = 10 * time.Second
+	// DefaultMaxWait is how long a duplicate waits for an in-flight
+	// original: 3s.
+	DefaultMaxWait = 3 * time.Second
+	// DefaultExecutionTimeout bounds a tool's run: 60s.
+	DefaultExecutionTimeout = 60 * time.Second
+	// DefaultKeylessWindow is how long identical keyless calls collapse into
+	// one under KeylessFingerprint: 60s.
+	DefaultKeylessWindow = 60 * time.Second
+)
+
+// Gate gates the tools/call requests of one MCP server. It is safe for
+// concurrent use.
+type Gate struct {
+	engine  *gatecore.Engine
+	opts    options
+	metrics *metrics
+	// replays is the replay cache (WithReplayCache), nil when off.
+	replays *gatecore.ReplayCache
+	// tools caches each tool's resolved policy by name, valid while the
+	// server lists the same *mcp.Tool under it.
+	mu    sync.Mutex
+	tools map[string]*resolved
+}
+
+// resolved is one tool's policy, as of one *mcp.Tool.
+type resolved struct {
+	tool         *mcp.Tool
+	gated        bool
+	unclassified bool
+	policy       ToolPolicy
+	keyArgs      map[string]bool
+	exclude      map[string]bool
+	err          error
+}
+
+// New lists server's tools, resolves which are gated, and adds the gate's
+// middleware to server's receiving middleware (middleware added before New
+// runs inside the gate, after New outside it). Call it after adding the
+// tools; tools added later are resolved on their first call. New fails,
+// naming each tool, when a tool named gated with WithTool is annotated
+// read-only, a policy is out of range, or (WithStrict) a tool is neither
+// named nor annotated.
+func New(ctx context.Context, dedupe idemgatev1.DedupeServiceClient, server *mcp.Server, opts ...Option) (*Gate, error) {
+	if dedupe == nil || server == nil {
+		return nil, errors.New("mcpgate: New needs a Dedupe service client and a server")
+	}
+	o := defaultOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	name, tools, err := listServer(ctx, server)
+	if err != nil {
+		return nil, fmt.Errorf("mcpgate: list the server's tools: %w", err)
+	}
+	if o.serverName == "" {
+		o.serverName = name
+	}
+	if o.serverName == "" || !keys.Printable(o.serverName) || strings.Contains(o.serverName, "|") || len(o.serverName) > 100 {
+		return nil, fmt.Errorf("mcpgate: server name %q must be 1 to 100 bytes of printable ASCII without \"|\" (WithServerName)", o.serverName)
+	}
+	g := &Gate{opts: o, tools: map[string]*resolved{}}
+	var problems []string
+	for _, t := range tools {
+		r := g.resolve(t)
+		g.tools[t.Name] = r
+		switch {
+		case r.err != nil:
+			problems = append(problems, r.err.Error())
+		case r.unclassified && o.strict:
+			problems = append(problems, fmt.Sprintf("tool %q is neither annotated (readOnlyHint, idempotentHint) nor named with WithTool", t.Name))
+		}
+	}
+	for name, p := range o.tools {
+		if err := checkPolicy(name, p); err != nil {
+			problems = append(problems, err.Error())
+		}
+	}
+	if len(problems) > 0 {
+		sort.Strings(problems)
+		return nil, fmt.Errorf("mcpgate: %s", strings.Join(problems, "; "))
+	}
+	if g.metrics, err = newMetrics(o.registerer); err != nil {
+		return nil, err
+	}
+	g.replays = gatecore.NewReplayCache(o.replayEntries, o.replayBytes, o.replayTTL)
+	g.engine = gatecore.New(dedupe, gatecore.Options{
+		Logger: o.logger, DedupeTimeout: o.dedupeTimeout, OutcomeTimeout: o.outcomeTimeout, FinishBudget: o.finishBudget,
+		InFlightRetry: o.inFlightRetry, StoreRetry: o.storeRetry, MaxOutcome: o.maxOutcome, OnEvent: g.metrics.event,
+	})
+	server.AddReceivingMiddleware(mcpwire.AdvertiseIdempotency, g.middleware)
+	return g, nil
+}
+
+// listServer connects to server in memory and lists its name and tools.
+func listServer(ctx context.Context, server *mcp.Server) (string, []*mcp.Tool, error) {
+	ct, st := mcp.NewInMemoryTransports()
+	ss, err := server.Connect(ctx, st, nil)
+	if err != nil {
+		return "", nil, err
+	}
+	defer ss.Close()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "mcpgate", Version: "1"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		return "", nil, err
+	}
+	defer cs.Close()
+	var tools []*mcp.Tool
+	for t, err := range cs.Tools(ctx, nil) {
+		if err != nil {
+			return "", nil, err
+		}
+		tools = append(tools, t)
+	}
+	name := ""
+	if info := cs.InitializeResult().ServerInfo; info != nil {
+		name = info.Name
+	}
+	return name, tools, nil
+}
+
+func checkPolicy(name string, p ToolPolicy) error {
+	if p.NotGated {
+		return nil
+	}
+	pol := withDefaults(p)
+	switch {
+	case pol.Lease < time.Second || pol.Lease > 24*time.Hour:
+		return fmt.Errorf("tool %q: Lease %s is outside 1s to 24h", name, pol.Lease)
+	case pol.Retention < pol.Lease || pol.Retention > 365*24*time.Hour:
+		return fmt.Errorf("tool %q: Retention %s must be between the lease %s and 365 days", name, pol.Retention, pol.Lease)
+	case pol.MaxWait < 0 || pol.MaxWait > time.Minute:
+		return fmt.Errorf("tool %q: MaxWait %s is outside 0s to 1m", name, pol.MaxWait)
+	case pol.ExecutionTimeout < time.Second || pol.ExecutionTimeout > 24*time.Hour:
+		return fmt.Errorf("tool %q: ExecutionTimeout %s is outside 1s to 24h", name, pol.ExecutionTimeout)
+	case pol.KeylessFingerprint && (pol.KeylessWindow < pol.Lease || pol.KeylessWindow > pol.Retention):
+		return fmt.Errorf("tool %q: KeylessWindow %s must be between the lease and the retention", name, pol.KeylessWindow)
+	}
+	return nil
+}
+
+func withDefaults(p ToolPolicy) ToolPolicy {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&p.Retention, DefaultRetention)
+	def(&p.Lease, DefaultLease)
+	def(&p.ExecutionTimeout, DefaultExecutionTimeout)
+	def(&p.KeylessWindow, DefaultKeylessWindow)
+	if p.MaxWait == 0 {
+		p.MaxWait = DefaultMaxWait
+	}
+	if p.OnLostOutcome == idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_UNSPECIFIED {
+		p.OnLostOutcome = idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_FAIL_CLOSED
+	}
+	return p
+}
+
+// resolve classifies a tool: a policy named with WithTool decides; else
+// readOnlyHint or idempotentHint true is not gated, and anything else
+// (MCP's defaults) is.
+func (g *Gate) resolve(t *mcp.Tool) *resolved {
+	r := &resolved{tool: t}
+	p, named := g.opts.tools[t.Name]
+	a := t.Annotations
+	switch {
+	case named && p.NotGated:
+		return r
+	case named:
+		if a != nil && a.ReadOnlyHint {
+			r.err = fmt.Errorf("tool %q is named gated with WithTool but annotated readOnlyHint: a read-only tool is never gated; fix one of them", t.Name)
+			return r
+		}
+	case a == nil:
+		r.unclassified = true
+	case a.ReadOnlyHint || a.IdempotentHint:
+		return r
+	}
+	r.gated = true
+	r.policy = withDefaults(p)
+	r.keyArgs, r.exclude = map[string]bool{}, map[string]bool{}
+	if p.KeyArgument != "" {
+		r.keyArgs[p.KeyArgument] = true
+	}
+	for _, e := range p.ExcludeArguments {
+		r.exclude[e] = true
+	}
+	schemaMarks(t.InputSchema, r.keyArgs, r.exclude)
+	return r
+}
+
+// schemaMarks reads the top-level properties of an input schema marked as
+// the key or excluded from the fingerprint.
+func schemaMarks(schema any, keyArgs, exclude map[string]bool) {
+	b, err := json.Marshal(schema)
+	if err != nil {
+		return
+	}
+	var s struct {
+		Properties map[string]map[string]any `json:"properties"`
+	}
+	if json.Unmarshal(b, &s) != nil {
+		return
+	}
+	for name, prop := range s.Properties {
+		if v, _ := prop[SchemaKey].(bool); v {
+			keyArgs[name] = true
+		}
+		if v, _ := prop[SchemaExclude].(bool); v {
+			exclude[name] = true
+		}
+	}
+}
+
+// Close waits until every outcome still retried in the background is
+// stored or given up; when ctx ends first it stops them and returns ctx's
+// error. Call it after the server stopped.
+func (g *Gate) Close(ctx context.Context) error { return g.engine.Close(ctx) }
+
+// Stats is what the gate did that no caller saw (the interceptor's Stats).
+type Stats = gatecore.Stats
+
+// Stats returns the counters since New.
+func (g *Gate) Stats() Stats { return g.engine.Stats() }
+
+// KeyReader wraps an MCP server's stdin (the Reader of an mcp.IOTransport)
+// so that SEP-3182's idempotencyKey parameter of a tools/call reaches the
+// gate; every other message passes through unchanged.
+func KeyReader(r io.Reader) io.Reader { return mcpwire.KeyReader(r) }
+
+// HTTPMiddleware wraps a streamable HTTP MCP handler
+// (mcp.NewStreamableHTTPHandler) so that SEP-3182's idempotencyKey parameter
+// of a tools/call reaches the gate. Bodies over 16 MiB get 413.
+func HTTPMiddleware(next http.Handler) http.Handler { return mcpwire.HTTPMiddleware(next) }
+
+// middleware gates tools/call and advertises the capability on initialize.
+func (g *Gate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		switch method {
+		case "initialize":
+			res, err := next(ctx, method, req)
+			if ir, ok := res.(*mcp.InitializeResult); ok && err == nil {
+				return advertise(ir), nil
+			}
+			return res, err
+		case "tools/call":
+		default:
+			return next(ctx, method, req)
+		}
+		call, ok := req.(*mcp.CallToolRequest)
+		if !ok || call.Params == nil {
+			return next(ctx, method, req)
+		}
+		r, err := g.lookup(ctx, next, call)
+		if err != nil || r == nil {
+			return next(ctx, method, req) // the SDK answers an unknown tool
+		}
+		if r.err != nil {
+			return mcpwire.ErrorResult(grpcerr.New(codes.Internal, ReasonStoreRejected, "mcpgate: "+r.err.Error(), nil, 0)), nil
+		}
+		if r.unclassified && g.opts.strict {
+			return mcpwire.ErrorResult(grpcerr.New(codes.Internal, ReasonStoreRejected,
+				fmt.Sprintf("mcpgate: tool %q is neither annotated nor named with WithTool, and the gate is strict; nothing ran", r.tool.Name), nil, 0)), nil
+		}
+		if !r.gated {
+			return next(ctx, method, req)
+		}
+		res, err := g.gate(ctx, next, call, r)
+		g.metrics.call(r.tool.Name, res, err)
+		return res, err
+	}
+}
+
+// advertise adds the experimental capability to an initialize result.
+func advertise(ir *mcp.InitializeResult) *mcp.InitializeResult {
+	out := *ir
+	caps := mcp.ServerCapabilities{}
+	if ir.Capabilities != nil {
+		caps = *ir.Capabilities
+	}
+	exp := map[string]any{}
+	for k, v := range caps.Experimental {
+		exp[k] = v
+	}
+	exp[CapabilityName] = mcpwire.Capabilities().Experimental[CapabilityName]
+	caps.Experimental = exp
+	out.Capabilities = &caps
+	return &out
+}
+
+// lookup returns the tool's resolved policy, as the server lists it now
+// (through the handlers inside the gate); a tool not listed now keeps the
+// last policy resolved under its name, and nil means no tool of the name
+// was ever listed.
+func (g *Gate) lookup(ctx context.Context, next mcp.MethodHandler, call *mcp.CallToolRequest) (*resolved, error) {
+	name := call.Params.Name
+	cursor := ""
+	for {
+		res, err := next(ctx, "tools/list", &mcp.ListToolsRequest{Session: call.Session, Params: &mcp.ListToolsParams{Cursor: cursor}, Extra: call.Extra})
+		if err != nil {
+			return nil, err
+		}
+		list, ok := res.(*mcp.ListToolsResult)
+		if !ok {
+			return nil, fmt.Errorf("tools/list answered %T", res)
+		}
+		for _, t := range list.Tools {
+			if t.Name != name {
+				continue
+			}
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			if r, ok := g.tools[name]; ok && r.tool == t {
+				return r, nil
+			}
+			r := g.resolve(t)
+			g.tools[name] = r
+			return r, nil
+		}
+		if list.NextCursor == "" {
+			// Not listed for this request (a middleware inside the gate may
+			// filter the list): the last classification under the name, or
+			// none, and the SDK answers an unknown tool.
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			return g.tools[name], nil
+		}
+		cursor = list.NextCursor
+	}
+}
+
+// derivedKeyPrefix starts every key derived from a keyless call's
+// fingerprint, as the interceptor's do.
+const derivedKeyPrefix = "derived:"
+
+// gate runs one gated tools/call.
+func (g *Gate) gate(ctx context.Context, next mcp.MethodHandler, call *mcp.CallToolRequest, r *resolved) (mcp.Result, error) {
+	args, err := arguments(call.Params.Arguments)
+	if err != nil {
+		return mcpwire.ErrorResult(err), nil
+	}
+	key, hasKey, err := g.keyOf(call, r, args)
+	if err != nil {
+		return mcpwire.ErrorResult(err), nil
+	}
+	tenant, err := g.opts.tenant(ctx, call)
+	if err != nil {
+		if _, ok := status.FromError(err); !ok {
+			err = status.Error(codes.Unauthenticated, err.Error())
+		}
+		return mcpwire.ErrorResult(err), nil
+	}
+	fingerprint, err := Fingerprint(args, r.keyArgs, r.exclude)
+	if err != nil {
+		return mcpwire.ErrorResult(grpcerr.New(codes.InvalidArgument, ReasonArgumentsInvalid, "the arguments are not canonical JSON: "+err.Error(), nil, 0)), nil
+	}
+	p := r.policy
+	retention := p.Retention
+	derived := false
+	if !hasKey {
+		if !p.KeylessFingerprint {
+			return mcpwire.ErrorResult(grpcerr.New(codes.InvalidArgument, ReasonKeyMissing,
+				"this tool has side effects and needs an idempotency key: send one in _meta[\""+MetaKey+"\"], minted once per logical action and reused on every retry of it",
+				nil, 0)), nil
+		}
+		key, retention, derived = derivedKeyPrefix+hex.EncodeToString(fingerprint), p.KeylessWindow, true
+	}
+	scope := "mcp/" + g.opts.serverName + "/" + r.tool.Name
+	if tenant != "" {
+		scope += "|" + tenant
+	}
+	c := gatecore.NewCall(r.tool.Name, scope, key, fingerprint, gatecore.Policy{
+		Lease: p.Lease, MaxWait: p.MaxWait, OnLostOutcome: p.OnLostOutcome, ExecutionTimeout: p.ExecutionTimeout,
+	}, retention)
+	if g.replays != nil {
+		c.Stored = func(outcome *anypb.Any, sent time.Time) {
+			g.replays.Put(scope, key, fingerprint, gatecore.Stored{Outcome: outcome, CompletedAt: sent, ExpiresAt: sent.Add(retention)})
+		}
+		if stored, ok := g.replays.Get(scope, key, fingerprint); ok {
+			g.engine.Event(c, gatecore.EventReplayCacheHit)
+			return replay(stored.Outcome, true, derived)
+		}
+		g.engine.Event(c, gatecore.EventReplayCacheMiss)
+	}
+	b, err := g.engine.Begin(ctx, c)
+	if err != nil {
+		return mcpwire.ErrorResult(err), nil
+	}
+	switch b.Kind {
+	case gatecore.Completed:
+		res, err := replay(b.Outcome, true, derived)
+		if _, ok := res.(*storedResult); ok && g.replays != nil {
+			g.replays.Put(scope, key, fingerprint, gatecore.Stored{Outcome: b.Outcome, CompletedAt: b.CompletedAt, ExpiresAt: b.ExpiresAt})
+		}
+		return res, err
+	case gatecore.Reserved:
+		return g.run(ctx, next, call, c, b, r, derived)
+	}
+	return mcpwire.ErrorResult(gatecore.OutcomeUnknown(key)), nil
+}
+
+// run calls the tool under the reservation and settles it.
+func (g *Gate) run(ctx context.Context, next mcp.MethodHandler, call *mcp.CallToolRequest, c *gatecore.Call, b gatecore.Begun, r *resolved, derived bool) (mcp.Result, error) {
+	a := g.engine.Start(ctx, c, b)
+	defer func() {
+		if p := recover(); p != nil {
+			a.Lost("the tool panicked", slog.Any("panic", p))
+			panic(p)
+		}
+	}()
+	res, err := next(a.Context(), "tools/call", call)
+	result, _ := res.(*mcp.CallToolResult)
+	if err == nil && result != nil && result.IsError && unknownOutcome(result.GetError()) {
+		// A typed handler's error, as mcp.AddTool reports it.
+		err = result.GetError()
+	}
+	if err != nil {
+		if unknownOutcome(err) {
+			// The tool cannot tell whether its side effect happened.
+			if r.policy.OnLostOutcome == idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_REEXECUTE {
+				a.Release(false)
+				if result != nil {
+					return res, nil
+				}
+				return nil, err
+			}
+			a.Release(true)
+			return mcpwire.ErrorResult(gatecore.HandlerOutcomeUnknown(c.Key, "a context error", err.Error())), nil
+		}
+		a.Release(false)
+		return nil, err
+	}
+	if result == nil || result.NeedsInput() || (result.IsError && !r.policy.ReplayErrors) {
+		// Not an outcome: a retry runs again.
+		a.Release(false)
+		return res, nil
+	}
+	raw, err := json.Marshal(result)
+	if err != nil {
+		a.Lost("the tool's result does not encode", slog.Any("error", err))
+		return nil, fmt.Errorf("encoding the tool's result: %w", err)
+	}
+	outcome, err := gatecore.MarshalAny(wrapperspb.Bytes(raw))
+	if err != nil {
+		a.Lost("the tool's result cannot be stored", slog.Any("error", err))
+		return res, nil
+	}
+	if fenced := a.Finish(outcome, false); fenced {
+		return mcpwire.ErrorResult(g.engine.AnswerFenced()), nil
+	}
+	return &storedResult{raw: raw, replayed: false, derived: derived}, nil
+}
+
+// unknownOutcome reports whether a tool's error leaves its side effect's
+// outcome unknown: it wraps context.DeadlineExceeded or context.Canceled
+// (its provider call timed out, or it ran past its ExecutionTimeout).
+func unknownOutcome(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
+
+var bytesName = (&wrapperspb.BytesValue{}).ProtoReflect().Descriptor().FullName()
+
+// replay answers with a stored outcome.
+func replay(outcome *anypb.Any, replayed, derived bool) (mcp.Result, error) {
+	if err := gatecore.TooLarge(outcome); err != nil {
+		return mcpwire.ErrorResult(err), nil
+	}
+	v := &wrapperspb.BytesValue{}
+	if outcome.MessageName() != bytesName || proto.Unmarshal(outcome.GetValue(), v) != nil || !json.Valid(v.GetValue()) {
+		return mcpwire.ErrorResult(grpcerr.New(codes.Internal, ReasonOutcomeTypeMismatch,
+			fmt.Sprintf("the stored outcome is a %s, not a tool result; the call was not run again", outcome.MessageName()), nil, 0)), nil
+	}
+	return &storedResult{raw: v.GetValue(), replayed: replayed, derived: derived}, nil
+}
+
+// storedResult is a tool result as stored: it marshals to the stored bytes,
+// with MetaReplayed (and MetaKeyDerived) added to its _meta, so the first
+// caller and every duplicate get the same bytes but for that mark.
+type storedResult struct {
+	// ResultBase makes it an mcp.Result; its Meta is not marshaled.
+	mcp.ResultBase
+	raw               []byte
+	replayed, derived bool
+}
+
+// MarshalJSON writes the stored result with the replay mark.
+func (s *storedResult) MarshalJSON() ([]byte, error) { return marked(s.raw, s.replayed, s.derived) }
+
+// marked returns raw (a JSON object) with _meta[MetaReplayed] set, and
+// _meta[MetaKeyDerived] when derived. Members keep their bytes; their order
+// is sorted, the same on every call.
+func marked(raw []byte, replayed, derived bool) ([]byte, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return nil, err
+	}
+	meta := map[string]json.RawMessage{}
+	if m, ok := obj["_meta"]; ok && !bytes.Equal(bytes.TrimSpace(m), []byte("null")) {
+		if err := json.Unmarshal(m, &meta); err != nil {
+			return nil, err
+		}
+	}
+	meta[MetaReplayed] = json.RawMessage(fmt.Sprint(replayed))
+	if derived {
+		meta[MetaKeyDerived] = json.RawMessage("true")
+	}
+	m, err := json.Marshal(meta)
+	if err != nil {
+		return nil, err
+	}
+	obj["_meta"] = m
+	return json.Marshal(obj)
+}
+
+// arguments parses the call's arguments: a JSON object, or nothing.
+func arguments(raw json.RawMessage) (map[string]json.RawMessage, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return map[string]json.RawMessage{}, nil
+	}
+	var args map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &args); err != nil {
+		return nil, grpcerr.New(codes.InvalidArgument, ReasonArgumentsInvalid, "the arguments are not a JSON object: "+err.Error(), nil, 0)
+	}
+	return args, nil
+}
+
+// keyOf returns the call's key: _meta[MetaKey], then the key argument, then
+// SEP-3182's parameter. Carriers that disagree are a conflict.
+func (g *Gate) keyOf(call *mcp.CallToolRequest, r *resolved, args map[string]json.RawMessage) (string, bool, error) {
+	metaKey, hasMeta, err := mcpwire.CallKey(call.Params.GetMeta())
+	if err != nil {
+		return "", false, err
+	}
+	key, hasKey := metaKey, hasMeta
+	names := make([]string, 0, len(r.keyArgs))
+	for name := range r.keyArgs {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		v, ok := args[name]
+		if !ok || bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
+			continue
+		}
+		var s string
+		if json.Unmarshal(v, &s) != nil {
+			return "", false, grpcerr.New(codes.InvalidArgument, ReasonKeyInvalid, "the key argument "+name+" must be a string", nil, 0)
+		}
+		if s == "" {
+			continue
+		}
+		if hasKey && s != key {
+			return "", false, grpcerr.New(codes.InvalidArgument, ReasonKeyConflict,
+				fmt.Sprintf("_meta and the argument %s carry different idempotency keys; send one, or the same in both", name),
+				map[string]string{"field": name}, 0)
+		}
+		key, hasKey = s, true
+	}
+	if !hasKey {
+		return "", false, nil
+	}
+	if err := keys.Validate(key); err != nil {
+		return "", false, grpcerr.New(codes.InvalidArgument, ReasonKeyInvalid,
+			"the idempotency key "+err.Error()+": use 1 to 255 bytes of printable ASCII without leading or trailing spaces, such as a UUID", nil, 0)
+	}
+	return key, true, nil
+}
+
+// Fingerprint is the SHA-256 of args in RFC 8785 (JCS) canonical JSON,
+// without the members named in keyArgs and exclude: member order and
+// insignificant whitespace never change it, nor how a number or a string is
+// spelled ("1e2" and 100, "\u0041" and "A"). Numbers are IEEE 754 doubles in
+// JCS, so two integers above 2^53 that round to the same double have one
+// fingerprint: send such identifiers as strings.
+func Fingerprint(args map[string]json.RawMessage, keyArgs, exclude map[string]bool) ([]byte, error) {
+	kept := make(map[string]json.RawMessage, len(args))
+	for name, v := range args {
+		if !keyArgs[name] && !exclude[name] {
+			kept[name] = v
+		}
+	}
+	b, err := json.Marshal(kept)
+	if err != nil {
+		return nil, err
+	}
+	canonical, err := jcs.Transform(b)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(canonical)
+	return sum[:], nil
+}

@@ -1,0 +1,88 @@
+package mcpgate
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the Prometheus counters of WithRegisterer.
+type metrics struct {
+	calls, events *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	m := &metrics{
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_mcpgate_calls_total",
+			Help: "Gated tools/call requests by tool and outcome: executed, replayed, released (the tool's error result, not stored), or the reason they were refused.",
+		}, []string{"tool", "outcome"}),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemgate_mcpgate_events_total",
+			Help: "Events the caller does not see, by tool: the interceptor's events (fenced, finish_retry, outcome_lost, ...).",
+		}, []string{"tool", "event"}),
+	}
+	for _, vec := range []**prometheus.CounterVec{&m.calls, &m.events} {
+		if err := reg.Register(*vec); err != nil {
+			// A second Gate on one registry shares the first one's counters.
+			var already prometheus.AlreadyRegisteredError
+			if !errors.As(err, &already) {
+				return nil, err
+			}
+			existing, ok := already.ExistingCollector.(*prometheus.CounterVec)
+			if !ok {
+				return nil, err
+			}
+			*vec = existing
+		}
+	}
+	return m, nil
+}
+
+// event counts an event the core reports for tool; m may be nil.
+func (m *metrics) event(tool, event string) {
+	if m != nil {
+		m.events.WithLabelValues(tool, event).Inc()
+	}
+}
+
+// call counts a gated call by what its result says: replayed or executed,
+// released for the tool's own error result, or the refusal's reason
+// (lower-cased, IDEMPOTENCY_ dropped; "refused" for any other).
+func (m *metrics) call(tool string, res mcp.Result, err error) {
+	if m == nil {
+		return
+	}
+	outcome := "refused"
+	switch r := res.(type) {
+	case *storedResult:
+		outcome = "executed"
+		if r.replayed {
+			outcome = "replayed"
+		}
+	case *mcp.CallToolResult:
+		e, _ := r.Meta[MetaError].(map[string]any)
+		reason, _ := e["reason"].(string)
+		switch {
+		case e == nil:
+			outcome = "released"
+		case knownReasons[reason]:
+			outcome = strings.ToLower(strings.TrimPrefix(reason, "IDEMPOTENCY_"))
+		}
+	}
+	if err != nil && res == nil {
+		outcome = "released"
+	}
+	m.calls.WithLabelValues(tool, outcome).Inc()
+}
+
+var knownReasons = map[string]bool{
+	ReasonKeyMissing: true, ReasonKeyInvalid: true, ReasonKeyConflict: true, ReasonKeyReused: true,
+	ReasonInFlight: true, ReasonOutcomeUnknown: true, ReasonResultTooLarge: true, ReasonStoreUnavailable: true,
+	ReasonStoreRejected: true, ReasonOutcomeTypeMismatch: true, ReasonQuotaExceeded: true,
+}

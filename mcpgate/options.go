@@ -1,0 +1,189 @@
+package mcpgate
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/prometheus/client_golang/prometheus"
+
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/gatecore"
+)
+
+// TenantFunc names the tenant of a tools/call, which namespaces its keys so
+// two tenants using one key never share a record. An error refuses the call:
+// a gRPC status error as it is (code, reason), any other as UNAUTHENTICATED
+// with its text.
+type TenantFunc func(ctx context.Context, req *mcp.CallToolRequest) (string, error)
+
+// DefaultTenant is the tenant of a call without an authenticated identity:
+// "", one tenant shared by every such caller.
+const DefaultTenant = ""
+
+// TokenTenant names the tenant by the MCP session's authenticated identity:
+// the UserID of the bearer token's TokenInfo (go-sdk auth, in the request's
+// Extra), or DefaultTenant when the request carries no token or the token
+// names no user.
+func TokenTenant(_ context.Context, req *mcp.CallToolRequest) (string, error) {
+	if req.Extra == nil || req.Extra.TokenInfo == nil {
+		return DefaultTenant, nil
+	}
+	return req.Extra.TokenInfo.UserID, nil
+}
+
+// ToolPolicy is the explicit policy of one tool (WithTool). Zero durations
+// take the defaults named.
+type ToolPolicy struct {
+	// NotGated records the decision that the tool is not gated: its calls
+	// pass through. Defaults to false: the tool is gated.
+	NotGated bool
+	// KeyArgument names a top-level string argument that carries the key,
+	// in addition to an argument the input schema marks with
+	// "io.idemgate/idempotency-key": true. It never enters the fingerprint.
+	// Defaults to none.
+	KeyArgument string
+	// ExcludeArguments name top-level arguments left out of the
+	// fingerprint (a timestamp, a trace id), in addition to those the input
+	// schema marks with "io.idemgate/exclude-from-fingerprint": true.
+	// Defaults to none.
+	ExcludeArguments []string
+	// ReplayErrors stores a result with isError true as the action's outcome
+	// and replays it. Defaults to false: such a result releases the key, so
+	// a retry runs the tool again.
+	ReplayErrors bool
+	// Retention is how long an outcome is replayed. Defaults to 24h.
+	Retention time.Duration
+	// Lease is how long a reservation is held without a heartbeat before it
+	// counts as abandoned; renewed every third of it while the tool runs.
+	// Defaults to 10s.
+	Lease time.Duration
+	// MaxWait is how long a duplicate that arrives while the original runs
+	// waits for its outcome before it gets IDEMPOTENCY_IN_FLIGHT. Defaults
+	// to 3s.
+	MaxWait time.Duration
+	// ExecutionTimeout bounds the tool's run; its context ends with
+	// ErrExecutionTimeout. Defaults to 60s.
+	ExecutionTimeout time.Duration
+	// OnLostOutcome is what a call finds after an attempt lost its lease
+	// without an outcome. Defaults to FAIL_CLOSED.
+	OnLostOutcome idemgatev1.LostOutcomePolicy
+	// KeylessFingerprint deduplicates a call without a key on its
+	// fingerprint for KeylessWindow instead of refusing it with
+	// IDEMPOTENCY_KEY_MISSING. Defaults to false.
+	KeylessFingerprint bool
+	// KeylessWindow is how long identical keyless calls collapse into one.
+	// Defaults to 60s.
+	KeylessWindow time.Duration
+}
+
+type options struct {
+	serverName     string
+	tenant         TenantFunc
+	tools          map[string]ToolPolicy
+	strict         bool
+	logger         *slog.Logger
+	dedupeTimeout  time.Duration
+	outcomeTimeout time.Duration
+	finishBudget   time.Duration
+	inFlightRetry  time.Duration
+	storeRetry     time.Duration
+	maxOutcome     int
+	registerer     prometheus.Registerer
+	// replayEntries and replayBytes bound the replay cache; 0 turns it off.
+	replayEntries, replayBytes int
+	replayTTL                  time.Duration
+}
+
+var defaultOptions = options{
+	tenant:        TokenTenant,
+	logger:        slog.Default(),
+	maxOutcome:    1 << 20,
+	inFlightRetry: time.Second,
+	storeRetry:    time.Second,
+	replayTTL:     gatecore.DefaultReplayCacheTTL,
+}
+
+// Option configures New.
+type Option func(*options)
+
+// WithServerName sets the server name in every record's scope, so two
+// servers sharing a Dedupe namespace never share a record: printable ASCII
+// without "|". Defaults to the name the server reports in its
+// implementation info (mcp.NewServer's Implementation.Name).
+func WithServerName(name string) Option { return func(o *options) { o.serverName = name } }
+
+// WithTenant sets the function that names the tenant of each call.
+// Defaults to TokenTenant.
+func WithTenant(f TenantFunc) Option { return func(o *options) { o.tenant = f } }
+
+// WithTool sets the policy of the tool named name, whatever its annotations
+// say. Defaults to none: a tool follows its annotations.
+func WithTool(name string, p ToolPolicy) Option {
+	return func(o *options) {
+		if o.tools == nil {
+			o.tools = map[string]ToolPolicy{}
+		}
+		o.tools[name] = p
+	}
+}
+
+// WithStrict makes New fail while the server has a tool that is neither
+// named with WithTool nor annotated, and refuses calls to such a tool added
+// later (IDEMPOTENCY_STORE_REJECTED, nothing runs). Defaults to off: such a
+// tool is gated, by MCP's defaults for a tool without annotations.
+func WithStrict() Option { return func(o *options) { o.strict = true } }
+
+// WithLogger sets the logger for what the caller does not see. Defaults to
+// slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithDedupeTimeout bounds each Begin (beyond the tool's MaxWait).
+// Defaults to 5s.
+func WithDedupeTimeout(d time.Duration) Option { return func(o *options) { o.dedupeTimeout = d } }
+
+// WithOutcomeTimeout bounds each attempt to store an outcome. Defaults to
+// 5s.
+func WithOutcomeTimeout(d time.Duration) Option { return func(o *options) { o.outcomeTimeout = d } }
+
+// WithFinishRetryBudget bounds how long an outcome the Dedupe service could
+// not take is retried in the background (Close waits for it). Defaults to
+// 1m.
+func WithFinishRetryBudget(d time.Duration) Option { return func(o *options) { o.finishBudget = d } }
+
+// WithInFlightRetryAfter sets the retry delay sent with
+// IDEMPOTENCY_IN_FLIGHT. Defaults to 1s.
+func WithInFlightRetryAfter(d time.Duration) Option { return func(o *options) { o.inFlightRetry = d } }
+
+// WithMaxOutcomeBytes sets the largest stored result; a larger one reaches
+// its caller and duplicates get IDEMPOTENCY_RESULT_TOO_LARGE. Defaults to
+// 1 MiB, the Dedupe service's default limit.
+func WithMaxOutcomeBytes(n int) Option { return func(o *options) { o.maxOutcome = n } }
+
+// WithRegisterer registers Prometheus counters with reg:
+// idemgate_mcpgate_calls_total{tool,outcome} (executed, replayed, released,
+// or the reason a call was refused, such as key_missing or in_flight) and
+// idemgate_mcpgate_events_total{tool,event} (fenced, finish_retry,
+// outcome_lost, ...; the same events as Stats). Defaults to none.
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(o *options) { o.registerer = reg }
+}
+
+// WithReplayCache keeps the results of completed calls in memory, at most
+// maxEntries of them and about maxBytes in all (least recently used out
+// first), so a duplicate with the same fingerprint is replayed without a
+// round trip to the Dedupe service, the same bytes and mark as a replay
+// through it; the interceptor's replay cache, with its caveat: what changes
+// at the service (a record resolved, or expired and run again through
+// another replica) is not seen here until the entry's TTL
+// (WithReplayCacheTTL) runs out. Off by default.
+func WithReplayCache(maxEntries, maxBytes int) Option {
+	return func(o *options) { o.replayEntries, o.replayBytes = maxEntries, maxBytes }
+}
+
+// WithReplayCacheTTL bounds how long a result is served from the replay
+// cache; never past its record's expiry less 5s either. Defaults to 1m.
+func WithReplayCacheTTL(d time.Duration) Option {
+	return func(o *options) { o.replayTTL = d }
+}
