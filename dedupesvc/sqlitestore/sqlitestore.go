@@ -46,6 +46,8 @@ type Store struct {
 	// (nil with batching off).
 	commit GroupCommit
 	group  *groupcommit.Group[*op]
+	// stmts are hotStatements, prepared.
+	stmts map[string]*sql.Stmt
 }
 
 // GroupCommit configures how the Store writes the Begins, Finishes,
@@ -140,6 +142,10 @@ func open(ctx context.Context, dir string, opened time.Time, elapsed func() time
 		db.Close()
 		return nil, err
 	}
+	if err := s.prepare(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
 	// -wal and -shm left by an earlier version may be more open.
 	for _, suffix := range []string{"-wal", "-shm"} {
 		if err := os.Chmod(path+suffix, 0o600); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -195,7 +201,12 @@ func inFlightLive(t string) string {
 func (s *Store) Path() string { return s.path }
 
 // Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error {
+	for _, st := range s.stmts {
+		_ = st.Close()
+	}
+	return s.db.Close()
+}
 
 func (s *Store) migrate(ctx context.Context) error {
 	all, err := migrations.List(migrations.SQLite, "sqlite")
@@ -275,6 +286,8 @@ WHERE (idemgate_records.expires_at <= :now AND NOT ` + inFlightLive("idemgate_re
                 AND idemgate_records.attempt_token <> excluded.attempt_token)))
 RETURNING epoch, lease_expires_at`
 
+const usageSQL = `SELECT records, outcome_bytes FROM idemgate_namespace_usage WHERE namespace = ?`
+
 var markUnknownSQL = `
 UPDATE idemgate_records
 SET state = 'unknown', expires_at = max(expires_at, :now + :unknown)
@@ -325,7 +338,7 @@ func (s *Store) begin(ctx context.Context, x exec, p dedupesvc.BeginParams) (ded
 		},
 		Usage: func(ctx context.Context) (int64, int64, error) {
 			var records, bytes int64
-			err := x.q.QueryRowContext(ctx, `SELECT records, outcome_bytes FROM idemgate_namespace_usage WHERE namespace = ?`, p.Namespace).Scan(&records, &bytes)
+			err := x.q.QueryRowContext(ctx, usageSQL, p.Namespace).Scan(&records, &bytes)
 			if err != nil && !errors.Is(err, sql.ErrNoRows) {
 				return 0, 0, fmt.Errorf("sqlitestore: read usage: %w", err)
 			}
@@ -383,6 +396,65 @@ type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
+// hotStatements are prepared once, when the store opens: modernc's SQLite
+// parses a statement anew at every execution that is not prepared, and the
+// parsing cost more CPU than running it.
+var hotStatements = []string{readSQL, reserveSQL, usageSQL, markUnknownSQL, renewSQL, finishSQL, releaseSQL, releaseUnknownSQL, heartbeatSQL}
+
+// prepare prepares hotStatements on the store's one connection.
+func (s *Store) prepare(ctx context.Context) error {
+	s.stmts = make(map[string]*sql.Stmt, len(hotStatements))
+	for _, q := range hotStatements {
+		st, err := s.db.PrepareContext(ctx, q)
+		if err != nil {
+			return fmt.Errorf("sqlitestore: prepare: %w", err)
+		}
+		s.stmts[q] = st
+	}
+	return nil
+}
+
+// preparedQuerier runs the hot statements prepared, on the database or in
+// tx; database/sql reuses the statement prepared on the connection the
+// transaction holds.
+type preparedQuerier struct {
+	tx    *sql.Tx // nil: the database
+	db    *sql.DB
+	stmts map[string]*sql.Stmt
+}
+
+func (s *Store) prepared(tx *sql.Tx) preparedQuerier {
+	return preparedQuerier{tx: tx, db: s.db, stmts: s.stmts}
+}
+
+func (p preparedQuerier) stmt(ctx context.Context, query string) *sql.Stmt {
+	st := p.stmts[query]
+	if st != nil && p.tx != nil {
+		return p.tx.StmtContext(ctx, st)
+	}
+	return st
+}
+
+func (p preparedQuerier) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if st := p.stmt(ctx, query); st != nil {
+		return st.ExecContext(ctx, args...)
+	}
+	if p.tx != nil {
+		return p.tx.ExecContext(ctx, query, args...)
+	}
+	return p.db.ExecContext(ctx, query, args...)
+}
+
+func (p preparedQuerier) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	if st := p.stmt(ctx, query); st != nil {
+		return st.QueryRowContext(ctx, args...)
+	}
+	if p.tx != nil {
+		return p.tx.QueryRowContext(ctx, query, args...)
+	}
+	return p.db.QueryRowContext(ctx, query, args...)
+}
+
 // exec is where an operation runs: q for its statements, wake for the
 // records it changed, whose waiters must learn of it once it is committed.
 type exec struct {
@@ -417,7 +489,7 @@ type op struct {
 // database directly.
 func (s *Store) write(ctx context.Context, fn func(ctx context.Context, x exec) error) error {
 	if s.group == nil {
-		return fn(ctx, exec{q: s.db, wake: s.waiters.Wake})
+		return fn(ctx, exec{q: s.prepared(nil), wake: s.waiters.Wake})
 	}
 	o := &op{run: fn}
 	if err := s.group.Do(ctx, o); err != nil {
@@ -442,40 +514,37 @@ func answered(err error) bool {
 // Waiters are woken only after the commit.
 func (s *Store) flush(ctx context.Context, ops []*op) {
 	if len(ops) > 1 {
-		woken, ok := s.transaction(ctx, ops)
-		if ok {
+		if woken, ok := s.transaction(ctx, ops); ok {
 			for _, id := range woken {
 				s.waiters.Wake(id)
 			}
 			return
 		}
 	}
+	// Alone, each statement is its own transaction, as without batching:
+	// a duplicate's read takes no write lock and commits nothing.
 	for _, o := range ops {
-		if woken, ok := s.transaction(ctx, []*op{o}); ok {
-			for _, id := range woken {
-				s.waiters.Wake(id)
-			}
-		}
+		o.err = o.run(ctx, exec{q: s.prepared(nil), wake: s.waiters.Wake})
 	}
 }
 
 // transaction runs ops in one transaction and commits it; it reports false,
-// having rolled back, when one of several failed (each op's err is then
-// stale) or the commit failed (every op's err says so).
+// having rolled back, when one of them failed (not merely refused: each
+// op's err is then stale). A failed commit fails every op.
 func (s *Store) transaction(ctx context.Context, ops []*op) (woken []dedupesvc.RecordID, ok bool) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		for _, o := range ops {
 			o.err = fmt.Errorf("sqlitestore: begin transaction: %w", err)
 		}
-		return nil, len(ops) == 1
+		return nil, true
 	}
-	x := exec{q: tx, wake: func(id dedupesvc.RecordID) { woken = append(woken, id) }}
+	x := exec{q: s.prepared(tx), wake: func(id dedupesvc.RecordID) { woken = append(woken, id) }}
 	for _, o := range ops {
 		o.err = o.run(ctx, x)
 		if !answered(o.err) {
 			_ = tx.Rollback()
-			return nil, len(ops) == 1
+			return nil, false
 		}
 	}
 	if err := tx.Commit(); err != nil {
@@ -641,7 +710,7 @@ func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 		query = resolveCompleteSQL
 		args = append(args, sql.Named("type_url", p.Complete.TypeURL), sql.Named("value", value), sql.Named("key_id", p.Complete.KeyID))
 	}
-	n, err := exec{q: s.db, wake: s.waiters.Wake}.change(ctx, p.ID(), query, args...)
+	n, err := exec{q: s.prepared(nil), wake: s.waiters.Wake}.change(ctx, p.ID(), query, args...)
 	if err != nil {
 		return fmt.Errorf("sqlitestore: resolve: %w", err)
 	}

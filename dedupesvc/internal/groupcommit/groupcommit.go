@@ -78,7 +78,24 @@ func (g *Group[T]) Do(ctx context.Context, op T) error {
 	}
 	if g.writers < g.cfg.Writers {
 		g.writers++
-		go g.drain()
+		if len(g.queue) == 1 {
+			// Nothing waits and a writer is free: write it now, alone, on
+			// the caller's goroutine. Whatever queued meanwhile goes to a
+			// writer of its own, so this caller returns at once.
+			g.queue[0] = nil
+			g.queue = g.queue[:0]
+			g.mu.Unlock()
+			g.write([]*entry[T]{e})
+			g.mu.Lock()
+			if len(g.queue) > 0 {
+				go g.drain(1)
+			} else {
+				g.writers--
+			}
+			g.mu.Unlock()
+			return nil
+		}
+		go g.drain(0)
 	}
 	g.mu.Unlock()
 	select {
@@ -109,9 +126,10 @@ func (g *Group[T]) Writing() int {
 	return int(g.writing.Load())
 }
 
-// drain is one writer: it writes batches until the queue is empty.
-func (g *Group[T]) drain() {
-	for round := 0; ; round++ {
+// drain is one writer: it writes batches until the queue is empty. Batches
+// from round 1 on formed behind a commit, and may linger (MaxDelay).
+func (g *Group[T]) drain(round int) {
+	for ; ; round++ {
 		g.mu.Lock()
 		if len(g.queue) == 0 {
 			g.writers--
