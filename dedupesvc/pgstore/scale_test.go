@@ -1,0 +1,181 @@
+package pgstore_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/dedupesvc/pgstore"
+	"github.com/idemgate/idemgate/internal/pgtest"
+)
+
+// BenchmarkScale measures Begin on a table already holding many records,
+// and the sweeper's cost there. It runs only with IDEMGATE_SCALE_ROWS set to
+// the table sizes to measure, comma-separated (0 is the empty table):
+//
+//	IDEMGATE_SCALE_ROWS=0,1000000,10000000 go test -run '^$' -bench BenchmarkScale -benchtime 2000x -timeout 2h ./dedupesvc/pgstore/
+//
+// Each size gets a throwaway schema, filled by generate_series: completed
+// records, one in ten expired so the sweeper has work. Sub-benchmarks, one
+// caller each: fresh (Begin of a new key), replay (Begin of a random stored
+// key: a duplicate), fresh-while-sweeping (fresh with a sweeper deleting
+// expired records without pause beside it: its worst case, where the
+// service's sweeper pauses a minute between passes), and sweep-batch (one
+// DeleteExpired of 1000 records, the sweeper's statement; the run reports
+// its rows a second).
+func BenchmarkScale(b *testing.B) {
+	sizes := os.Getenv("IDEMGATE_SCALE_ROWS")
+	if sizes == "" {
+		b.Skip("set IDEMGATE_SCALE_ROWS (e.g. 0,1000000) to run")
+	}
+	for _, field := range strings.Split(sizes, ",") {
+		rows, err := strconv.ParseInt(strings.TrimSpace(field), 10, 64)
+		if err != nil {
+			b.Fatalf("IDEMGATE_SCALE_ROWS: %v", err)
+		}
+		b.Run(fmt.Sprintf("rows=%d", rows), func(b *testing.B) { benchScale(b, rows) })
+	}
+}
+
+var scaleFingerprint = func() []byte { fp := sha256.Sum256([]byte("scale")); return fp[:] }()
+
+func benchScale(b *testing.B, rows int64) {
+	ctx := context.Background()
+	pool, _ := pgtest.Schema(b)
+	populate(b, pool, rows)
+	s := pgstore.New(pool)
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	var seq atomic.Int64
+	params := func(key, token string) dedupesvc.BeginParams {
+		return dedupesvc.BeginParams{Namespace: "bench", Scope: "/bench.S/M", Key: key, Fingerprint: scaleFingerprint, AttemptToken: token,
+			Lease: time.Minute, Retention: time.Hour, UnknownRetention: time.Hour,
+			MaxRecords: 1 << 40, MaxOutcomeBytes: 1 << 50}
+	}
+	fresh := func(b *testing.B) {
+		key := fmt.Sprintf("fresh-%s-%d", run, seq.Add(1))
+		if res, err := s.Begin(ctx, params(key, key)); err != nil || res.State != dedupesvc.BeginReserved {
+			b.Fatalf("Begin = %+v, %v", res, err)
+		}
+	}
+	b.Run("fresh", func(b *testing.B) {
+		for b.Loop() {
+			fresh(b)
+		}
+	})
+	b.Run("replay", func(b *testing.B) {
+		if rows == 0 {
+			done := params("done-"+run, "holder")
+			r, err := s.Begin(ctx, done)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := s.Finish(ctx, dedupesvc.FinishParams{Namespace: "bench", Scope: done.Scope, Key: done.Key, AttemptToken: "holder", Epoch: r.Epoch,
+				Outcome: dedupesvc.Outcome{TypeURL: "type.googleapis.com/bench.R", Value: []byte("stored")}}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for b.Loop() {
+			key := "done-" + run
+			if rows > 0 {
+				// A live record: one in ten (i % 10 == 0) is expired.
+				i := rand.Int64N(rows) + 1
+				if i%10 == 0 {
+					i--
+				}
+				if i == 0 {
+					i = 1
+				}
+				key = "pre-" + strconv.FormatInt(i, 10)
+			}
+			if res, err := s.Begin(ctx, params(key, "dup")); err != nil || res.State != dedupesvc.BeginCompleted {
+				b.Fatalf("Begin(%s) = %+v, %v", key, res, err)
+			}
+		}
+	})
+	b.Run("fresh-while-sweeping", func(b *testing.B) {
+		sweepCtx, stop := context.WithCancel(ctx)
+		var deleted atomic.Int64
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for sweepCtx.Err() == nil {
+				n, _, err := s.DeleteExpired(sweepCtx, 1000)
+				deleted.Add(int64(n))
+				if err != nil || n == 0 {
+					return // nothing left to sweep (or stopped)
+				}
+			}
+		}()
+		for b.Loop() {
+			fresh(b)
+		}
+		stop()
+		<-done
+		b.ReportMetric(float64(deleted.Load()), "swept")
+	})
+	b.Run("sweep-batch", func(b *testing.B) {
+		var deleted int64
+		start := time.Now()
+		for b.Loop() {
+			n, _, err := s.DeleteExpired(ctx, 1000)
+			if err != nil {
+				b.Fatal(err)
+			}
+			deleted += int64(n)
+		}
+		b.ReportMetric(float64(deleted)/time.Since(start).Seconds(), "rows/s")
+	})
+}
+
+// populate fills the schema's table with rows completed records, one in ten
+// expired, in chunks of a million, with the usage triggers off (then the
+// usage counted once, as migration 005 does) and the table analysed.
+func populate(b *testing.B, pool *pgxpool.Pool, rows int64) {
+	ctx := context.Background()
+	if rows == 0 {
+		return
+	}
+	started := time.Now()
+	if _, err := pool.Exec(ctx, `ALTER TABLE idemgate_records DISABLE TRIGGER USER`); err != nil {
+		b.Fatal(err)
+	}
+	const chunk = 1_000_000
+	for from := int64(1); from <= rows; from += chunk {
+		to := min(from+chunk-1, rows)
+		if _, err := pool.Exec(ctx, `
+INSERT INTO idemgate_records (namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
+    outcome_type_url, outcome_value, retention_ms, lease_ms, lease_expires_at, expires_at, created_at, completed_at)
+SELECT 'bench', '/bench.S/M', 'pre-' || i, $1, 'completed', 'tok-' || i, 1,
+    'type.googleapis.com/bench.R', '\x0a0663686172676510 01'::bytea, 86400000, 60000, now(),
+    CASE WHEN i % 10 = 0 THEN now() - interval '1 hour' ELSE now() + interval '1 day' END, now(), now()
+FROM generate_series($2::bigint, $3::bigint) AS i`, scaleFingerprint, from, to); err != nil {
+			b.Fatalf("populate: %v", err)
+		}
+	}
+	for _, q := range []string{
+		`ALTER TABLE idemgate_records ENABLE TRIGGER USER`,
+		`DELETE FROM idemgate_namespace_usage`,
+		`INSERT INTO idemgate_namespace_usage (namespace, shard, records, outcome_bytes)
+		 SELECT namespace, 0, count(*), coalesce(sum(octet_length(outcome_value)), 0) FROM idemgate_records GROUP BY namespace`,
+		`VACUUM ANALYZE idemgate_records`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			b.Fatalf("populate: %s: %v", q, err)
+		}
+	}
+	var size string
+	if err := pool.QueryRow(ctx, `SELECT pg_size_pretty(pg_total_relation_size('idemgate_records'))`).Scan(&size); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("populated %d records (%s with indexes) in %v", rows, size, time.Since(started).Round(time.Second))
+}
