@@ -1,9 +1,14 @@
 // Package pgstore is the PostgreSQL implementation of dedupesvc.Store, on
 // pgx/v5 and pgxpool.
 //
-// Every state change is one statement in its own implicit transaction under
-// READ COMMITTED; the reservation commits before the tool's handler runs and
-// no row lock outlives a statement. The SQL avoids advisory locks; it uses
+// Every state change is one statement under READ COMMITTED; the reservation
+// commits before the tool's handler runs and no row lock outlives the
+// transaction that took it. A Begin of a fresh key, and a duplicate's Begin,
+// are one statement each (reserve or read); a duplicate writes nothing. The
+// Begins and Finishes of concurrent callers that arrive while the store's
+// writers are busy share one transaction, one round trip and one commit
+// (GroupCommit); no row lock is held across a round trip the caller waits
+// on, and none across user code. The SQL avoids advisory locks; it uses
 // two PostgreSQL-only features: NOTIFY to wake waiting duplicates, a hint
 // that can be turned off (WithoutNotify), leaving waiters to poll; and
 // pg_postmaster_start_time(), so a database restart never counts against a

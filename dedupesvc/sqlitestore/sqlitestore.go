@@ -2,6 +2,11 @@
 // modernc.org/sqlite (pure Go, no cgo), in one file of a data directory. It
 // needs no database server, so dedupesvc runs anywhere at once.
 //
+// SQLite has one writer and every commit waits for an fsync, so the store
+// writes the operations of concurrent callers that queue behind a commit
+// together in the next transaction, sharing its fsync (GroupCommit); an
+// operation that finds the store idle is written at once, alone.
+//
 // It serves one dedupe service process: times come from that process's clock
 // and waiting duplicates are woken in memory. Move to PostgreSQL (pgstore)
 // for several dedupe service replicas, high availability, or tool servers on
