@@ -384,21 +384,27 @@ WHERE (r.expires_at <= now() AND NOT ` + inFlightLive("r") + `)
 RETURNING epoch, lease_expires_at`
 
 // firstSQL is Begin's first statement (dedupesvc.BeginSteps.First): it
-// inserts the reservation when the key has no row and the namespace's quotas
-// ($8 records, $9 outcome bytes; 0 is none) allow one more, and otherwise
-// returns the row as readSQL reads it, so a fresh key and a replay each cost
-// one statement and one round trip. ON CONFLICT DO NOTHING finds an existing
-// row before it writes anything: a replay takes no row lock, gets no
+// reads the key's row as readSQL does and, only when there is none and the
+// namespace's quotas ($8 records, $9 outcome bytes; 0 is none) allow one
+// more, inserts the reservation; so a fresh key and a replay each cost one
+// statement and one round trip. With a row found, the usage is not read and
+// the INSERT gets no row to insert: a replay takes no row lock, gets no
 // transaction ID and its commit flushes no WAL. Every sub-statement sees one
-// snapshot, so the row is read only when nothing was inserted; a row
-// committed after the snapshot conflicts but is not read, and the statement
-// returns neither: the caller reads again (RunBegin). The usage row is
-// summed only with a quota set.
+// snapshot: a row committed after it conflicts with the INSERT (ON CONFLICT
+// DO NOTHING) yet is not read, and the statement returns neither; the
+// caller then reads again (RunBegin).
 var firstSQL = `
-WITH usage AS (
+WITH existing AS (
+    SELECT r.fingerprint, r.state, r.attempt_token, r.epoch, r.outcome_type_url, r.outcome_value, r.outcome_key_id,
+           CASE WHEN r.state = 'in_flight' THEN ` + leaseEnd("r") + ` ELSE r.lease_expires_at END AS lease_end,
+           r.completed_at,
+           CASE WHEN r.state = 'in_flight' THEN greatest(r.expires_at, ` + leaseEnd("r") + `) ELSE r.expires_at END AS expiry
+    FROM idemgate_records AS r
+    WHERE r.namespace = $7 AND r.scope = $1 AND r.idempotency_key = $2
+), usage AS (
     SELECT coalesce(sum(records), 0)::bigint AS records, coalesce(sum(outcome_bytes), 0)::bigint AS bytes
     FROM idemgate_namespace_usage
-    WHERE namespace = $7 AND ($8::bigint > 0 OR $9::bigint > 0)
+    WHERE namespace = $7 AND ($8::bigint > 0 OR $9::bigint > 0) AND NOT EXISTS (SELECT 1 FROM existing)
 ), reserved AS (
     INSERT INTO idemgate_records AS r (
         namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
@@ -406,20 +412,18 @@ WITH usage AS (
     SELECT $7, $1, $2, $3, 'in_flight', $4, 1,
         $6::bigint, $5::bigint, now() + $5::bigint * interval '1 millisecond', now() + $6::bigint * interval '1 millisecond'
     FROM usage
-    WHERE ($8::bigint = 0 OR usage.records < $8::bigint) AND ($9::bigint = 0 OR usage.bytes < $9::bigint)
+    WHERE NOT EXISTS (SELECT 1 FROM existing)
+      AND ($8::bigint = 0 OR usage.records < $8::bigint) AND ($9::bigint = 0 OR usage.bytes < $9::bigint)
     ON CONFLICT (namespace, scope, idempotency_key) DO NOTHING
     RETURNING epoch, lease_expires_at
 )
 SELECT reserved.epoch, reserved.lease_expires_at,
-       r.fingerprint, r.state, r.attempt_token, r.epoch, r.outcome_type_url, r.outcome_value, r.outcome_key_id,
-       CASE WHEN r.state = 'in_flight' THEN ` + leaseEnd("r") + ` ELSE r.lease_expires_at END,
-       r.completed_at,
-       CASE WHEN r.state = 'in_flight' THEN greatest(r.expires_at, ` + leaseEnd("r") + `) ELSE r.expires_at END,
+       existing.fingerprint, existing.state, existing.attempt_token, existing.epoch, existing.outcome_type_url,
+       existing.outcome_value, existing.outcome_key_id, existing.lease_end, existing.completed_at, existing.expiry,
        now()
-FROM usage
+FROM (SELECT 1) AS one
 LEFT JOIN reserved ON true
-LEFT JOIN idemgate_records AS r
-    ON reserved.epoch IS NULL AND r.namespace = $7 AND r.scope = $1 AND r.idempotency_key = $2`
+LEFT JOIN existing ON true`
 
 // markUnknownSQL turns an in-flight row whose lease ran out into an
 // outcome-unknown one (FAIL_CLOSED), kept for the unknown retention so it is
