@@ -25,11 +25,12 @@ import (
 // and the sweeper's cost there. It runs only with IDEMGATE_SCALE_ROWS set to
 // the table sizes to measure, comma-separated (0 is the empty table):
 //
-//	IDEMGATE_SCALE_ROWS=0,1000000,10000000 go test -run '^$' -bench BenchmarkScale -benchtime 2000x -timeout 2h ./dedupesvc/pgstore/
+//	IDEMGATE_SCALE_ROWS=0,1000000,10000000 go test -run '^$' -bench BenchmarkScale -benchtime 400x -timeout 2h ./dedupesvc/pgstore/
 //
 // Each size gets a throwaway schema, filled by generate_series: completed
-// records, one in ten expired so the sweeper has work. Sub-benchmarks, one
-// caller each: fresh (Begin of a new key), replay (Begin of a random stored
+// records, one in ten expired so the sweeper has work. The sizes are
+// measured in alternating rounds (compare with benchstat -ignore /round).
+// Operations, one caller each: fresh (Begin of a new key), replay (Begin of a random stored
 // key: a duplicate), replay-hot (Begin of one stored key, again and again),
 // fresh-while-sweeping (fresh with a sweeper deleting
 // expired records without pause beside it: its worst case, where the
@@ -41,24 +42,7 @@ func BenchmarkScale(b *testing.B) {
 	if sizes == "" {
 		b.Skip("set IDEMGATE_SCALE_ROWS (e.g. 0,1000000) to run")
 	}
-	for _, field := range strings.Split(sizes, ",") {
-		rows, err := strconv.ParseInt(strings.TrimSpace(field), 10, 64)
-		if err != nil {
-			b.Fatalf("IDEMGATE_SCALE_ROWS: %v", err)
-		}
-		b.Run(fmt.Sprintf("rows=%d", rows), func(b *testing.B) { benchScale(b, rows) })
-	}
-}
-
-var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-var scaleFingerprint = func() []byte { fp := sha256.Sum256([]byte("scale")); return fp[:] }()
-
-func benchScale(b *testing.B, rows int64) {
 	ctx := context.Background()
-	pool, _ := pgtest.Schema(b)
-	populate(b, pool, rows)
-	s := pgstore.New(pool)
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	var seq atomic.Int64
 	params := func(key, token string) dedupesvc.BeginParams {
@@ -66,99 +50,123 @@ func benchScale(b *testing.B, rows int64) {
 			Lease: time.Minute, Retention: time.Hour, UnknownRetention: time.Hour,
 			MaxRecords: 1 << 40, MaxOutcomeBytes: 1 << 50}
 	}
-	fresh := func(b *testing.B) {
+	type table struct {
+		rows int64
+		s    *pgstore.Store
+	}
+	var tables []table
+	for _, field := range strings.Split(sizes, ",") {
+		rows, err := strconv.ParseInt(strings.TrimSpace(field), 10, 64)
+		if err != nil {
+			b.Fatalf("IDEMGATE_SCALE_ROWS: %v", err)
+		}
+		pool, _ := pgtest.Schema(b)
+		populate(b, pool, rows)
+		s := pgstore.New(pool)
+		done := params("done-"+run, "holder")
+		r, err := s.Begin(ctx, done)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Finish(ctx, dedupesvc.FinishParams{Namespace: "bench", Scope: done.Scope, Key: done.Key, AttemptToken: "holder", Epoch: r.Epoch,
+			Outcome: dedupesvc.Outcome{TypeURL: "type.googleapis.com/bench.R", Value: []byte("stored")}}); err != nil {
+			b.Fatal(err)
+		}
+		tables = append(tables, table{rows, s})
+	}
+	fresh := func(b *testing.B, s *pgstore.Store) {
 		key := fmt.Sprintf("fresh-%s-%d", run, seq.Add(1))
 		if res, err := s.Begin(ctx, params(key, key)); err != nil || res.State != dedupesvc.BeginReserved {
 			b.Fatalf("Begin = %+v, %v", res, err)
 		}
 	}
-	b.Run("fresh", func(b *testing.B) {
-		for b.Loop() {
-			fresh(b)
+	replay := func(b *testing.B, s *pgstore.Store, key string) {
+		if res, err := s.Begin(ctx, params(key, "dup")); err != nil || res.State != dedupesvc.BeginCompleted {
+			b.Fatalf("Begin(%s) = %+v, %v", key, res, err)
 		}
-	})
-	b.Run("replay", func(b *testing.B) {
-		if rows == 0 {
-			done := params("done-"+run, "holder")
-			r, err := s.Begin(ctx, done)
+	}
+	// Rounds alternate the sizes, so a change in the machine's load lands
+	// on every size alike; benchstat -ignore /round merges them.
+	for round := range scaleRounds {
+		for _, t := range tables {
+			name := fmt.Sprintf("rows=%d/round=%d", t.rows, round)
+			b.Run(name+"/op=fresh", func(b *testing.B) {
+				for b.Loop() {
+					fresh(b, t.s)
+				}
+			})
+			b.Run(name+"/op=replay", func(b *testing.B) {
+				for b.Loop() {
+					key := "done-" + run
+					if t.rows > 0 {
+						// A live record: one in ten (i % 10 == 0) is expired.
+						i := rand.Int64N(t.rows) + 1
+						if i%10 == 0 {
+							i--
+						}
+						key = "pre-" + strconv.FormatInt(max(i, 1), 10)
+					}
+					replay(b, t.s, key)
+				}
+			})
+			b.Run(name+"/op=replay-hot", func(b *testing.B) {
+				// One stored key again and again: its pages stay cached, which
+				// separates the table's size from the working set's.
+				for b.Loop() {
+					replay(b, t.s, "done-"+run)
+				}
+			})
+		}
+	}
+	for _, t := range tables {
+		s := t.s
+		b.Run(fmt.Sprintf("rows=%d/op=fresh-while-sweeping", t.rows), func(b *testing.B) {
+			sweepCtx, stop := context.WithCancel(ctx)
+			var deleted atomic.Int64
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for sweepCtx.Err() == nil {
+					n, _, err := s.DeleteExpired(sweepCtx, 1000)
+					deleted.Add(int64(n))
+					if err != nil || n == 0 {
+						return // nothing left to sweep (or stopped)
+					}
+				}
+			}()
+			for b.Loop() {
+				fresh(b, s)
+			}
+			stop()
+			<-done
+			b.ReportMetric(float64(deleted.Load()), "swept")
+		})
+		b.Run(fmt.Sprintf("rows=%d/op=sweep-pass", t.rows), func(b *testing.B) {
+			// One pass of the service's sweeper (batches of 1000, at most 100
+			// a pass, the SweeperConfig defaults), timed once: b.N does not
+			// apply, read s/pass and rows/s, not ns/op.
+			sweeper := dedupesvc.NewSweeper(s, dedupesvc.SweeperConfig{BatchSize: 1000, MaxBatches: 100, Logger: quietLogger})
+			start := time.Now()
+			n, err := sweeper.SweepOnce(ctx)
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := s.Finish(ctx, dedupesvc.FinishParams{Namespace: "bench", Scope: done.Scope, Key: done.Key, AttemptToken: "holder", Epoch: r.Epoch,
-				Outcome: dedupesvc.Outcome{TypeURL: "type.googleapis.com/bench.R", Value: []byte("stored")}}); err != nil {
-				b.Fatal(err)
+			took := time.Since(start)
+			for b.Loop() {
 			}
-		}
-		for b.Loop() {
-			key := "done-" + run
-			if rows > 0 {
-				// A live record: one in ten (i % 10 == 0) is expired.
-				i := rand.Int64N(rows) + 1
-				if i%10 == 0 {
-					i--
-				}
-				if i == 0 {
-					i = 1
-				}
-				key = "pre-" + strconv.FormatInt(i, 10)
-			}
-			if res, err := s.Begin(ctx, params(key, "dup")); err != nil || res.State != dedupesvc.BeginCompleted {
-				b.Fatalf("Begin(%s) = %+v, %v", key, res, err)
-			}
-		}
-	})
-	b.Run("replay-hot", func(b *testing.B) {
-		// One stored key again and again: its pages stay cached, so this
-		// separates the table's size from the working set's.
-		key := "done-" + run
-		if rows > 0 {
-			key = "pre-1"
-		}
-		for b.Loop() {
-			if res, err := s.Begin(ctx, params(key, "dup")); err != nil || res.State != dedupesvc.BeginCompleted {
-				b.Fatalf("Begin(%s) = %+v, %v", key, res, err)
-			}
-		}
-	})
-	b.Run("fresh-while-sweeping", func(b *testing.B) {
-		sweepCtx, stop := context.WithCancel(ctx)
-		var deleted atomic.Int64
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			for sweepCtx.Err() == nil {
-				n, _, err := s.DeleteExpired(sweepCtx, 1000)
-				deleted.Add(int64(n))
-				if err != nil || n == 0 {
-					return // nothing left to sweep (or stopped)
-				}
-			}
-		}()
-		for b.Loop() {
-			fresh(b)
-		}
-		stop()
-		<-done
-		b.ReportMetric(float64(deleted.Load()), "swept")
-	})
-	b.Run("sweep-pass", func(b *testing.B) {
-		// One pass of the service's sweeper (SweeperConfig defaults: batches
-		// of 1000, at most 100 a pass), timed once: b.N does not apply, read
-		// s/pass and rows/s, not ns/op.
-		sweeper := dedupesvc.NewSweeper(s, dedupesvc.SweeperConfig{BatchSize: 1000, MaxBatches: 100, Logger: quietLogger})
-		start := time.Now()
-		n, err := sweeper.SweepOnce(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		took := time.Since(start)
-		for b.Loop() {
-		}
-		b.ReportMetric(took.Seconds(), "s/pass")
-		b.ReportMetric(float64(n), "rows/pass")
-		b.ReportMetric(float64(n)/took.Seconds(), "rows/s")
-	})
+			b.ReportMetric(took.Seconds(), "s/pass")
+			b.ReportMetric(float64(n), "rows/pass")
+			b.ReportMetric(float64(n)/took.Seconds(), "rows/s")
+		})
+	}
 }
+
+// scaleRounds is how many times BenchmarkScale measures each size.
+const scaleRounds = 5
+
+var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+var scaleFingerprint = func() []byte { fp := sha256.Sum256([]byte("scale")); return fp[:] }()
 
 // populate fills the schema's table with rows completed records, one in ten
 // expired, in chunks of a million, with the usage triggers off (then the
