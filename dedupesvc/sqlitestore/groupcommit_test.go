@@ -14,13 +14,29 @@ import (
 // written in one transaction.
 func TestBatchedDuplicates(t *testing.T) {
 	t.Parallel()
+	s, hooks := batched(t)
+	storetest.RunBatchedDuplicates(t, s, hooks)
+}
+
+// TestBatchedFailures puts a Begin over its namespace's quota into one
+// transaction with ten good Begins: it must get its quota error, and they
+// their reservations.
+func TestBatchedFailures(t *testing.T) {
+	t.Parallel()
+	s, hooks := batched(t)
+	storetest.RunBatchedFailures(t, s, hooks, nil)
+}
+
+// batched returns a store and the hooks that hold its writer: SQLite's
+// write lock, taken from a second connection.
+func batched(t *testing.T) (*sqlitestore.Store, storetest.BatchHooks) {
 	ctx := context.Background()
 	s, err := sqlitestore.Open(ctx, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
-	storetest.RunBatchedDuplicates(t, s, storetest.BatchHooks{
+	return s, storetest.BatchHooks{
 		Hold: func(t *testing.T) func() {
 			db, err := sql.Open("sqlite", "file:"+s.Path()+"?_pragma=busy_timeout(10000)")
 			if err != nil {
@@ -42,5 +58,5 @@ func TestBatchedDuplicates(t *testing.T) {
 		Queued:  s.QueuedForTest,
 		Writing: s.WritingForTest,
 		Stats:   s.GroupCommitStats,
-	})
+	}
 }

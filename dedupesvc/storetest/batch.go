@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -147,5 +148,97 @@ func RunBatchedDuplicates(t *testing.T, s dedupesvc.Store, hooks BatchHooks) {
 		if c.res.State != want {
 			t.Errorf("Begin(fresh %s) = %v, want %v (the key is %s's)", c.p.AttemptToken, c.res.State, want, winner.p.AttemptToken)
 		}
+	}
+}
+
+// RunBatchedFailures forces Begins into one group commit beside operations
+// that fail: a Begin its namespace's quota refuses, and bad (when not nil),
+// an operation the store itself must refuse with an error (a row its schema
+// rejects). Each must get its own error and every other Begin of the batch
+// its reservation: one caller's bad row must not fail the others. The store
+// must have one writer and batches of at least 12.
+func RunBatchedFailures(t *testing.T, s dedupesvc.Store, hooks BatchHooks, bad func() error) {
+	t.Helper()
+	// The namespace "full" holds one record, its quota.
+	full := begin("full-holder", fpA, long, long)
+	full.Namespace, full.Key = "full", "first"
+	mustBegin(t, s, full, dedupesvc.BeginReserved)
+
+	release := hooks.Hold(t)
+	released := false
+	defer func() {
+		if !released {
+			release()
+		}
+	}()
+	var wg sync.WaitGroup
+	blocker := begin("blocker", fpA, long, long)
+	blocker.Key = "blocker"
+	wg.Go(func() { mustBegin(t, s, blocker, dedupesvc.BeginReserved) })
+	deadline := time.Now().Add(30 * time.Second)
+	for hooks.Writing() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the first Begin did not reach the writer within 30s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+
+	commits0, ops0 := hooks.Stats()
+	queued := 0
+	results := make([]error, 10)
+	for i := range results {
+		queued++
+		wg.Go(func() {
+			p := begin(fmt.Sprint("t", i), fpA, long, long)
+			p.Key = fmt.Sprint("key-", i)
+			res, err := s.Begin(ctx, p)
+			if err == nil && res.State != dedupesvc.BeginReserved {
+				err = fmt.Errorf("Begin = %v, want reserved", res.State)
+			}
+			results[i] = err
+		})
+	}
+	var refused error
+	queued++
+	wg.Go(func() {
+		p := begin("over", fpA, long, long)
+		p.Namespace, p.Key, p.MaxRecords = "full", "second", 1
+		_, refused = s.Begin(ctx, p)
+	})
+	var badErr error
+	if bad != nil {
+		queued++
+		wg.Go(func() { badErr = bad() })
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for hooks.Queued() < queued {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d operations queued behind the held writer after 5s", hooks.Queued(), queued)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	release()
+	released = true
+	wg.Wait()
+
+	if commits, ops := hooks.Stats(); commits-commits0 < 2 || ops-ops0 < int64(queued)+1 {
+		t.Fatalf("group commit wrote %d transactions of %d operations; want the %d queued ones batched behind the blocker", commits-commits0, ops-ops0, queued)
+	}
+	if !errors.Is(refused, dedupesvc.ErrQuotaExceeded) {
+		t.Errorf("Begin over the namespace's quota: %v, want a quota error", refused)
+	}
+	if bad != nil && badErr == nil {
+		t.Error("the bad operation succeeded, want its error")
+	}
+	for i, err := range results {
+		if err != nil {
+			t.Errorf("Begin of key-%d beside the failing operations: %v", i, err)
+		}
+	}
+	// And the reservations are stored: each key is held by its attempt.
+	for i := range results {
+		p := begin("someone-else", fpA, long, long)
+		p.Key = fmt.Sprint("key-", i)
+		mustBegin(t, s, p, dedupesvc.BeginInFlight)
 	}
 }
