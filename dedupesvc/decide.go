@@ -146,8 +146,16 @@ func RefusedResolve(r Record, found bool, now time.Time, p ResolveParams) error 
 	return ErrNotUnknown
 }
 
-// BeginSteps are a store's four statements for Begin; RunBegin drives them.
+// BeginSteps are a store's statements for Begin; RunBegin drives them.
 type BeginSteps struct {
+	// First, when set, is the first statement of a Begin that is not a Peek:
+	// it reserves the key in the same statement when there is no record and
+	// the quotas allow a new one, and otherwise reads the record, so that a
+	// fresh key and a replay each cost one statement. When it neither
+	// reserved nor found a record (the conflicting row is not visible to
+	// the statement's snapshot yet, or a quota refused), RunBegin goes on
+	// with Read as if First were not set. Defaults to nil: Read first.
+	First func(ctx context.Context) (FirstResult, error)
 	// Read returns the key's record, whether there is one, and the clock
 	// reading DecideBegin judges it by.
 	Read func(ctx context.Context) (r Record, found bool, now time.Time, err error)
@@ -169,19 +177,57 @@ type BeginSteps struct {
 	Usage func(ctx context.Context) (records, bytes int64, err error)
 }
 
+// FirstResult is what BeginSteps.First did.
+type FirstResult struct {
+	// Reserved: the statement reserved the key; Epoch and LeaseExpiresAt
+	// are the new reservation's.
+	Reserved       bool
+	Epoch          int64
+	LeaseExpiresAt time.Time
+	// Found: the key has a record, Record, read at Now.
+	Found  bool
+	Record Record
+	Now    time.Time
+}
+
 // maxBeginRounds bounds RunBegin's loop of read and write: the record can
 // change between the two (it expires, is released, taken or swept), which
-// needs one more round, never many.
-const maxBeginRounds = 4
+// needs one more round, never many; First may use one round more.
+const maxBeginRounds = 5
 
 // RunBegin is Begin for any store: read the record, decide, and carry out the
 // step, again if the record changed in between. It reads first, so a
 // duplicate costs one read and no write.
+//
+// With steps.First, the first round's read is First's, which also reserves a
+// fresh key: a fresh key and a replay cost one statement each, and only the
+// transitions that must change an existing record (a takeover, a renewal,
+// marking a record unknown) cost more.
 func RunBegin(ctx context.Context, p BeginParams, steps BeginSteps) (BeginResult, error) {
-	for range maxBeginRounds {
-		r, found, now, err := steps.Read(ctx)
-		if err != nil {
-			return BeginResult{}, err
+	for round := range maxBeginRounds {
+		var (
+			r     Record
+			found bool
+			now   time.Time
+			err   error
+		)
+		if round == 0 && steps.First != nil && !p.Peek {
+			var first FirstResult
+			first, err = steps.First(ctx)
+			switch {
+			case err != nil:
+				return BeginResult{}, err
+			case first.Reserved:
+				return BeginResult{State: BeginReserved, Epoch: first.Epoch, LeaseExpiresAt: first.LeaseExpiresAt}, nil
+			case !first.Found:
+				continue // invisible to its snapshot, or over a quota: read again
+			}
+			r, found, now = first.Record, true, first.Now
+		} else {
+			r, found, now, err = steps.Read(ctx)
+			if err != nil {
+				return BeginResult{}, err
+			}
 		}
 		step := StepReserve
 		var res BeginResult

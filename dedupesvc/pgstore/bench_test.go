@@ -6,6 +6,7 @@ import (
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
+	"github.com/idemgate/idemgate/dedupesvc/storetest"
 	"github.com/idemgate/idemgate/internal/pgtest"
 )
 
@@ -44,4 +45,11 @@ func BenchmarkBeginFresh(b *testing.B) {
 			b.Fatalf("Begin = %+v, %v", res, err)
 		}
 	}
+}
+
+// BenchmarkStore is storetest.Bench on PostgreSQL, with a pool of 16
+// connections (the Dedupe service's default).
+func BenchmarkStore(b *testing.B) {
+	pool, _ := pgtest.Schema(b)
+	storetest.Bench(b, pgstore.New(pool))
 }

@@ -1,9 +1,14 @@
 // Package pgstore is the PostgreSQL implementation of dedupesvc.Store, on
 // pgx/v5 and pgxpool.
 //
-// Every state change is one statement in its own implicit transaction under
-// READ COMMITTED; the reservation commits before the tool's handler runs and
-// no row lock outlives a statement. The SQL avoids advisory locks; it uses
+// Every state change is one statement under READ COMMITTED; the reservation
+// commits before the tool's handler runs and no row lock outlives the
+// transaction that took it. A Begin of a fresh key, and a duplicate's Begin,
+// are one statement each (reserve or read); a duplicate writes nothing. The
+// Begins and Finishes of concurrent callers that arrive while the store's
+// writers are busy share one transaction, one round trip and one commit
+// (GroupCommit); no row lock is held across a round trip the caller waits
+// on, and none across user code. The SQL avoids advisory locks; it uses
 // two PostgreSQL-only features: NOTIFY to wake waiting duplicates, a hint
 // that can be turned off (WithoutNotify), leaving waiters to poll; and
 // pg_postmaster_start_time(), so a database restart never counts against a
@@ -18,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -28,6 +34,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/dedupesvc/internal/groupcommit"
 )
 
 // DefaultChannel is the NOTIFY channel record changes are announced on.
@@ -46,6 +53,39 @@ type Store struct {
 	// be reached; the next operation marks the store resumed first (see
 	// resume).
 	cutOff atomic.Bool
+	// commit is the group commit config; group batches Begin's first
+	// statement and Finish (nil with batching off).
+	commit GroupCommit
+	group  *groupcommit.Group[*op]
+}
+
+// GroupCommit configures how the Store writes the first statements of
+// concurrent Begins and concurrent Finishes: several in one transaction, so
+// their callers share one round trip and one commit (one WAL flush). A Begin
+// or Finish that finds a writer free is sent at once, alone; batches form
+// only from the ones that arrive while every writer is busy.
+type GroupCommit struct {
+	// MaxBatch is the most statements one transaction carries; 1 or less
+	// turns batching off (each statement its own transaction, as before).
+	// Defaults to 64.
+	MaxBatch int
+	// MaxDelay is how long a batch that formed behind busy writers waits
+	// for more statements before it is sent, unless it fills first; never
+	// spent by a statement that finds a writer free. Defaults to 0.
+	MaxDelay time.Duration
+	// Writers is how many batches are in flight at once, each on its own
+	// pool connection. Defaults to 8, half the Dedupe service's pool.
+	Writers int
+}
+
+// DefaultGroupCommit is the GroupCommit a Store uses unless
+// WithGroupCommit says otherwise.
+var DefaultGroupCommit = GroupCommit{MaxBatch: 64, Writers: 8}
+
+// WithGroupCommit sets how concurrent Begins and Finishes share
+// transactions. Defaults to DefaultGroupCommit.
+func WithGroupCommit(gc GroupCommit) Option {
+	return func(s *Store) { s.commit = gc }
 }
 
 var (
@@ -71,9 +111,12 @@ func WithoutNotify() Option {
 
 // New returns a Store on pool. The caller owns the pool and closes it.
 func New(pool *pgxpool.Pool, opts ...Option) *Store {
-	s := &Store{pool: pool, channel: DefaultChannel}
+	s := &Store{pool: pool, channel: DefaultChannel, commit: DefaultGroupCommit}
 	for _, opt := range opts {
 		opt(s)
+	}
+	if s.commit.MaxBatch > 1 {
+		s.group = groupcommit.New(groupcommit.Config{MaxBatch: s.commit.MaxBatch, MaxDelay: s.commit.MaxDelay, Writers: s.commit.Writers}, s.flush)
 	}
 	s.finishSQL = s.announced(finishSQL, 9)
 	s.releaseSQL = s.announced(releaseSQL, 6)
@@ -115,6 +158,77 @@ func (s *Store) change(ctx context.Context, sql string, id dedupesvc.RecordID, a
 	var n int
 	err := s.pool.QueryRow(ctx, sql, args...).Scan(&n)
 	return n, s.noted(ctx, err)
+}
+
+// op is one single-row statement that may share a transaction with others
+// (GroupCommit).
+type op struct {
+	// order sorts a batch's statements by record, so that two batches lock
+	// the rows they share in one order and cannot deadlock on them.
+	order string
+	sql   string
+	args  []any
+	// scan reads the statement's row into the caller's variables.
+	scan func(pgx.Row) error
+	err  error
+}
+
+func orderOf(id dedupesvc.RecordID) string {
+	return id.Namespace + "\x00" + id.Scope + "\x00" + id.Key
+}
+
+// run runs o, in a batch when group commit is on, and returns its error.
+func (s *Store) run(ctx context.Context, o *op) error {
+	if s.group == nil {
+		return s.noted(ctx, o.scan(s.pool.QueryRow(ctx, o.sql, o.args...)))
+	}
+	if err := s.group.Do(ctx, o); err != nil {
+		return err
+	}
+	return s.noted(ctx, o.err)
+}
+
+// flush writes a batch as one pgx.Batch: one round trip and one implicit
+// transaction, so one commit. Each statement sees the ones before it, so
+// concurrent Begins of one key in one batch get the answers they would get
+// one after the other. When a statement fails the whole transaction rolls
+// back; then each statement is run alone, so a caller gets only its own
+// error (a deadlock, a refused row), never a neighbour's.
+func (s *Store) flush(ctx context.Context, ops []*op) {
+	if len(ops) == 1 {
+		ops[0].err = ops[0].scan(s.pool.QueryRow(ctx, ops[0].sql, ops[0].args...))
+		return
+	}
+	slices.SortStableFunc(ops, func(a, b *op) int { return strings.Compare(a.order, b.order) })
+	b := &pgx.Batch{}
+	for _, o := range ops {
+		b.Queue(o.sql, o.args...).QueryRow(func(row pgx.Row) error {
+			o.err = o.scan(row)
+			return o.err
+		})
+	}
+	err := s.pool.SendBatch(ctx, b).Close()
+	if err == nil {
+		return
+	}
+	if ctx.Err() != nil || unreachable(ctx, err) {
+		for _, o := range ops {
+			o.err = err
+		}
+		return
+	}
+	for _, o := range ops {
+		o.err = o.scan(s.pool.QueryRow(ctx, o.sql, o.args...))
+	}
+}
+
+// GroupCommitStats returns how many transactions the group commit wrote and
+// how many statements they carried (0, 0 with it off).
+func (s *Store) GroupCommitStats() (commits, statements int64) {
+	if s.group == nil {
+		return 0, 0
+	}
+	return s.group.Stats()
 }
 
 // markResumedSQL moves the resume time to now, never back (a database clock
@@ -269,6 +383,48 @@ WHERE (r.expires_at <= now() AND NOT ` + inFlightLive("r") + `)
                 AND r.attempt_token <> excluded.attempt_token)))
 RETURNING epoch, lease_expires_at`
 
+// firstSQL is Begin's first statement (dedupesvc.BeginSteps.First): it
+// reads the key's row as readSQL does and, only when there is none and the
+// namespace's quotas ($8 records, $9 outcome bytes; 0 is none) allow one
+// more, inserts the reservation; so a fresh key and a replay each cost one
+// statement and one round trip. With a row found, the usage is not read and
+// the INSERT gets no row to insert: a replay takes no row lock, gets no
+// transaction ID and its commit flushes no WAL. Every sub-statement sees one
+// snapshot: a row committed after it conflicts with the INSERT (ON CONFLICT
+// DO NOTHING) yet is not read, and the statement returns neither; the
+// caller then reads again (RunBegin).
+var firstSQL = `
+WITH existing AS (
+    SELECT r.fingerprint, r.state, r.attempt_token, r.epoch, r.outcome_type_url, r.outcome_value, r.outcome_key_id,
+           CASE WHEN r.state = 'in_flight' THEN ` + leaseEnd("r") + ` ELSE r.lease_expires_at END AS lease_end,
+           r.completed_at,
+           CASE WHEN r.state = 'in_flight' THEN greatest(r.expires_at, ` + leaseEnd("r") + `) ELSE r.expires_at END AS expiry
+    FROM idemgate_records AS r
+    WHERE r.namespace = $7 AND r.scope = $1 AND r.idempotency_key = $2
+), usage AS (
+    SELECT coalesce(sum(records), 0)::bigint AS records, coalesce(sum(outcome_bytes), 0)::bigint AS bytes
+    FROM idemgate_namespace_usage
+    WHERE namespace = $7 AND ($8::bigint > 0 OR $9::bigint > 0) AND NOT EXISTS (SELECT 1 FROM existing)
+), reserved AS (
+    INSERT INTO idemgate_records AS r (
+        namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
+        retention_ms, lease_ms, lease_expires_at, expires_at)
+    SELECT $7, $1, $2, $3, 'in_flight', $4, 1,
+        $6::bigint, $5::bigint, now() + $5::bigint * interval '1 millisecond', now() + $6::bigint * interval '1 millisecond'
+    FROM usage
+    WHERE NOT EXISTS (SELECT 1 FROM existing)
+      AND ($8::bigint = 0 OR usage.records < $8::bigint) AND ($9::bigint = 0 OR usage.bytes < $9::bigint)
+    ON CONFLICT (namespace, scope, idempotency_key) DO NOTHING
+    RETURNING epoch, lease_expires_at
+)
+SELECT reserved.epoch, reserved.lease_expires_at,
+       existing.fingerprint, existing.state, existing.attempt_token, existing.epoch, existing.outcome_type_url,
+       existing.outcome_value, existing.outcome_key_id, existing.lease_end, existing.completed_at, existing.expiry,
+       now()
+FROM (SELECT 1) AS one
+LEFT JOIN reserved ON true
+LEFT JOIN existing ON true`
+
 // markUnknownSQL turns an in-flight row whose lease ran out into an
 // outcome-unknown one (FAIL_CLOSED), kept for the unknown retention so it is
 // not swept before someone resolves it. The epoch test makes it a no-op when
@@ -295,6 +451,9 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 		return dedupesvc.BeginResult{}, err
 	}
 	return dedupesvc.RunBegin(ctx, p, dedupesvc.BeginSteps{
+		First: func(ctx context.Context) (dedupesvc.FirstResult, error) {
+			return s.first(ctx, p)
+		},
 		Read: func(ctx context.Context) (dedupesvc.Record, bool, time.Time, error) {
 			row, found, err := s.read(ctx, p.ID())
 			return row.Record, found, row.now, err
@@ -342,6 +501,46 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 			return epoch, leaseEnd, true, nil
 		},
 	})
+}
+
+// first runs firstSQL for p.
+func (s *Store) first(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.FirstResult, error) {
+	var (
+		res                            dedupesvc.FirstResult
+		epoch, recordEpoch             *int64
+		leaseEnd, recordLease, expires *time.Time
+		completedAt                    *time.Time
+		state, token, typeURL, keyID   *string
+	)
+	r := &res.Record
+	o := &op{order: orderOf(p.ID()), sql: firstSQL, args: []any{
+		p.Scope, p.Key, p.Fingerprint, p.AttemptToken, p.Lease.Milliseconds(), p.Retention.Milliseconds(),
+		p.Namespace, p.MaxRecords, p.MaxOutcomeBytes,
+	}}
+	o.scan = func(row pgx.Row) error {
+		return row.Scan(&epoch, &leaseEnd, &r.Fingerprint, &state, &token, &recordEpoch, &typeURL, &r.Outcome.Value, &keyID,
+			&recordLease, &completedAt, &expires, &res.Now)
+	}
+	if err := s.run(ctx, o); err != nil {
+		return dedupesvc.FirstResult{}, fmt.Errorf("pgstore: reserve or read: %w", err)
+	}
+	switch {
+	case epoch != nil:
+		res.Reserved, res.Epoch, res.LeaseExpiresAt = true, *epoch, *leaseEnd
+	case state != nil:
+		res.Found = true
+		r.State, r.AttemptToken, r.Epoch, r.LeaseExpiresAt, r.ExpiresAt = *state, *token, *recordEpoch, *recordLease, *expires
+		if typeURL != nil {
+			r.Outcome.TypeURL = *typeURL
+		}
+		if keyID != nil {
+			r.Outcome.KeyID = *keyID
+		}
+		if completedAt != nil {
+			r.CompletedAt = *completedAt
+		}
+	}
+	return res, nil
 }
 
 // record is one row as read by readSQL.
@@ -405,8 +604,12 @@ func (s *Store) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
 	if err := s.resume(ctx); err != nil {
 		return err
 	}
-	n, err := s.change(ctx, s.finishSQL, p.ID(), p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Outcome.TypeURL, p.Outcome.Value, p.Namespace, keyIDParam(p.Outcome.KeyID))
-	if err != nil {
+	args := []any{p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Outcome.TypeURL, p.Outcome.Value, p.Namespace, keyIDParam(p.Outcome.KeyID)}
+	if s.channel != "" {
+		args = append(args, s.channel, NotifyID(p.ID()))
+	}
+	var n int
+	if err := s.run(ctx, &op{order: orderOf(p.ID()), sql: s.finishSQL, args: args, scan: func(row pgx.Row) error { return row.Scan(&n) }}); err != nil {
 		return fmt.Errorf("pgstore: finish: %w", err)
 	}
 	if n == 1 {

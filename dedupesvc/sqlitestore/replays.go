@@ -73,7 +73,7 @@ func (s *Store) ForgetRecord(ctx context.Context, p dedupesvc.ForgetParams) (ded
 		return s.GetRecord(ctx, id)
 	}, func(ctx context.Context, r dedupesvc.StoredRecord) (bool, error) {
 		// change wakes this process's duplicates waiting on the record.
-		n, err := s.change(ctx, id, forgetSQL, sql.Named("now", s.now().UnixMilli()),
+		n, err := exec{q: s.prepared(nil), wake: s.waiters.Wake}.change(ctx, id, forgetSQL, sql.Named("now", s.now().UnixMilli()),
 			sql.Named("ns", id.Namespace), sql.Named("scope", id.Scope), sql.Named("key", id.Key), sql.Named("epoch", r.Epoch), sql.Named("state", r.State))
 		if err != nil {
 			return false, fmt.Errorf("sqlitestore: forget record: %w", err)

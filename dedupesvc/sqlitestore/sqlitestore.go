@@ -2,6 +2,11 @@
 // modernc.org/sqlite (pure Go, no cgo), in one file of a data directory. It
 // needs no database server, so dedupesvc runs anywhere at once.
 //
+// SQLite has one writer and every commit waits for an fsync, so the store
+// writes the operations of concurrent callers that queue behind a commit
+// together in the next transaction, sharing its fsync (GroupCommit); an
+// operation that finds the store idle is written at once, alone.
+//
 // It serves one dedupe service process: times come from that process's clock
 // and waiting duplicates are woken in memory. Move to PostgreSQL (pgstore)
 // for several dedupe service replicas, high availability, or tool servers on
@@ -22,6 +27,7 @@ import (
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 
 	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/dedupesvc/internal/groupcommit"
 	"github.com/idemgate/idemgate/migrations"
 )
 
@@ -42,6 +48,44 @@ type Store struct {
 	waiters dedupesvc.Waiters[dedupesvc.RecordID]
 	// lock is the held lock file (lock.go), nil when opened without one.
 	lock io.Closer
+
+	// commit is the group commit config; group writes Begins, Finishes,
+	// Releases and Heartbeats of concurrent callers in shared transactions
+	// (nil with batching off).
+	commit GroupCommit
+	group  *groupcommit.Group[*op]
+	// stmts are hotStatements, prepared.
+	stmts map[string]*sql.Stmt
+}
+
+// GroupCommit configures how the Store writes the Begins, Finishes,
+// Releases and Heartbeats of concurrent callers: SQLite has one writer and
+// every commit waits for an fsync (synchronous=FULL), so the operations that
+// queue while a commit is in progress are written together in the next
+// transaction and share its fsync. An operation that finds the store idle is
+// written at once, alone.
+type GroupCommit struct {
+	// MaxBatch is the most operations one transaction carries; 1 or less
+	// turns batching off (each statement its own transaction, as before).
+	// Defaults to 128.
+	MaxBatch int
+	// MaxDelay is how long a batch that formed behind a commit waits for
+	// more operations before it is written, unless it fills first; never
+	// spent when the store is idle. Defaults to 0.
+	MaxDelay time.Duration
+}
+
+// DefaultGroupCommit is the GroupCommit a Store uses unless
+// WithGroupCommit says otherwise.
+var DefaultGroupCommit = GroupCommit{MaxBatch: 128}
+
+// Option configures Open.
+type Option func(*Store)
+
+// WithGroupCommit sets how concurrent operations share transactions.
+// Defaults to DefaultGroupCommit.
+func WithGroupCommit(gc GroupCommit) Option {
+	return func(s *Store) { s.commit = gc }
 }
 
 var (
@@ -56,7 +100,7 @@ var (
 // lease. Only one process may have the store open: Open fails with a
 // *LockedError naming the holder while another has it (see LockSuffix).
 // Close it when done.
-func Open(ctx context.Context, dir string) (*Store, error) {
+func Open(ctx context.Context, dir string, opts ...Option) (*Store, error) {
 	path := filepath.Join(dir, FileName)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, explainOpenError(dir, path, fmt.Errorf("sqlitestore: create data directory: %w", err))
@@ -67,7 +111,7 @@ func Open(ctx context.Context, dir string) (*Store, error) {
 	}
 	opened := time.Now()
 	// time.Since reads the monotonic clock that time.Now recorded.
-	s, err := open(ctx, dir, opened, func() time.Duration { return time.Since(opened) })
+	s, err := open(ctx, dir, opened, func() time.Duration { return time.Since(opened) }, opts...)
 	if err != nil {
 		lock.Close()
 		return nil, explainOpenError(dir, path, err)
@@ -78,7 +122,7 @@ func Open(ctx context.Context, dir string) (*Store, error) {
 
 // open is Open with the clock's parts given: the wall time at opening and
 // the monotonic time elapsed since.
-func open(ctx context.Context, dir string, opened time.Time, elapsed func() time.Duration) (*Store, error) {
+func open(ctx context.Context, dir string, opened time.Time, elapsed func() time.Duration, opts ...Option) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("sqlitestore: create data directory: %w", err)
 	}
@@ -106,12 +150,23 @@ func open(ctx context.Context, dir string, opened time.Time, elapsed func() time
 	// one writer anyway, and no statement waits on another's lock.
 	db.SetMaxOpenConns(1)
 	wall := opened.Round(0) // the wall reading only: elapsed carries the monotonic one
-	s := &Store{db: db, path: path, now: func() time.Time { return wall.Add(elapsed()) }}
+	s := &Store{db: db, path: path, now: func() time.Time { return wall.Add(elapsed()) }, commit: DefaultGroupCommit}
+	for _, opt := range opts {
+		opt(s)
+	}
+	if s.commit.MaxBatch > 1 {
+		// One writer: the store has one connection.
+		s.group = groupcommit.New(groupcommit.Config{MaxBatch: s.commit.MaxBatch, MaxDelay: s.commit.MaxDelay, Writers: 1}, s.flush)
+	}
 	if err := s.migrate(ctx); err != nil {
 		db.Close()
 		return nil, err
 	}
 	if err := s.MarkResumed(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	if err := s.prepare(ctx); err != nil {
 		db.Close()
 		return nil, err
 	}
@@ -171,6 +226,9 @@ func (s *Store) Path() string { return s.path }
 
 // Close closes the database and releases its lock.
 func (s *Store) Close() error {
+	for _, st := range s.stmts {
+		_ = st.Close()
+	}
 	err := s.db.Close()
 	if s.lock != nil {
 		s.lock.Close()
@@ -256,6 +314,8 @@ WHERE (idemgate_records.expires_at <= :now AND NOT ` + inFlightLive("idemgate_re
                 AND idemgate_records.attempt_token <> excluded.attempt_token)))
 RETURNING epoch, lease_expires_at`
 
+const usageSQL = `SELECT records, outcome_bytes FROM idemgate_namespace_usage WHERE namespace = ?`
+
 var markUnknownSQL = `
 UPDATE idemgate_records
 SET state = 'unknown', expires_at = max(expires_at, :now + :unknown)
@@ -264,14 +324,27 @@ WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND epoch = 
 
 // Begin implements dedupesvc.Store.
 func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.BeginResult, error) {
+	var res dedupesvc.BeginResult
+	err := s.write(ctx, func(ctx context.Context, x exec) error {
+		var err error
+		res, err = s.begin(ctx, x, p)
+		return err
+	})
+	if err != nil {
+		return dedupesvc.BeginResult{}, err
+	}
+	return res, nil
+}
+
+func (s *Store) begin(ctx context.Context, x exec, p dedupesvc.BeginParams) (dedupesvc.BeginResult, error) {
 	return dedupesvc.RunBegin(ctx, p, dedupesvc.BeginSteps{
 		Read: func(ctx context.Context) (dedupesvc.Record, bool, time.Time, error) {
 			now := s.now()
-			r, found, err := s.read(ctx, p.ID())
+			r, found, err := s.read(ctx, x.q, p.ID())
 			return r, found, now, err
 		},
 		MarkUnknown: func(ctx context.Context, epoch int64, now time.Time) (bool, error) {
-			n, err := s.change(ctx, p.ID(), markUnknownSQL,
+			n, err := x.change(ctx, p.ID(), markUnknownSQL,
 				sql.Named("now", now.UnixMilli()), sql.Named("unknown", p.UnknownRetention.Milliseconds()),
 				sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("epoch", epoch))
 			if err != nil {
@@ -281,7 +354,7 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 		},
 		Renew: func(ctx context.Context, epoch int64, now time.Time) (time.Time, bool, error) {
 			var until int64
-			err := s.db.QueryRowContext(ctx, renewSQL, sql.Named("now", now.UnixMilli()), sql.Named("lease", p.Lease.Milliseconds()),
+			err := x.q.QueryRowContext(ctx, renewSQL, sql.Named("now", now.UnixMilli()), sql.Named("lease", p.Lease.Milliseconds()),
 				sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", epoch)).Scan(&until)
 			switch {
 			case errors.Is(err, sql.ErrNoRows):
@@ -293,7 +366,7 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 		},
 		Usage: func(ctx context.Context) (int64, int64, error) {
 			var records, bytes int64
-			err := s.db.QueryRowContext(ctx, `SELECT records, outcome_bytes FROM idemgate_namespace_usage WHERE namespace = ?`, p.Namespace).Scan(&records, &bytes)
+			err := x.q.QueryRowContext(ctx, usageSQL, p.Namespace).Scan(&records, &bytes)
 			if err != nil && !errors.Is(err, sql.ErrNoRows) {
 				return 0, 0, fmt.Errorf("sqlitestore: read usage: %w", err)
 			}
@@ -301,7 +374,7 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 		},
 		Reserve: func(ctx context.Context, now time.Time) (int64, time.Time, bool, error) {
 			var epoch, leaseEnd int64
-			err := s.db.QueryRowContext(ctx, reserveSQL,
+			err := x.q.QueryRowContext(ctx, reserveSQL,
 				sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("fp", p.Fingerprint), sql.Named("token", p.AttemptToken),
 				sql.Named("retention", p.Retention.Milliseconds()), sql.Named("lease", p.Lease.Milliseconds()),
 				sql.Named("now", now.UnixMilli()), sql.Named("reexecute", p.OnLostOutcome == dedupesvc.Reexecute),
@@ -317,14 +390,14 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 	})
 }
 
-func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (dedupesvc.Record, bool, error) {
+func (s *Store) read(ctx context.Context, q querier, id dedupesvc.RecordID) (dedupesvc.Record, bool, error) {
 	var (
 		r                         dedupesvc.Record
 		typeURL, keyID            sql.NullString
 		completedAt               sql.NullInt64
 		leaseExpiresAt, expiresAt int64
 	)
-	err := s.db.QueryRowContext(ctx, readSQL, id.Namespace, id.Scope, id.Key).Scan(
+	err := q.QueryRowContext(ctx, readSQL, id.Namespace, id.Scope, id.Key).Scan(
 		&r.Fingerprint, &r.State, &r.AttemptToken, &r.Epoch, &typeURL, &r.Outcome.Value, &keyID,
 		&leaseExpiresAt, &completedAt, &expiresAt)
 	switch {
@@ -344,10 +417,83 @@ func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (dedupesvc.Reco
 	return r, true, nil
 }
 
+// querier is what an operation's statements run on: the database, or the
+// transaction of a group commit.
+type querier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// hotStatements are prepared once, when the store opens: modernc's SQLite
+// parses a statement anew at every execution that is not prepared, and the
+// parsing cost more CPU than running it.
+var hotStatements = []string{readSQL, reserveSQL, usageSQL, markUnknownSQL, renewSQL, finishSQL, releaseSQL, releaseUnknownSQL, heartbeatSQL}
+
+// prepare prepares hotStatements on the store's one connection.
+func (s *Store) prepare(ctx context.Context) error {
+	s.stmts = make(map[string]*sql.Stmt, len(hotStatements))
+	for _, q := range hotStatements {
+		st, err := s.db.PrepareContext(ctx, q)
+		if err != nil {
+			return fmt.Errorf("sqlitestore: prepare: %w", err)
+		}
+		s.stmts[q] = st
+	}
+	return nil
+}
+
+// preparedQuerier runs the hot statements prepared, on the database or in
+// tx; database/sql reuses the statement prepared on the connection the
+// transaction holds.
+type preparedQuerier struct {
+	tx    *sql.Tx // nil: the database
+	db    *sql.DB
+	stmts map[string]*sql.Stmt
+}
+
+func (s *Store) prepared(tx *sql.Tx) preparedQuerier {
+	return preparedQuerier{tx: tx, db: s.db, stmts: s.stmts}
+}
+
+func (p preparedQuerier) stmt(ctx context.Context, query string) *sql.Stmt {
+	st := p.stmts[query]
+	if st != nil && p.tx != nil {
+		return p.tx.StmtContext(ctx, st)
+	}
+	return st
+}
+
+func (p preparedQuerier) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if st := p.stmt(ctx, query); st != nil {
+		return st.ExecContext(ctx, args...)
+	}
+	if p.tx != nil {
+		return p.tx.ExecContext(ctx, query, args...)
+	}
+	return p.db.ExecContext(ctx, query, args...)
+}
+
+func (p preparedQuerier) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	if st := p.stmt(ctx, query); st != nil {
+		return st.QueryRowContext(ctx, args...)
+	}
+	if p.tx != nil {
+		return p.tx.QueryRowContext(ctx, query, args...)
+	}
+	return p.db.QueryRowContext(ctx, query, args...)
+}
+
+// exec is where an operation runs: q for its statements, wake for the
+// records it changed, whose waiters must learn of it once it is committed.
+type exec struct {
+	q    querier
+	wake func(dedupesvc.RecordID)
+}
+
 // change runs a state-changing statement and, if it changed the record,
-// wakes this process's waiters on it.
-func (s *Store) change(ctx context.Context, id dedupesvc.RecordID, query string, args ...any) (int64, error) {
-	res, err := s.db.ExecContext(ctx, query, args...)
+// wakes this process's waiters on it (once committed).
+func (x exec) change(ctx context.Context, id dedupesvc.RecordID, query string, args ...any) (int64, error) {
+	res, err := x.q.ExecContext(ctx, query, args...)
 	if err != nil {
 		return 0, err
 	}
@@ -356,9 +502,95 @@ func (s *Store) change(ctx context.Context, id dedupesvc.RecordID, query string,
 		return 0, err
 	}
 	if n > 0 {
-		s.waiters.Wake(id)
+		x.wake(id)
 	}
 	return n, nil
+}
+
+// op is one caller's operation, written in a group commit's transaction.
+type op struct {
+	run func(ctx context.Context, x exec) error
+	err error
+}
+
+// write runs fn in a group commit when batching is on, else on the
+// database directly.
+func (s *Store) write(ctx context.Context, fn func(ctx context.Context, x exec) error) error {
+	if s.group == nil {
+		return fn(ctx, exec{q: s.prepared(nil), wake: s.waiters.Wake})
+	}
+	o := &op{run: fn}
+	if err := s.group.Do(ctx, o); err != nil {
+		return err
+	}
+	return o.err
+}
+
+// answered reports whether err is an operation's answer rather than a
+// failure of the store: such an operation changed nothing, and the
+// transaction it ran in can go on and commit.
+func answered(err error) bool {
+	return err == nil || errors.Is(err, dedupesvc.ErrNotHeld) || errors.Is(err, dedupesvc.ErrQuotaExceeded) ||
+		errors.Is(err, dedupesvc.ErrNotUnknown) || errors.Is(err, dedupesvc.ErrRecordNotFound)
+}
+
+// flush writes a batch in one transaction, one commit and one fsync. The
+// operations run one after the other in it, each seeing the ones before, so
+// concurrent Begins of one key get the answers they would get one after the
+// other. When one fails (not merely refused), the transaction is rolled back
+// and each operation is written alone, so a caller gets only its own error.
+// Waiters are woken only after the commit.
+func (s *Store) flush(ctx context.Context, ops []*op) {
+	if len(ops) > 1 {
+		if woken, ok := s.transaction(ctx, ops); ok {
+			for _, id := range woken {
+				s.waiters.Wake(id)
+			}
+			return
+		}
+	}
+	// Alone, each statement is its own transaction, as without batching:
+	// a duplicate's read takes no write lock and commits nothing.
+	for _, o := range ops {
+		o.err = o.run(ctx, exec{q: s.prepared(nil), wake: s.waiters.Wake})
+	}
+}
+
+// transaction runs ops in one transaction and commits it; it reports false,
+// having rolled back, when one of them failed (not merely refused: each
+// op's err is then stale). A failed commit fails every op.
+func (s *Store) transaction(ctx context.Context, ops []*op) (woken []dedupesvc.RecordID, ok bool) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		for _, o := range ops {
+			o.err = fmt.Errorf("sqlitestore: begin transaction: %w", err)
+		}
+		return nil, true
+	}
+	x := exec{q: s.prepared(tx), wake: func(id dedupesvc.RecordID) { woken = append(woken, id) }}
+	for _, o := range ops {
+		o.err = o.run(ctx, x)
+		if !answered(o.err) {
+			_ = tx.Rollback()
+			return nil, false
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		for _, o := range ops {
+			o.err = fmt.Errorf("sqlitestore: commit: %w", err)
+		}
+		return nil, true
+	}
+	return woken, true
+}
+
+// GroupCommitStats returns how many transactions the group commit wrote and
+// how many operations they carried (0, 0 with it off).
+func (s *Store) GroupCommitStats() (commits, operations int64) {
+	if s.group == nil {
+		return 0, 0
+	}
+	return s.group.Stats()
 }
 
 const finishSQL = `
@@ -370,11 +602,15 @@ WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND attempt_
 
 // Finish implements dedupesvc.Store.
 func (s *Store) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
+	return s.write(ctx, func(ctx context.Context, x exec) error { return s.finish(ctx, x, p) })
+}
+
+func (s *Store) finish(ctx context.Context, x exec, p dedupesvc.FinishParams) error {
 	value := p.Outcome.Value
 	if value == nil {
 		value = []byte{}
 	}
-	n, err := s.change(ctx, p.ID(), finishSQL,
+	n, err := x.change(ctx, p.ID(), finishSQL,
 		sql.Named("type_url", p.Outcome.TypeURL), sql.Named("value", value), sql.Named("key_id", p.Outcome.KeyID), sql.Named("now", s.now().UnixMilli()),
 		sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch))
 	if err != nil {
@@ -383,7 +619,7 @@ func (s *Store) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
 	if n == 1 {
 		return nil
 	}
-	row, found, err := s.read(ctx, p.ID())
+	row, found, err := s.read(ctx, x.q, p.ID())
 	if err != nil {
 		return err
 	}
@@ -405,11 +641,15 @@ WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND attempt_
 
 // Release implements dedupesvc.Store.
 func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
+	return s.write(ctx, func(ctx context.Context, x exec) error { return s.release(ctx, x, p) })
+}
+
+func (s *Store) release(ctx context.Context, x exec, p dedupesvc.ReleaseParams) error {
 	query := releaseSQL
 	if p.OutcomeUnknown {
 		query = releaseUnknownSQL
 	}
-	n, err := s.change(ctx, p.ID(), query, sql.Named("now", s.now().UnixMilli()), sql.Named("unknown", p.UnknownRetention.Milliseconds()),
+	n, err := x.change(ctx, p.ID(), query, sql.Named("now", s.now().UnixMilli()), sql.Named("unknown", p.UnknownRetention.Milliseconds()),
 		sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch))
 	if err != nil {
 		return fmt.Errorf("sqlitestore: release: %w", err)
@@ -417,7 +657,7 @@ func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
 	if n == 1 {
 		return nil
 	}
-	row, found, err := s.read(ctx, p.ID())
+	row, found, err := s.read(ctx, x.q, p.ID())
 	if err != nil {
 		return err
 	}
@@ -445,8 +685,21 @@ RETURNING lease_expires_at`
 
 // Heartbeat implements dedupesvc.Store.
 func (s *Store) Heartbeat(ctx context.Context, p dedupesvc.HeartbeatParams) (time.Time, error) {
+	var until time.Time
+	err := s.write(ctx, func(ctx context.Context, x exec) error {
+		var err error
+		until, err = s.heartbeat(ctx, x, p)
+		return err
+	})
+	if err != nil {
+		return time.Time{}, err
+	}
+	return until, nil
+}
+
+func (s *Store) heartbeat(ctx context.Context, x exec, p dedupesvc.HeartbeatParams) (time.Time, error) {
 	var until int64
-	err := s.db.QueryRowContext(ctx, heartbeatSQL, sql.Named("now", s.now().UnixMilli()), sql.Named("lease", p.Lease.Milliseconds()),
+	err := x.q.QueryRowContext(ctx, heartbeatSQL, sql.Named("now", s.now().UnixMilli()), sql.Named("lease", p.Lease.Milliseconds()),
 		sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch)).Scan(&until)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
@@ -485,14 +738,14 @@ func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 		query = resolveCompleteSQL
 		args = append(args, sql.Named("type_url", p.Complete.TypeURL), sql.Named("value", value), sql.Named("key_id", p.Complete.KeyID))
 	}
-	n, err := s.change(ctx, p.ID(), query, args...)
+	n, err := exec{q: s.prepared(nil), wake: s.waiters.Wake}.change(ctx, p.ID(), query, args...)
 	if err != nil {
 		return fmt.Errorf("sqlitestore: resolve: %w", err)
 	}
 	if n == 1 {
 		return nil
 	}
-	row, found, err := s.read(ctx, p.ID())
+	row, found, err := s.read(ctx, s.db, p.ID())
 	if err != nil {
 		return err
 	}
@@ -541,7 +794,7 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.
 // missed.
 func (s *Store) Subscribe(ctx context.Context, id dedupesvc.RecordID) (<-chan struct{}, func()) {
 	ch, unsubscribe := s.waiters.Add(id)
-	if row, found, err := s.read(ctx, id); err != nil || !found || row.State != dedupesvc.StateInFlight {
+	if row, found, err := s.read(ctx, s.db, id); err != nil || !found || row.State != dedupesvc.StateInFlight {
 		s.waiters.Wake(id)
 	}
 	return ch, unsubscribe

@@ -70,8 +70,8 @@ func OpenPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 
 // OpenEmbedded opens the embedded store in dir (sqlitestore.Open); its
 // errors start with the flag that chooses dir.
-func OpenEmbedded(ctx context.Context, dir string) (*sqlitestore.Store, error) {
-	s, err := sqlitestore.Open(ctx, dir)
+func OpenEmbedded(ctx context.Context, dir string, opts ...sqlitestore.Option) (*sqlitestore.Store, error) {
+	s, err := sqlitestore.Open(ctx, dir, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("-data-dir %s: %w", dir, err)
 	}
@@ -102,7 +102,11 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 	if cfg.DatabaseURL == "" {
 		logger.Info("using the embedded store (SQLite); set DATABASE_URL to use PostgreSQL",
 			slog.String("store", "sqlite"), slog.String("path", filepath.Join(cfg.DataDir, sqlitestore.FileName)))
-		s, err := OpenEmbedded(ctx, cfg.DataDir)
+		gc := sqlitestore.DefaultGroupCommit
+		if cfg.StoreMaxBatch > 0 {
+			gc.MaxBatch = cfg.StoreMaxBatch
+		}
+		s, err := OpenEmbedded(ctx, cfg.DataDir, sqlitestore.WithGroupCommit(gc))
 		if err != nil {
 			return backend{}, err
 		}
@@ -129,12 +133,20 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 		logger.Info("migrations applied", slog.Any("applied", applied))
 	}
 	b := backend{close: pool.Close, pool: pool}
+	// Half the pool writes batches at most, so the other half stays free for
+	// the statements that are not batched (reads, takeovers, heartbeats).
+	gc := pgstore.DefaultGroupCommit
+	gc.Writers = max(1, min(gc.Writers, int(pool.Config().MaxConns)/2))
+	if cfg.StoreMaxBatch > 0 {
+		gc.MaxBatch = cfg.StoreMaxBatch
+	}
+	storeOpts := []pgstore.Option{pgstore.WithGroupCommit(gc)}
 	if cfg.Notify {
-		b.store = pgstore.New(pool)
+		b.store = pgstore.New(pool, storeOpts...)
 		listener := pgstore.NewListener(pool, pgstore.DefaultChannel, logger)
 		b.notifier, b.run = listener, listener.Run
 	} else {
-		b.store = pgstore.New(pool, pgstore.WithoutNotify())
+		b.store = pgstore.New(pool, append(storeOpts, pgstore.WithoutNotify())...)
 	}
 	// This process has been away (it is starting, maybe after a crash), so
 	// holders that renew through it may not have been able to: every

@@ -40,6 +40,12 @@ type Config struct {
 	// MaxConns sizes the database connection pool; 0 takes DefaultDBMaxConns.
 	// Defaults to DefaultDBMaxConns, 16 (IDEMGATE_DB_MAX_CONNS).
 	MaxConns int
+	// StoreMaxBatch is the most Begins and Finishes the store writes in one
+	// transaction (group commit, pgstore.GroupCommit and
+	// sqlitestore.GroupCommit); 1 turns batching off, 0 takes the store's
+	// default (64 on PostgreSQL, 128 on the embedded store). Defaults to 0
+	// (IDEMGATE_STORE_MAX_BATCH).
+	StoreMaxBatch int
 	// SweepInterval is the pause between sweeps of expired records. Defaults
 	// to 1m (IDEMGATE_SWEEP_INTERVAL).
 	SweepInterval time.Duration
@@ -327,6 +333,7 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", ""), "PostgreSQL connection `URL`; empty uses the embedded SQLite store (env DATABASE_URL)")
 	fs.StringVar(&cfg.DataDir, "data-dir", env("IDEMGATE_DATA_DIR", defaultDataDir(getenv)), "`directory` of the embedded store, used when no database URL is set (env IDEMGATE_DATA_DIR)")
 	fs.BoolVar(&cfg.MigrateOnStart, "migrate-on-start", boolEnv("IDEMGATE_MIGRATE_ON_START", true), "apply pending migrations before serving (env IDEMGATE_MIGRATE_ON_START)")
+	fs.IntVar(&cfg.StoreMaxBatch, "store-max-batch", intEnv("IDEMGATE_STORE_MAX_BATCH", 0), "most Begins and Finishes written in one transaction by concurrent callers (group commit); 1 turns batching off, 0 takes the store's default: 64 on PostgreSQL, 128 embedded (env IDEMGATE_STORE_MAX_BATCH)")
 	fs.IntVar(&cfg.MaxConns, "db-max-conns", intEnv("IDEMGATE_DB_MAX_CONNS", DefaultDBMaxConns), "database pool `size`; watch idemgate_db_pool_empty_acquire_wait_seconds_total for callers queueing (env IDEMGATE_DB_MAX_CONNS)")
 	fs.DurationVar(&cfg.SweepInterval, "sweep-interval", durationEnv("IDEMGATE_SWEEP_INTERVAL", time.Minute), "pause between sweeps of expired records (env IDEMGATE_SWEEP_INTERVAL)")
 	fs.IntVar(&cfg.SweepBatch, "sweep-batch", intEnv("IDEMGATE_SWEEP_BATCH", 1000), "expired records deleted per statement (env IDEMGATE_SWEEP_BATCH)")
@@ -417,6 +424,9 @@ func (c Config) validate() error {
 	}
 	if c.MaxConns < 0 {
 		errs = append(errs, fmt.Errorf("-db-max-conns must be 0 or more, got %d", c.MaxConns))
+	}
+	if c.StoreMaxBatch < 0 {
+		errs = append(errs, fmt.Errorf("-store-max-batch must be 0 or more, got %d", c.StoreMaxBatch))
 	}
 	if c.SweepInterval <= 0 {
 		errs = append(errs, fmt.Errorf("-sweep-interval must be positive, got %s", c.SweepInterval))
