@@ -287,6 +287,12 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 
 	sweeper := dedupesvc.NewSweeper(store, dedupesvc.SweeperConfig{Interval: cfg.SweepInterval, BatchSize: cfg.SweepBatch, Logger: logger})
 	backgroundDone.Go(func() { sweeper.Run(background) })
+	if inspector, ok := store.(dedupesvc.Inspector); ok {
+		// Records waiting for an operator, for the IdemgateOutcomeUnknownRecordsWaiting alert.
+		unknown := dedupesvc.NewUnknownRecords(inspector, dedupesvc.UnknownRecordsConfig{Logger: logger})
+		registry.MustRegister(unknown)
+		backgroundDone.Go(func() { unknown.Run(background) })
+	}
 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(netutil.LimitListener(lis, cfg.MaxConnections)) }()
