@@ -251,10 +251,19 @@ func TestCloseDrainsAfterReplyFinishes(t *testing.T) {
 		if first.err != nil || fault.returned.Load() != 0 {
 			t.Fatalf("first call: %v with %d Finishes back, want it answered while its Finish is held", first.err, fault.returned.Load())
 		}
-		close(fault.release)
+		// Close starts while the Finish is held, and the Finish is let go
+		// only then: a Close that did not wait would return with none landed.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if err := h.Gate.Close(ctx); err != nil {
+		closed := make(chan error, 1)
+		go func() { closed <- h.Gate.Close(ctx) }()
+		select {
+		case err := <-closed:
+			t.Fatalf("Close returned (%v) while a Finish was held, want it to wait", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		close(fault.release)
+		if err := <-closed; err != nil {
 			t.Fatalf("Close: %v", err)
 		}
 		if fault.landed.Load() != 1 {
@@ -291,4 +300,33 @@ func TestCloseDrainsAfterReplyFinishes(t *testing.T) {
 			t.Fatalf("%d executions, want 1", n)
 		}
 	})
+}
+
+// A call that arrives after Close began (grpc's Stop does not wait for
+// handlers) still has its outcome stored: nothing new starts in the
+// background then, so the after-reply Finish is made before the answer, as
+// FINISH_POLICY_BEFORE_REPLY would, instead of being given up at once.
+func TestAfterReplyCallAfterCloseStoresItsOutcome(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := h.Gate.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	req := &testingv1.MutateRequest{Payload: "after Close"}
+	first := h.afterReply(withKey("after-close"), req, false)
+	if first.err != nil {
+		t.Fatalf("call after Close: %v", first.err)
+	}
+	if lost := h.Gate.Stats().OutcomesLost; lost != 0 {
+		t.Fatalf("OutcomesLost = %d, want the outcome stored", lost)
+	}
+	dup := h.afterReply(withKey("after-close"), req, false)
+	if dup.err != nil || !dup.replayed || !bytes.Equal(dup.raw, first.raw) {
+		t.Fatalf("duplicate: %v replayed=%v, want the stored outcome", dup.err, dup.replayed)
+	}
+	if n := h.svc.Executions(); n != 1 {
+		t.Fatalf("%d executions, want 1", n)
+	}
 }

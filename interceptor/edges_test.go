@@ -68,6 +68,7 @@ func TestCallerThatGivesUpDoesNotRunTwice(t *testing.T) {
 				go func() {
 					select {
 					case <-h.svc.Started(key):
+					case <-ctx.Done():
 					case <-time.After(2 * time.Minute):
 					}
 					cancel()
@@ -129,7 +130,13 @@ func TestUnknownOutcomeUnderReexecuteFreesTheKey(t *testing.T) {
 func delayFinish(d time.Duration) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		if method == idemgatev1.DedupeService_Finish_FullMethodName {
-			time.Sleep(d)
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return status.FromContextError(ctx.Err()).Err()
+			}
 		}
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}

@@ -276,7 +276,19 @@ func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseK
 			return fenced
 		}
 	}
-	e.background.Add(1)
+	if !e.startBackground() {
+		// Close has begun (a handler can outlive a server's Stop): the
+		// first attempt of an after-reply settlement is made here, before
+		// the answer, and a failed one is not retried.
+		defer lease.stop()
+		if inBackground {
+			if settled, fenced := e.trySettle(detached, c, epoch, s); settled {
+				return fenced
+			}
+		}
+		e.giveUp(ctx, c, epoch, s, "the Gate was closed")
+		return false
+	}
 	go func() {
 		defer e.background.Done()
 		defer lease.stop()
@@ -366,9 +378,14 @@ func (e *Engine) followUpLostBegin(ctx context.Context, c *Call) {
 			slog.String("scope", c.Scope))
 		return
 	}
+	if !e.startBackground() {
+		<-e.lostBegins
+		e.opts.Logger.WarnContext(ctx, "idemgate: the Gate is closed, so a lost Begin is not followed up; if it made a reservation, it runs down its lease",
+			slog.String("scope", c.Scope))
+		return
+	}
 	req := proto.CloneOf(c.BeginRequest)
 	req.MaxWait = durationpb.New(0)
-	e.background.Add(1)
 	go func() {
 		defer e.background.Done()
 		defer func() { <-e.lostBegins }()

@@ -94,6 +94,10 @@ type Engine struct {
 	// background tracks settlements retried after their caller got its
 	// answer, and re-sent Begins whose first answer was lost.
 	background sync.WaitGroup
+	// backgroundMu guards closing: once Close begins nothing new joins
+	// background, as a WaitGroup must not grow while Close waits on it.
+	backgroundMu sync.Mutex
+	closing      bool
 	// stopBackground ends the background work when Close's context ends
 	// first; backgroundCtx is what that work runs under.
 	backgroundCtx  context.Context
@@ -119,6 +123,9 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts Options) *Engine {
 // settled or given up. When ctx ends first it stops them (each is logged and
 // counted as given up), waits for them to return, and returns ctx's error.
 func (e *Engine) Close(ctx context.Context) error {
+	e.backgroundMu.Lock()
+	e.closing = true
+	e.backgroundMu.Unlock()
 	done := make(chan struct{})
 	go func() { e.background.Wait(); close(done) }()
 	select {
@@ -130,6 +137,19 @@ func (e *Engine) Close(ctx context.Context) error {
 		<-done
 		return ctx.Err()
 	}
+}
+
+// startBackground registers work that Close waits for, and reports false
+// once Close has begun: then nothing new may start in the background (the
+// caller does the work itself, or gives it up).
+func (e *Engine) startBackground() bool {
+	e.backgroundMu.Lock()
+	defer e.backgroundMu.Unlock()
+	if e.closing {
+		return false
+	}
+	e.background.Add(1)
+	return true
 }
 
 // Policy is what the Engine needs of a gated operation's policy.
