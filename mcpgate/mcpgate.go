@@ -366,7 +366,14 @@ func (g *Gate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			return next(ctx, method, req)
 		}
 		r, err := g.lookup(ctx, next, call)
-		if err != nil || r == nil {
+		if err != nil {
+			// Whether the tool is gated is unknown: it must not run ungated.
+			g.opts.logger.ErrorContext(ctx, "mcpgate: cannot list the tools to classify a call; refused, nothing ran",
+				slog.String("tool", call.Params.Name), slog.Any("error", err))
+			return mcpwire.ErrorResult(grpcerr.New(codes.Internal, ReasonStoreRejected,
+				fmt.Sprintf("mcpgate: cannot list the tools to tell whether %q is gated; nothing ran", call.Params.Name), nil, 0)), nil
+		}
+		if r == nil {
 			return next(ctx, method, req) // the SDK answers an unknown tool
 		}
 		if r.err != nil {

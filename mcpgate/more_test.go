@@ -2,6 +2,7 @@ package mcpgate_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -256,5 +257,34 @@ func TestReplayCache(t *testing.T) {
 	wantReason(t, call(t, f.client, "charge", "c-1", map[string]any{"customer": "x", "amount": 1}), mcpgate.ReasonKeyReused)
 	if s := f.gate.Stats(); d.begins.Load() != 2 || s.ReplayCacheHits != 1 || s.ReplayCacheMisses != 2 {
 		t.Fatalf("%d Begins, stats %+v: want the other request asked the service", d.begins.Load(), s)
+	}
+}
+
+// When the gate cannot list the tools (a middleware inside it fails
+// tools/list), a gated tool does not run ungated: the caller gets a refusal.
+func TestAFailedToolsListRefusesTheCall(t *testing.T) {
+	ts := &tools{}
+	server := ts.newServer()
+	var fail atomic.Bool
+	server.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			if method == "tools/list" && fail.Load() {
+				return nil, errors.New("tools/list is broken")
+			}
+			return next(ctx, method, req)
+		}
+	})
+	if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, mcpgate.WithLogger(quiet())); err != nil {
+		t.Fatal(err)
+	}
+	fail.Store(true)
+	ct, st := mcp.NewInMemoryTransports()
+	if _, err := server.Connect(context.Background(), st, nil); err != nil {
+		t.Fatal(err)
+	}
+	cs := connect(t, ct)
+	e := wantReason(t, call(t, cs, "charge", "k-list", order), mcpgate.ReasonStoreRejected)
+	if e["code"] != "INTERNAL" || ts.charges.Load() != 0 {
+		t.Fatalf("refusal %v after %d charges, want INTERNAL and no charge", e, ts.charges.Load())
 	}
 }
