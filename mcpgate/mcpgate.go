@@ -546,7 +546,7 @@ func (g *Gate) run(ctx context.Context, next mcp.MethodHandler, call *mcp.CallTo
 				return nil, err
 			}
 			a.Release(true)
-			return mcpwire.ErrorResult(gatecore.HandlerOutcomeUnknown(c.Key, "a context error", err.Error())), nil
+			return mcpwire.ErrorResult(gatecore.HandlerOutcomeUnknown(c.Key, unknownCause(err), err.Error())), nil
 		}
 		a.Release(false)
 		return nil, err
@@ -573,10 +573,33 @@ func (g *Gate) run(ctx context.Context, next mcp.MethodHandler, call *mcp.CallTo
 }
 
 // unknownOutcome reports whether a tool's error leaves its side effect's
-// outcome unknown: it wraps context.DeadlineExceeded or context.Canceled
-// (its provider call timed out, or it ran past its ExecutionTimeout).
+// outcome unknown, as the interceptor classifies it: it wraps
+// context.DeadlineExceeded or context.Canceled (its provider call timed out,
+// or it ran past its ExecutionTimeout), or it carries the gRPC code
+// DEADLINE_EXCEEDED or CANCELLED (its provider's gRPC call ended so).
 func unknownOutcome(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return true
+	}
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		switch se.GRPCStatus().Code() {
+		case codes.DeadlineExceeded, codes.Canceled:
+			return true
+		}
+	}
+	return false
+}
+
+// unknownCause names what an error of unknownOutcome is, for the refusal.
+func unknownCause(err error) string {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return "a context error"
+	}
+	return "the gRPC code " + status.Code(err).String()
 }
 
 var bytesName = (&wrapperspb.BytesValue{}).ProtoReflect().Descriptor().FullName()

@@ -288,3 +288,33 @@ func TestAFailedToolsListRefusesTheCall(t *testing.T) {
 		t.Fatalf("refusal %v after %d charges, want INTERNAL and no charge", e, ts.charges.Load())
 	}
 }
+
+// A tool whose own backend call ended with a gRPC DEADLINE_EXCEEDED or
+// CANCELLED cannot tell whether its side effect happened: as in the
+// interceptor, the outcome is unknown, and under FAIL_CLOSED a retry does
+// not run the tool again.
+func TestAGRPCDeadlineOrCancelFromTheToolIsAnUnknownOutcome(t *testing.T) {
+	for _, code := range []codes.Code{codes.DeadlineExceeded, codes.Canceled} {
+		t.Run(code.String(), func(t *testing.T) {
+			server := mcp.NewServer(&mcp.Implementation{Name: "s"}, nil)
+			var runs atomic.Int64
+			mcp.AddTool(server, &mcp.Tool{Name: "send"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+				runs.Add(1)
+				return nil, nil, status.Error(code, "the provider call ended")
+			})
+			if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, mcpgate.WithLogger(quiet())); err != nil {
+				t.Fatal(err)
+			}
+			ct, st := mcp.NewInMemoryTransports()
+			if _, err := server.Connect(context.Background(), st, nil); err != nil {
+				t.Fatal(err)
+			}
+			cs := connect(t, ct)
+			wantReason(t, call(t, cs, "send", "k", nil), mcpgate.ReasonOutcomeUnknown)
+			wantReason(t, call(t, cs, "send", "k", nil), mcpgate.ReasonOutcomeUnknown)
+			if n := runs.Load(); n != 1 {
+				t.Fatalf("the tool ran %d times, want 1", n)
+			}
+		})
+	}
+}
