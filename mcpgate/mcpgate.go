@@ -161,6 +161,9 @@ func New(ctx context.Context, dedupe idemgatev1.DedupeServiceClient, server *mcp
 	for _, opt := range opts {
 		opt(&o)
 	}
+	if o.tenant == nil {
+		return nil, errors.New("mcpgate: WithTenant needs a tenant function (TokenTenant is the default); it was given nil")
+	}
 	name, tools, err := listServer(ctx, server)
 	if err != nil {
 		return nil, fmt.Errorf("mcpgate: list the server's tools: %w", err)

@@ -318,3 +318,12 @@ func TestAGRPCDeadlineOrCancelFromTheToolIsAnUnknownOutcome(t *testing.T) {
 		})
 	}
 }
+
+// WithTenant(nil) is refused by New, naming the option, rather than
+// panicking on the first gated call.
+func TestWithTenantNilIsRefused(t *testing.T) {
+	_, err := mcpgate.New(context.Background(), embeddedDedupe(t), (&tools{}).newServer(), mcpgate.WithLogger(quiet()), mcpgate.WithTenant(nil))
+	if err == nil || !strings.Contains(err.Error(), "WithTenant") {
+		t.Fatalf("New with WithTenant(nil) = %v, want an error naming WithTenant", err)
+	}
+}
