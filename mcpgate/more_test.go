@@ -3,6 +3,7 @@ package mcpgate_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -325,5 +326,17 @@ func TestWithTenantNilIsRefused(t *testing.T) {
 	_, err := mcpgate.New(context.Background(), embeddedDedupe(t), (&tools{}).newServer(), mcpgate.WithLogger(quiet()), mcpgate.WithTenant(nil))
 	if err == nil || !strings.Contains(err.Error(), "WithTenant") {
 		t.Fatalf("New with WithTenant(nil) = %v, want an error naming WithTenant", err)
+	}
+}
+
+// The test server's charge ids stay decimal past nine charges.
+func TestChargeIDsPastNine(t *testing.T) {
+	f := setup(t, embeddedDedupe(t))
+	var last *mcp.CallToolResult
+	for i := 1; i <= 12; i++ {
+		last = call(t, f.client, "charge", fmt.Sprintf("ids-%d", i), order)
+	}
+	if id := structured(t, last)["charge_id"]; id != "ch_000012" {
+		t.Fatalf("the 12th charge id = %v, want ch_000012", id)
 	}
 }
