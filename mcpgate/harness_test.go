@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -104,7 +105,7 @@ func (ts *tools) newServer() *mcp.Server {
 				ts.ended <- ctx.Err()
 			}
 			n := ts.charges.Add(1)
-			return nil, chargeOut{ChargeID: "ch_" + strings.Repeat("0", 5) + string(rune('0'+n)), Customer: in.Customer, Amount: in.Amount}, nil
+			return nil, chargeOut{ChargeID: fmt.Sprintf("ch_%06d", n), Customer: in.Customer, Amount: in.Amount}, nil
 		})
 	mcp.AddTool(server, &mcp.Tool{Name: "balance", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
 		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, map[string]int64, error) {

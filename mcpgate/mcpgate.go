@@ -161,6 +161,9 @@ func New(ctx context.Context, dedupe idemgatev1.DedupeServiceClient, server *mcp
 	for _, opt := range opts {
 		opt(&o)
 	}
+	if o.tenant == nil {
+		return nil, errors.New("mcpgate: WithTenant needs a tenant function (TokenTenant is the default); it was given nil")
+	}
 	name, tools, err := listServer(ctx, server)
 	if err != nil {
 		return nil, fmt.Errorf("mcpgate: list the server's tools: %w", err)
@@ -366,7 +369,14 @@ func (g *Gate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			return next(ctx, method, req)
 		}
 		r, err := g.lookup(ctx, next, call)
-		if err != nil || r == nil {
+		if err != nil {
+			// Whether the tool is gated is unknown: it must not run ungated.
+			g.opts.logger.ErrorContext(ctx, "mcpgate: cannot list the tools to classify a call; refused, nothing ran",
+				slog.String("tool", call.Params.Name), slog.Any("error", err))
+			return mcpwire.ErrorResult(grpcerr.New(codes.Internal, ReasonStoreRejected,
+				fmt.Sprintf("mcpgate: cannot list the tools to tell whether %q is gated; nothing ran", call.Params.Name), nil, 0)), nil
+		}
+		if r == nil {
 			return next(ctx, method, req) // the SDK answers an unknown tool
 		}
 		if r.err != nil {
@@ -539,7 +549,7 @@ func (g *Gate) run(ctx context.Context, next mcp.MethodHandler, call *mcp.CallTo
 				return nil, err
 			}
 			a.Release(true)
-			return mcpwire.ErrorResult(gatecore.HandlerOutcomeUnknown(c.Key, "a context error", err.Error())), nil
+			return mcpwire.ErrorResult(gatecore.HandlerOutcomeUnknown(c.Key, unknownCause(err), err.Error())), nil
 		}
 		a.Release(false)
 		return nil, err
@@ -566,10 +576,33 @@ func (g *Gate) run(ctx context.Context, next mcp.MethodHandler, call *mcp.CallTo
 }
 
 // unknownOutcome reports whether a tool's error leaves its side effect's
-// outcome unknown: it wraps context.DeadlineExceeded or context.Canceled
-// (its provider call timed out, or it ran past its ExecutionTimeout).
+// outcome unknown, as the interceptor classifies it: it wraps
+// context.DeadlineExceeded or context.Canceled (its provider call timed out,
+// or it ran past its ExecutionTimeout), or it carries the gRPC code
+// DEADLINE_EXCEEDED or CANCELLED (its provider's gRPC call ended so).
 func unknownOutcome(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return true
+	}
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		switch se.GRPCStatus().Code() {
+		case codes.DeadlineExceeded, codes.Canceled:
+			return true
+		}
+	}
+	return false
+}
+
+// unknownCause names what an error of unknownOutcome is, for the refusal.
+func unknownCause(err error) string {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return "a context error"
+	}
+	return "the gRPC code " + status.Code(err).String()
 }
 
 var bytesName = (&wrapperspb.BytesValue{}).ProtoReflect().Descriptor().FullName()

@@ -2,6 +2,8 @@ package mcpgate_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -256,5 +258,85 @@ func TestReplayCache(t *testing.T) {
 	wantReason(t, call(t, f.client, "charge", "c-1", map[string]any{"customer": "x", "amount": 1}), mcpgate.ReasonKeyReused)
 	if s := f.gate.Stats(); d.begins.Load() != 2 || s.ReplayCacheHits != 1 || s.ReplayCacheMisses != 2 {
 		t.Fatalf("%d Begins, stats %+v: want the other request asked the service", d.begins.Load(), s)
+	}
+}
+
+// When the gate cannot list the tools (a middleware inside it fails
+// tools/list), a gated tool does not run ungated: the caller gets a refusal.
+func TestAFailedToolsListRefusesTheCall(t *testing.T) {
+	ts := &tools{}
+	server := ts.newServer()
+	var fail atomic.Bool
+	server.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			if method == "tools/list" && fail.Load() {
+				return nil, errors.New("tools/list is broken")
+			}
+			return next(ctx, method, req)
+		}
+	})
+	if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, mcpgate.WithLogger(quiet())); err != nil {
+		t.Fatal(err)
+	}
+	fail.Store(true)
+	ct, st := mcp.NewInMemoryTransports()
+	if _, err := server.Connect(context.Background(), st, nil); err != nil {
+		t.Fatal(err)
+	}
+	cs := connect(t, ct)
+	e := wantReason(t, call(t, cs, "charge", "k-list", order), mcpgate.ReasonStoreRejected)
+	if e["code"] != "INTERNAL" || ts.charges.Load() != 0 {
+		t.Fatalf("refusal %v after %d charges, want INTERNAL and no charge", e, ts.charges.Load())
+	}
+}
+
+// A tool whose own backend call ended with a gRPC DEADLINE_EXCEEDED or
+// CANCELLED cannot tell whether its side effect happened: as in the
+// interceptor, the outcome is unknown, and under FAIL_CLOSED a retry does
+// not run the tool again.
+func TestAGRPCDeadlineOrCancelFromTheToolIsAnUnknownOutcome(t *testing.T) {
+	for _, code := range []codes.Code{codes.DeadlineExceeded, codes.Canceled} {
+		t.Run(code.String(), func(t *testing.T) {
+			server := mcp.NewServer(&mcp.Implementation{Name: "s"}, nil)
+			var runs atomic.Int64
+			mcp.AddTool(server, &mcp.Tool{Name: "send"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+				runs.Add(1)
+				return nil, nil, status.Error(code, "the provider call ended")
+			})
+			if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, mcpgate.WithLogger(quiet())); err != nil {
+				t.Fatal(err)
+			}
+			ct, st := mcp.NewInMemoryTransports()
+			if _, err := server.Connect(context.Background(), st, nil); err != nil {
+				t.Fatal(err)
+			}
+			cs := connect(t, ct)
+			wantReason(t, call(t, cs, "send", "k", nil), mcpgate.ReasonOutcomeUnknown)
+			wantReason(t, call(t, cs, "send", "k", nil), mcpgate.ReasonOutcomeUnknown)
+			if n := runs.Load(); n != 1 {
+				t.Fatalf("the tool ran %d times, want 1", n)
+			}
+		})
+	}
+}
+
+// WithTenant(nil) is refused by New, naming the option, rather than
+// panicking on the first gated call.
+func TestWithTenantNilIsRefused(t *testing.T) {
+	_, err := mcpgate.New(context.Background(), embeddedDedupe(t), (&tools{}).newServer(), mcpgate.WithLogger(quiet()), mcpgate.WithTenant(nil))
+	if err == nil || !strings.Contains(err.Error(), "WithTenant") {
+		t.Fatalf("New with WithTenant(nil) = %v, want an error naming WithTenant", err)
+	}
+}
+
+// The test server's charge ids stay decimal past nine charges.
+func TestChargeIDsPastNine(t *testing.T) {
+	f := setup(t, embeddedDedupe(t))
+	var last *mcp.CallToolResult
+	for i := 1; i <= 12; i++ {
+		last = call(t, f.client, "charge", fmt.Sprintf("ids-%d", i), order)
+	}
+	if id := structured(t, last)["charge_id"]; id != "ch_000012" {
+		t.Fatalf("the 12th charge id = %v, want ch_000012", id)
 	}
 }

@@ -115,7 +115,7 @@ type Option func(*options)
 func WithServerName(name string) Option { return func(o *options) { o.serverName = name } }
 
 // WithTenant sets the function that names the tenant of each call.
-// Defaults to TokenTenant.
+// Defaults to TokenTenant. New refuses nil.
 func WithTenant(f TenantFunc) Option { return func(o *options) { o.tenant = f } }
 
 // WithTool sets the policy of the tool named name, whatever its annotations

@@ -122,6 +122,24 @@ type ledger struct {
 	n       int
 }
 
+// charge is the side effect. Like a real provider client it sends nothing
+// on a context that has already ended (the gate ended it: the execution
+// timeout, or the attempt lost its reservation), and reports the context's
+// error, which the gate treats as an unknown outcome.
+func (l *ledger) charge(ctx context.Context, in chargeIn) (chargeOut, error) {
+	if err := ctx.Err(); err != nil {
+		return chargeOut{}, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.charges == nil {
+		l.charges = map[string]int64{}
+	}
+	l.n++
+	l.charges[in.CustomerID]++
+	return chargeOut{ChargeID: fmt.Sprintf("ch_%06d", l.n), CustomerID: in.CustomerID, AmountCents: in.AmountCents}, nil
+}
+
 type chargeIn struct {
 	CustomerID  string `json:"customerId" jsonschema:"the customer to charge"`
 	AmountCents int64  `json:"amountCents" jsonschema:"the amount, in cents"`
@@ -161,14 +179,8 @@ func newServer(l *ledger) *mcp.Server {
 		// Not read-only, not idempotent by itself: gated.
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: &destructive},
 	}, func(ctx context.Context, _ *mcp.CallToolRequest, in chargeIn) (*mcp.CallToolResult, chargeOut, error) {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		if l.charges == nil {
-			l.charges = map[string]int64{}
-		}
-		l.n++
-		l.charges[in.CustomerID]++
-		return nil, chargeOut{ChargeID: fmt.Sprintf("ch_%06d", l.n), CustomerID: in.CustomerID, AmountCents: in.AmountCents}, nil
+		out, err := l.charge(ctx, in)
+		return nil, out, err
 	})
 	mcp.AddTool(server, &mcp.Tool{
 		Name:        "get_balance",
