@@ -171,14 +171,16 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 	switch top.Arg(0) {
 	case "show":
-		resp, err := admin.GetRecord(ctx, &idemgatev1.GetRecordRequest{Ref: ref, IncludeOutcome: true})
-		if err != nil {
-			return fail(err)
-		}
+		// The descriptors first: a bad file is the operator's to fix,
+		// reported before any call.
 		resolver, err := typesResolver(*descriptors)
 		if err != nil {
 			fmt.Fprintln(stderr, "idemctl:", err)
 			return 2
+		}
+		resp, err := admin.GetRecord(ctx, &idemgatev1.GetRecordRequest{Ref: ref, IncludeOutcome: true})
+		if err != nil {
+			return fail(err)
 		}
 		showRecord(stdout, resp.GetRecord(), time.Now(), resolver)
 	case "list":

@@ -437,3 +437,16 @@ func TestShowListAndForgetEndToEnd(t *testing.T) {
 		})
 	}
 }
+
+// show reads -descriptors before it calls the service: a bad file is
+// reported as such, not hidden behind a connection error.
+func TestShowReportsABadDescriptorFileBeforeCallingTheService(t *testing.T) {
+	t.Parallel()
+	addr := stacktest.FreeAddr(t) // nothing listens there
+	missing := filepath.Join(t.TempDir(), "missing.binpb")
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"-addr", addr, "-token", adminToken, "show", "-scope", scope, "-key", "k", "-descriptors", missing}, strings.NewReader(""), &stdout, &stderr)
+	if msg := stderr.String(); code != 2 || !strings.Contains(msg, "missing.binpb") || strings.Contains(msg, "cannot reach") {
+		t.Fatalf("exit %d, stderr %q; want 2 and the descriptor file's error, before any call", code, msg)
+	}
+}
