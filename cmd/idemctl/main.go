@@ -22,6 +22,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -89,21 +90,13 @@ connection flags:
 var commands = []string{"show", "list", "count", "resolve", "forget", "migrations"}
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	// Go's flag package takes the next argument as -token's value, so
-	// "-token $ADMIN list" with ADMIN empty runs nothing useful: say why,
-	// before a parse error about the command's flags hides it.
-	for i, a := range args {
-		if (a == "-token" || a == "--token") && i+1 < len(args) && slices.Contains(commands, args[i+1]) {
-			fmt.Fprintf(stderr, "idemctl: -token took %q, a command, as the token: the variable after -token is probably empty or unset (-token $ADMIN with ADMIN empty). Put the token in IDEMCTL_TOKEN or in a file passed with -token-file, or quote it: -token \"$ADMIN\"\n", args[i+1])
-			return 2
-		}
-		if a == "--" || !strings.HasPrefix(a, "-") {
-			break
-		}
-	}
 	top := flag.NewFlagSet("idemctl", flag.ContinueOnError)
-	top.SetOutput(stderr)
-	top.Usage = func() { fmt.Fprint(stderr, usage); top.PrintDefaults() }
+	// The parse's own complaints wait in parseOut until the token is
+	// checked: a swallowed command is the error to report, not the parse
+	// error (an unknown -scope, say) it leads to.
+	var parseOut bytes.Buffer
+	top.SetOutput(&parseOut)
+	top.Usage = func() { fmt.Fprint(top.Output(), usage); top.PrintDefaults() }
 	addr := top.String("addr", envOr("IDEMCTL_ADDR", "127.0.0.1:50051"), "dedupe service `address` (env IDEMCTL_ADDR)")
 	token := top.String("token", os.Getenv("IDEMCTL_TOKEN"), "bearer `token` with the admin right (env IDEMCTL_TOKEN); prefer the environment or -token-file, which keep it out of the process list")
 	tokenFile := top.String("token-file", os.Getenv("IDEMCTL_TOKEN_FILE"), "`file` holding the bearer token, readable by its owner only (env IDEMCTL_TOKEN_FILE)")
@@ -113,7 +106,16 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	plaintextDefault, _ := strconv.ParseBool(os.Getenv("IDEMCTL_INSECURE_PLAINTEXT"))
 	insecurePlaintext := top.Bool("insecure-plaintext", plaintextDefault,
 		"allow plaintext (no -tls-ca) to an address that is not loopback: the token crosses the network readable (env IDEMCTL_INSECURE_PLAINTEXT)")
-	if err := top.Parse(args); err != nil {
+	parseErr := top.Parse(args)
+	// Go's flag package takes the next argument as -token's value, so
+	// "-token $ADMIN list" with ADMIN empty runs nothing useful: say why.
+	if swallowed, ok := tokenIsACommand(top); ok {
+		fmt.Fprintf(stderr, "idemctl: -token took %q, a command, as the token: the variable after -token is probably empty or unset (-token $ADMIN with ADMIN empty). Put the token in IDEMCTL_TOKEN or in a file passed with -token-file, or quote it: -token \"$ADMIN\"\n", swallowed)
+		return 2
+	}
+	_, _ = parseOut.WriteTo(stderr)
+	top.SetOutput(stderr)
+	if parseErr != nil {
 		return 2
 	}
 	if top.NArg() == 0 {
@@ -275,6 +277,19 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 2
 	}
 	return 0
+}
+
+// tokenIsACommand reports the command name -token was set to, on the
+// command line, if it was: the sign of an empty variable after -token.
+// It holds after a failed parse too, for what the parse had set.
+func tokenIsACommand(top *flag.FlagSet) (string, bool) {
+	value, set := "", false
+	top.Visit(func(f *flag.Flag) {
+		if f.Name == "token" {
+			value, set = f.Value.String(), true
+		}
+	})
+	return value, set && slices.Contains(commands, value)
 }
 
 // outcomeFromJSON parses the JSON of the scope's method's response type and
