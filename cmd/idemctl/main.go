@@ -143,8 +143,6 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	defer conn.Close()
 	admin := idemgatev1.NewAdminServiceClient(conn)
-	ctx, cancel := context.WithTimeout(context.Background(), rpcTimeout)
-	defer cancel()
 
 	cmd := flag.NewFlagSet(top.Arg(0), flag.ContinueOnError)
 	cmd.SetOutput(stderr)
@@ -180,6 +178,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "idemctl:", err)
 			return 2
 		}
+		ctx, cancel := rpcContext()
+		defer cancel()
 		resp, err := admin.GetRecord(ctx, &idemgatev1.GetRecordRequest{Ref: ref, IncludeOutcome: true})
 		if err != nil {
 			return fail(err)
@@ -200,7 +200,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			fmt.Fprintln(w, "STATE\tNAMESPACE\tSCOPE\tKEY\tEPOCH\tEXPIRES")
 		}
 		for {
-			pageCtx, cancelPage := context.WithTimeout(context.Background(), rpcTimeout) // per page: -all may walk many
+			pageCtx, cancelPage := rpcContext() // per page: -all may walk many
 			resp, err := admin.ListRecords(pageCtx, req)
 			cancelPage()
 			if err != nil {
@@ -227,6 +227,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		w.Flush()
 	case "count":
+		ctx, cancel := rpcContext()
+		defer cancel()
 		resp, err := admin.CountRecords(ctx, &idemgatev1.CountRecordsRequest{})
 		if err != nil {
 			return fail(err)
@@ -253,13 +255,17 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			}
 			req.Resolution = &idemgatev1.ResolveRecordRequest_Complete{Complete: outcome}
 		}
+		ctx, cancel := rpcContext()
+		defer cancel()
 		if _, err := admin.ResolveRecord(ctx, req); err != nil {
 			return fail(err)
 		}
 		fmt.Fprintf(stdout, "resolved %s %s\n", safe(*scope), safe(*key))
 	case "forget":
-		return forget(ctx, admin, ref, *force, *yes, stdin, stdout, stderr, fail)
+		return forget(rpcContext, admin, ref, *force, *yes, stdin, stdout, stderr, fail)
 	case "migrations":
+		ctx, cancel := rpcContext()
+		defer cancel()
 		resp, err := admin.GetMigrationStatus(ctx, &idemgatev1.GetMigrationStatusRequest{})
 		if err != nil {
 			return fail(err)
@@ -290,6 +296,13 @@ func tokenIsACommand(top *flag.FlagSet) (string, bool) {
 		}
 	})
 	return value, set && slices.Contains(commands, value)
+}
+
+// rpcContext bounds one admin RPC by rpcTimeout; each RPC takes its own,
+// made right before it, so time spent waiting for the operator does not
+// count against it.
+func rpcContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), rpcTimeout)
 }
 
 // outcomeFromJSON parses the JSON of the scope's method's response type and
