@@ -22,6 +22,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -89,21 +90,13 @@ connection flags:
 var commands = []string{"show", "list", "count", "resolve", "forget", "migrations"}
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	// Go's flag package takes the next argument as -token's value, so
-	// "-token $ADMIN list" with ADMIN empty runs nothing useful: say why,
-	// before a parse error about the command's flags hides it.
-	for i, a := range args {
-		if (a == "-token" || a == "--token") && i+1 < len(args) && slices.Contains(commands, args[i+1]) {
-			fmt.Fprintf(stderr, "idemctl: -token took %q, a command, as the token: the variable after -token is probably empty or unset (-token $ADMIN with ADMIN empty). Put the token in IDEMCTL_TOKEN or in a file passed with -token-file, or quote it: -token \"$ADMIN\"\n", args[i+1])
-			return 2
-		}
-		if a == "--" || !strings.HasPrefix(a, "-") {
-			break
-		}
-	}
 	top := flag.NewFlagSet("idemctl", flag.ContinueOnError)
-	top.SetOutput(stderr)
-	top.Usage = func() { fmt.Fprint(stderr, usage); top.PrintDefaults() }
+	// The parse's own complaints wait in parseOut until the token is
+	// checked: a swallowed command is the error to report, not the parse
+	// error (an unknown -scope, say) it leads to.
+	var parseOut bytes.Buffer
+	top.SetOutput(&parseOut)
+	top.Usage = func() { fmt.Fprint(top.Output(), usage); top.PrintDefaults() }
 	addr := top.String("addr", envOr("IDEMCTL_ADDR", "127.0.0.1:50051"), "dedupe service `address` (env IDEMCTL_ADDR)")
 	token := top.String("token", os.Getenv("IDEMCTL_TOKEN"), "bearer `token` with the admin right (env IDEMCTL_TOKEN); prefer the environment or -token-file, which keep it out of the process list")
 	tokenFile := top.String("token-file", os.Getenv("IDEMCTL_TOKEN_FILE"), "`file` holding the bearer token, readable by its owner only (env IDEMCTL_TOKEN_FILE)")
@@ -113,7 +106,16 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	plaintextDefault, _ := strconv.ParseBool(os.Getenv("IDEMCTL_INSECURE_PLAINTEXT"))
 	insecurePlaintext := top.Bool("insecure-plaintext", plaintextDefault,
 		"allow plaintext (no -tls-ca) to an address that is not loopback: the token crosses the network readable (env IDEMCTL_INSECURE_PLAINTEXT)")
-	if err := top.Parse(args); err != nil {
+	parseErr := top.Parse(args)
+	// Go's flag package takes the next argument as -token's value, so
+	// "-token $ADMIN list" with ADMIN empty runs nothing useful: say why.
+	if swallowed, ok := tokenIsACommand(top); ok {
+		fmt.Fprintf(stderr, "idemctl: -token took %q, a command, as the token: the variable after -token is probably empty or unset (-token $ADMIN with ADMIN empty). Put the token in IDEMCTL_TOKEN or in a file passed with -token-file, or quote it: -token \"$ADMIN\"\n", swallowed)
+		return 2
+	}
+	_, _ = parseOut.WriteTo(stderr)
+	top.SetOutput(stderr)
+	if parseErr != nil {
 		return 2
 	}
 	if top.NArg() == 0 {
@@ -141,8 +143,6 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	defer conn.Close()
 	admin := idemgatev1.NewAdminServiceClient(conn)
-	ctx, cancel := context.WithTimeout(context.Background(), rpcTimeout)
-	defer cancel()
 
 	cmd := flag.NewFlagSet(top.Arg(0), flag.ContinueOnError)
 	cmd.SetOutput(stderr)
@@ -171,14 +171,18 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 	switch top.Arg(0) {
 	case "show":
-		resp, err := admin.GetRecord(ctx, &idemgatev1.GetRecordRequest{Ref: ref, IncludeOutcome: true})
-		if err != nil {
-			return fail(err)
-		}
+		// The descriptors first: a bad file is the operator's to fix,
+		// reported before any call.
 		resolver, err := typesResolver(*descriptors)
 		if err != nil {
 			fmt.Fprintln(stderr, "idemctl:", err)
 			return 2
+		}
+		ctx, cancel := rpcContext()
+		defer cancel()
+		resp, err := admin.GetRecord(ctx, &idemgatev1.GetRecordRequest{Ref: ref, IncludeOutcome: true})
+		if err != nil {
+			return fail(err)
 		}
 		showRecord(stdout, resp.GetRecord(), time.Now(), resolver)
 	case "list":
@@ -196,7 +200,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			fmt.Fprintln(w, "STATE\tNAMESPACE\tSCOPE\tKEY\tEPOCH\tEXPIRES")
 		}
 		for {
-			pageCtx, cancelPage := context.WithTimeout(context.Background(), rpcTimeout) // per page: -all may walk many
+			pageCtx, cancelPage := rpcContext() // per page: -all may walk many
 			resp, err := admin.ListRecords(pageCtx, req)
 			cancelPage()
 			if err != nil {
@@ -223,6 +227,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		w.Flush()
 	case "count":
+		ctx, cancel := rpcContext()
+		defer cancel()
 		resp, err := admin.CountRecords(ctx, &idemgatev1.CountRecordsRequest{})
 		if err != nil {
 			return fail(err)
@@ -249,13 +255,17 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			}
 			req.Resolution = &idemgatev1.ResolveRecordRequest_Complete{Complete: outcome}
 		}
+		ctx, cancel := rpcContext()
+		defer cancel()
 		if _, err := admin.ResolveRecord(ctx, req); err != nil {
 			return fail(err)
 		}
 		fmt.Fprintf(stdout, "resolved %s %s\n", safe(*scope), safe(*key))
 	case "forget":
-		return forget(ctx, admin, ref, *force, *yes, stdin, stdout, stderr, fail)
+		return forget(rpcContext, admin, ref, *force, *yes, stdin, stdout, stderr, fail)
 	case "migrations":
+		ctx, cancel := rpcContext()
+		defer cancel()
 		resp, err := admin.GetMigrationStatus(ctx, &idemgatev1.GetMigrationStatusRequest{})
 		if err != nil {
 			return fail(err)
@@ -273,6 +283,26 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 2
 	}
 	return 0
+}
+
+// tokenIsACommand reports the command name -token was set to, on the
+// command line, if it was: the sign of an empty variable after -token.
+// It holds after a failed parse too, for what the parse had set.
+func tokenIsACommand(top *flag.FlagSet) (string, bool) {
+	value, set := "", false
+	top.Visit(func(f *flag.Flag) {
+		if f.Name == "token" {
+			value, set = f.Value.String(), true
+		}
+	})
+	return value, set && slices.Contains(commands, value)
+}
+
+// rpcContext bounds one admin RPC by rpcTimeout; each RPC takes its own,
+// made right before it, so time spent waiting for the operator does not
+// count against it.
+func rpcContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), rpcTimeout)
 }
 
 // outcomeFromJSON parses the JSON of the scope's method's response type and

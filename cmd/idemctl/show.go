@@ -28,7 +28,9 @@ import (
 	"google.golang.org/protobuf/types/dynamicpb"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/idemgate/idemgate/dedupesvc"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/grpcerr"
 )
 
 // sortOrders maps list's -sort to the admin API's order.
@@ -307,22 +309,24 @@ var consequences = map[string]string{
 }
 
 // forget shows the record and what forgetting it does, asks the operator
-// to type its key (unless yes), and forgets it.
-func forget(ctx context.Context, admin idemgatev1.AdminServiceClient, ref *idemgatev1.RecordRef, force, yes bool,
+// to type its key (unless yes), and forgets it. Each RPC gets its own
+// context from rpcCtx, made right before it: the operator's typing does
+// not count against ForgetRecord's timeout. Force is sent only if asked
+// for and the record shown needed it (in flight or outcome unknown), so a
+// record that was settled when shown and changed while the operator typed
+// is refused by the service, not forced away unseen; it is shown again.
+func forget(rpcCtx func() (context.Context, context.CancelFunc), admin idemgatev1.AdminServiceClient, ref *idemgatev1.RecordRef, force, yes bool,
 	stdin io.Reader, stdout, stderr io.Writer, fail func(error) int) int {
 	if ref.GetScope() == "" || ref.GetKey() == "" {
 		fmt.Fprintln(stderr, "idemctl forget: -scope and -key name the record (and -namespace, with authentication)")
 		return 2
 	}
-	resp, err := admin.GetRecord(ctx, &idemgatev1.GetRecordRequest{Ref: ref})
+	state, err := describeForForget(rpcCtx, admin, ref, stderr)
 	if err != nil {
 		return fail(err)
 	}
-	r := resp.GetRecord()
-	state := r.GetState()
-	fmt.Fprintf(stderr, "record %s %s %s: %s, epoch %d, %d replays counted.\n%s\n", safe(ref.GetNamespace()), safe(ref.GetScope()), safe(ref.GetKey()),
-		safe(state), r.GetEpoch(), r.GetReplayCount(), consequences[state])
-	if (state == "in_flight" || state == "unknown") && !force {
+	unsettled := state == "in_flight" || state == "unknown"
+	if unsettled && !force {
 		fmt.Fprintln(stderr, "idemctl: not forgotten: the record is "+state+"; pass -force to forget it anyway")
 		return 1
 	}
@@ -334,11 +338,37 @@ func forget(ctx context.Context, admin idemgatev1.AdminServiceClient, ref *idemg
 			return 1
 		}
 	}
-	forgot, err := admin.ForgetRecord(ctx, &idemgatev1.ForgetRecordRequest{Ref: ref, Force: force})
+	ctx, cancel := rpcCtx()
+	defer cancel()
+	forgot, err := admin.ForgetRecord(ctx, &idemgatev1.ForgetRecordRequest{Ref: ref, Force: force && unsettled})
+	if grpcerr.Reason(err) == dedupesvc.ReasonRecordNotSettled {
+		fmt.Fprintf(stderr, "idemctl: not forgotten: the record changed since it was shown (it was %s); as it is now:\n", safe(state))
+		if _, err := describeForForget(rpcCtx, admin, ref, stderr); err != nil {
+			return fail(err)
+		}
+		fmt.Fprintln(stderr, "Run idemctl forget again to decide on it as it is now.")
+		return 1
+	}
 	if err != nil {
 		return fail(err)
 	}
 	fmt.Fprintf(stdout, "forgot %s %s %s (was %s, epoch %s): the next call with this key runs the side effect\n",
 		safe(ref.GetNamespace()), safe(ref.GetScope()), safe(ref.GetKey()), safe(forgot.GetRecord().GetState()), strconv.FormatInt(forgot.GetRecord().GetEpoch(), 10))
 	return 0
+}
+
+// describeForForget reads the record and prints it with what forgetting it
+// does; it returns the record's state.
+func describeForForget(rpcCtx func() (context.Context, context.CancelFunc), admin idemgatev1.AdminServiceClient, ref *idemgatev1.RecordRef, stderr io.Writer) (string, error) {
+	ctx, cancel := rpcCtx()
+	defer cancel()
+	resp, err := admin.GetRecord(ctx, &idemgatev1.GetRecordRequest{Ref: ref})
+	if err != nil {
+		return "", err
+	}
+	r := resp.GetRecord()
+	state := r.GetState()
+	fmt.Fprintf(stderr, "record %s %s %s: %s, epoch %d, %d replays counted.\n%s\n", safe(ref.GetNamespace()), safe(ref.GetScope()), safe(ref.GetKey()),
+		safe(state), r.GetEpoch(), r.GetReplayCount(), consequences[state])
+	return state, nil
 }
