@@ -86,19 +86,25 @@ func (a *Attempt) Finish(outcome *anypb.Any, afterReply bool) (fenced bool) {
 	defer a.cancel()
 	e, c := a.e, a.c
 	req := &idemgatev1.FinishRequest{Scope: c.Scope, Key: c.Key, AttemptToken: c.Token, Epoch: a.epoch, Outcome: e.boundedOutcome(a.ctx, c, outcome, e.opts.MaxOutcome)}
+	// firstSent is when the first Finish went out. The record expires
+	// retention after the service stored it, and any attempt whose answer
+	// was lost may have stored it: so no earlier than this, by the service's
+	// clock, and the retry that answers must not date it later. (Attempts
+	// run one after another.)
+	var firstSent time.Time
 	return e.settle(a.ctx, c, a.epoch, a.lease, settlement{
 		rpc: "Finish",
 		call: func(ctx context.Context) error {
-			// The record expires retention after the service stored it,
-			// so after this by the service's clock.
-			sent := time.Now()
+			if firstSent.IsZero() {
+				firstSent = time.Now()
+			}
 			_, err := e.dedupe.Finish(ctx, req)
 			if grpcerr.Reason(err) == reasonDedupeOutcomeTooLarge && req.GetOutcome().MessageName() != TooLargeName {
 				req.Outcome = e.boundedOutcome(ctx, c, outcome, 0)
 				_, err = e.dedupe.Finish(ctx, req)
 			}
 			if err == nil && c.Stored != nil {
-				c.Stored(req.GetOutcome(), sent)
+				c.Stored(req.GetOutcome(), firstSent)
 			}
 			return err
 		},

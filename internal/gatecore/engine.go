@@ -177,8 +177,10 @@ type Call struct {
 	// BeginRequest is the call's Begin.
 	BeginRequest *idemgatev1.BeginRequest
 	// Stored, when set, is told every outcome the service took for this
-	// call and when its Finish was sent, this process's estimate of when
-	// it was stored (the record expires Retention after that).
+	// call and when its first Finish was sent (of any retries, the earliest
+	// that may have stored it): this process's estimate of when it was
+	// stored, never later, so the record expires Retention after that or
+	// later.
 	Stored func(outcome *anypb.Any, sent time.Time)
 }
 
