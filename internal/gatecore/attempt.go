@@ -265,14 +265,16 @@ type settlement struct {
 // timed out after the side effect ran must still leave its outcome behind.
 // If the Dedupe service cannot take it, retries with backoff go on in the
 // background within the finish retry budget (Close waits for them), and the
-// lease is renewed all along.
+// lease is renewed all along. Once Close has begun they are made here
+// instead, before the caller's answer, until Close's context ends.
 //
-// It reports whether that first attempt was refused because the attempt had
-// been fenced.
+// It reports whether an attempt made before the answer was refused because
+// the attempt had been fenced.
 //
 // With inBackground even the first attempt runs in the background: settle
 // returns at once, reporting false, and the lease is renewed until the
-// matter is settled or given up, as for the retries.
+// matter is settled or given up, as for the retries (once Close has begun,
+// all of them are made before the answer).
 func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseKeeper, s settlement, inBackground bool) (fenced bool) {
 	lease.settling.Store(true)
 	detached := context.WithoutCancel(ctx)
@@ -283,44 +285,48 @@ func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseK
 		}
 	}
 	if !e.startBackground() {
-		// Close has begun (a handler can outlive a server's Stop): the
-		// first attempt of an after-reply settlement is made here, before
-		// the answer, and a failed one is not retried.
+		// Close has begun (a handler can outlive a server's Stop): nothing
+		// new joins the background, so the settlement is retried here,
+		// before the answer, as it would have been there.
 		defer lease.stop()
-		if inBackground {
-			if settled, fenced := e.trySettle(detached, c, epoch, s); settled {
-				return fenced
-			}
-		}
-		e.giveUp(ctx, c, epoch, s, "the Gate was closed")
-		return false
+		return e.retrySettle(ctx, detached, c, epoch, s, inBackground)
 	}
 	go func() {
 		defer e.background.Done()
 		defer lease.stop()
-		bctx, cancel := context.WithCancel(detached)
-		defer cancel()
-		defer context.AfterFunc(e.backgroundCtx, cancel)()
-		deadline := time.Now().Add(e.opts.FinishBudget)
-		if inBackground {
-			if settled, _ := e.trySettle(bctx, c, epoch, s); settled {
-				return
-			}
-		}
-		backoff := 100 * time.Millisecond
-		for time.Now().Add(backoff).Before(deadline) {
-			if !sleep(bctx, backoff) {
-				e.giveUp(ctx, c, epoch, s, "the Gate was closed")
-				return
-			}
-			backoff = min(2*backoff, 5*time.Second)
-			e.Event(c, s.retryEvent)
-			if settled, _ := e.trySettle(bctx, c, epoch, s); settled {
-				return
-			}
-		}
-		e.giveUp(ctx, c, epoch, s, "the retry budget ran out")
+		e.retrySettle(ctx, detached, c, epoch, s, inBackground)
 	}()
+	return false
+}
+
+// retrySettle retries a settlement whose first attempt failed (with first
+// set, it makes that attempt too) with backoff within the finish retry
+// budget, until it is settled, the budget runs out, or Close's context ends
+// (backgroundCtx). It reports whether an attempt was refused because the
+// attempt had been fenced.
+func (e *Engine) retrySettle(ctx, detached context.Context, c *Call, epoch int64, s settlement, first bool) (fenced bool) {
+	bctx, cancel := context.WithCancel(detached)
+	defer cancel()
+	defer context.AfterFunc(e.backgroundCtx, cancel)()
+	deadline := time.Now().Add(e.opts.FinishBudget)
+	if first {
+		if settled, fenced := e.trySettle(bctx, c, epoch, s); settled {
+			return fenced
+		}
+	}
+	backoff := 100 * time.Millisecond
+	for time.Now().Add(backoff).Before(deadline) {
+		if !sleep(bctx, backoff) {
+			e.giveUp(ctx, c, epoch, s, "the Gate was closed")
+			return false
+		}
+		backoff = min(2*backoff, 5*time.Second)
+		e.Event(c, s.retryEvent)
+		if settled, fenced := e.trySettle(bctx, c, epoch, s); settled {
+			return fenced
+		}
+	}
+	e.giveUp(ctx, c, epoch, s, "the retry budget ran out")
 	return false
 }
 

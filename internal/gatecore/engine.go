@@ -98,8 +98,9 @@ type Engine struct {
 	// background, as a WaitGroup must not grow while Close waits on it.
 	backgroundMu sync.Mutex
 	closing      bool
-	// stopBackground ends the background work when Close's context ends
-	// first; backgroundCtx is what that work runs under.
+	// stopBackground ends the background work, and the retries callers
+	// make once Close began, when Close's context ends; backgroundCtx is
+	// what that work runs under.
 	backgroundCtx  context.Context
 	stopBackground context.CancelFunc
 	// lostBegins bounds how many lost Begins are followed up at once.
@@ -122,6 +123,8 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts Options) *Engine {
 // Close waits until every settlement still retried in the background is
 // settled or given up. When ctx ends first it stops them (each is logged and
 // counted as given up), waits for them to return, and returns ctx's error.
+// A settlement begun once Close began is retried by its caller before its
+// answer, within the budget, until ctx ends (even after Close returned).
 func (e *Engine) Close(ctx context.Context) error {
 	e.backgroundMu.Lock()
 	e.closing = true
@@ -130,7 +133,9 @@ func (e *Engine) Close(ctx context.Context) error {
 	go func() { e.background.Wait(); close(done) }()
 	select {
 	case <-done:
-		e.stopBackground()
+		// Settlements retried by their callers stop when ctx ends, not
+		// because the background is done.
+		context.AfterFunc(ctx, e.stopBackground)
 		return nil
 	case <-ctx.Done():
 		e.stopBackground()

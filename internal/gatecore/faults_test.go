@@ -126,3 +126,72 @@ func TestAFinishRetriedAfterALostAnswerDatesTheRecordFromTheFirstSend(t *testing
 		t.Errorf("the estimated expiry %v is after the record's %v", estimate.Format(time.RFC3339Nano), again.ExpiresAt.Format(time.RFC3339Nano))
 	}
 }
+
+// Once Close began a Finish is still retried, in its caller's goroutine
+// before the answer, within the budget: a transient failure during a
+// shutdown must not lose an outcome that a retry stores.
+func TestAFinishAfterCloseBeganIsRetried(t *testing.T) {
+	d := &faultyDedupe{DedupeServiceClient: embeddedDedupe(t)}
+	d.finish = func(n int, forward func() error) error {
+		if n == 1 {
+			return status.Error(codes.Unavailable, "the Dedupe service is restarting")
+		}
+		return forward()
+	}
+	e := gatecore.New(d, gatecore.Options{Logger: discard()})
+	c := testCall("finish-after-close", time.Hour)
+	ctx := context.Background()
+	b, err := e.Begin(ctx, c)
+	if err != nil || b.Kind != gatecore.Reserved {
+		t.Fatalf("Begin = %v, %v; want reserved", b.Kind, err)
+	}
+	a := e.Start(ctx, c, b)
+	if err := e.Close(ctx); err != nil { // nothing in the background yet
+		t.Fatalf("Close: %v", err)
+	}
+	if fenced := a.Finish(testOutcome(), false); fenced {
+		t.Fatal("Finish reported fenced")
+	}
+	again, err := gatecore.New(d, gatecore.Options{Logger: discard()}).Begin(ctx, testCall("finish-after-close", time.Hour))
+	if err != nil || again.Kind != gatecore.Completed {
+		t.Fatalf("after Finish returned, Begin = kind %v, %v; want the outcome completed (Stats %+v)", again.Kind, err, e.Stats())
+	}
+	if s := e.Stats(); s.OutcomesLost != 0 || s.FinishRetries != 1 {
+		t.Errorf("Stats = %+v, want no outcome lost and one Finish retry", s)
+	}
+}
+
+// The retries a caller makes once Close began stop when Close's context
+// ends, even after Close returned: the outcome is then given up and counted.
+func TestAFinishAfterCloseBeganStopsWithClosesContext(t *testing.T) {
+	retried := make(chan struct{})
+	d := &faultyDedupe{DedupeServiceClient: embeddedDedupe(t)}
+	d.finish = func(n int, _ func() error) error {
+		if n == 2 {
+			close(retried)
+		}
+		return status.Error(codes.Unavailable, "the Dedupe service is down")
+	}
+	e := gatecore.New(d, gatecore.Options{Logger: discard()})
+	c := testCall("finish-after-close-cut-off", time.Hour)
+	b, err := e.Begin(context.Background(), c)
+	if err != nil || b.Kind != gatecore.Reserved {
+		t.Fatalf("Begin = %v, %v; want reserved", b.Kind, err)
+	}
+	a := e.Start(context.Background(), c, b)
+	closeCtx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := e.Close(closeCtx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	finished := make(chan bool)
+	go func() { finished <- a.Finish(testOutcome(), false) }()
+	<-retried
+	cancel()
+	if fenced := <-finished; fenced {
+		t.Fatal("Finish reported fenced")
+	}
+	if s := e.Stats(); s.OutcomesLost != 1 {
+		t.Errorf("OutcomesLost = %d, want the outcome given up once Close's context ended", s.OutcomesLost)
+	}
+}
