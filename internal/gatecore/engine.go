@@ -103,21 +103,15 @@ type Engine struct {
 	// what that work runs under.
 	backgroundCtx  context.Context
 	stopBackground context.CancelFunc
-	// lostBegins bounds how many lost Begins are followed up at once.
-	lostBegins chan struct{}
+	// followUps are the lost Begins still to be re-sent.
+	followUps followUps
 }
-
-// maxLostBeginFollowUps bounds the lost Begins followed up at once; past it
-// a lost Begin is logged and counted, and its reservation, if it was made,
-// runs down its lease.
-const maxLostBeginFollowUps = 1024
 
 // New returns an Engine on dedupe.
 func New(dedupe idemgatev1.DedupeServiceClient, opts Options) *Engine {
 	opts.defaults()
 	ctx, stop := context.WithCancel(context.Background())
-	return &Engine{dedupe: dedupe, opts: opts, backgroundCtx: ctx, stopBackground: stop,
-		lostBegins: make(chan struct{}, maxLostBeginFollowUps)}
+	return &Engine{dedupe: dedupe, opts: opts, backgroundCtx: ctx, stopBackground: stop}
 }
 
 // Close waits until every settlement still retried in the background is
