@@ -37,7 +37,7 @@ const (
 // was made, runs down its lease.
 const maxLostBeginFollowUps = 1024
 
-// followUps are the lost Begins waiting to be re-sent, oldest first, and
+// followUps are the lost Begins waiting to be re-sent, in line, and
 // whether the one goroutine that re-sends them (followUp) runs.
 type followUps struct {
 	mu      sync.Mutex
@@ -140,8 +140,9 @@ func (e *Engine) followUp() {
 			e.lostFollowUp(lb, err)
 			backoff = 0
 		default:
-			// Not answered (or over the quota): it goes first again, after
-			// the next backoff step.
+			// Not answered (or over the quota): it goes last in line (one
+			// that keeps failing must not hold the others up), and the next
+			// one waits the next backoff step.
 			e.requeueFollowUp(lb)
 			backoff = min(max(2*backoff, followUpMinBackoff), followUpMaxBackoff)
 			if retry, ok := grpcerr.RetryDelay(err); ok && retry > backoff {
@@ -151,9 +152,9 @@ func (e *Engine) followUp() {
 	}
 }
 
-// nextFollowUp takes the oldest lost Begin still within its budget (giving
-// up those past it), or returns nil, and the goroutine must stop, when none
-// is left.
+// nextFollowUp takes the first lost Begin in line still within its budget
+// (giving up those past it), or returns nil, and the goroutine must stop,
+// when none is left.
 func (e *Engine) nextFollowUp() *lostBegin {
 	f := &e.followUps
 	f.mu.Lock()
@@ -172,12 +173,12 @@ func (e *Engine) nextFollowUp() *lostBegin {
 	return nil
 }
 
-// requeueFollowUp puts lb back first in line.
+// requeueFollowUp puts lb back, last in line.
 func (e *Engine) requeueFollowUp(lb *lostBegin) {
 	f := &e.followUps
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.queue = append([]*lostBegin{lb}, f.queue...)
+	f.queue = append(f.queue, lb)
 }
 
 // doneFollowUp forgets lb, followed up.

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/gatecore"
@@ -122,5 +123,35 @@ func TestLostBeginFollowUpsAreBoundedDuringAnOutage(t *testing.T) {
 	}
 	if s := e.Stats(); s.LostBegins != callers*callsEach || s.ReleaseFailures != 0 {
 		t.Errorf("Stats = %+v, want %d lost Begins and no release failure", s, callers*callsEach)
+	}
+}
+
+// The lost Begins of one attempt (a call that Begins again with the same
+// token, as a reconciling one does) are followed up as one: one Begin is
+// re-sent for them once the service answers, and the key is freed.
+func TestLostBeginsOfOneAttemptAreFollowedUpOnce(t *testing.T) {
+	d := &outageDedupe{DedupeServiceClient: embeddedDedupe(t), down: true, probed: make(chan struct{})}
+	e := gatecore.New(d, gatecore.Options{Logger: discard()})
+	c := testCall("lost-thrice", time.Hour)
+	c.BeginRequest.MaxWait = durationpb.New(time.Second)
+	for range 3 {
+		if _, err := e.Begin(context.Background(), c); status.Code(err) != codes.Unavailable {
+			t.Fatalf("Begin during the outage: %v, want UNAVAILABLE", err)
+		}
+	}
+	<-d.probed
+	d.mu.Lock()
+	d.down = false
+	d.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := e.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if d.followUpsUp != 1 {
+		t.Errorf("%d Begins re-sent after the outage for one attempt's three lost ones, want 1", d.followUpsUp)
+	}
+	if b, err := gatecore.New(d, gatecore.Options{Logger: discard()}).Begin(context.Background(), testCall("lost-thrice", time.Hour)); err != nil || b.Kind != gatecore.Reserved {
+		t.Errorf("the key after the follow-up: %v, %v; want it free", b.Kind, err)
 	}
 }
