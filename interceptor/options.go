@@ -117,7 +117,8 @@ func WithOutcomeTimeout(d time.Duration) Option {
 // WithFinishRetryBudget bounds how long the interceptor keeps retrying, with
 // backoff, to store an outcome the Dedupe service could not take. The caller
 // gets its response after the first attempt; the retries go on in the
-// background (Close waits for them), renewing the lease meanwhile, so the key
+// background (Close waits for them; once Close began, the caller makes them
+// before its answer), renewing the lease meanwhile, so the key
 // stays in flight and not even a REEXECUTE duplicate runs it again. When the
 // budget runs out the outcome is lost: the renewals stop, the lease runs out
 // and the record goes down the method's on_lost_outcome path. Defaults to 1m.

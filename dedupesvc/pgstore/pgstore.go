@@ -375,7 +375,9 @@ ON CONFLICT (namespace, scope, idempotency_key) DO UPDATE SET
     expires_at = excluded.expires_at,
     created_at = now(),
     completed_at = NULL,
-    waiters = false
+    -- A takeover keeps the duplicates waiting on the old holder: the new
+    -- holder's outcome is what they wait for, so its change must notify.
+    waiters = r.waiters AND r.state = 'in_flight'
 WHERE (r.expires_at <= now() AND NOT ` + inFlightLive("r") + `)
    OR (r.fingerprint = excluded.fingerprint
        AND (r.state = 'released'

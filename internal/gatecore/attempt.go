@@ -86,19 +86,25 @@ func (a *Attempt) Finish(outcome *anypb.Any, afterReply bool) (fenced bool) {
 	defer a.cancel()
 	e, c := a.e, a.c
 	req := &idemgatev1.FinishRequest{Scope: c.Scope, Key: c.Key, AttemptToken: c.Token, Epoch: a.epoch, Outcome: e.boundedOutcome(a.ctx, c, outcome, e.opts.MaxOutcome)}
+	// firstSent is when the first Finish went out. The record expires
+	// retention after the service stored it, and any attempt whose answer
+	// was lost may have stored it: so no earlier than this, by the service's
+	// clock, and the retry that answers must not date it later. (Attempts
+	// run one after another.)
+	var firstSent time.Time
 	return e.settle(a.ctx, c, a.epoch, a.lease, settlement{
 		rpc: "Finish",
 		call: func(ctx context.Context) error {
-			// The record expires retention after the service stored it,
-			// so after this by the service's clock.
-			sent := time.Now()
+			if firstSent.IsZero() {
+				firstSent = time.Now()
+			}
 			_, err := e.dedupe.Finish(ctx, req)
 			if grpcerr.Reason(err) == reasonDedupeOutcomeTooLarge && req.GetOutcome().MessageName() != TooLargeName {
 				req.Outcome = e.boundedOutcome(ctx, c, outcome, 0)
 				_, err = e.dedupe.Finish(ctx, req)
 			}
 			if err == nil && c.Stored != nil {
-				c.Stored(req.GetOutcome(), sent)
+				c.Stored(req.GetOutcome(), firstSent)
 			}
 			return err
 		},
@@ -259,14 +265,16 @@ type settlement struct {
 // timed out after the side effect ran must still leave its outcome behind.
 // If the Dedupe service cannot take it, retries with backoff go on in the
 // background within the finish retry budget (Close waits for them), and the
-// lease is renewed all along.
+// lease is renewed all along. Once Close has begun they are made here
+// instead, before the caller's answer, until Close's context ends.
 //
-// It reports whether that first attempt was refused because the attempt had
-// been fenced.
+// It reports whether an attempt made before the answer was refused because
+// the attempt had been fenced.
 //
 // With inBackground even the first attempt runs in the background: settle
 // returns at once, reporting false, and the lease is renewed until the
-// matter is settled or given up, as for the retries.
+// matter is settled or given up, as for the retries (once Close has begun,
+// all of them are made before the answer).
 func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseKeeper, s settlement, inBackground bool) (fenced bool) {
 	lease.settling.Store(true)
 	detached := context.WithoutCancel(ctx)
@@ -277,44 +285,48 @@ func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseK
 		}
 	}
 	if !e.startBackground() {
-		// Close has begun (a handler can outlive a server's Stop): the
-		// first attempt of an after-reply settlement is made here, before
-		// the answer, and a failed one is not retried.
+		// Close has begun (a handler can outlive a server's Stop): nothing
+		// new joins the background, so the settlement is retried here,
+		// before the answer, as it would have been there.
 		defer lease.stop()
-		if inBackground {
-			if settled, fenced := e.trySettle(detached, c, epoch, s); settled {
-				return fenced
-			}
-		}
-		e.giveUp(ctx, c, epoch, s, "the Gate was closed")
-		return false
+		return e.retrySettle(ctx, detached, c, epoch, s, inBackground)
 	}
 	go func() {
 		defer e.background.Done()
 		defer lease.stop()
-		bctx, cancel := context.WithCancel(detached)
-		defer cancel()
-		defer context.AfterFunc(e.backgroundCtx, cancel)()
-		deadline := time.Now().Add(e.opts.FinishBudget)
-		if inBackground {
-			if settled, _ := e.trySettle(bctx, c, epoch, s); settled {
-				return
-			}
-		}
-		backoff := 100 * time.Millisecond
-		for time.Now().Add(backoff).Before(deadline) {
-			if !sleep(bctx, backoff) {
-				e.giveUp(ctx, c, epoch, s, "the Gate was closed")
-				return
-			}
-			backoff = min(2*backoff, 5*time.Second)
-			e.Event(c, s.retryEvent)
-			if settled, _ := e.trySettle(bctx, c, epoch, s); settled {
-				return
-			}
-		}
-		e.giveUp(ctx, c, epoch, s, "the retry budget ran out")
+		e.retrySettle(ctx, detached, c, epoch, s, inBackground)
 	}()
+	return false
+}
+
+// retrySettle retries a settlement whose first attempt failed (with first
+// set, it makes that attempt too) with backoff within the finish retry
+// budget, until it is settled, the budget runs out, or Close's context ends
+// (backgroundCtx). It reports whether an attempt was refused because the
+// attempt had been fenced.
+func (e *Engine) retrySettle(ctx, detached context.Context, c *Call, epoch int64, s settlement, first bool) (fenced bool) {
+	bctx, cancel := context.WithCancel(detached)
+	defer cancel()
+	defer context.AfterFunc(e.backgroundCtx, cancel)()
+	deadline := time.Now().Add(e.opts.FinishBudget)
+	if first {
+		if settled, fenced := e.trySettle(bctx, c, epoch, s); settled {
+			return fenced
+		}
+	}
+	backoff := 100 * time.Millisecond
+	for time.Now().Add(backoff).Before(deadline) {
+		if !sleep(bctx, backoff) {
+			e.giveUp(ctx, c, epoch, s, "the Gate was closed")
+			return false
+		}
+		backoff = min(2*backoff, 5*time.Second)
+		e.Event(c, s.retryEvent)
+		if settled, fenced := e.trySettle(bctx, c, epoch, s); settled {
+			return fenced
+		}
+	}
+	e.giveUp(ctx, c, epoch, s, "the retry budget ran out")
 	return false
 }
 
@@ -362,55 +374,4 @@ func (e *Engine) trySettle(ctx context.Context, c *Call, epoch int64, s settleme
 			slog.String("rpc", s.rpc), slog.String("scope", c.Scope), slog.Any("error", err))
 		return false, false
 	}
-}
-
-// followUpLostBegin runs after a Begin whose answer never arrived: the
-// reservation may have been made, and the handler certainly did not run,
-// so it must not block the key. It re-sends the same Begin (the same attempt
-// token) in the background until an answer arrives or the finish retry
-// budget runs out, and releases what it finds reserved.
-func (e *Engine) followUpLostBegin(ctx context.Context, c *Call) {
-	e.Event(c, EventBeginLost)
-	select {
-	case e.lostBegins <- struct{}{}:
-	default:
-		e.opts.Logger.WarnContext(ctx, "idemgate: too many lost Begins are being followed up; if this one made a reservation, it runs down its lease",
-			slog.String("scope", c.Scope))
-		return
-	}
-	if !e.startBackground() {
-		<-e.lostBegins
-		e.opts.Logger.WarnContext(ctx, "idemgate: the Gate is closed, so a lost Begin is not followed up; if it made a reservation, it runs down its lease",
-			slog.String("scope", c.Scope))
-		return
-	}
-	req := proto.CloneOf(c.BeginRequest)
-	req.MaxWait = durationpb.New(0)
-	go func() {
-		defer e.background.Done()
-		defer func() { <-e.lostBegins }()
-		bctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		defer cancel()
-		defer context.AfterFunc(e.backgroundCtx, cancel)()
-		deadline := time.Now().Add(e.opts.FinishBudget)
-		backoff := 50 * time.Millisecond
-		for {
-			callCtx, cancelCall := context.WithTimeout(bctx, e.opts.DedupeTimeout)
-			res, err := e.dedupe.Begin(callCtx, req)
-			cancelCall()
-			if err == nil {
-				if reserved := res.GetReserved(); reserved != nil {
-					lease := e.keepLease(bctx, c, reserved.GetEpoch(), 0, func() {})
-					e.release(bctx, c, reserved.GetEpoch(), false, lease)
-				}
-				return
-			}
-			if refused(err) || !time.Now().Add(backoff).Before(deadline) || !sleep(bctx, backoff) {
-				e.opts.Logger.ErrorContext(ctx, "idemgate: could not follow up a Begin whose answer was lost; if it made a reservation, the key goes down its on_lost_outcome path when the lease runs out",
-					slog.String("scope", c.Scope), slog.Any("error", err))
-				return
-			}
-			backoff = min(2*backoff, 5*time.Second)
-		}
-	}()
 }

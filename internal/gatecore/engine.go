@@ -98,30 +98,27 @@ type Engine struct {
 	// background, as a WaitGroup must not grow while Close waits on it.
 	backgroundMu sync.Mutex
 	closing      bool
-	// stopBackground ends the background work when Close's context ends
-	// first; backgroundCtx is what that work runs under.
+	// stopBackground ends the background work, and the retries callers
+	// make once Close began, when Close's context ends; backgroundCtx is
+	// what that work runs under.
 	backgroundCtx  context.Context
 	stopBackground context.CancelFunc
-	// lostBegins bounds how many lost Begins are followed up at once.
-	lostBegins chan struct{}
+	// followUps are the lost Begins still to be re-sent.
+	followUps followUps
 }
-
-// maxLostBeginFollowUps bounds the lost Begins followed up at once; past it
-// a lost Begin is logged and counted, and its reservation, if it was made,
-// runs down its lease.
-const maxLostBeginFollowUps = 1024
 
 // New returns an Engine on dedupe.
 func New(dedupe idemgatev1.DedupeServiceClient, opts Options) *Engine {
 	opts.defaults()
 	ctx, stop := context.WithCancel(context.Background())
-	return &Engine{dedupe: dedupe, opts: opts, backgroundCtx: ctx, stopBackground: stop,
-		lostBegins: make(chan struct{}, maxLostBeginFollowUps)}
+	return &Engine{dedupe: dedupe, opts: opts, backgroundCtx: ctx, stopBackground: stop}
 }
 
 // Close waits until every settlement still retried in the background is
 // settled or given up. When ctx ends first it stops them (each is logged and
 // counted as given up), waits for them to return, and returns ctx's error.
+// A settlement begun once Close began is retried by its caller before its
+// answer, within the budget, until ctx ends (even after Close returned).
 func (e *Engine) Close(ctx context.Context) error {
 	e.backgroundMu.Lock()
 	e.closing = true
@@ -130,7 +127,9 @@ func (e *Engine) Close(ctx context.Context) error {
 	go func() { e.background.Wait(); close(done) }()
 	select {
 	case <-done:
-		e.stopBackground()
+		// Settlements retried by their callers stop when ctx ends, not
+		// because the background is done.
+		context.AfterFunc(ctx, e.stopBackground)
 		return nil
 	case <-ctx.Done():
 		e.stopBackground()
@@ -177,8 +176,10 @@ type Call struct {
 	// BeginRequest is the call's Begin.
 	BeginRequest *idemgatev1.BeginRequest
 	// Stored, when set, is told every outcome the service took for this
-	// call and when its Finish was sent, this process's estimate of when
-	// it was stored (the record expires Retention after that).
+	// call and when its first Finish was sent (of any retries, the earliest
+	// that may have stored it): this process's estimate of when it was
+	// stored, never later, so the record expires Retention after that or
+	// later.
 	Stored func(outcome *anypb.Any, sent time.Time)
 }
 
