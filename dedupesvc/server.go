@@ -339,7 +339,12 @@ func (s *Server) release(ctx context.Context, req *idemgatev1.ReleaseRequest) (*
 func (s *Server) Heartbeat(ctx context.Context, req *idemgatev1.HeartbeatRequest) (*idemgatev1.HeartbeatResponse, error) {
 	defer s.opts.metrics.observe("Heartbeat", time.Now())
 	resp, err := s.heartbeat(ctx, req)
-	s.counted("", err)
+	// The start-up check's probe (keys.ProbeScope) is answered "not held"
+	// by a working service: that answer is no fenced holder. Its failures
+	// (the store down) count as any other.
+	if !(req.GetScope() == keys.ProbeScope && req.GetKey() == keys.ProbeKey && errOutcome(err) == outcomeFenced) {
+		s.counted("", err)
+	}
 	return resp, err
 }
 

@@ -15,6 +15,7 @@ import (
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/keys"
 )
 
 // What the tool server says about its Dedupe service. Without it a tool
@@ -227,20 +228,20 @@ func (d *dedupeObserver) healthy() bool {
 	return d.conn.GetState() == connectivity.Ready
 }
 
-// probeScope and probeKey name the record CheckDedupe asks about. No gated
-// call uses this scope (a scope is a full method name or an action), so
-// the record never exists.
+// probeScope and probeKey name the record CheckDedupe asks about (see
+// keys.ProbeScope): it never exists, and the service does not count the
+// probe among its outcomes.
 const (
-	probeScope = "idemgate.probe"
-	probeKey   = "idemgate-probe"
+	probeScope = keys.ProbeScope
+	probeKey   = keys.ProbeKey
 )
 
 // CheckDedupe asks the Dedupe service whether it serves this tool server,
 // for a start-up check: it renews the lease of a record that never exists
 // (one Heartbeat), which crosses the network, the service's authentication
 // and request validation and reads its store, and changes nothing; a working
-// service answers that the reservation is not held (it counts the probe as
-// a fenced renewal). It returns nil then. Otherwise it returns UNAVAILABLE
+// service answers that the reservation is not held (and does not count the
+// probe as a fenced renewal, nor as any outcome). It returns nil then. Otherwise it returns UNAVAILABLE
 // (IDEMPOTENCY_STORE_UNAVAILABLE) when the service or its store cannot be
 // reached or is too slow, or INTERNAL (IDEMPOTENCY_STORE_REJECTED) when the
 // service refuses this tool server or its request; either with ErrorInfo

@@ -21,6 +21,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
@@ -291,7 +293,9 @@ func TestDedupeHealthFollowsTheService(t *testing.T) {
 }
 
 // The start-up check passes against a working Dedupe service: the probe
-// gets through its authentication and validation and changes nothing.
+// gets through its authentication and validation and changes nothing, not
+// even the service's outcome counters (a probe counted as a fenced renewal
+// would fire IdemgateDedupeFenced on every deploy).
 func TestCheckDedupeAgainstTheService(t *testing.T) {
 	t.Parallel()
 	store, err := sqlitestore.Open(context.Background(), t.TempDir())
@@ -299,7 +303,8 @@ func TestCheckDedupeAgainstTheService(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	gate, err := interceptor.New(dedupesvc.NewInProcessClient(dedupesvc.NewServer(store)))
+	metrics := dedupesvc.NewMetrics()
+	gate, err := interceptor.New(dedupesvc.NewInProcessClient(dedupesvc.NewServer(store, dedupesvc.WithMetrics(metrics))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,5 +315,25 @@ func TestCheckDedupeAgainstTheService(t *testing.T) {
 	records, err := store.ListRecords(context.Background(), dedupesvc.ListQuery{Limit: 10})
 	if err != nil || len(records) != 0 {
 		t.Errorf("after CheckDedupe the store holds %v (%v), want nothing", records, err)
+	}
+	// Every outcome stays at zero: a probe is no Dedupe outcome.
+	want := `
+# HELP idemgate_dedupe_outcomes_total Dedupe service answers by outcome.
+# TYPE idemgate_dedupe_outcomes_total counter
+idemgate_dedupe_outcomes_total{outcome="fenced"} 0
+idemgate_dedupe_outcomes_total{outcome="finished"} 0
+idemgate_dedupe_outcomes_total{outcome="in_flight"} 0
+idemgate_dedupe_outcomes_total{outcome="invalid"} 0
+idemgate_dedupe_outcomes_total{outcome="mismatched"} 0
+idemgate_dedupe_outcomes_total{outcome="released"} 0
+idemgate_dedupe_outcomes_total{outcome="replayed"} 0
+idemgate_dedupe_outcomes_total{outcome="reserved"} 0
+idemgate_dedupe_outcomes_total{outcome="resolved"} 0
+idemgate_dedupe_outcomes_total{outcome="store_errors"} 0
+idemgate_dedupe_outcomes_total{outcome="unknown"} 0
+idemgate_dedupe_outcomes_total{outcome="waited"} 0
+`
+	if err := testutil.CollectAndCompare(metrics, strings.NewReader(want), "idemgate_dedupe_outcomes_total"); err != nil {
+		t.Errorf("after CheckDedupe: %v", err)
 	}
 }

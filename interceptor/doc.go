@@ -37,8 +37,10 @@
 // A duplicate also gets the response metadata the handler set: what it
 // passed to grpc.SetHeader, grpc.SendHeader and grpc.SetTrailer is stored
 // with the outcome and set again on every replay, byte for byte, with a
-// final error as with a response. Keys the transport owns (":" and "grpc-"
-// prefixes, content-type, te, user-agent) are not kept. An outcome without
+// final error as with a response, also when the caller gave up before the
+// handler set it (the handler is told of no refusal then). Keys the
+// transport owns (":" and "grpc-" prefixes, content-type, te, user-agent)
+// are not kept. An outcome without
 // such metadata is stored as before, and records stored before metadata was
 // kept replay unchanged. Because the handler's context carries a recording
 // stream, grpc.SetSendCompressor and grpc.ClientSupportedCompressors are

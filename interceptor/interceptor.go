@@ -272,7 +272,7 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 		key = derivedKeyPrefix + hex.EncodeToString(fingerprint)
 		retention = m.policy.KeylessWindow
 		if err := grpc.SetHeader(ctx, metadata.Pairs(KeyDerivedHeader, "true")); err != nil {
-			g.opts.logger.WarnContext(ctx, "idemgate: could not set the derived-key header", slog.Any("error", err))
+			g.metadataRefused(ctx, "idemgate: could not set the derived-key header", slog.Any("error", err))
 		}
 	}
 	c := call{fullMethod: fullMethod, method: m, Call: gatecore.NewCall(fullMethod, scopeOf(m.policy.Action, tenant), key, fingerprint, gatecore.Policy{
@@ -352,7 +352,9 @@ func headerTimeText(t time.Time) string {
 
 // setHeaders sets the interceptor's own response headers, or trailers when
 // the handler already sent the headers: the caller must get them either
-// way, and a trailer is the only place left.
+// way, and a trailer is the only place left. A caller that gave up gets
+// neither, which is logged at debug level only (metadataRefused): nothing
+// is sent twice, the stream is finished.
 func (g *Gate) setHeaders(ctx context.Context, pairs ...string) {
 	if len(pairs) == 0 {
 		return
@@ -362,7 +364,7 @@ func (g *Gate) setHeaders(ctx context.Context, pairs ...string) {
 		return
 	}
 	if err := grpc.SetTrailer(ctx, md); err != nil {
-		g.opts.logger.WarnContext(ctx, "idemgate: could not set the interceptor's response metadata", slog.Any("keys", pairs), slog.Any("error", err))
+		g.metadataRefused(ctx, "idemgate: could not set the interceptor's response metadata", slog.Any("keys", pairs), slog.Any("error", err))
 	}
 }
 
@@ -420,7 +422,7 @@ func (g *Gate) run(ctx context.Context, req any, c call, begun gatecore.Begun, h
 			panic(p)
 		}
 	}()
-	handlerCtx, recorded := recordMetadata(contextWithCall(a.Context(), c, a.Epoch()))
+	handlerCtx, recorded := recordMetadata(contextWithCall(a.Context(), c, a.Epoch()), ctx)
 	resp, handlerErr := handler(handlerCtx, req)
 
 	if handlerErr != nil {
@@ -525,7 +527,7 @@ func (g *Gate) replay(ctx context.Context, m *gatedMethod, outcome *anypb.Any) (
 
 func (g *Gate) markReplayed(ctx context.Context) {
 	if err := grpc.SetHeader(ctx, metadata.Pairs(ReplayedHeader, "true")); err != nil {
-		g.opts.logger.WarnContext(ctx, "idemgate: could not set the replayed header", slog.Any("error", err))
+		g.metadataRefused(ctx, "idemgate: could not set the replayed header", slog.Any("error", err))
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -24,65 +25,130 @@ import (
 // and stored with its outcome (idemgate.v1.StoredOutcome).
 
 // metadataRecorder is the call's grpc.ServerTransportStream as the handler
-// sees it: every header and trailer the handler sets goes to the real stream
-// unchanged and, when the stream took it, is recorded for the stored
-// outcome. Only what is set through it is recorded, so what the interceptor
-// set before (idempotency-key-derived) is not.
+// sees it: every header and trailer the handler sets is recorded for the
+// stored outcome, then goes to the real stream unchanged.
+//
+// What is recorded does not depend on the live stream: once the caller has
+// cancelled or timed out, grpc-go refuses all metadata ("SendHeader called
+// multiple times"), but the handler runs on (its context is detached from
+// the caller's) and every duplicate must replay what it set. So the
+// recorder keeps gRPC's own rule itself (no header after the header was
+// sent, which it refuses as the stream would, recording nothing), records
+// everything else, and tells the handler the stream's refusal only while
+// the caller is still there: a handler that checks the error must not fail
+// an action whose side effect ran only because its caller left. Only what
+// is set through the recorder is recorded, so what the interceptor set
+// before (idempotency-key-derived) is not.
 //
 // grpc.SetSendCompressor and grpc.ClientSupportedCompressors need gRPC's own
 // stream type, so they fail inside a gated handler, as they do under any
 // interceptor that wraps the stream (gRPC's OpenTelemetry metrics do too).
 type metadataRecorder struct {
 	grpc.ServerTransportStream
+	// caller is the caller's context: its end is the stream's, after which
+	// the stream's refusals are not the handler's concern.
+	caller context.Context
 
 	mu              sync.Mutex
 	header, trailer metadata.MD
+	// headerSent: the handler sent the header (SendHeader), so gRPC
+	// refuses any further header.
+	headerSent bool
 }
 
-// recordMetadata returns ctx with a recorder in place of the call's stream,
-// and the recorder. Without a stream in ctx (a call not made through a gRPC
-// server) it returns ctx unchanged and a nil recorder, which records nothing.
-func recordMetadata(ctx context.Context) (context.Context, *metadataRecorder) {
+// recordMetadata returns ctx with a recorder in place of the stream of the
+// call whose context is caller, and the recorder. Without a stream in ctx
+// (a call not made through a gRPC server) it returns ctx unchanged and a nil
+// recorder, which records nothing.
+func recordMetadata(ctx, caller context.Context) (context.Context, *metadataRecorder) {
 	stream := grpc.ServerTransportStreamFromContext(ctx)
 	if stream == nil {
 		return ctx, nil
 	}
-	r := &metadataRecorder{ServerTransportStream: stream}
+	r := &metadataRecorder{ServerTransportStream: stream, caller: caller}
 	return grpc.NewContextWithServerTransportStream(ctx, r), r
 }
 
 // SetHeader implements grpc.ServerTransportStream.
 func (r *metadataRecorder) SetHeader(md metadata.MD) error {
-	err := r.ServerTransportStream.SetHeader(md)
-	if err == nil {
-		r.record(&r.header, md)
-	}
-	return err
+	return r.recordHeader(md, false, r.ServerTransportStream.SetHeader)
 }
 
 // SendHeader implements grpc.ServerTransportStream.
 func (r *metadataRecorder) SendHeader(md metadata.MD) error {
-	err := r.ServerTransportStream.SendHeader(md)
-	if err == nil {
-		r.record(&r.header, md)
+	return r.recordHeader(md, true, r.ServerTransportStream.SendHeader)
+}
+
+// recordHeader records md as header, unless the header was sent already,
+// then forwards it.
+func (r *metadataRecorder) recordHeader(md metadata.MD, send bool, forward func(metadata.MD) error) error {
+	r.mu.Lock()
+	if r.headerSent {
+		r.mu.Unlock()
+		return forward(md) // gRPC refuses it too; the caller never saw it
 	}
-	return err
+	r.headerSent = send
+	r.recordLocked(&r.header, md)
+	r.mu.Unlock()
+	return r.forwarded(forward(md))
 }
 
 // SetTrailer implements grpc.ServerTransportStream.
 func (r *metadataRecorder) SetTrailer(md metadata.MD) error {
-	err := r.ServerTransportStream.SetTrailer(md)
-	if err == nil {
-		r.record(&r.trailer, md)
+	r.mu.Lock()
+	r.recordLocked(&r.trailer, md)
+	r.mu.Unlock()
+	return r.forwarded(r.ServerTransportStream.SetTrailer(md))
+}
+
+// forwarded is what the handler is told of the stream's answer err: nil
+// once the caller is gone, since what it set is recorded and replayed.
+func (r *metadataRecorder) forwarded(err error) error {
+	if err != nil && callerGone(r.caller) {
+		return nil
 	}
 	return err
 }
 
-// record appends a copy of md to *into, as the stream joins it: the handler
-// may reuse md after the call.
-func (r *metadataRecorder) record(into *metadata.MD, md metadata.MD) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// callerGone reports, after the stream refused metadata, whether that was
+// because the caller gave up: grpc-go refuses everything on a finished
+// stream, with "SendHeader called multiple times" (ErrIllegalHeaderWrite).
+// It marks the stream finished a moment before it cancels the caller's
+// context, so a refusal waits up to callerGoneGrace for that.
+func callerGone(caller context.Context) bool {
+	if caller.Err() != nil {
+		return true
+	}
+	t := time.NewTimer(callerGoneGrace)
+	defer t.Stop()
+	select {
+	case <-caller.Done():
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// callerGoneGrace bounds callerGone's wait: a refusal while the caller is
+// there (a header set after something outside the gate sent the header)
+// waits this long before it is reported.
+const callerGoneGrace = 100 * time.Millisecond
+
+// metadataRefused logs that the stream refused the gate's own metadata: as
+// a warning while the caller is there, at debug level once it gave up,
+// since nobody reads that stream any more (the outcome is stored as usual).
+func (g *Gate) metadataRefused(ctx context.Context, msg string, attrs ...any) {
+	level := slog.LevelWarn
+	if callerGone(ctx) {
+		level = slog.LevelDebug
+		attrs = append(attrs, slog.String("why", "the caller gave up"))
+	}
+	g.opts.logger.Log(ctx, level, msg, attrs...)
+}
+
+// recordLocked appends a copy of md to *into, as the stream joins it: the
+// handler may reuse md after the call. r.mu is held.
+func (r *metadataRecorder) recordLocked(into *metadata.MD, md metadata.MD) {
 	if *into == nil {
 		*into = metadata.MD{}
 	}
@@ -183,10 +249,10 @@ func metadataOf(entries []*idemgatev1.MetadataEntry) metadata.MD {
 // stream that refuses metadata is logged.
 func (g *Gate) replayMetadata(ctx context.Context, md replayedMetadata) {
 	if err := grpc.SetHeader(ctx, md.header); err != nil {
-		g.opts.logger.WarnContext(ctx, "idemgate: could not replay the stored header", slog.Any("error", err))
+		g.metadataRefused(ctx, "idemgate: could not replay the stored header", slog.Any("error", err))
 	}
 	if err := grpc.SetTrailer(ctx, md.trailer); err != nil {
-		g.opts.logger.WarnContext(ctx, "idemgate: could not replay the stored trailer", slog.Any("error", err))
+		g.metadataRefused(ctx, "idemgate: could not replay the stored trailer", slog.Any("error", err))
 	}
 }
 

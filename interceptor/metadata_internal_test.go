@@ -42,13 +42,14 @@ func (s *fakeStream) SetTrailer(md metadata.MD) error {
 	return nil
 }
 
-// The recorder forwards every call unchanged and records only what the
-// stream took, copied, with reserved and the interceptor's keys left out.
-func TestMetadataRecorderRecordsWhatTheStreamTook(t *testing.T) {
+// The recorder forwards every call unchanged and records what the handler
+// set, copied, with reserved and the interceptor's keys left out, and no
+// header after the header was sent (gRPC's rule, kept by the recorder).
+func TestMetadataRecorderRecordsWhatTheHandlerSet(t *testing.T) {
 	stream := &fakeStream{}
 	ctx := grpc.NewContextWithServerTransportStream(context.Background(), stream)
 	_ = grpc.SetHeader(ctx, metadata.Pairs(KeyDerivedHeader, "true")) // before the recorder: not recorded
-	ctx, rec := recordMetadata(ctx)
+	ctx, rec := recordMetadata(ctx, context.Background())
 
 	md := metadata.Pairs("x-b", "1", "grpc-custom", "no", "content-type", "no", ReplayedHeader, "no")
 	md["X-Upper"] = []string{"u"}
@@ -96,11 +97,11 @@ func TestMetadataRecorderRecordsWhatTheStreamTook(t *testing.T) {
 func TestMetadataRecorderLeavesABareResult(t *testing.T) {
 	result, _ := anypb.New(&idemgatev1.ResultTooLarge{SizeBytes: 1})
 	var none *metadataRecorder
-	ctx, rec := recordMetadata(context.Background())
+	ctx, rec := recordMetadata(context.Background(), context.Background())
 	if rec != nil || grpc.ServerTransportStreamFromContext(ctx) != nil {
 		t.Fatal("a context without a stream got a recorder")
 	}
-	_, empty := recordMetadata(grpc.NewContextWithServerTransportStream(context.Background(), &fakeStream{}))
+	_, empty := recordMetadata(grpc.NewContextWithServerTransportStream(context.Background(), &fakeStream{}), context.Background())
 	for _, r := range []*metadataRecorder{none, empty} {
 		if got, err := r.wrap(result, nil); err != nil || got != result {
 			t.Fatalf("wrap = %v, %v; want the result itself", got, err)

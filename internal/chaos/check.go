@@ -84,6 +84,12 @@ type Report struct {
 	// AttemptsDuringOutage counts tries that overlapped an outage (not a
 	// violation); TornLedgerLines the ledger lines cut short by a SIGKILL.
 	AttemptsDuringOutage, TornLedgerLines int
+	// LateMetadataActions counts the actions whose handler set its metadata
+	// only after its caller gave up (LateMetadataSuffix), GaveUp their
+	// callers' first tries given up, LateMetadataRuns the runs that set it
+	// with the caller gone, MissingMetadata (a violation) those actions
+	// with an OK answer that lacks it (latemeta.go).
+	LateMetadataActions, GaveUp, LateMetadataRuns, MissingMetadata int
 	// Rules are the rules applied.
 	Rules Rules
 	// Violations describes each violation, one line each.
@@ -114,6 +120,7 @@ func (r *Report) String() string {
 	fmt.Fprintf(&b, "  REEXECUTE re-runs %d (%s), takeover divergences %d (%s), attempts while the store was away %d, torn ledger lines %d\n",
 		r.Reruns, allowed(r.Rules.RerunAllowed, "holder faults", "allowed only after a handler error"),
 		r.DivergentTakeovers, allowed(r.Rules.HolderCutOff, "holder cut off from the store", "never allowed"), r.AttemptsDuringOutage, r.TornLedgerLines)
+	b.WriteString(r.metadataLine())
 	const shown = 20
 	for i, v := range r.Violations {
 		if i == shown {
@@ -192,6 +199,7 @@ func Check(scenario string, seed uint64, history []Attempt, ledger []LedgerEntry
 	for _, key := range keys {
 		r.checkAction(key, facts[key])
 	}
+	r.checkMetadataCoverage()
 	return r
 }
 
@@ -264,6 +272,7 @@ func (r *Report) checkAction(key string, f *actionFacts) {
 		}
 	}
 	r.checkUnknowns(key, f)
+	r.checkMetadata(key, f)
 }
 
 // checkUnknowns finds outcome-unknown answers the faults cannot explain.

@@ -43,6 +43,9 @@ type LedgerEntry struct {
 	Response []byte `json:"response,omitempty"`
 	// Error is the handler's error (EventEnd only).
 	Error string `json:"error,omitempty"`
+	// CallerGone: the handler set its response metadata after its caller
+	// had given up (EventEnd of a LateMetadataSuffix key only).
+	CallerGone bool `json:"caller_gone,omitempty"`
 }
 
 // Ledger appends entries to a file, each written and fsynced before Append
@@ -106,6 +109,10 @@ type Attempt struct {
 	Response []byte `json:"response,omitempty"`
 	// Replayed is the idempotency-replayed response header.
 	Replayed bool `json:"replayed"`
+	// Header and Trailer are the response metadata the handler set (keys
+	// starting with MetadataPrefix), as it came off the wire (OK only).
+	Header  map[string][][]byte `json:"header,omitempty"`
+	Trailer map[string][][]byte `json:"trailer,omitempty"`
 }
 
 // ReadLedger reads ledger files. A last line cut short by a SIGKILL mid-write

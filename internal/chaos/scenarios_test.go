@@ -35,6 +35,10 @@ type Workload struct {
 	// Actions is how many actions a short run sends (ten times as many with
 	// -chaos.long); 0 means 30.
 	Actions int
+	// LateMetadata is the fraction of actions whose callers give up once
+	// the side effect started, before the handler sets its response
+	// metadata (LateMetadataSuffix); 0 means none.
+	LateMetadata float64
 }
 
 // Scenario is one fault against one topology, with the rules its faults
@@ -360,6 +364,12 @@ func scenarios() []Scenario {
 		// be lost, so the strict rules hold.
 		Scenario{Name: StorePostgres + "/postgres-failover", Store: StorePostgres, Workload: standard, Outages: 1,
 			Setup: replicatedStore, Fault: failoverAtPausePoint},
+		// Every caller of a late-metadata action gives up on its first try
+		// once the side effect started; the handler then sets its header
+		// and trailer on a finished stream. No fault: the strict rules, and
+		// every answer must carry the metadata.
+		Scenario{Name: StorePostgres + "/caller-gives-up-before-metadata", Store: StorePostgres, Tools: 2,
+			Workload: Workload{Reexecute: 0.3, LateMetadata: 0.6}},
 		// The broken layer releases the key after an ambiguous failure, so
 		// a retry charges again: the checker must see duplicates.
 		Scenario{Name: StorePostgres + "/broken-interceptor", Store: StorePostgres, Workload: Workload{Ambiguous: 0.3}, Broken: true, ExpectViolations: true},

@@ -232,6 +232,13 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 	args := []string{"-targets", strings.Join(targets, ","), "-history", history, "-seed", strconv.FormatUint(s.seed^hash(sc.Name), 10),
 		"-actions", strconv.Itoa(actions), "-spread", spread.String(), "-callers", "3",
 		"-reexecute", fmt.Sprint(w.Reexecute), "-pause", fmt.Sprint(w.Pause), "-ambiguous", fmt.Sprint(w.Ambiguous), "-try-timeout", w.TryTimeout.String()}
+	if w.LateMetadata > 0 {
+		var ledgers []string
+		for _, tool := range st.Tools {
+			ledgers = append(ledgers, tool.Ledger)
+		}
+		args = append(args, "-late-metadata", fmt.Sprint(w.LateMetadata), "-ledgers", strings.Join(ledgers, ","))
+	}
 	start := time.Now()
 	workload := proctest.Start(t, s.bins.workload, args, nil)
 	st.keepLog(workload, "workload")
@@ -382,7 +389,7 @@ func (st *Stack) startDedupe(m *Member) {
 
 func (st *Stack) startTool(m *Member) {
 	args := []string{"-listen", m.Addr, "-dedupe", m.DedupeAddr, "-ledger", m.Ledger, "-name", m.Name,
-		"-pause-keys", `-p(-a)?$`, "-pause-for", "3s", "-ambiguous-keys", `-a$`}
+		"-pause-keys", `-p(-a)?$`, "-pause-for", "3s", "-ambiguous-keys", `-a$`, "-late-metadata-keys", LateMetadataSuffix + "$"}
 	var env []string
 	if st.sc.Broken {
 		env = append(env, brokenGateEnv+"=1")

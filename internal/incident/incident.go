@@ -80,7 +80,8 @@ type Config struct {
 	// DataDir holds the embedded store. Required when DatabaseURL is empty.
 	DataDir string
 
-	stall time.Duration // tests: every call waits this long before it runs, as on a starved machine
+	stall           time.Duration      // tests: every call waits this long before it runs, as on a starved machine
+	serviceDefaults []dedupesvc.Option // tests: the Dedupe service's options before the demo's own
 }
 
 func (c *Config) defaults() {
@@ -130,6 +131,12 @@ type Scenario struct {
 	// Errors counts the calls that failed for good (an action's last
 	// attempt, or a model's re-emission), by reason.
 	Errors map[string]int
+	// Unexpected counts, by reason, those of Errors the simulation did not
+	// cause (a slow response the client gave up on, a lost response): a
+	// refusal by the gate or the Dedupe service, a broken connection. Any
+	// means the run measured something other than the incident, and the
+	// demo fails.
+	Unexpected map[string]int
 	// Unexplained lists the actions that are neither done as this row
 	// promises nor reported not done: with idemgate and orchestration keys,
 	// an action that succeeded but whose side effect did not run exactly
@@ -151,6 +158,41 @@ type Report struct {
 	// Elapsed is how long the replay took.
 	Elapsed time.Duration
 }
+
+// Problems returns why the demo must fail, empty when it must not: an
+// action neither done as its row promises nor reported not done, a
+// duplicate with idemgate and orchestration keys, a call that failed for a
+// reason the simulation did not cause, or a run with the README's
+// configuration (the first line of DefaultTable) whose numbers are not
+// DefaultTable's.
+func (r Report) Problems() []string {
+	out := r.Unexplained()
+	if r.Gated.Duplicates > 0 {
+		out = append(out, fmt.Sprintf("%s: %d duplicate side effects", r.Gated.Name, r.Gated.Duplicates))
+	}
+	for _, s := range []Scenario{r.Ungated, r.Gated, r.FreshKey} {
+		if len(s.Unexpected) > 0 {
+			out = append(out, fmt.Sprintf("%s: calls failed for reasons the simulation did not cause: %s", s.Name, errorsText(s.Unexpected)))
+		}
+	}
+	table := r.Table()
+	config, _, _ := strings.Cut(DefaultTable, "\n")
+	if strings.HasPrefix(table, config+"\n") && table != DefaultTable {
+		out = append(out, "the default run's table is not the one README.md shows (incident.DefaultTable)")
+	}
+	return out
+}
+
+// DefaultTable is the table a run with the default configuration prints,
+// as README.md shows it: the replay is deterministic and does not depend on
+// the store or the machine's speed, so any other table is a broken run.
+const DefaultTable = `300 orders (ChargeCard + SendReceipt each), seed 1: slow responses 6% (the client times out), lost responses 4%, model re-emits 5%, 2 framework retries
+
+scenario                                      actions  calls  side effects  duplicates  replays  not done  errors by reason
+without idemgate                                  600    706           706         106        0         0  none
+idemgate, key from the orchestration layer        600    704           600           0      104         0  none
+idemgate, model re-emits with its own key         600    704           641          41       63         0  none
+`
 
 // Unexplained returns every row's unexplained actions, each prefixed with
 // its row's name.
@@ -270,7 +312,16 @@ func startDedupe(ctx context.Context, cfg Config) (idemgatev1.DedupeServiceClien
 		store, notifier = pgstore.New(pool), listener
 	}
 	srv := grpc.NewServer()
-	idemgatev1.RegisterDedupeServiceServer(srv, dedupesvc.NewServer(store, dedupesvc.WithNotifier(notifier), dedupesvc.WithLogger(quiet)))
+	// The service's one caller is the replay itself, which sends its
+	// Begins as fast as the machine runs it: the default per-caller rate
+	// (500 a second, bursts of 1000) refuses a fast machine's Begins with
+	// IDEMPOTENCY_QUOTA_EXCEEDED and changes the table, so the demo has
+	// no rate limit, and no record quota either (runs on one PostgreSQL
+	// database add up). Per-caller limits share a service among tool
+	// servers; here there is nothing to share.
+	opts := append(append([]dedupesvc.Option{}, cfg.serviceDefaults...), dedupesvc.WithNotifier(notifier), dedupesvc.WithLogger(quiet),
+		dedupesvc.WithCallerRate(0, 0), dedupesvc.WithCallerQuota(0, 0))
+	idemgatev1.RegisterDedupeServiceServer(srv, dedupesvc.NewServer(store, opts...))
 	conn, stopSrv, err := serve(srv, grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
 	if err != nil {
 		return nil, nil, err
@@ -386,7 +437,8 @@ func runScenario(ctx context.Context, cfg Config, plan []order, name string, new
 		return Scenario{}, err
 	}
 	defer stop()
-	rt := &runtime{cfg: cfg, client: paymentsv1.NewPaymentsServiceClient(conn), net: nw, freshKeys: kind == freshModel, errors: map[string]int{}}
+	rt := &runtime{cfg: cfg, client: paymentsv1.NewPaymentsServiceClient(conn), net: nw, freshKeys: kind == freshModel,
+		errors: map[string]int{}, unexpected: map[string]int{}}
 
 	results := make([]orderResult, len(plan))
 	var wg sync.WaitGroup
@@ -407,7 +459,7 @@ func runScenario(ctx context.Context, cfg Config, plan []order, name string, new
 		return Scenario{}, err
 	}
 
-	s := Scenario{Name: name, Actions: 2 * len(plan), Calls: rt.calls.Load(), Replays: rt.replays.Load(), Errors: rt.errors}
+	s := Scenario{Name: name, Actions: 2 * len(plan), Calls: rt.calls.Load(), Replays: rt.replays.Load(), Errors: rt.errors, Unexpected: rt.unexpected}
 	for i, o := range plan {
 		charges, receipts := ledger.Executions(o.customer)
 		s.Executed += charges + receipts
@@ -476,7 +528,7 @@ type runtime struct {
 
 	calls, replays, attempts atomic.Int64
 	mu                       sync.Mutex
-	errors                   map[string]int
+	errors, unexpected       map[string]int
 }
 
 func (rt *runtime) order(ctx context.Context, i int, o order) orderResult {
@@ -580,7 +632,7 @@ func (rt *runtime) send(ctx context.Context, key string, at attempt, call func(c
 		case <-wait.Done():
 		}
 		stop()
-		return status.Error(codes.DeadlineExceeded, "incident: the client timed out waiting for a slow response")
+		return errSlow
 	}
 	if err == nil && interceptor.IsReplayed(header) {
 		rt.replays.Add(1)
@@ -595,14 +647,35 @@ func (rt *runtime) fail(err error) {
 	}
 	rt.mu.Lock()
 	rt.errors[reason]++
+	if !simulated(err) {
+		rt.unexpected[reason]++
+	}
 	rt.mu.Unlock()
+}
+
+// The errors the simulation itself causes.
+var (
+	errSlow = status.Error(codes.DeadlineExceeded, "incident: the client timed out waiting for a slow response")
+	errLost = status.Error(codes.Unavailable, "incident: the response was lost on the way back")
+)
+
+// simulated reports whether err is one the simulation caused, as the client
+// receives it.
+func simulated(err error) bool {
+	got := status.Convert(err)
+	for _, sim := range []error{errSlow, errLost} {
+		if want := status.Convert(sim); got.Code() == want.Code() && got.Message() == want.Message() {
+			return true
+		}
+	}
+	return false
 }
 
 // loseResponse drops the response of a call marked lost, after the call ran.
 func loseResponse(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	resp, err := handler(ctx, req)
 	if err == nil && flag(ctx, lostHeader) {
-		return nil, status.Error(codes.Unavailable, "incident: the response was lost on the way back")
+		return nil, errLost
 	}
 	return resp, err
 }

@@ -35,3 +35,54 @@ func TestUnexplainedActions(t *testing.T) {
 		}
 	}
 }
+
+// The demo fails on a call the simulation did not fail, and on a default
+// run whose numbers are not the README's; it does not on the simulation's
+// own errors, nor on another configuration's numbers.
+func TestProblems(t *testing.T) {
+	t.Parallel()
+	var cfg Config
+	cfg.defaults()
+	clean := func() Report {
+		r := Report{Config: cfg}
+		for _, s := range []*Scenario{&r.Ungated, &r.Gated, &r.FreshKey} {
+			*s = Scenario{Actions: 600, Calls: 704, Executed: 600, Errors: map[string]int{}, Unexpected: map[string]int{}}
+		}
+		r.Ungated.Name, r.Gated.Name, r.FreshKey.Name = "without idemgate", "idemgate, key from the orchestration layer", "idemgate, model re-emits with its own key"
+		return r
+	}
+	fromTable := clean()
+	fromTable.Ungated.Calls, fromTable.Ungated.Executed, fromTable.Ungated.Duplicates = 706, 706, 106
+	fromTable.Gated.Replays = 104
+	fromTable.FreshKey.Executed, fromTable.FreshKey.Duplicates, fromTable.FreshKey.Replays = 641, 41, 63
+	if got := fromTable.Table(); got != DefaultTable {
+		t.Fatalf("the report built from DefaultTable prints:\n%s", got)
+	}
+	if p := fromTable.Problems(); len(p) > 0 {
+		t.Errorf("the README's numbers are problems: %v", p)
+	}
+
+	r := fromTable
+	r.Gated.Errors = map[string]int{"DeadlineExceeded": 1}
+	other := r
+	other.Config.Orders = 40 // another configuration: its numbers are its own
+	other.Gated.Calls = 50
+	if p := other.Problems(); len(p) > 0 {
+		t.Errorf("another configuration's numbers are problems: %v", p)
+	}
+
+	wrong := fromTable
+	wrong.Gated.Calls = 902
+	if p := wrong.Problems(); len(p) != 1 {
+		t.Errorf("a default run with other numbers: problems %v, want one", p)
+	}
+	refused := other
+	refused.Gated.Unexpected = map[string]int{"IDEMPOTENCY_QUOTA_EXCEEDED": 3}
+	if p := refused.Problems(); len(p) != 1 {
+		t.Errorf("calls refused by the service: problems %v, want one", p)
+	}
+
+	if !simulated(errSlow) || !simulated(errLost) {
+		t.Error("the simulation's own errors are not recognised")
+	}
+}

@@ -5,12 +5,17 @@
 //
 //	chaos-tool -listen ADDR -dedupe ADDR -ledger FILE [-name NAME]
 //	           [-latency 20ms] [-pause-keys RE -pause-for 3s] [-ambiguous-keys RE]
+//	           [-late-metadata-keys RE -late-metadata-wait 15s]
 //
 // A key matching -pause-keys makes the handler stall for -pause-for between
 // its side effect and its return, where the suite kills or stops the process.
 // A key matching -ambiguous-keys makes the first run of it in this process
 // fail with DEADLINE_EXCEEDED after the side effect, as a provider call that
-// timed out after charging would.
+// timed out after charging would. A key matching -late-metadata-keys makes
+// the handler, after its side effect, wait until its caller has given up (at
+// most -late-metadata-wait), then set a response header and trailer
+// (chaos.ChargeIDHeader, chaos.ResponseTrailer) and return: metadata set
+// after the caller left, which every replay must still carry.
 //
 // IDEMGATE_CHAOS_BROKEN_GATE=1 chains a deliberately broken layer inside the
 // gate that marks every handler error retryable, context errors included, so
@@ -38,6 +43,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -59,6 +65,8 @@ func main() {
 	pauseKeys := flag.String("pause-keys", "", "`regexp` of keys whose handler stalls between its side effect and its return")
 	pauseFor := flag.Duration("pause-for", 3*time.Second, "how long a -pause-keys handler stalls")
 	ambiguousKeys := flag.String("ambiguous-keys", "", "`regexp` of keys whose first run here fails with DEADLINE_EXCEEDED after its side effect")
+	flag.StringVar(&late.keys, "late-metadata-keys", "", "`regexp` of keys whose handler sets its response metadata only after its caller gave up")
+	flag.DurationVar(&late.wait, "late-metadata-wait", 15*time.Second, "how long a -late-metadata-keys handler waits for its caller to give up")
 	flag.Parse()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err := run(*listen, *dedupe, *ledgerPath, *name, *latency, *pauseKeys, *pauseFor, *ambiguousKeys, logger); err != nil {
@@ -76,6 +84,10 @@ func run(listen, dedupeAddr, ledgerPath, name string, latency time.Duration, pau
 		return err
 	}
 	ambiguous, err := compile(ambiguousKeys)
+	if err != nil {
+		return err
+	}
+	lateKeys, err := compile(late.keys)
 	if err != nil {
 		return err
 	}
@@ -99,7 +111,7 @@ func run(listen, dedupeAddr, ledgerPath, name string, latency time.Duration, pau
 	if err != nil {
 		return err
 	}
-	chain := []grpc.UnaryServerInterceptor{recovery.UnaryServerInterceptor(), gate.UnaryServerInterceptor()}
+	chain := []grpc.UnaryServerInterceptor{recovery.UnaryServerInterceptor(), keepCallerDone, gate.UnaryServerInterceptor()}
 	if os.Getenv(brokenGateEnv) == "1" {
 		logger.Warn("the broken layer is on: every handler error is marked retryable, so ambiguous failures run again")
 		chain = append(chain, breakGate)
@@ -108,6 +120,7 @@ func run(listen, dedupeAddr, ledgerPath, name string, latency time.Duration, pau
 	testingv1.RegisterChaosServiceServer(srv, &server{
 		name: name, pid: os.Getpid(), ledger: ledger, latency: latency,
 		pause: pause, pauseFor: pauseFor, ambiguous: ambiguous, failed: map[string]bool{}, logger: logger,
+		lateKeys: lateKeys, lateWait: late.wait,
 	})
 	if err := gate.CheckServer(srv); err != nil {
 		return err
@@ -158,6 +171,8 @@ type server struct {
 	pause     *regexp.Regexp
 	pauseFor  time.Duration
 	ambiguous *regexp.Regexp
+	lateKeys  *regexp.Regexp
+	lateWait  time.Duration
 	logger    *slog.Logger
 	count     atomic.Int64
 	mu        sync.Mutex
@@ -209,6 +224,15 @@ func (s *server) charge(ctx context.Context, req *testingv1.ChargeRequest, metho
 		s.record(entry, chaos.EventEnd)
 		return nil, status.Error(codes.DeadlineExceeded, "chaos-tool: the provider timed out after it charged")
 	}
+	if s.lateKeys != nil && s.lateKeys.MatchString(key) {
+		gone, err := s.setMetadataLate(ctx, key, resp.GetChargeId(), body)
+		if err != nil {
+			entry.Error = err.Error()
+			s.record(entry, chaos.EventEnd)
+			return nil, err
+		}
+		entry.CallerGone = gone
+	}
 	if s.pause != nil && s.pause.MatchString(key) {
 		// A stall where a crash hurts most: the side effect is done, the
 		// outcome not yet stored.
@@ -217,6 +241,47 @@ func (s *server) charge(ctx context.Context, req *testingv1.ChargeRequest, metho
 	}
 	s.record(entry, chaos.EventEnd)
 	return resp, nil
+}
+
+// late is the -late-metadata-* flags.
+var late struct {
+	keys string
+	wait time.Duration
+}
+
+// callerDoneKey carries the caller's Done channel into the handler, whose
+// own context the gate detaches from the caller's.
+type callerDoneKey struct{}
+
+// keepCallerDone runs before the gate: it keeps the caller's Done channel
+// among the context's values, which the handler's context keeps.
+func keepCallerDone(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	return handler(context.WithValue(ctx, callerDoneKey{}, ctx.Done()), req)
+}
+
+// setMetadataLate waits until the caller has given up (at most lateWait, on
+// the handler's context, as a handler waits on its provider), then sets the
+// response header and trailer, and reports whether the caller was gone. A
+// refusal is logged, not returned, as a handler that already charged does
+// not fail the call over a header.
+func (s *server) setMetadataLate(ctx context.Context, key, chargeID string, body []byte) (gone bool, err error) {
+	done, _ := ctx.Value(callerDoneKey{}).(<-chan struct{})
+	t := time.NewTimer(s.lateWait)
+	defer t.Stop()
+	select {
+	case <-done:
+		gone = true
+	case <-t.C:
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	if err := grpc.SetHeader(ctx, metadata.Pairs(chaos.ChargeIDHeader, chargeID)); err != nil {
+		s.logger.Warn("the response header was refused", slog.String("key", key), slog.Bool("caller_gone", gone), slog.Any("error", err))
+	}
+	if err := grpc.SetTrailer(ctx, metadata.Pairs(chaos.ResponseTrailer, string(body))); err != nil {
+		s.logger.Warn("the response trailer was refused", slog.String("key", key), slog.Bool("caller_gone", gone), slog.Any("error", err))
+	}
+	return gone, nil
 }
 
 func (s *server) firstFailure(key string) bool {

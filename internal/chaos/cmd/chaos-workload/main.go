@@ -4,6 +4,7 @@
 // real life, and every try recorded to a history file (JSON lines).
 //
 //	chaos-workload -targets ADDR[,ADDR] -history FILE -seed N [-actions 30] [-callers 3]
+//	               [-late-metadata 0.5 -ledgers FILE[,FILE]]
 //
 // The layers, outermost first: an application loop with its own deadline per
 // action, retrying UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED and
@@ -13,7 +14,11 @@
 // attaches keys is chained before the retry interceptor, so every retry
 // reuses the action's key. Which actions are REEXECUTE, stall at the tool's
 // pause point ("-p" in the key) or fail ambiguously ("-a") follows from the
-// seed alone.
+// seed alone. So does which set their response metadata only after their
+// caller gave up (chaos.LateMetadataSuffix): every caller of such an action
+// gives up on its first try as soon as the side effect is in one of the
+// tool servers' -ledgers, and the history keeps each answer's x-chaos-
+// header and trailer.
 package main
 
 import (
@@ -76,6 +81,8 @@ type config struct {
 	ambiguous      float64
 	actionDeadline time.Duration
 	tryTimeout     time.Duration
+	lateMetadata   float64
+	ledgers        []string
 }
 
 func main() {
@@ -92,7 +99,12 @@ func main() {
 	flag.Float64Var(&c.ambiguous, "ambiguous", 0, `fraction of actions whose key ends in "-a": the tool fails them ambiguously once`)
 	flag.DurationVar(&c.actionDeadline, "action-deadline", 90*time.Second, "each caller's deadline for its action, across all its retries")
 	flag.DurationVar(&c.tryTimeout, "try-timeout", 10*time.Second, "the retry interceptor's timeout per try")
+	flag.Float64Var(&c.lateMetadata, "late-metadata", 0, `fraction of actions whose key ends in "-m": their callers give up on the first try once the side effect is in a ledger, before the handler sets its metadata`)
+	ledgers := flag.String("ledgers", "", "comma-separated ledger `files` of the tool servers, watched for -late-metadata actions' side effects")
 	flag.Parse()
+	if *ledgers != "" {
+		c.ledgers = strings.Split(*ledgers, ",")
+	}
 	if *targets == "" || c.history == "" {
 		log.Fatal("chaos-workload: -targets and -history are required")
 	}
@@ -123,6 +135,10 @@ func plan(c config) []action {
 		}
 		if rng.Float64() < c.ambiguous {
 			a.key += "-a"
+		}
+		// Drawn only when asked for, so other runs' plans stay as they were.
+		if c.lateMetadata > 0 && rng.Float64() < c.lateMetadata {
+			a.key += chaos.LateMetadataSuffix
 		}
 		actions[i] = a
 	}
@@ -161,6 +177,13 @@ func run(ctx context.Context, c config) error {
 		defer conns[i].Close()
 	}
 
+	var effects *ledgerWatch
+	if c.lateMetadata > 0 {
+		if len(c.ledgers) == 0 {
+			return errors.New("-late-metadata needs -ledgers")
+		}
+		effects = watchLedgers(ctx, c.ledgers)
+	}
 	actions := plan(c)
 	sem := make(chan struct{}, c.concurrency)
 	var wg sync.WaitGroup
@@ -185,7 +208,7 @@ func run(ctx context.Context, c config) error {
 				defer wg.Done()
 				defer callers.Done()
 				client := testingv1.NewChaosServiceClient(conns[(i+k)%len(conns)])
-				callAction(ctx, c, client, a, k)
+				callAction(ctx, c, client, a, k, effects)
 			}()
 		}
 		go func() { callers.Wait(); <-sem }()
@@ -205,7 +228,7 @@ func run(ctx context.Context, c config) error {
 }
 
 // callAction is one caller's application loop for one action.
-func callAction(ctx context.Context, c config, client testingv1.ChaosServiceClient, a action, callerID int) {
+func callAction(ctx context.Context, c config, client testingv1.ChaosServiceClient, a action, callerID int, effects *ledgerWatch) {
 	ctx, cancel := context.WithTimeout(ctx, c.actionDeadline)
 	defer cancel()
 	ctx = interceptor.WithKey(ctx, a.key)
@@ -217,12 +240,17 @@ func callAction(ctx context.Context, c config, client testingv1.ChaosServiceClie
 	for attempt := 1; ; attempt++ {
 		info := &tryInfo{action: a.name, key: a.key, caller: callerID, attempt: attempt}
 		actx := context.WithValue(ctx, tryInfoKey{}, info)
+		giveUp := func() {}
+		if attempt == 1 && effects != nil && strings.HasSuffix(a.key, chaos.LateMetadataSuffix) {
+			actx, giveUp = effects.giveUpOnEffect(actx, a.key)
+		}
 		var err error
 		if a.method == testingv1.ChaosService_ChargeReexecute_FullMethodName {
 			_, err = client.ChargeReexecute(actx, req)
 		} else {
 			_, err = client.Charge(actx, req)
 		}
+		giveUp()
 		switch status.Code(err) {
 		case codes.Unavailable, codes.Aborted, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Canceled:
 		default:
@@ -288,17 +316,18 @@ func (h *historyWriter) record(target string) grpc.UnaryClientInterceptor {
 		if info == nil {
 			return invoker(ctx, method, req, reply, cc, opts...)
 		}
-		var header metadata.MD
+		var header, trailer metadata.MD
 		codec := &capturingCodec{CodecV2: encoding.GetCodecV2("proto")}
 		a := chaos.Attempt{Action: info.action, Key: info.key, Method: method, Caller: info.caller, Attempt: info.attempt,
 			Try: int(info.tries.Add(1)), Target: target, Start: time.Now()}
-		err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Header(&header), grpc.ForceCodecV2(codec))...)
+		err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Header(&header), grpc.Trailer(&trailer), grpc.ForceCodecV2(codec))...)
 		a.End = time.Now()
 		a.Code = status.Code(err).String()
 		a.Reason = grpcerr.Reason(err)
 		if err == nil {
 			a.Response = codec.received
 			a.Replayed = interceptor.IsReplayed(header)
+			a.Header, a.Trailer = chaosMetadata(header), chaosMetadata(trailer)
 		}
 		h.write(a)
 		return err
@@ -315,4 +344,119 @@ type capturingCodec struct {
 func (c *capturingCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	c.received = data.Materialize()
 	return c.CodecV2.Unmarshal(data, v)
+}
+
+// chaosMetadata is the part of md the chaos tool set (chaos.MetadataPrefix),
+// as bytes, or nil.
+func chaosMetadata(md metadata.MD) map[string][][]byte {
+	var out map[string][][]byte
+	for k, vs := range md {
+		if !strings.HasPrefix(k, chaos.MetadataPrefix) {
+			continue
+		}
+		if out == nil {
+			out = map[string][][]byte{}
+		}
+		for _, v := range vs {
+			out[k] = append(out[k], []byte(v))
+		}
+	}
+	return out
+}
+
+// ledgerWatch follows the tool servers' ledgers and tells, per key, when a
+// side effect of it is there.
+type ledgerWatch struct {
+	mu      sync.Mutex
+	effects map[string]chan struct{}
+}
+
+// effect returns a channel closed once a side effect of key is in a ledger.
+func (w *ledgerWatch) effect(key string) <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.chanLocked(key)
+}
+
+func (w *ledgerWatch) chanLocked(key string) chan struct{} {
+	ch, ok := w.effects[key]
+	if !ok {
+		ch = make(chan struct{})
+		w.effects[key] = ch
+	}
+	return ch
+}
+
+func (w *ledgerWatch) saw(key string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ch := w.chanLocked(key)
+	select {
+	case <-ch:
+	default:
+		close(ch)
+	}
+}
+
+// giveUpOnEffect returns ctx cancelled once a side effect of key is in a
+// ledger, as a caller that gives up on a call once it started (its own
+// timeout, a user who closed the page), and the function that ends the
+// watch when the try returned.
+func (w *ledgerWatch) giveUpOnEffect(ctx context.Context, key string) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	returned := make(chan struct{})
+	go func() {
+		select {
+		case <-w.effect(key):
+			cancel()
+		case <-returned:
+		}
+	}()
+	return ctx, func() { close(returned); cancel() }
+}
+
+// watchLedgers polls paths for new effect lines until ctx ends.
+func watchLedgers(ctx context.Context, paths []string) *ledgerWatch {
+	w := &ledgerWatch{effects: map[string]chan struct{}{}}
+	offsets := make([]int64, len(paths))
+	go func() {
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			for i, p := range paths {
+				offsets[i] = w.scan(p, offsets[i])
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return w
+}
+
+// scan reads the complete lines of path from off and returns the offset
+// after them.
+func (w *ledgerWatch) scan(path string, off int64) int64 {
+	f, err := os.Open(path)
+	if err != nil {
+		return off // not written yet
+	}
+	defer f.Close()
+	if _, err := f.Seek(off, 0); err != nil {
+		return off
+	}
+	r := bufio.NewReader(f)
+	for {
+		line, err := r.ReadBytes('\n')
+		if err != nil {
+			return off // a partial line is read again next time
+		}
+		off += int64(len(line))
+		var e chaos.LedgerEntry
+		if json.Unmarshal(line, &e) == nil && e.Event == chaos.EventEffect {
+			w.saw(e.Key)
+		}
+	}
 }
