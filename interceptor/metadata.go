@@ -131,8 +131,11 @@ func callerGone(caller context.Context) bool {
 
 // callerGoneGrace bounds callerGone's wait: a refusal while the caller is
 // there (a header set after something outside the gate sent the header)
-// waits this long before it is reported.
-const callerGoneGrace = 100 * time.Millisecond
+// waits this long before it is reported. The window it covers is two
+// adjacent statements in grpc-go, so it is generous for a starved
+// scheduler: a refusal wrongly passed on can make a handler fail an action
+// whose side effect ran, and only a misused stream pays the wait.
+const callerGoneGrace = time.Second
 
 // metadataRefused logs that the stream refused the gate's own metadata: as
 // a warning while the caller is there, at debug level once it gave up,
