@@ -337,13 +337,13 @@ func TestFailingDedupeRPCsCutTheReconnectBackoff(t *testing.T) {
 	}
 	srv.Stop()
 	// The connection notices, fails to reconnect, and waits its hour.
-	waitFor(t, func() bool { return gate.CheckDedupe(ctx) != nil })
+	waitForDedupe(t, func() bool { return gate.CheckDedupe(ctx) != nil })
 	serveFake(t, addr, &fakeDedupe{})
-	waitFor(t, func() bool { return gate.CheckDedupe(ctx) == nil })
+	waitForDedupe(t, func() bool { return gate.CheckDedupe(ctx) == nil })
 }
 
-// waitFor polls cond until it holds, failing the test after a minute.
-func waitFor(t *testing.T, cond func() bool) {
+// waitForDedupe polls cond until it holds, failing the test after a minute.
+func waitForDedupe(t *testing.T, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
