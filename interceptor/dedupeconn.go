@@ -35,10 +35,20 @@ const DefaultDedupeFailureLogInterval = 10 * time.Second
 // whose last answer was a failure, so health recovers without traffic.
 const dedupeRecheckInterval = 5 * time.Second
 
+// dedupeReconnectInterval is how often at most a failing Dedupe RPC cuts
+// the connection's reconnect backoff short (ResetConnectBackoff): a dead
+// service gets at most two connection attempts a second from one tool
+// server, while one that came back is reached within half a second.
+const dedupeReconnectInterval = 500 * time.Millisecond
+
 // WithDedupeConn names the connection the Gate's Dedupe client uses: the
-// log lines about failing Dedupe RPCs carry its target, and WatchDedupe
-// follows its connectivity state. Defaults to none: the lines name no
-// target, and WatchDedupe goes by the RPCs' answers alone.
+// log lines about failing Dedupe RPCs carry its target, WatchDedupe
+// follows its connectivity state, and a Dedupe RPC that fails UNAVAILABLE
+// makes the connection reconnect at once (at most every 500ms) instead of
+// waiting out grpc-go's reconnect backoff, which grows to two minutes: a
+// holder renews its lease within the one-lease grace a restarted Dedupe
+// service grants it. Defaults to none: the lines name no target, WatchDedupe
+// goes by the RPCs' answers alone, and reconnects keep the dial's backoff.
 func WithDedupeConn(conn *grpc.ClientConn) Option {
 	return func(o *options) { o.dedupeConn = conn }
 }
@@ -82,6 +92,8 @@ type dedupeObserver struct {
 	suppressed, failures int
 	// changed is signalled when failing flips.
 	changed chan struct{}
+	// lastReconnect is when a failure last cut the reconnect backoff.
+	lastReconnect time.Time
 }
 
 func newDedupeObserver(client idemgatev1.DedupeServiceClient, o options) *dedupeObserver {
@@ -147,6 +159,9 @@ func dedupeFailed(err error) bool {
 // observe notes one RPC's answer; log says whether a failure may be
 // logged (CheckDedupe reports its own).
 func (d *dedupeObserver) observe(rpc string, err error, log bool) {
+	if status.Code(err) == codes.Unavailable {
+		d.reconnect()
+	}
 	failed := dedupeFailed(err)
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -184,6 +199,29 @@ func (d *dedupeObserver) observe(rpc string, err error, log bool) {
 		d.targetAttr(), slog.String("rpc", rpc), slog.String("code", code.String()), slog.String("message", status.Convert(err).Message()),
 		slog.Int("suppressed", d.suppressed), slog.String("hint", dedupeHint(code)))
 	d.logged, d.lastCode, d.lastLine, d.suppressed = true, code, now, 0
+}
+
+// reconnect makes the connection (WithDedupeConn) try to connect now
+// rather than when its backoff ends, at most every dedupeReconnectInterval.
+// A Dedupe service restarted after an outage grants in-flight leases one
+// lease; grpc-go's default backoff, grown during the outage, could keep the
+// holders from renewing until that grace is over, and a duplicate reaching
+// the service first would take the key over or mark it outcome-unknown.
+// A connection that is ready or connecting is not disturbed.
+func (d *dedupeObserver) reconnect() {
+	if d.conn == nil {
+		return
+	}
+	d.mu.Lock()
+	now := d.now()
+	due := d.lastReconnect.IsZero() || now.Sub(d.lastReconnect) >= dedupeReconnectInterval || now.Before(d.lastReconnect)
+	if due {
+		d.lastReconnect = now
+	}
+	d.mu.Unlock()
+	if due {
+		d.conn.ResetConnectBackoff()
+	}
 }
 
 // targetAttr is the Dedupe service's address, when WithDedupeConn named it.

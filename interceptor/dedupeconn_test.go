@@ -337,3 +337,42 @@ idemgate_dedupe_outcomes_total{outcome="waited"} 0
 		t.Errorf("after CheckDedupe: %v", err)
 	}
 }
+
+// A Dedupe service that comes back is reached as soon as a Dedupe RPC fails
+// UNAVAILABLE, not when the connection's reconnect backoff would next try:
+// this connection waits an hour between attempts, so only the Gate cutting
+// the backoff (WithDedupeConn) can reconnect it while the test runs.
+func TestFailingDedupeRPCsCutTheReconnectBackoff(t *testing.T) {
+	t.Parallel()
+	srv, addr := serveFake(t, "127.0.0.1:0", &fakeDedupe{})
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: time.Hour, Multiplier: 1, MaxDelay: time.Hour}, MinConnectTimeout: 5 * time.Second}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	var logs logBuffer
+	gate, err := interceptor.New(idemgatev1.NewDedupeServiceClient(conn), interceptor.WithDedupeConn(conn), interceptor.WithLogger(logs.logger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := gate.CheckDedupe(ctx); err != nil {
+		t.Fatalf("CheckDedupe against the service: %v", err)
+	}
+	srv.Stop()
+	// The connection notices, fails to reconnect, and waits its hour.
+	waitForDedupe(t, func() bool { return gate.CheckDedupe(ctx) != nil })
+	serveFake(t, addr, &fakeDedupe{})
+	waitForDedupe(t, func() bool { return gate.CheckDedupe(ctx) == nil })
+}
+
+// waitForDedupe polls cond until it holds, failing the test after a minute.
+func waitForDedupe(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the condition did not hold within a minute")
+		}
+	}
+}

@@ -347,6 +347,7 @@ func scenarios() []Scenario {
 	return append(list,
 		Scenario{Name: StorePostgres + "/postgres-crashed", Store: StorePostgres, OwnCluster: true, Workload: standard, Outages: 2,
 			Fault: crashPostgresAtPausePoint},
+		restartScenario(),
 		// Killing the second replica cuts its tool server's holders off from
 		// a store that stays up for the other one, which takes over after
 		// the lease (README, "When the store goes away").

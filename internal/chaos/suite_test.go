@@ -320,6 +320,9 @@ type Member struct {
 	// CallerAddr is the address the workload dials for a tool server; empty
 	// means Addr. A Setup hook points it at a proxy.
 	CallerAddr string
+	// ToolArgs are extra chaos-tool flags for a tool server; a Setup hook
+	// sets them.
+	ToolArgs []string
 	// CallerProxy and DedupeProxy are a tool server's proxies from its
 	// callers and to its Dedupe replica; nil unless a Setup hook put them
 	// there.
@@ -390,6 +393,7 @@ func (st *Stack) startDedupe(m *Member) {
 func (st *Stack) startTool(m *Member) {
 	args := []string{"-listen", m.Addr, "-dedupe", m.DedupeAddr, "-ledger", m.Ledger, "-name", m.Name,
 		"-pause-keys", `-p(-a)?$`, "-pause-for", "3s", "-ambiguous-keys", `-a$`, "-late-metadata-keys", LateMetadataSuffix + "$"}
+	args = append(args, m.ToolArgs...)
 	var env []string
 	if st.sc.Broken {
 		env = append(env, brokenGateEnv+"=1")

@@ -6,6 +6,7 @@
 //	chaos-tool -listen ADDR -dedupe ADDR -ledger FILE [-name NAME]
 //	           [-latency 20ms] [-pause-keys RE -pause-for 3s] [-ambiguous-keys RE]
 //	           [-late-metadata-keys RE -late-metadata-wait 15s]
+//	           [-default-backoff]
 //
 // A key matching -pause-keys makes the handler stall for -pause-for between
 // its side effect and its return, where the suite kills or stops the process.
@@ -16,6 +17,10 @@
 // most -late-metadata-wait), then set a response header and trailer
 // (chaos.ChargeIDHeader, chaos.ResponseTrailer) and return: metadata set
 // after the caller left, which every replay must still carry.
+//
+// It reconnects to a restarted Dedupe service within a second; with
+// -default-backoff it dials as the README shows instead: grpc-go's default
+// reconnect backoff, which grows to two minutes, and WithDedupeConn.
 //
 // IDEMGATE_CHAOS_BROKEN_GATE=1 chains a deliberately broken layer inside the
 // gate that marks every handler error retryable, context errors included, so
@@ -67,15 +72,16 @@ func main() {
 	ambiguousKeys := flag.String("ambiguous-keys", "", "`regexp` of keys whose first run here fails with DEADLINE_EXCEEDED after its side effect")
 	flag.StringVar(&late.keys, "late-metadata-keys", "", "`regexp` of keys whose handler sets its response metadata only after its caller gave up")
 	flag.DurationVar(&late.wait, "late-metadata-wait", 15*time.Second, "how long a -late-metadata-keys handler waits for its caller to give up")
+	defaultBackoff := flag.Bool("default-backoff", false, "dial the Dedupe service as the README shows: grpc-go's default reconnect backoff, and WithDedupeConn")
 	flag.Parse()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(*listen, *dedupe, *ledgerPath, *name, *latency, *pauseKeys, *pauseFor, *ambiguousKeys, logger); err != nil {
+	if err := run(*listen, *dedupe, *ledgerPath, *name, *latency, *pauseKeys, *pauseFor, *ambiguousKeys, *defaultBackoff, logger); err != nil {
 		logger.Error("chaos-tool failed", slog.Any("error", err))
 		os.Exit(1)
 	}
 }
 
-func run(listen, dedupeAddr, ledgerPath, name string, latency time.Duration, pauseKeys string, pauseFor time.Duration, ambiguousKeys string, logger *slog.Logger) error {
+func run(listen, dedupeAddr, ledgerPath, name string, latency time.Duration, pauseKeys string, pauseFor time.Duration, ambiguousKeys string, defaultBackoff bool, logger *slog.Logger) error {
 	if ledgerPath == "" {
 		return errors.New("-ledger is required")
 	}
@@ -97,17 +103,27 @@ func run(listen, dedupeAddr, ledgerPath, name string, latency time.Duration, pau
 	}
 	defer ledger.Close()
 
-	conn, err := grpc.NewClient(dedupeAddr,
+	dial := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig),
+	}
+	if !defaultBackoff {
 		// Reconnect to a restarted Dedupe service within a second, not the
 		// default backoff's two minutes.
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, MaxDelay: time.Second}, MinConnectTimeout: 5 * time.Second}))
+		dial = append(dial, grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, MaxDelay: time.Second}, MinConnectTimeout: 5 * time.Second}))
+	}
+	conn, err := grpc.NewClient(dedupeAddr, dial...)
 	if err != nil {
 		return fmt.Errorf("dedupe client: %w", err)
 	}
 	defer conn.Close()
-	gate, err := interceptor.New(idemgatev1.NewDedupeServiceClient(conn), interceptor.WithLogger(logger))
+	gateOpts := []interceptor.Option{interceptor.WithLogger(logger)}
+	if defaultBackoff {
+		// As the README: the Gate then cuts the backoff when a Dedupe RPC
+		// fails, so its holders renew within a restart's grace.
+		gateOpts = append(gateOpts, interceptor.WithDedupeConn(conn))
+	}
+	gate, err := interceptor.New(idemgatev1.NewDedupeServiceClient(conn), gateOpts...)
 	if err != nil {
 		return err
 	}
