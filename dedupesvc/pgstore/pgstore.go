@@ -25,6 +25,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -50,9 +51,19 @@ type Store struct {
 	// announce the change, in the same statement.
 	finishSQL, releaseSQL, releaseUnknownSQL, resolveCompleteSQL, resolveReleaseSQL, markUnknownSQL string
 	// cutOff is set when a statement failed because the database could not
-	// be reached; the next operation marks the store resumed first (see
-	// resume).
+	// be reached, and cleared only once a mark of the resume that started
+	// after it committed; until then every statement waits for that mark
+	// (see resume). It is read without resumeMu on the fast path.
 	cutOff atomic.Bool
+	// resumeMu guards cutGen (failures noted so far) and marking (the mark
+	// in progress, nil when none).
+	resumeMu sync.Mutex
+	cutGen   uint64
+	marking  *markCall
+	// markHook, when set (tests), runs inside MarkResumed before its
+	// statement; markWaiting counts operations waiting for a pending mark.
+	markHook    func()
+	markWaiting atomic.Int32
 	// commit is the group commit config; group batches Begin's first
 	// statement and Finish (nil with batching off).
 	commit GroupCommit
@@ -152,6 +163,9 @@ SELECT (SELECT count(*) FROM changed) + 0 * (SELECT count(*) FROM notified)`, up
 // change runs one of the announced statements and reports how many rows it
 // changed.
 func (s *Store) change(ctx context.Context, sql string, id dedupesvc.RecordID, args ...any) (int, error) {
+	if err := s.resume(ctx); err != nil {
+		return 0, err
+	}
 	if s.channel != "" {
 		args = append(args, s.channel, NotifyID(id))
 	}
@@ -179,6 +193,9 @@ func orderOf(id dedupesvc.RecordID) string {
 
 // run runs o, in a batch when group commit is on, and returns its error.
 func (s *Store) run(ctx context.Context, o *op) error {
+	if err := s.resume(ctx); err != nil {
+		return err
+	}
 	if s.group == nil {
 		return s.noted(ctx, o.scan(s.pool.QueryRow(ctx, o.sql, o.args...)))
 	}
@@ -244,25 +261,73 @@ ON CONFLICT (id) DO UPDATE SET resumed_at = greatest(st.resumed_at, excluded.res
 // a Dedupe service process starts, after Migrate; the store also calls it
 // itself after it could not reach the database (see resume).
 func (s *Store) MarkResumed(ctx context.Context) error {
+	if s.markHook != nil {
+		s.markHook()
+	}
 	if _, err := s.pool.Exec(ctx, markResumedSQL); err != nil {
 		return fmt.Errorf("pgstore: mark resumed: %w", s.noted(ctx, err))
 	}
 	return nil
 }
 
-// resume marks the store resumed, once, before the first operation after a
-// statement failed because the database could not be reached: this replica
-// saw an outage, during which holders could not renew their leases. It runs
-// before the operation's own statements, so a Begin or Resolve never decides
-// on a lease that ran out during the outage. Another failure meanwhile sets
-// the flag again and the next operation marks again.
+// markCall is one mark of the resume that other operations wait for.
+type markCall struct {
+	done chan struct{}
+	// err is the mark's error; gaveUp says it was the marking caller's
+	// context that ended, not the database that failed.
+	err    error
+	gaveUp bool
+}
+
+// resume runs before every statement of the store (and at the start of every
+// operation): after a statement failed because the database could not be
+// reached, this replica saw an outage, during which holders could not renew
+// their leases, so no statement may decide on a lease before the store is
+// marked resumed (MarkResumed). The first caller marks; the others wait for
+// that mark and then go on, or fail with its error when it failed (the flag
+// stays set and the next operation marks again); a caller whose own context
+// ended is no verdict on the database, so its waiters mark themselves. The
+// flag is cleared only by a mark that started after the last failure noted.
+// A statement already on its way when the failure is noted is not held back:
+// the window this leaves is one statement's flight, not the mark's.
 func (s *Store) resume(ctx context.Context) error {
-	if !s.cutOff.Swap(false) {
-		return nil
-	}
-	if err := s.MarkResumed(ctx); err != nil {
-		s.cutOff.Store(true)
-		return err
+	for s.cutOff.Load() {
+		s.resumeMu.Lock()
+		if !s.cutOff.Load() {
+			s.resumeMu.Unlock()
+			return nil
+		}
+		if c := s.marking; c != nil {
+			s.resumeMu.Unlock()
+			s.markWaiting.Add(1)
+			select {
+			case <-c.done:
+			case <-ctx.Done():
+				s.markWaiting.Add(-1)
+				return fmt.Errorf("pgstore: waiting for the store to be marked resumed: %w", ctx.Err())
+			}
+			s.markWaiting.Add(-1)
+			if c.err != nil && !c.gaveUp {
+				return c.err
+			}
+			continue
+		}
+		c := &markCall{done: make(chan struct{})}
+		s.marking = c
+		gen := s.cutGen
+		s.resumeMu.Unlock()
+		err := s.MarkResumed(ctx)
+		s.resumeMu.Lock()
+		s.marking = nil
+		if err == nil && s.cutGen == gen {
+			s.cutOff.Store(false)
+		}
+		c.err, c.gaveUp = err, err != nil && ctx.Err() != nil
+		close(c.done)
+		s.resumeMu.Unlock()
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -271,7 +336,10 @@ func (s *Store) resume(ctx context.Context) error {
 // database could not be reached.
 func (s *Store) noted(ctx context.Context, err error) error {
 	if err != nil && unreachable(ctx, err) {
+		s.resumeMu.Lock()
+		s.cutGen++
 		s.cutOff.Store(true)
+		s.resumeMu.Unlock()
 	}
 	return err
 }
@@ -466,6 +534,9 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 			return n == 1, nil
 		},
 		Renew: func(ctx context.Context, epoch int64, _ time.Time) (time.Time, bool, error) {
+			if err := s.resume(ctx); err != nil {
+				return time.Time{}, false, err
+			}
 			var until time.Time
 			err := s.noted(ctx, s.pool.QueryRow(ctx, renewSQL, p.Scope, p.Key, p.AttemptToken, epoch, p.Lease.Milliseconds(), p.Namespace).Scan(&until))
 			switch {
@@ -484,6 +555,9 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 			return records, bytes, nil
 		},
 		Reserve: func(ctx context.Context, _ time.Time) (int64, time.Time, bool, error) {
+			if err := s.resume(ctx); err != nil {
+				return 0, time.Time{}, false, err
+			}
 			var (
 				epoch    int64
 				leaseEnd time.Time
@@ -557,6 +631,9 @@ func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (record, bool, 
 		keyID       *string
 		completedAt *time.Time
 	)
+	if err := s.resume(ctx); err != nil {
+		return record{}, false, err
+	}
 	err := s.noted(ctx, s.pool.QueryRow(ctx, readSQL, id.Scope, id.Key, id.Namespace).Scan(
 		&row.Fingerprint, &row.State, &row.AttemptToken, &row.Epoch, &typeURL, &row.Outcome.Value, &keyID,
 		&row.LeaseExpiresAt, &completedAt, &row.ExpiresAt, &row.now))
@@ -780,6 +857,9 @@ RETURNING namespace, scope, idempotency_key, state = 'unknown'`
 
 // DeleteExpired implements dedupesvc.Store.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.RecordID, error) {
+	if err := s.resume(ctx); err != nil {
+		return 0, nil, err
+	}
 	rows, err := s.pool.Query(ctx, deleteExpiredSQL, limit)
 	if err = s.noted(ctx, err); err != nil {
 		return 0, nil, fmt.Errorf("pgstore: delete expired: %w", err)
