@@ -842,15 +842,18 @@ func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 }
 
 // deleteExpiredSQL deletes one bounded batch of expired rows, oldest first,
-// through the expires_at index. The outer expiry test re-checks each row, so
-// a row reserved anew between the two scans survives, and so does an
-// in-flight row within its effective lease (inFlightLive).
+// through the expires_at index. The batch is chosen among deletable rows
+// only: a row past its expires_at that must stay (in flight within its
+// effective lease, inFlightLive) is passed over, never counted against the
+// LIMIT, or such rows ahead of deletable ones would fill every batch and the
+// sweep would delete nothing. The outer test re-checks each row, so a row
+// reserved anew between the two scans survives.
 var deleteExpiredSQL = `
 DELETE FROM idemgate_records AS r
 WHERE (namespace, scope, idempotency_key) IN (
-    SELECT namespace, scope, idempotency_key FROM idemgate_records
-    WHERE expires_at <= now()
-    ORDER BY expires_at
+    SELECT c.namespace, c.scope, c.idempotency_key FROM idemgate_records AS c
+    WHERE c.expires_at <= now() AND NOT ` + inFlightLive("c") + `
+    ORDER BY c.expires_at
     LIMIT $1)
   AND expires_at <= now() AND NOT ` + inFlightLive("r") + `
 RETURNING namespace, scope, idempotency_key, state = 'unknown'`

@@ -753,11 +753,14 @@ func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 }
 
 // deleteExpiredSQL deletes a batch of expired records, keeping an in-flight
-// one within its effective lease.
+// one within its effective lease; the batch is chosen among deletable
+// records only, so records that must stay never fill it (see pgstore).
 var deleteExpiredSQL = `
 DELETE FROM idemgate_records
 WHERE rowid IN (
-    SELECT rowid FROM idemgate_records WHERE expires_at <= :now ORDER BY expires_at LIMIT :limit)
+    SELECT c.rowid FROM idemgate_records AS c
+    WHERE c.expires_at <= :now AND NOT ` + inFlightLive("c") + `
+    ORDER BY c.expires_at LIMIT :limit)
   AND NOT ` + inFlightLive("idemgate_records") + `
 RETURNING namespace, scope, idempotency_key, state = 'unknown'`
 

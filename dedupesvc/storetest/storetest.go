@@ -49,6 +49,7 @@ func RunWithNotifier(t *testing.T, newStore func(t *testing.T) dedupesvc.Store, 
 	t.Run("Finish", func(t *testing.T) { testFinish(t, newStore) })
 	t.Run("Release", func(t *testing.T) { testRelease(t, newStore) })
 	t.Run("SweeperDeletesExpiredInBatches", func(t *testing.T) { testSweeperDeletesExpiredInBatches(t, newStore) })
+	t.Run("SweeperPassesLiveRowsPastTheirExpiry", func(t *testing.T) { testSweeperPassesLiveRows(t, newStore) })
 	t.Run("LostOutcome", func(t *testing.T) { testLostOutcome(t, newStore) })
 	t.Run("Resolve", func(t *testing.T) { testResolve(t, newStore) })
 	t.Run("ResumeGrace", func(t *testing.T) { testResumeGrace(t, newStore) })
@@ -595,6 +596,42 @@ func testSweeperDeletesExpiredInBatches(t *testing.T, newStore func(*testing.T) 
 		p := begin("another attempt", fpA, long, long)
 		p.Key = fmt.Sprint("live-", i)
 		mustBegin(t, s, p, dedupesvc.BeginInFlight) // the live records survived
+	}
+}
+
+// testSweeperPassesLiveRows: records past their expiry that must stay (in
+// flight within their lease: a retention shorter than the lease) and that
+// expired before any deletable one must not take up the sweeper's batches,
+// or a sweep deletes nothing while deletable records remain.
+func testSweeperPassesLiveRows(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
+	t.Parallel()
+	s := newStore(t)
+	for i := range 3 {
+		p := begin(fmt.Sprint("live-", i), fpA, long, short)
+		p.Key = fmt.Sprint("live-", i)
+		mustBegin(t, s, p, dedupesvc.BeginReserved)
+	}
+	for i := range 3 {
+		p := begin(fmt.Sprint("done-", i), fpA, long, short)
+		p.Key = fmt.Sprint("done-", i)
+		r := mustBegin(t, s, p, dedupesvc.BeginReserved)
+		f := finish(p.AttemptToken, r.Epoch, outA)
+		f.Key = p.Key
+		if err := s.Finish(ctx, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(2 * short)
+	var batches []int
+	counting := countingStore{Store: s, batches: &batches}
+	n, err := dedupesvc.NewSweeper(counting, dedupesvc.SweeperConfig{BatchSize: 2}).SweepOnce(ctx)
+	if err != nil || n != 3 {
+		t.Fatalf("SweepOnce = %d, %v (batches %v); want the 3 completed records deleted past the 3 live ones", n, err, batches)
+	}
+	for i := range 3 {
+		p := begin("another attempt", fpA, long, long)
+		p.Key = fmt.Sprint("live-", i)
+		mustBegin(t, s, p, dedupesvc.BeginInFlight)
 	}
 }
 
