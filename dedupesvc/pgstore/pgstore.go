@@ -400,42 +400,56 @@ func NotifyID(id dedupesvc.RecordID) string {
 // readSQL reads a key's row with the database's clock, so expiry is judged by
 // one clock across every dedupe service replica. An in-flight row's lease
 // end is the effective one (leaseEnd), and so is its expiry when that is
-// later (inFlightLive).
+// later; its unknown retention is returned as kept (dedupesvc.Record.Expiry
+// adds it).
 var readSQL = `
 SELECT fingerprint, state, attempt_token, epoch, outcome_type_url, outcome_value, outcome_key_id,
        CASE WHEN state = 'in_flight' THEN ` + leaseEnd("r") + ` ELSE lease_expires_at END,
        completed_at,
        CASE WHEN state = 'in_flight' THEN greatest(expires_at, ` + leaseEnd("r") + `) ELSE expires_at END,
-       now()
+       unknown_retention_ms, now()
 FROM idemgate_records AS r
 WHERE namespace = $3 AND scope = $1 AND idempotency_key = $2`
 
-// inFlightLive is true for an in-flight row of alias t whose effective lease
-// still runs: such a row does not expire, even past its expires_at (a
-// retention as short as the lease runs out with it during an outage).
-func inFlightLive(t string) string {
-	return fmt.Sprintf(`(%[1]s.state = 'in_flight' AND %[2]s > now())`, t, leaseEnd(t))
+// expiry is the effective expiry of the row of alias t
+// (dedupesvc.Record.Expiry): an in-flight row stays while its effective
+// lease runs (a retention as short as the lease runs out with it during an
+// outage) and, when its FAIL_CLOSED holder never stored an outcome, for its
+// unknown_retention_ms past that lease's end, outcome-unknown. Every
+// statement that treats a row as absent uses it.
+func expiry(t string) string {
+	return fmt.Sprintf(`(CASE WHEN %[1]s.state = 'in_flight'
+        THEN greatest(%[1]s.expires_at, %[2]s + %[1]s.unknown_retention_ms * interval '1 millisecond')
+        ELSE %[1]s.expires_at END)`, t, leaseEnd(t))
 }
+
+// nextEpoch is a new epoch, higher than every epoch the store handed out
+// before to any key (migration 008), so no two reservations of a key ever
+// share a fencing token, even after its record was swept.
+const nextEpoch = `nextval('idemgate_epochs')`
 
 // reserveSQL takes the key when it is free: no row, or a row that expired, or
 // a row with the same fingerprint that was released or (under REEXECUTE,
 // $7) whose holder's lease ran out. It returns nothing when the row blocks
 // it. It repeats what decide checked, because only this statement's view of
-// the row is atomic, with the effective lease end (leaseEnd).
+// the row is atomic, with the effective lease end and expiry (leaseEnd,
+// expiry). The epoch comes from the store's sequence (nextEpoch); $9 is the
+// reservation's unknown retention (BeginParams.LostRetention).
 var reserveSQL = `
 INSERT INTO idemgate_records AS r (
     namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
-    retention_ms, lease_ms, lease_expires_at, expires_at)
+    retention_ms, lease_ms, unknown_retention_ms, lease_expires_at, expires_at)
 VALUES (
-    $8, $1, $2, $3, 'in_flight', $4, 1,
-    $6::bigint, $5::bigint, now() + $5::bigint * interval '1 millisecond', now() + $6::bigint * interval '1 millisecond')
+    $8, $1, $2, $3, 'in_flight', $4, ` + nextEpoch + `,
+    $6::bigint, $5::bigint, $9::bigint, now() + $5::bigint * interval '1 millisecond', now() + $6::bigint * interval '1 millisecond')
 ON CONFLICT (namespace, scope, idempotency_key) DO UPDATE SET
     fingerprint = excluded.fingerprint,
     state = 'in_flight',
     attempt_token = excluded.attempt_token,
-    epoch = r.epoch + 1,
+    epoch = ` + nextEpoch + `,
     retention_ms = excluded.retention_ms,
     lease_ms = excluded.lease_ms,
+    unknown_retention_ms = excluded.unknown_retention_ms,
     outcome_type_url = NULL,
     outcome_value = NULL,
     outcome_key_id = NULL,
@@ -444,7 +458,7 @@ ON CONFLICT (namespace, scope, idempotency_key) DO UPDATE SET
     created_at = now(),
     completed_at = NULL,
     waiters = false
-WHERE (r.expires_at <= now() AND NOT ` + inFlightLive("r") + `)
+WHERE ` + expiry("r") + ` <= now()
    OR (r.fingerprint = excluded.fingerprint
        AND (r.state = 'released'
             OR ($7::boolean AND r.state = 'in_flight' AND ` + leaseEnd("r") + ` <= now()
@@ -454,7 +468,8 @@ RETURNING epoch, lease_expires_at`
 // firstSQL is Begin's first statement (dedupesvc.BeginSteps.First): it
 // reads the key's row as readSQL does and, only when there is none and the
 // namespace's quotas ($8 records, $9 outcome bytes; 0 is none) allow one
-// more, inserts the reservation; so a fresh key and a replay each cost one
+// more, inserts the reservation ($10 its unknown retention, as reserveSQL's
+// $9); so a fresh key and a replay each cost one
 // statement and one round trip. With a row found, the usage is not read and
 // the INSERT gets no row to insert: a replay takes no row lock, gets no
 // transaction ID and its commit flushes no WAL. Every sub-statement sees one
@@ -466,7 +481,8 @@ WITH existing AS (
     SELECT r.fingerprint, r.state, r.attempt_token, r.epoch, r.outcome_type_url, r.outcome_value, r.outcome_key_id,
            CASE WHEN r.state = 'in_flight' THEN ` + leaseEnd("r") + ` ELSE r.lease_expires_at END AS lease_end,
            r.completed_at,
-           CASE WHEN r.state = 'in_flight' THEN greatest(r.expires_at, ` + leaseEnd("r") + `) ELSE r.expires_at END AS expiry
+           CASE WHEN r.state = 'in_flight' THEN greatest(r.expires_at, ` + leaseEnd("r") + `) ELSE r.expires_at END AS expiry,
+           r.unknown_retention_ms
     FROM idemgate_records AS r
     WHERE r.namespace = $7 AND r.scope = $1 AND r.idempotency_key = $2
 ), usage AS (
@@ -476,9 +492,9 @@ WITH existing AS (
 ), reserved AS (
     INSERT INTO idemgate_records AS r (
         namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
-        retention_ms, lease_ms, lease_expires_at, expires_at)
-    SELECT $7, $1, $2, $3, 'in_flight', $4, 1,
-        $6::bigint, $5::bigint, now() + $5::bigint * interval '1 millisecond', now() + $6::bigint * interval '1 millisecond'
+        retention_ms, lease_ms, unknown_retention_ms, lease_expires_at, expires_at)
+    SELECT $7, $1, $2, $3, 'in_flight', $4, ` + nextEpoch + `,
+        $6::bigint, $5::bigint, $10::bigint, now() + $5::bigint * interval '1 millisecond', now() + $6::bigint * interval '1 millisecond'
     FROM usage
     WHERE NOT EXISTS (SELECT 1 FROM existing)
       AND ($8::bigint = 0 OR usage.records < $8::bigint) AND ($9::bigint = 0 OR usage.bytes < $9::bigint)
@@ -488,7 +504,7 @@ WITH existing AS (
 SELECT reserved.epoch, reserved.lease_expires_at,
        existing.fingerprint, existing.state, existing.attempt_token, existing.epoch, existing.outcome_type_url,
        existing.outcome_value, existing.outcome_key_id, existing.lease_end, existing.completed_at, existing.expiry,
-       now()
+       existing.unknown_retention_ms, now()
 FROM (SELECT 1) AS one
 LEFT JOIN reserved ON true
 LEFT JOIN existing ON true`
@@ -564,7 +580,7 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 			)
 			err := s.noted(ctx, s.pool.QueryRow(ctx, reserveSQL,
 				p.Scope, p.Key, p.Fingerprint, p.AttemptToken, p.Lease.Milliseconds(), p.Retention.Milliseconds(),
-				p.OnLostOutcome == dedupesvc.Reexecute, p.Namespace,
+				p.OnLostOutcome == dedupesvc.Reexecute, p.Namespace, p.LostRetention().Milliseconds(),
 			).Scan(&epoch, &leaseEnd))
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
@@ -585,15 +601,16 @@ func (s *Store) first(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.F
 		leaseEnd, recordLease, expires *time.Time
 		completedAt                    *time.Time
 		state, token, typeURL, keyID   *string
+		unknownMS                      *int64
 	)
 	r := &res.Record
 	o := &op{order: orderOf(p.ID()), sql: firstSQL, args: []any{
 		p.Scope, p.Key, p.Fingerprint, p.AttemptToken, p.Lease.Milliseconds(), p.Retention.Milliseconds(),
-		p.Namespace, p.MaxRecords, p.MaxOutcomeBytes,
+		p.Namespace, p.MaxRecords, p.MaxOutcomeBytes, p.LostRetention().Milliseconds(),
 	}}
 	o.scan = func(row pgx.Row) error {
 		return row.Scan(&epoch, &leaseEnd, &r.Fingerprint, &state, &token, &recordEpoch, &typeURL, &r.Outcome.Value, &keyID,
-			&recordLease, &completedAt, &expires, &res.Now)
+			&recordLease, &completedAt, &expires, &unknownMS, &res.Now)
 	}
 	if err := s.run(ctx, o); err != nil {
 		return dedupesvc.FirstResult{}, fmt.Errorf("pgstore: reserve or read: %w", err)
@@ -613,6 +630,9 @@ func (s *Store) first(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.F
 		if completedAt != nil {
 			r.CompletedAt = *completedAt
 		}
+		if unknownMS != nil {
+			r.UnknownRetention = time.Duration(*unknownMS) * time.Millisecond
+		}
 	}
 	return res, nil
 }
@@ -630,13 +650,14 @@ func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (record, bool, 
 		typeURL     *string
 		keyID       *string
 		completedAt *time.Time
+		unknownMS   int64
 	)
 	if err := s.resume(ctx); err != nil {
 		return record{}, false, err
 	}
 	err := s.noted(ctx, s.pool.QueryRow(ctx, readSQL, id.Scope, id.Key, id.Namespace).Scan(
 		&row.Fingerprint, &row.State, &row.AttemptToken, &row.Epoch, &typeURL, &row.Outcome.Value, &keyID,
-		&row.LeaseExpiresAt, &completedAt, &row.ExpiresAt, &row.now))
+		&row.LeaseExpiresAt, &completedAt, &row.ExpiresAt, &unknownMS, &row.now))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return record{}, false, nil
@@ -652,6 +673,7 @@ func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (record, bool, 
 	if completedAt != nil {
 		row.CompletedAt = *completedAt
 	}
+	row.UnknownRetention = time.Duration(unknownMS) * time.Millisecond
 	return row, true, nil
 }
 
@@ -792,27 +814,27 @@ func (s *Store) Heartbeat(ctx context.Context, p dedupesvc.HeartbeatParams) (tim
 
 // unknownWhere is the condition a record must meet to be resolved: marked
 // unknown, or still in flight with its effective lease run out (nobody has
-// called with the key since), and not expired. Its namespace is parameter
+// called with the key since), and not expired (expiry). Its namespace is parameter
 // $ns.
 func unknownWhere(ns int) string {
 	return fmt.Sprintf(`
-WHERE namespace = $%d AND scope = $1 AND idempotency_key = $2 AND expires_at > now()
-  AND (state = 'unknown' OR (state = 'in_flight' AND %s <= now()))`, ns, leaseEnd("r"))
+WHERE namespace = $%d AND scope = $1 AND idempotency_key = $2 AND %s > now()
+  AND (state = 'unknown' OR (state = 'in_flight' AND %s <= now()))`, ns, expiry("r"), leaseEnd("r"))
 }
 
 // resolveCompleteSQL and resolveReleaseSQL settle an unknown record. Both
-// bump the epoch, which fences the attempt that held it: its late Finish,
+// give it a new epoch (nextEpoch), which fences the attempt that held it: its late Finish,
 // Release or Heartbeat gets ErrNotHeld instead of being taken for a retry
 // of its own that already took effect, so its outcome never silently
 // disappears.
 var resolveCompleteSQL = `
 UPDATE idemgate_records AS r
 ` + completeSet(3, 4, 6) + `,
-    epoch = epoch + 1` + unknownWhere(5)
+    epoch = ` + nextEpoch + unknownWhere(5)
 
 var resolveReleaseSQL = `
 UPDATE idemgate_records AS r
-SET state = 'released', lease_expires_at = now(), epoch = epoch + 1` + unknownWhere(3)
+SET state = 'released', lease_expires_at = now(), epoch = ` + nextEpoch + unknownWhere(3)
 
 // Resolve implements dedupesvc.Store.
 func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
@@ -843,20 +865,22 @@ func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 
 // deleteExpiredSQL deletes one bounded batch of expired rows, oldest first,
 // through the expires_at index. The batch is chosen among deletable rows
-// only: a row past its expires_at that must stay (in flight within its
-// effective lease, inFlightLive) is passed over, never counted against the
-// LIMIT, or such rows ahead of deletable ones would fill every batch and the
-// sweep would delete nothing. The outer test re-checks each row, so a row
-// reserved anew between the two scans survives.
+// only (expiry): a row past its expires_at that must stay (in flight within
+// its effective lease, or a dead FAIL_CLOSED holder's within its unknown
+// retention) is passed over, never counted against the LIMIT, or such rows
+// ahead of deletable ones would fill every batch and the sweep would delete
+// nothing. The outer test re-checks each row, so a row reserved anew between
+// the two scans survives. An in-flight row of a FAIL_CLOSED holder deleted
+// here was outcome-unknown to the end, and is reported as such.
 var deleteExpiredSQL = `
 DELETE FROM idemgate_records AS r
 WHERE (namespace, scope, idempotency_key) IN (
     SELECT c.namespace, c.scope, c.idempotency_key FROM idemgate_records AS c
-    WHERE c.expires_at <= now() AND NOT ` + inFlightLive("c") + `
+    WHERE c.expires_at <= now() AND ` + expiry("c") + ` <= now()
     ORDER BY c.expires_at
     LIMIT $1)
-  AND expires_at <= now() AND NOT ` + inFlightLive("r") + `
-RETURNING namespace, scope, idempotency_key, state = 'unknown'`
+  AND ` + expiry("r") + ` <= now()
+RETURNING namespace, scope, idempotency_key, state = 'unknown' OR (state = 'in_flight' AND unknown_retention_ms > 0)`
 
 // DeleteExpired implements dedupesvc.Store.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.RecordID, error) {
