@@ -49,7 +49,7 @@ type Store struct {
 	// finishSQL, releaseSQL, resolveCompleteSQL, resolveReleaseSQL and
 	// markUnknownSQL change a record's state; with notifications on they also
 	// announce the change, in the same statement.
-	finishSQL, releaseSQL, releaseUnknownSQL, resolveCompleteSQL, resolveReleaseSQL, markUnknownSQL string
+	finishSQL, releaseSQL, releaseUnknownSQL, resolveCompleteSQL, resolveReleaseSQL, markUnknownSQL, markLostSQL string
 	// cutOff is set when a statement failed because the database could not
 	// be reached, and cleared only once a mark of the resume that started
 	// after it committed; until then every statement waits for that mark
@@ -102,6 +102,8 @@ func WithGroupCommit(gc GroupCommit) Option {
 var (
 	_ dedupesvc.Store   = (*Store)(nil)
 	_ dedupesvc.Resumer = (*Store)(nil)
+
+	_ dedupesvc.LostOutcomeMarker = (*Store)(nil)
 )
 
 // Option configures New.
@@ -135,6 +137,7 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	s.resolveCompleteSQL = s.announced(resolveCompleteSQL, 7)
 	s.resolveReleaseSQL = s.announced(resolveReleaseSQL, 4)
 	s.markUnknownSQL = s.announced(markUnknownSQL, 6)
+	s.markLostSQL = s.announced(markLostSQL, 5)
 	return s
 }
 
@@ -908,6 +911,62 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.
 		return deleted, unknown, fmt.Errorf("pgstore: delete expired: %w", err)
 	}
 	return deleted, unknown, nil
+}
+
+// lostCandidatesSQL finds in-flight rows of FAIL_CLOSED holders whose
+// effective lease ran out, through the partial index on in-flight rows'
+// lease ends (migration 008): a range of the rows whose own lease ended,
+// not a scan of the table. It reads, and locks nothing.
+var lostCandidatesSQL = `
+SELECT c.namespace, c.scope, c.idempotency_key, c.epoch FROM idemgate_records AS c
+WHERE c.state = 'in_flight' AND c.lease_expires_at <= now()
+  AND c.unknown_retention_ms > 0 AND ` + leaseEnd("c") + ` <= now()
+ORDER BY c.lease_expires_at
+LIMIT $1`
+
+// markLostSQL marks one such row outcome-unknown, if it still is that
+// in-flight epoch with its lease run out, kept for its unknown retention
+// past its lease's end. One row per statement: it takes one row lock and
+// waits for no other, so it cannot deadlock with group-commit batches.
+var markLostSQL = `
+UPDATE idemgate_records AS r
+SET state = 'unknown',
+    expires_at = greatest(expires_at, ` + leaseEnd("r") + ` + unknown_retention_ms * interval '1 millisecond')
+WHERE namespace = $1 AND scope = $2 AND idempotency_key = $3 AND epoch = $4
+  AND state = 'in_flight' AND unknown_retention_ms > 0 AND ` + leaseEnd("r") + ` <= now()`
+
+// MarkLostOutcomes implements dedupesvc.LostOutcomeMarker.
+func (s *Store) MarkLostOutcomes(ctx context.Context, limit int) (int, error) {
+	if err := s.resume(ctx); err != nil {
+		return 0, err
+	}
+	rows, err := s.pool.Query(ctx, lostCandidatesSQL, limit)
+	if err = s.noted(ctx, err); err != nil {
+		return 0, fmt.Errorf("pgstore: find lost outcomes: %w", err)
+	}
+	type candidate struct {
+		id    dedupesvc.RecordID
+		epoch int64
+	}
+	var c candidate
+	found, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (candidate, error) {
+		err := row.Scan(&c.id.Namespace, &c.id.Scope, &c.id.Key, &c.epoch)
+		return c, err
+	})
+	if err = s.noted(ctx, err); err != nil {
+		return 0, fmt.Errorf("pgstore: find lost outcomes: %w", err)
+	}
+	marked := 0
+	for _, c := range found {
+		n, err := s.change(ctx, s.markLostSQL, c.id, c.id.Namespace, c.id.Scope, c.id.Key, c.epoch)
+		if err != nil {
+			return marked, fmt.Errorf("pgstore: mark lost outcome: %w", err)
+		}
+		marked += n
+	}
+	// A candidate that changed meanwhile is not counted: the sweeper may
+	// stop short and marks the rest at its next sweep.
+	return marked, nil
 }
 
 // keyIDParam is an outcome's key id as a parameter: NULL for a plaintext

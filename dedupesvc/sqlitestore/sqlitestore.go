@@ -92,6 +92,8 @@ var (
 	_ dedupesvc.Store    = (*Store)(nil)
 	_ dedupesvc.Notifier = (*Store)(nil)
 	_ dedupesvc.Resumer  = (*Store)(nil)
+
+	_ dedupesvc.LostOutcomeMarker = (*Store)(nil)
 )
 
 // Open opens (creating it and its directory if needed) the store in dir,
@@ -806,6 +808,49 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.
 		}
 	}
 	return deleted, unknown, rows.Err()
+}
+
+// markLostSQL marks outcome-unknown a batch of in-flight records of
+// FAIL_CLOSED holders whose effective lease ran out, through the partial
+// index on in-flight records' lease ends, kept for their unknown retention
+// past that lease's end (see pgstore). SQLite has one writer, so one
+// statement marks the whole batch.
+var markLostSQL = `
+UPDATE idemgate_records
+SET state = 'unknown', expires_at = max(expires_at, ` + leaseEnd("idemgate_records") + ` + unknown_retention_ms)
+WHERE rowid IN (
+    SELECT c.rowid FROM idemgate_records AS c
+    WHERE c.state = 'in_flight' AND c.lease_expires_at <= :now
+      AND c.unknown_retention_ms > 0 AND ` + leaseEnd("c") + ` <= :now
+    ORDER BY c.lease_expires_at LIMIT :limit)
+RETURNING namespace, scope, idempotency_key`
+
+// MarkLostOutcomes implements dedupesvc.LostOutcomeMarker; it wakes this
+// process's duplicates waiting on each record it marked.
+func (s *Store) MarkLostOutcomes(ctx context.Context, limit int) (int, error) {
+	rows, err := s.db.QueryContext(ctx, markLostSQL, sql.Named("now", s.now().UnixMilli()), sql.Named("limit", limit))
+	if err != nil {
+		return 0, fmt.Errorf("sqlitestore: mark lost outcomes: %w", err)
+	}
+	var marked []dedupesvc.RecordID
+	for rows.Next() {
+		var id dedupesvc.RecordID
+		if err := rows.Scan(&id.Namespace, &id.Scope, &id.Key); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("sqlitestore: mark lost outcomes: %w", err)
+		}
+		marked = append(marked, id)
+	}
+	if err := rows.Close(); err != nil {
+		return 0, fmt.Errorf("sqlitestore: mark lost outcomes: %w", err)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("sqlitestore: mark lost outcomes: %w", err)
+	}
+	for _, id := range marked {
+		s.waiters.Wake(id)
+	}
+	return len(marked), nil
 }
 
 // Subscribe implements dedupesvc.Notifier: every change to a record in this

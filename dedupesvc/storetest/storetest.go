@@ -781,6 +781,30 @@ func testLostOutcome(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 		}
 	})
 
+	t.Run("the sweeper marks a dead FAIL_CLOSED holder's record unknown, so operators see it", func(t *testing.T) {
+		t.Parallel()
+		s, inspector := newInspector(t, newStore)
+		held := mustBegin(t, s, begin("crashed", fpA, short, long), dedupesvc.BeginReserved)
+		p := reexecute(begin("gone", fpA, short, long))
+		p.Key = "reexecute-key"
+		mustBegin(t, s, p, dedupesvc.BeginReserved)
+		time.Sleep(2 * short)
+		if _, err := dedupesvc.NewSweeper(s, dedupesvc.SweeperConfig{}).SweepOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		unknown, err := inspector.ListRecords(ctx, dedupesvc.ListQuery{State: dedupesvc.StateUnknown, Limit: 10})
+		if err != nil || len(unknown) != 1 || unknown[0].ID.Key != "key-1" || unknown[0].Epoch != held.Epoch {
+			t.Fatalf("unknown records after a sweep = %+v, %v; want the dead FAIL_CLOSED holder's record alone", unknown, err)
+		}
+		if n, err := dedupesvc.NewUnknownRecords(inspector, dedupesvc.UnknownRecordsConfig{}).CountOnce(ctx); err != nil || n != 1 {
+			t.Fatalf("the unknown-records count = %d, %v; want 1", n, err)
+		}
+		// The holder was alive after all: its heartbeat revives the record.
+		if _, err := s.Heartbeat(ctx, heartbeat("crashed", held.Epoch)); err != nil {
+			t.Fatalf("the holder's heartbeat on the record the sweeper marked: %v", err)
+		}
+	})
+
 	t.Run("a key's epochs never repeat, even after its record was swept", func(t *testing.T) {
 		t.Parallel()
 		s := newStore(t)

@@ -27,7 +27,19 @@ ALTER TABLE idemgate_records ADD COLUMN IF NOT EXISTS unknown_retention_ms bigin
 -- be counted; a replica not yet upgraded keeps counting per key (from 1)
 -- until it is.
 CREATE SEQUENCE IF NOT EXISTS idemgate_epochs;
-SELECT setval('idemgate_epochs', greatest(
-    (SELECT coalesce(max(epoch), 0) FROM idemgate_records),
-    (SELECT last_value FROM idemgate_epochs),
-    1));
+-- An empty store's first epoch is 1, as before; otherwise the next one is
+-- above the highest stored and above the last handed out.
+SELECT CASE WHEN stored = 0 AND NOT is_called THEN setval('idemgate_epochs', 1, false)
+            ELSE setval('idemgate_epochs', greatest(stored, last_value), true) END
+FROM (SELECT (SELECT coalesce(max(epoch), 0) FROM idemgate_records) AS stored, last_value, is_called
+      FROM idemgate_epochs) AS seq;
+
+-- The sweeper marks dead FAIL_CLOSED holders' records outcome-unknown, so
+-- operators and the unknown-records gauge see them; it finds them through
+-- this partial index of in-flight rows by lease end: a range of the rows
+-- whose lease ended, never a scan of the table. Only in-flight rows (the
+-- calls running now) have an entry. Building it scans the table once while
+-- writes wait; on a large table, create it beforehand with CREATE INDEX
+-- CONCURRENTLY under this name, and this migration skips it.
+CREATE INDEX IF NOT EXISTS idemgate_records_in_flight_idx
+    ON idemgate_records (lease_expires_at) WHERE state = 'in_flight';

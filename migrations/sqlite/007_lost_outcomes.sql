@@ -26,3 +26,9 @@ CREATE TRIGGER IF NOT EXISTS idemgate_records_epoch_update AFTER UPDATE OF epoch
 BEGIN
     UPDATE idemgate_store_state SET last_epoch = max(last_epoch, NEW.epoch);
 END;
+
+-- The sweeper finds dead FAIL_CLOSED holders' records to mark
+-- outcome-unknown through in-flight records' lease ends (partial: only the
+-- calls running now have an entry).
+CREATE INDEX IF NOT EXISTS idemgate_records_in_flight_idx
+    ON idemgate_records (lease_expires_at) WHERE state = 'in_flight';
