@@ -35,8 +35,39 @@ type Record struct {
 	LeaseExpiresAt time.Time
 	// CompletedAt is when the outcome was stored (StateCompleted).
 	CompletedAt time.Time
-	// ExpiresAt is when the record counts as absent.
+	// ExpiresAt is when the record counts as absent, an in-flight one's
+	// effective lease end if later; see Expiry.
 	ExpiresAt time.Time
+	// UnknownRetention is how long past its lease's end an in-flight record
+	// is kept, outcome-unknown, when its holder never stores an outcome: the
+	// unknown retention of a FAIL_CLOSED reservation, 0 for a REEXECUTE one
+	// (and for records written before stores kept it).
+	UnknownRetention time.Duration
+}
+
+// Expiry is when the record counts as absent. An in-flight record of a
+// FAIL_CLOSED holder whose lease ran out is outcome-unknown whether or not
+// a Begin read it in time: it stays for its UnknownRetention past its lease's
+// end, not merely until its ordinary expiry, so a retry after the holder
+// died never runs the side effect again, and the sweeper deletes it (with
+// its warning) only then. Stores repeat this in their SQL.
+func (r Record) Expiry() time.Time {
+	if r.State == StateInFlight && r.UnknownRetention > 0 {
+		if kept := r.LeaseExpiresAt.Add(r.UnknownRetention); kept.After(r.ExpiresAt) {
+			return kept
+		}
+	}
+	return r.ExpiresAt
+}
+
+// LostRetention is the unknown retention a reservation made with p keeps
+// (Record.UnknownRetention): p.UnknownRetention under FailClosed, 0 under
+// Reexecute, whose lost outcomes are taken over instead.
+func (p BeginParams) LostRetention() time.Duration {
+	if p.OnLostOutcome == Reexecute {
+		return 0
+	}
+	return p.UnknownRetention
 }
 
 // NextStep is what a Store does after DecideBegin.
@@ -65,7 +96,7 @@ const (
 // Store reads the record, calls it with its clock's now, and carries out the
 // step with statements that repeat the same conditions atomically.
 func DecideBegin(r Record, p BeginParams, now time.Time) (BeginResult, NextStep) {
-	if !r.ExpiresAt.After(now) {
+	if !r.Expiry().After(now) {
 		return BeginResult{}, StepReserve
 	}
 	if !bytes.Equal(r.Fingerprint, p.Fingerprint) {
@@ -136,7 +167,7 @@ func RefusedRelease(r Record, found bool, p ReleaseParams) error {
 // ErrRecordNotFound for no live record, else ErrNotUnknown.
 func RefusedResolve(r Record, found bool, now time.Time, p ResolveParams) error {
 	switch {
-	case !found || !r.ExpiresAt.After(now):
+	case !found || !r.Expiry().After(now):
 		return ErrRecordNotFound
 	case p.Complete != nil && r.State == StateCompleted && r.Outcome.TypeURL == p.Complete.TypeURL && r.Outcome.KeyID == p.Complete.KeyID && bytes.Equal(r.Outcome.Value, p.Complete.Value):
 		return nil

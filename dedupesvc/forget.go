@@ -10,8 +10,8 @@ import (
 type Forgetter interface {
 	// ForgetRecord retires the record so the next Begin of its key reserves
 	// it as if it were new, and returns the record as it was. Retiring is
-	// not deleting: the record becomes released and expired and its epoch
-	// grows by one, so the key's next reservation gets a higher epoch than
+	// not deleting: the record becomes released and expired and gets a new,
+	// higher epoch, so the key's next reservation gets a higher epoch than
 	// any attempt before it (fencing tokens keep growing), and the holder of
 	// a forced in-flight record is fenced (its Heartbeat, Finish and Release
 	// get ErrNotHeld). The sweeper deletes it later. It returns

@@ -22,11 +22,27 @@ type SweeperConfig struct {
 	Logger *slog.Logger
 }
 
+// LostOutcomeMarker is a Store whose sweeper also marks lost outcomes (both
+// bundled stores are one). A FAIL_CLOSED holder that died leaves its record
+// in flight; Begin and Resolve already treat it as outcome-unknown once its
+// lease ran out, but an operator's listing and the unknown-records gauge
+// count only records marked so, and without a Begin nobody would mark it.
+type LostOutcomeMarker interface {
+	// MarkLostOutcomes marks outcome-unknown up to limit in-flight records
+	// of FAIL_CLOSED holders whose effective lease ran out (the resume grace
+	// included), as a FAIL_CLOSED Begin would, kept for their unknown
+	// retention past that lease's end, and returns how many it marked. The
+	// holder's Heartbeat or Finish still revives or settles such a record.
+	MarkLostOutcomes(ctx context.Context, limit int) (int, error)
+}
+
 // Sweeper deletes expired records in bounded batches, so the table stays the
 // size of the retention window. Expired records already count as absent to
-// Begin; sweeping only reclaims their space. An outcome-unknown record expires
-// only after the unknown retention (see WithUnknownRetention), and each one
-// deleted unresolved is logged.
+// Begin; sweeping only reclaims their space. An outcome-unknown record, and
+// the in-flight record of a FAIL_CLOSED holder that died, expires only after
+// the unknown retention (see WithUnknownRetention), and each one deleted
+// unresolved is logged. Each sweep first marks such dead holders' records
+// outcome-unknown (LostOutcomeMarker), so operators see them.
 type Sweeper struct {
 	store Store
 	cfg   SweeperConfig
@@ -66,9 +82,27 @@ func (s *Sweeper) Run(ctx context.Context) {
 	}
 }
 
-// SweepOnce deletes expired records batch by batch until a batch comes back
+// SweepOnce marks lost outcomes when the store is a LostOutcomeMarker, then
+// deletes expired records, each batch by batch until a batch comes back
 // short or MaxBatches ran, and returns how many it deleted.
 func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
+	if m, ok := s.store.(LostOutcomeMarker); ok {
+		marked := 0
+		for range s.cfg.MaxBatches {
+			n, err := m.MarkLostOutcomes(ctx, s.cfg.BatchSize)
+			marked += n
+			if err != nil {
+				return 0, err
+			}
+			if n < s.cfg.BatchSize {
+				break
+			}
+		}
+		if marked > 0 {
+			s.cfg.Logger.WarnContext(ctx, "marked outcome-unknown the records of FAIL_CLOSED holders whose lease ran out with no outcome; resolve each (idemctl list -state unknown)",
+				slog.Int("marked", marked))
+		}
+	}
 	total := 0
 	for range s.cfg.MaxBatches {
 		n, unknown, err := s.store.DeleteExpired(ctx, s.cfg.BatchSize)

@@ -307,8 +307,10 @@ func TestFencedHandlerIsTold(t *testing.T) {
 		t.Errorf("Fenced = %d, want the refused renewal counted", got)
 	}
 	a := <-takeover
-	if a.err != nil || a.resp.GetEpoch() != 2 {
-		t.Fatalf("takeover: %v %v, want epoch 2", a.resp, a.err)
+	// Epochs are unique across the store, not consecutive: above the
+	// fenced holder's first one is what fencing needs.
+	if a.err != nil || a.resp.GetEpoch() <= 1 {
+		t.Fatalf("takeover: %v %v, want an epoch above the fenced holder's 1", a.resp, a.err)
 	}
 }
 

@@ -5,3 +5,11 @@ func (s *Store) QueuedForTest() int { return s.group.Queued() }
 
 // WritingForTest returns how many statements the group commit writes now.
 func (s *Store) WritingForTest() int { return s.group.Writing() }
+
+// HoldMarkForTest makes every MarkResumed of s call hook before its
+// statement.
+func HoldMarkForTest(s *Store, hook func()) { s.markHook = hook }
+
+// WaitingForMarkForTest returns how many operations of s wait for a pending
+// MarkResumed.
+func WaitingForMarkForTest(s *Store) int { return int(s.markWaiting.Load()) }

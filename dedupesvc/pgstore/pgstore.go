@@ -25,6 +25,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -48,11 +49,21 @@ type Store struct {
 	// finishSQL, releaseSQL, resolveCompleteSQL, resolveReleaseSQL and
 	// markUnknownSQL change a record's state; with notifications on they also
 	// announce the change, in the same statement.
-	finishSQL, releaseSQL, releaseUnknownSQL, resolveCompleteSQL, resolveReleaseSQL, markUnknownSQL string
+	finishSQL, releaseSQL, releaseUnknownSQL, resolveCompleteSQL, resolveReleaseSQL, markUnknownSQL, markLostSQL string
 	// cutOff is set when a statement failed because the database could not
-	// be reached; the next operation marks the store resumed first (see
-	// resume).
+	// be reached, and cleared only once a mark of the resume that started
+	// after it committed; until then every statement waits for that mark
+	// (see resume). It is read without resumeMu on the fast path.
 	cutOff atomic.Bool
+	// resumeMu guards cutGen (failures noted so far) and marking (the mark
+	// in progress, nil when none).
+	resumeMu sync.Mutex
+	cutGen   uint64
+	marking  *markCall
+	// markHook, when set (tests), runs inside MarkResumed before its
+	// statement; markWaiting counts operations waiting for a pending mark.
+	markHook    func()
+	markWaiting atomic.Int32
 	// commit is the group commit config; group batches Begin's first
 	// statement and Finish (nil with batching off).
 	commit GroupCommit
@@ -91,6 +102,8 @@ func WithGroupCommit(gc GroupCommit) Option {
 var (
 	_ dedupesvc.Store   = (*Store)(nil)
 	_ dedupesvc.Resumer = (*Store)(nil)
+
+	_ dedupesvc.LostOutcomeMarker = (*Store)(nil)
 )
 
 // Option configures New.
@@ -124,6 +137,7 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	s.resolveCompleteSQL = s.announced(resolveCompleteSQL, 7)
 	s.resolveReleaseSQL = s.announced(resolveReleaseSQL, 4)
 	s.markUnknownSQL = s.announced(markUnknownSQL, 6)
+	s.markLostSQL = s.announced(markLostSQL, 5)
 	return s
 }
 
@@ -152,6 +166,9 @@ SELECT (SELECT count(*) FROM changed) + 0 * (SELECT count(*) FROM notified)`, up
 // change runs one of the announced statements and reports how many rows it
 // changed.
 func (s *Store) change(ctx context.Context, sql string, id dedupesvc.RecordID, args ...any) (int, error) {
+	if err := s.resume(ctx); err != nil {
+		return 0, err
+	}
 	if s.channel != "" {
 		args = append(args, s.channel, NotifyID(id))
 	}
@@ -179,6 +196,9 @@ func orderOf(id dedupesvc.RecordID) string {
 
 // run runs o, in a batch when group commit is on, and returns its error.
 func (s *Store) run(ctx context.Context, o *op) error {
+	if err := s.resume(ctx); err != nil {
+		return err
+	}
 	if s.group == nil {
 		return s.noted(ctx, o.scan(s.pool.QueryRow(ctx, o.sql, o.args...)))
 	}
@@ -244,25 +264,73 @@ ON CONFLICT (id) DO UPDATE SET resumed_at = greatest(st.resumed_at, excluded.res
 // a Dedupe service process starts, after Migrate; the store also calls it
 // itself after it could not reach the database (see resume).
 func (s *Store) MarkResumed(ctx context.Context) error {
+	if s.markHook != nil {
+		s.markHook()
+	}
 	if _, err := s.pool.Exec(ctx, markResumedSQL); err != nil {
 		return fmt.Errorf("pgstore: mark resumed: %w", s.noted(ctx, err))
 	}
 	return nil
 }
 
-// resume marks the store resumed, once, before the first operation after a
-// statement failed because the database could not be reached: this replica
-// saw an outage, during which holders could not renew their leases. It runs
-// before the operation's own statements, so a Begin or Resolve never decides
-// on a lease that ran out during the outage. Another failure meanwhile sets
-// the flag again and the next operation marks again.
+// markCall is one mark of the resume that other operations wait for.
+type markCall struct {
+	done chan struct{}
+	// err is the mark's error; gaveUp says it was the marking caller's
+	// context that ended, not the database that failed.
+	err    error
+	gaveUp bool
+}
+
+// resume runs before every statement of the store (and at the start of every
+// operation): after a statement failed because the database could not be
+// reached, this replica saw an outage, during which holders could not renew
+// their leases, so no statement may decide on a lease before the store is
+// marked resumed (MarkResumed). The first caller marks; the others wait for
+// that mark and then go on, or fail with its error when it failed (the flag
+// stays set and the next operation marks again); a caller whose own context
+// ended is no verdict on the database, so its waiters mark themselves. The
+// flag is cleared only by a mark that started after the last failure noted.
+// A statement already on its way when the failure is noted is not held back:
+// the window this leaves is one statement's flight, not the mark's.
 func (s *Store) resume(ctx context.Context) error {
-	if !s.cutOff.Swap(false) {
-		return nil
-	}
-	if err := s.MarkResumed(ctx); err != nil {
-		s.cutOff.Store(true)
-		return err
+	for s.cutOff.Load() {
+		s.resumeMu.Lock()
+		if !s.cutOff.Load() {
+			s.resumeMu.Unlock()
+			return nil
+		}
+		if c := s.marking; c != nil {
+			s.resumeMu.Unlock()
+			s.markWaiting.Add(1)
+			select {
+			case <-c.done:
+			case <-ctx.Done():
+				s.markWaiting.Add(-1)
+				return fmt.Errorf("pgstore: waiting for the store to be marked resumed: %w", ctx.Err())
+			}
+			s.markWaiting.Add(-1)
+			if c.err != nil && !c.gaveUp {
+				return c.err
+			}
+			continue
+		}
+		c := &markCall{done: make(chan struct{})}
+		s.marking = c
+		gen := s.cutGen
+		s.resumeMu.Unlock()
+		err := s.MarkResumed(ctx)
+		s.resumeMu.Lock()
+		s.marking = nil
+		if err == nil && s.cutGen == gen {
+			s.cutOff.Store(false)
+		}
+		c.err, c.gaveUp = err, err != nil && ctx.Err() != nil
+		close(c.done)
+		s.resumeMu.Unlock()
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -271,7 +339,10 @@ func (s *Store) resume(ctx context.Context) error {
 // database could not be reached.
 func (s *Store) noted(ctx context.Context, err error) error {
 	if err != nil && unreachable(ctx, err) {
+		s.resumeMu.Lock()
+		s.cutGen++
 		s.cutOff.Store(true)
+		s.resumeMu.Unlock()
 	}
 	return err
 }
@@ -332,42 +403,56 @@ func NotifyID(id dedupesvc.RecordID) string {
 // readSQL reads a key's row with the database's clock, so expiry is judged by
 // one clock across every dedupe service replica. An in-flight row's lease
 // end is the effective one (leaseEnd), and so is its expiry when that is
-// later (inFlightLive).
+// later; its unknown retention is returned as kept (dedupesvc.Record.Expiry
+// adds it).
 var readSQL = `
 SELECT fingerprint, state, attempt_token, epoch, outcome_type_url, outcome_value, outcome_key_id,
        CASE WHEN state = 'in_flight' THEN ` + leaseEnd("r") + ` ELSE lease_expires_at END,
        completed_at,
        CASE WHEN state = 'in_flight' THEN greatest(expires_at, ` + leaseEnd("r") + `) ELSE expires_at END,
-       now()
+       unknown_retention_ms, now()
 FROM idemgate_records AS r
 WHERE namespace = $3 AND scope = $1 AND idempotency_key = $2`
 
-// inFlightLive is true for an in-flight row of alias t whose effective lease
-// still runs: such a row does not expire, even past its expires_at (a
-// retention as short as the lease runs out with it during an outage).
-func inFlightLive(t string) string {
-	return fmt.Sprintf(`(%[1]s.state = 'in_flight' AND %[2]s > now())`, t, leaseEnd(t))
+// expiry is the effective expiry of the row of alias t
+// (dedupesvc.Record.Expiry): an in-flight row stays while its effective
+// lease runs (a retention as short as the lease runs out with it during an
+// outage) and, when its FAIL_CLOSED holder never stored an outcome, for its
+// unknown_retention_ms past that lease's end, outcome-unknown. Every
+// statement that treats a row as absent uses it.
+func expiry(t string) string {
+	return fmt.Sprintf(`(CASE WHEN %[1]s.state = 'in_flight'
+        THEN greatest(%[1]s.expires_at, %[2]s + %[1]s.unknown_retention_ms * interval '1 millisecond')
+        ELSE %[1]s.expires_at END)`, t, leaseEnd(t))
 }
+
+// nextEpoch is a new epoch, higher than every epoch the store handed out
+// before to any key (migration 008), so no two reservations of a key ever
+// share a fencing token, even after its record was swept.
+const nextEpoch = `nextval('idemgate_epochs')`
 
 // reserveSQL takes the key when it is free: no row, or a row that expired, or
 // a row with the same fingerprint that was released or (under REEXECUTE,
 // $7) whose holder's lease ran out. It returns nothing when the row blocks
 // it. It repeats what decide checked, because only this statement's view of
-// the row is atomic, with the effective lease end (leaseEnd).
+// the row is atomic, with the effective lease end and expiry (leaseEnd,
+// expiry). The epoch comes from the store's sequence (nextEpoch); $9 is the
+// reservation's unknown retention (BeginParams.LostRetention).
 var reserveSQL = `
 INSERT INTO idemgate_records AS r (
     namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
-    retention_ms, lease_ms, lease_expires_at, expires_at)
+    retention_ms, lease_ms, unknown_retention_ms, lease_expires_at, expires_at)
 VALUES (
-    $8, $1, $2, $3, 'in_flight', $4, 1,
-    $6::bigint, $5::bigint, now() + $5::bigint * interval '1 millisecond', now() + $6::bigint * interval '1 millisecond')
+    $8, $1, $2, $3, 'in_flight', $4, ` + nextEpoch + `,
+    $6::bigint, $5::bigint, $9::bigint, now() + $5::bigint * interval '1 millisecond', now() + $6::bigint * interval '1 millisecond')
 ON CONFLICT (namespace, scope, idempotency_key) DO UPDATE SET
     fingerprint = excluded.fingerprint,
     state = 'in_flight',
     attempt_token = excluded.attempt_token,
-    epoch = r.epoch + 1,
+    epoch = ` + nextEpoch + `,
     retention_ms = excluded.retention_ms,
     lease_ms = excluded.lease_ms,
+    unknown_retention_ms = excluded.unknown_retention_ms,
     outcome_type_url = NULL,
     outcome_value = NULL,
     outcome_key_id = NULL,
@@ -378,7 +463,7 @@ ON CONFLICT (namespace, scope, idempotency_key) DO UPDATE SET
     -- A takeover keeps the duplicates waiting on the old holder: the new
     -- holder's outcome is what they wait for, so its change must notify.
     waiters = r.waiters AND r.state = 'in_flight'
-WHERE (r.expires_at <= now() AND NOT ` + inFlightLive("r") + `)
+WHERE ` + expiry("r") + ` <= now()
    OR (r.fingerprint = excluded.fingerprint
        AND (r.state = 'released'
             OR ($7::boolean AND r.state = 'in_flight' AND ` + leaseEnd("r") + ` <= now()
@@ -388,7 +473,8 @@ RETURNING epoch, lease_expires_at`
 // firstSQL is Begin's first statement (dedupesvc.BeginSteps.First): it
 // reads the key's row as readSQL does and, only when there is none and the
 // namespace's quotas ($8 records, $9 outcome bytes; 0 is none) allow one
-// more, inserts the reservation; so a fresh key and a replay each cost one
+// more, inserts the reservation ($10 its unknown retention, as reserveSQL's
+// $9); so a fresh key and a replay each cost one
 // statement and one round trip. With a row found, the usage is not read and
 // the INSERT gets no row to insert: a replay takes no row lock, gets no
 // transaction ID and its commit flushes no WAL. Every sub-statement sees one
@@ -400,7 +486,8 @@ WITH existing AS (
     SELECT r.fingerprint, r.state, r.attempt_token, r.epoch, r.outcome_type_url, r.outcome_value, r.outcome_key_id,
            CASE WHEN r.state = 'in_flight' THEN ` + leaseEnd("r") + ` ELSE r.lease_expires_at END AS lease_end,
            r.completed_at,
-           CASE WHEN r.state = 'in_flight' THEN greatest(r.expires_at, ` + leaseEnd("r") + `) ELSE r.expires_at END AS expiry
+           CASE WHEN r.state = 'in_flight' THEN greatest(r.expires_at, ` + leaseEnd("r") + `) ELSE r.expires_at END AS expiry,
+           r.unknown_retention_ms
     FROM idemgate_records AS r
     WHERE r.namespace = $7 AND r.scope = $1 AND r.idempotency_key = $2
 ), usage AS (
@@ -410,9 +497,9 @@ WITH existing AS (
 ), reserved AS (
     INSERT INTO idemgate_records AS r (
         namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
-        retention_ms, lease_ms, lease_expires_at, expires_at)
-    SELECT $7, $1, $2, $3, 'in_flight', $4, 1,
-        $6::bigint, $5::bigint, now() + $5::bigint * interval '1 millisecond', now() + $6::bigint * interval '1 millisecond'
+        retention_ms, lease_ms, unknown_retention_ms, lease_expires_at, expires_at)
+    SELECT $7, $1, $2, $3, 'in_flight', $4, ` + nextEpoch + `,
+        $6::bigint, $5::bigint, $10::bigint, now() + $5::bigint * interval '1 millisecond', now() + $6::bigint * interval '1 millisecond'
     FROM usage
     WHERE NOT EXISTS (SELECT 1 FROM existing)
       AND ($8::bigint = 0 OR usage.records < $8::bigint) AND ($9::bigint = 0 OR usage.bytes < $9::bigint)
@@ -422,7 +509,7 @@ WITH existing AS (
 SELECT reserved.epoch, reserved.lease_expires_at,
        existing.fingerprint, existing.state, existing.attempt_token, existing.epoch, existing.outcome_type_url,
        existing.outcome_value, existing.outcome_key_id, existing.lease_end, existing.completed_at, existing.expiry,
-       now()
+       existing.unknown_retention_ms, now()
 FROM (SELECT 1) AS one
 LEFT JOIN reserved ON true
 LEFT JOIN existing ON true`
@@ -468,6 +555,9 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 			return n == 1, nil
 		},
 		Renew: func(ctx context.Context, epoch int64, _ time.Time) (time.Time, bool, error) {
+			if err := s.resume(ctx); err != nil {
+				return time.Time{}, false, err
+			}
 			var until time.Time
 			err := s.noted(ctx, s.pool.QueryRow(ctx, renewSQL, p.Scope, p.Key, p.AttemptToken, epoch, p.Lease.Milliseconds(), p.Namespace).Scan(&until))
 			switch {
@@ -486,13 +576,16 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 			return records, bytes, nil
 		},
 		Reserve: func(ctx context.Context, _ time.Time) (int64, time.Time, bool, error) {
+			if err := s.resume(ctx); err != nil {
+				return 0, time.Time{}, false, err
+			}
 			var (
 				epoch    int64
 				leaseEnd time.Time
 			)
 			err := s.noted(ctx, s.pool.QueryRow(ctx, reserveSQL,
 				p.Scope, p.Key, p.Fingerprint, p.AttemptToken, p.Lease.Milliseconds(), p.Retention.Milliseconds(),
-				p.OnLostOutcome == dedupesvc.Reexecute, p.Namespace,
+				p.OnLostOutcome == dedupesvc.Reexecute, p.Namespace, p.LostRetention().Milliseconds(),
 			).Scan(&epoch, &leaseEnd))
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
@@ -513,15 +606,16 @@ func (s *Store) first(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.F
 		leaseEnd, recordLease, expires *time.Time
 		completedAt                    *time.Time
 		state, token, typeURL, keyID   *string
+		unknownMS                      *int64
 	)
 	r := &res.Record
 	o := &op{order: orderOf(p.ID()), sql: firstSQL, args: []any{
 		p.Scope, p.Key, p.Fingerprint, p.AttemptToken, p.Lease.Milliseconds(), p.Retention.Milliseconds(),
-		p.Namespace, p.MaxRecords, p.MaxOutcomeBytes,
+		p.Namespace, p.MaxRecords, p.MaxOutcomeBytes, p.LostRetention().Milliseconds(),
 	}}
 	o.scan = func(row pgx.Row) error {
 		return row.Scan(&epoch, &leaseEnd, &r.Fingerprint, &state, &token, &recordEpoch, &typeURL, &r.Outcome.Value, &keyID,
-			&recordLease, &completedAt, &expires, &res.Now)
+			&recordLease, &completedAt, &expires, &unknownMS, &res.Now)
 	}
 	if err := s.run(ctx, o); err != nil {
 		return dedupesvc.FirstResult{}, fmt.Errorf("pgstore: reserve or read: %w", err)
@@ -541,6 +635,9 @@ func (s *Store) first(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.F
 		if completedAt != nil {
 			r.CompletedAt = *completedAt
 		}
+		if unknownMS != nil {
+			r.UnknownRetention = time.Duration(*unknownMS) * time.Millisecond
+		}
 	}
 	return res, nil
 }
@@ -558,10 +655,14 @@ func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (record, bool, 
 		typeURL     *string
 		keyID       *string
 		completedAt *time.Time
+		unknownMS   int64
 	)
+	if err := s.resume(ctx); err != nil {
+		return record{}, false, err
+	}
 	err := s.noted(ctx, s.pool.QueryRow(ctx, readSQL, id.Scope, id.Key, id.Namespace).Scan(
 		&row.Fingerprint, &row.State, &row.AttemptToken, &row.Epoch, &typeURL, &row.Outcome.Value, &keyID,
-		&row.LeaseExpiresAt, &completedAt, &row.ExpiresAt, &row.now))
+		&row.LeaseExpiresAt, &completedAt, &row.ExpiresAt, &unknownMS, &row.now))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return record{}, false, nil
@@ -577,6 +678,7 @@ func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (record, bool, 
 	if completedAt != nil {
 		row.CompletedAt = *completedAt
 	}
+	row.UnknownRetention = time.Duration(unknownMS) * time.Millisecond
 	return row, true, nil
 }
 
@@ -717,27 +819,27 @@ func (s *Store) Heartbeat(ctx context.Context, p dedupesvc.HeartbeatParams) (tim
 
 // unknownWhere is the condition a record must meet to be resolved: marked
 // unknown, or still in flight with its effective lease run out (nobody has
-// called with the key since), and not expired. Its namespace is parameter
+// called with the key since), and not expired (expiry). Its namespace is parameter
 // $ns.
 func unknownWhere(ns int) string {
 	return fmt.Sprintf(`
-WHERE namespace = $%d AND scope = $1 AND idempotency_key = $2 AND expires_at > now()
-  AND (state = 'unknown' OR (state = 'in_flight' AND %s <= now()))`, ns, leaseEnd("r"))
+WHERE namespace = $%d AND scope = $1 AND idempotency_key = $2 AND %s > now()
+  AND (state = 'unknown' OR (state = 'in_flight' AND %s <= now()))`, ns, expiry("r"), leaseEnd("r"))
 }
 
 // resolveCompleteSQL and resolveReleaseSQL settle an unknown record. Both
-// bump the epoch, which fences the attempt that held it: its late Finish,
+// give it a new epoch (nextEpoch), which fences the attempt that held it: its late Finish,
 // Release or Heartbeat gets ErrNotHeld instead of being taken for a retry
 // of its own that already took effect, so its outcome never silently
 // disappears.
 var resolveCompleteSQL = `
 UPDATE idemgate_records AS r
 ` + completeSet(3, 4, 6) + `,
-    epoch = epoch + 1` + unknownWhere(5)
+    epoch = ` + nextEpoch + unknownWhere(5)
 
 var resolveReleaseSQL = `
 UPDATE idemgate_records AS r
-SET state = 'released', lease_expires_at = now(), epoch = epoch + 1` + unknownWhere(3)
+SET state = 'released', lease_expires_at = now(), epoch = ` + nextEpoch + unknownWhere(3)
 
 // Resolve implements dedupesvc.Store.
 func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
@@ -767,21 +869,29 @@ func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 }
 
 // deleteExpiredSQL deletes one bounded batch of expired rows, oldest first,
-// through the expires_at index. The outer expiry test re-checks each row, so
-// a row reserved anew between the two scans survives, and so does an
-// in-flight row within its effective lease (inFlightLive).
+// through the expires_at index. The batch is chosen among deletable rows
+// only (expiry): a row past its expires_at that must stay (in flight within
+// its effective lease, or a dead FAIL_CLOSED holder's within its unknown
+// retention) is passed over, never counted against the LIMIT, or such rows
+// ahead of deletable ones would fill every batch and the sweep would delete
+// nothing. The outer test re-checks each row, so a row reserved anew between
+// the two scans survives. An in-flight row of a FAIL_CLOSED holder deleted
+// here was outcome-unknown to the end, and is reported as such.
 var deleteExpiredSQL = `
 DELETE FROM idemgate_records AS r
 WHERE (namespace, scope, idempotency_key) IN (
-    SELECT namespace, scope, idempotency_key FROM idemgate_records
-    WHERE expires_at <= now()
-    ORDER BY expires_at
+    SELECT c.namespace, c.scope, c.idempotency_key FROM idemgate_records AS c
+    WHERE c.expires_at <= now() AND ` + expiry("c") + ` <= now()
+    ORDER BY c.expires_at
     LIMIT $1)
-  AND expires_at <= now() AND NOT ` + inFlightLive("r") + `
-RETURNING namespace, scope, idempotency_key, state = 'unknown'`
+  AND ` + expiry("r") + ` <= now()
+RETURNING namespace, scope, idempotency_key, state = 'unknown' OR (state = 'in_flight' AND unknown_retention_ms > 0)`
 
 // DeleteExpired implements dedupesvc.Store.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.RecordID, error) {
+	if err := s.resume(ctx); err != nil {
+		return 0, nil, err
+	}
 	rows, err := s.pool.Query(ctx, deleteExpiredSQL, limit)
 	if err = s.noted(ctx, err); err != nil {
 		return 0, nil, fmt.Errorf("pgstore: delete expired: %w", err)
@@ -803,6 +913,62 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.
 		return deleted, unknown, fmt.Errorf("pgstore: delete expired: %w", err)
 	}
 	return deleted, unknown, nil
+}
+
+// lostCandidatesSQL finds in-flight rows of FAIL_CLOSED holders whose
+// effective lease ran out, through the partial index on in-flight rows'
+// lease ends (migration 008): a range of the rows whose own lease ended,
+// not a scan of the table. It reads, and locks nothing.
+var lostCandidatesSQL = `
+SELECT c.namespace, c.scope, c.idempotency_key, c.epoch FROM idemgate_records AS c
+WHERE c.state = 'in_flight' AND c.lease_expires_at <= now()
+  AND c.unknown_retention_ms > 0 AND ` + leaseEnd("c") + ` <= now()
+ORDER BY c.lease_expires_at
+LIMIT $1`
+
+// markLostSQL marks one such row outcome-unknown, if it still is that
+// in-flight epoch with its lease run out, kept for its unknown retention
+// past its lease's end. One row per statement: it takes one row lock and
+// waits for no other, so it cannot deadlock with group-commit batches.
+var markLostSQL = `
+UPDATE idemgate_records AS r
+SET state = 'unknown',
+    expires_at = greatest(expires_at, ` + leaseEnd("r") + ` + unknown_retention_ms * interval '1 millisecond')
+WHERE namespace = $1 AND scope = $2 AND idempotency_key = $3 AND epoch = $4
+  AND state = 'in_flight' AND unknown_retention_ms > 0 AND ` + leaseEnd("r") + ` <= now()`
+
+// MarkLostOutcomes implements dedupesvc.LostOutcomeMarker.
+func (s *Store) MarkLostOutcomes(ctx context.Context, limit int) (int, error) {
+	if err := s.resume(ctx); err != nil {
+		return 0, err
+	}
+	rows, err := s.pool.Query(ctx, lostCandidatesSQL, limit)
+	if err = s.noted(ctx, err); err != nil {
+		return 0, fmt.Errorf("pgstore: find lost outcomes: %w", err)
+	}
+	type candidate struct {
+		id    dedupesvc.RecordID
+		epoch int64
+	}
+	var c candidate
+	found, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (candidate, error) {
+		err := row.Scan(&c.id.Namespace, &c.id.Scope, &c.id.Key, &c.epoch)
+		return c, err
+	})
+	if err = s.noted(ctx, err); err != nil {
+		return 0, fmt.Errorf("pgstore: find lost outcomes: %w", err)
+	}
+	marked := 0
+	for _, c := range found {
+		n, err := s.change(ctx, s.markLostSQL, c.id, c.id.Namespace, c.id.Scope, c.id.Key, c.epoch)
+		if err != nil {
+			return marked, fmt.Errorf("pgstore: mark lost outcome: %w", err)
+		}
+		marked += n
+	}
+	// A candidate that changed meanwhile is not counted: the sweeper may
+	// stop short and marks the rest at its next sweep.
+	return marked, nil
 }
 
 // keyIDParam is an outcome's key id as a parameter: NULL for a plaintext

@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strconv"
@@ -216,4 +217,184 @@ func proxiedStore(t *testing.T, schema string) (*pgstore.Store, *proxy) {
 	}
 	t.Cleanup(pool.Close)
 	return pgstore.New(pool), px
+}
+
+// abandonedAfterOutage returns a replica that saw the database go away (a
+// statement of it failed through its cut proxy, which is up again), on a
+// schema whose key-1 is in flight for "holder" with a lease that ran out an
+// hour ago, its expiry at expires, and whose last resume is an hour old:
+// only a mark of this replica's outage grants the grace. The record's
+// lease_ms is as long as PostgreSQL has run (up to ten minutes, so its
+// restart grants nothing), which outlasts any starved test.
+func abandonedAfterOutage(t *testing.T, expires string) (*pgxpool.Pool, *pgstore.Store, *proxy) {
+	t.Helper()
+	pool, schema := pgtest.Schema(t)
+	var leaseMS int64
+	if err := pool.QueryRow(ctx, `SELECT least(600000, (extract(epoch FROM now() - pg_postmaster_start_time()) * 1000)::bigint - 2000)`).Scan(&leaseMS); err != nil || leaseMS < 20000 {
+		t.Fatalf("PostgreSQL started %dms ago (%v): too recently for its restart grace not to hide the replica's", leaseMS+2000, err)
+	}
+	p := begin("holder")
+	if _, err := pool.Exec(ctx, `
+INSERT INTO idemgate_records (scope, idempotency_key, fingerprint, state, attempt_token, epoch,
+    retention_ms, lease_ms, lease_expires_at, expires_at)
+VALUES ($1, $2, $3, 'in_flight', 'holder', 1, 3600000, $5, now() - interval '1 hour', now() + $4::interval)`,
+		p.Scope, p.Key, p.Fingerprint, expires, leaseMS); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE idemgate_store_state SET resumed_at = now() - interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+	replica, px := proxiedStore(t, schema)
+	px.cut(true)
+	if _, err := replica.Heartbeat(ctx, dedupesvc.HeartbeatParams{Scope: p.Scope, Key: p.Key, AttemptToken: "holder", Epoch: 1, Lease: time.Minute}); err == nil || errors.Is(err, dedupesvc.ErrNotHeld) {
+		t.Fatalf("Heartbeat through a cut proxy: %v, want a store failure", err)
+	}
+	px.cut(false)
+	return pool, replica, px
+}
+
+// holdMark makes the replica's next MarkResumed wait until the returned
+// release is called; entered is closed once a mark is held.
+func holdMark(s *pgstore.Store) (entered <-chan struct{}, release func()) {
+	in, out := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	pgstore.HoldMarkForTest(s, func() {
+		first := false
+		once.Do(func() { first = true; close(in) })
+		if first {
+			<-out
+		}
+	})
+	return in, func() { close(out) }
+}
+
+// whileMarkPending starts op while the replica's mark is held and returns
+// its result once op either answered (while the mark was still pending) or
+// waits for the mark, together with whether it answered before the mark
+// ended.
+func whileMarkPending(t *testing.T, s *pgstore.Store, waiting int, op func() error) (early bool, done <-chan error) {
+	t.Helper()
+	ch := make(chan error, 1)
+	go func() { ch <- op() }()
+	for {
+		select {
+		case err := <-ch:
+			ch <- err
+			return true, ch
+		default:
+		}
+		if pgstore.WaitingForMarkForTest(s) >= waiting {
+			return false, ch
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestOperationsWaitForThePendingResumeMark: a Begin, Resolve or sweep on a
+// replica that saw the database go away, while its mark of the resume is
+// still pending, waits for the mark and then honours the grace: it never
+// decides on the old resume time.
+func TestOperationsWaitForThePendingResumeMark(t *testing.T) {
+	t.Parallel()
+	_, replica, _ := abandonedAfterOutage(t, "1 hour")
+	entered, release := holdMark(replica)
+	marker := make(chan error, 1)
+	go func() {
+		_, err := replica.Heartbeat(ctx, dedupesvc.HeartbeatParams{Scope: "/pkg.S/M", Key: "key-1", AttemptToken: "nobody", Epoch: 1, Lease: time.Minute})
+		marker <- err
+	}()
+	<-entered
+
+	var takeover, unknown dedupesvc.BeginResult
+	ops := []struct {
+		name string
+		run  func() error
+		want func(error) string
+	}{
+		{"REEXECUTE Begin", func() (err error) { takeover, err = replica.Begin(ctx, reexecute(begin("taker"))); return err }, func(err error) string {
+			if err != nil || takeover.State != dedupesvc.BeginInFlight {
+				return fmt.Sprintf("= %+v, %v; want in flight (the grace)", takeover, err)
+			}
+			return ""
+		}},
+		{"FAIL_CLOSED Begin", func() (err error) { unknown, err = replica.Begin(ctx, begin("duplicate")); return err }, func(err error) string {
+			if err != nil || unknown.State != dedupesvc.BeginInFlight {
+				return fmt.Sprintf("= %+v, %v; want in flight (the grace)", unknown, err)
+			}
+			return ""
+		}},
+		{"Resolve", func() error { return replica.Resolve(ctx, dedupesvc.ResolveParams{Scope: "/pkg.S/M", Key: "key-1"}) }, func(err error) string {
+			if !errors.Is(err, dedupesvc.ErrNotUnknown) {
+				return fmt.Sprintf("= %v; want ErrNotUnknown (the grace)", err)
+			}
+			return ""
+		}},
+	}
+	var dones []<-chan error
+	for i, op := range ops {
+		early, done := whileMarkPending(t, replica, i+1, op.run)
+		if early {
+			t.Errorf("%s answered while the mark was pending: %s", op.name, op.want(<-done))
+			done = nil
+		}
+		dones = append(dones, done)
+	}
+	release()
+	if err := <-marker; !errors.Is(err, dedupesvc.ErrNotHeld) {
+		t.Fatalf("the marking Heartbeat: %v, want ErrNotHeld", err)
+	}
+	for i, op := range ops {
+		if dones[i] == nil {
+			continue
+		}
+		if problem := op.want(<-dones[i]); problem != "" {
+			t.Errorf("%s after the mark %s", op.name, problem)
+		}
+	}
+}
+
+// TestAFailedResumeMarkFailsTheWaitingOperations: when the mark itself
+// cannot reach the database, the operations that waited for it fail with a
+// store error instead of deciding, and the next operation marks again.
+func TestAFailedResumeMarkFailsTheWaitingOperations(t *testing.T) {
+	t.Parallel()
+	_, replica, px := abandonedAfterOutage(t, "1 hour")
+	entered, release := holdMark(replica)
+	marker := make(chan error, 1)
+	go func() {
+		_, err := replica.Begin(ctx, begin("duplicate"))
+		marker <- err
+	}()
+	<-entered
+	var res dedupesvc.BeginResult
+	early, done := whileMarkPending(t, replica, 1, func() (err error) { res, err = replica.Begin(ctx, reexecute(begin("taker"))); return err })
+	px.cut(true)
+	release()
+	err := <-done
+	if early || err == nil {
+		t.Fatalf("REEXECUTE Begin while a failing mark was pending = %+v, %v (answered before the mark ended: %v); want the mark's store error", res, err, early)
+	}
+	if err := <-marker; err == nil {
+		t.Fatal("the Begin whose mark failed succeeded")
+	}
+	px.cut(false)
+	pgstore.HoldMarkForTest(replica, nil)
+	if res, err := replica.Begin(ctx, reexecute(begin("taker"))); err != nil || res.State != dedupesvc.BeginInFlight {
+		t.Fatalf("REEXECUTE Begin once the database is back = %+v, %v; want in flight (marked again, the grace)", res, err)
+	}
+}
+
+// TestTheSweeperMarksTheResumeFirst: a replica's sweep after it saw the
+// database go away keeps an in-flight record past its expiry whose lease
+// ran out during the outage, as the grace says.
+func TestTheSweeperMarksTheResumeFirst(t *testing.T) {
+	t.Parallel()
+	pool, replica, _ := abandonedAfterOutage(t, "-1 minute")
+	if n, _, err := replica.DeleteExpired(ctx, 10); err != nil || n != 0 {
+		t.Fatalf("DeleteExpired after the outage = %d, %v; want the record kept for the grace", n, err)
+	}
+	var rows int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idemgate_records`).Scan(&rows); err != nil || rows != 1 {
+		t.Fatalf("%d records (%v), want the in-flight one kept", rows, err)
+	}
 }

@@ -171,3 +171,90 @@ func TestUpgradeAddsReplayCounts(t *testing.T) {
 		t.Fatalf("after one counted replay: %d, last %v", r.ReplayCount, r.LastReplayedAt)
 	}
 }
+
+// TestUpgradeKeepsEpochsGrowing writes records the way the version before
+// migration 008 did (epochs counted per key, no unknown retention), migrates,
+// and wants the completed one replayed, the old in-flight one whose lease
+// and retention ran out expiring as it did, every new epoch above every
+// epoch stored before, and a re-run of 008 never moving epochs back.
+func TestUpgradeKeepsEpochsGrowing(t *testing.T) {
+	t.Parallel()
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	admin, err := pgx.Connect(c, pgtest.URL())
+	if err != nil {
+		t.Skipf("PostgreSQL unreachable: %v", err)
+	}
+	defer admin.Close(c)
+	schema := "idemgate_upgrade_epochs_" + time.Now().Format("150405000000")
+	if _, err := admin.Exec(c, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
+	pool := pgtest.OpenPool(t, schema)
+	all, err := pgstore.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(c, `CREATE TABLE idemgate_schema_migrations (version bigint PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+	var epochMigration pgstore.Migration
+	for _, m := range all {
+		if m.Version >= 8 {
+			epochMigration = m
+			break
+		}
+		if _, err := pool.Exec(c, m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+			t.Fatalf("%s: %v", m.Name, err)
+		}
+		if _, err := pool.Exec(c, `INSERT INTO idemgate_schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if epochMigration.Version != 8 {
+		t.Fatal("no migration 008")
+	}
+	fp := begin("x").Fingerprint
+	if _, err := pool.Exec(c, `INSERT INTO idemgate_records (namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
+		outcome_type_url, outcome_value, retention_ms, lease_expires_at, expires_at, completed_at)
+		VALUES ('svc-a', '/pkg.S/M', 'k1', $1, 'completed', 't-old', 7, 'type.googleapis.com/x.Y', 'old outcome'::bytea, 3600000, now(), now() + interval '1 hour', now())`, fp); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(c, `INSERT INTO idemgate_records (namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
+		retention_ms, lease_ms, lease_expires_at, expires_at, created_at)
+		VALUES ('svc-a', '/pkg.S/M', 'k2', $1, 'in_flight', 't-dead', 3, 1000, 1, now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour')`, fp); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgstore.Migrate(c, pool); err != nil {
+		t.Fatal(err)
+	}
+	s := pgstore.New(pool)
+	params := func(key, token string) dedupesvc.BeginParams {
+		return dedupesvc.BeginParams{Namespace: "svc-a", Scope: "/pkg.S/M", Key: key, Fingerprint: fp, AttemptToken: token, Lease: time.Minute, Retention: time.Hour, UnknownRetention: time.Hour}
+	}
+	res, err := s.Begin(c, params("k1", "t-new"))
+	if err != nil || res.State != dedupesvc.BeginCompleted || string(res.Outcome.Value) != "old outcome" {
+		t.Fatalf("after the upgrade: %+v, %v; want the old outcome replayed", res, err)
+	}
+	// Migrating marked the store resumed: wait out the dead holder's
+	// grace of one (1ms) lease.
+	time.Sleep(20 * time.Millisecond)
+	last := int64(7)
+	for _, key := range []string{"k2", "k3"} { // the old expired in-flight record, a fresh key
+		res, err := s.Begin(c, params(key, "t-new"))
+		if err != nil || res.State != dedupesvc.BeginReserved || res.Epoch <= last {
+			t.Fatalf("Begin(%s) after the upgrade = %+v, %v; want reserved with an epoch above %d", key, res, err, last)
+		}
+		last = res.Epoch
+	}
+	if _, err := pool.Exec(c, `UPDATE idemgate_records SET epoch = 1 WHERE idempotency_key = 'k3'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(c, epochMigration.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+		t.Fatalf("re-running %s: %v", epochMigration.Name, err)
+	}
+	if res, err := s.Begin(c, params("k4", "t-new")); err != nil || res.State != dedupesvc.BeginReserved || res.Epoch <= last {
+		t.Fatalf("Begin after re-running %s = %+v, %v; want an epoch above %d", epochMigration.Name, res, err, last)
+	}
+}

@@ -57,10 +57,10 @@ func (s *Store) AddReplays(ctx context.Context, counts []dedupesvc.ReplayCount) 
 
 // forgetSQL retires a record for ForgetRecord (see pgstore's forgetSQL): if
 // it still is the one read and not already retired, it becomes released and
-// expired, its outcome dropped and its epoch bumped.
-const forgetSQL = `
+// expired, its outcome dropped and given a new epoch (nextEpoch).
+var forgetSQL = `
 UPDATE idemgate_records
-SET state = 'released', epoch = epoch + 1,
+SET state = 'released', epoch = ` + nextEpoch + `,
     outcome_type_url = NULL, outcome_value = NULL, outcome_key_id = NULL, completed_at = NULL,
     lease_expires_at = min(lease_expires_at, :now), expires_at = :now
 WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND epoch = :epoch AND state = :state

@@ -92,6 +92,8 @@ var (
 	_ dedupesvc.Store    = (*Store)(nil)
 	_ dedupesvc.Notifier = (*Store)(nil)
 	_ dedupesvc.Resumer  = (*Store)(nil)
+
+	_ dedupesvc.LostOutcomeMarker = (*Store)(nil)
 )
 
 // Open opens (creating it and its directory if needed) the store in dir,
@@ -215,11 +217,20 @@ func leaseEnd(t string) string {
 	return fmt.Sprintf(`max(%[1]s.lease_expires_at, coalesce((SELECT resumed_at FROM idemgate_store_state), 0) + %[1]s.lease_ms)`, t)
 }
 
-// inFlightLive is true for an in-flight row of t whose effective lease still
-// runs; such a row does not expire even past its expires_at.
-func inFlightLive(t string) string {
-	return fmt.Sprintf(`(%[1]s.state = 'in_flight' AND %[2]s > :now)`, t, leaseEnd(t))
+// expiry is the effective expiry of the row of t (see pgstore and
+// dedupesvc.Record.Expiry): an in-flight row stays while its effective
+// lease runs and, when its FAIL_CLOSED holder never stored an outcome, for
+// its unknown_retention_ms past that lease's end.
+func expiry(t string) string {
+	return fmt.Sprintf(`(CASE WHEN %[1]s.state = 'in_flight'
+        THEN max(%[1]s.expires_at, %[2]s + %[1]s.unknown_retention_ms)
+        ELSE %[1]s.expires_at END)`, t, leaseEnd(t))
 }
+
+// nextEpoch is a new epoch, higher than every epoch the store handed out
+// before to any key: the triggers of migration 007 keep last_epoch at the
+// highest one written, in the same statement.
+const nextEpoch = `((SELECT last_epoch FROM idemgate_store_state) + 1)`
 
 // Path is the database file.
 func (s *Store) Path() string { return s.path }
@@ -282,24 +293,27 @@ var readSQL = `
 SELECT fingerprint, state, attempt_token, epoch, outcome_type_url, outcome_value, outcome_key_id,
        CASE WHEN state = 'in_flight' THEN ` + leaseEnd("r") + ` ELSE lease_expires_at END,
        completed_at,
-       CASE WHEN state = 'in_flight' THEN max(expires_at, ` + leaseEnd("r") + `) ELSE expires_at END
+       CASE WHEN state = 'in_flight' THEN max(expires_at, ` + leaseEnd("r") + `) ELSE expires_at END,
+       unknown_retention_ms
 FROM idemgate_records AS r WHERE namespace = ? AND scope = ? AND idempotency_key = ?`
 
 // reserveSQL takes the key when it is free, repeating DecideBegin's
-// conditions atomically, with the effective lease end; it returns no row
-// when the record blocks it.
+// conditions atomically, with the effective lease end and expiry; it
+// returns no row when the record blocks it. :lost is the reservation's
+// unknown retention (BeginParams.LostRetention).
 var reserveSQL = `
 INSERT INTO idemgate_records (
     namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
-    retention_ms, lease_ms, lease_expires_at, expires_at, created_at)
-VALUES (:ns, :scope, :key, :fp, 'in_flight', :token, 1, :retention, :lease, :now + :lease, :now + :retention, :now)
+    retention_ms, lease_ms, unknown_retention_ms, lease_expires_at, expires_at, created_at)
+VALUES (:ns, :scope, :key, :fp, 'in_flight', :token, ` + nextEpoch + `, :retention, :lease, :lost, :now + :lease, :now + :retention, :now)
 ON CONFLICT (namespace, scope, idempotency_key) DO UPDATE SET
     fingerprint = excluded.fingerprint,
     state = 'in_flight',
     attempt_token = excluded.attempt_token,
-    epoch = idemgate_records.epoch + 1,
+    epoch = ` + nextEpoch + `,
     retention_ms = excluded.retention_ms,
     lease_ms = excluded.lease_ms,
+    unknown_retention_ms = excluded.unknown_retention_ms,
     outcome_type_url = NULL,
     outcome_value = NULL,
     outcome_key_id = NULL,
@@ -307,7 +321,7 @@ ON CONFLICT (namespace, scope, idempotency_key) DO UPDATE SET
     expires_at = excluded.expires_at,
     created_at = excluded.created_at,
     completed_at = NULL
-WHERE (idemgate_records.expires_at <= :now AND NOT ` + inFlightLive("idemgate_records") + `)
+WHERE ` + expiry("idemgate_records") + ` <= :now
    OR (idemgate_records.fingerprint = excluded.fingerprint
        AND (idemgate_records.state = 'released'
             OR (:reexecute AND idemgate_records.state = 'in_flight' AND ` + leaseEnd("idemgate_records") + ` <= :now
@@ -378,6 +392,7 @@ func (s *Store) begin(ctx context.Context, x exec, p dedupesvc.BeginParams) (ded
 				sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("fp", p.Fingerprint), sql.Named("token", p.AttemptToken),
 				sql.Named("retention", p.Retention.Milliseconds()), sql.Named("lease", p.Lease.Milliseconds()),
 				sql.Named("now", now.UnixMilli()), sql.Named("reexecute", p.OnLostOutcome == dedupesvc.Reexecute),
+				sql.Named("lost", p.LostRetention().Milliseconds()),
 			).Scan(&epoch, &leaseEnd)
 			switch {
 			case errors.Is(err, sql.ErrNoRows):
@@ -396,10 +411,11 @@ func (s *Store) read(ctx context.Context, q querier, id dedupesvc.RecordID) (ded
 		typeURL, keyID            sql.NullString
 		completedAt               sql.NullInt64
 		leaseExpiresAt, expiresAt int64
+		unknownMS                 int64
 	)
 	err := q.QueryRowContext(ctx, readSQL, id.Namespace, id.Scope, id.Key).Scan(
 		&r.Fingerprint, &r.State, &r.AttemptToken, &r.Epoch, &typeURL, &r.Outcome.Value, &keyID,
-		&leaseExpiresAt, &completedAt, &expiresAt)
+		&leaseExpiresAt, &completedAt, &expiresAt, &unknownMS)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return dedupesvc.Record{}, false, nil
@@ -411,6 +427,7 @@ func (s *Store) read(ctx context.Context, q querier, id dedupesvc.RecordID) (ded
 		r.Outcome.Value = []byte{}
 	}
 	r.LeaseExpiresAt, r.ExpiresAt = time.UnixMilli(leaseExpiresAt), time.UnixMilli(expiresAt)
+	r.UnknownRetention = time.Duration(unknownMS) * time.Millisecond
 	if completedAt.Valid {
 		r.CompletedAt = time.UnixMilli(completedAt.Int64)
 	}
@@ -711,19 +728,19 @@ func (s *Store) heartbeat(ctx context.Context, x exec, p dedupesvc.HeartbeatPara
 }
 
 var unknownWhere = `
-WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND expires_at > :now
+WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND ` + expiry("idemgate_records") + ` > :now
   AND (state = 'unknown' OR (state = 'in_flight' AND ` + leaseEnd("idemgate_records") + ` <= :now))`
 
 // resolveCompleteSQL and resolveReleaseSQL settle an unknown record and
-// bump its epoch, fencing the attempt that held it: its late Finish, Release
+// give it a new epoch (nextEpoch), fencing the attempt that held it: its late Finish, Release
 // or Heartbeat gets ErrNotHeld instead of passing for a retry.
 var resolveCompleteSQL = `
 UPDATE idemgate_records
 SET state = 'completed', outcome_type_url = :type_url, outcome_value = :value, outcome_key_id = nullif(:key_id, ''),
-    completed_at = :now, expires_at = :now + retention_ms, epoch = epoch + 1` + unknownWhere
+    completed_at = :now, expires_at = :now + retention_ms, epoch = ` + nextEpoch + unknownWhere
 
 var resolveReleaseSQL = `
-UPDATE idemgate_records SET state = 'released', lease_expires_at = :now, epoch = epoch + 1` + unknownWhere
+UPDATE idemgate_records SET state = 'released', lease_expires_at = :now, epoch = ` + nextEpoch + unknownWhere
 
 // Resolve implements dedupesvc.Store.
 func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
@@ -752,14 +769,19 @@ func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 	return dedupesvc.RefusedResolve(row, found, now, p)
 }
 
-// deleteExpiredSQL deletes a batch of expired records, keeping an in-flight
-// one within its effective lease.
+// deleteExpiredSQL deletes a batch of expired records (expiry: an
+// in-flight one within its effective lease, or a dead FAIL_CLOSED holder's
+// within its unknown retention, stays); the batch is chosen among deletable
+// records only, so records that must stay never fill it (see pgstore). A
+// FAIL_CLOSED holder's in-flight record deleted here is reported unknown.
 var deleteExpiredSQL = `
 DELETE FROM idemgate_records
 WHERE rowid IN (
-    SELECT rowid FROM idemgate_records WHERE expires_at <= :now ORDER BY expires_at LIMIT :limit)
-  AND NOT ` + inFlightLive("idemgate_records") + `
-RETURNING namespace, scope, idempotency_key, state = 'unknown'`
+    SELECT c.rowid FROM idemgate_records AS c
+    WHERE c.expires_at <= :now AND ` + expiry("c") + ` <= :now
+    ORDER BY c.expires_at LIMIT :limit)
+  AND ` + expiry("idemgate_records") + ` <= :now
+RETURNING namespace, scope, idempotency_key, state = 'unknown' OR (state = 'in_flight' AND unknown_retention_ms > 0)`
 
 // DeleteExpired implements dedupesvc.Store.
 func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.RecordID, error) {
@@ -786,6 +808,49 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.
 		}
 	}
 	return deleted, unknown, rows.Err()
+}
+
+// markLostSQL marks outcome-unknown a batch of in-flight records of
+// FAIL_CLOSED holders whose effective lease ran out, through the partial
+// index on in-flight records' lease ends, kept for their unknown retention
+// past that lease's end (see pgstore). SQLite has one writer, so one
+// statement marks the whole batch.
+var markLostSQL = `
+UPDATE idemgate_records
+SET state = 'unknown', expires_at = max(expires_at, ` + leaseEnd("idemgate_records") + ` + unknown_retention_ms)
+WHERE rowid IN (
+    SELECT c.rowid FROM idemgate_records AS c
+    WHERE c.state = 'in_flight' AND c.lease_expires_at <= :now
+      AND c.unknown_retention_ms > 0 AND ` + leaseEnd("c") + ` <= :now
+    ORDER BY c.lease_expires_at LIMIT :limit)
+RETURNING namespace, scope, idempotency_key`
+
+// MarkLostOutcomes implements dedupesvc.LostOutcomeMarker; it wakes this
+// process's duplicates waiting on each record it marked.
+func (s *Store) MarkLostOutcomes(ctx context.Context, limit int) (int, error) {
+	rows, err := s.db.QueryContext(ctx, markLostSQL, sql.Named("now", s.now().UnixMilli()), sql.Named("limit", limit))
+	if err != nil {
+		return 0, fmt.Errorf("sqlitestore: mark lost outcomes: %w", err)
+	}
+	var marked []dedupesvc.RecordID
+	for rows.Next() {
+		var id dedupesvc.RecordID
+		if err := rows.Scan(&id.Namespace, &id.Scope, &id.Key); err != nil {
+			rows.Close()
+			return 0, fmt.Errorf("sqlitestore: mark lost outcomes: %w", err)
+		}
+		marked = append(marked, id)
+	}
+	if err := rows.Close(); err != nil {
+		return 0, fmt.Errorf("sqlitestore: mark lost outcomes: %w", err)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("sqlitestore: mark lost outcomes: %w", err)
+	}
+	for _, id := range marked {
+		s.waiters.Wake(id)
+	}
+	return len(marked), nil
 }
 
 // Subscribe implements dedupesvc.Notifier: every change to a record in this

@@ -146,3 +146,77 @@ func TestUpgradeAddsReplayCounts(t *testing.T) {
 		t.Fatalf("after one counted replay: %d, last %v", r.ReplayCount, r.LastReplayedAt)
 	}
 }
+
+// TestUpgradeKeepsEpochsGrowing writes records the way the version before
+// migration 007 did (epochs counted per key, no unknown retention), opens the
+// store (which migrates), and wants the completed one replayed, the old
+// in-flight one whose lease and retention ran out expiring as it did, and
+// every new epoch above every epoch stored before.
+func TestUpgradeKeepsEpochsGrowing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, sqlitestore.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := migrations.List(migrations.SQLite, "sqlite")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE idemgate_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range all {
+		if m.Version >= 7 {
+			break
+		}
+		if _, err := db.ExecContext(ctx, m.SQL); err != nil {
+			t.Fatalf("%s: %v", m.Name, err)
+		}
+		if _, err := db.ExecContext(ctx, `INSERT INTO idemgate_schema_migrations VALUES (?, ?, 0)`, m.Version, m.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fp := make([]byte, 32)
+	now := time.Now().UnixMilli()
+	if _, err := db.ExecContext(ctx, `INSERT INTO idemgate_records (namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
+		outcome_type_url, outcome_value, retention_ms, lease_expires_at, expires_at, created_at, completed_at)
+		VALUES ('svc-a', '/pkg.S/M', 'k1', ?, 'completed', 't-old', 7, 'type.googleapis.com/x.Y', ?, 3600000, ?, ?, ?, ?)`,
+		fp, []byte("old outcome"), now, now+3600000, now, now); err != nil {
+		t.Fatal(err)
+	}
+	hourAgo := now - 3600000
+	if _, err := db.ExecContext(ctx, `INSERT INTO idemgate_records (namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
+		retention_ms, lease_ms, lease_expires_at, expires_at, created_at)
+		VALUES ('svc-a', '/pkg.S/M', 'k2', ?, 'in_flight', 't-dead', 3, 1000, 1, ?, ?, ?)`, fp, hourAgo, hourAgo, hourAgo); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s, err := sqlitestore.Open(ctx, dir)
+	if err != nil {
+		t.Fatalf("Open (migrating): %v", err)
+	}
+	defer s.Close()
+	params := func(key string) dedupesvc.BeginParams {
+		return dedupesvc.BeginParams{Namespace: "svc-a", Scope: "/pkg.S/M", Key: key, Fingerprint: fp, AttemptToken: "t-new", Lease: time.Minute, Retention: time.Hour, UnknownRetention: time.Hour}
+	}
+	res, err := s.Begin(ctx, params("k1"))
+	if err != nil || res.State != dedupesvc.BeginCompleted || string(res.Outcome.Value) != "old outcome" {
+		t.Fatalf("after the upgrade: %+v, %v; want the old outcome replayed", res, err)
+	}
+	// Migrating marked the store resumed: wait out the dead holder's
+	// grace of one (1ms) lease.
+	time.Sleep(20 * time.Millisecond)
+	last := int64(7)
+	for _, key := range []string{"k2", "k3"} { // the old expired in-flight record, a fresh key
+		res, err := s.Begin(ctx, params(key))
+		if err != nil || res.State != dedupesvc.BeginReserved || res.Epoch <= last {
+			t.Fatalf("Begin(%s) after the upgrade = %+v, %v; want reserved with an epoch above %d", key, res, err, last)
+		}
+		last = res.Epoch
+	}
+}

@@ -49,6 +49,7 @@ func RunWithNotifier(t *testing.T, newStore func(t *testing.T) dedupesvc.Store, 
 	t.Run("Finish", func(t *testing.T) { testFinish(t, newStore) })
 	t.Run("Release", func(t *testing.T) { testRelease(t, newStore) })
 	t.Run("SweeperDeletesExpiredInBatches", func(t *testing.T) { testSweeperDeletesExpiredInBatches(t, newStore) })
+	t.Run("SweeperPassesLiveRowsPastTheirExpiry", func(t *testing.T) { testSweeperPassesLiveRows(t, newStore) })
 	t.Run("LostOutcome", func(t *testing.T) { testLostOutcome(t, newStore) })
 	t.Run("Resolve", func(t *testing.T) { testResolve(t, newStore) })
 	t.Run("ResumeGrace", func(t *testing.T) { testResumeGrace(t, newStore) })
@@ -258,8 +259,8 @@ func testBegin(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 		t.Parallel()
 		s := newStore(t)
 		r := mustBegin(t, s, begin("t1", fpA, long, long), dedupesvc.BeginReserved)
-		if r.Epoch != 1 || time.Until(r.LeaseExpiresAt) < 50*time.Minute {
-			t.Fatalf("reserved epoch %d lease until %v, want epoch 1 and an hour's lease", r.Epoch, r.LeaseExpiresAt)
+		if r.Epoch < 1 || time.Until(r.LeaseExpiresAt) < 50*time.Minute {
+			t.Fatalf("reserved epoch %d lease until %v, want a positive epoch and an hour's lease", r.Epoch, r.LeaseExpiresAt)
 		}
 		mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginInFlight)
 	})
@@ -355,8 +356,8 @@ func testBegin(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 		old := mustBegin(t, s, begin("t1", fpA, short, long), dedupesvc.BeginReserved)
 		time.Sleep(2 * short)
 		taken := mustBegin(t, s, reexecute(begin("t2", fpA, long, long)), dedupesvc.BeginReserved)
-		if taken.Epoch != old.Epoch+1 {
-			t.Fatalf("takeover epoch %d, want %d", taken.Epoch, old.Epoch+1)
+		if taken.Epoch <= old.Epoch {
+			t.Fatalf("takeover epoch %d, want above %d", taken.Epoch, old.Epoch)
 		}
 		if err := s.Finish(ctx, finish("t1", old.Epoch, outB)); !errors.Is(err, dedupesvc.ErrNotHeld) {
 			t.Fatalf("stale holder's Finish: %v, want ErrNotHeld", err)
@@ -499,8 +500,8 @@ func testRelease(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 			t.Fatalf("retried Release: %v", err)
 		}
 		next := mustBegin(t, s, begin("t2", fpA, long, long), dedupesvc.BeginReserved)
-		if next.Epoch != r.Epoch+1 {
-			t.Fatalf("epoch after release %d, want %d", next.Epoch, r.Epoch+1)
+		if next.Epoch <= r.Epoch {
+			t.Fatalf("epoch after release %d, want above %d", next.Epoch, r.Epoch)
 		}
 		if err := s.Release(ctx, release("t1", r.Epoch)); !errors.Is(err, dedupesvc.ErrNotHeld) {
 			t.Fatalf("stale Release after another attempt reserved: %v, want ErrNotHeld", err)
@@ -568,7 +569,9 @@ func testSweeperDeletesExpiredInBatches(t *testing.T, newStore func(*testing.T) 
 	t.Parallel()
 	s := newStore(t)
 	for i := range 25 {
-		p := begin(fmt.Sprint("t", i), fpA, short, short)
+		// REEXECUTE: a dead FAIL_CLOSED holder's record would stay for
+		// the unknown retention.
+		p := reexecute(begin(fmt.Sprint("t", i), fpA, short, short))
 		p.Key = fmt.Sprint("expired-", i)
 		mustBegin(t, s, p, dedupesvc.BeginReserved)
 	}
@@ -595,6 +598,42 @@ func testSweeperDeletesExpiredInBatches(t *testing.T, newStore func(*testing.T) 
 		p := begin("another attempt", fpA, long, long)
 		p.Key = fmt.Sprint("live-", i)
 		mustBegin(t, s, p, dedupesvc.BeginInFlight) // the live records survived
+	}
+}
+
+// testSweeperPassesLiveRows: records past their expiry that must stay (in
+// flight within their lease: a retention shorter than the lease) and that
+// expired before any deletable one must not take up the sweeper's batches,
+// or a sweep deletes nothing while deletable records remain.
+func testSweeperPassesLiveRows(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
+	t.Parallel()
+	s := newStore(t)
+	for i := range 3 {
+		p := begin(fmt.Sprint("live-", i), fpA, long, short)
+		p.Key = fmt.Sprint("live-", i)
+		mustBegin(t, s, p, dedupesvc.BeginReserved)
+	}
+	for i := range 3 {
+		p := begin(fmt.Sprint("done-", i), fpA, long, short)
+		p.Key = fmt.Sprint("done-", i)
+		r := mustBegin(t, s, p, dedupesvc.BeginReserved)
+		f := finish(p.AttemptToken, r.Epoch, outA)
+		f.Key = p.Key
+		if err := s.Finish(ctx, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(2 * short)
+	var batches []int
+	counting := countingStore{Store: s, batches: &batches}
+	n, err := dedupesvc.NewSweeper(counting, dedupesvc.SweeperConfig{BatchSize: 2}).SweepOnce(ctx)
+	if err != nil || n != 3 {
+		t.Fatalf("SweepOnce = %d, %v (batches %v); want the 3 completed records deleted past the 3 live ones", n, err, batches)
+	}
+	for i := range 3 {
+		p := begin("another attempt", fpA, long, long)
+		p.Key = fmt.Sprint("live-", i)
+		mustBegin(t, s, p, dedupesvc.BeginInFlight)
 	}
 }
 
@@ -690,6 +729,109 @@ func testLostOutcome(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 		mustBegin(t, s, reexecute(begin("taker", fpA, long, long)), dedupesvc.BeginInFlight)
 		if _, err := s.Heartbeat(ctx, heartbeat("intruder", held.Epoch)); !errors.Is(err, dedupesvc.ErrNotHeld) {
 			t.Fatalf("a non-holder's heartbeat: %v, want ErrNotHeld", err)
+		}
+	})
+
+	t.Run("a dead FAIL_CLOSED holder's record is outcome-unknown past its retention, though nobody asked in time", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		// Nobody Begins between the lease's end and the record's own expiry.
+		held := mustBegin(t, s, begin("crashed", fpA, short, 2*short), dedupesvc.BeginReserved)
+		time.Sleep(4 * short)
+		if got := mustBegin(t, s, begin("retry", fpA, long, long), dedupesvc.BeginOutcomeUnknown); got.Epoch != held.Epoch {
+			t.Fatalf("outcome unknown for epoch %d, want %d", got.Epoch, held.Epoch)
+		}
+		if n, unknown, err := s.DeleteExpired(ctx, 10); err != nil || n != 0 {
+			t.Fatalf("DeleteExpired = %d, %v, %v; want the unresolved record kept for the unknown retention", n, unknown, err)
+		}
+		mustBegin(t, s, begin("other-request", fpB, long, long), dedupesvc.BeginFingerprintMismatch)
+		if err := s.Resolve(ctx, dedupesvc.ResolveParams{Scope: "/pkg.S/M", Key: "key-1", Complete: &outA}); err != nil {
+			t.Fatalf("Resolve past the record's own retention: %v", err)
+		}
+		mustBegin(t, s, begin("after", fpA, long, long), dedupesvc.BeginCompleted)
+	})
+
+	t.Run("a dead FAIL_CLOSED holder's record nobody asks about is swept, and warned about, only when the unknown retention ends", func(t *testing.T) {
+		t.Parallel()
+		// As in the case below, an attempt a starved scheduler pushed past
+		// a window is logged and run again on a fresh store.
+		const attempts = 5
+		window := 20 * short
+		for attempt := 1; ; attempt++ {
+			s := newStore(t)
+			p := begin("crashed", fpA, short, short)
+			p.UnknownRetention = window
+			start := time.Now()
+			mustBegin(t, s, p, dedupesvc.BeginReserved)
+			time.Sleep(3 * short) // past the lease and the retention, within the unknown retention
+			n, unknown, err := s.DeleteExpired(ctx, 10)
+			if took := time.Since(start); took >= window && attempt < attempts {
+				t.Logf("attempt %d: %v since the reservation, past the unknown retention of %v: run again", attempt, took, window)
+				continue
+			}
+			if err != nil || n != 0 {
+				t.Fatalf("DeleteExpired = %d, %v, %v; want the dead holder's record kept for the unknown retention", n, unknown, err)
+			}
+			time.Sleep(window + 2*short)
+			n, unknown, err = s.DeleteExpired(ctx, 10)
+			if err != nil || n != 1 || len(unknown) != 1 || unknown[0].Key != "key-1" {
+				t.Fatalf("DeleteExpired = %d, %v, %v; want the record deleted and reported as outcome-unknown", n, unknown, err)
+			}
+			return
+		}
+	})
+
+	t.Run("the sweeper marks a dead FAIL_CLOSED holder's record unknown, so operators see it", func(t *testing.T) {
+		t.Parallel()
+		s, inspector := newInspector(t, newStore)
+		held := mustBegin(t, s, begin("crashed", fpA, short, long), dedupesvc.BeginReserved)
+		p := reexecute(begin("gone", fpA, short, long))
+		p.Key = "reexecute-key"
+		mustBegin(t, s, p, dedupesvc.BeginReserved)
+		time.Sleep(2 * short)
+		if _, err := dedupesvc.NewSweeper(s, dedupesvc.SweeperConfig{}).SweepOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+		unknown, err := inspector.ListRecords(ctx, dedupesvc.ListQuery{State: dedupesvc.StateUnknown, Limit: 10})
+		if err != nil || len(unknown) != 1 || unknown[0].ID.Key != "key-1" || unknown[0].Epoch != held.Epoch {
+			t.Fatalf("unknown records after a sweep = %+v, %v; want the dead FAIL_CLOSED holder's record alone", unknown, err)
+		}
+		if n, err := dedupesvc.NewUnknownRecords(inspector, dedupesvc.UnknownRecordsConfig{}).CountOnce(ctx); err != nil || n != 1 {
+			t.Fatalf("the unknown-records count = %d, %v; want 1", n, err)
+		}
+		// The holder was alive after all: its heartbeat revives the record.
+		if _, err := s.Heartbeat(ctx, heartbeat("crashed", held.Epoch)); err != nil {
+			t.Fatalf("the holder's heartbeat on the record the sweeper marked: %v", err)
+		}
+	})
+
+	t.Run("a key's epochs never repeat, even after its record was swept", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		var seen []int64
+		// A REEXECUTE holder that stalls past its lease and retention: its
+		// record is swept, and the key's next holder must not share its
+		// fencing token.
+		stalled := mustBegin(t, s, reexecute(begin("stalled", fpA, short, short)), dedupesvc.BeginReserved)
+		seen = append(seen, stalled.Epoch)
+		time.Sleep(2 * short)
+		taken := mustBegin(t, s, reexecute(begin("taker", fpA, short, short)), dedupesvc.BeginReserved)
+		seen = append(seen, taken.Epoch)
+		if err := s.Finish(ctx, finish("taker", taken.Epoch, outA)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * short)
+		if n, _, err := s.DeleteExpired(ctx, 10); err != nil || n != 1 {
+			t.Fatalf("DeleteExpired = %d, %v; want the expired record deleted", n, err)
+		}
+		again := mustBegin(t, s, reexecute(begin("next", fpA, long, long)), dedupesvc.BeginReserved)
+		for _, e := range seen {
+			if again.Epoch <= e {
+				t.Fatalf("the recreated record's epoch %d, want it above every earlier epoch of the key %v", again.Epoch, seen)
+			}
+		}
+		if err := s.Finish(ctx, finish("stalled", again.Epoch, outB)); !errors.Is(err, dedupesvc.ErrNotHeld) {
+			t.Fatalf("the stalled holder's Finish: %v, want ErrNotHeld", err)
 		}
 	})
 
@@ -924,8 +1066,8 @@ func testResumeGrace(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 		})
 		time.Sleep(graceLease + 200*time.Millisecond)
 		taken := mustBegin(t, s, reexecute(begin("taker", fpA, long, long)), dedupesvc.BeginReserved)
-		if taken.Epoch != held.Epoch+1 {
-			t.Fatalf("takeover epoch %d, want %d", taken.Epoch, held.Epoch+1)
+		if taken.Epoch <= held.Epoch {
+			t.Fatalf("takeover epoch %d, want above %d", taken.Epoch, held.Epoch)
 		}
 	})
 
@@ -941,7 +1083,10 @@ func testResumeGrace(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 			return nil
 		})
 		time.Sleep(graceLease + 200*time.Millisecond)
-		mustBegin(t, s, begin("other", fpA, long, long), dedupesvc.BeginReserved)
+		// Past the grace the FAIL_CLOSED holder's lease ran out with no
+		// outcome: its record, past its own retention, is outcome-unknown
+		// for the unknown retention, not absent.
+		mustBegin(t, s, begin("other", fpA, long, long), dedupesvc.BeginOutcomeUnknown)
 	})
 
 	t.Run("the holder renews and finishes after the resume", func(t *testing.T) {
