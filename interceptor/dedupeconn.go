@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/keys"
 )
@@ -34,12 +35,6 @@ const DefaultDedupeFailureLogInterval = 10 * time.Second
 // dedupeRecheckInterval is how often WatchDedupe re-checks a Dedupe service
 // whose last answer was a failure, so health recovers without traffic.
 const dedupeRecheckInterval = 5 * time.Second
-
-// dedupeReconnectInterval is how often at most a failing Dedupe RPC cuts
-// the connection's reconnect backoff short (ResetConnectBackoff): a dead
-// service gets at most two connection attempts a second from one tool
-// server, while one that came back is reached within half a second.
-const dedupeReconnectInterval = 500 * time.Millisecond
 
 // WithDedupeConn names the connection the Gate's Dedupe client uses: the
 // log lines about failing Dedupe RPCs carry its target, WatchDedupe
@@ -92,11 +87,14 @@ type dedupeObserver struct {
 	suppressed, failures int
 	// changed is signalled when failing flips.
 	changed chan struct{}
-	// lastReconnect is when a failure last cut the reconnect backoff.
-	lastReconnect time.Time
 }
 
 func newDedupeObserver(client idemgatev1.DedupeServiceClient, o options) *dedupeObserver {
+	if o.dedupeConn != nil {
+		// An UNAVAILABLE answer cuts the connection's reconnect backoff
+		// (WithDedupeConn), for the probe too.
+		client = gatecore.Reconnecting(client, o.dedupeConn)
+	}
 	d := &dedupeObserver{DedupeServiceClient: client, conn: o.dedupeConn, logger: o.logger, every: o.dedupeLogEvery,
 		now: time.Now, changed: make(chan struct{}, 1)}
 	if d.every <= 0 {
@@ -159,9 +157,6 @@ func dedupeFailed(err error) bool {
 // observe notes one RPC's answer; log says whether a failure may be
 // logged (CheckDedupe reports its own).
 func (d *dedupeObserver) observe(rpc string, err error, log bool) {
-	if status.Code(err) == codes.Unavailable {
-		d.reconnect()
-	}
 	failed := dedupeFailed(err)
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -199,29 +194,6 @@ func (d *dedupeObserver) observe(rpc string, err error, log bool) {
 		d.targetAttr(), slog.String("rpc", rpc), slog.String("code", code.String()), slog.String("message", status.Convert(err).Message()),
 		slog.Int("suppressed", d.suppressed), slog.String("hint", dedupeHint(code)))
 	d.logged, d.lastCode, d.lastLine, d.suppressed = true, code, now, 0
-}
-
-// reconnect makes the connection (WithDedupeConn) try to connect now
-// rather than when its backoff ends, at most every dedupeReconnectInterval.
-// A Dedupe service restarted after an outage grants in-flight leases one
-// lease; grpc-go's default backoff, grown during the outage, could keep the
-// holders from renewing until that grace is over, and a duplicate reaching
-// the service first would take the key over or mark it outcome-unknown.
-// A connection that is ready or connecting is not disturbed.
-func (d *dedupeObserver) reconnect() {
-	if d.conn == nil {
-		return
-	}
-	d.mu.Lock()
-	now := d.now()
-	due := d.lastReconnect.IsZero() || now.Sub(d.lastReconnect) >= dedupeReconnectInterval || now.Before(d.lastReconnect)
-	if due {
-		d.lastReconnect = now
-	}
-	d.mu.Unlock()
-	if due {
-		d.conn.ResetConnectBackoff()
-	}
 }
 
 // targetAttr is the Dedupe service's address, when WithDedupeConn named it.

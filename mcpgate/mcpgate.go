@@ -199,6 +199,9 @@ func New(ctx context.Context, dedupe idemgatev1.DedupeServiceClient, server *mcp
 		return nil, err
 	}
 	g.replays = gatecore.NewReplayCache(o.replayEntries, o.replayBytes, o.replayTTL)
+	if o.dedupeConn != nil {
+		dedupe = gatecore.Reconnecting(dedupe, o.dedupeConn)
+	}
 	g.engine = gatecore.New(dedupe, gatecore.Options{
 		Logger: o.logger, DedupeTimeout: o.dedupeTimeout, OutcomeTimeout: o.outcomeTimeout, FinishBudget: o.finishBudget,
 		InFlightRetry: o.inFlightRetry, StoreRetry: o.storeRetry, MaxOutcome: o.maxOutcome, OnEvent: g.metrics.event,

@@ -7,6 +7,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/gatecore"
@@ -94,6 +95,8 @@ type options struct {
 	// replayEntries and replayBytes bound the replay cache; 0 turns it off.
 	replayEntries, replayBytes int
 	replayTTL                  time.Duration
+	// dedupeConn is the Dedupe client's connection (WithDedupeConn).
+	dedupeConn *grpc.ClientConn
 }
 
 var defaultOptions = options{
@@ -186,4 +189,15 @@ func WithReplayCache(maxEntries, maxBytes int) Option {
 // cache; never past its record's expiry less 5s either. Defaults to 1m.
 func WithReplayCacheTTL(d time.Duration) Option {
 	return func(o *options) { o.replayTTL = d }
+}
+
+// WithDedupeConn names the connection the Dedupe client passed to New uses:
+// a Dedupe RPC that fails UNAVAILABLE makes it reconnect at once (at most
+// every 500ms) instead of waiting out grpc-go's reconnect backoff, which
+// grows to two minutes during an outage, so a holder renews its lease
+// within the one-lease grace a restarted Dedupe service grants it. Pass it
+// whenever that client is a *grpc.ClientConn's. Defaults to none: reconnects
+// keep the dial's backoff.
+func WithDedupeConn(conn *grpc.ClientConn) Option {
+	return func(o *options) { o.dedupeConn = conn }
 }

@@ -54,6 +54,9 @@ func run(dedupeAddr, dedupeToken, dataDir, listen string, logger *slog.Logger) e
 	defer stop()
 
 	var dedupe idemgatev1.DedupeServiceClient
+	// Strict: every tool must be annotated or named, so none is gated or
+	// left ungated by accident.
+	opts := []mcpgate.Option{mcpgate.WithStrict(), mcpgate.WithLogger(logger)}
 	if dataDir != "" {
 		store, err := sqlitestore.Open(ctx, dataDir)
 		if err != nil {
@@ -72,12 +75,13 @@ func run(dedupeAddr, dedupeToken, dataDir, listen string, logger *slog.Logger) e
 		}
 		defer conn.Close()
 		dedupe = idemgatev1.NewDedupeServiceClient(conn)
+		// A failing Dedupe RPC makes conn reconnect at once, so a charge in
+		// flight renews its lease as soon as a restarted service is back.
+		opts = append(opts, mcpgate.WithDedupeConn(conn))
 	}
 
 	server := newServer(&ledger{})
-	// Strict: every tool must be annotated or named, so none is gated or
-	// left ungated by accident.
-	gate, err := mcpgate.New(ctx, dedupe, server, mcpgate.WithStrict(), mcpgate.WithLogger(logger))
+	gate, err := mcpgate.New(ctx, dedupe, server, opts...)
 	if err != nil {
 		return err
 	}
