@@ -96,7 +96,7 @@ func TestRestartWithTheDefaultReconnectBackoffKeepsTheHolder(t *testing.T) {
 			// Restart right after the holder's connection failed an attempt
 			// past the outage: its next attempt is then one long backoff away.
 			dials.waitFailureAfter(t, time.Now().Add(restartOutage))
-			dedupe = serve()
+			serve() // proctest stops it when the test ends
 			// The service marked the store resumed before it listened: the
 			// grace of one lease is over once a lease has passed since.
 			time.Sleep(lease + time.Second)
