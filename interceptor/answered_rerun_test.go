@@ -97,8 +97,8 @@ func TestAnAnsweredCallWhoseOutcomeWasNeverStored(t *testing.T) {
 			if r.err != nil || len(header.Get(interceptor.ReplayedHeader)) != 0 {
 				t.Fatalf("retry: %v (header %v), want a fresh run", r.err, header)
 			}
-			if n := h.svc.Executions(); n != 2 || again.GetEpoch() != first.GetEpoch()+1 {
-				t.Fatalf("%d executions, epochs %d then %d; want the answered call run again by a takeover", n, first.GetEpoch(), again.GetEpoch())
+			if n := h.svc.Executions(); n != 2 || again.GetEpoch() <= first.GetEpoch() {
+				t.Fatalf("%d executions, epochs %d then %d; want the answered call run again by a takeover (a higher epoch: epochs come from one store-wide counter, so they may skip)", n, first.GetEpoch(), again.GetEpoch())
 			}
 		})
 	}
