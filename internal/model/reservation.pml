@@ -12,9 +12,17 @@
  *   -DLATE_RESEND    drops T2 for FAIL_CLOSED too: a re-sent Begin may come after the lease (see below).
  *   -DHOLE_*         puts one fixed hole back; `make model` requires each to be found.
  *
- * Timing assumptions, enforced by the clock (proctype Env):
- *   T1: a live, unpaused holder whose keepLease runs reaches the store before its effective
- *       lease ends, unless the store is down (heartbeats every third of the lease).
+ * Timing assumptions, enforced by the clock (proctype Env), each with what enforces it:
+ *   T1: a live, unpaused holder whose keepLease runs renews before its effective lease ends
+ *       while the store answers. Enforced by: keepLease renews every third of the lease and
+ *       re-sends a failed renewal every tenth; after an outage the store answers only once its
+ *       resume mark committed, and then grants every in-flight lease one full lease (EFF), so the
+ *       clock runs free while the store is away. What T1 still assumes is that, once the service
+ *       answers again, the holder's renewal gets through within that one lease: the gate resets
+ *       its connection's reconnect backoff when the service answers again (issue 18), where
+ *       grpc-go's default backoff took 4-8 s after a 20 s outage. -DHOLE_SLOW_RECONNECT drops
+ *       T1 after an outage (the holder reconnects, and renews, arbitrarily late): SPIN then hands
+ *       the live holder's key away.
  *   T2: likewise for an attempt whose Begin answer was lost and that re-sends it
  *       (followUpLostBegin), unless LATE_RESEND.
  *   Outages end within the finish retry budget, so no settlement or follow-up is given up.
@@ -27,10 +35,19 @@
  * unknown record) and the follow-up releases it, so no key stays blocked (Invariant 3b);
  * -DHOLE_LATE_RESEND_STRANDS puts the old behaviour back.
  *
- * Abstracted away: fingerprints (one request per key), retention and the sweeper (records
- * never expire within the horizon), max_wait waiting (a duplicate answered in flight just
- * returns), reconcilers (operator Resolve stands for them), replica-local resume marks
- * (one store-wide resumed tick), NOTIFY, outcome size limits.
+ * Issue 18 added: the resume mark after the store comes back (pgstore resume; operations and
+ * the sweeper wait for it), the holder's reconnect (T1), retention (expires_at, R ticks from the
+ * reservation) and the sweeper, epochs from a store-wide source, the gate's replay-cache stamp
+ * for a Finish retried after a lost answer, Invariant 4 as a state invariant, and 5-7.
+ *
+ * Abstracted away: fingerprints (one request per key), response metadata, max_wait waiting
+ * (a duplicate answered in flight just returns), reconcilers (operator Resolve stands for them),
+ * more than one replica (one cut-off flag and one store-wide resumed tick), NOTIFY, outcome
+ * size limits, the caller giving up (the handler's context is detached from it, so nothing
+ * the model sees changes, except under HOLE_CALLER_CANCEL). A completed record's expiry is
+ * never acted on (past it a call is a new action, outside these invariants), and an
+ * outcome-unknown record is kept beyond the horizon (the unknown retention, 7 days by default,
+ * is far longer than the retention).
  */
 
 #ifdef REEXECUTE
@@ -41,26 +58,34 @@
 
 #define NA    2  /* attempts: tool-server calls with the same key, each with its own token */
 #define L     2  /* lease, in clock ticks */
+#define R     3  /* retention, in clock ticks: longer than the lease, so both end within the horizon */
 #define MAXT  4  /* the clock stops here: bounds the state space */
+#define NEVER 255 /* an expiry beyond the horizon */
 #define OP    9  /* outcome stored by an operator's Resolve(complete) */
 
 mtype = { NONE, INFLIGHT, COMPLETED, RELEASED, UNKNOWN };          /* record states (dedupesvc.State*) */
 mtype = { A_RESERVED, A_COMPLETED, A_INFLIGHT, A_UNKNOWN, A_ERR };  /* Begin answers */
 mtype = { OK, NOTHELD, ERR };                                        /* Finish/Release answers */
 
-/* The record (idemgate_records row). tok is attempt id+1; outc is who stored the outcome. */
+/* The record (idemgate_records row; NONE once the sweeper deleted it). tok is attempt id+1;
+ * outc is who stored the outcome; lend is lease_expires_at, read only while the record is in
+ * flight, so 0 once it is not; exp is expires_at. */
 mtype st = NONE;
-byte ep, tok, lend, outc;
+byte ep, tok, lend, outc, exp;
 
-/* The store's clock, availability and last resume (idemgate_store_state.resumed_at). */
+/* The store's clock, availability and last resume (idemgate_store_state.resumed_at). cut is
+ * pgstore's cutOff: the store is back but its resume mark has not committed yet. */
 byte now;
 bool up = true;
+bool cut;
 byte resumed;
 
 /* Ghost state for the properties. */
 byte execs;      /* side effects that happened */
 byte failures;   /* holders that crashed or stalled without storing an outcome, or REEXECUTE unknown errors */
 byte firstoutc;  /* the first outcome stored: every later replay must be it */
+byte maxep;      /* the highest epoch a reservation got */
+byte ctime;      /* when the store completed the record, until its holder hears (Invariant 7) */
 bool started[NA], ran[NA], stored[NA], crashed[NA], paused[NA], mayrun[NA];
 bool keeping[NA];  /* keepLease runs for this attempt */
 bool pending[NA];  /* a lost Begin answer is being followed up */
@@ -79,9 +104,47 @@ byte lostreplies, crashes, pauses, outages, resolves;
 #endif
 #define EXPIRED (EFF <= now)
 
+/* pgstore resume: every operation, the sweeper's too, waits until the resume mark committed
+ * (issue 18): WAITMARK guards each store step. The holes: resume cleared cutOff before
+ * MarkResumed committed, so an operation in that window decided on the old resumed_at; and the
+ * sweeper never called resume at all. The mark is its own step (MARKSTEP) only with one of these
+ * holes: with every operation waiting for it, a store that answers but has not marked yet does
+ * nothing a store still away does not (a waiting step is a step not yet taken, and the clock is
+ * free in both), so the fixed configurations let the mark commit as the store comes back. */
+#if defined(HOLE_RESUME_NOT_ATOMIC) || defined(HOLE_SWEEPER_NO_RESUME)
+#define MARKSTEP
+#endif
+#ifdef HOLE_RESUME_NOT_ATOMIC
+#define WAITMARK 0
+#else
+#define WAITMARK cut
+#endif
+#ifdef HOLE_SWEEPER_NO_RESUME
+#define SWEEPWAIT 0
+#else
+#define SWEEPWAIT WAITMARK
+#endif
+
+/* An in-flight record past both its lease and its retention (pgstore: greatest(expires_at,
+ * leaseEnd) <= now). Under REEXECUTE it counts as absent: reserved anew, swept. Under FAIL_CLOSED
+ * it counts as outcome-unknown until its unknown retention (issue 18): the hole let a retry after
+ * the retention reserve it and run again, and the sweeper delete it without the unknown warning. */
+#define INFL_PAST (st == INFLIGHT && EXPIRED && exp <= now)
+#if defined(REEXECUTE) || defined(HOLE_RETENTION_RUNS_AGAIN)
+#define INFL_GONE INFL_PAST
+#else
+#define INFL_GONE 0
+#endif
+#define ABSENT (st == NONE || st == RELEASED || INFL_GONE)
+
 /* The record is attempt i's live reservation, so T1/T2 bind the clock. */
 #define MINE(i) (st == INFLIGHT && tok == (i)+1)
-#define BOUND(i) (!crashed[i] && !paused[i] && MINE(i) && (keeping[i] || (pending[i] && !LATE)))
+#ifdef HOLE_SLOW_RECONNECT
+#define RECONNECTED(i) (outages == 0)  /* after an outage a holder renews whenever it gets back */
+#else
+#define RECONNECTED(i) 1               /* it gets back, and renews, within its lease (T1) */
+#endif
+#define BOUND(i) (!crashed[i] && !paused[i] && MINE(i) && RECONNECTED(i) && (keeping[i] || (pending[i] && !LATE)))
 #ifdef LATE_RESEND
 #define LATE 1
 #else
@@ -93,6 +156,10 @@ byte lostreplies, crashes, pauses, outages, resolves;
  * done, no record is left outcome-unknown unless that holds. */
 #define ASSERT_UNKNOWN_RAN(h) assert(started[h] || crashed[h] || paused[h])
 
+/* Invariant 5: a live holder keeps its key: nothing takes over, marks unknown, resolves or
+ * sweeps the reservation of a holder whose keepLease runs and that neither crashed nor stalled. */
+#define ASSERT_LIVE_KEEPS(h) assert(crashed[h] || paused[h] || !keeping[h])
+
 /* Invariant 1: at most one execution under FAIL_CLOSED; under REEXECUTE one more per
  * failure only. */
 #ifdef REEXECUTE
@@ -100,17 +167,31 @@ byte lostreplies, crashes, pauses, outages, resolves;
 #else
 #define ASSERT_ONCE assert(execs <= 1)
 #endif
+/* failures and stored are kept under REEXECUTE only, where Invariant 1 reads them. */
+#ifdef REEXECUTE
+#define FAILED(c) if :: c -> failures++ :: else -> skip fi
+#define STORED(me) stored[me] = true
+#else
+#define FAILED(c) skip
+#define STORED(me) skip
+#endif
 
-/* Reserving upsert (pgstore reserveSQL): a new epoch, lease from now. */
+/* Reserving upsert (pgstore reserveSQL): a new epoch, lease and retention from now.
+ * Invariant 6: a key's epochs never repeat, so a fencing token names one reservation (a
+ * stalled holder and its successor never share one). Epochs come from a store-wide source,
+ * so they keep growing after the sweeper deleted the row (issue 18; the hole restarted at 1). */
 inline reserve(me) {
-	st = INFLIGHT; ep++; tok = me+1; lend = now + L; outc = 0
+	st = INFLIGHT; ep++; tok = me+1; lend = now + L; exp = now + R; outc = 0;
+	assert(ep > maxep); maxep = ep
 }
 
 /* Begin: dedupesvc.RunBegin + DecideBegin, pgstore Begin (reserveSQL, markUnknownSQL, renewSQL). */
 inline begin(me, res) {
 	if
 	:: !up -> res = A_ERR
-	:: up && (st == NONE || st == RELEASED) -> reserve(me); res = A_RESERVED
+	:: up && ABSENT ->
+		if :: st == INFLIGHT -> ASSERT_LIVE_KEEPS(tok-1) :: else -> skip fi;
+		reserve(me); res = A_RESERVED
 	:: up && st == COMPLETED -> res = A_COMPLETED
 	:: up && st == UNKNOWN && tok != me+1 -> res = A_UNKNOWN
 	:: up && st == UNKNOWN && tok == me+1 ->
@@ -120,20 +201,22 @@ inline begin(me, res) {
 		st = INFLIGHT; lend = now + L; res = A_RESERVED  /* StepRenew: the attempt takes its record back */
 #endif
 	:: up && MINE(me) && !EXPIRED -> res = A_RESERVED  /* the same attempt asks again */
-	:: up && MINE(me) && EXPIRED ->
+	:: up && MINE(me) && EXPIRED && !INFL_GONE ->
 #ifndef HOLE_EXPIRED_RENEW
 		lend = now + L;  /* StepRenew: never hand out a lease that already ended */
+		if :: exp < lend -> exp = lend :: else -> skip fi;
 #endif
 		res = A_RESERVED
 	:: up && st == INFLIGHT && tok != me+1 && !EXPIRED -> res = A_INFLIGHT
-	:: up && st == INFLIGHT && tok != me+1 && EXPIRED ->
+	:: up && st == INFLIGHT && tok != me+1 && EXPIRED && !INFL_GONE ->
+		ASSERT_LIVE_KEEPS(tok-1);
 #ifdef REEXECUTE
 		reserve(me); res = A_RESERVED  /* StepReserve: take over */
 #else
 #ifndef LATE_RESEND
 		ASSERT_UNKNOWN_RAN(tok-1);  /* under T2 not even a passing false alarm */
 #endif
-		st = UNKNOWN; res = A_UNKNOWN  /* StepMarkUnknown */
+		st = UNKNOWN; lend = 0; exp = NEVER; res = A_UNKNOWN  /* StepMarkUnknown */
 #endif
 	fi;
 	/* Invariant 4: once an outcome exists every Begin replays it. */
@@ -149,7 +232,8 @@ inline heartbeat(me) {
 	if
 	:: !up -> skip  /* failed renewal: keepLease retries every tenth of the lease */
 	:: up && tok == me+1 && ep == myep[me] && (st == INFLIGHT || st == UNKNOWN) ->
-		st = INFLIGHT; lend = now + L
+		st = INFLIGHT; lend = now + L;
+		if :: exp < lend -> exp = lend :: else -> skip fi
 	:: else -> keeping[me] = false  /* ErrNotHeld: fenced, renewals stop */
 	fi
 }
@@ -159,21 +243,22 @@ inline finish(me, res) {
 	if
 	:: !up -> res = ERR
 	:: up && tok == me+1 && ep == myep[me] && (st == INFLIGHT || st == UNKNOWN) ->
-		st = COMPLETED; outc = me+1; res = OK;
+		st = COMPLETED; outc = me+1; lend = 0; exp = NEVER; ctime = now; res = OK;
 		if :: firstoutc == 0 -> firstoutc = outc :: else -> skip fi
 	:: up && tok == me+1 && ep == myep[me] && st == COMPLETED -> res = OK  /* retry that took effect */
 	:: else -> res = NOTHELD
 	fi
 }
 
-/* Release: pgstore releaseSQL / releaseUnknownSQL + dedupesvc.RefusedRelease. */
+/* Release: pgstore releaseSQL / releaseUnknownSQL + dedupesvc.RefusedRelease (a deleted
+ * record is nothing held: NOTHELD here ends the settlement as its nil does). */
 inline release(me, unknown, res) {
 	if
 	:: !up -> res = ERR
 	:: up && !unknown && tok == me+1 && ep == myep[me] && (st == INFLIGHT || st == UNKNOWN) ->
-		st = RELEASED; lend = now; res = OK
+		st = RELEASED; lend = 0; res = OK
 	:: up && unknown && tok == me+1 && ep == myep[me] && st == INFLIGHT ->
-		ASSERT_UNKNOWN_RAN(me); st = UNKNOWN; lend = now; res = OK
+		ASSERT_UNKNOWN_RAN(me); st = UNKNOWN; lend = 0; exp = NEVER; res = OK
 	:: up && tok == me+1 && ep == myep[me] && (st == RELEASED || st == UNKNOWN) -> res = OK  /* retried */
 	:: else -> res = NOTHELD
 	fi
@@ -186,16 +271,34 @@ inline release(me, unknown, res) {
 /* The holder process dies here (stops forever, its keepLease with it). */
 #define CRASHPOINT(me) \
 	if :: crashes < 1 -> atomic { crashes++; crashed[me] = true; \
-	      if :: ran[me] && !stored[me] -> failures++ :: else -> skip fi }; goto dead \
+	      FAILED(ran[me] && !stored[me]) }; goto dead \
 	   :: true -> skip fi
+
+/* The gate's replay cache keeps the outcome until its stored-at time plus the retention
+ * (gatecore Attempt.Finish → Call.Stored), the store the record until its completion (ctime)
+ * plus the retention. Invariant 7: the cache never outlives the record, so its stored-at time
+ * is never later than ctime. A Finish whose answer was lost (after its caller gave up, say) is
+ * retried later and answered OK by RefusedFinish: the cache keeps the first send's time
+ * (issue 18); -DHOLE_CACHE_RETRY_TIME takes the retry's. */
+#ifdef HOLE_CACHE_RETRY_TIME
+#define STAMP(s) s = now + 1
+#else
+#define STAMP(s) if :: s == 0 -> s = now + 1 :: else -> skip fi
+#endif
 
 /* Settle: gatecore settle/trySettle; the lease is renewed until it returns. */
 inline settle_finish(me) {
 	do
-	:: atomic { finish(me, r); LOSE_REPLY(r, ERR) };
+	:: atomic { !WAITMARK -> STAMP(sent); finish(me, r); LOSE_REPLY(r, ERR);
 		if
 		:: r == OK -> assert(outc == me+1);  /* Invariant 2: an acknowledged Finish stored this attempt's outcome */
-			stored[me] = true; break
+			assert(sent - 1 <= ctime);  /* Invariant 7 */
+			ctime = 0; sent = 0
+		:: r == NOTHELD -> sent = 0
+		:: else -> skip
+		fi };
+		if
+		:: r == OK -> STORED(me); break
 		:: r == NOTHELD -> break  /* fenced: what the operator or the other attempt did stands */
 		:: r == ERR -> CRASHPOINT(me)  /* retried with backoff */
 		fi
@@ -204,7 +307,7 @@ inline settle_finish(me) {
 
 inline settle_release(me, unknown) {
 	do
-	:: atomic { release(me, unknown, r); LOSE_REPLY(r, ERR) };
+	:: atomic { !WAITMARK -> release(me, unknown, r); LOSE_REPLY(r, ERR) };
 		if
 		:: r == OK || r == NOTHELD -> break
 		:: r == ERR -> CRASHPOINT(me)
@@ -216,11 +319,12 @@ inline settle_release(me, unknown) {
 proctype Attempt(byte me) {
 	mtype a, r;
 	bool retryable, retried;
+	byte sent;  /* the first Finish's send time + 1 (the replay cache's stamp) */
 	mayrun[me] = true;
 	/* Gate.gate: gatecore Engine.Begin. From the answer on, the attempt is bound by T1 (keepLease
 	 * starts) or, when the answer is lost, by T2 (the follow-up re-sends). */
 gate:
-	atomic { begin(me, a); LOSE_REPLY(a, A_ERR); keeping[me] = (a == A_RESERVED); pending[me] = (a == A_ERR) };
+	atomic { !WAITMARK -> begin(me, a); LOSE_REPLY(a, A_ERR); keeping[me] = (a == A_RESERVED); pending[me] = (a == A_ERR) };
 	CRASHPOINT(me);
 	if
 	:: a == A_ERR && !retried ->
@@ -235,7 +339,7 @@ gate:
 #else
 		/* followUpLostBegin: re-send the same Begin, release what it finds reserved. */
 		do
-		:: atomic { begin(me, a); LOSE_REPLY(a, A_ERR); keeping[me] = (a == A_RESERVED); pending[me] = (a == A_ERR) };
+		:: atomic { !WAITMARK -> begin(me, a); LOSE_REPLY(a, A_ERR); keeping[me] = (a == A_RESERVED); pending[me] = (a == A_ERR) };
 			if
 			:: a == A_ERR -> CRASHPOINT(me)
 			:: a == A_RESERVED -> settle_release(me, false); keeping[me] = false; break
@@ -278,7 +382,8 @@ gate:
 done:
 	mayrun[me] = false;
 dead:
-	finished++
+	/* Nothing reads these any more: cleared, so finished attempts differ only in what they did. */
+	atomic { a = 0; r = 0; retryable = false; retried = false; sent = 0; myep[me] = 0; finished++ }
 }
 
 /* Invariant 3b: once every attempt is done, a record left outcome-unknown blocks its key
@@ -287,10 +392,38 @@ proctype Check() {
 end:	(finished == NA) -> assert(st != UNKNOWN || started[tok-1] || crashed[tok-1] || paused[tok-1])
 }
 
+/* Invariant 4 as a state invariant: once an outcome is stored the record keeps it (completed,
+ * the first outcome) at every step, whether or not a Begin comes to look. */
+#define KEPT (firstoutc == 0 || (st == COMPLETED && outc == firstoutc))
+proctype Kept() {
+end:	atomic { !KEPT -> assert(KEPT) }
+}
+
 /* keepLease: renewals while the attempt's lease keeper runs. */
 proctype Keeper(byte me) {
 end:	do
-	:: atomic { keeping[me] && !crashed[me] -> heartbeat(me) }  /* a paused holder renews late, not never */
+	:: atomic { keeping[me] && !crashed[me] && !WAITMARK -> heartbeat(me) }  /* a paused holder renews late, not never */
+	od
+}
+
+/* Sweeper.SweepOnce → pgstore deleteExpiredSQL: deletes a record past its retention, never an
+ * in-flight one within its effective lease; an epoch from the store-wide source outlives it. */
+#if defined(REEXECUTE) || defined(HOLE_RETENTION_RUNS_AGAIN)
+#define SWEEP_INFL INFL_PAST
+#else
+#define SWEEP_INFL 0
+#endif
+proctype Sweeper() {
+end:	do
+	:: atomic { up && !SWEEPWAIT && exp <= now && (st == RELEASED || SWEEP_INFL) ->
+		if :: st == INFLIGHT -> ASSERT_LIVE_KEEPS(tok-1) :: else -> skip fi;
+		st = NONE; tok = 0; lend = 0; exp = 0;
+#ifdef HOLE_EPOCH_REUSE
+		ep = 0  /* the next reservation of the key starts again at epoch 1 */
+#else
+		skip
+#endif
+	}
 	od
 }
 
@@ -301,36 +434,57 @@ end:	do
 #define RESOLVE_FENCE ep++
 #endif
 
-/* The environment: clock, store outages, a stalled holder, the operator's Resolve. */
+/* Resolve(complete) applies only to an unknown or run-out in-flight record (pgstore
+ * resolveCompleteSQL, RefusedResolve: ErrNotUnknown otherwise); the hole lets it replace a
+ * completed record's outcome, which replays already got (Invariant 4 must catch it). */
+#ifdef HOLE_RESOLVE_COMPLETED
+#define RESOLVABLE (st == UNKNOWN || (st == INFLIGHT && EXPIRED) || st == COMPLETED)
+#else
+#define RESOLVABLE (st == UNKNOWN || (st == INFLIGHT && EXPIRED))
+#endif
+
+#ifdef HOLE_OUTAGE_COUNTS
+#define MARK skip
+#else
+#define MARK resumed = now
+#endif
+
+/* The environment: clock, store outages, the resume mark, a stalled holder, the operator's Resolve. */
 proctype Env() {
 	byte i;
 end:	do
 	:: atomic {
-		/* Clock: ticks unless a bound holder would see its effective lease run out (T1, T2). */
-		now < MAXT && (!up || ((!BOUND(0) || EFF > now + 1) && (!BOUND(1) || EFF > now + 1))) ->
+		/* Clock: ticks unless a bound holder would see its effective lease run out (T1, T2);
+		 * free while the store does not answer (down, or waiting for its resume mark). */
+		now < MAXT && (!up || WAITMARK || ((!BOUND(0) || EFF > now + 1) && (!BOUND(1) || EFF > now + 1))) ->
 		now++
 	}
-	:: atomic { up && outages < 1 -> outages++; up = false }  /* the store goes away */
-	:: atomic { !up -> up = true;
-#ifndef HOLE_OUTAGE_COUNTS
-		resumed = now  /* pgstore resume/MarkResumed */
+	/* The Dedupe service or the store goes away (a restart, an outage), and answers again;
+	 * this replica saw it, so it marks the store resumed (pgstore resume → MarkResumed). */
+	:: atomic { up && outages < 1 -> outages++; up = false }
+#ifdef MARKSTEP
+	:: atomic { !up -> up = true; cut = true }
+	:: atomic { up && cut -> cut = false; MARK }
+#else
+	:: atomic { !up -> up = true; MARK }
 #endif
-	}
 	:: atomic { pauses < 1 -> pauses++;  /* a holder stalls (GC pause): T1 no longer holds for it */
 		if :: i = 0 :: i = 1 fi;
 		paused[i] = true;
-		if :: !stored[i] -> failures++ :: else -> skip fi
+		FAILED(!stored[i])
 	}
 	/* Resolve (pgstore resolveCompleteSQL / resolveReleaseSQL) by a truthful operator: complete
 	 * only what ran, release only what did not and will not run. */
-	:: atomic { up && resolves < 1 && (st == UNKNOWN || (st == INFLIGHT && EXPIRED)) && ran[tok-1] ->
-		resolves++; st = COMPLETED; outc = OP;
+	:: atomic { up && !WAITMARK && resolves < 1 && RESOLVABLE && ran[tok-1] ->
+		if :: st == INFLIGHT -> ASSERT_LIVE_KEEPS(tok-1) :: else -> skip fi;
+		resolves++; st = COMPLETED; outc = OP; lend = 0; exp = NEVER;
 		if :: firstoutc == 0 -> firstoutc = OP :: else -> skip fi;
 		RESOLVE_FENCE
 	}
-	:: atomic { up && resolves < 1 && (st == UNKNOWN || (st == INFLIGHT && EXPIRED)) &&
+	:: atomic { up && !WAITMARK && resolves < 1 && (st == UNKNOWN || (st == INFLIGHT && EXPIRED)) &&
 		!ran[tok-1] && (crashed[tok-1] || !mayrun[tok-1]) ->
-		resolves++; st = RELEASED; lend = now;
+		if :: st == INFLIGHT -> ASSERT_LIVE_KEEPS(tok-1) :: else -> skip fi;
+		resolves++; st = RELEASED; lend = 0;
 		RESOLVE_FENCE
 	}
 	od
@@ -338,7 +492,7 @@ end:	do
 
 init {
 	atomic {
-		run Env();
+		run Env(); run Sweeper(); run Kept();
 		run Keeper(0); run Keeper(1); run Check();
 		run Attempt(0); run Attempt(1)
 	}
