@@ -207,9 +207,9 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // must not starve the one lost Begin that did reserve: once the service
 // answers, follow-ups are re-sent several at a time, so the real one is
 // released within its budget (one at a time it would come up only after
-// decoys × slow, four times its budget).
+// decoys × slow = 32s, over twice its budget; eight at a time after 4s).
 func TestLostBeginFollowUpsDrainConcurrentlyOnceTheServiceAnswers(t *testing.T) {
-	const decoys, slow, budget = 64, 500 * time.Millisecond, 8 * time.Second
+	const decoys, slow, budget = 64, 500 * time.Millisecond, 12 * time.Second
 	d := &crowdDedupe{DedupeServiceClient: embeddedDedupe(t), slow: slow}
 	e := gatecore.New(d, gatecore.Options{Logger: discard(), FinishBudget: budget})
 	policy := gatecore.Policy{Lease: 10 * time.Minute, MaxWait: time.Second, ExecutionTimeout: time.Minute}
