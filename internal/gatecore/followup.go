@@ -168,7 +168,8 @@ func (e *Engine) followUp() {
 			}
 			return
 		}
-		// New lost Begins wait for the next answer (at most DedupeTimeout).
+		// Lost Begins queued meanwhile wait for the next one back (within
+		// DedupeTimeout, plus its release).
 		r := <-results
 		inFlight--
 		switch {
