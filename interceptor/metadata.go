@@ -28,17 +28,19 @@ import (
 // sees it: every header and trailer the handler sets is recorded for the
 // stored outcome, then goes to the real stream unchanged.
 //
-// What is recorded does not depend on the live stream: once the caller has
-// cancelled or timed out, grpc-go refuses all metadata ("SendHeader called
-// multiple times"), but the handler runs on (its context is detached from
-// the caller's) and every duplicate must replay what it set. So the
-// recorder keeps gRPC's own rule itself (no header after the header was
-// sent, which it refuses as the stream would, recording nothing), records
-// everything else, and tells the handler the stream's refusal only while
-// the caller is still there: a handler that checks the error must not fail
-// an action whose side effect ran only because its caller left. Only what
-// is set through the recorder is recorded, so what the interceptor set
-// before (idempotency-key-derived) is not.
+// What is recorded is what the caller got, or would have got had it
+// stayed: once the caller has cancelled or timed out, grpc-go refuses all
+// metadata ("SendHeader called multiple times"), but the handler runs on
+// (its context is detached from the caller's) and every duplicate must
+// replay what it set. So the recorder keeps gRPC's own rule itself (no
+// header after the header was sent, which it refuses as the stream would,
+// recording nothing), records what the stream took, and what it refused
+// once the caller was gone, and tells the handler the stream's refusal only
+// while the caller is still there (then recording nothing: the caller never
+// got it): a handler that checks the error must not fail an action whose
+// side effect ran only because its caller left. Only what is set through
+// the recorder is recorded, so what the interceptor set before
+// (idempotency-key-derived) is not.
 //
 // grpc.SetSendCompressor and grpc.ClientSupportedCompressors need gRPC's own
 // stream type, so they fail inside a gated handler, as they do under any
@@ -79,35 +81,39 @@ func (r *metadataRecorder) SendHeader(md metadata.MD) error {
 	return r.recordHeader(md, true, r.ServerTransportStream.SendHeader)
 }
 
-// recordHeader records md as header, unless the header was sent already,
-// then forwards it.
+// recordHeader forwards md and records it as header, unless the header was
+// sent already.
 func (r *metadataRecorder) recordHeader(md metadata.MD, send bool, forward func(metadata.MD) error) error {
 	r.mu.Lock()
-	if r.headerSent {
-		r.mu.Unlock()
+	sent := r.headerSent
+	r.mu.Unlock()
+	if sent {
 		return forward(md) // gRPC refuses it too; the caller never saw it
 	}
-	r.headerSent = send
-	r.recordLocked(&r.header, md)
-	r.mu.Unlock()
-	return r.forwarded(forward(md))
+	return r.forward(md, &r.header, send, forward)
 }
 
 // SetTrailer implements grpc.ServerTransportStream.
 func (r *metadataRecorder) SetTrailer(md metadata.MD) error {
-	r.mu.Lock()
-	r.recordLocked(&r.trailer, md)
-	r.mu.Unlock()
-	return r.forwarded(r.ServerTransportStream.SetTrailer(md))
+	return r.forward(md, &r.trailer, false, r.ServerTransportStream.SetTrailer)
 }
 
-// forwarded is what the handler is told of the stream's answer err: nil
-// once the caller is gone, since what it set is recorded and replayed.
-func (r *metadataRecorder) forwarded(err error) error {
-	if err != nil && callerGone(r.caller) {
-		return nil
+// forward passes md to the stream and records it into *into (marking the
+// header sent with send) when the stream took it or refused it because the
+// caller is gone: then the handler is told nil, since what it set is
+// recorded and replayed. A refusal while the caller is there (something
+// outside the gate sent the header) reached nobody, so it is not recorded,
+// as a duplicate must replay what the caller got, and the handler is told.
+func (r *metadataRecorder) forward(md metadata.MD, into *metadata.MD, send bool, forward func(metadata.MD) error) error {
+	err := forward(md)
+	if err != nil && !callerGone(r.caller) {
+		return err
 	}
-	return err
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.headerSent = r.headerSent || send
+	r.recordLocked(into, md)
+	return nil
 }
 
 // callerGone reports, after the stream refused metadata, whether that was

@@ -17,6 +17,8 @@ import (
 type fakeStream struct {
 	sent            bool
 	header, trailer metadata.MD
+	// refuseTrailer makes SetTrailer fail.
+	refuseTrailer bool
 }
 
 func (s *fakeStream) Method() string { return "/x.S/M" }
@@ -38,6 +40,9 @@ func (s *fakeStream) SendHeader(md metadata.MD) error {
 }
 
 func (s *fakeStream) SetTrailer(md metadata.MD) error {
+	if s.refuseTrailer {
+		return errors.New("the stream is done")
+	}
 	s.trailer = metadata.Join(s.trailer, md)
 	return nil
 }
@@ -110,5 +115,47 @@ func TestMetadataRecorderLeavesABareResult(t *testing.T) {
 	boom := errors.New("boom")
 	if _, err := empty.wrap(nil, boom); err != boom {
 		t.Fatalf("wrap dropped the marshalling error: %v", err)
+	}
+}
+
+// Metadata the live stream refuses while the caller is still there (an
+// interceptor outside the gate sent the header already) never reached the
+// caller, so no duplicate replays it: what is stored is what the caller got.
+func TestMetadataRecorderDoesNotRecordWhatTheStreamRefusedTheCaller(t *testing.T) {
+	stream := &fakeStream{}
+	ctx := grpc.NewContextWithServerTransportStream(context.Background(), stream)
+	if err := grpc.SendHeader(ctx, metadata.Pairs("x-outer", "sent")); err != nil { // outside the gate
+		t.Fatal(err)
+	}
+	ctx, rec := recordMetadata(ctx, context.Background()) // the caller stays
+	if err := grpc.SetHeader(ctx, metadata.Pairs("x-late", "refused")); err == nil {
+		t.Fatal("SetHeader after the header was sent succeeded; the fake must refuse it")
+	}
+	if err := grpc.SendHeader(ctx, metadata.Pairs("x-late-sent", "refused")); err == nil {
+		t.Fatal("SendHeader after the header was sent succeeded; the fake must refuse it")
+	}
+	if err := grpc.SetTrailer(ctx, metadata.Pairs("x-t", "kept")); err != nil {
+		t.Fatal(err)
+	}
+	stream.refuseTrailer = true
+	if err := grpc.SetTrailer(ctx, metadata.Pairs("x-t", "refused", "x-u", "refused")); err == nil {
+		t.Fatal("SetTrailer succeeded; the fake must refuse it")
+	}
+
+	result, _ := anypb.New(&idemgatev1.ResultTooLarge{})
+	outcome, err := rec.wrap(result, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := &idemgatev1.StoredOutcome{}
+	if err := outcome.UnmarshalTo(stored); err != nil {
+		t.Fatal(err)
+	}
+	want := &idemgatev1.StoredOutcome{
+		Result:  result,
+		Trailer: []*idemgatev1.MetadataEntry{{Key: "x-t", Values: [][]byte{[]byte("kept")}}},
+	}
+	if !proto.Equal(stored, want) {
+		t.Fatalf("stored %v, want what the caller got: %v (the stream had header %v, trailer %v)", stored, want, stream.header, stream.trailer)
 	}
 }

@@ -39,6 +39,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/idemgate/idemgate/dedupesvc/auth"
@@ -145,6 +146,10 @@ func run(cfg config, logger *slog.Logger) error {
 	dial := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig),
+		// Drops a connection left half-open (a crashed host, a partition),
+		// which WithDedupeConn cannot: its RPCs end DEADLINE_EXCEEDED. Time
+		// no shorter than the service's -keepalive-min-time (10s).
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 15 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
 	}
 	if cfg.token != "" {
 		dial = append(dial, grpc.WithPerRPCCredentials(auth.BearerToken(cfg.token, true)))

@@ -224,8 +224,15 @@ func (e *Engine) keepLease(ctx context.Context, c *Call, epoch int64, first time
 	return k
 }
 
-// release gives the reservation up, or marks it outcome-unknown.
+// release gives the reservation up, or marks it outcome-unknown, retried
+// within the finish retry budget.
 func (e *Engine) release(ctx context.Context, c *Call, epoch int64, unknown bool, lease *leaseKeeper) {
+	e.releaseBy(ctx, c, epoch, unknown, lease, time.Time{})
+}
+
+// releaseBy is release retried until deadline (when not zero) instead: a
+// lost Begin's follow-up releases within its own budget.
+func (e *Engine) releaseBy(ctx context.Context, c *Call, epoch int64, unknown bool, lease *leaseKeeper, deadline time.Time) {
 	req := &idemgatev1.ReleaseRequest{Scope: c.Scope, Key: c.Key, AttemptToken: c.Token, Epoch: epoch, OutcomeUnknown: unknown}
 	lost := "the handler failed, but its reservation could not be released"
 	if unknown {
@@ -243,6 +250,7 @@ func (e *Engine) release(ctx context.Context, c *Call, epoch int64, unknown bool
 		retryEvent: EventReleaseRetry,
 		failEvent:  EventReleaseFailure,
 		lost:       lost,
+		deadline:   deadline,
 	}, false)
 }
 
@@ -257,6 +265,9 @@ type settlement struct {
 	retryEvent, failEvent string
 	// lost says what a settlement given up leaves behind.
 	lost string
+	// deadline, when not zero, ends the retries instead of the finish
+	// retry budget.
+	deadline time.Time
 }
 
 // settle ends the reservation and then stops renewing its lease. The first
@@ -308,7 +319,10 @@ func (e *Engine) retrySettle(ctx, detached context.Context, c *Call, epoch int64
 	bctx, cancel := context.WithCancel(detached)
 	defer cancel()
 	defer context.AfterFunc(e.backgroundCtx, cancel)()
-	deadline := time.Now().Add(e.opts.FinishBudget)
+	deadline := s.deadline
+	if deadline.IsZero() {
+		deadline = time.Now().Add(e.opts.FinishBudget)
+	}
 	if first {
 		if settled, fenced := e.trySettle(bctx, c, epoch, s); settled {
 			return fenced

@@ -43,7 +43,8 @@ type Options struct {
 	// OutcomeTimeout bounds each Finish or Release attempt. Defaults to 5s.
 	OutcomeTimeout time.Duration
 	// FinishBudget bounds the background retries of a settlement and of a
-	// lost Begin's follow-up. Defaults to 1m.
+	// lost Begin's follow-up (its release included), from the last loss.
+	// Defaults to 1m.
 	FinishBudget time.Duration
 	// InFlightRetry is the RetryInfo delay of IDEMPOTENCY_IN_FLIGHT.
 	// Defaults to 1s.
@@ -114,11 +115,16 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts Options) *Engine {
 	return &Engine{dedupe: dedupe, opts: opts, backgroundCtx: ctx, stopBackground: stop}
 }
 
-// Close waits until every settlement still retried in the background is
-// settled or given up. When ctx ends first it stops them (each is logged and
-// counted as given up), waits for them to return, and returns ctx's error.
-// A settlement begun once Close began is retried by its caller before its
-// answer, within the budget, until ctx ends (even after Close returned).
+// Close waits until every settlement still retried in the background, and
+// every lost Begin's follow-up, is settled or given up. When ctx ends first
+// it stops them (each is logged and counted as given up), waits for them to
+// return, and returns ctx's error. Once Close began nothing joins the
+// background: a Begin lost from then on is logged, not followed up, and a
+// settlement begun from then on is retried by its caller before its answer,
+// within the budget, for as long as ctx lasts, also after Close returned
+// nil. So with the usual `ctx, cancel := context.WithTimeout(...); defer
+// cancel()` those retries stop as soon as Close returns: stop the servers
+// whose handlers settle first, or give Close a ctx that outlives them.
 func (e *Engine) Close(ctx context.Context) error {
 	e.backgroundMu.Lock()
 	e.closing = true

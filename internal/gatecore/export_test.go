@@ -5,3 +5,10 @@ const (
 	FollowUpMinBackoff = followUpMinBackoff
 	FollowUpMaxBackoff = followUpMaxBackoff
 )
+
+// Closing reports whether Close began.
+func (e *Engine) Closing() bool {
+	e.backgroundMu.Lock()
+	defer e.backgroundMu.Unlock()
+	return e.closing
+}

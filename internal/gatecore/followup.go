@@ -21,15 +21,19 @@ import (
 // re-sent Begin is in flight at a time and the next waits a backoff shared
 // by all of them (from followUpMinBackoff, doubling up to
 // followUpMaxBackoff, each wait jittered down to half), so an outage costs
-// one Begin per backoff step, however many Begins it lost. Once the service
-// answers, the rest are re-sent one at a time, at most followUpRate a
-// second: well under the service's default per-caller rate (500/s), so the
+// one Begin per backoff step, however many Begins it lost (plus the at most
+// followUpInFlight in flight when it began). Once the service answers, up
+// to followUpInFlight are in flight at once, at most followUpRate a second:
+// a slow service or a crowd of lost Begins that reserved nothing (callers
+// that gave up waiting as duplicates) cannot hold up one that did for long,
+// and the rate is half the service's default per-caller rate (500/s), so the
 // follow-ups cannot use up the callers' quota.
 const (
 	followUpMinBackoff = 50 * time.Millisecond
 	followUpMaxBackoff = 5 * time.Second
-	followUpRate       = 100
-	followUpBurst      = 10
+	followUpInFlight   = 8
+	followUpRate       = 250
+	followUpBurst      = 25
 )
 
 // maxLostBeginFollowUps bounds the lost Begins waiting to be followed up;
@@ -38,124 +42,185 @@ const (
 const maxLostBeginFollowUps = 1024
 
 // followUps are the lost Begins waiting to be re-sent, in line, and
-// whether the one goroutine that re-sends them (followUp) runs.
+// whether the goroutine that re-sends them (followUp) runs.
 type followUps struct {
 	mu      sync.Mutex
 	queue   []*lostBegin
-	pending map[lostBeginID]struct{} // queued or being re-sent
+	pending map[lostBeginID]*lostBegin // queued or being re-sent
 	running bool
 }
 
 // lostBeginID names one attempt: its lost Begins are re-sent as one.
 type lostBeginID struct{ scope, key, token string }
 
-// lostBegin is one Begin whose answer never arrived.
+// lostBegin is one attempt whose Begin's answer never arrived.
 type lostBegin struct {
 	id lostBeginID
 	// ctx is the caller's context without its cancellation, for logs.
 	ctx context.Context
 	c   *Call
 	req *idemgatev1.BeginRequest
-	// deadline ends its follow-up: the finish retry budget after the loss.
+	// deadline ends its follow-up, release included: the finish retry
+	// budget after its last loss.
 	deadline time.Time
+	// inFlight: its re-sent Begin is on its way. again: it was lost once
+	// more meanwhile, and that Begin may reach the service after the re-sent
+	// one (and after its Release), so it is re-sent once more after.
+	inFlight, again bool
 }
 
 // followUpLostBegin runs after a Begin whose answer never arrived: the
 // reservation may have been made, and the handler certainly did not run,
 // so it must not block the key. It queues the same Begin (the same attempt
 // token) to be re-sent by followUp until an answer arrives or the finish
-// retry budget runs out; what the answer shows reserved is released.
+// retry budget runs out; what the answer shows reserved is released. Once
+// Close began, it only logs the loss: Close must not wait for a budget that
+// starts after it.
 func (e *Engine) followUpLostBegin(ctx context.Context, c *Call) {
 	e.Event(c, EventBeginLost)
 	f := &e.followUps
 	id := lostBeginID{c.Scope, c.Key, c.Token}
+	deadline := time.Now().Add(e.opts.FinishBudget)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if _, ok := f.pending[id]; ok {
-		return // one re-sent Begin finds what either made
+	if lb, ok := f.pending[id]; ok {
+		// Queued, its re-sent Begin goes after this one and finds what
+		// either made; in flight, it may not, so it goes again after.
+		lb.again = lb.again || lb.inFlight
+		lb.deadline = deadline
+		return
 	}
 	if len(f.pending) >= maxLostBeginFollowUps {
 		e.opts.Logger.WarnContext(ctx, "idemgate: too many lost Begins are being followed up; if this one made a reservation, it runs down its lease",
 			slog.String("scope", c.Scope))
 		return
 	}
+	e.backgroundMu.Lock()
+	closing := e.closing
+	if !closing && !f.running {
+		e.background.Add(1)
+	}
+	e.backgroundMu.Unlock()
+	if closing {
+		e.opts.Logger.WarnContext(ctx, "idemgate: the Gate is closed, so a lost Begin is not followed up; if it made a reservation, it runs down its lease",
+			slog.String("scope", c.Scope))
+		return
+	}
 	if !f.running {
-		if !e.startBackground() {
-			e.opts.Logger.WarnContext(ctx, "idemgate: the Gate is closed, so a lost Begin is not followed up; if it made a reservation, it runs down its lease",
-				slog.String("scope", c.Scope))
-			return
-		}
 		f.running = true
 		go e.followUp()
 	}
 	req := proto.CloneOf(c.BeginRequest)
 	req.MaxWait = durationpb.New(0)
 	if f.pending == nil {
-		f.pending = map[lostBeginID]struct{}{}
+		f.pending = map[lostBeginID]*lostBegin{}
 	}
-	f.pending[id] = struct{}{}
-	f.queue = append(f.queue, &lostBegin{id: id, ctx: context.WithoutCancel(ctx), c: c, req: req, deadline: time.Now().Add(e.opts.FinishBudget)})
+	lb := &lostBegin{id: id, ctx: context.WithoutCancel(ctx), c: c, req: req, deadline: deadline}
+	f.pending[id] = lb
+	f.queue = append(f.queue, lb)
 }
 
-// followUp re-sends the queued lost Begins, one at a time, until none is
-// left: on the shared backoff while the Dedupe service does not answer, at
-// the capped rate while it does. It stops early when Close's context ends.
+// followUpResult is what one re-sent Begin found.
+type followUpResult struct {
+	lb *lostBegin
+	// sentUp: it was sent while the service answered.
+	sentUp bool
+	err    error
+}
+
+// followUp re-sends the queued lost Begins until none is left: one at a
+// time on the shared backoff while the Dedupe service does not answer, up
+// to followUpInFlight at once at the capped rate while it does. It stops
+// early when Close's context ends.
 func (e *Engine) followUp() {
 	defer e.background.Done()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	defer context.AfterFunc(e.backgroundCtx, cancel)()
 	limit := rate.NewLimiter(followUpRate, followUpBurst)
+	results := make(chan followUpResult, followUpInFlight)
+	inFlight, stopped := 0, false
 	// The Begin that queued the first one just failed: wait before trying.
-	backoff := followUpMinBackoff
+	up, backoff := false, followUpMinBackoff
 	for {
-		if backoff > 0 && !sleep(ctx, backoff/2+rand.N(backoff/2+1)) {
-			e.dropFollowUps(nil, "the Gate was closed")
-			return
-		}
-		lb := e.nextFollowUp()
-		if lb == nil {
-			return
-		}
-		if limit.Wait(ctx) != nil {
-			e.dropFollowUps(lb, "the Gate was closed")
-			return
-		}
-		callCtx, cancelCall := context.WithTimeout(ctx, e.opts.DedupeTimeout)
-		res, err := e.dedupe.Begin(callCtx, lb.req)
-		cancelCall()
-		switch {
-		case err == nil:
-			if reserved := res.GetReserved(); reserved != nil {
-				lease := e.keepLease(lb.ctx, lb.c, reserved.GetEpoch(), 0, func() {})
-				e.release(lb.ctx, lb.c, reserved.GetEpoch(), false, lease)
+		for ctx.Err() == nil && (up && inFlight < followUpInFlight || !up && inFlight == 0) {
+			if !up && !sleep(ctx, backoff/2+rand.N(backoff/2+1)) {
+				break
 			}
-			e.doneFollowUp(lb)
-			backoff = 0
-		case ctx.Err() != nil:
-			e.dropFollowUps(lb, "the Gate was closed")
+			lb := e.nextFollowUp(inFlight == 0)
+			if lb == nil {
+				stopped = inFlight == 0
+				break
+			}
+			if limit.Wait(ctx) != nil {
+				e.requeueFollowUp(lb)
+				break
+			}
+			inFlight++
+			go func(sentUp bool) { results <- followUpResult{lb, sentUp, e.resendLostBegin(ctx, lb)} }(up)
+			if !up {
+				break // one at a time: wait for its answer
+			}
+		}
+		if inFlight == 0 {
+			if !stopped {
+				e.dropFollowUps("the Gate was closed")
+			}
 			return
-		case refused(err) && status.Code(err) != codes.ResourceExhausted:
+		}
+		// Lost Begins queued meanwhile wait for the next one back (within
+		// DedupeTimeout, plus its release).
+		r := <-results
+		inFlight--
+		switch {
+		case r.err == nil:
+			e.doneFollowUp(r.lb)
+			up, backoff = true, 0
+		case ctx.Err() != nil:
+			e.lostFollowUp(r.lb, "the Gate was closed")
+		case refused(r.err) && status.Code(r.err) != codes.ResourceExhausted:
 			// A refusal that will not change: nothing more to learn.
-			e.lostFollowUp(lb, err)
-			backoff = 0
+			e.lostFollowUp(r.lb, status.Convert(r.err).Message())
+			up, backoff = true, 0
 		default:
 			// Not answered (or over the quota): it goes last in line (one
 			// that keeps failing must not hold the others up), and the next
-			// one waits the next backoff step.
-			e.requeueFollowUp(lb)
-			backoff = min(max(2*backoff, followUpMinBackoff), followUpMaxBackoff)
-			if retry, ok := grpcerr.RetryDelay(err); ok && retry > backoff {
+			// one waits the next backoff step once those in flight are back.
+			e.requeueFollowUp(r.lb)
+			switch {
+			case !r.sentUp:
+				backoff = min(max(2*backoff, followUpMinBackoff), followUpMaxBackoff)
+			case up:
+				backoff = followUpMinBackoff
+			}
+			up = false
+			if retry, ok := grpcerr.RetryDelay(r.err); ok && retry > backoff {
 				backoff = min(retry, followUpMaxBackoff)
 			}
 		}
 	}
 }
 
+// resendLostBegin re-sends lb's Begin and releases what it finds reserved,
+// within lb's deadline.
+func (e *Engine) resendLostBegin(ctx context.Context, lb *lostBegin) error {
+	callCtx, cancel := context.WithTimeout(ctx, e.opts.DedupeTimeout)
+	res, err := e.dedupe.Begin(callCtx, lb.req)
+	cancel()
+	if reserved := res.GetReserved(); err == nil && reserved != nil {
+		lease := e.keepLease(lb.ctx, lb.c, reserved.GetEpoch(), 0, func() {})
+		e.followUps.mu.Lock()
+		deadline := lb.deadline
+		e.followUps.mu.Unlock()
+		e.releaseBy(lb.ctx, lb.c, reserved.GetEpoch(), false, lease, deadline)
+	}
+	return err
+}
+
 // nextFollowUp takes the first lost Begin in line still within its budget
-// (giving up those past it), or returns nil, and the goroutine must stop,
-// when none is left.
-func (e *Engine) nextFollowUp() *lostBegin {
+// (giving up those past it) and marks it in flight, or returns nil when
+// none is left; with last (none in flight) the goroutine must then stop.
+func (e *Engine) nextFollowUp(last bool) *lostBegin {
 	f := &e.followUps
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -164,12 +229,15 @@ func (e *Engine) nextFollowUp() *lostBegin {
 		f.queue[0] = nil
 		f.queue = f.queue[1:]
 		if time.Now().Before(lb.deadline) {
+			lb.inFlight = true
 			return lb
 		}
 		delete(f.pending, lb.id)
 		e.logLostFollowUp(lb, "the retry budget ran out")
 	}
-	f.queue, f.running = nil, false
+	if last {
+		f.queue, f.running = nil, false
+	}
 	return nil
 }
 
@@ -178,32 +246,39 @@ func (e *Engine) requeueFollowUp(lb *lostBegin) {
 	f := &e.followUps
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	lb.inFlight, lb.again = false, false
 	f.queue = append(f.queue, lb)
 }
 
-// doneFollowUp forgets lb, followed up.
+// doneFollowUp forgets lb, followed up, unless it was lost again while in
+// flight: then it goes last in line once more.
 func (e *Engine) doneFollowUp(lb *lostBegin) {
 	f := &e.followUps
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if lb.again {
+		lb.inFlight, lb.again = false, false
+		f.queue = append(f.queue, lb)
+		return
+	}
 	delete(f.pending, lb.id)
 }
 
-// lostFollowUp gives lb up after the service refused it.
-func (e *Engine) lostFollowUp(lb *lostBegin, err error) {
-	e.doneFollowUp(lb)
-	e.logLostFollowUp(lb, status.Convert(err).Message())
+// lostFollowUp gives lb up.
+func (e *Engine) lostFollowUp(lb *lostBegin, why string) {
+	f := &e.followUps
+	f.mu.Lock()
+	delete(f.pending, lb.id)
+	f.mu.Unlock()
+	e.logLostFollowUp(lb, why)
 }
 
-// dropFollowUps gives up lb (when not nil) and every queued lost Begin, and
-// marks the goroutine stopped: Close's context ended.
-func (e *Engine) dropFollowUps(lb *lostBegin, why string) {
+// dropFollowUps gives up every queued lost Begin, and marks the goroutine
+// stopped: Close's context ended. None is in flight.
+func (e *Engine) dropFollowUps(why string) {
 	f := &e.followUps
 	f.mu.Lock()
 	queue := f.queue
-	if lb != nil {
-		queue = append([]*lostBegin{lb}, queue...)
-	}
 	f.queue, f.pending, f.running = nil, nil, false
 	f.mu.Unlock()
 	for _, lb := range queue {

@@ -3,6 +3,7 @@ package gatecore_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -153,5 +154,252 @@ func TestLostBeginsOfOneAttemptAreFollowedUpOnce(t *testing.T) {
 	}
 	if b, err := gatecore.New(d, gatecore.Options{Logger: discard()}).Begin(context.Background(), testCall("lost-thrice", time.Hour)); err != nil || b.Kind != gatecore.Reserved {
 		t.Errorf("the key after the follow-up: %v, %v; want it free", b.Kind, err)
+	}
+}
+
+// crowdDedupe is a real Dedupe service behind a connection that loses the
+// answer of every first Begin (max_wait above zero): a decoy's before it
+// reaches the service (a caller that gave up before it reserved), the real
+// one's after the service reserved. Re-sent decoys (max_wait 0) are
+// answered slowly, as by an overloaded service.
+type crowdDedupe struct {
+	idemgatev1.DedupeServiceClient
+	slow time.Duration
+	mu   sync.Mutex
+	// realResent counts the re-sent Begins of the real one.
+	realResent int
+}
+
+func (d *crowdDedupe) Begin(ctx context.Context, req *idemgatev1.BeginRequest, opts ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
+	decoy := strings.HasPrefix(req.GetKey(), "decoy-")
+	if req.GetMaxWait().AsDuration() > 0 {
+		if !decoy {
+			if _, err := d.DedupeServiceClient.Begin(ctx, req, opts...); err != nil {
+				return nil, err
+			}
+		}
+		return nil, status.Error(codes.DeadlineExceeded, "the caller gave up")
+	}
+	if decoy {
+		if !sleepCtx(ctx, d.slow) {
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	} else {
+		d.mu.Lock()
+		d.realResent++
+		d.mu.Unlock()
+	}
+	return d.DedupeServiceClient.Begin(ctx, req, opts...)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// A crowd of lost Begins whose re-sends a slow service answers one by one
+// must not starve the one lost Begin that did reserve: once the service
+// answers, follow-ups are re-sent several at a time, so the real one is
+// released within its budget (one at a time it would come up only after
+// decoys × slow = 32s, over twice its budget; eight at a time after 4s).
+func TestLostBeginFollowUpsDrainConcurrentlyOnceTheServiceAnswers(t *testing.T) {
+	const decoys, slow, budget = 64, 500 * time.Millisecond, 12 * time.Second
+	d := &crowdDedupe{DedupeServiceClient: embeddedDedupe(t), slow: slow}
+	e := gatecore.New(d, gatecore.Options{Logger: discard(), FinishBudget: budget})
+	policy := gatecore.Policy{Lease: 10 * time.Minute, MaxWait: time.Second, ExecutionTimeout: time.Minute}
+	fp := testCall("", 0).BeginRequest.GetFingerprint()
+	for i := range decoys {
+		c := gatecore.NewCall("tool", "scope", fmt.Sprintf("decoy-%d", i), fp, policy, time.Hour)
+		if _, err := e.Begin(context.Background(), c); status.Code(err) != codes.Unavailable {
+			t.Fatalf("decoy Begin: %v, want UNAVAILABLE", err)
+		}
+	}
+	real := gatecore.NewCall("tool", "scope", "real", fp, policy, time.Hour)
+	if _, err := e.Begin(context.Background(), real); status.Code(err) != codes.Unavailable {
+		t.Fatalf("real Begin: %v, want UNAVAILABLE", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	if err := e.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if d.realResent != 1 {
+		t.Errorf("the real lost Begin was re-sent %d times, want once, within its budget, behind %d slow decoys", d.realResent, decoys)
+	}
+	c := gatecore.NewCall("tool", "scope", "real", fp, gatecore.Policy{Lease: time.Minute, ExecutionTimeout: time.Minute}, time.Hour)
+	if b, err := gatecore.New(d, gatecore.Options{Logger: discard()}).Begin(context.Background(), c); err != nil || b.Kind != gatecore.Reserved {
+		t.Errorf("the real key after the follow-ups: %v, %v; want it free (its lost reservation released)", b.Kind, err)
+	}
+	if s := e.Stats(); s.LostBegins != decoys+1 || s.ReleaseFailures != 0 {
+		t.Errorf("Stats = %+v, want %d lost Begins and no release failure", s, decoys+1)
+	}
+}
+
+// againDedupe stages a second lost Begin of one attempt that reaches the
+// service only after the follow-up of the first released the reservation.
+type againDedupe struct {
+	idemgatev1.DedupeServiceClient
+	mu              sync.Mutex
+	begins, resends int
+	resent1         chan struct{} // the first re-sent Begin is on its way
+	lost2, released chan struct{} // the second Begin was lost; the follow-up released
+	forwarded2      chan struct{} // the second Begin reached the service
+	releaseOnce     sync.Once
+}
+
+func (d *againDedupe) Begin(ctx context.Context, req *idemgatev1.BeginRequest, opts ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
+	d.mu.Lock()
+	resend := req.GetMaxWait().AsDuration() == 0
+	if resend {
+		d.resends++
+	} else {
+		d.begins++
+	}
+	begins, resends := d.begins, d.resends
+	d.mu.Unlock()
+	switch {
+	case !resend && begins == 1:
+		return nil, status.Error(codes.Unavailable, "lost before it reached the service")
+	case !resend:
+		// Still on its way when the caller gave up: it lands after the
+		// follow-up's Release.
+		go func() {
+			<-d.released
+			_, _ = d.DedupeServiceClient.Begin(context.WithoutCancel(ctx), req, opts...)
+			close(d.forwarded2)
+		}()
+		return nil, status.Error(codes.DeadlineExceeded, "the caller gave up")
+	case resends == 1:
+		close(d.resent1)
+		<-d.lost2 // the second Begin is lost while this one is in flight
+	default:
+		<-d.forwarded2
+	}
+	return d.DedupeServiceClient.Begin(ctx, req, opts...)
+}
+
+func (d *againDedupe) Release(ctx context.Context, req *idemgatev1.ReleaseRequest, opts ...grpc.CallOption) (*idemgatev1.ReleaseResponse, error) {
+	res, err := d.DedupeServiceClient.Release(ctx, req, opts...)
+	if err == nil {
+		d.releaseOnce.Do(func() { close(d.released) })
+	}
+	return res, err
+}
+
+// A Begin of an attempt lost again while its follow-up's re-sent Begin is
+// in flight may reach the service after that follow-up released: it is
+// followed up once more, so its reservation does not outlive the call.
+func TestABeginLostAgainWhileItsFollowUpIsInFlightIsFollowedUpAgain(t *testing.T) {
+	d := &againDedupe{DedupeServiceClient: embeddedDedupe(t), resent1: make(chan struct{}), lost2: make(chan struct{}), released: make(chan struct{}), forwarded2: make(chan struct{})}
+	e := gatecore.New(d, gatecore.Options{Logger: discard()})
+	c := testCall("lost-again", time.Hour)
+	c.BeginRequest.MaxWait = durationpb.New(time.Second)
+	for i := range 2 {
+		if i == 1 {
+			<-d.resent1
+		}
+		if _, err := e.Begin(context.Background(), c); status.Code(err) != codes.Unavailable {
+			t.Fatalf("Begin: %v, want UNAVAILABLE", err)
+		}
+	}
+	close(d.lost2)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := e.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	select {
+	case <-d.forwarded2:
+	case <-ctx.Done():
+		t.Fatal("the second Begin never reached the service")
+	}
+	if b, err := gatecore.New(d, gatecore.Options{Logger: discard()}).Begin(context.Background(), testCall("lost-again", time.Hour)); err != nil || b.Kind != gatecore.Reserved {
+		t.Errorf("the key after the follow-ups: %v, %v; want it free (the late Begin's reservation released)", b.Kind, err)
+	}
+}
+
+// A Begin lost once Close began is logged, not followed up, even while
+// the follow-ups of earlier ones still run: Close must not wait for a
+// budget that starts after it began.
+func TestABeginLostAfterCloseBeganIsNotFollowedUp(t *testing.T) {
+	d := &outageDedupe{DedupeServiceClient: embeddedDedupe(t), down: true, probed: make(chan struct{})}
+	e := gatecore.New(d, gatecore.Options{Logger: discard()})
+	begin := func(key string) {
+		c := testCall(key, time.Hour)
+		c.BeginRequest.MaxWait = durationpb.New(time.Second)
+		if _, err := e.Begin(context.Background(), c); status.Code(err) != codes.Unavailable {
+			t.Fatalf("Begin during the outage: %v, want UNAVAILABLE", err)
+		}
+	}
+	begin("lost-before-close")
+	closed := make(chan error)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		closed <- e.Close(ctx)
+	}()
+	for !e.Closing() {
+		time.Sleep(time.Millisecond)
+	}
+	begin("lost-after-close")
+	d.mu.Lock()
+	d.down = false
+	d.mu.Unlock()
+	if err := <-closed; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if d.followUpsUp != 1 {
+		t.Errorf("%d Begins re-sent after the outage, want 1: the one lost before Close began", d.followUpsUp)
+	}
+}
+
+// stuckReleaseDedupe answers the re-sent Begin once its follow-up's budget
+// ran out, and never takes a Release.
+type stuckReleaseDedupe struct {
+	idemgatev1.DedupeServiceClient
+	lostAt time.Time
+	budget time.Duration
+}
+
+func (d *stuckReleaseDedupe) Begin(ctx context.Context, req *idemgatev1.BeginRequest, opts ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
+	res, err := d.DedupeServiceClient.Begin(ctx, req, opts...)
+	if req.GetMaxWait().AsDuration() > 0 {
+		return nil, status.Error(codes.Unavailable, "the connection broke after the reservation")
+	}
+	if !sleepCtx(ctx, time.Until(d.lostAt.Add(d.budget+2*time.Second))) {
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	return res, err
+}
+
+func (d *stuckReleaseDedupe) Release(context.Context, *idemgatev1.ReleaseRequest, ...grpc.CallOption) (*idemgatev1.ReleaseResponse, error) {
+	return nil, status.Error(codes.Unavailable, "the Dedupe service is overloaded")
+}
+
+// A follow-up's Release is retried within the follow-up's budget, not a
+// fresh one: Close waits for at most one budget per lost Begin.
+func TestALostBeginsReleaseIsRetriedWithinItsFollowUpsBudget(t *testing.T) {
+	const budget = 5 * time.Second
+	d := &stuckReleaseDedupe{DedupeServiceClient: embeddedDedupe(t), budget: budget}
+	e := gatecore.New(d, gatecore.Options{Logger: discard(), FinishBudget: budget, DedupeTimeout: 4 * budget})
+	c := testCall("stuck-release", time.Hour)
+	c.BeginRequest.MaxWait = durationpb.New(time.Second)
+	d.lostAt = time.Now() // before the loss, so the follow-up's budget ends no earlier
+	if _, err := e.Begin(context.Background(), c); status.Code(err) != codes.Unavailable {
+		t.Fatalf("Begin: %v, want UNAVAILABLE", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := e.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if s := e.Stats(); s.ReleaseRetries != 0 || s.ReleaseFailures != 1 {
+		t.Errorf("Stats = %+v, want the Release tried once and given up (its follow-up's budget had run out), not retried", s)
 	}
 }
