@@ -916,26 +916,36 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.
 }
 
 // lostCandidatesSQL finds in-flight rows of FAIL_CLOSED holders whose
-// effective lease ran out, through the partial index on in-flight rows'
-// lease ends (migration 008): a range of the rows whose own lease ended,
-// not a scan of the table. It reads, and locks nothing.
+// effective lease ended at least one more lease ago (lostAfter), oldest
+// first, through the partial index of migration 009: its entries are the
+// FAIL_CLOSED calls in flight, so a REEXECUTE row, however many lie dead,
+// is never read. It reads, and locks nothing.
 var lostCandidatesSQL = `
 SELECT c.namespace, c.scope, c.idempotency_key, c.epoch FROM idemgate_records AS c
-WHERE c.state = 'in_flight' AND c.lease_expires_at <= now()
-  AND c.unknown_retention_ms > 0 AND ` + leaseEnd("c") + ` <= now()
-ORDER BY c.lease_expires_at
+WHERE c.state = 'in_flight' AND c.unknown_retention_ms > 0 AND ` + lostAfter("c") + ` <= now()
+ORDER BY c.created_at
 LIMIT $1`
 
+// lostAfter is when the sweeper marks the row aliased t: one full lease
+// (lease_ms) past its effective lease's end. A Begin already treats the
+// record as outcome-unknown from that end; the sweeper, which marks for
+// operators without anyone asking, gives a holder that lost its renewals
+// for a moment (a partition, a reconnect after a restart) one more lease to
+// come back before it is listed as dead.
+func lostAfter(t string) string {
+	return fmt.Sprintf(`(%s + %s.lease_ms * interval '1 millisecond')`, leaseEnd(t), t)
+}
+
 // markLostSQL marks one such row outcome-unknown, if it still is that
-// in-flight epoch with its lease run out, kept for its unknown retention
-// past its lease's end. One row per statement: it takes one row lock and
-// waits for no other, so it cannot deadlock with group-commit batches.
+// in-flight epoch past lostAfter, kept for its unknown retention past its
+// lease's end. One row per statement: it takes one row lock and waits for
+// no other, so it cannot deadlock with group-commit batches.
 var markLostSQL = `
 UPDATE idemgate_records AS r
 SET state = 'unknown',
     expires_at = greatest(expires_at, ` + leaseEnd("r") + ` + unknown_retention_ms * interval '1 millisecond')
 WHERE namespace = $1 AND scope = $2 AND idempotency_key = $3 AND epoch = $4
-  AND state = 'in_flight' AND unknown_retention_ms > 0 AND ` + leaseEnd("r") + ` <= now()`
+  AND state = 'in_flight' AND unknown_retention_ms > 0 AND ` + lostAfter("r") + ` <= now()`
 
 // MarkLostOutcomes implements dedupesvc.LostOutcomeMarker.
 func (s *Store) MarkLostOutcomes(ctx context.Context, limit int) (int, error) {
