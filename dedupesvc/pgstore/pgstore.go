@@ -431,6 +431,14 @@ func expiry(t string) string {
 // share a fencing token, even after its record was swept.
 const nextEpoch = `nextval('idemgate_epochs')`
 
+// nextEpochOf is nextEpoch for a statement that updates the row aliased t:
+// above the row's own epoch too. A replica not yet upgraded (a rolling
+// deploy) writes its row's epoch + 1, which the sequence never sees, so the
+// sequence alone could hand that key a lower, earlier epoch.
+func nextEpochOf(t string) string {
+	return fmt.Sprintf(`greatest(%s, %s.epoch + 1)`, nextEpoch, t)
+}
+
 // reserveSQL takes the key when it is free: no row, or a row that expired, or
 // a row with the same fingerprint that was released or (under REEXECUTE,
 // $7) whose holder's lease ran out. It returns nothing when the row blocks
@@ -449,7 +457,7 @@ ON CONFLICT (namespace, scope, idempotency_key) DO UPDATE SET
     fingerprint = excluded.fingerprint,
     state = 'in_flight',
     attempt_token = excluded.attempt_token,
-    epoch = ` + nextEpoch + `,
+    epoch = ` + nextEpochOf("r") + `,
     retention_ms = excluded.retention_ms,
     lease_ms = excluded.lease_ms,
     unknown_retention_ms = excluded.unknown_retention_ms,
@@ -828,18 +836,18 @@ WHERE namespace = $%d AND scope = $1 AND idempotency_key = $2 AND %s > now()
 }
 
 // resolveCompleteSQL and resolveReleaseSQL settle an unknown record. Both
-// give it a new epoch (nextEpoch), which fences the attempt that held it: its late Finish,
+// give it a new epoch (nextEpochOf), which fences the attempt that held it: its late Finish,
 // Release or Heartbeat gets ErrNotHeld instead of being taken for a retry
 // of its own that already took effect, so its outcome never silently
 // disappears.
 var resolveCompleteSQL = `
 UPDATE idemgate_records AS r
 ` + completeSet(3, 4, 6) + `,
-    epoch = ` + nextEpoch + unknownWhere(5)
+    epoch = ` + nextEpochOf("r") + unknownWhere(5)
 
 var resolveReleaseSQL = `
 UPDATE idemgate_records AS r
-SET state = 'released', lease_expires_at = now(), epoch = ` + nextEpoch + unknownWhere(3)
+SET state = 'released', lease_expires_at = now(), epoch = ` + nextEpochOf("r") + unknownWhere(3)
 
 // Resolve implements dedupesvc.Store.
 func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
