@@ -61,9 +61,13 @@ type Store struct {
 	cutGen   uint64
 	marking  *markCall
 	// markHook, when set (tests), runs inside MarkResumed before its
-	// statement; markWaiting counts operations waiting for a pending mark.
-	markHook    func()
+	// statement, with the mark's context; markWaiting counts operations
+	// waiting for a pending mark.
+	markHook    func(context.Context)
 	markWaiting atomic.Int32
+	// markTimeouts counts resume's marks in a row that ran out of their
+	// own time (markTimeout), under resumeMu.
+	markTimeouts int
 	// commit is the group commit config; group batches Begin's first
 	// statement and Finish (nil with batching off).
 	commit GroupCommit
@@ -265,7 +269,7 @@ ON CONFLICT (id) DO UPDATE SET resumed_at = greatest(st.resumed_at, excluded.res
 // itself after it could not reach the database (see resume).
 func (s *Store) MarkResumed(ctx context.Context) error {
 	if s.markHook != nil {
-		s.markHook()
+		s.markHook(ctx)
 	}
 	if _, err := s.pool.Exec(ctx, markResumedSQL); err != nil {
 		return fmt.Errorf("pgstore: mark resumed: %w", s.noted(ctx, err))
@@ -277,9 +281,27 @@ func (s *Store) MarkResumed(ctx context.Context) error {
 type markCall struct {
 	done chan struct{}
 	// err is the mark's error; gaveUp says it was the marking caller's
-	// context that ended, not the database that failed.
+	// context, or the mark's own time (markTimeout), that ended, not the
+	// database that failed.
 	err    error
 	gaveUp bool
+}
+
+// markTimeout bounds one mark of the resume that resume makes: half the
+// shortest lease (dedupesvc.MinLease), doubled after each mark in a row
+// that ran out of it, up to 8s. Every operation of the replica waits for
+// the mark, its holders' renewals included, and the marking caller may
+// have no deadline (the sweeper's never ends): a mark stuck on a
+// connection the network dropped would stall the replica until other
+// replicas take its holders' keys. One whose time ran out counts as given
+// up, so the next operation marks again on another connection; the growth
+// lets a database that answers slowly, but answers, be marked after all.
+func markTimeout(timedOut int) time.Duration {
+	d := dedupesvc.MinLease / 2
+	for range min(timedOut, 4) {
+		d *= 2
+	}
+	return d
 }
 
 // resume runs before every statement of the store (and at the start of every
@@ -289,10 +311,13 @@ type markCall struct {
 // marked resumed (MarkResumed). The first caller marks; the others wait for
 // that mark and then go on, or fail with its error when it failed (the flag
 // stays set and the next operation marks again); a caller whose own context
-// ended is no verdict on the database, so its waiters mark themselves. The
-// flag is cleared only by a mark that started after the last failure noted.
-// A statement already on its way when the failure is noted is not held back:
-// the window this leaves is one statement's flight, not the mark's.
+// ended is no verdict on the database, so its waiters mark themselves, and
+// neither is a mark that ran out of its own time (markTimeout): then the
+// marking caller, while its context lasts, tries again like its waiters.
+// The flag is cleared only by a mark that started after the last failure
+// noted. A statement already on its way when the failure is noted is not
+// held back: the window this leaves is one statement's flight, not the
+// mark's.
 func (s *Store) resume(ctx context.Context) error {
 	for s.cutOff.Load() {
 		s.resumeMu.Lock()
@@ -318,17 +343,26 @@ func (s *Store) resume(ctx context.Context) error {
 		c := &markCall{done: make(chan struct{})}
 		s.marking = c
 		gen := s.cutGen
+		markCtx, cancel := context.WithTimeout(ctx, markTimeout(s.markTimeouts))
 		s.resumeMu.Unlock()
-		err := s.MarkResumed(ctx)
+		err := s.MarkResumed(markCtx)
+		timedOut := err != nil && markCtx.Err() != nil && ctx.Err() == nil
+		cancel()
 		s.resumeMu.Lock()
 		s.marking = nil
-		if err == nil && s.cutGen == gen {
-			s.cutOff.Store(false)
+		switch {
+		case err == nil:
+			s.markTimeouts = 0
+			if s.cutGen == gen {
+				s.cutOff.Store(false)
+			}
+		case timedOut:
+			s.markTimeouts++
 		}
-		c.err, c.gaveUp = err, err != nil && ctx.Err() != nil
+		c.err, c.gaveUp = err, err != nil && (timedOut || ctx.Err() != nil)
 		close(c.done)
 		s.resumeMu.Unlock()
-		if err != nil {
+		if err != nil && !timedOut {
 			return err
 		}
 	}
