@@ -2,6 +2,7 @@ package dedupesvc
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 )
@@ -29,10 +30,13 @@ type SweeperConfig struct {
 // count only records marked so, and without a Begin nobody would mark it.
 type LostOutcomeMarker interface {
 	// MarkLostOutcomes marks outcome-unknown up to limit in-flight records
-	// of FAIL_CLOSED holders whose effective lease ran out (the resume grace
-	// included), as a FAIL_CLOSED Begin would, kept for their unknown
-	// retention past that lease's end, and returns how many it marked. The
-	// holder's Heartbeat or Finish still revives or settles such a record.
+	// of FAIL_CLOSED holders whose effective lease (the resume grace
+	// included) ended one full lease ago, as a FAIL_CLOSED Begin would at
+	// its end, kept for their unknown retention past that lease's end, and
+	// returns how many it marked. The extra lease lets a holder that lost
+	// its renewals for a moment come back before operators see it listed.
+	// The holder's Heartbeat or Finish still revives or settles such a
+	// record.
 	MarkLostOutcomes(ctx context.Context, limit int) (int, error)
 }
 
@@ -84,22 +88,28 @@ func (s *Sweeper) Run(ctx context.Context) {
 
 // SweepOnce marks lost outcomes when the store is a LostOutcomeMarker, then
 // deletes expired records, each batch by batch until a batch comes back
-// short or MaxBatches ran, and returns how many it deleted.
+// short or MaxBatches ran, and returns how many it deleted. A failed mark
+// is logged and does not stop the deletion: the error returned joins both.
 func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
+	var markErr error
 	if m, ok := s.store.(LostOutcomeMarker); ok {
 		marked := 0
 		for range s.cfg.MaxBatches {
 			n, err := m.MarkLostOutcomes(ctx, s.cfg.BatchSize)
 			marked += n
 			if err != nil {
-				return 0, err
+				markErr = err
+				s.cfg.Logger.ErrorContext(ctx, "marking lost outcomes failed; deleting expired records anyway", slog.Any("error", err))
+				break
 			}
 			if n < s.cfg.BatchSize {
 				break
 			}
 		}
 		if marked > 0 {
-			s.cfg.Logger.WarnContext(ctx, "marked outcome-unknown the records of FAIL_CLOSED holders whose lease ran out with no outcome; resolve each (idemctl list -state unknown)",
+			// Another replica's holder may be alive but cut off from the
+			// store: resolving its record would fence it.
+			s.cfg.Logger.WarnContext(ctx, "marked outcome-unknown the records of FAIL_CLOSED holders whose lease ran out a lease ago with no outcome; resolve each after confirming its holder is gone (no tool server still runs it): idemctl list -state unknown",
 				slog.Int("marked", marked))
 		}
 	}
@@ -112,7 +122,7 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 				slog.String("scope", id.Scope), slog.String("key", id.Key))
 		}
 		if err != nil {
-			return total, err
+			return total, errors.Join(markErr, err)
 		}
 		if n < s.cfg.BatchSize {
 			break
@@ -121,5 +131,5 @@ func (s *Sweeper) SweepOnce(ctx context.Context) (int, error) {
 	if total > 0 {
 		s.cfg.Logger.InfoContext(ctx, "swept expired records", slog.Int("deleted", total))
 	}
-	return total, nil
+	return total, markErr
 }

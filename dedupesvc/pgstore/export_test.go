@@ -1,14 +1,16 @@
 package pgstore
 
+import "context"
+
 // QueuedForTest returns how many statements wait for the group commit.
 func (s *Store) QueuedForTest() int { return s.group.Queued() }
 
 // WritingForTest returns how many statements the group commit writes now.
 func (s *Store) WritingForTest() int { return s.group.Writing() }
 
-// HoldMarkForTest makes every MarkResumed of s call hook before its
-// statement.
-func HoldMarkForTest(s *Store, hook func()) { s.markHook = hook }
+// HoldMarkForTest makes every MarkResumed of s call hook, with the mark's
+// context, before its statement.
+func HoldMarkForTest(s *Store, hook func(context.Context)) { s.markHook = hook }
 
 // WaitingForMarkForTest returns how many operations of s wait for a pending
 // MarkResumed.

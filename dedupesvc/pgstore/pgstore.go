@@ -61,9 +61,13 @@ type Store struct {
 	cutGen   uint64
 	marking  *markCall
 	// markHook, when set (tests), runs inside MarkResumed before its
-	// statement; markWaiting counts operations waiting for a pending mark.
-	markHook    func()
+	// statement, with the mark's context; markWaiting counts operations
+	// waiting for a pending mark.
+	markHook    func(context.Context)
 	markWaiting atomic.Int32
+	// markTimeouts counts resume's marks in a row that ran out of their
+	// own time (markTimeout), under resumeMu.
+	markTimeouts int
 	// commit is the group commit config; group batches Begin's first
 	// statement and Finish (nil with batching off).
 	commit GroupCommit
@@ -265,7 +269,7 @@ ON CONFLICT (id) DO UPDATE SET resumed_at = greatest(st.resumed_at, excluded.res
 // itself after it could not reach the database (see resume).
 func (s *Store) MarkResumed(ctx context.Context) error {
 	if s.markHook != nil {
-		s.markHook()
+		s.markHook(ctx)
 	}
 	if _, err := s.pool.Exec(ctx, markResumedSQL); err != nil {
 		return fmt.Errorf("pgstore: mark resumed: %w", s.noted(ctx, err))
@@ -277,9 +281,27 @@ func (s *Store) MarkResumed(ctx context.Context) error {
 type markCall struct {
 	done chan struct{}
 	// err is the mark's error; gaveUp says it was the marking caller's
-	// context that ended, not the database that failed.
+	// context, or the mark's own time (markTimeout), that ended, not the
+	// database that failed.
 	err    error
 	gaveUp bool
+}
+
+// markTimeout bounds one mark of the resume that resume makes: half the
+// shortest lease (dedupesvc.MinLease), doubled after each mark in a row
+// that ran out of it, up to 8s. Every operation of the replica waits for
+// the mark, its holders' renewals included, and the marking caller may
+// have no deadline (the sweeper's never ends): a mark stuck on a
+// connection the network dropped would stall the replica until other
+// replicas take its holders' keys. One whose time ran out counts as given
+// up, so the next operation marks again on another connection; the growth
+// lets a database that answers slowly, but answers, be marked after all.
+func markTimeout(timedOut int) time.Duration {
+	d := dedupesvc.MinLease / 2
+	for range min(timedOut, 4) {
+		d *= 2
+	}
+	return d
 }
 
 // resume runs before every statement of the store (and at the start of every
@@ -289,10 +311,13 @@ type markCall struct {
 // marked resumed (MarkResumed). The first caller marks; the others wait for
 // that mark and then go on, or fail with its error when it failed (the flag
 // stays set and the next operation marks again); a caller whose own context
-// ended is no verdict on the database, so its waiters mark themselves. The
-// flag is cleared only by a mark that started after the last failure noted.
-// A statement already on its way when the failure is noted is not held back:
-// the window this leaves is one statement's flight, not the mark's.
+// ended is no verdict on the database, so its waiters mark themselves, and
+// neither is a mark that ran out of its own time (markTimeout): then the
+// marking caller, while its context lasts, tries again like its waiters.
+// The flag is cleared only by a mark that started after the last failure
+// noted. A statement already on its way when the failure is noted is not
+// held back: the window this leaves is one statement's flight, not the
+// mark's.
 func (s *Store) resume(ctx context.Context) error {
 	for s.cutOff.Load() {
 		s.resumeMu.Lock()
@@ -318,17 +343,26 @@ func (s *Store) resume(ctx context.Context) error {
 		c := &markCall{done: make(chan struct{})}
 		s.marking = c
 		gen := s.cutGen
+		markCtx, cancel := context.WithTimeout(ctx, markTimeout(s.markTimeouts))
 		s.resumeMu.Unlock()
-		err := s.MarkResumed(ctx)
+		err := s.MarkResumed(markCtx)
+		timedOut := err != nil && markCtx.Err() != nil && ctx.Err() == nil
+		cancel()
 		s.resumeMu.Lock()
 		s.marking = nil
-		if err == nil && s.cutGen == gen {
-			s.cutOff.Store(false)
+		switch {
+		case err == nil:
+			s.markTimeouts = 0
+			if s.cutGen == gen {
+				s.cutOff.Store(false)
+			}
+		case timedOut:
+			s.markTimeouts++
 		}
-		c.err, c.gaveUp = err, err != nil && ctx.Err() != nil
+		c.err, c.gaveUp = err, err != nil && (timedOut || ctx.Err() != nil)
 		close(c.done)
 		s.resumeMu.Unlock()
-		if err != nil {
+		if err != nil && !timedOut {
 			return err
 		}
 	}
@@ -431,6 +465,14 @@ func expiry(t string) string {
 // share a fencing token, even after its record was swept.
 const nextEpoch = `nextval('idemgate_epochs')`
 
+// nextEpochOf is nextEpoch for a statement that updates the row aliased t:
+// above the row's own epoch too. A replica not yet upgraded (a rolling
+// deploy) writes its row's epoch + 1, which the sequence never sees, so the
+// sequence alone could hand that key a lower, earlier epoch.
+func nextEpochOf(t string) string {
+	return fmt.Sprintf(`greatest(%s, %s.epoch + 1)`, nextEpoch, t)
+}
+
 // reserveSQL takes the key when it is free: no row, or a row that expired, or
 // a row with the same fingerprint that was released or (under REEXECUTE,
 // $7) whose holder's lease ran out. It returns nothing when the row blocks
@@ -449,7 +491,7 @@ ON CONFLICT (namespace, scope, idempotency_key) DO UPDATE SET
     fingerprint = excluded.fingerprint,
     state = 'in_flight',
     attempt_token = excluded.attempt_token,
-    epoch = ` + nextEpoch + `,
+    epoch = ` + nextEpochOf("r") + `,
     retention_ms = excluded.retention_ms,
     lease_ms = excluded.lease_ms,
     unknown_retention_ms = excluded.unknown_retention_ms,
@@ -828,18 +870,18 @@ WHERE namespace = $%d AND scope = $1 AND idempotency_key = $2 AND %s > now()
 }
 
 // resolveCompleteSQL and resolveReleaseSQL settle an unknown record. Both
-// give it a new epoch (nextEpoch), which fences the attempt that held it: its late Finish,
+// give it a new epoch (nextEpochOf), which fences the attempt that held it: its late Finish,
 // Release or Heartbeat gets ErrNotHeld instead of being taken for a retry
 // of its own that already took effect, so its outcome never silently
 // disappears.
 var resolveCompleteSQL = `
 UPDATE idemgate_records AS r
 ` + completeSet(3, 4, 6) + `,
-    epoch = ` + nextEpoch + unknownWhere(5)
+    epoch = ` + nextEpochOf("r") + unknownWhere(5)
 
 var resolveReleaseSQL = `
 UPDATE idemgate_records AS r
-SET state = 'released', lease_expires_at = now(), epoch = ` + nextEpoch + unknownWhere(3)
+SET state = 'released', lease_expires_at = now(), epoch = ` + nextEpochOf("r") + unknownWhere(3)
 
 // Resolve implements dedupesvc.Store.
 func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
@@ -916,26 +958,36 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.
 }
 
 // lostCandidatesSQL finds in-flight rows of FAIL_CLOSED holders whose
-// effective lease ran out, through the partial index on in-flight rows'
-// lease ends (migration 008): a range of the rows whose own lease ended,
-// not a scan of the table. It reads, and locks nothing.
+// effective lease ended at least one more lease ago (lostAfter), oldest
+// first, through the partial index of migration 009: its entries are the
+// FAIL_CLOSED calls in flight, so a REEXECUTE row, however many lie dead,
+// is never read. It reads, and locks nothing.
 var lostCandidatesSQL = `
 SELECT c.namespace, c.scope, c.idempotency_key, c.epoch FROM idemgate_records AS c
-WHERE c.state = 'in_flight' AND c.lease_expires_at <= now()
-  AND c.unknown_retention_ms > 0 AND ` + leaseEnd("c") + ` <= now()
-ORDER BY c.lease_expires_at
+WHERE c.state = 'in_flight' AND c.unknown_retention_ms > 0 AND ` + lostAfter("c") + ` <= now()
+ORDER BY c.created_at
 LIMIT $1`
 
+// lostAfter is when the sweeper marks the row aliased t: one full lease
+// (lease_ms) past its effective lease's end. A Begin already treats the
+// record as outcome-unknown from that end; the sweeper, which marks for
+// operators without anyone asking, gives a holder that lost its renewals
+// for a moment (a partition, a reconnect after a restart) one more lease to
+// come back before it is listed as dead.
+func lostAfter(t string) string {
+	return fmt.Sprintf(`(%s + %s.lease_ms * interval '1 millisecond')`, leaseEnd(t), t)
+}
+
 // markLostSQL marks one such row outcome-unknown, if it still is that
-// in-flight epoch with its lease run out, kept for its unknown retention
-// past its lease's end. One row per statement: it takes one row lock and
-// waits for no other, so it cannot deadlock with group-commit batches.
+// in-flight epoch past lostAfter, kept for its unknown retention past its
+// lease's end. One row per statement: it takes one row lock and waits for
+// no other, so it cannot deadlock with group-commit batches.
 var markLostSQL = `
 UPDATE idemgate_records AS r
 SET state = 'unknown',
     expires_at = greatest(expires_at, ` + leaseEnd("r") + ` + unknown_retention_ms * interval '1 millisecond')
 WHERE namespace = $1 AND scope = $2 AND idempotency_key = $3 AND epoch = $4
-  AND state = 'in_flight' AND unknown_retention_ms > 0 AND ` + leaseEnd("r") + ` <= now()`
+  AND state = 'in_flight' AND unknown_retention_ms > 0 AND ` + lostAfter("r") + ` <= now()`
 
 // MarkLostOutcomes implements dedupesvc.LostOutcomeMarker.
 func (s *Store) MarkLostOutcomes(ctx context.Context, limit int) (int, error) {

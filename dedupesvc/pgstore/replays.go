@@ -68,8 +68,8 @@ func (s *Store) AddReplays(ctx context.Context, counts []dedupesvc.ReplayCount) 
 // attempt before it, and a holder is fenced. The usage trigger subtracts the
 // outcome's bytes; the row counts as a record until the sweeper deletes it.
 var forgetSQL = `
-UPDATE idemgate_records
-SET state = 'released', epoch = ` + nextEpoch + `,
+UPDATE idemgate_records AS r
+SET state = 'released', epoch = ` + nextEpochOf("r") + `,
     outcome_type_url = NULL, outcome_value = NULL, outcome_key_id = NULL, completed_at = NULL,
     lease_expires_at = least(lease_expires_at, now()), expires_at = now()
 WHERE namespace = $3 AND scope = $1 AND idempotency_key = $2 AND epoch = $4 AND state = $5

@@ -258,7 +258,7 @@ VALUES ($1, $2, $3, 'in_flight', 'holder', 1, 3600000, $5, now() - interval '1 h
 func holdMark(s *pgstore.Store) (entered <-chan struct{}, release func()) {
 	in, out := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	pgstore.HoldMarkForTest(s, func() {
+	pgstore.HoldMarkForTest(s, func(context.Context) {
 		first := false
 		once.Do(func() { first = true; close(in) })
 		if first {
@@ -397,4 +397,44 @@ func TestTheSweeperMarksTheResumeFirst(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM idemgate_records`).Scan(&rows); err != nil || rows != 1 {
 		t.Fatalf("%d records (%v), want the in-flight one kept", rows, err)
 	}
+}
+
+// TestAStuckSweeperMarkDoesNotStallTheReplica: the sweeper, whose context
+// never ends, becomes the marker of the resume and its mark hangs (on a
+// connection the network dropped, as TCP can for minutes); a Begin that
+// waits for that mark goes on once the database answers, within its own
+// deadline, and honours the grace, and the sweep ends too.
+func TestAStuckSweeperMarkDoesNotStallTheReplica(t *testing.T) {
+	t.Parallel()
+	_, replica, _ := abandonedAfterOutage(t, "1 hour")
+	entered := make(chan struct{})
+	var (
+		once  sync.Once
+		marks sync.WaitGroup
+	)
+	marks.Add(1)
+	pgstore.HoldMarkForTest(replica, func(c context.Context) {
+		first := false
+		once.Do(func() { first = true; close(entered) })
+		if first {
+			<-c.Done() // the dropped connection answers nothing
+			marks.Done()
+		}
+	})
+	sweep := make(chan error, 1)
+	go func() {
+		_, err := replica.MarkLostOutcomes(context.Background(), 10)
+		sweep <- err
+	}()
+	<-entered
+	c, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	res, err := replica.Begin(c, reexecute(begin("taker")))
+	if err != nil || res.State != dedupesvc.BeginInFlight {
+		t.Fatalf("REEXECUTE Begin while the sweeper's mark hangs = %+v, %v; want in flight (marked again, the grace)", res, err)
+	}
+	if err := <-sweep; err != nil {
+		t.Fatalf("the sweep whose mark hung: %v, want it to go on once the store is marked", err)
+	}
+	marks.Wait()
 }

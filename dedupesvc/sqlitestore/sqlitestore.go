@@ -811,18 +811,18 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.
 }
 
 // markLostSQL marks outcome-unknown a batch of in-flight records of
-// FAIL_CLOSED holders whose effective lease ran out, through the partial
-// index on in-flight records' lease ends, kept for their unknown retention
-// past that lease's end (see pgstore). SQLite has one writer, so one
-// statement marks the whole batch.
+// FAIL_CLOSED holders one full lease past their effective lease's end (see
+// pgstore's lostAfter), oldest first, through the partial index of
+// FAIL_CLOSED in-flight records (migration 007), kept for their unknown
+// retention past that lease's end. SQLite has one writer, so one statement
+// marks the whole batch.
 var markLostSQL = `
 UPDATE idemgate_records
 SET state = 'unknown', expires_at = max(expires_at, ` + leaseEnd("idemgate_records") + ` + unknown_retention_ms)
 WHERE rowid IN (
     SELECT c.rowid FROM idemgate_records AS c
-    WHERE c.state = 'in_flight' AND c.lease_expires_at <= :now
-      AND c.unknown_retention_ms > 0 AND ` + leaseEnd("c") + ` <= :now
-    ORDER BY c.lease_expires_at LIMIT :limit)
+    WHERE c.state = 'in_flight' AND c.unknown_retention_ms > 0 AND ` + leaseEnd("c") + ` + c.lease_ms <= :now
+    ORDER BY c.created_at LIMIT :limit)
 RETURNING namespace, scope, idempotency_key`
 
 // MarkLostOutcomes implements dedupesvc.LostOutcomeMarker; it wakes this

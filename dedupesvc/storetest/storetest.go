@@ -788,7 +788,8 @@ func testLostOutcome(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 		p := reexecute(begin("gone", fpA, short, long))
 		p.Key = "reexecute-key"
 		mustBegin(t, s, p, dedupesvc.BeginReserved)
-		time.Sleep(2 * short)
+		// The sweeper marks one full lease past the lease's end.
+		time.Sleep(3 * short)
 		if _, err := dedupesvc.NewSweeper(s, dedupesvc.SweeperConfig{}).SweepOnce(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -43,6 +43,19 @@ func URL() string {
 // ends.
 func Schema(tb testing.TB) (*pgxpool.Pool, string) {
 	tb.Helper()
+	pool, schema := EmptySchema(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := pgstore.Migrate(ctx, pool); err != nil {
+		tb.Fatalf("pgtest: migrate: %v", err)
+	}
+	return pool, schema
+}
+
+// EmptySchema is Schema without the migrations, for tests that write a
+// schema as an earlier version left it (upgrade tests).
+func EmptySchema(tb testing.TB) (*pgxpool.Pool, string) {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -57,12 +70,7 @@ func Schema(tb testing.TB) (*pgxpool.Pool, string) {
 		tb.Fatalf("pgtest: create schema: %v", err)
 	}
 	tb.Cleanup(func() { dropSchema(tb, schema) })
-
-	pool := OpenPool(tb, schema)
-	if _, err := pgstore.Migrate(ctx, pool); err != nil {
-		tb.Fatalf("pgtest: migrate: %v", err)
-	}
-	return pool, schema
+	return OpenPool(tb, schema), schema
 }
 
 // OpenPool opens one more pool on schema, as a second dedupe service replica

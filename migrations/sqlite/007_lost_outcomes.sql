@@ -28,7 +28,10 @@ BEGIN
 END;
 
 -- The sweeper finds dead FAIL_CLOSED holders' records to mark
--- outcome-unknown through in-flight records' lease ends (partial: only the
--- calls running now have an entry).
-CREATE INDEX IF NOT EXISTS idemgate_records_in_flight_idx
-    ON idemgate_records (lease_expires_at) WHERE state = 'in_flight';
+-- outcome-unknown through this partial index: only in-flight records of
+-- FAIL_CLOSED reservations have an entry (the calls running now; REEXECUTE
+-- records, dead or alive, none), keyed by created_at, which a heartbeat
+-- never changes, so a renewal never moves an entry (see
+-- postgres/009_lost_outcomes_index.sql).
+CREATE INDEX IF NOT EXISTS idemgate_records_lost_outcomes_idx
+    ON idemgate_records (created_at) WHERE state = 'in_flight' AND unknown_retention_ms > 0;
