@@ -19,29 +19,7 @@ import (
 func TestUpgradeMovesTheNamespaceOutOfTheScope(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dir := t.TempDir()
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, sqlitestore.FileName))
-	if err != nil {
-		t.Fatal(err)
-	}
-	all, err := migrations.List(migrations.SQLite, "sqlite")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.ExecContext(ctx, `CREATE TABLE idemgate_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range all {
-		if m.Version >= 3 {
-			break
-		}
-		if _, err := db.ExecContext(ctx, m.SQL); err != nil {
-			t.Fatalf("%s: %v", m.Name, err)
-		}
-		if _, err := db.ExecContext(ctx, `INSERT INTO idemgate_schema_migrations VALUES (?, ?, 0)`, m.Version, m.Name); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir, db := migratedBefore(ctx, t, 3)
 	fp := make([]byte, 32)
 	now := time.Now().UnixMilli()
 	for _, r := range []struct{ stored, value string }{
@@ -91,29 +69,7 @@ func TestUpgradeMovesTheNamespaceOutOfTheScope(t *testing.T) {
 func TestUpgradeAddsReplayCounts(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dir := t.TempDir()
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, sqlitestore.FileName))
-	if err != nil {
-		t.Fatal(err)
-	}
-	all, err := migrations.List(migrations.SQLite, "sqlite")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.ExecContext(ctx, `CREATE TABLE idemgate_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range all {
-		if m.Version >= 6 {
-			break
-		}
-		if _, err := db.ExecContext(ctx, m.SQL); err != nil {
-			t.Fatalf("%s: %v", m.Name, err)
-		}
-		if _, err := db.ExecContext(ctx, `INSERT INTO idemgate_schema_migrations VALUES (?, ?, 0)`, m.Version, m.Name); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir, db := migratedBefore(ctx, t, 6)
 	fp := make([]byte, 32)
 	now := time.Now().UnixMilli()
 	if _, err := db.ExecContext(ctx, `INSERT INTO idemgate_records (namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
@@ -155,29 +111,7 @@ func TestUpgradeAddsReplayCounts(t *testing.T) {
 func TestUpgradeKeepsEpochsGrowing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dir := t.TempDir()
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, sqlitestore.FileName))
-	if err != nil {
-		t.Fatal(err)
-	}
-	all, err := migrations.List(migrations.SQLite, "sqlite")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.ExecContext(ctx, `CREATE TABLE idemgate_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range all {
-		if m.Version >= 7 {
-			break
-		}
-		if _, err := db.ExecContext(ctx, m.SQL); err != nil {
-			t.Fatalf("%s: %v", m.Name, err)
-		}
-		if _, err := db.ExecContext(ctx, `INSERT INTO idemgate_schema_migrations VALUES (?, ?, 0)`, m.Version, m.Name); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir, db := migratedBefore(ctx, t, 7)
 	fp := make([]byte, 32)
 	now := time.Now().UnixMilli()
 	if _, err := db.ExecContext(ctx, `INSERT INTO idemgate_records (namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
@@ -219,4 +153,35 @@ func TestUpgradeKeepsEpochsGrowing(t *testing.T) {
 		}
 		last = res.Epoch
 	}
+}
+
+// migratedBefore returns a new store directory whose database has every
+// migration before version applied, as the version that shipped without it
+// left the file, and the database open on it for planting old records.
+func migratedBefore(ctx context.Context, t *testing.T, version int64) (string, *sql.DB) {
+	t.Helper()
+	dir := t.TempDir()
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, sqlitestore.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := migrations.List(migrations.SQLite, "sqlite")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE idemgate_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at INTEGER NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range all {
+		if m.Version >= version {
+			break
+		}
+		if _, err := db.ExecContext(ctx, m.SQL); err != nil {
+			t.Fatalf("%s: %v", m.Name, err)
+		}
+		if _, err := db.ExecContext(ctx, `INSERT INTO idemgate_schema_migrations VALUES (?, ?, 0)`, m.Version, m.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir, db
 }
