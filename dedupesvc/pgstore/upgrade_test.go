@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
@@ -22,24 +23,9 @@ func TestUpgradeMovesTheNamespaceOutOfTheScope(t *testing.T) {
 	defer cancel()
 	// An unreachable server fails the test under CI=true (pgtest).
 	pool, _ := pgtest.EmptySchema(t)
-
-	all, err := pgstore.Migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(c, `CREATE TABLE idemgate_schema_migrations (version bigint PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range all {
-		if m.Version >= 4 {
-			break
-		}
-		if _, err := pool.Exec(c, m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
-			t.Fatalf("%s: %v", m.Name, err)
-		}
-		if _, err := pool.Exec(c, `INSERT INTO idemgate_schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
-			t.Fatal(err)
-		}
+	namespaceMigration := migratedBefore(c, t, pool, 4)
+	if namespaceMigration.Version != 4 {
+		t.Fatal("no migration 004")
 	}
 	fp := begin("x").Fingerprint
 	old := func(stored, key, value string) {
@@ -82,7 +68,7 @@ func TestUpgradeMovesTheNamespaceOutOfTheScope(t *testing.T) {
 		}
 	}
 	// Safe to re-run: running 004 again changes nothing.
-	m := all[3]
+	m := namespaceMigration
 	if _, err := pool.Exec(c, m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
 		t.Fatalf("re-running %s: %v", m.Name, err)
 	}
@@ -100,26 +86,7 @@ func TestUpgradeAddsReplayCounts(t *testing.T) {
 	defer cancel()
 	// An unreachable server fails the test under CI=true (pgtest).
 	pool, _ := pgtest.EmptySchema(t)
-	all, err := pgstore.Migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(c, `CREATE TABLE idemgate_schema_migrations (version bigint PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		t.Fatal(err)
-	}
-	var replayMigration pgstore.Migration
-	for _, m := range all {
-		if m.Version >= 7 {
-			replayMigration = m
-			break
-		}
-		if _, err := pool.Exec(c, m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
-			t.Fatalf("%s: %v", m.Name, err)
-		}
-		if _, err := pool.Exec(c, `INSERT INTO idemgate_schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
-			t.Fatal(err)
-		}
-	}
+	replayMigration := migratedBefore(c, t, pool, 7)
 	if replayMigration.Version != 7 {
 		t.Fatal("no migration 007")
 	}
@@ -165,26 +132,7 @@ func TestUpgradeKeepsEpochsGrowing(t *testing.T) {
 	defer cancel()
 	// An unreachable server fails the test under CI=true (pgtest).
 	pool, _ := pgtest.EmptySchema(t)
-	all, err := pgstore.Migrations()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(c, `CREATE TABLE idemgate_schema_migrations (version bigint PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-		t.Fatal(err)
-	}
-	var epochMigration pgstore.Migration
-	for _, m := range all {
-		if m.Version >= 8 {
-			epochMigration = m
-			break
-		}
-		if _, err := pool.Exec(c, m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
-			t.Fatalf("%s: %v", m.Name, err)
-		}
-		if _, err := pool.Exec(c, `INSERT INTO idemgate_schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
-			t.Fatal(err)
-		}
-	}
+	epochMigration := migratedBefore(c, t, pool, 8)
 	if epochMigration.Version != 8 {
 		t.Fatal("no migration 008")
 	}
@@ -224,6 +172,10 @@ func TestUpgradeKeepsEpochsGrowing(t *testing.T) {
 	if _, err := pool.Exec(c, `UPDATE idemgate_records SET epoch = 1 WHERE idempotency_key = 'k3'`); err != nil {
 		t.Fatal(err)
 	}
+	all, err := pgstore.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, m := range all {
 		if m.Version < epochMigration.Version {
 			continue
@@ -235,4 +187,34 @@ func TestUpgradeKeepsEpochsGrowing(t *testing.T) {
 	if res, err := s.Begin(c, params("k4", "t-new")); err != nil || res.State != dedupesvc.BeginReserved || res.Epoch <= last {
 		t.Fatalf("Begin after re-running %s = %+v, %v; want an epoch above %d", epochMigration.Name, res, err, last)
 	}
+}
+
+// migratedBefore applies every migration before version to pool's empty
+// schema and records them, as the version that shipped without it left the
+// database, and returns the migration numbered version (zero when there is
+// none) for the test to re-run.
+func migratedBefore(ctx context.Context, t *testing.T, pool *pgxpool.Pool, version int64) pgstore.Migration {
+	t.Helper()
+	all, err := pgstore.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE idemgate_schema_migrations (version bigint PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range all {
+		if m.Version >= version {
+			if m.Version == version {
+				return m
+			}
+			break
+		}
+		if _, err := pool.Exec(ctx, m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+			t.Fatalf("%s: %v", m.Name, err)
+		}
+		if _, err := pool.Exec(ctx, `INSERT INTO idemgate_schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return pgstore.Migration{}
 }
