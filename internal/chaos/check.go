@@ -28,6 +28,24 @@ type Outage struct {
 	Start, End time.Time
 }
 
+// HolderFault is a tool server the suite killed (Start equals End) or
+// stopped (Start to End). A Begin it had sent then may have reserved a key
+// whose handler never started: the process died or stood still between the
+// reservation and the handler's first ledger line, and nothing can tell the
+// store so, so a FAIL_CLOSED record goes outcome-unknown with no handler run.
+type HolderFault struct {
+	// What names the fault, for the report.
+	What string
+	// Targets are the addresses the workload reaches the tool server at.
+	Targets    []string
+	Start, End time.Time
+}
+
+// hit reports whether a try of a, at its target, spanned the fault.
+func (h HolderFault) hit(a Attempt) bool {
+	return slices.Contains(h.Targets, a.Target) && !a.Start.After(h.End) && !a.End.Before(h.Start)
+}
+
 func (o Outage) covers(server string) bool {
 	return len(o.Servers) == 0 || slices.Contains(o.Servers, server)
 }
@@ -51,7 +69,10 @@ type Rules struct {
 	// action with a try that overlapped an outage.
 	HolderCutOff bool
 	// HolderFaults: a holder may die or stall, so an outcome-unknown answer
-	// is legitimate for any action whose handler started. Without it, an
+	// is legitimate for any action whose handler started, and for one no
+	// handler ran whose try was at a tool server when it was killed or
+	// stopped (HolderFault): its Begin may have reserved the key just
+	// before. Without it, an
 	// outcome-unknown answer for an action whose every run ended cleanly is a
 	// false unknown: a store outage must cost the holder nothing.
 	HolderFaults bool
@@ -76,6 +97,10 @@ type Report struct {
 	OK, Replayed, Unknown, Unsettled int
 	// Violations of the guarantees, each counted per action.
 	Duplicates, LostOutcomes, Phantoms, NonIdentical, FalseUnknowns, ExecutionsDuringOutage int
+	// UnknownsAtHolderFault counts the actions answered outcome-unknown with
+	// no handler run whose try was at a tool server when it was killed or
+	// stopped (allowed under Rules.HolderFaults).
+	UnknownsAtHolderFault int
 	// Reruns counts REEXECUTE re-runs, allowed only under Rules.RerunAllowed
 	// or after a handler error; DivergentTakeovers the REEXECUTE actions whose
 	// callers got two different OK responses, allowed only under
@@ -113,8 +138,8 @@ func (r *Report) String() string {
 		return otherwise
 	}
 	fmt.Fprintf(&b, "scenario %s (seed %d): %s\n", r.Scenario, r.Seed, verdict)
-	fmt.Fprintf(&b, "  actions %d, attempts %d, executions %d, ok %d (replayed %d), outcome-unknown answers %d, actions never ok %d\n",
-		r.Actions, r.Attempts, r.Executions, r.OK, r.Replayed, r.Unknown, r.Unsettled)
+	fmt.Fprintf(&b, "  actions %d, attempts %d, executions %d, ok %d (replayed %d), outcome-unknown answers %d (%d actions no handler ran, tried as a tool server was killed or stopped), actions never ok %d\n",
+		r.Actions, r.Attempts, r.Executions, r.OK, r.Replayed, r.Unknown, r.UnknownsAtHolderFault, r.Unsettled)
 	fmt.Fprintf(&b, "  duplicates %d, lost outcomes %d, phantom responses %d, non-identical replays %d, false unknowns %d, executions while the store was away %d\n",
 		r.Duplicates, r.LostOutcomes, r.Phantoms, r.NonIdentical, r.FalseUnknowns, r.ExecutionsDuringOutage)
 	fmt.Fprintf(&b, "  REEXECUTE re-runs %d (%s), takeover divergences %d (%s), attempts while the store was away %d, torn ledger lines %d\n",
@@ -137,14 +162,17 @@ type actionFacts struct {
 	reexecute bool
 	// triedDuringOutage: a try of the action overlapped an outage window.
 	triedDuringOutage bool
-	attempts          []Attempt
-	starts            []LedgerEntry
-	effects           []LedgerEntry
-	ends              []LedgerEntry
+	// triedAtHolderFault: a try of the action was at a tool server when it
+	// was killed or stopped.
+	triedAtHolderFault bool
+	attempts           []Attempt
+	starts             []LedgerEntry
+	effects            []LedgerEntry
+	ends               []LedgerEntry
 }
 
 // Check judges one scenario's history against its ledger.
-func Check(scenario string, seed uint64, history []Attempt, ledger []LedgerEntry, torn int, outages []Outage, rules Rules) *Report {
+func Check(scenario string, seed uint64, history []Attempt, ledger []LedgerEntry, torn int, outages []Outage, holders []HolderFault, rules Rules) *Report {
 	r := &Report{Scenario: scenario, Seed: seed, Attempts: len(history), TornLedgerLines: torn, Rules: rules}
 	facts := map[string]*actionFacts{}
 	get := func(key string) *actionFacts {
@@ -163,6 +191,12 @@ func Check(scenario string, seed uint64, history []Attempt, ledger []LedgerEntry
 			if a.Start.Before(o.End) && a.End.After(o.Start) {
 				r.AttemptsDuringOutage++
 				f.triedDuringOutage = true
+				break
+			}
+		}
+		for _, h := range holders {
+			if h.hit(a) {
+				f.triedAtHolderFault = true
 				break
 			}
 		}
@@ -289,6 +323,10 @@ func (r *Report) checkUnknowns(key string, f *actionFacts) {
 	}
 	if len(f.starts) == 0 {
 		if r.Rules.HolderCutOff && f.triedDuringOutage {
+			return
+		}
+		if r.Rules.HolderFaults && f.triedAtHolderFault {
+			r.UnknownsAtHolderFault++
 			return
 		}
 		r.FalseUnknowns++

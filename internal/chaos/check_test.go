@@ -26,6 +26,12 @@ func unknown(key, method string, at time.Time) Attempt {
 		Code: "FailedPrecondition", Reason: reasonOutcomeUnknown}
 }
 
+// atTarget is a with its try made at target from start to end.
+func atTarget(a Attempt, target string, start, end time.Time) Attempt {
+	a.Target, a.Start, a.End = target, start, end
+	return a
+}
+
 // run is one execution's ledger lines; errText, when set, ends it in error.
 func run(key, method, server, body string, at time.Time, errText string) []LedgerEntry {
 	e := LedgerEntry{Key: key, Action: key, Method: method, Server: server, Epoch: 1, Time: at}
@@ -52,6 +58,7 @@ func TestCheck(t *testing.T) {
 		history []Attempt
 		ledger  []LedgerEntry
 		outages []Outage
+		holders []HolderFault
 		rules   Rules
 		check   func(*Report) bool
 		fails   bool
@@ -137,11 +144,33 @@ func TestCheck(t *testing.T) {
 			ledger:  run("k", failClosed, "tool0", "r1", t0.Add(20*time.Second), ""),
 			outages: []Outage{{What: "replica", Start: outage[0].Start, End: outage[0].End, Servers: []string{"tool1"}}},
 			check:   func(r *Report) bool { return r.ExecutionsDuringOutage == 0 }},
+		// A tool server killed while a try was at it: its Begin may have
+		// reserved the key just before the process died, with no handler
+		// started, so FAIL_CLOSED goes outcome-unknown and no run is seen.
+		{name: "unknown with no run, try at a killed tool server, holder faults", fails: false,
+			history: []Attempt{atTarget(unknown("k", failClosed, t0.Add(10*time.Second)), "tool0-addr", t0, t0.Add(5*time.Second))},
+			holders: []HolderFault{{What: "killed tool0", Targets: []string{"tool0-addr"}, Start: t0.Add(2 * time.Second), End: t0.Add(2 * time.Second)}},
+			rules:   Rules{RerunAllowed: true, HolderFaults: true},
+			check:   func(r *Report) bool { return r.UnknownsAtHolderFault == 1 && r.FalseUnknowns == 0 }},
+		{name: "unknown with no run, the kill after every try, holder faults", fails: true,
+			history: []Attempt{atTarget(unknown("k", failClosed, t0.Add(10*time.Second)), "tool0-addr", t0, t0.Add(5*time.Second))},
+			holders: []HolderFault{{What: "killed tool0", Targets: []string{"tool0-addr"}, Start: t0.Add(6 * time.Second), End: t0.Add(6 * time.Second)}},
+			rules:   Rules{RerunAllowed: true, HolderFaults: true},
+			check:   func(r *Report) bool { return r.FalseUnknowns == 1 }},
+		{name: "unknown with no run, another tool server killed, holder faults", fails: true,
+			history: []Attempt{atTarget(unknown("k", failClosed, t0.Add(10*time.Second)), "tool0-addr", t0, t0.Add(5*time.Second))},
+			holders: []HolderFault{{What: "killed tool1", Targets: []string{"tool1-addr"}, Start: t0.Add(2 * time.Second), End: t0.Add(2 * time.Second)}},
+			rules:   Rules{RerunAllowed: true, HolderFaults: true},
+			check:   func(r *Report) bool { return r.FalseUnknowns == 1 }},
+		{name: "unknown with no run, try at a killed tool server, strict rules", fails: true,
+			history: []Attempt{atTarget(unknown("k", failClosed, t0.Add(10*time.Second)), "tool0-addr", t0, t0.Add(5*time.Second))},
+			holders: []HolderFault{{What: "killed tool0", Targets: []string{"tool0-addr"}, Start: t0.Add(2 * time.Second), End: t0.Add(2 * time.Second)}},
+			check:   func(r *Report) bool { return r.FalseUnknowns == 1 }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			r := Check(tc.name, 7, tc.history, tc.ledger, 0, tc.outages, tc.rules)
+			r := Check(tc.name, 7, tc.history, tc.ledger, 0, tc.outages, tc.holders, tc.rules)
 			if r.Failed() != tc.fails || !tc.check(r) {
 				t.Errorf("Failed() = %t, want %t; report:\n%s", r.Failed(), tc.fails, r)
 			}

@@ -29,27 +29,27 @@ func TestCheckLateMetadata(t *testing.T) {
 	ledger[2].CallerGone = true
 
 	good := []Attempt{gaveUp, withMetadata(ok(key, failClosed, 0, string(body), true)), withMetadata(ok(key, failClosed, 1, string(body), true))}
-	if r := Check("late", 1, good, ledger, 0, nil, Rules{}); r.Failed() || r.LateMetadataRuns != 1 || r.GaveUp != 1 {
+	if r := Check("late", 1, good, ledger, 0, nil, nil, Rules{}); r.Failed() || r.LateMetadataRuns != 1 || r.GaveUp != 1 {
 		t.Errorf("every replay with the metadata: %s", r)
 	}
 
 	missing := []Attempt{gaveUp, withMetadata(ok(key, failClosed, 0, string(body), true)), ok(key, failClosed, 1, string(body), true)}
-	if r := Check("late", 1, missing, ledger, 0, nil, Rules{}); !r.Failed() || r.MissingMetadata != 1 {
+	if r := Check("late", 1, missing, ledger, 0, nil, nil, Rules{}); !r.Failed() || r.MissingMetadata != 1 {
 		t.Errorf("a replay without the metadata: %s", r)
 	}
 	changed := withMetadata(ok(key, failClosed, 1, string(body), true))
 	changed.Trailer[ResponseTrailer][0] = append([]byte(nil), body[:len(body)-1]...)
-	if r := Check("late", 1, []Attempt{gaveUp, changed}, ledger, 0, nil, Rules{}); !r.Failed() || r.MissingMetadata != 1 {
+	if r := Check("late", 1, []Attempt{gaveUp, changed}, ledger, 0, nil, nil, Rules{}); !r.Failed() || r.MissingMetadata != 1 {
 		t.Errorf("a replay with other metadata bytes: %s", r)
 	}
 
 	live := concat(run(key, failClosed, "tool0", string(body), t0, ""))
-	if r := Check("late", 1, good, live, 0, nil, Rules{}); !r.Failed() || !strings.Contains(r.String(), "did not test it") {
+	if r := Check("late", 1, good, live, 0, nil, nil, Rules{}); !r.Failed() || !strings.Contains(r.String(), "did not test it") {
 		t.Errorf("no handler set metadata after its caller left: %s", r)
 	}
 	// Other keys are not held to it.
 	plain := ok("a00002", failClosed, 0, "r1", false)
-	if r := Check("plain", 1, []Attempt{plain}, run("a00002", failClosed, "tool0", "r1", t0, ""), 0, nil, Rules{}); r.Failed() || r.LateMetadataActions != 0 {
+	if r := Check("plain", 1, []Attempt{plain}, run("a00002", failClosed, "tool0", "r1", t0, ""), 0, nil, nil, Rules{}); r.Failed() || r.LateMetadataActions != 0 {
 		t.Errorf("an action without the suffix: %s", r)
 	}
 }

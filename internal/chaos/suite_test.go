@@ -286,8 +286,9 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 	}
 	st.mu.Lock()
 	windows := append([]Outage(nil), st.outages...)
+	holders := append([]HolderFault(nil), st.holderFaults...)
 	st.mu.Unlock()
-	report := Check(sc.Name, s.seed, attempts, entries, torn, windows, sc.Rules)
+	report := Check(sc.Name, s.seed, attempts, entries, torn, windows, holders, sc.Rules)
 	_ = os.WriteFile(filepath.Join(dir, "report.txt"), []byte(report.String()), 0o644)
 	s.mu.Lock()
 	s.reports = append(s.reports, report)
@@ -359,6 +360,7 @@ type Stack struct {
 	Dedupes, Tools []*Member
 	mu             sync.Mutex
 	outages        []Outage
+	holderFaults   []HolderFault
 	logs           int
 }
 
@@ -502,7 +504,9 @@ func scanForPause(path string, off int64, pid int, method string) (int64, bool) 
 // KillTool SIGKILLs a tool server and starts it again on the same address
 // and ledger.
 func (st *Stack) KillTool(m *Member) {
+	at := time.Now()
 	m.process().Kill()
+	st.holderFault("killed "+m.Name, m, at, time.Now())
 	st.t.Logf("killed %s", m.Name)
 	st.startTool(m)
 }
@@ -510,12 +514,27 @@ func (st *Stack) KillTool(m *Member) {
 // StallTool SIGSTOPs a tool server for d, then SIGCONTs it.
 func (st *Stack) StallTool(m *Member, d time.Duration) error {
 	p := m.process()
+	start := time.Now()
 	if err := p.Pause(); err != nil {
 		return err
 	}
 	st.t.Logf("stopped %s for %s", m.Name, d)
 	st.sleep(d)
-	return p.Resume()
+	err := p.Resume()
+	st.holderFault("stopped "+m.Name, m, start, time.Now())
+	return err
+}
+
+// holderFault records that tool server m was killed or stopped from start
+// to end, for the checker (HolderFault).
+func (st *Stack) holderFault(what string, m *Member, start, end time.Time) {
+	targets := []string{m.Addr}
+	if m.CallerAddr != "" {
+		targets = append(targets, m.CallerAddr)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.holderFaults = append(st.holderFaults, HolderFault{What: what, Targets: targets, Start: start, End: end})
 }
 
 // KillDedupe SIGKILLs a Dedupe replica, keeps it down for d and starts it
