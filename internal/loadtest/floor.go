@@ -72,26 +72,26 @@ const floorScope = "/examples.payments.v1.PaymentsService/ChargeCard"
 // captureFloor migrates the database at dbURL with the project's
 // migrations, marks it resumed as a starting Dedupe service does, and
 // returns the reserve INSERT and the Finish UPDATE that pgstore runs for
-// one fresh key, with their arguments, and that key.
-func captureFloor(ctx context.Context, dbURL string) (reserve, finish statement, key string, err error) {
+// one fresh key, with their arguments, that key and the epoch it got.
+func captureFloor(ctx context.Context, dbURL string) (reserve, finish statement, key string, epoch int64, err error) {
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
-		return statement{}, statement{}, "", err
+		return statement{}, statement{}, "", 0, err
 	}
 	rec := &recorder{}
 	cfg.ConnConfig.Tracer = rec
 	cfg.MaxConns = 1
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return statement{}, statement{}, "", err
+		return statement{}, statement{}, "", 0, err
 	}
 	defer pool.Close()
 	if _, err := pgstore.Migrate(ctx, pool); err != nil {
-		return statement{}, statement{}, "", fmt.Errorf("migrate the floor's database: %w", err)
+		return statement{}, statement{}, "", 0, fmt.Errorf("migrate the floor's database: %w", err)
 	}
 	store := pgstore.New(pool) // notifications on, as dedupesvc runs by default
 	if err := store.MarkResumed(ctx); err != nil {
-		return statement{}, statement{}, "", err
+		return statement{}, statement{}, "", 0, err
 	}
 
 	key = "loadtest-capture-" + rand.Text()
@@ -104,33 +104,33 @@ func captureFloor(ctx context.Context, dbURL string) (reserve, finish statement,
 		UnknownRetention: 7 * 24 * time.Hour, MaxRecords: 1 << 40, MaxOutcomeBytes: 1 << 50,
 	})
 	if err != nil {
-		return statement{}, statement{}, "", fmt.Errorf("capture Begin: %w", err)
+		return statement{}, statement{}, "", 0, fmt.Errorf("capture Begin: %w", err)
 	}
 	if res.State != dedupesvc.BeginReserved {
-		return statement{}, statement{}, "", fmt.Errorf("capture Begin: a fresh key answered %v, want reserved", res.State)
+		return statement{}, statement{}, "", 0, fmt.Errorf("capture Begin: a fresh key answered %v, want reserved", res.State)
 	}
 	begun := rec.take()
 	value, err := proto.Marshal(&paymentsv1.ChargeCardResponse{ChargeId: "ch_000001", CustomerId: "cust_loadtest", AmountCents: 100})
 	if err != nil {
-		return statement{}, statement{}, "", err
+		return statement{}, statement{}, "", 0, err
 	}
 	if err := store.Finish(ctx, dedupesvc.FinishParams{
 		Scope: floorScope, Key: key, AttemptToken: token, Epoch: res.Epoch,
 		Outcome: dedupesvc.Outcome{TypeURL: "type.googleapis.com/examples.payments.v1.ChargeCardResponse", Value: value},
 	}); err != nil {
-		return statement{}, statement{}, "", fmt.Errorf("capture Finish: %w", err)
+		return statement{}, statement{}, "", 0, fmt.Errorf("capture Finish: %w", err)
 	}
 	finished := rec.take()
 
 	reserve, ok := find(begun, "INSERT INTO idemgate_records")
 	if !ok {
-		return statement{}, statement{}, "", fmt.Errorf("pgstore's Begin sent no INSERT INTO idemgate_records; it sent:\n%s", sqlOf(begun))
+		return statement{}, statement{}, "", 0, fmt.Errorf("pgstore's Begin sent no INSERT INTO idemgate_records; it sent:\n%s", sqlOf(begun))
 	}
 	finish, ok = find(finished, "UPDATE idemgate_records")
 	if !ok {
-		return statement{}, statement{}, "", fmt.Errorf("pgstore's Finish sent no UPDATE idemgate_records; it sent:\n%s", sqlOf(finished))
+		return statement{}, statement{}, "", 0, fmt.Errorf("pgstore's Finish sent no UPDATE idemgate_records; it sent:\n%s", sqlOf(finished))
 	}
-	return reserve, finish, key, nil
+	return reserve, finish, key, res.Epoch, nil
 }
 
 // find returns the first statement whose SQL contains what.
@@ -165,13 +165,22 @@ var placeholder = regexp.MustCompile(`\$(\d+)`)
 // autocommit), the captured key replaced by :key, a fresh number a run,
 // every other argument bound from a -D variable (run with -M prepared, as
 // pgx prepares), and a NULL or empty argument written as NULL or as an
-// empty string literal.
-func renderFloor(reserve, finish statement, key string) (floorScript, error) {
+// empty string literal. The store hands out epochs from a sequence, so each
+// run's Finish names the epoch its reserve got: the reserve stores the one
+// it returns first (reserved.epoch, aliased floor_epoch) with \gset, and the
+// Finish argument that was the captured epoch becomes :floor_epoch.
+func renderFloor(reserve, finish statement, key string, epoch int64) (floorScript, error) {
 	var fs floorScript
 	var b strings.Builder
 	b.WriteString("-- The floor pair: the reserve INSERT and the Finish UPDATE that dedupesvc/pgstore\n")
 	b.WriteString("-- sends for a fresh key, captured from it by the load test; each commits alone.\n")
 	b.WriteString("\\set key random(1, 999999999999999)\n")
+	epochArgs := map[string]bool{}
+	const returned = "SELECT reserved.epoch,"
+	if strings.Count(reserve.SQL, returned) != 1 {
+		return floorScript{}, fmt.Errorf("the captured reserve does not return its new epoch as %q once, so the Finish cannot name it", returned)
+	}
+	reserve.SQL = strings.Replace(reserve.SQL, returned, "SELECT reserved.epoch AS floor_epoch,", 1)
 	for _, st := range []struct {
 		prefix string
 		stmt   statement
@@ -187,6 +196,10 @@ func renderFloor(reserve, finish statement, key string) (floorScript, error) {
 			arg := st.stmt.Args[n-1]
 			if s, ok := arg.(string); ok && s == key {
 				return ":key"
+			}
+			if n, ok := arg.(int64); ok && st.prefix == "f" && n == epoch {
+				epochArgs[p] = true
+				return ":floor_epoch"
 			}
 			text, null, err := argText(arg)
 			if err != nil {
@@ -213,10 +226,17 @@ func renderFloor(reserve, finish statement, key string) (floorScript, error) {
 			return floorScript{}, errors.New("a captured statement contains a semicolon, which would split it in a pgbench script")
 		}
 		b.WriteString(strings.TrimSpace(sql))
-		b.WriteString(";\n")
+		if st.prefix == "r" {
+			b.WriteString(" \\gset\n")
+		} else {
+			b.WriteString(";\n")
+		}
 	}
 	if !strings.Contains(b.String(), ":key") {
 		return floorScript{}, errors.New("the captured statements do not bind the key")
+	}
+	if len(epochArgs) != 1 {
+		return floorScript{}, fmt.Errorf("the captured Finish binds the epoch %d in %d places, want exactly one", epoch, len(epochArgs))
 	}
 	fs.Script = b.String()
 	return fs, nil

@@ -203,21 +203,21 @@ func TestParseLoadAvg(t *testing.T) {
 func TestRenderFloor(t *testing.T) {
 	key := "k-123"
 	reserve := statement{
-		SQL:  "INSERT INTO t (ns, scope, key, fp, lease) VALUES ($3, $1, $2, $4, $5::bigint) ON CONFLICT DO NOTHING WHERE $5 > 0",
+		SQL:  "WITH reserved AS (INSERT INTO t (ns, scope, key, fp, lease) VALUES ($3, $1, $2, $4, $5::bigint) ON CONFLICT DO NOTHING RETURNING epoch) SELECT reserved.epoch, $5 FROM reserved",
 		Args: []any{"scope/a", key, "", []byte{0xca, 0xfe}, int64(10000)},
 	}
 	var none *string
 	finish := statement{
-		SQL:  "UPDATE t SET v = $10, key_id = $2 WHERE key = $1 AND ok = $3",
-		Args: []any{key, none, true, 0, 0, 0, 0, 0, 0, "ten"},
+		SQL:  "UPDATE t SET v = $10, key_id = $2 WHERE key = $1 AND ok = $3 AND epoch = $4",
+		Args: []any{key, none, true, int64(7), 0, 0, 0, 0, 0, "ten"},
 	}
-	fs, err := renderFloor(reserve, finish, key)
+	fs, err := renderFloor(reserve, finish, key, 7)
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantScript := "\\set key random(1, 999999999999999)\n" +
-		"INSERT INTO t (ns, scope, key, fp, lease) VALUES ('', :r1, :key, :r4, :r5::bigint) ON CONFLICT DO NOTHING WHERE :r5 > 0;\n" +
-		"UPDATE t SET v = :f10, key_id = NULL WHERE key = :key AND ok = :f3;\n"
+		"WITH reserved AS (INSERT INTO t (ns, scope, key, fp, lease) VALUES ('', :r1, :key, :r4, :r5::bigint) ON CONFLICT DO NOTHING RETURNING epoch) SELECT reserved.epoch AS floor_epoch, :r5 FROM reserved \\gset\n" +
+		"UPDATE t SET v = :f10, key_id = NULL WHERE key = :key AND ok = :f3 AND epoch = :floor_epoch;\n"
 	if !strings.HasSuffix(fs.Script, wantScript) {
 		t.Errorf("script:\n%s\nwant it to end with:\n%s", fs.Script, wantScript)
 	}
@@ -228,15 +228,19 @@ func TestRenderFloor(t *testing.T) {
 	}
 
 	for name, bad := range map[string]statement{
-		"missing argument":  {SQL: "SELECT $2", Args: []any{key}},
-		"unsupported type":  {SQL: "SELECT $1, $2", Args: []any{key, 1.5}},
-		"semicolon in text": {SQL: "SELECT $1; SELECT 1", Args: []any{key}},
+		"missing argument":  {SQL: "SELECT reserved.epoch, $2", Args: []any{key}},
+		"unsupported type":  {SQL: "SELECT reserved.epoch, $1, $2", Args: []any{key, 1.5}},
+		"semicolon in text": {SQL: "SELECT reserved.epoch, $1; SELECT 1", Args: []any{key}},
+		"no epoch returned": {SQL: "SELECT $1", Args: []any{key}},
 	} {
-		if _, err := renderFloor(bad, finish, key); err == nil {
+		if _, err := renderFloor(bad, finish, key, 7); err == nil {
 			t.Errorf("%s: rendered", name)
 		}
 	}
-	if _, err := renderFloor(statement{SQL: "SELECT 1"}, statement{SQL: "SELECT 2"}, key); err == nil {
+	if _, err := renderFloor(reserve, finish, key, 8); err == nil {
+		t.Error("a Finish that does not bind the captured epoch rendered")
+	}
+	if _, err := renderFloor(statement{SQL: "SELECT reserved.epoch, 1"}, statement{SQL: "SELECT 2"}, key, 7); err == nil {
 		t.Error("statements that never bind the key rendered")
 	}
 }

@@ -163,11 +163,11 @@ func (lt *loadtest) run(ctx context.Context) error {
 	if err := lt.createDatabases(ctx); err != nil {
 		return err
 	}
-	reserve, finish, key, err := captureFloor(ctx, lt.floorURL)
+	reserve, finish, key, epoch, err := captureFloor(ctx, lt.floorURL)
 	if err != nil {
 		return fmt.Errorf("capture the floor pair from pgstore: %w", err)
 	}
-	if lt.floor, err = renderFloor(reserve, finish, key); err != nil {
+	if lt.floor, err = renderFloor(reserve, finish, key, epoch); err != nil {
 		return fmt.Errorf("floor pair: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(lt.cfg.results, "floor.sql"), []byte(lt.floor.Script), 0o644); err != nil {
