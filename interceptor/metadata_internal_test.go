@@ -75,15 +75,7 @@ func TestMetadataRecorderRecordsWhatTheHandlerSet(t *testing.T) {
 		t.Fatalf("the stream got header %v: the recorder must forward exactly what the handler set", stream.header)
 	}
 
-	result, _ := anypb.New(&idemgatev1.ResultTooLarge{})
-	outcome, err := rec.wrap(result, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stored := &idemgatev1.StoredOutcome{}
-	if err := outcome.UnmarshalTo(stored); err != nil {
-		t.Fatal(err)
-	}
+	result, stored := storedBy(t, rec)
 	want := &idemgatev1.StoredOutcome{
 		Result: result,
 		Header: []*idemgatev1.MetadataEntry{
@@ -142,6 +134,20 @@ func TestMetadataRecorderDoesNotRecordWhatTheStreamRefusedTheCaller(t *testing.T
 		t.Fatal("SetTrailer succeeded; the fake must refuse it")
 	}
 
+	result, stored := storedBy(t, rec)
+	want := &idemgatev1.StoredOutcome{
+		Result:  result,
+		Trailer: []*idemgatev1.MetadataEntry{{Key: "x-t", Values: [][]byte{[]byte("kept")}}},
+	}
+	if !proto.Equal(stored, want) {
+		t.Fatalf("stored %v, want what the caller got: %v (the stream had header %v, trailer %v)", stored, want, stream.header, stream.trailer)
+	}
+}
+
+// storedBy is what rec stores for a handler result: the result and the
+// StoredOutcome that wraps it with the recorded metadata.
+func storedBy(t *testing.T, rec *metadataRecorder) (*anypb.Any, *idemgatev1.StoredOutcome) {
+	t.Helper()
 	result, _ := anypb.New(&idemgatev1.ResultTooLarge{})
 	outcome, err := rec.wrap(result, nil)
 	if err != nil {
@@ -151,11 +157,5 @@ func TestMetadataRecorderDoesNotRecordWhatTheStreamRefusedTheCaller(t *testing.T
 	if err := outcome.UnmarshalTo(stored); err != nil {
 		t.Fatal(err)
 	}
-	want := &idemgatev1.StoredOutcome{
-		Result:  result,
-		Trailer: []*idemgatev1.MetadataEntry{{Key: "x-t", Values: [][]byte{[]byte("kept")}}},
-	}
-	if !proto.Equal(stored, want) {
-		t.Fatalf("stored %v, want what the caller got: %v (the stream had header %v, trailer %v)", stored, want, stream.header, stream.trailer)
-	}
+	return result, stored
 }
