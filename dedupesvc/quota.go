@@ -1,8 +1,10 @@
 package dedupesvc
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 	"time"
@@ -124,3 +126,57 @@ func (l *rateLimiters) allow(ns string) (time.Duration, bool) {
 
 // formatRate writes a rate limit for ErrorInfo metadata.
 func formatRate(l rate.Limit) string { return strconv.FormatFloat(float64(l), 'g', -1, 64) + "/s" }
+
+// UsageCompactor is a Store whose usage totals, which Begin checks the
+// quotas against, trail its writes until compacted (pgstore: the triggers
+// append changes, and compaction adds them up off the reserving
+// transaction, so no Begin waits on a shared counter). Run
+// RunUsageCompaction beside every Dedupe service on such a store.
+type UsageCompactor interface {
+	// CompactUsage adds the changes recorded since the last compaction to
+	// the totals and returns how many it moved. Safe to call from several
+	// replicas at once: one compacts, the others move nothing.
+	CompactUsage(ctx context.Context) (int64, error)
+}
+
+// DefaultUsageCompactionInterval is how often RunUsageCompaction compacts
+// by default: a caller may overshoot a quota by what it reserves in about
+// this long (at most its Begin rate, WithCallerRate, times this).
+const DefaultUsageCompactionInterval = time.Second
+
+// RunUsageCompaction compacts c's usage every interval (at least 10ms;
+// DefaultUsageCompactionInterval when 0) until ctx ends, logging a failure
+// once per run of failures and the recovery after it.
+func RunUsageCompaction(ctx context.Context, c UsageCompactor, interval time.Duration, logger *slog.Logger) {
+	if interval == 0 {
+		interval = DefaultUsageCompactionInterval
+	}
+	interval = max(interval, 10*time.Millisecond)
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		callCtx, cancel := context.WithTimeout(ctx, max(interval, 5*time.Second))
+		_, err := c.CompactUsage(callCtx)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return
+		case err != nil && !failing:
+			failing = true
+			logger.Warn("compacting quota usage failed; the quotas see usage as of the last compaction until it succeeds",
+				slog.Any("error", err))
+		case err == nil && failing:
+			failing = false
+			logger.Info("compacting quota usage works again")
+		}
+	}
+}

@@ -1,8 +1,13 @@
 package dedupesvc_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -89,4 +94,84 @@ func errorInfo(t *testing.T, err error) *errdetails.ErrorInfo {
 		t.Fatalf("%v has %d ErrorInfo, want 1", err, len(infos))
 	}
 	return infos[0]
+}
+
+// flakyCompactor fails while failing is set, and counts its calls.
+type flakyCompactor struct {
+	calls   atomic.Int64
+	failing atomic.Bool
+}
+
+func (f *flakyCompactor) CompactUsage(context.Context) (int64, error) {
+	f.calls.Add(1)
+	if f.failing.Load() {
+		return 0, errors.New("store down")
+	}
+	return 1, nil
+}
+
+func TestRunUsageCompactionLogsAFailureOnceAndTheRecovery(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	f := &flakyCompactor{}
+	f.failing.Store(true)
+	c, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { dedupesvc.RunUsageCompaction(c, f, 10*time.Millisecond, logger); close(done) }()
+	waitCalls := func(n int64) {
+		deadline := time.Now().Add(time.Minute)
+		for f.calls.Load() < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d compactions in a minute, want %d", f.calls.Load(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	waitCalls(5)
+	f.failing.Store(false)
+	waitCalls(f.calls.Load() + 3)
+	cancel()
+	<-done
+	out := logs.String()
+	if n := strings.Count(out, "compacting quota usage failed"); n != 1 {
+		t.Errorf("the failure was logged %d times over a run of failures, want once:\n%s", n, out)
+	}
+	if n := strings.Count(out, "compacting quota usage works again"); n != 1 {
+		t.Errorf("the recovery was logged %d times, want once:\n%s", n, out)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's goroutine and the test.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestDefaultRateLetsABusyToolServerThrough: with the default limit, one
+// caller sending more Begins at once than the store takes in a second (the
+// embedded store's ~9,000 a second at 64 callers, BENCHMARKS.md) is not
+// refused. The old default (500/s, burst 1,000) refused it after 1,000.
+func TestDefaultRateLetsABusyToolServerThrough(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{begin: dedupesvc.BeginResult{State: dedupesvc.BeginReserved, Epoch: 1}}
+	srv := dedupesvc.NewServer(store)
+	busy := dedupesvc.ContextWithCaller(context.Background(), dedupesvc.Caller{Name: "busy"})
+	for i := range 9000 {
+		if _, err := srv.Begin(busy, validBegin()); err != nil {
+			t.Fatalf("Begin %d of one busy caller with the default rate: %v", i, err)
+		}
+	}
 }

@@ -15,3 +15,13 @@ func HoldMarkForTest(s *Store, hook func(context.Context)) { s.markHook = hook }
 // WaitingForMarkForTest returns how many operations of s wait for a pending
 // MarkResumed.
 func WaitingForMarkForTest(s *Store) int { return int(s.markWaiting.Load()) }
+
+// FirstSQLForTest is Begin's first statement, for tests that run it inside
+// a transaction of their own, as a batch does.
+var FirstSQLForTest = firstSQL
+
+// DeleteExpiredSQLForTest is the sweeper's statement.
+var DeleteExpiredSQLForTest = deleteExpiredSQL
+
+// FinishSQLForTest is s's Finish statement (with its NOTIFY when on).
+func (s *Store) FinishSQLForTest() string { return s.finishSQL }

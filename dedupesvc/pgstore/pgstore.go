@@ -108,6 +108,7 @@ var (
 	_ dedupesvc.Resumer = (*Store)(nil)
 
 	_ dedupesvc.LostOutcomeMarker = (*Store)(nil)
+	_ dedupesvc.UsageCompactor    = (*Store)(nil)
 )
 
 // Option configures New.
@@ -185,7 +186,10 @@ func (s *Store) change(ctx context.Context, sql string, id dedupesvc.RecordID, a
 // (GroupCommit).
 type op struct {
 	// order sorts a batch's statements by record, so that two batches lock
-	// the rows they share in one order and cannot deadlock on them.
+	// the rows they share in one order and cannot deadlock on them. That
+	// holds because a statement locks only its own record: the usage
+	// triggers append (migration 010) instead of updating shared counter
+	// rows, and the sweeper skips rows a batch holds (deleteExpiredSQL).
 	order string
 	sql   string
 	args  []any
@@ -568,8 +572,9 @@ SET state = 'unknown',
 WHERE namespace = $5 AND scope = $1 AND idempotency_key = $2 AND epoch = $3
   AND state = 'in_flight' AND ` + leaseEnd("r") + ` <= now()`
 
-// usageSQL sums a namespace's usage rows, kept by triggers (migration 005):
-// an index range of at most 16 rows, however many records it holds.
+// usageSQL sums a namespace's usage rows, as compacted (CompactUsage) from
+// the changes the triggers append (migrations 005 and 010): one row once
+// migrated, however many records the namespace holds.
 const usageSQL = `
 SELECT coalesce(sum(records), 0)::bigint, coalesce(sum(outcome_bytes), 0)::bigint
 FROM idemgate_namespace_usage WHERE namespace = $1`
@@ -918,14 +923,19 @@ func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
 // ahead of deletable ones would fill every batch and the sweep would delete
 // nothing. The outer test re-checks each row, so a row reserved anew between
 // the two scans survives. An in-flight row of a FAIL_CLOSED holder deleted
-// here was outcome-unknown to the end, and is reported as such.
+// here was outcome-unknown to the end, and is reported as such. Rows another
+// transaction holds are skipped (SKIP LOCKED), left for the next sweep: the
+// DELETE takes its rows in expiry order, a batch takes its own in key order,
+// and a sweep that waited for a batch's row while holding one the batch
+// needs next would deadlock with it.
 var deleteExpiredSQL = `
 DELETE FROM idemgate_records AS r
 WHERE (namespace, scope, idempotency_key) IN (
     SELECT c.namespace, c.scope, c.idempotency_key FROM idemgate_records AS c
     WHERE c.expires_at <= now() AND ` + expiry("c") + ` <= now()
     ORDER BY c.expires_at
-    LIMIT $1)
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED)
   AND ` + expiry("r") + ` <= now()
 RETURNING namespace, scope, idempotency_key, state = 'unknown' OR (state = 'in_flight' AND unknown_retention_ms > 0)`
 
@@ -1030,4 +1040,66 @@ func keyIDParam(id string) *string {
 		return nil
 	}
 	return &id
+}
+
+// compactLockSQL takes the compaction row, or nothing when another replica's
+// compaction holds it: that replica moves the same changes, so this one
+// skips the round instead of queueing behind it.
+const compactLockSQL = `SELECT id FROM idemgate_usage_compaction FOR UPDATE SKIP LOCKED`
+
+// compactRowSQL makes sure the compaction row exists; it writes nothing
+// when it does.
+const compactRowSQL = `INSERT INTO idemgate_usage_compaction (id) VALUES (true) ON CONFLICT (id) DO NOTHING`
+
+// compactUsageSQL moves every change the usage triggers appended (migration
+// 010) into the namespaces' totals, in one statement: a change is deleted in
+// the transaction that adds it, so it counts exactly once. Changes committed
+// after the statement's snapshot stay for the next compaction. The totals
+// are written in namespace order; only compactions write them, one at a
+// time (compactLockSQL).
+const compactUsageSQL = `
+WITH moved AS (
+    DELETE FROM idemgate_usage_changes RETURNING namespace, records, outcome_bytes
+), summed AS (
+    INSERT INTO idemgate_namespace_usage AS u (namespace, shard, records, outcome_bytes)
+    SELECT namespace, 0, sum(records), sum(outcome_bytes) FROM moved GROUP BY namespace ORDER BY namespace
+    ON CONFLICT (namespace, shard) DO UPDATE
+    SET records = u.records + excluded.records, outcome_bytes = u.outcome_bytes + excluded.outcome_bytes
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM summed)`
+
+// CompactUsage implements dedupesvc.UsageCompactor: it adds the usage
+// changes recorded since the last compaction to the namespaces' totals that
+// Begin checks the quotas against, and returns how many changes it moved (0
+// when another replica was compacting at that moment). A quota is enforced
+// against the totals as of the last compaction, so a caller may overshoot it
+// by what it reserves between two compactions.
+func (s *Store) CompactUsage(ctx context.Context) (int64, error) {
+	if err := s.resume(ctx); err != nil {
+		return 0, err
+	}
+	var moved int64
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		// Recreated if someone deleted it: without the row no replica
+		// would ever compact, and the quotas would stop seeing new usage.
+		if _, err := tx.Exec(ctx, compactRowSQL); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, compactLockSQL)
+		if err != nil {
+			return err
+		}
+		locked := rows.Next()
+		rows.Close()
+		if err := rows.Err(); err != nil || !locked {
+			return err
+		}
+		var namespaces int64
+		return tx.QueryRow(ctx, compactUsageSQL).Scan(&moved, &namespaces)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("pgstore: compact usage: %w", s.noted(ctx, err))
+	}
+	return moved, nil
 }

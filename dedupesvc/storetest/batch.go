@@ -163,6 +163,7 @@ func RunBatchedFailures(t *testing.T, s dedupesvc.Store, hooks BatchHooks, bad f
 	full := begin("full-holder", fpA, long, long)
 	full.Namespace, full.Key = "full", "first"
 	mustBegin(t, s, full, dedupesvc.BeginReserved)
+	settleUsage(t, s)
 
 	release := hooks.Hold(t)
 	released := false

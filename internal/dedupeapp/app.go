@@ -285,6 +285,9 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 		defer stopMetrics()
 	}
 
+	if compactor, ok := store.(dedupesvc.UsageCompactor); ok {
+		backgroundDone.Go(func() { dedupesvc.RunUsageCompaction(background, compactor, cfg.UsageCompactionInterval, logger) })
+	}
 	sweeper := dedupesvc.NewSweeper(store, dedupesvc.SweeperConfig{Interval: cfg.SweepInterval, BatchSize: cfg.SweepBatch, Logger: logger})
 	backgroundDone.Go(func() { sweeper.Run(background) })
 	if inspector, ok := store.(dedupesvc.Inspector); ok {

@@ -49,6 +49,12 @@ type Config struct {
 	// SweepInterval is the pause between sweeps of expired records. Defaults
 	// to 1m (IDEMGATE_SWEEP_INTERVAL).
 	SweepInterval time.Duration
+	// UsageCompactionInterval is how often the quotas' usage totals take in
+	// the store's latest changes (dedupesvc.RunUsageCompaction; PostgreSQL
+	// only): a caller may overshoot a quota by what it reserves in this
+	// long. 0 takes dedupesvc.DefaultUsageCompactionInterval. Defaults to 1s
+	// (IDEMGATE_USAGE_COMPACTION_INTERVAL).
+	UsageCompactionInterval time.Duration
 	// SweepBatch is how many expired records one delete removes. Defaults to
 	// 1000 (IDEMGATE_SWEEP_BATCH).
 	SweepBatch int
@@ -335,6 +341,8 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 	fs.BoolVar(&cfg.MigrateOnStart, "migrate-on-start", boolEnv("IDEMGATE_MIGRATE_ON_START", true), "apply pending migrations before serving (env IDEMGATE_MIGRATE_ON_START)")
 	fs.IntVar(&cfg.StoreMaxBatch, "store-max-batch", intEnv("IDEMGATE_STORE_MAX_BATCH", 0), "most Begins and Finishes written in one transaction by concurrent callers (group commit); 1 turns batching off, 0 takes the store's default: 64 on PostgreSQL, 128 embedded (env IDEMGATE_STORE_MAX_BATCH)")
 	fs.IntVar(&cfg.MaxConns, "db-max-conns", intEnv("IDEMGATE_DB_MAX_CONNS", DefaultDBMaxConns), "database pool `size`; watch idemgate_db_pool_empty_acquire_wait_seconds_total for callers queueing (env IDEMGATE_DB_MAX_CONNS)")
+	fs.DurationVar(&cfg.UsageCompactionInterval, "usage-compaction-interval", durationEnv("IDEMGATE_USAGE_COMPACTION_INTERVAL", dedupesvc.DefaultUsageCompactionInterval),
+		"how often the quotas' usage takes in the latest changes on PostgreSQL; a caller may overshoot a quota by what it reserves in this long (env IDEMGATE_USAGE_COMPACTION_INTERVAL)")
 	fs.DurationVar(&cfg.SweepInterval, "sweep-interval", durationEnv("IDEMGATE_SWEEP_INTERVAL", time.Minute), "pause between sweeps of expired records (env IDEMGATE_SWEEP_INTERVAL)")
 	fs.IntVar(&cfg.SweepBatch, "sweep-batch", intEnv("IDEMGATE_SWEEP_BATCH", 1000), "expired records deleted per statement (env IDEMGATE_SWEEP_BATCH)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", durationEnv("IDEMGATE_SHUTDOWN_TIMEOUT", 10*time.Second), "time in-flight calls get to finish on SIGTERM (env IDEMGATE_SHUTDOWN_TIMEOUT)")
@@ -427,6 +435,9 @@ func (c Config) validate() error {
 	}
 	if c.StoreMaxBatch < 0 {
 		errs = append(errs, fmt.Errorf("-store-max-batch must be 0 or more, got %d", c.StoreMaxBatch))
+	}
+	if c.UsageCompactionInterval != 0 && c.UsageCompactionInterval < 10*time.Millisecond {
+		errs = append(errs, fmt.Errorf("-usage-compaction-interval must be 10ms or more, got %s", c.UsageCompactionInterval))
 	}
 	if c.SweepInterval <= 0 {
 		errs = append(errs, fmt.Errorf("-sweep-interval must be positive, got %s", c.SweepInterval))

@@ -1,0 +1,333 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/dedupesvc/pgstore"
+	"github.com/idemgate/idemgate/internal/pgtest"
+)
+
+// usage is one namespace's totals.
+type usage struct{ records, bytes int64 }
+
+// countedUsage is what Begin checks the quotas against: the compacted
+// totals.
+func countedUsage(t *testing.T, pool *pgxpool.Pool) map[string]usage {
+	t.Helper()
+	return usageOf(t, pool, `SELECT namespace, sum(records)::bigint, sum(outcome_bytes)::bigint FROM idemgate_namespace_usage GROUP BY namespace`)
+}
+
+// actualUsage counts the records themselves.
+func actualUsage(t *testing.T, pool *pgxpool.Pool) map[string]usage {
+	t.Helper()
+	return usageOf(t, pool, `SELECT namespace, count(*), coalesce(sum(octet_length(outcome_value)), 0)::bigint FROM idemgate_records GROUP BY namespace`)
+}
+
+func usageOf(t *testing.T, pool *pgxpool.Pool, sql string) map[string]usage {
+	t.Helper()
+	rows, err := pool.Query(ctx, sql)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]usage{}
+	var (
+		ns string
+		u  usage
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&ns, &u.records, &u.bytes}, func() error {
+		if u != (usage{}) {
+			out[ns] = u
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func wantUsage(t *testing.T, what string, pool *pgxpool.Pool) {
+	t.Helper()
+	got, want := countedUsage(t, pool), actualUsage(t, pool)
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("%s: counted usage %v, the records hold %v", what, got, want)
+	}
+}
+
+// compactAll compacts until no change is left (a compaction of another
+// replica may hold the compaction row for a moment), and returns how many
+// changes it moved.
+func compactAll(t *testing.T, pool *pgxpool.Pool, s *pgstore.Store) int64 {
+	t.Helper()
+	var moved int64
+	deadline := time.Now().Add(time.Minute)
+	for {
+		moved += compact(t, s)
+		var left int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM idemgate_usage_changes`).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if left == 0 {
+			return moved
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d usage changes left after a minute of compacting", left)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func compact(t *testing.T, s *pgstore.Store) int64 {
+	t.Helper()
+	n, err := s.CompactUsage(ctx)
+	if err != nil {
+		t.Fatalf("CompactUsage: %v", err)
+	}
+	return n
+}
+
+// TestCompactUsageCountsEveryChangeOnce walks a record through every write
+// that changes usage (reserve, Finish, takeover of an expired outcome,
+// sweep) and wants the compacted totals to equal a count of the records,
+// and a Begin to see them only once compacted.
+func TestCompactUsageCountsEveryChangeOnce(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	s := pgstore.New(pool)
+	p := func(ns, key string, life time.Duration) dedupesvc.BeginParams {
+		p := begin("t-" + key)
+		p.Namespace, p.Key, p.Lease, p.Retention = ns, key, life, life
+		return p
+	}
+	finish := func(bp dedupesvc.BeginParams, epoch int64, size int) {
+		t.Helper()
+		if err := s.Finish(ctx, dedupesvc.FinishParams{Namespace: bp.Namespace, Scope: bp.Scope, Key: bp.Key, AttemptToken: bp.AttemptToken, Epoch: epoch,
+			Outcome: dedupesvc.Outcome{TypeURL: "type.googleapis.com/test.A", Value: make([]byte, size)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, ns := range []string{"a", "b"} {
+		for k := range 3 {
+			bp := p(ns, fmt.Sprint("k", k), time.Hour)
+			res := mustBeginPG(t, s, bp, dedupesvc.BeginReserved)
+			finish(bp, res.Epoch, 100*(i+1)+k)
+		}
+	}
+	short := p("a", "short", dedupesvc.MinLease)
+	res := mustBeginPG(t, s, short, dedupesvc.BeginReserved)
+	finish(short, res.Epoch, 1000)
+	if got := countedUsage(t, pool); len(got) != 0 {
+		t.Fatalf("before any compaction the totals are %v, want none: compaction, not the writing transaction, counts", got)
+	}
+	if n := compact(t, s); n != 7+7 {
+		t.Fatalf("the first compaction moved %d changes, want 14 (7 reservations, 7 outcomes)", n)
+	}
+	wantUsage(t, "after reserving and finishing", pool)
+	if n := compact(t, s); n != 0 {
+		t.Fatalf("a second compaction moved %d changes, want 0", n)
+	}
+	wantUsage(t, "after compacting again", pool)
+
+	// The short record expires: a takeover drops its outcome, then the
+	// sweeper deletes what expired.
+	time.Sleep(dedupesvc.MinLease + 100*time.Millisecond)
+	takeover := short
+	takeover.AttemptToken, takeover.OnLostOutcome = "t-takeover", dedupesvc.Reexecute // swept once its lease ends
+	mustBeginPG(t, s, takeover, dedupesvc.BeginReserved)
+	compact(t, s)
+	wantUsage(t, "after a takeover", pool)
+	time.Sleep(dedupesvc.MinLease + 100*time.Millisecond)
+	if n, _, err := s.DeleteExpired(ctx, 100); err != nil || n != 1 {
+		t.Fatalf("DeleteExpired = %d, %v; want the one expired record", n, err)
+	}
+	compact(t, s)
+	wantUsage(t, "after a sweep", pool)
+}
+
+// TestConcurrentCompactionsCountOnce runs writers on two stores (two
+// replicas) while both compact as fast as they can: every change counts
+// exactly once however the compactions interleave.
+func TestConcurrentCompactionsCountOnce(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Schema(t)
+	stores := []*pgstore.Store{pgstore.New(pool), pgstore.New(pgtest.OpenPool(t, schema))}
+	// Stopped by a flag, not by cancelling: a compaction cancelled while it
+	// commits may have moved its changes yet return an error.
+	var (
+		compactions sync.WaitGroup
+		compacted   atomic.Int64
+		stop        atomic.Bool
+	)
+	for _, s := range stores {
+		for range 2 {
+			compactions.Go(func() {
+				for !stop.Load() {
+					n, err := s.CompactUsage(ctx)
+					if err != nil {
+						t.Errorf("CompactUsage: %v", err)
+						return
+					}
+					compacted.Add(n)
+				}
+			})
+		}
+	}
+	var writers sync.WaitGroup
+	for w := range 8 {
+		s := stores[w%2]
+		writers.Go(func() {
+			for k := range 25 {
+				bp := begin("t")
+				bp.Namespace, bp.Key = fmt.Sprint("ns-", w%3), fmt.Sprintf("w%d-k%d", w, k)
+				res, err := s.Begin(ctx, bp)
+				if err != nil || res.State != dedupesvc.BeginReserved {
+					t.Errorf("Begin = %+v, %v", res, err)
+					return
+				}
+				if err := s.Finish(ctx, dedupesvc.FinishParams{Namespace: bp.Namespace, Scope: bp.Scope, Key: bp.Key, AttemptToken: bp.AttemptToken, Epoch: res.Epoch,
+					Outcome: dedupesvc.Outcome{TypeURL: "type.googleapis.com/test.A", Value: make([]byte, k+1)}}); err != nil {
+					t.Errorf("Finish: %v", err)
+					return
+				}
+			}
+		})
+	}
+	writers.Wait()
+	stop.Store(true)
+	compactions.Wait()
+	compacted.Add(compactAll(t, pool, stores[0]))
+	if n := compacted.Load(); n != 8*25*2 {
+		t.Errorf("compactions moved %d changes in all, want %d", n, 8*25*2)
+	}
+	wantUsage(t, "after concurrent writers and compactions", pool)
+}
+
+// TestQuotaSeesUsageOnceCompacted: a quota is checked against the totals as
+// of the last compaction. Concurrent Begins between two compactions may
+// overshoot it (the test logs by how much); once compacted, the next Begin
+// is refused.
+func TestQuotaSeesUsageOnceCompacted(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	s := pgstore.New(pool)
+	const limit = 20
+	var (
+		wg       sync.WaitGroup
+		reserved atomic.Int64
+		stop     = make(chan struct{})
+	)
+	c, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go dedupesvc.RunUsageCompaction(c, s, 20*time.Millisecond, nil)
+	for w := range 16 {
+		wg.Go(func() {
+			for k := 0; ; k++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				bp := begin("t")
+				bp.Namespace, bp.Key, bp.MaxRecords = "greedy", fmt.Sprintf("w%d-k%d", w, k), limit
+				res, err := s.Begin(ctx, bp)
+				switch {
+				case errors.Is(err, dedupesvc.ErrQuotaExceeded):
+					return
+				case err != nil || res.State != dedupesvc.BeginReserved:
+					t.Errorf("Begin = %+v, %v", res, err)
+					return
+				}
+				reserved.Add(1)
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		close(stop)
+		<-done
+		t.Fatal("16 writers reserved for 2 minutes without meeting the quota: compaction never caught up")
+	}
+	t.Logf("quota %d records: %d reserved by 16 concurrent writers with compaction every 20ms (overshoot %d)", limit, reserved.Load(), reserved.Load()-limit)
+	if reserved.Load() < limit {
+		t.Fatalf("%d reserved, fewer than the quota of %d", reserved.Load(), limit)
+	}
+	cancel()
+	compact(t, s)
+	bp := begin("t")
+	bp.Namespace, bp.Key, bp.MaxRecords = "greedy", "after", limit
+	if _, err := s.Begin(ctx, bp); !errors.Is(err, dedupesvc.ErrQuotaExceeded) {
+		t.Fatalf("Begin after compacting = %v, want a quota error", err)
+	}
+}
+
+// TestUpgradeFoldsUsageShards: a schema at migration 009 counted usage in
+// up to 16 shard rows per namespace, in the writing transaction; after 010
+// the totals are one row per namespace, unchanged, and writes keep being
+// counted (once compacted).
+func TestUpgradeFoldsUsageShards(t *testing.T) {
+	t.Parallel()
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pool, schema := pgtest.EmptySchema(t)
+	if m := migratedBefore(c, t, pool, 10); m.Version != 10 {
+		t.Fatal("no migration 010")
+	}
+	// Writes from several connections land in several shards.
+	old := pgstore.New(pool, pgstore.WithGroupCommit(pgstore.GroupCommit{MaxBatch: 1}))
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for k := range 5 {
+				bp := begin("t")
+				bp.Namespace, bp.Key = fmt.Sprint("ns-", w%2), fmt.Sprintf("w%d-k%d", w, k)
+				if _, err := old.Begin(c, bp); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var shards int
+	if err := pool.QueryRow(c, `SELECT count(*) FROM idemgate_namespace_usage`).Scan(&shards); err != nil {
+		t.Fatal(err)
+	}
+	wantUsage(t, "before the upgrade", pool)
+	if _, err := pgstore.Migrate(c, pool); err != nil {
+		t.Fatal(err)
+	}
+	var rows int
+	if err := pool.QueryRow(c, `SELECT count(*) FROM idemgate_namespace_usage`).Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 2 {
+		t.Fatalf("after the upgrade %d usage rows (from %d shard rows), want one per namespace", rows, shards)
+	}
+	wantUsage(t, "after the upgrade", pool)
+	s := pgstore.New(pgtest.OpenPool(t, schema))
+	bp := begin("t")
+	bp.Namespace, bp.Key = "ns-0", "after-upgrade"
+	mustBeginPG(t, s, bp, dedupesvc.BeginReserved)
+	compact(t, s)
+	wantUsage(t, "a write after the upgrade, compacted", pool)
+}
+
+func mustBeginPG(t *testing.T, s *pgstore.Store, p dedupesvc.BeginParams, want dedupesvc.BeginState) dedupesvc.BeginResult {
+	t.Helper()
+	res, err := s.Begin(ctx, p)
+	if err != nil || res.State != want {
+		t.Fatalf("Begin(%s/%s) = %+v, %v; want state %v", p.Namespace, p.Key, res, err, want)
+	}
+	return res
+}
