@@ -89,13 +89,19 @@ type GroupCommit struct {
 	// spent by a statement that finds a writer free. Defaults to 0.
 	MaxDelay time.Duration
 	// Writers is how many batches are in flight at once, each on its own
-	// pool connection. Defaults to 8, half the Dedupe service's pool.
+	// pool connection. Defaults to 2: fewer writers make bigger batches, so
+	// fewer commits, and a commit costs the database more than a statement
+	// in a batch. On the 2-core machine of BENCHMARKS.md, Begin+Finish pairs
+	// from 16 callers took 234-259µs with 2 writers, 294-323µs with 4 and
+	// 371-376µs with 8 (1.6, 2.7 and 4.8 statements a commit); from 64
+	// callers 144-154µs, 156-179µs and 196-226µs. A database with more
+	// cores may take more writers.
 	Writers int
 }
 
 // DefaultGroupCommit is the GroupCommit a Store uses unless
 // WithGroupCommit says otherwise.
-var DefaultGroupCommit = GroupCommit{MaxBatch: 64, Writers: 8}
+var DefaultGroupCommit = GroupCommit{MaxBatch: 64, Writers: 2}
 
 // WithGroupCommit sets how concurrent Begins and Finishes share
 // transactions. Defaults to DefaultGroupCommit.

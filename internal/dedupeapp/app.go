@@ -136,6 +136,9 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 	// Half the pool writes batches at most, so the other half stays free for
 	// the statements that are not batched (reads, takeovers, heartbeats).
 	gc := pgstore.DefaultGroupCommit
+	if cfg.StoreWriters > 0 {
+		gc.Writers = cfg.StoreWriters
+	}
 	gc.Writers = max(1, min(gc.Writers, int(pool.Config().MaxConns)/2))
 	if cfg.StoreMaxBatch > 0 {
 		gc.MaxBatch = cfg.StoreMaxBatch

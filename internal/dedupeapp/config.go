@@ -46,6 +46,13 @@ type Config struct {
 	// default (64 on PostgreSQL, 128 on the embedded store). Defaults to 0
 	// (IDEMGATE_STORE_MAX_BATCH).
 	StoreMaxBatch int
+	// StoreWriters is how many group-commit transactions PostgreSQL writes
+	// at once (pgstore.GroupCommit.Writers), at most half the pool; 0 takes
+	// pgstore.DefaultGroupCommit's 2. Fewer writers make bigger batches and
+	// fewer commits: on the 2-core machine of BENCHMARKS.md 2 writers did
+	// 1.5x the Begin+Finish pairs of 8 at 16 callers. Raise it for a
+	// database with more cores. Defaults to 0 (IDEMGATE_STORE_WRITERS).
+	StoreWriters int
 	// SweepInterval is the pause between sweeps of expired records. Defaults
 	// to 1m (IDEMGATE_SWEEP_INTERVAL).
 	SweepInterval time.Duration
@@ -339,6 +346,7 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", ""), "PostgreSQL connection `URL`; empty uses the embedded SQLite store (env DATABASE_URL)")
 	fs.StringVar(&cfg.DataDir, "data-dir", env("IDEMGATE_DATA_DIR", defaultDataDir(getenv)), "`directory` of the embedded store, used when no database URL is set (env IDEMGATE_DATA_DIR)")
 	fs.BoolVar(&cfg.MigrateOnStart, "migrate-on-start", boolEnv("IDEMGATE_MIGRATE_ON_START", true), "apply pending migrations before serving (env IDEMGATE_MIGRATE_ON_START)")
+	fs.IntVar(&cfg.StoreWriters, "store-writers", intEnv("IDEMGATE_STORE_WRITERS", 0), "group-commit transactions written at once on PostgreSQL, at most half of -db-max-conns; 0 takes the default, 2: fewer make bigger batches and fewer commits; raise it for a database with many cores (env IDEMGATE_STORE_WRITERS)")
 	fs.IntVar(&cfg.StoreMaxBatch, "store-max-batch", intEnv("IDEMGATE_STORE_MAX_BATCH", 0), "most Begins and Finishes written in one transaction by concurrent callers (group commit); 1 turns batching off, 0 takes the store's default: 64 on PostgreSQL, 128 embedded (env IDEMGATE_STORE_MAX_BATCH)")
 	fs.IntVar(&cfg.MaxConns, "db-max-conns", intEnv("IDEMGATE_DB_MAX_CONNS", DefaultDBMaxConns), "database pool `size`; watch idemgate_db_pool_empty_acquire_wait_seconds_total for callers queueing (env IDEMGATE_DB_MAX_CONNS)")
 	fs.DurationVar(&cfg.UsageCompactionInterval, "usage-compaction-interval", durationEnv("IDEMGATE_USAGE_COMPACTION_INTERVAL", dedupesvc.DefaultUsageCompactionInterval),
@@ -432,6 +440,9 @@ func (c Config) validate() error {
 	}
 	if c.MaxConns < 0 {
 		errs = append(errs, fmt.Errorf("-db-max-conns must be 0 or more, got %d", c.MaxConns))
+	}
+	if c.StoreWriters < 0 {
+		errs = append(errs, fmt.Errorf("-store-writers must be 0 or more, got %d", c.StoreWriters))
 	}
 	if c.StoreMaxBatch < 0 {
 		errs = append(errs, fmt.Errorf("-store-max-batch must be 0 or more, got %d", c.StoreMaxBatch))
