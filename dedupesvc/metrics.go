@@ -34,7 +34,8 @@ var allOutcomes = []string{
 // hit (idemgate_dedupe_quota_exceeded_total{quota}: rate, records, bytes,
 // retention, waiters), the latency of each RPC, store time and waiting
 // included (idemgate_dedupe_rpc_duration_seconds{rpc}), the replays served
-// per method (idemgate_dedupe_replays_total{method}), the replays a
+// per method (idemgate_dedupe_replays_total{method}), where Begin and Finish
+// spend their time (idemgate_dedupe_stage_seconds{rpc,stage}), the replays a
 // ReplayRecorder could not record (idemgate_dedupe_replay_counts_dropped_total)
 // and the records operators forgot
 // (idemgate_dedupe_records_forgotten_total{state,forced}).
@@ -43,6 +44,7 @@ type Metrics struct {
 	outcomes  *prometheus.CounterVec
 	quotas    *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
+	stages    *prometheus.HistogramVec
 	replays   *prometheus.CounterVec
 	dropped   prometheus.Counter
 	forgotten *prometheus.CounterVec
@@ -50,6 +52,11 @@ type Metrics struct {
 	methodsMu sync.Mutex
 	methods   map[string]bool // the method labels of replays in use
 }
+
+// StageBuckets are the upper bounds, in seconds, of
+// idemgate_dedupe_stage_seconds: from a check that takes microseconds to a
+// statement queued behind a slow commit.
+var StageBuckets = []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}
 
 // MaxReplayMethods bounds the method labels of idemgate_dedupe_replays_total:
 // callers choose scopes, so the methods seen are bounded here rather than by
@@ -78,6 +85,11 @@ func NewMetrics() *Metrics {
 			Help:    "Dedupe RPC latency in seconds, store and waiting included.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"rpc"}),
+		stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemgate_dedupe_stage_seconds",
+			Help:    "Where Begin and Finish spend their time in the service, by rpc and stage: checks, queue (waiting for a group-commit writer), statement (the batch's round trip and commit), store (the rest of the store), wait (for an in-flight outcome), reply.",
+			Buckets: StageBuckets,
+		}, []string{"rpc", "stage"}),
 		replays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemgate_dedupe_replays_total",
 			Help: "Duplicates answered with a stored outcome (suppressed executions), by method (the scope's action, at most 500 methods, then \"other\").",
@@ -98,6 +110,11 @@ func NewMetrics() *Metrics {
 	for _, q := range allQuotas {
 		m.quotas.WithLabelValues(q)
 	}
+	for _, rpc := range []string{"Begin", "Finish"} {
+		for _, stage := range allStages {
+			m.stages.WithLabelValues(rpc, stage)
+		}
+	}
 	return m
 }
 
@@ -106,6 +123,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.outcomes.Describe(ch)
 	m.quotas.Describe(ch)
 	m.latency.Describe(ch)
+	m.stages.Describe(ch)
 	m.replays.Describe(ch)
 	m.dropped.Describe(ch)
 	m.forgotten.Describe(ch)
@@ -116,6 +134,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.outcomes.Collect(ch)
 	m.quotas.Collect(ch)
 	m.latency.Collect(ch)
+	m.stages.Collect(ch)
 	m.replays.Collect(ch)
 	m.dropped.Collect(ch)
 	m.forgotten.Collect(ch)

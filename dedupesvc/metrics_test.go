@@ -3,9 +3,12 @@ package dedupesvc_test
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -59,5 +62,88 @@ idemgate_dedupe_outcomes_total{outcome="waited"} 0
 	}
 	if n := testutil.CollectAndCount(m, "idemgate_dedupe_rpc_duration_seconds"); n != 3 {
 		t.Fatalf("latency series for %d RPCs, want Begin, Finish and Release", n)
+	}
+}
+
+// stagedStore is a Store whose Begin and Finish report the queue and
+// statement times a batching store would.
+type stagedStore struct {
+	fakeStore
+	queued, took time.Duration
+}
+
+func (s *stagedStore) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.BeginResult, error) {
+	dedupesvc.StageTimerFrom(ctx).AddStatement(s.queued, s.took)
+	return s.fakeStore.Begin(ctx, p)
+}
+
+func (s *stagedStore) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
+	dedupesvc.StageTimerFrom(ctx).AddStatement(s.queued, s.took)
+	return s.fakeStore.Finish(ctx, p)
+}
+
+// stageSum reads idemgate_dedupe_stage_seconds{rpc,stage}: its count and sum.
+func stageSum(t *testing.T, m *dedupesvc.Metrics, rpc, stage string) (uint64, float64) {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m)
+	got, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range got {
+		if f.GetName() != "idemgate_dedupe_stage_seconds" {
+			continue
+		}
+		for _, metric := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range metric.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["rpc"] == rpc && labels["stage"] == stage {
+				return metric.GetHistogram().GetSampleCount(), metric.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	t.Fatalf("no idemgate_dedupe_stage_seconds{rpc=%q,stage=%q}", rpc, stage)
+	return 0, 0
+}
+
+func TestStagesSplitEachCall(t *testing.T) {
+	t.Parallel()
+	store := &stagedStore{queued: 3 * time.Millisecond, took: 5 * time.Millisecond}
+	store.begin = dedupesvc.BeginResult{State: dedupesvc.BeginReserved, Epoch: 1}
+	m := dedupesvc.NewMetrics()
+	srv := dedupesvc.NewServer(store, dedupesvc.WithMetrics(m), dedupesvc.WithCallerRate(0.001, 2))
+	ctx := dedupesvc.ContextWithCaller(context.Background(), dedupesvc.Caller{Name: "a"})
+	for range 2 {
+		if _, err := srv.Begin(ctx, validBegin()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := srv.Finish(ctx, &idemgatev1.FinishRequest{Scope: "/pkg.S/M", Key: "order-1", AttemptToken: "attempt-1", Epoch: 1, Outcome: &anypb.Any{TypeUrl: "x/y.Z"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Begin(ctx, validBegin()); err == nil {
+		t.Fatal("a third Begin past the rate went through")
+	}
+	for _, c := range []struct {
+		rpc, stage string
+		count      uint64
+		sum        float64 // exact when > 0
+	}{
+		{"Begin", dedupesvc.StageChecks, 3, 0}, // the refused Begin too
+		{"Begin", dedupesvc.StageQueue, 2, 0.006},
+		{"Begin", dedupesvc.StageStatement, 2, 0.010},
+		{"Begin", dedupesvc.StageStore, 2, 0},
+		{"Begin", dedupesvc.StageReply, 2, 0},
+		{"Begin", dedupesvc.StageWait, 0, 0},
+		{"Finish", dedupesvc.StageQueue, 1, 0.003},
+		{"Finish", dedupesvc.StageStatement, 1, 0.005},
+	} {
+		count, sum := stageSum(t, m, c.rpc, c.stage)
+		if count != c.count || (c.sum > 0 && math.Abs(sum-c.sum) > 1e-9) {
+			t.Errorf("%s %s: %d observations summing %gs, want %d (sum %g)", c.rpc, c.stage, count, sum, c.count, c.sum)
+		}
 	}
 }

@@ -88,11 +88,13 @@ func NewServer(store Store, opts ...Option) *Server {
 // Begin implements idemgatev1.DedupeServiceServer.
 func (s *Server) Begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idemgatev1.BeginResponse, error) {
 	defer s.opts.metrics.observe("Begin", time.Now())
+	ctx, stages := s.opts.metrics.startStages(ctx)
 	resp, err := s.begin(ctx, req)
 	s.countBegin(resp, err)
 	if c := resp.GetCompleted(); c != nil {
 		s.replayed(ctx, req, c)
 	}
+	s.opts.metrics.observeStages("Begin", stages)
 	return resp, err
 }
 
@@ -220,9 +222,13 @@ func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 		return nil, quotaExceeded(QuotaRate, formatRate(s.rates.limit),
 			fmt.Sprintf("this caller is over its rate of %s Begins a second (-caller-begin-rate); retry after the delay", formatRate(s.rates.limit)), wait)
 	}
+	stages := StageTimerFrom(ctx)
+	stages.storeStarted()
 	res, err := s.store.Begin(ctx, params)
+	stages.storeEnded()
 	if err == nil && res.State == BeginInFlight && maxWait > 0 {
 		res, err = s.wait(ctx, params, res, arrived.Add(maxWait))
+		stages.waitEnded()
 	}
 	if err != nil {
 		return nil, s.storeError(ctx, "Begin", err)
@@ -262,8 +268,10 @@ func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 // Finish implements idemgatev1.DedupeServiceServer.
 func (s *Server) Finish(ctx context.Context, req *idemgatev1.FinishRequest) (*idemgatev1.FinishResponse, error) {
 	defer s.opts.metrics.observe("Finish", time.Now())
+	ctx, stages := s.opts.metrics.startStages(ctx)
 	resp, err := s.finish(ctx, req)
 	s.counted(outcomeFinished, err)
+	s.opts.metrics.observeStages("Finish", stages)
 	return resp, err
 }
 
@@ -285,6 +293,8 @@ func (s *Server) finish(ctx context.Context, req *idemgatev1.FinishRequest) (*id
 	if outcome, err = s.sealOutcome(RecordID{Namespace: ns, Scope: req.GetScope(), Key: req.GetKey()}, outcome); err != nil {
 		return nil, err
 	}
+	stages := StageTimerFrom(ctx)
+	stages.storeStarted()
 	err = s.store.Finish(ctx, FinishParams{
 		Namespace:    ns,
 		Scope:        req.GetScope(),
@@ -293,6 +303,7 @@ func (s *Server) finish(ctx context.Context, req *idemgatev1.FinishRequest) (*id
 		Epoch:        req.GetEpoch(),
 		Outcome:      outcome,
 	})
+	stages.storeEnded()
 	if err != nil {
 		return nil, s.storeError(ctx, "Finish", err)
 	}

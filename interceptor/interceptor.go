@@ -124,7 +124,7 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 	engine := gatecore.New(dedupe, gatecore.Options{
 		Logger: o.logger, DedupeTimeout: o.dedupeTimeout, OutcomeTimeout: o.outcomeTimeout, FinishBudget: o.finishBudget,
 		InFlightRetry: o.inFlightRetry, StoreRetry: o.storeRetry, MaxOutcome: o.maxOutcome, TypeURLOf: resultTypeURL,
-		OnEvent: metrics.event,
+		OnEvent: metrics.event, OnStage: metrics.stage,
 	})
 	return &Gate{dedupe: dedupe, engine: engine, methods: r.gated, unclassified: r.unclassified, services: r.services, opts: o, metrics: metrics,
 		replays: gatecore.NewReplayCache(o.replayEntries, o.replayBytes, o.replayTTL)}, nil
@@ -249,6 +249,7 @@ const maxReconcileRounds = 3
 // ran and "replayed" when a stored outcome answered, and leaves it empty when
 // the call was refused (the error's reason says why).
 func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMethod, handler grpc.UnaryHandler, outcome *string) (any, error) {
+	arrived := time.Now()
 	msg, ok := req.(proto.Message)
 	if !ok {
 		return nil, status.Errorf(codes.Internal, "idemgate: request of %s is %T, not a protobuf message", fullMethod, req)
@@ -294,6 +295,7 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 		g.engine.Event(c.Call, gatecore.EventReplayCacheMiss)
 	}
 
+	g.engine.Stage(c.Call, gatecore.StagePrepare, time.Since(arrived))
 	for round := 0; ; round++ {
 		begun, err := g.engine.Begin(ctx, c.Call)
 		switch {
@@ -423,7 +425,9 @@ func (g *Gate) run(ctx context.Context, req any, c call, begun gatecore.Begun, h
 		}
 	}()
 	handlerCtx, recorded := recordMetadata(contextWithCall(a.Context(), c, a.Epoch()), ctx)
+	started := time.Now()
 	resp, handlerErr := handler(handlerCtx, req)
+	g.engine.Stage(c.Call, gatecore.StageHandler, time.Since(started))
 
 	if handlerErr != nil {
 		kind, st, unwrapped := c.method.classify(handlerErr)

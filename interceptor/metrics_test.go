@@ -2,6 +2,7 @@ package interceptor_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -73,5 +74,42 @@ idemgate_dedupe_outcomes_total{outcome="waited"} 0
 `
 	if err := testutil.CollectAndCompare(dedupeMetrics, strings.NewReader(wantDedupe), "idemgate_dedupe_outcomes_total"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestStagesTimeEachPartOfACall: a run is timed in all four stages, a
+// replay only before and during its Begin (no handler, nothing to store),
+// and the service times its side of the same Begins and Finish.
+func TestStagesTimeEachPartOfACall(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewPedanticRegistry()
+	dedupeMetrics := dedupesvc.NewMetrics()
+	h := setupWith(t, stacktest.Config{GateOptions: []interceptor.Option{interceptor.WithRegisterer(reg)}, DedupeMetrics: dedupeMetrics})
+	req := &testingv1.MutateRequest{Payload: "charge"}
+	h.mutate(withKey("s-1"), req) // executed
+	h.mutate(withKey("s-1"), req) // replayed
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]uint64{}
+	for _, f := range families {
+		if f.GetName() != "idemgate_interceptor_stage_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "stage" {
+					counts[l.GetValue()] = m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	want := map[string]uint64{"prepare": 2, "begin": 2, "handler": 1, "finish": 1}
+	if fmt.Sprint(counts) != fmt.Sprint(want) {
+		t.Errorf("tool-side stages observed %v, want %v", counts, want)
+	}
+	if n := testutil.CollectAndCount(dedupeMetrics, "idemgate_dedupe_stage_seconds"); n != 12 {
+		t.Errorf("%d service-side stage series, want 12 (Begin and Finish × 6 stages)", n)
 	}
 }

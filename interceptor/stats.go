@@ -3,6 +3,7 @@ package interceptor
 import (
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -84,7 +85,14 @@ type metrics struct {
 	// replayAge observes, per method, how long ago each replayed outcome
 	// was stored: every run the gate suppressed shows here.
 	replayAge *prometheus.HistogramVec
+	// stages observes, per method, where a gated call's time goes.
+	stages *prometheus.HistogramVec
 }
+
+// StageBuckets are the upper bounds, in seconds, of
+// idemgate_interceptor_stage_seconds: from a fingerprint's microseconds to
+// a slow handler.
+var StageBuckets = []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1, 2.5, 10}
 
 // ReplayAgeBuckets are the upper bounds, in seconds, of
 // idemgate_interceptor_replay_age_seconds: from a duplicate that raced its
@@ -111,6 +119,24 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Help:    "Age of each outcome answered from storage instead of running the handler (a replay from the Dedupe service or the replay cache): seconds since it was stored, by method.",
 		Buckets: ReplayAgeBuckets,
 	}, []string{"method"})
+	m.stages = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "idemgate_interceptor_stage_seconds",
+		Help:    "Where a gated call's time goes on the tool server, by method and stage: prepare (key, scope, fingerprint), begin (the Dedupe round trip), handler, finish (storing the outcome before the reply).",
+		Buckets: StageBuckets,
+	}, []string{"method", "stage"})
+	for _, h := range []**prometheus.HistogramVec{&m.stages} {
+		if err := reg.Register(*h); err != nil {
+			var already prometheus.AlreadyRegisteredError
+			if !errors.As(err, &already) {
+				return nil, err
+			}
+			existing, ok := already.ExistingCollector.(*prometheus.HistogramVec)
+			if !ok {
+				return nil, err
+			}
+			*h = existing
+		}
+	}
 	if err := reg.Register(m.replayAge); err != nil {
 		var already prometheus.AlreadyRegisteredError
 		if !errors.As(err, &already) {
@@ -141,6 +167,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 
 // event counts in idemgate_interceptor_events_total an event the core
 // reports for method; m may be nil (no registerer).
+// stage observes that a call of method spent d in stage.
+func (m *metrics) stage(method, stage string, d time.Duration) {
+	if m != nil {
+		m.stages.WithLabelValues(method, stage).Observe(d.Seconds())
+	}
+}
+
 func (m *metrics) event(method, event string) {
 	if m != nil {
 		m.events.WithLabelValues(method, event).Inc()

@@ -202,6 +202,9 @@ type op struct {
 	// scan reads the statement's row into the caller's variables.
 	scan func(pgx.Row) error
 	err  error
+	// queued, sent and answered time the statement's stages for the
+	// service's metrics (dedupesvc.StageTimer): set by run and flush.
+	queued, sent, answered time.Time
 }
 
 func orderOf(id dedupesvc.RecordID) string {
@@ -213,12 +216,18 @@ func (s *Store) run(ctx context.Context, o *op) error {
 	if err := s.resume(ctx); err != nil {
 		return err
 	}
+	stages := dedupesvc.StageTimerFrom(ctx)
 	if s.group == nil {
-		return s.noted(ctx, o.scan(s.pool.QueryRow(ctx, o.sql, o.args...)))
+		start := time.Now()
+		err := o.scan(s.pool.QueryRow(ctx, o.sql, o.args...))
+		stages.AddStatement(0, time.Since(start))
+		return s.noted(ctx, err)
 	}
+	o.queued = time.Now()
 	if err := s.group.Do(ctx, o); err != nil {
 		return err
 	}
+	stages.AddStatement(o.sent.Sub(o.queued), o.answered.Sub(o.sent))
 	return s.noted(ctx, o.err)
 }
 
@@ -229,6 +238,16 @@ func (s *Store) run(ctx context.Context, o *op) error {
 // back; then each statement is run alone, so a caller gets only its own
 // error (a deadlock, a refused row), never a neighbour's.
 func (s *Store) flush(ctx context.Context, ops []*op) {
+	sent := time.Now()
+	defer func() {
+		answered := time.Now()
+		for _, o := range ops {
+			if o.sent.IsZero() {
+				o.sent = sent
+			}
+			o.answered = answered
+		}
+	}()
 	if len(ops) == 1 {
 		ops[0].err = ops[0].scan(s.pool.QueryRow(ctx, ops[0].sql, ops[0].args...))
 		return

@@ -528,18 +528,27 @@ func (x exec) change(ctx context.Context, id dedupesvc.RecordID, query string, a
 type op struct {
 	run func(ctx context.Context, x exec) error
 	err error
+	// sent and answered time the operation's stages for the service's
+	// metrics (dedupesvc.StageTimer); set by flush.
+	sent, answered time.Time
 }
 
 // write runs fn in a group commit when batching is on, else on the
 // database directly.
 func (s *Store) write(ctx context.Context, fn func(ctx context.Context, x exec) error) error {
+	stages := dedupesvc.StageTimerFrom(ctx)
 	if s.group == nil {
-		return fn(ctx, exec{q: s.prepared(nil), wake: s.waiters.Wake})
+		start := time.Now()
+		err := fn(ctx, exec{q: s.prepared(nil), wake: s.waiters.Wake})
+		stages.AddStatement(0, time.Since(start))
+		return err
 	}
 	o := &op{run: fn}
+	queued := time.Now()
 	if err := s.group.Do(ctx, o); err != nil {
 		return err
 	}
+	stages.AddStatement(o.sent.Sub(queued), o.answered.Sub(o.sent))
 	return o.err
 }
 
@@ -558,6 +567,13 @@ func answered(err error) bool {
 // and each operation is written alone, so a caller gets only its own error.
 // Waiters are woken only after the commit.
 func (s *Store) flush(ctx context.Context, ops []*op) {
+	sent := time.Now()
+	defer func() {
+		answered := time.Now()
+		for _, o := range ops {
+			o.sent, o.answered = sent, answered
+		}
+	}()
 	if len(ops) > 1 {
 		if woken, ok := s.transaction(ctx, ops); ok {
 			for _, id := range woken {

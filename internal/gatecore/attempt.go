@@ -92,6 +92,9 @@ func (a *Attempt) Finish(outcome *anypb.Any, afterReply bool) (fenced bool) {
 	// clock, and the retry that answers must not date it later. (Attempts
 	// run one after another.)
 	var firstSent time.Time
+	if !afterReply {
+		defer func(start time.Time) { e.Stage(c, StageFinish, time.Since(start)) }(time.Now())
+	}
 	return e.settle(a.ctx, c, a.epoch, a.lease, settlement{
 		rpc: "Finish",
 		call: func(ctx context.Context) error {

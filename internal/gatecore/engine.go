@@ -58,6 +58,11 @@ type Options struct {
 	// OnEvent, when set, is told every event with its call's label (for
 	// metrics). Defaults to none.
 	OnEvent func(label, event string)
+	// OnStage, when set, is told how long each stage of a call took, with
+	// its call's label (for a latency budget): StageBegin and StageFinish
+	// here, StagePrepare and StageHandler from the front end. Defaults to
+	// none.
+	OnStage func(label, stage string, d time.Duration)
 	// TypeURLOf names the type of an outcome in the ResultTooLarge marker.
 	// Defaults to the outcome's type URL.
 	TypeURLOf func(*anypb.Any) string
@@ -242,6 +247,7 @@ func (e *Engine) Begin(ctx context.Context, c *Call) (Begun, error) {
 	sent := time.Now()
 	begun, err := e.dedupe.Begin(beginCtx, c.BeginRequest)
 	cancel()
+	e.Stage(c, StageBegin, time.Since(sent))
 	if err != nil {
 		if !refused(err) {
 			// The reservation may have been made and only its answer lost:

@@ -1,6 +1,9 @@
 package gatecore
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // Event labels: what a gate did that its caller does not see.
 const (
@@ -77,5 +80,27 @@ func (e *Engine) Event(c *Call, event string) {
 	e.counts.of(event).Add(1)
 	if e.opts.OnEvent != nil {
 		e.opts.OnEvent(c.Label, event)
+	}
+}
+
+// Stages of a gated call, for Options.OnStage.
+const (
+	// StagePrepare is the front end's work before Begin: reading the key,
+	// naming the scope, fingerprinting the request.
+	StagePrepare = "prepare"
+	// StageBegin is the Begin round trip to the Dedupe service.
+	StageBegin = "begin"
+	// StageHandler is the handler's run.
+	StageHandler = "handler"
+	// StageFinish is storing the outcome before the caller is answered
+	// (FINISH_POLICY_BEFORE_REPLY; after the reply it is not the caller's
+	// time and is not observed).
+	StageFinish = "finish"
+)
+
+// Stage tells Options.OnStage that c spent d in stage.
+func (e *Engine) Stage(c *Call, stage string, d time.Duration) {
+	if e.opts.OnStage != nil {
+		e.opts.OnStage(c.Label, stage, d)
 	}
 }
