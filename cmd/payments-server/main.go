@@ -6,6 +6,7 @@
 //
 //	payments-server [-listen 127.0.0.1:50052] [-dedupe 127.0.0.1:50051] [-reflection]
 //	                [-replay-cache-entries 0] [-replay-cache-bytes 67108864]
+//	                [-finish-after-reply]
 //
 // With -reflection it also serves gRPC server reflection, so grpcurl and
 // other generic clients can list the service and decode the
@@ -15,8 +16,14 @@
 // in memory (interceptor.WithReplayCache, at most that many and about
 // -replay-cache-bytes in all, each served for at most
 // interceptor.DefaultReplayCacheTTL), so a duplicate is replayed without a
-// call to the Dedupe service. Every flag also reads an environment variable;
-// payments-server -h lists them.
+// call to the Dedupe service.
+//
+// With -finish-after-reply ChargeCard answers its caller before its outcome
+// is stored (finish: FINISH_POLICY_AFTER_REPLY), and the Finish runs right
+// after, in the background; the proto declares the default,
+// FINISH_POLICY_BEFORE_REPLY, and so does the server without the flag.
+// Every flag also reads an environment variable; payments-server -h lists
+// them.
 package main
 
 import (
@@ -30,6 +37,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -41,6 +49,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protodesc"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/examples/payments"
@@ -59,6 +71,9 @@ type config struct {
 	// replayCacheEntries and replayCacheBytes bound the replay cache;
 	// replayCacheEntries 0 turns it off.
 	replayCacheEntries, replayCacheBytes int
+	// finishAfterReply gives ChargeCard finish: FINISH_POLICY_AFTER_REPLY
+	// in place of the proto's default.
+	finishAfterReply bool
 }
 
 func main() {
@@ -101,6 +116,17 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 		}
 		return n
 	}
+	boolEnv := func(key, flagName string) bool {
+		v := getenv(key)
+		if v == "" {
+			return false
+		}
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q (-%s): want true or false", key, v, flagName))
+		}
+		return b
+	}
 	// An unparsable PAYMENTS_REFLECTION reads as false, as it always has.
 	reflectionEnv, _ := strconv.ParseBool(getenv("PAYMENTS_REFLECTION"))
 
@@ -113,6 +139,9 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 			"0, the default, turns the replay cache off (env PAYMENTS_REPLAY_CACHE_ENTRIES)")
 	fs.IntVar(&cfg.replayCacheBytes, "replay-cache-bytes", intEnv("PAYMENTS_REPLAY_CACHE_BYTES", "replay-cache-bytes", defaultReplayCacheBytes),
 		"about how many `bytes` of memory the replay cache may hold (64 MiB); only with -replay-cache-entries (env PAYMENTS_REPLAY_CACHE_BYTES)")
+	fs.BoolVar(&cfg.finishAfterReply, "finish-after-reply", boolEnv("PAYMENTS_FINISH_AFTER_REPLY", "finish-after-reply"),
+		"ChargeCard answers before its outcome is stored (finish: FINISH_POLICY_AFTER_REPLY) and stores it right after; "+
+			"off, the proto's default, it stores the outcome first (env PAYMENTS_FINISH_AFTER_REPLY)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -141,6 +170,80 @@ func (c config) replayCache() string {
 	return fmt.Sprintf("entries=%d bytes=%d ttl=%s", c.replayCacheEntries, c.replayCacheBytes, interceptor.DefaultReplayCacheTTL)
 }
 
+// newGate builds the gate cfg describes, calling the Dedupe service through
+// client, with extra options after the ones cfg sets.
+func newGate(cfg config, client idemgatev1.DedupeServiceClient, extra ...interceptor.Option) (*interceptor.Gate, error) {
+	var opts []interceptor.Option
+	if cfg.replayCacheEntries > 0 {
+		opts = append(opts, interceptor.WithReplayCache(cfg.replayCacheEntries, cfg.replayCacheBytes))
+	}
+	if cfg.finishAfterReply {
+		files, err := finishAfterReplyFiles(paymentsv1.PaymentsService_ChargeCard_FullMethodName)
+		if err != nil {
+			return nil, fmt.Errorf("-finish-after-reply: %w", err)
+		}
+		opts = append(opts, interceptor.WithFiles(files))
+	}
+	return interceptor.New(client, append(opts, extra...)...)
+}
+
+// finishAfterReplyFiles returns the descriptors linked into the binary
+// (protoregistry.GlobalFiles) with the (idemgate.v1.policy) of fullMethod
+// ("/pkg.Service/Method") saying finish: FINISH_POLICY_AFTER_REPLY. The
+// interceptor takes a method's policy from its descriptor alone, so this is
+// how a flag changes one: the rest of that policy, and every other method,
+// stay as the protos declare them.
+func finishAfterReplyFiles(fullMethod string) (*protoregistry.Files, error) {
+	service, method, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
+	if !ok {
+		return nil, fmt.Errorf("%q is not a full method name /pkg.Service/Method", fullMethod)
+	}
+	sd, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(service))
+	if err != nil {
+		return nil, fmt.Errorf("service of %s: %w", fullMethod, err)
+	}
+	target := sd.ParentFile()
+	fdp := protodesc.ToFileDescriptorProto(target)
+	found := false
+	for _, s := range fdp.GetService() {
+		if target.Package().Append(protoreflect.Name(s.GetName())) != protoreflect.FullName(service) {
+			continue
+		}
+		for _, m := range s.GetMethod() {
+			if m.GetName() != method {
+				continue
+			}
+			opts := m.GetOptions()
+			if opts == nil || !proto.HasExtension(opts, idemgatev1.E_Policy) {
+				return nil, fmt.Errorf("%s has no (idemgate.v1.policy) to change", fullMethod)
+			}
+			policy := proto.CloneOf(proto.GetExtension(opts, idemgatev1.E_Policy).(*idemgatev1.MethodPolicy))
+			policy.Finish = idemgatev1.FinishPolicy_FINISH_POLICY_AFTER_REPLY
+			proto.SetExtension(opts, idemgatev1.E_Policy, policy)
+			found = true
+		}
+	}
+	if !found {
+		return nil, fmt.Errorf("no method %s in %s", fullMethod, target.Path())
+	}
+	changed, err := protodesc.NewFile(fdp, protoregistry.GlobalFiles)
+	if err != nil {
+		return nil, fmt.Errorf("rebuild %s: %w", target.Path(), err)
+	}
+	files := new(protoregistry.Files)
+	protoregistry.GlobalFiles.RangeFiles(func(fd protoreflect.FileDescriptor) bool {
+		if fd.Path() == target.Path() {
+			fd = changed
+		}
+		err = files.RegisterFile(fd)
+		return err == nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return files, nil
+}
+
 func run(cfg config, logger *slog.Logger) error {
 	// Plaintext is for this loopback example only; use TLS between machines.
 	dial := []grpc.DialOption{
@@ -161,11 +264,7 @@ func run(cfg config, logger *slog.Logger) error {
 	defer conn.Close()
 	// WithDedupeConn: failing Dedupe RPCs are logged with its address, and
 	// WatchDedupe follows the connection.
-	opts := []interceptor.Option{interceptor.WithLogger(logger), interceptor.WithDedupeConn(conn)}
-	if cfg.replayCacheEntries > 0 {
-		opts = append(opts, interceptor.WithReplayCache(cfg.replayCacheEntries, cfg.replayCacheBytes))
-	}
-	gate, err := interceptor.New(idemgatev1.NewDedupeServiceClient(conn), opts...)
+	gate, err := newGate(cfg, idemgatev1.NewDedupeServiceClient(conn), interceptor.WithLogger(logger), interceptor.WithDedupeConn(conn))
 	if err != nil {
 		return err
 	}
