@@ -7,6 +7,7 @@
 //	payments-server [-listen 127.0.0.1:50052] [-dedupe 127.0.0.1:50051] [-reflection]
 //	                [-replay-cache-entries 0] [-replay-cache-bytes 67108864]
 //	                [-finish-after-reply]
+//	payments-server -dedupe in-process [flags] [-- dedupesvc flags]
 //
 // With -reflection it also serves gRPC server reflection, so grpcurl and
 // other generic clients can list the service and decode the
@@ -17,6 +18,15 @@
 // -replay-cache-bytes in all, each served for at most
 // interceptor.DefaultReplayCacheTTL), so a duplicate is replayed without a
 // call to the Dedupe service.
+//
+// With -dedupe in-process it runs the Dedupe service itself, inside this
+// process, and the gate calls it in-process (dedupesvc.NewInProcessClient:
+// no network hop, no authentication). That service is dedupesvc's, and is
+// configured as dedupesvc is: by the dedupesvc flags after "--" (and by
+// their environment variables, DATABASE_URL, IDEMGATE_CALLER_BEGIN_RATE and
+// the rest), the embedded SQLite store in -data-dir when no -database-url
+// is set; the flags of dedupesvc's gRPC server (-tls-*, -token-file, ...)
+// are refused. payments-server -dedupe in-process -- -h lists them.
 //
 // With -finish-after-reply ChargeCard answers its caller before its outcome
 // is stored (finish: FINISH_POLICY_AFTER_REPLY), and the Finish runs right
@@ -59,6 +69,7 @@ import (
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/dedupeapp"
 )
 
 // defaultReplayCacheBytes is -replay-cache-bytes' default: 64 MiB.
@@ -74,7 +85,14 @@ type config struct {
 	// finishAfterReply gives ChargeCard finish: FINISH_POLICY_AFTER_REPLY
 	// in place of the proto's default.
 	finishAfterReply bool
+	// inProcess, set by -dedupe in-process, configures the Dedupe service
+	// this process runs itself; nil calls the one at dedupeAddr.
+	inProcess *dedupeapp.Config
 }
+
+// inProcessDedupe is the -dedupe value that runs the Dedupe service inside
+// this process.
+const inProcessDedupe = "in-process"
 
 func main() {
 	cfg, err := parseConfig(os.Args[1:], os.Getenv, os.Stderr)
@@ -131,7 +149,8 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	reflectionEnv, _ := strconv.ParseBool(getenv("PAYMENTS_REFLECTION"))
 
 	fs.StringVar(&cfg.listen, "listen", env("PAYMENTS_LISTEN", "127.0.0.1:50052"), "gRPC listen `address` of the tool server (env PAYMENTS_LISTEN)")
-	fs.StringVar(&cfg.dedupeAddr, "dedupe", env("IDEMGATE_DEDUPE_ADDR", "127.0.0.1:50051"), "`address` of the dedupe service (env IDEMGATE_DEDUPE_ADDR)")
+	fs.StringVar(&cfg.dedupeAddr, "dedupe", env("IDEMGATE_DEDUPE_ADDR", "127.0.0.1:50051"), "`address` of the dedupe service, or in-process to run it in this process, configured by the dedupesvc flags after -- "+
+		"(payments-server -dedupe in-process -- -h lists them) (env IDEMGATE_DEDUPE_ADDR)")
 	fs.StringVar(&cfg.token, "dedupe-token", getenv("IDEMGATE_DEDUPE_TOKEN"), "bearer `token` for a dedupe service started with -token-file (env IDEMGATE_DEDUPE_TOKEN)")
 	fs.BoolVar(&cfg.reflection, "reflection", reflectionEnv, "serve gRPC server reflection, for grpcurl and other generic clients (env PAYMENTS_REFLECTION)")
 	fs.IntVar(&cfg.replayCacheEntries, "replay-cache-entries", intEnv("PAYMENTS_REPLAY_CACHE_ENTRIES", "replay-cache-entries", 0),
@@ -147,6 +166,22 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	}
 	if len(errs) > 0 {
 		return config{}, errors.Join(errs...) // an unparsable variable, before checks that would read its zero
+	}
+	switch rest := fs.Args(); {
+	case cfg.dedupeAddr == inProcessDedupe:
+		if cfg.token != "" {
+			return config{}, errors.New("-dedupe-token is set, but -dedupe in-process has no Dedupe service to send it to: its only caller is this process")
+		}
+		dcfg, err := dedupeapp.ParseConfig("payments-server -dedupe in-process --", rest, getenv, usage)
+		if err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return config{}, err
+			}
+			return config{}, fmt.Errorf("-dedupe in-process: %w", err)
+		}
+		cfg.inProcess = &dcfg
+	case len(rest) > 0:
+		return config{}, fmt.Errorf("unexpected argument %q: arguments after the flags are dedupesvc flags, for -dedupe %s only", rest[0], inProcessDedupe)
 	}
 	bytesSet := getenv("PAYMENTS_REPLAY_CACHE_BYTES") != ""
 	fs.Visit(func(f *flag.Flag) { bytesSet = bytesSet || f.Name == "replay-cache-bytes" })
@@ -245,6 +280,19 @@ func finishAfterReplyFiles(fullMethod string) (*protoregistry.Files, error) {
 }
 
 func run(cfg config, logger *slog.Logger) error {
+	if cfg.inProcess != nil {
+		dedupeLogger := logger.With(slog.String("dedupe", inProcessDedupe))
+		embedded, err := dedupeapp.Embed(context.Background(), *cfg.inProcess, dedupeLogger)
+		if err != nil {
+			return fmt.Errorf("-dedupe %s: %w", inProcessDedupe, err)
+		}
+		defer embedded.Close() // after gate.Close, deferred later: its Finishes go here
+		gate, err := newGate(cfg, embedded.Client(), interceptor.WithLogger(logger))
+		if err != nil {
+			return err
+		}
+		return serve(cfg, gate, logger)
+	}
 	// Plaintext is for this loopback example only; use TLS between machines.
 	dial := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -268,6 +316,12 @@ func run(cfg config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	return serve(cfg, gate, logger)
+}
+
+// serve serves the payments service gated by gate on cfg.listen until
+// SIGINT or SIGTERM, then closes the gate.
+func serve(cfg config, gate *interceptor.Gate, logger *slog.Logger) error {
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		recovery.UnaryServerInterceptor(), // a panicking handler is a lost outcome; the gate re-panics it
 		gate.UnaryServerInterceptor(),

@@ -260,3 +260,51 @@ func TestFinishAfterReplyAnswersBeforeTheOutcomeIsStored(t *testing.T) {
 		})
 	}
 }
+
+func TestParseConfigDedupeInProcess(t *testing.T) {
+	cfg, err := parseConfig([]string{"-dedupe", "in-process", "--", "-data-dir", "/tmp/x", "-caller-begin-rate=7", "-metrics-listen="},
+		getenvFrom(map[string]string{"IDEMGATE_CALLER_MAX_RECORDS": "99"}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := cfg.inProcess
+	if d == nil {
+		t.Fatal("-dedupe in-process left the in-process Dedupe service unconfigured")
+	}
+	if d.DataDir != "/tmp/x" || d.CallerBeginRate != 7 || d.CallerMaxRecords != 99 || d.MetricsListen != "" || d.DatabaseURL != "" {
+		t.Errorf("in-process Dedupe config: data dir %q, rate %v, max records %d, metrics %q, database %q; want /tmp/x, 7, 99 (from the environment), off, none",
+			d.DataDir, d.CallerBeginRate, d.CallerMaxRecords, d.MetricsListen, d.DatabaseURL)
+	}
+	if cfg, err := parseConfig(nil, getenvFrom(map[string]string{"IDEMGATE_DEDUPE_ADDR": "in-process", "DATABASE_URL": "postgres://db/x"}), io.Discard); err != nil || cfg.inProcess == nil || cfg.inProcess.DatabaseURL != "postgres://db/x" {
+		t.Errorf("IDEMGATE_DEDUPE_ADDR=in-process with DATABASE_URL: %+v, %v; want the in-process service on that database", cfg.inProcess, err)
+	}
+	if cfg, err := parseConfig(nil, getenvFrom(nil), io.Discard); err != nil || cfg.inProcess != nil {
+		t.Errorf("by default: in-process %+v, %v; want the Dedupe service at -dedupe", cfg.inProcess, err)
+	}
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"dedupesvc flags without in-process", []string{"-dedupe", "127.0.0.1:1", "--", "-data-dir", "/tmp/x"}, nil, `unexpected argument "-data-dir"`},
+		{"a token for no service", []string{"-dedupe", "in-process", "-dedupe-token", "tok"}, nil, "-dedupe-token"},
+		{"an unknown dedupesvc flag", []string{"-dedupe", "in-process", "--", "-no-such-flag"}, nil, "-no-such-flag"},
+		{"a bad dedupesvc variable", []string{"-dedupe", "in-process"}, map[string]string{"IDEMGATE_CALLER_BEGIN_BURST": "lots"}, "IDEMGATE_CALLER_BEGIN_BURST"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parseConfig(tc.args, getenvFrom(tc.env), io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want one naming %s", err, tc.want)
+			}
+		})
+	}
+	var usage strings.Builder
+	if _, err := parseConfig([]string{"-dedupe", "in-process", "--", "-h"}, getenvFrom(nil), &usage); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-dedupe in-process -- -h: %v, want flag.ErrHelp", err)
+	}
+	if !strings.Contains(usage.String(), "-caller-begin-rate") {
+		t.Errorf("-dedupe in-process -- -h does not list the dedupesvc flags:\n%s", usage.String())
+	}
+}
