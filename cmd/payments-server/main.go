@@ -6,6 +6,8 @@
 //
 //	payments-server [-listen 127.0.0.1:50052] [-dedupe 127.0.0.1:50051] [-reflection]
 //	                [-replay-cache-entries 0] [-replay-cache-bytes 67108864]
+//	                [-finish-after-reply]
+//	payments-server -dedupe in-process [flags] [-- dedupesvc flags]
 //
 // With -reflection it also serves gRPC server reflection, so grpcurl and
 // other generic clients can list the service and decode the
@@ -15,8 +17,23 @@
 // in memory (interceptor.WithReplayCache, at most that many and about
 // -replay-cache-bytes in all, each served for at most
 // interceptor.DefaultReplayCacheTTL), so a duplicate is replayed without a
-// call to the Dedupe service. Every flag also reads an environment variable;
-// payments-server -h lists them.
+// call to the Dedupe service.
+//
+// With -dedupe in-process it runs the Dedupe service itself, inside this
+// process, and the gate calls it in-process (dedupesvc.NewInProcessClient:
+// no network hop, no authentication). That service is dedupesvc's, and is
+// configured as dedupesvc is: by the dedupesvc flags after "--" (and by
+// their environment variables, DATABASE_URL, IDEMGATE_CALLER_BEGIN_RATE and
+// the rest), the embedded SQLite store in -data-dir when no -database-url
+// is set; the flags of dedupesvc's gRPC server (-tls-*, -token-file, ...)
+// are refused. payments-server -dedupe in-process -- -h lists them.
+//
+// With -finish-after-reply ChargeCard answers its caller before its outcome
+// is stored (finish: FINISH_POLICY_AFTER_REPLY), and the Finish runs right
+// after, in the background; the proto declares the default,
+// FINISH_POLICY_BEFORE_REPLY, and so does the server without the flag.
+// Every flag also reads an environment variable; payments-server -h lists
+// them.
 package main
 
 import (
@@ -30,6 +47,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -41,12 +59,17 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protodesc"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/examples/payments"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/dedupeapp"
 )
 
 // defaultReplayCacheBytes is -replay-cache-bytes' default: 64 MiB.
@@ -59,7 +82,17 @@ type config struct {
 	// replayCacheEntries and replayCacheBytes bound the replay cache;
 	// replayCacheEntries 0 turns it off.
 	replayCacheEntries, replayCacheBytes int
+	// finishAfterReply gives ChargeCard finish: FINISH_POLICY_AFTER_REPLY
+	// in place of the proto's default.
+	finishAfterReply bool
+	// inProcess, set by -dedupe in-process, configures the Dedupe service
+	// this process runs itself; nil calls the one at dedupeAddr.
+	inProcess *dedupeapp.Config
 }
+
+// inProcessDedupe is the -dedupe value that runs the Dedupe service inside
+// this process.
+const inProcessDedupe = "in-process"
 
 func main() {
 	cfg, err := parseConfig(os.Args[1:], os.Getenv, os.Stderr)
@@ -101,11 +134,23 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 		}
 		return n
 	}
+	boolEnv := func(key, flagName string) bool {
+		v := getenv(key)
+		if v == "" {
+			return false
+		}
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q (-%s): want true or false", key, v, flagName))
+		}
+		return b
+	}
 	// An unparsable PAYMENTS_REFLECTION reads as false, as it always has.
 	reflectionEnv, _ := strconv.ParseBool(getenv("PAYMENTS_REFLECTION"))
 
 	fs.StringVar(&cfg.listen, "listen", env("PAYMENTS_LISTEN", "127.0.0.1:50052"), "gRPC listen `address` of the tool server (env PAYMENTS_LISTEN)")
-	fs.StringVar(&cfg.dedupeAddr, "dedupe", env("IDEMGATE_DEDUPE_ADDR", "127.0.0.1:50051"), "`address` of the dedupe service (env IDEMGATE_DEDUPE_ADDR)")
+	fs.StringVar(&cfg.dedupeAddr, "dedupe", env("IDEMGATE_DEDUPE_ADDR", "127.0.0.1:50051"), "`address` of the dedupe service, or in-process to run it in this process, configured by the dedupesvc flags after -- "+
+		"(payments-server -dedupe in-process -- -h lists them) (env IDEMGATE_DEDUPE_ADDR)")
 	fs.StringVar(&cfg.token, "dedupe-token", getenv("IDEMGATE_DEDUPE_TOKEN"), "bearer `token` for a dedupe service started with -token-file (env IDEMGATE_DEDUPE_TOKEN)")
 	fs.BoolVar(&cfg.reflection, "reflection", reflectionEnv, "serve gRPC server reflection, for grpcurl and other generic clients (env PAYMENTS_REFLECTION)")
 	fs.IntVar(&cfg.replayCacheEntries, "replay-cache-entries", intEnv("PAYMENTS_REPLAY_CACHE_ENTRIES", "replay-cache-entries", 0),
@@ -113,11 +158,30 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 			"0, the default, turns the replay cache off (env PAYMENTS_REPLAY_CACHE_ENTRIES)")
 	fs.IntVar(&cfg.replayCacheBytes, "replay-cache-bytes", intEnv("PAYMENTS_REPLAY_CACHE_BYTES", "replay-cache-bytes", defaultReplayCacheBytes),
 		"about how many `bytes` of memory the replay cache may hold (64 MiB); only with -replay-cache-entries (env PAYMENTS_REPLAY_CACHE_BYTES)")
+	fs.BoolVar(&cfg.finishAfterReply, "finish-after-reply", boolEnv("PAYMENTS_FINISH_AFTER_REPLY", "finish-after-reply"),
+		"ChargeCard answers before its outcome is stored (finish: FINISH_POLICY_AFTER_REPLY) and stores it right after; "+
+			"off, the proto's default, it stores the outcome first (env PAYMENTS_FINISH_AFTER_REPLY)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
 	if len(errs) > 0 {
 		return config{}, errors.Join(errs...) // an unparsable variable, before checks that would read its zero
+	}
+	switch rest := fs.Args(); {
+	case cfg.dedupeAddr == inProcessDedupe:
+		if cfg.token != "" {
+			return config{}, errors.New("-dedupe-token is set, but -dedupe in-process has no Dedupe service to send it to: its only caller is this process")
+		}
+		dcfg, err := dedupeapp.ParseConfig("payments-server -dedupe in-process --", rest, getenv, usage)
+		if err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return config{}, err
+			}
+			return config{}, fmt.Errorf("-dedupe in-process: %w", err)
+		}
+		cfg.inProcess = &dcfg
+	case len(rest) > 0:
+		return config{}, fmt.Errorf("unexpected argument %q: arguments after the flags are dedupesvc flags, for -dedupe %s only", rest[0], inProcessDedupe)
 	}
 	bytesSet := getenv("PAYMENTS_REPLAY_CACHE_BYTES") != ""
 	fs.Visit(func(f *flag.Flag) { bytesSet = bytesSet || f.Name == "replay-cache-bytes" })
@@ -141,7 +205,94 @@ func (c config) replayCache() string {
 	return fmt.Sprintf("entries=%d bytes=%d ttl=%s", c.replayCacheEntries, c.replayCacheBytes, interceptor.DefaultReplayCacheTTL)
 }
 
+// newGate builds the gate cfg describes, calling the Dedupe service through
+// client, with extra options after the ones cfg sets.
+func newGate(cfg config, client idemgatev1.DedupeServiceClient, extra ...interceptor.Option) (*interceptor.Gate, error) {
+	var opts []interceptor.Option
+	if cfg.replayCacheEntries > 0 {
+		opts = append(opts, interceptor.WithReplayCache(cfg.replayCacheEntries, cfg.replayCacheBytes))
+	}
+	if cfg.finishAfterReply {
+		files, err := finishAfterReplyFiles(paymentsv1.PaymentsService_ChargeCard_FullMethodName)
+		if err != nil {
+			return nil, fmt.Errorf("-finish-after-reply: %w", err)
+		}
+		opts = append(opts, interceptor.WithFiles(files))
+	}
+	return interceptor.New(client, append(opts, extra...)...)
+}
+
+// finishAfterReplyFiles returns the descriptors linked into the binary
+// (protoregistry.GlobalFiles) with the (idemgate.v1.policy) of fullMethod
+// ("/pkg.Service/Method") saying finish: FINISH_POLICY_AFTER_REPLY. The
+// interceptor takes a method's policy from its descriptor alone, so this is
+// how a flag changes one: the rest of that policy, and every other method,
+// stay as the protos declare them.
+func finishAfterReplyFiles(fullMethod string) (*protoregistry.Files, error) {
+	service, method, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
+	if !ok {
+		return nil, fmt.Errorf("%q is not a full method name /pkg.Service/Method", fullMethod)
+	}
+	sd, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(service))
+	if err != nil {
+		return nil, fmt.Errorf("service of %s: %w", fullMethod, err)
+	}
+	target := sd.ParentFile()
+	fdp := protodesc.ToFileDescriptorProto(target)
+	found := false
+	for _, s := range fdp.GetService() {
+		if target.Package().Append(protoreflect.Name(s.GetName())) != protoreflect.FullName(service) {
+			continue
+		}
+		for _, m := range s.GetMethod() {
+			if m.GetName() != method {
+				continue
+			}
+			opts := m.GetOptions()
+			if opts == nil || !proto.HasExtension(opts, idemgatev1.E_Policy) {
+				return nil, fmt.Errorf("%s has no (idemgate.v1.policy) to change", fullMethod)
+			}
+			policy := proto.CloneOf(proto.GetExtension(opts, idemgatev1.E_Policy).(*idemgatev1.MethodPolicy))
+			policy.Finish = idemgatev1.FinishPolicy_FINISH_POLICY_AFTER_REPLY
+			proto.SetExtension(opts, idemgatev1.E_Policy, policy)
+			found = true
+		}
+	}
+	if !found {
+		return nil, fmt.Errorf("no method %s in %s", fullMethod, target.Path())
+	}
+	changed, err := protodesc.NewFile(fdp, protoregistry.GlobalFiles)
+	if err != nil {
+		return nil, fmt.Errorf("rebuild %s: %w", target.Path(), err)
+	}
+	files := new(protoregistry.Files)
+	protoregistry.GlobalFiles.RangeFiles(func(fd protoreflect.FileDescriptor) bool {
+		if fd.Path() == target.Path() {
+			fd = changed
+		}
+		err = files.RegisterFile(fd)
+		return err == nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return files, nil
+}
+
 func run(cfg config, logger *slog.Logger) error {
+	if cfg.inProcess != nil {
+		dedupeLogger := logger.With(slog.String("dedupe", inProcessDedupe))
+		embedded, err := dedupeapp.Embed(context.Background(), *cfg.inProcess, dedupeLogger)
+		if err != nil {
+			return fmt.Errorf("-dedupe %s: %w", inProcessDedupe, err)
+		}
+		defer embedded.Close() // after gate.Close, deferred later: its Finishes go here
+		gate, err := newGate(cfg, embedded.Client(), interceptor.WithLogger(logger))
+		if err != nil {
+			return err
+		}
+		return serve(cfg, gate, logger)
+	}
 	// Plaintext is for this loopback example only; use TLS between machines.
 	dial := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -161,14 +312,16 @@ func run(cfg config, logger *slog.Logger) error {
 	defer conn.Close()
 	// WithDedupeConn: failing Dedupe RPCs are logged with its address, and
 	// WatchDedupe follows the connection.
-	opts := []interceptor.Option{interceptor.WithLogger(logger), interceptor.WithDedupeConn(conn)}
-	if cfg.replayCacheEntries > 0 {
-		opts = append(opts, interceptor.WithReplayCache(cfg.replayCacheEntries, cfg.replayCacheBytes))
-	}
-	gate, err := interceptor.New(idemgatev1.NewDedupeServiceClient(conn), opts...)
+	gate, err := newGate(cfg, idemgatev1.NewDedupeServiceClient(conn), interceptor.WithLogger(logger), interceptor.WithDedupeConn(conn))
 	if err != nil {
 		return err
 	}
+	return serve(cfg, gate, logger)
+}
+
+// serve serves the payments service gated by gate on cfg.listen until
+// SIGINT or SIGTERM, then closes the gate.
+func serve(cfg config, gate *interceptor.Gate, logger *slog.Logger) error {
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		recovery.UnaryServerInterceptor(), // a panicking handler is a lost outcome; the gate re-panics it
 		gate.UnaryServerInterceptor(),

@@ -1,11 +1,26 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
+	"net"
 	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/idemgate/idemgate/examples/payments"
+	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/interceptor"
 )
 
 func getenvFrom(env map[string]string) func(string) string {
@@ -107,5 +122,189 @@ func TestParseConfigHelp(t *testing.T) {
 		if !strings.Contains(usage.String(), s) {
 			t.Errorf("usage does not mention %s:\n%s", s, usage.String())
 		}
+	}
+}
+
+func TestParseConfigFinishAfterReply(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want bool
+	}{
+		{"default", nil, nil, false},
+		{"flag", []string{"-finish-after-reply"}, nil, true},
+		{"environment", nil, map[string]string{"PAYMENTS_FINISH_AFTER_REPLY": "true"}, true},
+		{"a flag overrides the environment", []string{"-finish-after-reply=false"}, map[string]string{"PAYMENTS_FINISH_AFTER_REPLY": "1"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := parseConfig(tc.args, getenvFrom(tc.env), io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.finishAfterReply != tc.want {
+				t.Errorf("finishAfterReply = %v, want %v", cfg.finishAfterReply, tc.want)
+			}
+		})
+	}
+	_, err := parseConfig(nil, getenvFrom(map[string]string{"PAYMENTS_FINISH_AFTER_REPLY": "soon"}), io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "PAYMENTS_FINISH_AFTER_REPLY") || !strings.Contains(err.Error(), "-finish-after-reply") {
+		t.Errorf("an unparsable PAYMENTS_FINISH_AFTER_REPLY: %v, want an error naming it and its flag", err)
+	}
+	var usage strings.Builder
+	if _, err := parseConfig([]string{"-h"}, getenvFrom(nil), &usage); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	for _, s := range []string{"-finish-after-reply", "PAYMENTS_FINISH_AFTER_REPLY", "FINISH_POLICY_AFTER_REPLY"} {
+		if !strings.Contains(usage.String(), s) {
+			t.Errorf("usage does not mention %s:\n%s", s, usage.String())
+		}
+	}
+}
+
+// heldFinish is a Dedupe client that reserves every key and holds every
+// Finish until release is closed, so a test sees whether the caller was
+// answered before the outcome was stored.
+type heldFinish struct {
+	idemgatev1.DedupeServiceClient // nil: a call the gate should not make panics
+	release                        chan struct{}
+	finishing                      chan struct{} // receives when a Finish arrives
+}
+
+func (h *heldFinish) Begin(context.Context, *idemgatev1.BeginRequest, ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
+	return &idemgatev1.BeginResponse{Result: &idemgatev1.BeginResponse_Reserved_{Reserved: &idemgatev1.BeginResponse_Reserved{
+		Epoch: 1, LeaseExpiresAt: timestamppb.New(time.Now().Add(time.Minute)),
+	}}}, nil
+}
+
+func (h *heldFinish) Finish(ctx context.Context, _ *idemgatev1.FinishRequest, _ ...grpc.CallOption) (*idemgatev1.FinishResponse, error) {
+	h.finishing <- struct{}{}
+	select {
+	case <-h.release:
+		return &idemgatev1.FinishResponse{}, nil
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+func (h *heldFinish) Heartbeat(context.Context, *idemgatev1.HeartbeatRequest, ...grpc.CallOption) (*idemgatev1.HeartbeatResponse, error) {
+	return &idemgatev1.HeartbeatResponse{LeaseExpiresAt: timestamppb.New(time.Now().Add(time.Minute))}, nil
+}
+
+// With -finish-after-reply a ChargeCard is answered while its Finish is
+// held; without it, only once the Finish came back. SendReceipt keeps the
+// proto's policy either way.
+func TestFinishAfterReplyAnswersBeforeTheOutcomeIsStored(t *testing.T) {
+	for _, afterReply := range []bool{true, false} {
+		t.Run(fmt.Sprintf("finish-after-reply=%v", afterReply), func(t *testing.T) {
+			cfg, err := parseConfig([]string{fmt.Sprintf("-finish-after-reply=%v", afterReply)}, getenvFrom(nil), io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dedupe := &heldFinish{release: make(chan struct{}), finishing: make(chan struct{}, 1)}
+			gate, err := newGate(cfg, dedupe)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := gate.Policy(paymentsv1.PaymentsService_ChargeCard_FullMethodName).FinishAfterReply; got != afterReply {
+				t.Errorf("ChargeCard's policy says finish after reply %v, want %v", got, afterReply)
+			}
+			if p := gate.Policy(paymentsv1.PaymentsService_SendReceipt_FullMethodName); !p.Gated || p.FinishAfterReply {
+				t.Errorf("SendReceipt's policy changed: %s", p)
+			}
+			srv := grpc.NewServer(grpc.UnaryInterceptor(gate.UnaryServerInterceptor()))
+			paymentsv1.RegisterPaymentsServiceServer(srv, &payments.Server{Ledger: &payments.Ledger{}})
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() { _ = srv.Serve(lis) }()
+			defer srv.Stop()
+			conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, "held-finish"), time.Minute)
+			defer cancel()
+			answered := make(chan error, 1)
+			go func() {
+				_, err := paymentsv1.NewPaymentsServiceClient(conn).ChargeCard(ctx, &paymentsv1.ChargeCardRequest{CustomerId: "cust_1", AmountCents: 100})
+				answered <- err
+			}()
+			<-dedupe.finishing
+			select {
+			case err := <-answered:
+				if err != nil {
+					t.Fatalf("ChargeCard: %v", err)
+				}
+				if !afterReply {
+					t.Fatal("ChargeCard was answered while its Finish was held, without -finish-after-reply")
+				}
+			case <-time.After(500 * time.Millisecond):
+				if afterReply {
+					t.Fatal("ChargeCard was not answered while its Finish was held, with -finish-after-reply")
+				}
+			}
+			close(dedupe.release)
+			if !afterReply {
+				if err := <-answered; err != nil {
+					t.Fatalf("ChargeCard after its Finish came back: %v", err)
+				}
+			}
+			closeCtx, cancelClose := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancelClose()
+			if err := gate.Close(closeCtx); err != nil {
+				t.Errorf("Close: %v", err)
+			}
+		})
+	}
+}
+
+func TestParseConfigDedupeInProcess(t *testing.T) {
+	cfg, err := parseConfig([]string{"-dedupe", "in-process", "--", "-data-dir", "/tmp/x", "-caller-begin-rate=7", "-metrics-listen="},
+		getenvFrom(map[string]string{"IDEMGATE_CALLER_MAX_RECORDS": "99"}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := cfg.inProcess
+	if d == nil {
+		t.Fatal("-dedupe in-process left the in-process Dedupe service unconfigured")
+	}
+	if d.DataDir != "/tmp/x" || d.CallerBeginRate != 7 || d.CallerMaxRecords != 99 || d.MetricsListen != "" || d.DatabaseURL != "" {
+		t.Errorf("in-process Dedupe config: data dir %q, rate %v, max records %d, metrics %q, database %q; want /tmp/x, 7, 99 (from the environment), off, none",
+			d.DataDir, d.CallerBeginRate, d.CallerMaxRecords, d.MetricsListen, d.DatabaseURL)
+	}
+	if cfg, err := parseConfig(nil, getenvFrom(map[string]string{"IDEMGATE_DEDUPE_ADDR": "in-process", "DATABASE_URL": "postgres://db/x"}), io.Discard); err != nil || cfg.inProcess == nil || cfg.inProcess.DatabaseURL != "postgres://db/x" {
+		t.Errorf("IDEMGATE_DEDUPE_ADDR=in-process with DATABASE_URL: %+v, %v; want the in-process service on that database", cfg.inProcess, err)
+	}
+	if cfg, err := parseConfig(nil, getenvFrom(nil), io.Discard); err != nil || cfg.inProcess != nil {
+		t.Errorf("by default: in-process %+v, %v; want the Dedupe service at -dedupe", cfg.inProcess, err)
+	}
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"dedupesvc flags without in-process", []string{"-dedupe", "127.0.0.1:1", "--", "-data-dir", "/tmp/x"}, nil, `unexpected argument "-data-dir"`},
+		{"a token for no service", []string{"-dedupe", "in-process", "-dedupe-token", "tok"}, nil, "-dedupe-token"},
+		{"an unknown dedupesvc flag", []string{"-dedupe", "in-process", "--", "-no-such-flag"}, nil, "-no-such-flag"},
+		{"a bad dedupesvc variable", []string{"-dedupe", "in-process"}, map[string]string{"IDEMGATE_CALLER_BEGIN_BURST": "lots"}, "IDEMGATE_CALLER_BEGIN_BURST"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := parseConfig(tc.args, getenvFrom(tc.env), io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want one naming %s", err, tc.want)
+			}
+		})
+	}
+	var usage strings.Builder
+	if _, err := parseConfig([]string{"-dedupe", "in-process", "--", "-h"}, getenvFrom(nil), &usage); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-dedupe in-process -- -h: %v, want flag.ErrHelp", err)
+	}
+	if !strings.Contains(usage.String(), "-caller-begin-rate") {
+		t.Errorf("-dedupe in-process -- -h does not list the dedupesvc flags:\n%s", usage.String())
 	}
 }

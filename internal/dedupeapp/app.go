@@ -14,14 +14,12 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"time"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/attribute"
@@ -177,61 +175,14 @@ func redactedURL(raw string) string {
 // clean stop.
 func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logger) error {
 	cfg = cfg.withDefaults()
-	b, err := openBackend(ctx, cfg, logger)
+	svc, err := openService(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
-	defer b.close()
-
-	background, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
-	var backgroundDone sync.WaitGroup
-	defer func() { stopBackground(); backgroundDone.Wait() }()
-
-	registry := prometheus.NewRegistry()
-	dedupeMetrics := dedupesvc.NewMetrics()
+	defer svc.close(ctx)
+	registry := svc.registry
 	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
-	registry.MustRegister(dedupeMetrics, grpcMetrics, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if b.pool != nil {
-		registry.MustRegister(newPoolCollector(b.pool))
-	}
-
-	serverOpts := []dedupesvc.Option{
-		dedupesvc.WithMetrics(dedupeMetrics),
-		dedupesvc.WithLogger(logger),
-		dedupesvc.WithPollInterval(cfg.PollInterval),
-		dedupesvc.WithUnknownRetention(cfg.UnknownRetention),
-		dedupesvc.WithMaxOutcomeBytes(cfg.MaxOutcomeBytes),
-		dedupesvc.WithCallerRate(cfg.CallerBeginRate, cfg.CallerBeginBurst),
-		dedupesvc.WithCallerQuota(cfg.CallerMaxRecords, cfg.CallerMaxBytes),
-	}
-	if cfg.MaxRetention > 0 { // zero in a Config built in Go: the default
-		serverOpts = append(serverOpts, dedupesvc.WithMaxRetention(cfg.MaxRetention))
-	}
-	if cfg.MaxWaiters > 0 && cfg.CallerMaxWaiters > 0 {
-		serverOpts = append(serverOpts, dedupesvc.WithMaxWaiters(cfg.MaxWaiters, cfg.CallerMaxWaiters))
-	}
-	if b.notifier != nil {
-		serverOpts = append(serverOpts, dedupesvc.WithNotifier(b.notifier))
-	}
-	var replays *dedupesvc.ReplayRecorder
-	if counter, ok := b.store.(dedupesvc.ReplayCounter); ok {
-		replays = dedupesvc.NewReplayRecorder(counter, dedupesvc.ReplayRecorderConfig{Interval: cfg.ReplayFlushInterval, Logger: logger, Metrics: dedupeMetrics})
-		serverOpts = append(serverOpts, dedupesvc.WithReplayRecorder(replays))
-		backgroundDone.Go(func() { replays.Run(background) })
-	}
-	cipher, err := outcomeCipher(cfg.OutcomeKeysFile)
-	if err != nil {
-		return err
-	}
-	if cipher != nil {
-		serverOpts = append(serverOpts, dedupesvc.WithOutcomeCipher(cipher))
-		logger.Info("stored outcomes are encrypted", slog.String("path", cfg.OutcomeKeysFile), slog.String("active_key_id", cipher.ActiveKeyID()))
-		backgroundDone.Go(func() { watchOutcomeKeysFile(background, cfg.OutcomeKeysFile, cipher, logger) })
-	}
-	if b.run != nil {
-		backgroundDone.Go(func() { b.run(background) })
-	}
-	store := b.store
+	registry.MustRegister(grpcMetrics)
 	grpcOpts, authenticator, err := securityOptions(cfg, logger)
 	if err != nil {
 		return err
@@ -239,7 +190,9 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 	if authenticator != nil {
 		registry.MustRegister(authenticator)
 		if cfg.TokenFile != "" {
-			backgroundDone.Go(func() { watchTokenFile(background, cfg.TokenFile, cfg.TokenReloadInterval, authenticator, logger) })
+			svc.goBackground(func(background context.Context) {
+				watchTokenFile(background, cfg.TokenFile, cfg.TokenReloadInterval, authenticator, logger)
+			})
 		}
 	}
 	tracing, stopTracing, err := tracingOption(ctx, cfg, logger)
@@ -267,9 +220,9 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 	grpcOpts = append(grpcOpts, grpc.ForceServerCodecV2(codec), grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
 	healthSrv := health.NewServer()
 	srv := grpc.NewServer(grpcOpts...)
-	service := dedupesvc.NewServer(store, serverOpts...)
+	service := svc.server
 	idemgatev1.RegisterDedupeServiceServer(srv, service)
-	admin, err := dedupesvc.NewAdminServer(store, service)
+	admin, err := dedupesvc.NewAdminServer(svc.store, service)
 	if err != nil {
 		return err
 	}
@@ -286,18 +239,6 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 			return err
 		}
 		defer stopMetrics()
-	}
-
-	if compactor, ok := store.(dedupesvc.UsageCompactor); ok {
-		backgroundDone.Go(func() { dedupesvc.RunUsageCompaction(background, compactor, cfg.UsageCompactionInterval, logger) })
-	}
-	sweeper := dedupesvc.NewSweeper(store, dedupesvc.SweeperConfig{Interval: cfg.SweepInterval, BatchSize: cfg.SweepBatch, Logger: logger})
-	backgroundDone.Go(func() { sweeper.Run(background) })
-	if inspector, ok := store.(dedupesvc.Inspector); ok {
-		// Records waiting for an operator, for the IdemgateOutcomeUnknownRecordsWaiting alert.
-		unknown := dedupesvc.NewUnknownRecords(inspector, dedupesvc.UnknownRecordsConfig{Logger: logger})
-		registry.MustRegister(unknown)
-		backgroundDone.Go(func() { unknown.Run(background) })
 	}
 
 	serveErr := make(chan error, 1)
@@ -320,15 +261,8 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 		srv.Stop()
 		<-stopped
 	}
-	if replays != nil {
-		// No replay is served any more: store what was counted since the
-		// last flush, before the store closes.
-		flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		if err := replays.Flush(flushCtx); err != nil {
-			logger.Warn("flushing replay counts at shutdown failed; they are dropped", slog.Any("error", err))
-		}
-		cancel()
-	}
+	// No replay is served any more: svc.close stores what was counted since
+	// the last flush, before the store closes.
 	if err := <-serveErr; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
 	}

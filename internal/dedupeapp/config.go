@@ -1,6 +1,8 @@
 // Package dedupeapp is the dedupesvc binary minus main: configuration from
 // flags and environment, the gRPC server with health and logging, migrations
-// on start, the sweeper, and graceful shutdown.
+// on start, the sweeper, and graceful shutdown. Embed runs the same service
+// inside another process, without the gRPC server (payments-server -dedupe
+// in-process).
 package dedupeapp
 
 import (

@@ -76,32 +76,48 @@ func TestMediansTakeEachFieldAcrossRounds(t *testing.T) {
 	}
 }
 
-func TestGoals(t *testing.T) {
+// goalSamples are one round's medians, each chosen so that a ratio over
+// the wrong row, or with the wrong weight, comes out different.
+func goalSamples() map[rowID]sample {
 	ms := time.Millisecond
-	m := map[rowID]sample{
+	return map[rowID]sample{
 		rowUngated:      {P50: ms / 5},
-		rowFloor1:       {P50: ms},
-		rowPG1:          {P50: 3 * ms},
+		rowFloor1:       {P50: ms, RPS: 900},
+		rowFloor16:      {RPS: 2000},
+		rowFloor64:      {RPS: 1600},
+		rowPG1:          {P50: 3 * ms, RPS: 330},
 		rowPG16:         {RPS: 1000},
 		rowPG64:         {RPS: 1200},
-		rowFloor64:      {RPS: 1500},
+		rowAfterReply1:  {P50: 840 * time.Microsecond, RPS: 1100},
+		rowAfterReply16: {RPS: 2100},
+		rowAfterReply64: {RPS: 2500},
+		rowInProcess1:   {RPS: 500},
+		rowInProcess64:  {RPS: 1800},
 		rowReplay:       {P50: ms / 2},
 		rowReplayCached: {P50: ms / 4},
-		rowSQLite64:     {RPS: 1100},
+		rowSQLite64:     {RPS: 3100},
 	}
-	rounds := []round{{Samples: m}, {Samples: map[rowID]sample{rowSQLite64: {RPS: 900}}}}
+}
+
+func TestGoals(t *testing.T) {
+	m := goalSamples()
+	rounds := []round{{Samples: m}, {Samples: map[rowID]sample{rowSQLite64: {RPS: 2900}}}}
 	out := evaluate(rounds, m)
 	want := []struct {
 		value    float64
 		met      bool
 		min, max float64
 	}{
-		{3 / 1.2, false, 3 / 1.2, 3 / 1.2}, // 3ms / (0.2ms + 1ms)
-		{0.8, false, 0.8, 0.8},             // 1200 / 1500
-		{2.5, false, 2.5, 2.5},             // 0.5ms / 0.2ms
-		{1.25, true, 1.25, 1.25},           // 0.25ms / 0.2ms
-		{1.2, true, 1.2, 1.2},              // 1200 / 1000
-		{1100, false, 900, 1100},           // absolute, each round
+		{2.5, false, 2.5, 2.5},    // 3ms / (0.2ms + 1ms)
+		{1.2, true, 1.2, 1.2},     // 0.84ms / (0.2ms + 1ms/2): equal to an at-most goal meets it
+		{0.5, false, 0.5, 0.5},    // 1000 / 2000, both at 16
+		{0.75, false, 0.75, 0.75}, // 1200 / 1600, both at 64
+		{0.6, false, 0.6, 0.6},    // gated's best, 1200 at 64, over the floor's, 2000 at 16
+		{1.25, true, 1.25, 1.25},  // after-reply's best, 2500, over 2000
+		{0.9, false, 0.9, 0.9},    // in-process's best, 1800, over 2000
+		{2.5, false, 2.5, 2.5},    // 0.5ms / 0.2ms
+		{1.25, true, 1.25, 1.25},  // 0.25ms / 0.2ms
+		{3100, true, 2900, 3100},  // absolute, each round
 	}
 	if len(out) != len(want) {
 		t.Fatalf("%d goals, want %d", len(out), len(want))
@@ -113,20 +129,143 @@ func TestGoals(t *testing.T) {
 				o.Name, o.Value, o.OK, o.Met(), o.Min, o.Max, w.value, w.met, w.min, w.max)
 		}
 	}
-	if o := evaluate(nil, map[rowID]sample{rowPG1: {P50: ms}})[0]; o.OK || o.Met() {
+	if o := evaluate(nil, map[rowID]sample{rowPG1: {P50: time.Millisecond}})[0]; o.OK || o.Met() {
 		t.Errorf("a goal whose rows did not run: ok %v, met %v", o.OK, o.Met())
 	}
-	noCache := map[rowID]sample{rowUngated: {P50: ms / 5}, rowReplay: {P50: ms / 2}}
-	for _, o := range evaluate([]round{{Samples: noCache}}, noCache) {
-		if o.Name == "cached replay p50 / ungated p50, 1 caller" && (o.OK || o.Met()) {
-			t.Errorf("the cached replay goal without its row: ok %v, met %v", o.OK, o.Met())
-		}
-		if o.Name == "replay p50 / ungated p50, 1 caller" && !o.OK {
-			t.Error("the replay goal needs the cached replay row")
+
+	// Without the floor at 16 callers: its own line and every peak line
+	// are left out, the 64-caller line is not.
+	no16 := goalSamples()
+	delete(no16, rowFloor16)
+	delete(no16, rowReplayCached)
+	got := map[string]bool{}
+	for _, o := range evaluate([]round{{Samples: no16}}, no16) {
+		got[o.Name] = o.OK
+	}
+	for name, ok := range map[string]bool{
+		"gated req/s / floor pair tps, 16 callers":                               false,
+		"gated req/s / floor pair tps, 64 callers":                               true,
+		"gated best req/s / floor pair best tps, each over 1, 16 and 64 callers": false,
+		"after-reply best req/s (1, 16, 64 callers) / floor pair best tps":       false,
+		"in-process best req/s (1, 64 callers) / floor pair best tps":            false,
+		"cached replay p50 / ungated p50, 1 caller":                              false,
+		"replay p50 / ungated p50, through the service, 1 caller":                true,
+	} {
+		if got[name] != ok {
+			t.Errorf("%s without the floor at 16 and the cached replay: computed %v, want %v", name, got[name], ok)
 		}
 	}
-	if o := (outcome{goal: goals[0], Value: 1.2, OK: true}); !o.Met() {
-		t.Error("a value equal to an at-most goal does not meet it")
+	if len(got) != len(goals) {
+		t.Errorf("%d goal names, want %d distinct ones", len(got), len(goals))
+	}
+}
+
+func TestHitRatio(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		s    sample
+		want float64
+		ok   bool
+	}{
+		{"all from the cache", sample{Count: 100, ServiceReplays: 0, ReplaysRead: true}, 1, true},
+		{"some misses", sample{Count: 1000, ServiceReplays: 4, ReplaysRead: true}, 0.996, true},
+		{"failed calls are not calls answered", sample{Count: 110, Errors: 10, ServiceReplays: 20, ReplaysRead: true}, 0.8, true},
+		{"no cache: every call a replay at the service", sample{Count: 50, ServiceReplays: 50, ReplaysRead: true}, 0, true},
+		{"more replays than calls reads as none from the cache", sample{Count: 50, ServiceReplays: 60, ReplaysRead: true}, 0, true},
+		{"not read", sample{Count: 100}, 0, false},
+		{"no successful call", sample{Count: 3, Errors: 3, ReplaysRead: true}, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := tc.s.hitRatio()
+			if ok != tc.ok || math.Abs(got-tc.want) > 1e-9 {
+				t.Errorf("hitRatio = %v, %v; want %v, %v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+	rounds := []round{
+		{Samples: map[rowID]sample{rowReplayCached: {P50: time.Millisecond, Count: 1000, ServiceReplays: 10, ReplaysRead: true}}},
+		{Samples: map[rowID]sample{rowReplayCached: {P50: time.Millisecond, Count: 3000, ServiceReplays: 30, ReplaysRead: true}}},
+	}
+	med := medians(rounds)[rowReplayCached]
+	if med.ServiceReplays != 40 || med.Count != 4000 || !med.ReplaysRead {
+		t.Errorf("medians of the cached row: %+v, want its replays and calls summed across rounds", med)
+	}
+	if got := formatHits(med); got != "0.990 (40 of 4000 calls replayed by the service)" {
+		t.Errorf("formatHits = %q", got)
+	}
+	if got := formatHits(sample{Count: 5}); got != "-" {
+		t.Errorf("formatHits of a row that reads no replays = %q, want -", got)
+	}
+}
+
+func TestWriteReport(t *testing.T) {
+	m := goalSamples()
+	delete(m, rowInProcess1) // its peak line is left out
+	m[rowReplayCached] = sample{P50: time.Millisecond / 4, P99: time.Millisecond, RPS: 3000, Count: 30000, ServiceReplays: 3, ReplaysRead: true}
+	m[rowReplay] = sample{P50: time.Millisecond / 2, P99: 2 * time.Millisecond, RPS: 1500, Count: 15000, ServiceReplays: 15000, ReplaysRead: true}
+	var b strings.Builder
+	writeReport(&b, []round{{Samples: m, Start: loadAvg{1, 2, 3}, Stop: loadAvg{4, 5, 6}}}, "settings line")
+	report := b.String()
+	for _, line := range []string{
+		"settings line\n",
+		"| gated p50 / (ungated p50 + floor pair p50), 1 caller | ≤ 1.5 | 2.50 | 2.50 to 2.50 | no |\n",
+		"| after-reply p50 / (ungated p50 + floor pair p50 / 2), 1 caller: one commit, half the floor pair, on the caller's path | ≤ 1.2 | 1.20 | 1.20 to 1.20 | yes |\n",
+		"| gated req/s / floor pair tps, 16 callers | ≥ 1 | 0.50 | 0.50 to 0.50 | no |\n",
+		"| gated best req/s / floor pair best tps, each over 1, 16 and 64 callers | ≥ 1 | 0.60 | 0.60 to 0.60 | no |\n",
+		"| in-process best req/s (1, 64 callers) / floor pair best tps | ≥ 1 | n/a | n/a | n/a |\n",
+		"| embedded store end to end, req/s at 64 callers | ≥ 3,000 | 3100 | 3100 to 3100 | yes |\n",
+		"| row (medians across rounds) | p50 | p99 | req/s | calls (all rounds) | errors (all rounds) | replay cache hits (all rounds, from metrics) |\n",
+		"| replay pg c=1 | 500µs | 2.00ms | 1500 | 15000 | 0 | 0.000 (15000 of 15000 calls replayed by the service) |\n",
+		"| replay cached pg c=1 | 250µs | 1.00ms | 3000 | 30000 | 0 | 1.000 (3 of 30000 calls replayed by the service) |\n",
+		"| floor pair c=16 | - | - | 2000 | 0 | 0 | - |\n",
+		"| 1 | 1.00, 2.00, 3.00 | 4.00, 5.00, 6.00 |\n",
+	} {
+		if !strings.Contains(report, line) {
+			t.Errorf("the report lacks %q:\n%s", line, report)
+		}
+	}
+	if strings.Contains(report, "| gated pg in-process c=1 |") {
+		t.Error("the report has a row that did not run")
+	}
+	// The rows come in run order: the after-reply and in-process rows
+	// after the plain gated ones, the floor at 16 between 1 and 64.
+	order := []rowID{rowPG64, rowAfterReply1, rowAfterReply64, rowInProcess64, rowSQLite64, rowFloor1, rowFloor16, rowFloor64}
+	last := -1
+	for _, id := range order {
+		i := strings.Index(report, "| "+string(id)+" |")
+		if i < last {
+			t.Errorf("row %s is out of run order", id)
+		}
+		last = i
+	}
+}
+
+func TestParseReplays(t *testing.T) {
+	const exposition = `# HELP idemgate_dedupe_outcomes_total Dedupe service answers by outcome.
+# TYPE idemgate_dedupe_outcomes_total counter
+idemgate_dedupe_outcomes_total{outcome="replayed"} 7
+# HELP idemgate_dedupe_replays_total Duplicates answered with a stored outcome.
+# TYPE idemgate_dedupe_replays_total counter
+idemgate_dedupe_replays_total{method="/examples.payments.v1.PaymentsService/ChargeCard"} 1234
+idemgate_dedupe_replays_total{method="other"} 6 1764500000000
+idemgate_dedupe_replays_total_extra 99
+idemgate_dedupe_replay_counts_dropped_total 5
+`
+	n, err := parseReplays(exposition)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 1240 {
+		t.Errorf("replays = %v, want 1240: every method's series, nothing else", n)
+	}
+	if n, err := parseReplays("idemgate_dedupe_outcomes_total{outcome=\"reserved\"} 1\n"); err != nil || n != 0 {
+		t.Errorf("a Dedupe service that served no replay yet: %v, %v; want 0", n, err)
+	}
+	if _, err := parseReplays("go_goroutines 12\n"); err == nil {
+		t.Error("metrics without the Dedupe service's counters read as no replays")
+	}
+	if _, err := parseReplays("idemgate_dedupe_outcomes_total{outcome=\"x\"} 1\nidemgate_dedupe_replays_total{method=\"m\"} many\n"); err == nil {
+		t.Error("an unparsable value parsed")
 	}
 }
 

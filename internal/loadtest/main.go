@@ -7,7 +7,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -128,9 +130,19 @@ type loadtest struct {
 	floor    floorScript
 	pg       string // the payments server gated through PostgreSQL
 	pgCached string // a second one on the same Dedupe service, with the replay cache on; "" when its row is not run
-	sqlite   string // the payments server gated through the embedded store
-	rounds   []round
-	problems []string
+	// pgAfterReply is a third one on the same Dedupe service, with
+	// -finish-after-reply; "" when none of its rows is run.
+	pgAfterReply string
+	// pgInProcess is a payments server running its own Dedupe service
+	// (-dedupe in-process) on the PostgreSQL database; "" when none of its
+	// rows is run.
+	pgInProcess string
+	// pgMetrics is the PostgreSQL Dedupe service's /metrics URL, for the
+	// replays it serves.
+	pgMetrics string
+	sqlite    string // the payments server gated through the embedded store
+	rounds    []round
+	problems  []string
 }
 
 // dbPrefix names the throwaway databases; the pid that follows lets a later
@@ -177,26 +189,56 @@ func (lt *loadtest) run(ctx context.Context) error {
 	// The Dedupe service's per-caller rate limit (500 Begins/s, bursts of
 	// 1000) and quotas are raised far past what a run reaches, not turned
 	// off, so every Begin still takes the limiter and reads the usage as
-	// with the defaults; the pool is the default, 16.
+	// with the defaults; the pool is the default, 16. The same flags go to
+	// the Dedupe service run in-process.
 	common := []string{
-		"-metrics-listen=", "-db-max-conns=16",
+		"-db-max-conns=16",
 		"-caller-begin-rate=1000000", "-caller-begin-burst=1000000",
 		"-caller-max-records=1000000000000", "-caller-max-bytes=1000000000000000",
 	}
-	var pgDedupe *server
-	var pgDedupeAddr string
-	if lt.pg, pgDedupe, pgDedupeAddr, err = lt.startStack(ctx, "pg", dedupeBin, paymentsBin, append([]string{"-database-url=" + lt.svcURL}, common...)); err != nil {
+	// The PostgreSQL Dedupe service serves /metrics, where the replay rows
+	// read how many replays it served; the others serve none.
+	metricsAddr, err := freeAddr()
+	if err != nil {
 		return err
 	}
-	if lt.cfg.rows.MatchString(string(rowReplayCached)) {
+	lt.pgMetrics = "http://" + metricsAddr + "/metrics"
+	var pgDedupe *server
+	var pgDedupeAddr string
+	if lt.pg, pgDedupe, pgDedupeAddr, err = lt.startStack(ctx, "pg", dedupeBin, paymentsBin,
+		append([]string{"-database-url=" + lt.svcURL, "-metrics-listen=" + metricsAddr}, common...)); err != nil {
+		return err
+	}
+	if lt.runs(rowReplayCached) {
 		// Room for every key a run replays, and the warm-up's, many times
 		// over; -replay-cache-bytes keeps its default.
 		if lt.pgCached, err = lt.startPayments(ctx, "pg-cached", paymentsBin, pgDedupeAddr, pgDedupe, "-replay-cache-entries=10000"); err != nil {
 			return err
 		}
 	}
+	if lt.runs(rowAfterReply1, rowAfterReply16, rowAfterReply64) {
+		if lt.pgAfterReply, err = lt.startPayments(ctx, "pg-after-reply", paymentsBin, pgDedupeAddr, pgDedupe, "-finish-after-reply"); err != nil {
+			return err
+		}
+	}
+	if lt.runs(rowInProcess1, rowInProcess64) {
+		// Its pool closes connections idle for a second: the floor's 64
+		// clients come after its rows, and with both services' pools full
+		// (16 each) they would take PostgreSQL's default max_connections,
+		// 100, shared with whatever else uses the server. Its rows keep
+		// their connections busy, so this changes nothing they measure.
+		inProcessURL, err := withPoolIdle(lt.svcURL, "1s")
+		if err != nil {
+			return err
+		}
+		if lt.pgInProcess, err = lt.startPayments(ctx, "pg-in-process", paymentsBin, inProcessDedupe, nil,
+			append([]string{"--", "-database-url=" + inProcessURL, "-metrics-listen="}, common...)...); err != nil {
+			return err
+		}
+	}
 	sqliteDir := filepath.Join(lt.tmp, "sqlite")
-	if lt.sqlite, _, _, err = lt.startStack(ctx, "sqlite", dedupeBin, paymentsBin, append([]string{"-database-url=", "-data-dir=" + sqliteDir}, common...)); err != nil {
+	if lt.sqlite, _, _, err = lt.startStack(ctx, "sqlite", dedupeBin, paymentsBin,
+		append([]string{"-database-url=", "-data-dir=" + sqliteDir, "-metrics-listen="}, common...)); err != nil {
 		return err
 	}
 
@@ -211,7 +253,7 @@ func (lt *loadtest) run(ctx context.Context) error {
 	for r := 1; r <= lt.cfg.rounds; r++ {
 		rd := round{Samples: map[rowID]sample{}, Start: readLoad()}
 		for _, id := range allRows {
-			if !lt.cfg.rows.MatchString(string(id)) {
+			if !lt.runs(id) {
 				continue
 			}
 			s, err := lt.runRow(ctx, id, r)
@@ -222,8 +264,12 @@ func (lt *loadtest) run(ctx context.Context) error {
 				lt.problems = append(lt.problems, fmt.Sprintf("round %d, %s: %d of %d calls failed (see %s)", r, id, s.Errors, s.Count, lt.cfg.results))
 			}
 			rd.Samples[id] = s
-			fmt.Printf("round %d/%d  %-20s p50 %-8s p99 %-8s %8.0f req/s  errors %d  load %.2f\n",
-				r, lt.cfg.rounds, id, formatDuration(s.P50), formatDuration(s.P99), s.RPS, s.Errors, readLoad()[0])
+			hits := ""
+			if h, ok := s.hitRatio(); ok {
+				hits = fmt.Sprintf("  cache hits %.3f", h)
+			}
+			fmt.Printf("round %d/%d  %-25s p50 %-8s p99 %-8s %8.0f req/s  errors %d  load %.2f%s\n",
+				r, lt.cfg.rounds, id, formatDuration(s.P50), formatDuration(s.P99), s.RPS, s.Errors, readLoad()[0], hits)
 		}
 		rd.Stop = readLoad()
 		lt.rounds = append(lt.rounds, rd)
@@ -338,6 +384,34 @@ func (lt *loadtest) createDatabases(ctx context.Context) error {
 	return nil
 }
 
+// runs reports whether any of the rows ids is selected.
+func (lt *loadtest) runs(ids ...rowID) bool {
+	for _, id := range ids {
+		if lt.cfg.rows.MatchString(string(id)) {
+			return true
+		}
+	}
+	return false
+}
+
+// inProcessDedupe is payments-server's -dedupe value that runs the Dedupe
+// service in its own process.
+const inProcessDedupe = "in-process"
+
+// withPoolIdle returns the database URL u with pgxpool's settings to close
+// connections idle for d, checked every half second.
+func withPoolIdle(u, d string) (string, error) {
+	parsed, err := url.Parse(u)
+	if err != nil {
+		return "", fmt.Errorf("database URL: %w", err)
+	}
+	q := parsed.Query()
+	q.Set("pool_max_conn_idle_time", d)
+	q.Set("pool_health_check_period", "500ms")
+	parsed.RawQuery = q.Encode()
+	return parsed.String(), nil
+}
+
 // withDatabase returns the URL u naming database db instead.
 func withDatabase(u, db string) (string, error) {
 	parsed, err := url.Parse(u)
@@ -377,8 +451,9 @@ func (lt *loadtest) startStack(ctx context.Context, name, dedupeBin, paymentsBin
 }
 
 // startPayments starts a payments server with extra flags, gated through
-// the Dedupe service dedupe at dedupeAddr, waits until a gated call goes
-// through, and returns its address.
+// the Dedupe service dedupe at dedupeAddr (nil, and dedupeAddr
+// inProcessDedupe, for one that runs its own), waits until a gated call
+// goes through, and returns its address.
 func (lt *loadtest) startPayments(ctx context.Context, name, paymentsBin, dedupeAddr string, dedupe *server, extra ...string) (string, error) {
 	payAddr, err := freeAddr()
 	if err != nil {
@@ -402,10 +477,20 @@ func (lt *loadtest) startPayments(ctx context.Context, name, paymentsBin, dedupe
 		_, err = client.ChargeCard(callCtx, &paymentsv1.ChargeCardRequest{CustomerId: "cust_ready", AmountCents: 1})
 		cancel()
 		if err == nil {
-			fmt.Printf("loadtest: %s stack up: dedupesvc on %s, payments-server on %s%s\n", name, dedupeAddr, payAddr, strings.TrimRight(" "+strings.Join(extra, " "), " "))
+			shown := make([]string, len(extra))
+			for i, a := range extra {
+				if u, ok := strings.CutPrefix(a, "-database-url="); ok && u != "" {
+					a = "-database-url=" + redact(u)
+				}
+				shown[i] = a
+			}
+			fmt.Printf("loadtest: %s stack up: dedupesvc on %s, payments-server on %s%s\n", name, dedupeAddr, payAddr, strings.TrimRight(" "+strings.Join(shown, " "), " "))
 			return payAddr, nil
 		}
 		for _, s := range []*server{dedupe, pay} {
+			if s == nil {
+				continue
+			}
 			if done, exitErr := s.exited(); done {
 				return "", fmt.Errorf("%s exited (%v) before serving:\n%s", s.name, exitErr, s.tail())
 			}
@@ -414,7 +499,11 @@ func (lt *loadtest) startPayments(ctx context.Context, name, paymentsBin, dedupe
 			return "", ctx.Err()
 		}
 		if time.Now().After(deadline) {
-			return "", fmt.Errorf("%s stack: no gated call went through in 2 minutes: %v\n%s\n%s", name, err, dedupe.tail(), pay.tail())
+			tails := pay.tail()
+			if dedupe != nil {
+				tails = dedupe.tail() + "\n" + tails
+			}
+			return "", fmt.Errorf("%s stack: no gated call went through in 2 minutes: %v\n%s", name, err, tails)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -446,8 +535,10 @@ func (lt *loadtest) settings(ctx context.Context) (string, error) {
 func (lt *loadtest) warmUp(ctx context.Context) error {
 	fmt.Println("loadtest: warming up")
 	targets := map[string]string{"warmup-pg": lt.pg, "warmup-sqlite": lt.sqlite}
-	if lt.pgCached != "" {
-		targets["warmup-pg-cached"] = lt.pgCached
+	for name, target := range map[string]string{"warmup-pg-cached": lt.pgCached, "warmup-pg-after-reply": lt.pgAfterReply, "warmup-pg-in-process": lt.pgInProcess} {
+		if target != "" {
+			targets[name] = target
+		}
 	}
 	for name, target := range targets {
 		if _, err := lt.ghz(ctx, name, target, "ChargeCard", 16, freshKey, chargeData("cust_loadtest"), "--total", "400"); err != nil {
@@ -479,16 +570,28 @@ func (lt *loadtest) runRow(ctx context.Context, id rowID, r int) (sample, error)
 		return lt.fresh(ctx, name, lt.pg, 16, dur)
 	case rowPG64:
 		return lt.fresh(ctx, name, lt.pg, 64, dur)
+	case rowAfterReply1:
+		return lt.fresh(ctx, name, lt.pgAfterReply, 1, dur)
+	case rowAfterReply16:
+		return lt.fresh(ctx, name, lt.pgAfterReply, 16, dur)
+	case rowAfterReply64:
+		return lt.fresh(ctx, name, lt.pgAfterReply, 64, dur)
+	case rowInProcess1:
+		return lt.fresh(ctx, name, lt.pgInProcess, 1, dur)
+	case rowInProcess64:
+		return lt.fresh(ctx, name, lt.pgInProcess, 64, dur)
 	case rowSQLite1:
 		return lt.fresh(ctx, name, lt.sqlite, 1, dur)
 	case rowSQLite64:
 		return lt.fresh(ctx, name, lt.sqlite, 64, dur)
 	case rowReplay:
-		return lt.replay(ctx, name, lt.pg, r, dur)
+		return lt.replay(ctx, name, lt.pg, false, r, dur)
 	case rowReplayCached:
-		return lt.replay(ctx, name, lt.pgCached, r, dur)
+		return lt.replay(ctx, name, lt.pgCached, true, r, dur)
 	case rowFloor1:
 		return lt.pgbench(ctx, name, 1, secs)
+	case rowFloor16:
+		return lt.pgbench(ctx, name, 16, secs)
 	case rowFloor64:
 		return lt.pgbench(ctx, name, 64, secs)
 	}
@@ -570,10 +673,12 @@ func charges(ctx context.Context, target, customer string) (int64, error) {
 
 // replay makes one call with a key of its own on the payments server at
 // target, then repeats it from one caller for the row's duration: every
-// repeat is a replay (from the replay cache, when target has it on). It
-// checks the ledger afterwards: one charge, or the row measured something
-// else.
-func (lt *loadtest) replay(ctx context.Context, name, target string, r int, dur []string) (sample, error) {
+// repeat is a replay (from the replay cache, when target has it on:
+// cached). It checks the ledger afterwards: one charge, or the row measured
+// something else. It reads the replays the PostgreSQL Dedupe service served
+// during the repeats from its metrics: every repeat without the cache, and
+// what the cache missed with it, which must be under a tenth.
+func (lt *loadtest) replay(ctx context.Context, name, target string, cached bool, r int, dur []string) (sample, error) {
 	key := fmt.Sprintf("loadtest-replay-%d-%s", r, rand.Text())
 	customer := fmt.Sprintf("cust_replay_%d_%s", r, rand.Text()[:8])
 	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -587,9 +692,28 @@ func (lt *loadtest) replay(ctx context.Context, name, target string, r int, dur 
 	if _, err := client.ChargeCard(callCtx, &paymentsv1.ChargeCardRequest{CustomerId: customer, AmountCents: 100}); err != nil {
 		return sample{}, fmt.Errorf("the first call: %w", err)
 	}
+	before, err := lt.serviceReplays(ctx)
+	if err != nil {
+		return sample{}, err
+	}
 	s, err := lt.ghz(ctx, name, target, "ChargeCard", 1, fmt.Sprintf(`{%q:%q}`, interceptor.KeyHeader, key), chargeData(customer), dur...)
 	if err != nil {
 		return sample{}, err
+	}
+	after, err := lt.serviceReplays(ctx)
+	if err != nil {
+		return sample{}, err
+	}
+	s.ServiceReplays, s.ReplaysRead = int64(after-before), true
+	if hits, ok := s.hitRatio(); ok {
+		switch {
+		case cached && hits < 0.9:
+			lt.problems = append(lt.problems, fmt.Sprintf("%s: the replay cache answered %.3f of the calls, want 0.9 or more: the Dedupe service served %d replays for %d calls",
+				name, hits, s.ServiceReplays, s.Count-s.Errors))
+		case !cached && hits > 0.1:
+			lt.problems = append(lt.problems, fmt.Sprintf("%s: the Dedupe service counted %d replays for %d calls with no replay cache in front, where every call is one: "+
+				"its idemgate_dedupe_replays_total does not count what this row measures, so neither can the cached row's hit ratio", name, s.ServiceReplays, s.Count-s.Errors))
+		}
 	}
 	ran, err := charges(ctx, target, customer)
 	if err != nil {
@@ -599,6 +723,34 @@ func (lt *loadtest) replay(ctx context.Context, name, target string, r int, dur 
 		lt.problems = append(lt.problems, fmt.Sprintf("%s: %d charges ran for one key, want 1", name, ran))
 	}
 	return s, nil
+}
+
+// serviceReplays reads the replays the PostgreSQL Dedupe service has
+// served, from its metrics.
+func (lt *loadtest) serviceReplays(ctx context.Context) (float64, error) {
+	reqCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(reqCtx, http.MethodGet, lt.pgMetrics, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("the Dedupe service's metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, fmt.Errorf("the Dedupe service's metrics: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("the Dedupe service's metrics at %s: %s", lt.pgMetrics, resp.Status)
+	}
+	n, err := parseReplays(string(body))
+	if err != nil {
+		return 0, fmt.Errorf("the Dedupe service's metrics at %s: %w", lt.pgMetrics, err)
+	}
+	return n, nil
 }
 
 // pgbench runs the floor pair from clients clients for secs seconds, and

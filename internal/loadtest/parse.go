@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"regexp"
@@ -50,6 +51,50 @@ func parseGhz(r io.Reader) (sample, ghzReport, error) {
 		return sample{}, rep, fmt.Errorf("ghz report: no 50th or 99th percentile in %d calls", s.Count)
 	}
 	return s, rep, nil
+}
+
+// replaysMetric counts the replays a Dedupe service served, one series per
+// method.
+const replaysMetric = "idemgate_dedupe_replays_total"
+
+// parseReplays sums every idemgate_dedupe_replays_total series in a
+// Prometheus text exposition: the replays served, whatever the method.
+// The counter has no series before the first replay, so the exposition
+// must show it is the Dedupe service's (idemgate_dedupe_outcomes_total,
+// whose series always exist) for a missing counter to read as 0.
+func parseReplays(text string) (float64, error) {
+	var sum float64
+	service := false
+	for i, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, "idemgate_dedupe_outcomes_total{") {
+			service = true
+		}
+		// name{labels} value [timestamp], or name value [timestamp]
+		rest, ok := strings.CutPrefix(line, replaysMetric)
+		if !ok || rest == "" || rest[0] != '{' && rest[0] != ' ' {
+			continue
+		}
+		if rest[0] == '{' {
+			end := strings.LastIndex(rest, "}")
+			if end < 0 {
+				return 0, fmt.Errorf("line %d: %q: labels not closed", i+1, line)
+			}
+			rest = rest[end+1:]
+		}
+		fields := strings.Fields(rest)
+		if len(fields) == 0 {
+			return 0, fmt.Errorf("line %d: %q: no value", i+1, line)
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			return 0, fmt.Errorf("line %d: %q: %w", i+1, line, err)
+		}
+		sum += v
+	}
+	if !service {
+		return 0, errors.New("no idemgate_dedupe_outcomes_total: not a Dedupe service's metrics")
+	}
+	return sum, nil
 }
 
 // pgbenchSummary is what pgbench prints at the end of a run.

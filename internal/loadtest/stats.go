@@ -14,22 +14,36 @@ type rowID string
 
 // The rows, in the order a round runs them.
 const (
-	rowUngated  rowID = "ungated c=1"
-	rowPG1      rowID = "gated pg c=1"
-	rowPG16     rowID = "gated pg c=16"
-	rowPG64     rowID = "gated pg c=64"
-	rowSQLite1  rowID = "gated sqlite c=1"
-	rowSQLite64 rowID = "gated sqlite c=64"
-	rowReplay   rowID = "replay pg c=1"
-	// rowReplayCached replays through a second payments server, with the
-	// replay cache on, on the same Dedupe service.
+	rowUngated rowID = "ungated c=1"
+	rowPG1     rowID = "gated pg c=1"
+	rowPG16    rowID = "gated pg c=16"
+	rowPG64    rowID = "gated pg c=64"
+	// The after-reply rows call a second payments server on the PostgreSQL
+	// Dedupe service, whose ChargeCard answers before its outcome is stored
+	// (-finish-after-reply: FINISH_POLICY_AFTER_REPLY).
+	rowAfterReply1  rowID = "gated pg after-reply c=1"
+	rowAfterReply16 rowID = "gated pg after-reply c=16"
+	rowAfterReply64 rowID = "gated pg after-reply c=64"
+	// The in-process rows call a payments server that runs the Dedupe
+	// service itself (-dedupe in-process), on the PostgreSQL database.
+	rowInProcess1  rowID = "gated pg in-process c=1"
+	rowInProcess64 rowID = "gated pg in-process c=64"
+	rowSQLite1     rowID = "gated sqlite c=1"
+	rowSQLite64    rowID = "gated sqlite c=64"
+	rowReplay      rowID = "replay pg c=1"
+	// rowReplayCached replays through a payments server with the replay
+	// cache on, on the same Dedupe service.
 	rowReplayCached rowID = "replay cached pg c=1"
 	rowFloor1       rowID = "floor pair c=1"
+	rowFloor16      rowID = "floor pair c=16"
 	rowFloor64      rowID = "floor pair c=64"
 )
 
 // allRows is every row in run order.
-var allRows = []rowID{rowUngated, rowPG1, rowPG16, rowPG64, rowSQLite1, rowSQLite64, rowReplay, rowReplayCached, rowFloor1, rowFloor64}
+var allRows = []rowID{
+	rowUngated, rowPG1, rowPG16, rowPG64, rowAfterReply1, rowAfterReply16, rowAfterReply64, rowInProcess1, rowInProcess64,
+	rowSQLite1, rowSQLite64, rowReplay, rowReplayCached, rowFloor1, rowFloor16, rowFloor64,
+}
 
 // sample is one row's result in one round.
 type sample struct {
@@ -39,6 +53,23 @@ type sample struct {
 	RPS float64
 	// Count is how many calls completed, Errors how many of them failed.
 	Count, Errors int64
+	// ServiceReplays is how many replays the Dedupe service served while
+	// the row ran (idemgate_dedupe_replays_total, read before and after),
+	// read only for the replay rows: ReplaysRead says it was.
+	ServiceReplays int64
+	ReplaysRead    bool
+}
+
+// hitRatio is the share of the sample's successful calls answered without
+// the Dedupe service serving a replay: from the replay cache, on a row whose
+// every call is a replay. False when the service's count was not read or no
+// call succeeded.
+func (s sample) hitRatio() (float64, bool) {
+	ok := s.Count - s.Errors
+	if !s.ReplaysRead || ok <= 0 {
+		return 0, false
+	}
+	return max(0, 1-float64(s.ServiceReplays)/float64(ok)), true
 }
 
 // loadAvg is the 1, 5 and 15 minute load averages, as uptime prints them.
@@ -92,7 +123,7 @@ func medians(rounds []round) map[rowID]sample {
 	out := map[rowID]sample{}
 	for _, id := range allRows {
 		var p50, p99, rps []float64
-		var count, errs int64
+		var sum sample
 		for _, r := range rounds {
 			s, ok := r.Samples[id]
 			if !ok {
@@ -101,18 +132,21 @@ func medians(rounds []round) map[rowID]sample {
 			p50 = append(p50, float64(s.P50))
 			p99 = append(p99, float64(s.P99))
 			rps = append(rps, s.RPS)
-			count += s.Count
-			errs += s.Errors
+			sum.Count += s.Count
+			sum.Errors += s.Errors
+			sum.ServiceReplays += s.ServiceReplays
+			sum.ReplaysRead = sum.ReplaysRead || s.ReplaysRead
 		}
 		if len(p50) == 0 {
 			continue
 		}
-		out[id] = sample{P50: time.Duration(median(p50)), P99: time.Duration(median(p99)), RPS: median(rps), Count: count, Errors: errs}
+		sum.P50, sum.P99, sum.RPS = time.Duration(median(p50)), time.Duration(median(p99)), median(rps)
+		out[id] = sum
 	}
 	return out
 }
 
-// goal is one line of issue 12's ratio table.
+// goal is one line of issue 19's ratio table.
 type goal struct {
 	// Name is the line as the issue words it.
 	Name string
@@ -125,36 +159,83 @@ type goal struct {
 	value func(map[rowID]sample) (float64, bool)
 }
 
-// goals are issue 12's ratio table, in its order, with the replay line
-// twice: through the Dedupe service and from the replay cache.
+// latencyOver is the p50 of row num over the sum of the p50s of the rows
+// den, each weighted: false unless every row ran and the sum is positive.
+func latencyOver(m map[rowID]sample, num rowID, den map[rowID]float64) (float64, bool) {
+	n, ok := m[num]
+	if !ok {
+		return 0, false
+	}
+	var d float64
+	for id, w := range den {
+		s, ok := m[id]
+		if !ok {
+			return 0, false
+		}
+		d += w * float64(s.P50)
+	}
+	return float64(n.P50) / d, d > 0
+}
+
+// best is the highest req/s of the rows ids: false unless every one ran.
+func best(m map[rowID]sample, ids ...rowID) (float64, bool) {
+	var b float64
+	for _, id := range ids {
+		s, ok := m[id]
+		if !ok {
+			return 0, false
+		}
+		b = max(b, s.RPS)
+	}
+	return b, true
+}
+
+// throughputOver is the best req/s of the rows num over the best of the
+// rows den: false unless all of them ran and the denominator is positive.
+func throughputOver(m map[rowID]sample, num, den []rowID) (float64, bool) {
+	n, ok1 := best(m, num...)
+	d, ok2 := best(m, den...)
+	return n / d, ok1 && ok2 && d > 0
+}
+
+// floorRows are the floor pair at every concurrency it runs, for its peak:
+// 64 backends on 2 cores run it slower than 16 do.
+var floorRows = []rowID{rowFloor1, rowFloor16, rowFloor64}
+
+// goals are issue 19's ratio table, in its order; the peak line is also
+// given for the after-reply and in-process servers, with the same goal,
+// and the replay line twice: through the Dedupe service and from the
+// replay cache.
 var goals = []goal{
-	{Name: "gated p50 / (ungated p50 + floor pair p50), 1 caller", Limit: 1.2, AtMost: true, value: func(m map[rowID]sample) (float64, bool) {
-		g, ok1 := m[rowPG1]
-		u, ok2 := m[rowUngated]
-		f, ok3 := m[rowFloor1]
-		return float64(g.P50) / float64(u.P50+f.P50), ok1 && ok2 && ok3 && u.P50+f.P50 > 0
+	{Name: "gated p50 / (ungated p50 + floor pair p50), 1 caller", Limit: 1.5, AtMost: true, value: func(m map[rowID]sample) (float64, bool) {
+		return latencyOver(m, rowPG1, map[rowID]float64{rowUngated: 1, rowFloor1: 1})
 	}},
-	{Name: "gated req/s / pgbench pair tps, 64 callers", Limit: 1.0, value: func(m map[rowID]sample) (float64, bool) {
-		g, ok1 := m[rowPG64]
-		f, ok2 := m[rowFloor64]
-		return g.RPS / f.RPS, ok1 && ok2 && f.RPS > 0
+	{Name: "after-reply p50 / (ungated p50 + floor pair p50 / 2), 1 caller: one commit, half the floor pair, on the caller's path",
+		Limit: 1.2, AtMost: true, value: func(m map[rowID]sample) (float64, bool) {
+			return latencyOver(m, rowAfterReply1, map[rowID]float64{rowUngated: 1, rowFloor1: 0.5})
+		}},
+	{Name: "gated req/s / floor pair tps, 16 callers", Limit: 1.0, value: func(m map[rowID]sample) (float64, bool) {
+		return throughputOver(m, []rowID{rowPG16}, []rowID{rowFloor16})
 	}},
-	{Name: "replay p50 / ungated p50, 1 caller", Limit: 1.5, AtMost: true, value: func(m map[rowID]sample) (float64, bool) {
-		r, ok1 := m[rowReplay]
-		u, ok2 := m[rowUngated]
-		return float64(r.P50) / float64(u.P50), ok1 && ok2 && u.P50 > 0
+	{Name: "gated req/s / floor pair tps, 64 callers", Limit: 1.0, value: func(m map[rowID]sample) (float64, bool) {
+		return throughputOver(m, []rowID{rowPG64}, []rowID{rowFloor64})
+	}},
+	{Name: "gated best req/s / floor pair best tps, each over 1, 16 and 64 callers", Limit: 1.0, value: func(m map[rowID]sample) (float64, bool) {
+		return throughputOver(m, []rowID{rowPG1, rowPG16, rowPG64}, floorRows)
+	}},
+	{Name: "after-reply best req/s (1, 16, 64 callers) / floor pair best tps", Limit: 1.0, value: func(m map[rowID]sample) (float64, bool) {
+		return throughputOver(m, []rowID{rowAfterReply1, rowAfterReply16, rowAfterReply64}, floorRows)
+	}},
+	{Name: "in-process best req/s (1, 64 callers) / floor pair best tps", Limit: 1.0, value: func(m map[rowID]sample) (float64, bool) {
+		return throughputOver(m, []rowID{rowInProcess1, rowInProcess64}, floorRows)
+	}},
+	{Name: "replay p50 / ungated p50, through the service, 1 caller", Limit: 2.0, AtMost: true, value: func(m map[rowID]sample) (float64, bool) {
+		return latencyOver(m, rowReplay, map[rowID]float64{rowUngated: 1})
 	}},
 	{Name: "cached replay p50 / ungated p50, 1 caller", Limit: 1.5, AtMost: true, value: func(m map[rowID]sample) (float64, bool) {
-		r, ok1 := m[rowReplayCached]
-		u, ok2 := m[rowUngated]
-		return float64(r.P50) / float64(u.P50), ok1 && ok2 && u.P50 > 0
+		return latencyOver(m, rowReplayCached, map[rowID]float64{rowUngated: 1})
 	}},
-	{Name: "gated throughput at 64 callers vs 16 callers", Limit: 1, value: func(m map[rowID]sample) (float64, bool) {
-		a, ok1 := m[rowPG64]
-		b, ok2 := m[rowPG16]
-		return a.RPS / b.RPS, ok1 && ok2 && b.RPS > 0
-	}},
-	{Name: "embedded store, reservations/s at 64 callers", Limit: 3000, value: func(m map[rowID]sample) (float64, bool) {
+	{Name: "embedded store end to end, req/s at 64 callers", Limit: 3000, value: func(m map[rowID]sample) (float64, bool) {
 		s, ok := m[rowSQLite64]
 		return s.RPS, ok
 	}},
@@ -223,7 +304,7 @@ func formatValue(g goal, v float64) string {
 	return fmt.Sprintf("%.2f", v)
 }
 
-// formatGoal prints a goal's limit as issue 12 does.
+// formatGoal prints a goal's limit as issue 19 does.
 func formatGoal(g goal) string {
 	op := "≥"
 	if g.AtMost {
@@ -233,6 +314,16 @@ func formatGoal(g goal) string {
 		return fmt.Sprintf("%s %s", op, groupThousands(int64(g.Limit)))
 	}
 	return fmt.Sprintf("%s %g", op, g.Limit)
+}
+
+// formatHits prints a sample's replay cache hit ratio with the replays
+// the Dedupe service served; "-" for a row that does not read them.
+func formatHits(s sample) string {
+	r, ok := s.hitRatio()
+	if !ok {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f (%d of %d calls replayed by the service)", r, s.ServiceReplays, s.Count-s.Errors)
 }
 
 // groupThousands prints n with commas between groups of three digits.
@@ -268,14 +359,14 @@ func writeReport(w io.Writer, rounds []round, settings string) {
 			formatValue(o.goal, o.Min), formatValue(o.goal, o.Max), met)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| row (medians across rounds) | p50 | p99 | req/s | calls (all rounds) | errors (all rounds) |")
-	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- |")
+	fmt.Fprintln(w, "| row (medians across rounds) | p50 | p99 | req/s | calls (all rounds) | errors (all rounds) | replay cache hits (all rounds, from metrics) |")
+	fmt.Fprintln(w, "| --- | --- | --- | --- | --- | --- | --- |")
 	for _, id := range allRows {
 		s, ok := med[id]
 		if !ok {
 			continue
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %.0f | %d | %d |\n", id, formatDuration(s.P50), formatDuration(s.P99), s.RPS, s.Count, s.Errors)
+		fmt.Fprintf(w, "| %s | %s | %s | %.0f | %d | %d | %s |\n", id, formatDuration(s.P50), formatDuration(s.P99), s.RPS, s.Count, s.Errors, formatHits(s))
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| round | load average at start | load average at end |")

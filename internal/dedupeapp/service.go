@@ -1,0 +1,191 @@
+package dedupeapp
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+)
+
+// service is the Dedupe service without a gRPC server: the store, the
+// dedupesvc.Server over it with cfg's limits, its metrics, and its
+// background work (notifications, replay counts, outcome keys, the
+// sweeper, the unknown-records gauge). Serve puts a gRPC server in front of
+// it; Embed hands it to an in-process client. One place builds it, so the
+// two cannot drift apart.
+type service struct {
+	backend
+	registry *prometheus.Registry
+	server   *dedupesvc.Server
+	replays  *dedupesvc.ReplayRecorder
+	logger   *slog.Logger
+
+	background     context.Context
+	stopBackground context.CancelFunc
+	backgroundDone sync.WaitGroup
+}
+
+// openService opens the store cfg (with its defaults) selects and starts
+// the service's background work, which runs until close, whatever becomes
+// of ctx.
+func openService(ctx context.Context, cfg Config, logger *slog.Logger) (_ *service, err error) {
+	b, err := openBackend(ctx, cfg, logger)
+	if err != nil {
+		return nil, err
+	}
+	s := &service{backend: b, registry: prometheus.NewRegistry(), logger: logger}
+	s.background, s.stopBackground = context.WithCancel(context.WithoutCancel(ctx))
+	defer func() {
+		if err != nil {
+			s.close(ctx)
+		}
+	}()
+
+	dedupeMetrics := dedupesvc.NewMetrics()
+	s.registry.MustRegister(dedupeMetrics, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if b.pool != nil {
+		s.registry.MustRegister(newPoolCollector(b.pool))
+	}
+	serverOpts := []dedupesvc.Option{
+		dedupesvc.WithMetrics(dedupeMetrics),
+		dedupesvc.WithLogger(logger),
+		dedupesvc.WithPollInterval(cfg.PollInterval),
+		dedupesvc.WithUnknownRetention(cfg.UnknownRetention),
+		dedupesvc.WithMaxOutcomeBytes(cfg.MaxOutcomeBytes),
+		dedupesvc.WithCallerRate(cfg.CallerBeginRate, cfg.CallerBeginBurst),
+		dedupesvc.WithCallerQuota(cfg.CallerMaxRecords, cfg.CallerMaxBytes),
+	}
+	if cfg.MaxRetention > 0 { // zero in a Config built in Go: the default
+		serverOpts = append(serverOpts, dedupesvc.WithMaxRetention(cfg.MaxRetention))
+	}
+	if cfg.MaxWaiters > 0 && cfg.CallerMaxWaiters > 0 {
+		serverOpts = append(serverOpts, dedupesvc.WithMaxWaiters(cfg.MaxWaiters, cfg.CallerMaxWaiters))
+	}
+	if b.notifier != nil {
+		serverOpts = append(serverOpts, dedupesvc.WithNotifier(b.notifier))
+	}
+	if counter, ok := b.store.(dedupesvc.ReplayCounter); ok {
+		s.replays = dedupesvc.NewReplayRecorder(counter, dedupesvc.ReplayRecorderConfig{Interval: cfg.ReplayFlushInterval, Logger: logger, Metrics: dedupeMetrics})
+		serverOpts = append(serverOpts, dedupesvc.WithReplayRecorder(s.replays))
+		s.goBackground(s.replays.Run)
+	}
+	cipher, err := outcomeCipher(cfg.OutcomeKeysFile)
+	if err != nil {
+		return nil, err
+	}
+	if cipher != nil {
+		serverOpts = append(serverOpts, dedupesvc.WithOutcomeCipher(cipher))
+		logger.Info("stored outcomes are encrypted", slog.String("path", cfg.OutcomeKeysFile), slog.String("active_key_id", cipher.ActiveKeyID()))
+		s.goBackground(func(background context.Context) {
+			watchOutcomeKeysFile(background, cfg.OutcomeKeysFile, cipher, logger)
+		})
+	}
+	if b.run != nil {
+		s.goBackground(b.run)
+	}
+	s.server = dedupesvc.NewServer(b.store, serverOpts...)
+
+	if compactor, ok := b.store.(dedupesvc.UsageCompactor); ok {
+		s.goBackground(func(background context.Context) {
+			dedupesvc.RunUsageCompaction(background, compactor, cfg.UsageCompactionInterval, logger)
+		})
+	}
+	sweeper := dedupesvc.NewSweeper(b.store, dedupesvc.SweeperConfig{Interval: cfg.SweepInterval, BatchSize: cfg.SweepBatch, Logger: logger})
+	s.goBackground(sweeper.Run)
+	if inspector, ok := b.store.(dedupesvc.Inspector); ok {
+		// Records waiting for an operator, for the IdemgateOutcomeUnknownRecordsWaiting alert.
+		unknown := dedupesvc.NewUnknownRecords(inspector, dedupesvc.UnknownRecordsConfig{Logger: logger})
+		s.registry.MustRegister(unknown)
+		s.goBackground(unknown.Run)
+	}
+	return s, nil
+}
+
+// goBackground runs f until close, with a context close cancels.
+func (s *service) goBackground(f func(context.Context)) {
+	s.backgroundDone.Go(func() { f(s.background) })
+}
+
+// close stores the replay counts not yet flushed, stops the background
+// work and closes the store. Call it once no call is served any more.
+func (s *service) close(ctx context.Context) {
+	if s.replays != nil {
+		flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		if err := s.replays.Flush(flushCtx); err != nil {
+			s.logger.Warn("flushing replay counts at shutdown failed; they are dropped", slog.Any("error", err))
+		}
+		cancel()
+	}
+	s.stopBackground()
+	s.backgroundDone.Wait()
+	s.backend.close()
+}
+
+// Embedded is a Dedupe service run inside another process, for a tool
+// server that has no separate one: the store cfg selects, opened (and
+// migrated) as Serve opens it, the service with cfg's caller limits and
+// quotas, its background work, and /metrics on cfg.MetricsListen when set.
+// There is no gRPC server: Client calls the service in-process.
+type Embedded struct {
+	svc         *service
+	stopMetrics func()
+}
+
+// Embed starts an embedded Dedupe service configured by cfg, as from
+// ParseConfig. The fields only a gRPC server uses (TLS, tokens, admin
+// identities, reflection, tracing) are refused rather than ignored: an
+// embedded service has no callers but this process to authenticate or
+// trace. Close it after the last call through its Client.
+func Embed(ctx context.Context, cfg Config, logger *slog.Logger) (*Embedded, error) {
+	var errs []error
+	for _, f := range []struct {
+		flag string
+		set  bool
+	}{
+		{"-tls-cert", cfg.TLSCert != ""}, {"-tls-key", cfg.TLSKey != ""}, {"-tls-client-ca", cfg.TLSClientCA != ""},
+		{"-token-file", cfg.TokenFile != ""}, {"-admin-identities", len(cfg.AdminIdentities) > 0},
+		{"-resolve-admin-only", cfg.ResolveAdminOnly}, {"-reflection", cfg.Reflection}, {"-otlp-endpoint", cfg.OTLPEndpoint != ""},
+	} {
+		if f.set {
+			errs = append(errs, errors.New(f.flag+" is set, but an embedded Dedupe service has no gRPC server it applies to: its only caller is this process"))
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	cfg = cfg.withDefaults()
+	svc, err := openService(ctx, cfg, logger)
+	if err != nil {
+		return nil, err
+	}
+	e := &Embedded{svc: svc, stopMetrics: func() {}}
+	if cfg.MetricsListen != "" {
+		if e.stopMetrics, err = serveMetrics(cfg.MetricsListen, svc.registry, logger); err != nil {
+			svc.close(ctx)
+			return nil, err
+		}
+	}
+	return e, nil
+}
+
+// Client returns a client that calls the service in this process
+// (dedupesvc.NewInProcessClient): no network hop, and no authentication, so
+// the records are in the empty namespace and one caller's limits hold for
+// every call.
+func (e *Embedded) Client() idemgatev1.DedupeServiceClient {
+	return dedupesvc.NewInProcessClient(e.svc.server)
+}
+
+// Close stops /metrics, stores the replay counts not yet flushed, stops the
+// background work and closes the store.
+func (e *Embedded) Close() {
+	e.stopMetrics()
+	e.svc.close(context.Background())
+}
