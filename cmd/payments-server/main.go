@@ -32,6 +32,9 @@
 // is stored (finish: FINISH_POLICY_AFTER_REPLY), and the Finish runs right
 // after, in the background; the proto declares the default,
 // FINISH_POLICY_BEFORE_REPLY, and so does the server without the flag.
+// With -metrics-listen it serves the gate's Prometheus metrics at /metrics:
+// what the gate did (idemgate_interceptor_calls_total, _events_total) and
+// where a gated call's time goes (idemgate_interceptor_stage_seconds).
 // Every flag also reads an environment variable; payments-server -h lists
 // them.
 package main
@@ -44,6 +47,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
@@ -52,6 +56,8 @@ import (
 	"time"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -85,9 +91,14 @@ type config struct {
 	// finishAfterReply gives ChargeCard finish: FINISH_POLICY_AFTER_REPLY
 	// in place of the proto's default.
 	finishAfterReply bool
+	// metricsListen is where /metrics is served (the gate's metrics,
+	// interceptor.WithRegisterer); "" serves none.
+	metricsListen string
 	// inProcess, set by -dedupe in-process, configures the Dedupe service
 	// this process runs itself; nil calls the one at dedupeAddr.
 	inProcess *dedupeapp.Config
+	// registry, set by run when metricsListen is, holds the gate's metrics.
+	registry *prometheus.Registry
 }
 
 // inProcessDedupe is the -dedupe value that runs the Dedupe service inside
@@ -161,6 +172,9 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.BoolVar(&cfg.finishAfterReply, "finish-after-reply", boolEnv("PAYMENTS_FINISH_AFTER_REPLY", "finish-after-reply"),
 		"ChargeCard answers before its outcome is stored (finish: FINISH_POLICY_AFTER_REPLY) and stores it right after; "+
 			"off, the proto's default, it stores the outcome first (env PAYMENTS_FINISH_AFTER_REPLY)")
+	fs.StringVar(&cfg.metricsListen, "metrics-listen", getenv("PAYMENTS_METRICS_LISTEN"),
+		"serve the gate's Prometheus metrics (idemgate_interceptor_*, where a gated call's time goes among them) at http://`address`/metrics; "+
+			"empty, the default, serves none (env PAYMENTS_METRICS_LISTEN)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -209,6 +223,9 @@ func (c config) replayCache() string {
 // client, with extra options after the ones cfg sets.
 func newGate(cfg config, client idemgatev1.DedupeServiceClient, extra ...interceptor.Option) (*interceptor.Gate, error) {
 	var opts []interceptor.Option
+	if cfg.registry != nil {
+		opts = append(opts, interceptor.WithRegisterer(cfg.registry))
+	}
 	if cfg.replayCacheEntries > 0 {
 		opts = append(opts, interceptor.WithReplayCache(cfg.replayCacheEntries, cfg.replayCacheBytes))
 	}
@@ -280,6 +297,14 @@ func finishAfterReplyFiles(fullMethod string) (*protoregistry.Files, error) {
 }
 
 func run(cfg config, logger *slog.Logger) error {
+	if cfg.metricsListen != "" {
+		cfg.registry = prometheus.NewRegistry()
+		stop, err := serveMetrics(cfg.metricsListen, cfg.registry, logger)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	if cfg.inProcess != nil {
 		dedupeLogger := logger.With(slog.String("dedupe", inProcessDedupe))
 		embedded, err := dedupeapp.Embed(context.Background(), *cfg.inProcess, dedupeLogger)
@@ -373,4 +398,27 @@ func serve(cfg config, gate *interceptor.Gate, logger *slog.Logger) error {
 		slog.String("SendReceipt", gate.Policy(paymentsv1.PaymentsService_SendReceipt_FullMethodName).String()),
 		slog.String("GetBalance", gate.Policy(paymentsv1.PaymentsService_GetBalance_FullMethodName).String()))
 	return srv.Serve(lis)
+}
+
+// serveMetrics serves registry at http://addr/metrics until the returned
+// function is called.
+func serveMetrics(addr string, registry *prometheus.Registry, logger *slog.Logger) (func(), error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("-metrics-listen %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("metrics endpoint failed", slog.Any("error", err))
+		}
+	}()
+	logger.Info("metrics serving", slog.String("address", "http://"+lis.Addr().String()+"/metrics"))
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"math"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -68,7 +69,7 @@ func TestMediansTakeEachFieldAcrossRounds(t *testing.T) {
 	}
 	got := medians(rounds)
 	want := sample{P50: 2 * time.Millisecond, P99: 10 * time.Millisecond, RPS: 200, Count: 60, Errors: 1}
-	if got[rowPG1] != want {
+	if !reflect.DeepEqual(got[rowPG1], want) {
 		t.Errorf("medians = %+v, want %+v", got[rowPG1], want)
 	}
 	if _, ok := got[rowPG64]; ok {
@@ -279,7 +280,7 @@ func TestParseGhz(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := sample{P50: 1500 * time.Microsecond, P99: 9 * time.Millisecond, RPS: 60.5, Count: 120, Errors: 2}
-	if s != want {
+	if !reflect.DeepEqual(s, want) {
 		t.Errorf("parseGhz = %+v, want %+v", s, want)
 	}
 	if _, _, err := parseGhz(strings.NewReader(`{"count":3,"statusCodeDistribution":{"OK":3}}`)); err == nil {
@@ -401,5 +402,61 @@ func TestDeadPid(t *testing.T) {
 	}
 	if _, ok := deadPid("12345"); ok {
 		t.Error("a name without a separator after the pid counts as a dead run's")
+	}
+}
+
+func TestParseStagesAndTheBudget(t *testing.T) {
+	before, err := parseStages(`# TYPE idemgate_interceptor_stage_seconds histogram
+idemgate_interceptor_stage_seconds_bucket{method="/a/B",stage="begin",le="+Inf"} 10
+idemgate_interceptor_stage_seconds_sum{method="/a/B",stage="begin"} 0.01
+idemgate_interceptor_stage_seconds_count{method="/a/B",stage="begin"} 10
+idemgate_interceptor_stage_seconds_bucket{method="/a/C",stage="begin",le="+Inf"} 5
+idemgate_interceptor_stage_seconds_sum{method="/a/C",stage="begin"} 0.005
+idemgate_interceptor_stage_seconds_count{method="/a/C",stage="begin"} 5
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := before[stageKey{"tool", "", "begin"}]; got.count != 15 || math.Abs(got.sum-0.015) > 1e-12 {
+		t.Fatalf("tool begin = %+v, want both methods summed: 15 observations, 0.015s", got)
+	}
+	after, err := parseStages(`# TYPE idemgate_dedupe_stage_seconds histogram
+idemgate_dedupe_stage_seconds_bucket{rpc="Begin",stage="statement",le="+Inf"} 4
+idemgate_dedupe_stage_seconds_sum{rpc="Begin",stage="statement"} 0.002
+idemgate_dedupe_stage_seconds_count{rpc="Begin",stage="statement"} 4
+# TYPE idemgate_interceptor_stage_seconds histogram
+idemgate_interceptor_stage_seconds_bucket{method="/a/B",stage="begin",le="+Inf"} 25
+idemgate_interceptor_stage_seconds_sum{method="/a/B",stage="begin"} 0.04
+idemgate_interceptor_stage_seconds_count{method="/a/B",stage="begin"} 25
+idemgate_interceptor_stage_seconds_bucket{method="/a/C",stage="begin",le="+Inf"} 5
+idemgate_interceptor_stage_seconds_sum{method="/a/C",stage="begin"} 0.005
+idemgate_interceptor_stage_seconds_count{method="/a/C",stage="begin"} 5
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := budgetBetween(before, after)
+	// 15 more begins took 0.03s: 2ms each; 4 statements took 0.002s.
+	if got := b[stageKey{"tool", "", "begin"}]; got != 2*time.Millisecond {
+		t.Errorf("tool begin mean = %s, want 2ms", got)
+	}
+	if got := b[stageKey{"service", "Begin", "statement"}]; got != 500*time.Microsecond {
+		t.Errorf("service statement mean = %s, want 500µs", got)
+	}
+	if _, err := parseStages("go_goroutines 3\n"); err == nil {
+		t.Error("an exposition without stage histograms parsed")
+	}
+
+	var out strings.Builder
+	writeBudget(&out, []round{{Samples: map[rowID]sample{rowPG1: {P50: 3 * time.Millisecond, Budget: b}}}})
+	for _, want := range []string{
+		"| tool server: Begin round trip (begin) | 2.00ms |",
+		"|   service Begin: statement, round trip and commit | 500µs |",
+		"| the two hops of Begin (tool server's round trip less the service's stages) | 1.50ms |",
+		"(p50 3.00ms less the tool server's stages) | 1.00ms |",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the budget lacks %q:\n%s", want, out.String())
+		}
 	}
 }

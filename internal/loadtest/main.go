@@ -137,6 +137,9 @@ type loadtest struct {
 	// (-dedupe in-process) on the PostgreSQL database; "" when none of its
 	// rows is run.
 	pgInProcess string
+	// pgToolMetrics is the /metrics URL of the payments server in front of
+	// it (lt.pg), for the latency budget.
+	pgToolMetrics string
 	// pgMetrics is the PostgreSQL Dedupe service's /metrics URL, for the
 	// replays it serves.
 	pgMetrics string
@@ -203,10 +206,18 @@ func (lt *loadtest) run(ctx context.Context) error {
 		return err
 	}
 	lt.pgMetrics = "http://" + metricsAddr + "/metrics"
+	// Its first payments server serves /metrics too: with the service's,
+	// the stage histograms of both sides give the latency budget of one
+	// caller (the gated pg c=1 row).
+	toolMetricsAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	lt.pgToolMetrics = "http://" + toolMetricsAddr + "/metrics"
 	var pgDedupe *server
 	var pgDedupeAddr string
 	if lt.pg, pgDedupe, pgDedupeAddr, err = lt.startStack(ctx, "pg", dedupeBin, paymentsBin,
-		append([]string{"-database-url=" + lt.svcURL, "-metrics-listen=" + metricsAddr}, common...)); err != nil {
+		append([]string{"-database-url=" + lt.svcURL, "-metrics-listen=" + metricsAddr}, common...), "-metrics-listen="+toolMetricsAddr); err != nil {
 		return err
 	}
 	if lt.runs(rowReplayCached) {
@@ -435,7 +446,7 @@ func redact(u string) string {
 // gated through it, waits until a gated call goes through, and returns the
 // payments server's address, and the Dedupe service with its address for
 // another payments server in front of it.
-func (lt *loadtest) startStack(ctx context.Context, name, dedupeBin, paymentsBin string, dedupeArgs []string) (payAddr string, dedupe *server, dedupeAddr string, err error) {
+func (lt *loadtest) startStack(ctx context.Context, name, dedupeBin, paymentsBin string, dedupeArgs []string, payExtra ...string) (payAddr string, dedupe *server, dedupeAddr string, err error) {
 	if dedupeAddr, err = freeAddr(); err != nil {
 		return "", nil, "", err
 	}
@@ -444,7 +455,7 @@ func (lt *loadtest) startStack(ctx context.Context, name, dedupeBin, paymentsBin
 	if err != nil {
 		return "", nil, "", err
 	}
-	if payAddr, err = lt.startPayments(ctx, name, paymentsBin, dedupeAddr, dedupe); err != nil {
+	if payAddr, err = lt.startPayments(ctx, name, paymentsBin, dedupeAddr, dedupe, payExtra...); err != nil {
 		return "", nil, "", err
 	}
 	return payAddr, dedupe, dedupeAddr, nil
@@ -565,7 +576,7 @@ func (lt *loadtest) runRow(ctx context.Context, id rowID, r int) (sample, error)
 	case rowUngated:
 		return lt.ghz(ctx, name, lt.pg, "GetBalance", 1, "", `{"customer_id":"cust_loadtest"}`, dur...)
 	case rowPG1:
-		return lt.fresh(ctx, name, lt.pg, 1, dur)
+		return lt.withBudget(ctx, func() (sample, error) { return lt.fresh(ctx, name, lt.pg, 1, dur) })
 	case rowPG16:
 		return lt.fresh(ctx, name, lt.pg, 16, dur)
 	case rowPG64:
@@ -725,32 +736,87 @@ func (lt *loadtest) replay(ctx context.Context, name, target string, cached bool
 	return s, nil
 }
 
-// serviceReplays reads the replays the PostgreSQL Dedupe service has
-// served, from its metrics.
-func (lt *loadtest) serviceReplays(ctx context.Context) (float64, error) {
+// scrape reads the Prometheus exposition at url.
+func scrape(ctx context.Context, url string) (string, error) {
 	reqCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(reqCtx, http.MethodGet, lt.pgMetrics, nil)
+	req, err := http.NewRequestWithContext(reqCtx, http.MethodGet, url, nil)
 	if err != nil {
-		return 0, err
+		return "", err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("the Dedupe service's metrics: %w", err)
+		return "", fmt.Errorf("metrics at %s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return 0, fmt.Errorf("the Dedupe service's metrics: %w", err)
+		return "", fmt.Errorf("metrics at %s: %w", url, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("the Dedupe service's metrics at %s: %s", lt.pgMetrics, resp.Status)
+		return "", fmt.Errorf("metrics at %s: %s", url, resp.Status)
 	}
-	n, err := parseReplays(string(body))
+	return string(body), nil
+}
+
+// serviceReplays reads the replays the PostgreSQL Dedupe service has
+// served, from its metrics.
+func (lt *loadtest) serviceReplays(ctx context.Context) (float64, error) {
+	text, err := scrape(ctx, lt.pgMetrics)
+	if err != nil {
+		return 0, fmt.Errorf("the Dedupe service's %w", err)
+	}
+	n, err := parseReplays(text)
 	if err != nil {
 		return 0, fmt.Errorf("the Dedupe service's metrics at %s: %w", lt.pgMetrics, err)
 	}
 	return n, nil
+}
+
+// stages reads the stage histograms of the pg payments server and its
+// Dedupe service.
+func (lt *loadtest) stages(ctx context.Context) (map[stageKey]stageSum, error) {
+	all := map[stageKey]stageSum{}
+	for _, url := range []string{lt.pgToolMetrics, lt.pgMetrics} {
+		text, err := scrape(ctx, url)
+		if err != nil {
+			return nil, err
+		}
+		got, err := parseStages(text)
+		if err != nil {
+			return nil, fmt.Errorf("metrics at %s: %w", url, err)
+		}
+		for k, v := range got {
+			all[k] = v
+		}
+	}
+	return all, nil
+}
+
+// withBudget runs a row of the pg payments server and attaches its latency
+// budget: each stage's mean over the row, from the stage histograms read
+// before and after. A stage with no observation during the row is left out;
+// the run is suspect when the gate's or the service's Begin stages saw none.
+func (lt *loadtest) withBudget(ctx context.Context, row func() (sample, error)) (sample, error) {
+	before, err := lt.stages(ctx)
+	if err != nil {
+		return sample{}, err
+	}
+	s, err := row()
+	if err != nil {
+		return s, err
+	}
+	after, err := lt.stages(ctx)
+	if err != nil {
+		return sample{}, err
+	}
+	s.Budget = budgetBetween(before, after)
+	for _, k := range []stageKey{{"tool", "", "begin"}, {"service", "Begin", "statement"}} {
+		if _, ok := s.Budget[k]; !ok {
+			lt.problems = append(lt.problems, fmt.Sprintf("the latency budget has no %s %s %s stage: the stage metrics did not count the row's calls", k.side, k.rpc, k.stage))
+		}
+	}
+	return s, nil
 }
 
 // pgbench runs the floor pair from clients clients for secs seconds, and

@@ -11,6 +11,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // ghzReport is the part of ghz's JSON report (-O json) the load test reads.
@@ -57,44 +61,84 @@ func parseGhz(r io.Reader) (sample, ghzReport, error) {
 // method.
 const replaysMetric = "idemgate_dedupe_replays_total"
 
+// parseMetrics reads a Prometheus text exposition.
+func parseMetrics(text string) (map[string]*dto.MetricFamily, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	return parser.TextToMetricFamilies(strings.NewReader(text))
+}
+
 // parseReplays sums every idemgate_dedupe_replays_total series in a
 // Prometheus text exposition: the replays served, whatever the method.
 // The counter has no series before the first replay, so the exposition
 // must show it is the Dedupe service's (idemgate_dedupe_outcomes_total,
 // whose series always exist) for a missing counter to read as 0.
 func parseReplays(text string) (float64, error) {
-	var sum float64
-	service := false
-	for i, line := range strings.Split(text, "\n") {
-		if strings.HasPrefix(line, "idemgate_dedupe_outcomes_total{") {
-			service = true
-		}
-		// name{labels} value [timestamp], or name value [timestamp]
-		rest, ok := strings.CutPrefix(line, replaysMetric)
-		if !ok || rest == "" || rest[0] != '{' && rest[0] != ' ' {
-			continue
-		}
-		if rest[0] == '{' {
-			end := strings.LastIndex(rest, "}")
-			if end < 0 {
-				return 0, fmt.Errorf("line %d: %q: labels not closed", i+1, line)
-			}
-			rest = rest[end+1:]
-		}
-		fields := strings.Fields(rest)
-		if len(fields) == 0 {
-			return 0, fmt.Errorf("line %d: %q: no value", i+1, line)
-		}
-		v, err := strconv.ParseFloat(fields[0], 64)
-		if err != nil {
-			return 0, fmt.Errorf("line %d: %q: %w", i+1, line, err)
-		}
-		sum += v
+	families, err := parseMetrics(text)
+	if err != nil {
+		return 0, err
 	}
-	if !service {
+	if families["idemgate_dedupe_outcomes_total"] == nil {
 		return 0, errors.New("no idemgate_dedupe_outcomes_total: not a Dedupe service's metrics")
 	}
+	var sum float64
+	for _, m := range families[replaysMetric].GetMetric() {
+		sum += m.GetCounter().GetValue()
+	}
 	return sum, nil
+}
+
+// stageKey names one stage series: the side ("tool" or "service"), the
+// RPC (Begin, Finish; "" on the tool side) and the stage.
+type stageKey struct{ side, rpc, stage string }
+
+// stageSum is a stage histogram's count and sum of seconds.
+type stageSum struct {
+	count uint64
+	sum   float64
+}
+
+// Stage histograms read for the latency budget.
+const (
+	toolStagesMetric    = "idemgate_interceptor_stage_seconds"
+	serviceStagesMetric = "idemgate_dedupe_stage_seconds"
+)
+
+// parseStages reads the stage histograms of a tool server's or a Dedupe
+// service's exposition, summed over methods; an exposition with neither is
+// an error.
+func parseStages(text string) (map[stageKey]stageSum, error) {
+	families, err := parseMetrics(text)
+	if err != nil {
+		return nil, err
+	}
+	out := map[stageKey]stageSum{}
+	found := false
+	for name, side := range map[string]string{toolStagesMetric: "tool", serviceStagesMetric: "service"} {
+		f := families[name]
+		if f == nil {
+			continue
+		}
+		found = true
+		for _, m := range f.GetMetric() {
+			k := stageKey{side: side}
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "rpc":
+					k.rpc = l.GetValue()
+				case "stage":
+					k.stage = l.GetValue()
+				}
+			}
+			s := out[k]
+			s.count += m.GetHistogram().GetSampleCount()
+			s.sum += m.GetHistogram().GetSampleSum()
+			out[k] = s
+		}
+	}
+	if !found {
+		return nil, fmt.Errorf("neither %s nor %s in the exposition", toolStagesMetric, serviceStagesMetric)
+	}
+	return out, nil
 }
 
 // pgbenchSummary is what pgbench prints at the end of a run.

@@ -58,6 +58,23 @@ type sample struct {
 	// read only for the replay rows: ReplaysRead says it was.
 	ServiceReplays int64
 	ReplaysRead    bool
+	// Budget is each stage's mean time over the row (the stage histograms
+	// of the payments server and its Dedupe service, read before and
+	// after); only for the row the budget is read on (gated pg c=1).
+	Budget map[stageKey]time.Duration
+}
+
+// budgetBetween is each stage's mean between two reads of the stage
+// histograms; stages observed nothing in between are left out.
+func budgetBetween(before, after map[stageKey]stageSum) map[stageKey]time.Duration {
+	out := map[stageKey]time.Duration{}
+	for k, a := range after {
+		b := before[k]
+		if n := a.count - b.count; n > 0 {
+			out[k] = time.Duration((a.sum - b.sum) / float64(n) * float64(time.Second))
+		}
+	}
+	return out
 }
 
 // hitRatio is the share of the sample's successful calls answered without
@@ -368,10 +385,86 @@ func writeReport(w io.Writer, rounds []round, settings string) {
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %.0f | %d | %d | %s |\n", id, formatDuration(s.P50), formatDuration(s.P99), s.RPS, s.Count, s.Errors, formatHits(s))
 	}
+	writeBudget(w, rounds)
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| round | load average at start | load average at end |")
 	fmt.Fprintln(w, "| --- | --- | --- |")
 	for i, r := range rounds {
 		fmt.Fprintf(w, "| %d | %s | %s |\n", i+1, r.Start, r.Stop)
 	}
+}
+
+// budgetLines are the latency budget's lines in the order a call meets them:
+// the tool server's stages, and inside its begin and finish the service's.
+var budgetLines = []struct {
+	key  stageKey
+	name string
+}{
+	{stageKey{"tool", "", "prepare"}, "tool server: key, scope, fingerprint (prepare)"},
+	{stageKey{"tool", "", "begin"}, "tool server: Begin round trip (begin)"},
+	{stageKey{"service", "Begin", "checks"}, "  service Begin: checks and rate"},
+	{stageKey{"service", "Begin", "queue"}, "  service Begin: waiting for a group-commit writer"},
+	{stageKey{"service", "Begin", "statement"}, "  service Begin: statement, round trip and commit"},
+	{stageKey{"service", "Begin", "store"}, "  service Begin: rest of the store"},
+	{stageKey{"service", "Begin", "reply"}, "  service Begin: reply"},
+	{stageKey{"tool", "", "handler"}, "tool server: handler"},
+	{stageKey{"tool", "", "finish"}, "tool server: Finish round trip (finish)"},
+	{stageKey{"service", "Finish", "checks"}, "  service Finish: checks"},
+	{stageKey{"service", "Finish", "queue"}, "  service Finish: waiting for a group-commit writer"},
+	{stageKey{"service", "Finish", "statement"}, "  service Finish: statement, round trip and commit"},
+	{stageKey{"service", "Finish", "store"}, "  service Finish: rest of the store"},
+	{stageKey{"service", "Finish", "reply"}, "  service Finish: reply"},
+}
+
+// writeBudget writes the latency budget of one caller (gated pg c=1): each
+// stage's mean, the median over rounds, and what the stages leave out: the
+// two hops to the service (the tool server's round trip less the service's
+// stages) and everything outside the gate (the call's p50 less the tool
+// server's stages, which mixes a median with means: a rough figure).
+func writeBudget(w io.Writer, rounds []round) {
+	per := map[stageKey][]float64{}
+	var p50 []float64
+	for _, r := range rounds {
+		s, ok := r.Samples[rowPG1]
+		if !ok || s.Budget == nil {
+			continue
+		}
+		p50 = append(p50, float64(s.P50))
+		for k, d := range s.Budget {
+			per[k] = append(per[k], float64(d))
+		}
+	}
+	if len(p50) == 0 {
+		return
+	}
+	mean := func(k stageKey) time.Duration {
+		if v, ok := per[k]; ok {
+			return time.Duration(median(v))
+		}
+		return 0
+	}
+	sumOf := func(side, rpc string) time.Duration {
+		var d time.Duration
+		for _, l := range budgetLines {
+			if l.key.side == side && l.key.rpc == rpc {
+				d += mean(l.key)
+			}
+		}
+		return d
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "| latency budget, %s (stage means from the stage histograms, median over rounds) | time |\n", rowPG1)
+	fmt.Fprintln(w, "| --- | ---: |")
+	for _, l := range budgetLines {
+		if _, ok := per[l.key]; ok {
+			fmt.Fprintf(w, "| %s | %s |\n", l.name, formatDuration(mean(l.key)))
+		}
+	}
+	tool := sumOf("tool", "")
+	fmt.Fprintf(w, "| the two hops of Begin (tool server's round trip less the service's stages) | %s |\n",
+		formatDuration(mean(stageKey{"tool", "", "begin"})-sumOf("service", "Begin")))
+	fmt.Fprintf(w, "| the two hops of Finish (tool server's round trip less the service's stages) | %s |\n",
+		formatDuration(mean(stageKey{"tool", "", "finish"})-sumOf("service", "Finish")))
+	fmt.Fprintf(w, "| outside the gate: caller to tool server and back, gRPC, the replies (p50 %s less the tool server's stages) | %s |\n",
+		formatDuration(time.Duration(median(p50))), formatDuration(time.Duration(median(p50))-tool))
 }
