@@ -448,7 +448,7 @@ idemgate_interceptor_stage_seconds_count{method="/a/C",stage="begin"} 5
 	}
 
 	var out strings.Builder
-	writeBudget(&out, []round{{Samples: map[rowID]sample{rowPG1: {P50: 3 * time.Millisecond, Budget: b}}}})
+	writeBudget(&out, []round{{Samples: map[rowID]sample{rowPG1: {P50: 3 * time.Millisecond, Budget: b}}}}, rowPG1)
 	for _, want := range []string{
 		"| tool server: Begin round trip (begin) | 2.00ms |",
 		"|   service Begin: statement, round trip and commit | 500µs |",

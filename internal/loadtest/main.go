@@ -596,7 +596,7 @@ func (lt *loadtest) runRow(ctx context.Context, id rowID, r int) (sample, error)
 	case rowSQLite64:
 		return lt.fresh(ctx, name, lt.sqlite, 64, dur)
 	case rowReplay:
-		return lt.replay(ctx, name, lt.pg, false, r, dur)
+		return lt.withBudget(ctx, func() (sample, error) { return lt.replay(ctx, name, lt.pg, false, r, dur) })
 	case rowReplayCached:
 		return lt.replay(ctx, name, lt.pgCached, true, r, dur)
 	case rowFloor1:

@@ -60,7 +60,8 @@ type sample struct {
 	ReplaysRead    bool
 	// Budget is each stage's mean time over the row (the stage histograms
 	// of the payments server and its Dedupe service, read before and
-	// after); only for the row the budget is read on (gated pg c=1).
+	// after); only for the rows the budget is read on (gated pg c=1,
+	// replay pg c=1).
 	Budget map[stageKey]time.Duration
 }
 
@@ -385,7 +386,8 @@ func writeReport(w io.Writer, rounds []round, settings string) {
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %.0f | %d | %d | %s |\n", id, formatDuration(s.P50), formatDuration(s.P99), s.RPS, s.Count, s.Errors, formatHits(s))
 	}
-	writeBudget(w, rounds)
+	writeBudget(w, rounds, rowPG1)
+	writeBudget(w, rounds, rowReplay)
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| round | load average at start | load average at end |")
 	fmt.Fprintln(w, "| --- | --- | --- |")
@@ -416,16 +418,17 @@ var budgetLines = []struct {
 	{stageKey{"service", "Finish", "reply"}, "  service Finish: reply"},
 }
 
-// writeBudget writes the latency budget of one caller (gated pg c=1): each
+// writeBudget writes the latency budget of one caller on row (gated pg c=1,
+// replay pg c=1): each
 // stage's mean, the median over rounds, and what the stages leave out: the
 // two hops to the service (the tool server's round trip less the service's
 // stages) and everything outside the gate (the call's p50 less the tool
 // server's stages, which mixes a median with means: a rough figure).
-func writeBudget(w io.Writer, rounds []round) {
+func writeBudget(w io.Writer, rounds []round, row rowID) {
 	per := map[stageKey][]float64{}
 	var p50 []float64
 	for _, r := range rounds {
-		s, ok := r.Samples[rowPG1]
+		s, ok := r.Samples[row]
 		if !ok || s.Budget == nil {
 			continue
 		}
@@ -453,7 +456,7 @@ func writeBudget(w io.Writer, rounds []round) {
 		return d
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "| latency budget, %s (stage means from the stage histograms, median over rounds) | time |\n", rowPG1)
+	fmt.Fprintf(w, "| latency budget, %s (stage means from the stage histograms, median over rounds) | time |\n", row)
 	fmt.Fprintln(w, "| --- | ---: |")
 	for _, l := range budgetLines {
 		if _, ok := per[l.key]; ok {
@@ -463,8 +466,10 @@ func writeBudget(w io.Writer, rounds []round) {
 	tool := sumOf("tool", "")
 	fmt.Fprintf(w, "| the two hops of Begin (tool server's round trip less the service's stages) | %s |\n",
 		formatDuration(mean(stageKey{"tool", "", "begin"})-sumOf("service", "Begin")))
-	fmt.Fprintf(w, "| the two hops of Finish (tool server's round trip less the service's stages) | %s |\n",
-		formatDuration(mean(stageKey{"tool", "", "finish"})-sumOf("service", "Finish")))
+	if _, ok := per[stageKey{"tool", "", "finish"}]; ok {
+		fmt.Fprintf(w, "| the two hops of Finish (tool server's round trip less the service's stages) | %s |\n",
+			formatDuration(mean(stageKey{"tool", "", "finish"})-sumOf("service", "Finish")))
+	}
 	fmt.Fprintf(w, "| outside the gate: caller to tool server and back, gRPC, the replies (p50 %s less the tool server's stages) | %s |\n",
 		formatDuration(time.Duration(median(p50))), formatDuration(time.Duration(median(p50))-tool))
 }
