@@ -94,7 +94,8 @@ func WithMaxWaiters(total, perCaller int) Option {
 // (DEDUPE_QUOTA_EXCEEDED, quota "rate") with RetryInfo. Finish, Release,
 // Heartbeat and Resolve are not limited: they follow Begins already let in,
 // and refusing them would strand work already done. A perSecond of 0 is no
-// limit. Defaults to 500 a second, bursts of 1000.
+// limit. Defaults to DefaultCallerRate, 10,000 a second, bursts of
+// DefaultCallerBurst, 10,000.
 func WithCallerRate(perSecond float64, burst int) Option {
 	return func(o *options) { o.callerRate, o.callerBurst = perSecond, burst }
 }

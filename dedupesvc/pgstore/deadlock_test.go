@@ -198,4 +198,3 @@ func TestSweeperAndBatchDoNotDeadlock(t *testing.T) {
 		}
 	})
 }
-

@@ -26,8 +26,8 @@ import (
 // to followUpInFlight are in flight at once, at most followUpRate a second:
 // a slow service or a crowd of lost Begins that reserved nothing (callers
 // that gave up waiting as duplicates) cannot hold up one that did for long,
-// and the rate is half the service's default per-caller rate (500/s), so the
-// follow-ups cannot use up the callers' quota.
+// and the rate is a fortieth of the service's default per-caller rate
+// (10,000/s), so the follow-ups cannot use up the callers' quota.
 const (
 	followUpMinBackoff = 50 * time.Millisecond
 	followUpMaxBackoff = 5 * time.Second

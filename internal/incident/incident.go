@@ -314,7 +314,7 @@ func startDedupe(ctx context.Context, cfg Config) (idemgatev1.DedupeServiceClien
 	srv := grpc.NewServer()
 	// The service's one caller is the replay itself, which sends its
 	// Begins as fast as the machine runs it: the default per-caller rate
-	// (500 a second, bursts of 1000) refuses a fast machine's Begins with
+	// (10,000 a second, bursts of 10,000) refuses a fast machine's Begins with
 	// IDEMPOTENCY_QUOTA_EXCEEDED and changes the table, so the demo has
 	// no rate limit, and no record quota either (runs on one PostgreSQL
 	// database add up). Per-caller limits share a service among tool

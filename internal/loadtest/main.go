@@ -189,8 +189,8 @@ func (lt *loadtest) run(ctx context.Context) error {
 		return err
 	}
 
-	// The Dedupe service's per-caller rate limit (500 Begins/s, bursts of
-	// 1000) and quotas are raised far past what a run reaches, not turned
+	// The Dedupe service's per-caller rate limit (10,000 Begins/s, bursts
+	// of 10,000) and quotas are raised far past what a run reaches, not turned
 	// off, so every Begin still takes the limiter and reads the usage as
 	// with the defaults; the pool is the default, 16. The same flags go to
 	// the Dedupe service run in-process.
