@@ -137,6 +137,9 @@ type loadtest struct {
 	// (-dedupe in-process) on the PostgreSQL database; "" when none of its
 	// rows is run.
 	pgInProcess string
+	// sqliteInProcess is one running its own Dedupe service on the
+	// embedded store; "" when its row is not run.
+	sqliteInProcess string
 	// pgToolMetrics is the /metrics URL of the payments server in front of
 	// it (lt.pg), for the latency budget.
 	pgToolMetrics string
@@ -244,6 +247,12 @@ func (lt *loadtest) run(ctx context.Context) error {
 		}
 		if lt.pgInProcess, err = lt.startPayments(ctx, "pg-in-process", paymentsBin, inProcessDedupe, nil,
 			append([]string{"--", "-database-url=" + inProcessURL, "-metrics-listen="}, common...)...); err != nil {
+			return err
+		}
+	}
+	if lt.runs(rowSQLiteInProcess64) {
+		if lt.sqliteInProcess, err = lt.startPayments(ctx, "sqlite-in-process", paymentsBin, inProcessDedupe, nil,
+			append([]string{"--", "-database-url=", "-data-dir=" + filepath.Join(lt.tmp, "sqlite-in-process"), "-metrics-listen="}, common...)...); err != nil {
 			return err
 		}
 	}
@@ -546,7 +555,7 @@ func (lt *loadtest) settings(ctx context.Context) (string, error) {
 func (lt *loadtest) warmUp(ctx context.Context) error {
 	fmt.Println("loadtest: warming up")
 	targets := map[string]string{"warmup-pg": lt.pg, "warmup-sqlite": lt.sqlite}
-	for name, target := range map[string]string{"warmup-pg-cached": lt.pgCached, "warmup-pg-after-reply": lt.pgAfterReply, "warmup-pg-in-process": lt.pgInProcess} {
+	for name, target := range map[string]string{"warmup-pg-cached": lt.pgCached, "warmup-pg-after-reply": lt.pgAfterReply, "warmup-pg-in-process": lt.pgInProcess, "warmup-sqlite-in-process": lt.sqliteInProcess} {
 		if target != "" {
 			targets[name] = target
 		}
@@ -595,6 +604,8 @@ func (lt *loadtest) runRow(ctx context.Context, id rowID, r int) (sample, error)
 		return lt.fresh(ctx, name, lt.sqlite, 1, dur)
 	case rowSQLite64:
 		return lt.fresh(ctx, name, lt.sqlite, 64, dur)
+	case rowSQLiteInProcess64:
+		return lt.fresh(ctx, name, lt.sqliteInProcess, 64, dur)
 	case rowReplay:
 		return lt.withBudget(ctx, func() (sample, error) { return lt.replay(ctx, name, lt.pg, false, r, dur) })
 	case rowReplayCached:
