@@ -445,6 +445,14 @@ idemgate_interceptor_stage_seconds_count{method="/a/C",stage="begin"} 5
 	if got := b[stageKey{"service", "Begin", "statement"}]; got != 500*time.Microsecond {
 		t.Errorf("service statement mean = %s, want 500µs", got)
 	}
+	// One handler run among 1,000 Begins (a replay row's first call) is
+	// not the row's: left out.
+	few := budgetBetween(map[stageKey]stageSum{}, map[stageKey]stageSum{
+		{"tool", "", "begin"}: {count: 1000, sum: 0.5}, {"tool", "", "handler"}: {count: 1, sum: 0.001}, {"tool", "", "prepare"}: {count: 1000, sum: 0.01},
+	})
+	if _, ok := few[stageKey{"tool", "", "handler"}]; ok || len(few) != 2 {
+		t.Errorf("budget of a replay row = %v, want begin and prepare only", few)
+	}
 	if _, err := parseStages("go_goroutines 3\n"); err == nil {
 		t.Error("an exposition without stage histograms parsed")
 	}
@@ -460,5 +468,32 @@ idemgate_interceptor_stage_seconds_count{method="/a/C",stage="begin"} 5
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the budget lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+func TestParseConfigDedupeFlags(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"-ghz", self, "-pgbench", self}
+	cfg, err := parseConfig(append(base, "-dedupe-flags", " -store-writers=8  -store-max-batch=16 "), func(string) string { return "" })
+	if err != nil || !reflect.DeepEqual(cfg.dedupeFlags, []string{"-store-writers=8", "-store-max-batch=16"}) {
+		t.Fatalf("parseConfig = %q, %v; want the two flags", cfg.dedupeFlags, err)
+	}
+	cfg, err = parseConfig(base, func(k string) string {
+		if k == "LOADTEST_DEDUPE_FLAGS" {
+			return "-store-writers=4"
+		}
+		return ""
+	})
+	if err != nil || !reflect.DeepEqual(cfg.dedupeFlags, []string{"-store-writers=4"}) {
+		t.Fatalf("parseConfig from LOADTEST_DEDUPE_FLAGS = %q, %v", cfg.dedupeFlags, err)
+	}
+	if _, err := parseConfig(append(base, "-dedupe-flags", "store-writers=8"), func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "not a flag") {
+		t.Fatalf("a value without its dash: %v, want it refused as not a flag", err)
+	}
+	if got := extraFlags([]string{"-store-writers=8"}); got != "; every Dedupe service also with -store-writers=8" {
+		t.Errorf("extraFlags = %q", got)
 	}
 }

@@ -39,6 +39,9 @@ type config struct {
 	rounds       int
 	rows         *regexp.Regexp
 	results      string
+	// dedupeFlags are extra flags for every Dedupe service (after the
+	// load test's own, so they win), to compare settings.
+	dedupeFlags []string
 }
 
 func main() {
@@ -92,6 +95,7 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	duration := fs.String("duration", env("LOADTEST_DURATION", "10s"), "how long each row runs in each round (env LOADTEST_DURATION)")
 	rounds := fs.String("rounds", env("LOADTEST_ROUNDS", "3"), "interleaved rounds, every row once a round (env LOADTEST_ROUNDS)")
 	rows := fs.String("rows", env("LOADTEST_ROWS", ""), "run only the rows whose names match this `regexp`, e.g. 'pg|floor' (env LOADTEST_ROWS)")
+	dedupeFlags := fs.String("dedupe-flags", env("LOADTEST_DEDUPE_FLAGS", ""), "extra `flags` for every Dedupe service, space-separated, e.g. '-store-writers=8', to compare settings (env LOADTEST_DEDUPE_FLAGS)")
 	fs.StringVar(&cfg.results, "results", env("LOADTEST_RESULTS", ""), "`directory` for the raw ghz and pgbench output; default loadtest-results/<UTC time> in the repository (env LOADTEST_RESULTS)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
@@ -102,6 +106,12 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	}
 	if cfg.rounds, err = strconv.Atoi(*rounds); err != nil || cfg.rounds < 1 {
 		return config{}, fmt.Errorf("-rounds %q: want 1 or more", *rounds)
+	}
+	cfg.dedupeFlags = strings.Fields(*dedupeFlags)
+	for _, f := range cfg.dedupeFlags {
+		if !strings.HasPrefix(f, "-") {
+			return config{}, fmt.Errorf("-dedupe-flags: %q is not a flag; write each as -name=value", f)
+		}
 	}
 	if cfg.rows, err = regexp.Compile(*rows); err != nil {
 		return config{}, fmt.Errorf("-rows: %w", err)
@@ -202,6 +212,7 @@ func (lt *loadtest) run(ctx context.Context) error {
 		"-caller-begin-rate=1000000", "-caller-begin-burst=1000000",
 		"-caller-max-records=1000000000000", "-caller-max-bytes=1000000000000000",
 	}
+	common = append(common, lt.cfg.dedupeFlags...)
 	// The PostgreSQL Dedupe service serves /metrics, where the replay rows
 	// read how many replays it served; the others serve none.
 	metricsAddr, err := freeAddr()
@@ -546,7 +557,15 @@ func (lt *loadtest) settings(ctx context.Context) (string, error) {
 	}
 	return fmt.Sprintf("%d rounds of %s a row; ghz %s (one connection), %s; %s, PostgreSQL %s, %d CPUs, %s",
 		lt.cfg.rounds, lt.cfg.duration, strings.TrimPrefix(filepath.Base(filepath.Dir(lt.cfg.ghz)), "ghz-"),
-		strings.TrimSpace(string(out)), runtime.Version(), pgVersion, runtime.NumCPU(), cpuModel()), nil
+		strings.TrimSpace(string(out)), runtime.Version(), pgVersion, runtime.NumCPU(), cpuModel()) + extraFlags(lt.cfg.dedupeFlags), nil
+}
+
+// extraFlags names the -dedupe-flags of a run for its settings line.
+func extraFlags(flags []string) string {
+	if len(flags) == 0 {
+		return ""
+	}
+	return "; every Dedupe service also with " + strings.Join(flags, " ")
 }
 
 // warmUp runs each stack and the floor briefly, unrecorded: first

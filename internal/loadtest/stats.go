@@ -70,12 +70,16 @@ type sample struct {
 }
 
 // budgetBetween is each stage's mean between two reads of the stage
-// histograms; stages observed nothing in between are left out.
+// histograms. A stage observed for fewer than one in a hundred of the tool
+// server's Begins in between is left out: it is not what the row measures
+// (the one fresh call that starts a replay row), and its mean is noise.
 func budgetBetween(before, after map[stageKey]stageSum) map[stageKey]time.Duration {
+	begin := stageKey{"tool", "", "begin"}
+	begins := after[begin].count - before[begin].count
 	out := map[stageKey]time.Duration{}
 	for k, a := range after {
 		b := before[k]
-		if n := a.count - b.count; n > 0 {
+		if n := a.count - b.count; n > 0 && n*100 >= begins {
 			out[k] = time.Duration((a.sum - b.sum) / float64(n) * float64(time.Second))
 		}
 	}
