@@ -34,7 +34,7 @@ const (
 	// service itself on the embedded store: one tool server with its own
 	// store, the embedded store's natural deployment.
 	rowSQLiteInProcess64 rowID = "gated sqlite in-process c=64"
-	rowReplay      rowID = "replay pg c=1"
+	rowReplay            rowID = "replay pg c=1"
 	// rowReplayCached replays through a payments server with the replay
 	// cache on, on the same Dedupe service.
 	rowReplayCached rowID = "replay cached pg c=1"
