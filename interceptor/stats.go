@@ -124,55 +124,50 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Help:    "Where a gated call's time goes on the tool server, by method and stage: prepare (key, scope, fingerprint), begin (the Dedupe round trip), handler, finish (storing the outcome before the reply).",
 		Buckets: StageBuckets,
 	}, []string{"method", "stage"})
-	for _, h := range []**prometheus.HistogramVec{&m.stages} {
-		if err := reg.Register(*h); err != nil {
-			var already prometheus.AlreadyRegisteredError
-			if !errors.As(err, &already) {
-				return nil, err
-			}
-			existing, ok := already.ExistingCollector.(*prometheus.HistogramVec)
-			if !ok {
-				return nil, err
-			}
-			*h = existing
-		}
+	// A second Gate on one registry shares the first one's metrics.
+	var err error
+	if m.stages, err = registered(reg, m.stages); err != nil {
+		return nil, err
 	}
-	if err := reg.Register(m.replayAge); err != nil {
-		var already prometheus.AlreadyRegisteredError
-		if !errors.As(err, &already) {
-			return nil, err
-		}
-		existing, ok := already.ExistingCollector.(*prometheus.HistogramVec)
-		if !ok {
-			return nil, err
-		}
-		m.replayAge = existing
+	if m.replayAge, err = registered(reg, m.replayAge); err != nil {
+		return nil, err
 	}
-	for _, vec := range []**prometheus.CounterVec{&m.calls, &m.events} {
-		if err := reg.Register(*vec); err != nil {
-			// A second Gate on one registry shares the first one's counters.
-			var already prometheus.AlreadyRegisteredError
-			if !errors.As(err, &already) {
-				return nil, err
-			}
-			existing, ok := already.ExistingCollector.(*prometheus.CounterVec)
-			if !ok {
-				return nil, err
-			}
-			*vec = existing
-		}
+	if m.calls, err = registered(reg, m.calls); err != nil {
+		return nil, err
+	}
+	if m.events, err = registered(reg, m.events); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
 
-// event counts in idemgate_interceptor_events_total an event the core
-// reports for method; m may be nil (no registerer).
+// registered registers c with reg, or returns the collector of the same
+// kind already registered there under its name.
+func registered[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
+	err := reg.Register(c)
+	if err == nil {
+		return c, nil
+	}
+	var already prometheus.AlreadyRegisteredError
+	if !errors.As(err, &already) {
+		return c, err
+	}
+	existing, ok := already.ExistingCollector.(T)
+	if !ok {
+		return c, err
+	}
+	return existing, nil
+}
+
 // stage observes that a call of method spent d in stage.
 func (m *metrics) stage(method, stage string, d time.Duration) {
 	if m != nil {
 		m.stages.WithLabelValues(method, stage).Observe(d.Seconds())
 	}
 }
+
+// event counts in idemgate_interceptor_events_total an event the core
+// reports for method; m may be nil (no registerer).
 
 func (m *metrics) event(method, event string) {
 	if m != nil {

@@ -47,7 +47,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
@@ -57,7 +56,6 @@ import (
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -299,7 +297,7 @@ func finishAfterReplyFiles(fullMethod string) (*protoregistry.Files, error) {
 func run(cfg config, logger *slog.Logger) error {
 	if cfg.metricsListen != "" {
 		cfg.registry = prometheus.NewRegistry()
-		stop, err := serveMetrics(cfg.metricsListen, cfg.registry, logger)
+		stop, err := dedupeapp.ServeMetrics(cfg.metricsListen, cfg.registry, logger)
 		if err != nil {
 			return err
 		}
@@ -398,27 +396,4 @@ func serve(cfg config, gate *interceptor.Gate, logger *slog.Logger) error {
 		slog.String("SendReceipt", gate.Policy(paymentsv1.PaymentsService_SendReceipt_FullMethodName).String()),
 		slog.String("GetBalance", gate.Policy(paymentsv1.PaymentsService_GetBalance_FullMethodName).String()))
 	return srv.Serve(lis)
-}
-
-// serveMetrics serves registry at http://addr/metrics until the returned
-// function is called.
-func serveMetrics(addr string, registry *prometheus.Registry, logger *slog.Logger) (func(), error) {
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("-metrics-listen %s: %w", addr, err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logger.Error("metrics endpoint failed", slog.Any("error", err))
-		}
-	}()
-	logger.Info("metrics serving", slog.String("address", "http://"+lis.Addr().String()+"/metrics"))
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}, nil
 }

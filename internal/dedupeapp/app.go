@@ -234,7 +234,7 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 	}
 	grpcMetrics.InitializeMetrics(srv)
 	if cfg.MetricsListen != "" {
-		stopMetrics, err := serveMetrics(cfg.MetricsListen, registry, logger)
+		stopMetrics, err := ServeMetrics(cfg.MetricsListen, registry, logger)
 		if err != nil {
 			return err
 		}
@@ -293,9 +293,10 @@ func codeLevel(code codes.Code) logging.Level {
 	}
 }
 
-// serveMetrics serves registry at http://addr/metrics until the returned
-// function is called.
-func serveMetrics(addr string, registry *prometheus.Registry, logger *slog.Logger) (func(), error) {
+// ServeMetrics serves registry at http://addr/metrics until the returned
+// function is called; the Dedupe service's -metrics-listen, and a tool
+// server's.
+func ServeMetrics(addr string, registry *prometheus.Registry, logger *slog.Logger) (func(), error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("-metrics-listen %s: %w", addr, err)

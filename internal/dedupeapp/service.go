@@ -167,7 +167,7 @@ func Embed(ctx context.Context, cfg Config, logger *slog.Logger) (*Embedded, err
 	}
 	e := &Embedded{svc: svc, stopMetrics: func() {}}
 	if cfg.MetricsListen != "" {
-		if e.stopMetrics, err = serveMetrics(cfg.MetricsListen, svc.registry, logger); err != nil {
+		if e.stopMetrics, err = ServeMetrics(cfg.MetricsListen, svc.registry, logger); err != nil {
 			svc.close(ctx)
 			return nil, err
 		}
