@@ -1,13 +1,11 @@
 package interceptor_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,26 +28,12 @@ import (
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/stacktest"
+	"github.com/idemgate/idemgate/internal/testlog"
 	"github.com/idemgate/idemgate/internal/testsvc"
 )
 
 // logBuffer collects JSON log lines from any goroutine.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type logBuffer struct{ testlog.Buffer }
 
 // lines returns the log lines whose message contains msg.
 func (b *logBuffer) lines(t *testing.T, msg string) []map[string]any {

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -27,6 +26,7 @@ import (
 	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/pgtest"
 	"github.com/idemgate/idemgate/internal/stacktest"
+	"github.com/idemgate/idemgate/internal/testlog"
 	"github.com/idemgate/idemgate/mcpgate"
 )
 
@@ -231,25 +231,14 @@ func structured(t *testing.T, res *mcp.CallToolResult) map[string]any {
 }
 
 // syncBuffer is a goroutine-safe buffer of wire lines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
+type syncBuffer struct{ testlog.Buffer }
 
 // results returns the raw "result" of every response the client read, in
 // order.
 func (s *syncBuffer) results(t *testing.T) []json.RawMessage {
 	t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	var out []json.RawMessage
-	sc := bufio.NewScanner(bytes.NewReader(s.b.Bytes()))
+	sc := bufio.NewScanner(bytes.NewReader(s.Bytes()))
 	sc.Buffer(nil, 1<<24)
 	for sc.Scan() {
 		line, ok := strings.CutPrefix(sc.Text(), "read: ")

@@ -4,14 +4,12 @@ package dedupeapp_test
 // careless or hostile caller must not hurt another.
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,6 +24,7 @@ import (
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
 	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/testlog"
 )
 
 const (
@@ -34,22 +33,7 @@ const (
 )
 
 // logBuffer is a slog destination a test can read while the service runs.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type logBuffer struct{ testlog.Buffer }
 
 // startLogged is stacktest.StartApp with the service's log captured.
 func startLogged(t *testing.T, cfg dedupeapp.Config) (addr string, logs *logBuffer) {
