@@ -140,3 +140,19 @@ func TestRunUsageCompactionLogsAFailureOnceAndTheRecovery(t *testing.T) {
 		t.Errorf("the recovery was logged %d times, want once:\n%s", n, out)
 	}
 }
+
+// TestDefaultRateLetsABusyToolServerThrough: with the default limit, one
+// caller sending more Begins at once than the store takes in a second (the
+// embedded store's ~9,000 a second at 64 callers, BENCHMARKS.md) is not
+// refused. The old default (500/s, burst 1,000) refused it after 1,000.
+func TestDefaultRateLetsABusyToolServerThrough(t *testing.T) {
+	t.Parallel()
+	store := &fakeStore{begin: dedupesvc.BeginResult{State: dedupesvc.BeginReserved, Epoch: 1}}
+	srv := dedupesvc.NewServer(store)
+	busy := dedupesvc.ContextWithCaller(context.Background(), dedupesvc.Caller{Name: "busy"})
+	for i := range 9000 {
+		if _, err := srv.Begin(busy, validBegin()); err != nil {
+			t.Fatalf("Begin %d of one busy caller with the default rate: %v", i, err)
+		}
+	}
+}
