@@ -5,12 +5,14 @@ import (
 	"errors"
 	"math"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
@@ -145,5 +147,42 @@ func TestStagesSplitEachCall(t *testing.T) {
 		if count != c.count || (c.sum > 0 && math.Abs(sum-c.sum) > 1e-9) {
 			t.Errorf("%s %s: %d observations summing %gs, want %d (sum %g)", c.rpc, c.stage, count, sum, c.count, c.sum)
 		}
+	}
+}
+
+// inFlightStagedStore answers every Begin in flight, reporting a statement
+// each time, as a batching store would.
+type inFlightStagedStore struct {
+	fakeStore
+	begins atomic.Int64
+}
+
+func (s *inFlightStagedStore) Begin(ctx context.Context, _ dedupesvc.BeginParams) (dedupesvc.BeginResult, error) {
+	s.begins.Add(1)
+	dedupesvc.StageTimerFrom(ctx).AddStatement(3*time.Millisecond, 5*time.Millisecond)
+	return dedupesvc.BeginResult{State: dedupesvc.BeginInFlight, LeaseExpiresAt: time.Now().Add(time.Hour)}, nil
+}
+
+// TestStagesOfAWaitedBegin: the re-reads of a Begin that waits for an
+// in-flight outcome are its wait stage, not more statements of its store
+// stage (which would then count twice and leave the store stage negative).
+func TestStagesOfAWaitedBegin(t *testing.T) {
+	t.Parallel()
+	store := &inFlightStagedStore{}
+	m := dedupesvc.NewMetrics()
+	srv := dedupesvc.NewServer(store, dedupesvc.WithMetrics(m), dedupesvc.WithPollInterval(10*time.Millisecond))
+	req := validBegin()
+	req.MaxWait = durationpb.New(300 * time.Millisecond)
+	if resp, err := srv.Begin(context.Background(), req); err != nil || resp.GetInFlight() == nil {
+		t.Fatalf("Begin = %v, %v; want in flight after the wait", resp, err)
+	}
+	if n := store.begins.Load(); n < 2 {
+		t.Fatalf("the store was read %d times, want the first read and at least one re-read while waiting", n)
+	}
+	if count, sum := stageSum(t, m, "Begin", dedupesvc.StageStatement); count != 1 || math.Abs(sum-0.005) > 1e-9 {
+		t.Errorf("Begin statement stage: %d observations summing %gs; want the first read's 5ms only", count, sum)
+	}
+	if count, _ := stageSum(t, m, "Begin", dedupesvc.StageWait); count != 1 {
+		t.Errorf("Begin wait stage: %d observations, want 1", count)
 	}
 }

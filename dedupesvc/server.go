@@ -227,7 +227,9 @@ func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 	res, err := s.store.Begin(ctx, params)
 	stages.storeEnded()
 	if err == nil && res.State == BeginInFlight && maxWait > 0 {
-		res, err = s.wait(ctx, params, res, arrived.Add(maxWait))
+		// Its re-reads are the wait stage, not statements of this call's
+		// store stage, which ended.
+		res, err = s.wait(WithStageTimer(ctx, nil), params, res, arrived.Add(maxWait))
 		stages.waitEnded()
 	}
 	if err != nil {
