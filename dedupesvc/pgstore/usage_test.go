@@ -226,8 +226,10 @@ func TestQuotaSeesUsageOnceCompacted(t *testing.T) {
 		stop     = make(chan struct{})
 	)
 	c, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go dedupesvc.RunUsageCompaction(c, s, 20*time.Millisecond, nil)
+	var compacting sync.WaitGroup
+	compacting.Go(func() { dedupesvc.RunUsageCompaction(c, s, 20*time.Millisecond, nil) })
+	stopCompacting := func() { cancel(); compacting.Wait() }
+	defer stopCompacting()
 	for w := range 16 {
 		wg.Go(func() {
 			for k := 0; ; k++ {
@@ -263,7 +265,7 @@ func TestQuotaSeesUsageOnceCompacted(t *testing.T) {
 	if reserved.Load() < limit {
 		t.Fatalf("%d reserved, fewer than the quota of %d", reserved.Load(), limit)
 	}
-	cancel()
+	stopCompacting()
 	compact(t, s)
 	bp := begin("t")
 	bp.Namespace, bp.Key, bp.MaxRecords = "greedy", "after", limit
@@ -303,6 +305,9 @@ func TestUpgradeFoldsUsageShards(t *testing.T) {
 	if err := pool.QueryRow(c, `SELECT count(*) FROM idemgate_namespace_usage`).Scan(&shards); err != nil {
 		t.Fatal(err)
 	}
+	if shards < 3 {
+		t.Fatalf("%d usage rows before the upgrade from 8 connections in 2 namespaces; want shards to fold (more than one per namespace)", shards)
+	}
 	wantUsage(t, "before the upgrade", pool)
 	if _, err := pgstore.Migrate(c, pool); err != nil {
 		t.Fatal(err)
@@ -330,4 +335,35 @@ func mustBeginPG(t *testing.T, s *pgstore.Store, p dedupesvc.BeginParams, want d
 		t.Fatalf("Begin(%s/%s) = %+v, %v; want state %v", p.Namespace, p.Key, res, err, want)
 	}
 	return res
+}
+
+// TestCompactionSkipsARoundAnotherReplicaHolds: while one replica's
+// compaction holds the compaction row, another's moves nothing and returns
+// at once instead of queueing behind it; the changes wait for the next round.
+func TestCompactionSkipsARoundAnotherReplicaHolds(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Schema(t)
+	s := pgstore.New(pgtest.OpenPool(t, schema))
+	bp := begin("t")
+	bp.Namespace, bp.Key = "a", "k"
+	mustBeginPG(t, s, bp, dedupesvc.BeginReserved)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT id FROM idemgate_usage_compaction FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	held, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if n, err := s.CompactUsage(held); err != nil || n != 0 {
+		t.Fatalf("CompactUsage while another replica holds the row = %d, %v; want 0 moved, no error, no wait", n, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := compact(t, s); n != 1 {
+		t.Fatalf("the next round moved %d changes, want the 1 left", n)
+	}
 }

@@ -204,7 +204,7 @@ func wantQuota(t *testing.T, what string, err error, quota string, retry bool) {
 // compacted (dedupesvc.UsageCompactor), so that the next Begin is checked
 // against every write before it, as on a store that counts in the writing
 // transaction. How far a quota may be overshot between compactions is the
-// store's own test (pgstore's TestQuotaOvershoot).
+// store's own test (pgstore's TestQuotaSeesUsageOnceCompacted).
 func settleUsage(t *testing.T, s dedupesvc.Store) {
 	t.Helper()
 	if c, ok := s.(dedupesvc.UsageCompactor); ok {
