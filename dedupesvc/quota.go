@@ -164,7 +164,10 @@ func RunUsageCompaction(ctx context.Context, c UsageCompactor, interval time.Dur
 			return
 		case <-t.C:
 		}
-		callCtx, cancel := context.WithTimeout(ctx, max(interval, 5*time.Second))
+		// Generous: a backlog left by a long failure is moved in one
+		// transaction, and one cut short by its timeout would roll back and
+		// leave the backlog to grow.
+		callCtx, cancel := context.WithTimeout(ctx, max(interval, time.Minute))
 		_, err := c.CompactUsage(callCtx)
 		cancel()
 		switch {

@@ -1105,7 +1105,33 @@ func (s *Store) CompactUsage(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	var moved int64
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := retrySerialization(ctx, func() error { return s.compactOnce(ctx, &moved) })
+	if err != nil {
+		return 0, fmt.Errorf("pgstore: compact usage: %w", s.noted(ctx, err))
+	}
+	return moved, nil
+}
+
+// retrySerialization runs fn again, up to twice, when it fails with a
+// serialization failure (40001): PostgreSQL's READ COMMITTED compaction
+// never does, but under SERIALIZABLE (CockroachDB) a compaction racing the
+// triggers' inserts may, and its next try moves the same changes again.
+func retrySerialization(ctx context.Context, fn func() error) error {
+	var err error
+	for range 3 {
+		var pgErr *pgconn.PgError
+		if err = fn(); !errors.As(err, &pgErr) || pgErr.Code != "40001" || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
+}
+
+// compactOnce is one try of CompactUsage, its changes moved counted in
+// moved.
+func (s *Store) compactOnce(ctx context.Context, moved *int64) error {
+	*moved = 0
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		// Recreated if someone deleted it: without the row no replica
 		// would ever compact, and the quotas would stop seeing new usage.
 		if _, err := tx.Exec(ctx, compactRowSQL); err != nil {
@@ -1121,10 +1147,6 @@ func (s *Store) CompactUsage(ctx context.Context) (int64, error) {
 			return err
 		}
 		var namespaces int64
-		return tx.QueryRow(ctx, compactUsageSQL).Scan(&moved, &namespaces)
+		return tx.QueryRow(ctx, compactUsageSQL).Scan(moved, &namespaces)
 	})
-	if err != nil {
-		return 0, fmt.Errorf("pgstore: compact usage: %w", s.noted(ctx, err))
-	}
-	return moved, nil
 }
