@@ -75,11 +75,19 @@ type sample struct {
 // (the one fresh call that starts a replay row), and its mean is noise.
 func budgetBetween(before, after map[stageKey]stageSum) map[stageKey]time.Duration {
 	begin := stageKey{"tool", "", "begin"}
-	begins := after[begin].count - before[begin].count
+	var begins uint64
+	if a, b := after[begin], before[begin]; a.count > b.count {
+		begins = a.count - b.count
+	}
 	out := map[stageKey]time.Duration{}
 	for k, a := range after {
 		b := before[k]
-		if n := a.count - b.count; n > 0 && n*100 >= begins {
+		// A server that restarted during the row counts from zero again:
+		// its stage is left out, not read as an underflow.
+		if a.count <= b.count || a.sum < b.sum {
+			continue
+		}
+		if n := a.count - b.count; n*100 >= begins {
 			out[k] = time.Duration((a.sum - b.sum) / float64(n) * float64(time.Second))
 		}
 	}
