@@ -17,7 +17,12 @@
 --
 -- Replicas not yet upgraded during a rolling deploy read the same totals and
 -- their writes go through the same (replaced) trigger function, so they are
--- counted too. Every statement is safe to re-run.
+-- counted too. Every statement is safe to re-run. Going back to a version
+-- before this file: those binaries never compact, so run
+-- TRUNCATE idemgate_usage_changes; and then 005 again, which restores the
+-- counting function and recounts from the records (README, "Limits per
+-- caller"). Re-running 005 without the TRUNCATE, on a version that compacts,
+-- would count the pending changes twice.
 
 CREATE TABLE IF NOT EXISTS idemgate_usage_changes (
     namespace     text   NOT NULL,
