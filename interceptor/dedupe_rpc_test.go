@@ -178,6 +178,22 @@ func TestNewRejectsInconsistentPolicies(t *testing.T) {
 		}
 	})
 
+	t.Run("code names are google.rpc.Code's, and the old CANCELED still reads", func(t *testing.T) {
+		t.Parallel()
+		for _, c := range []struct{ name, shown string }{{"CANCELLED", "CANCELLED"}, {"CANCELED", "CANCELLED"}} {
+			files := filesWith(t, method("Charge", false, descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN, &idemgatev1.MethodPolicy{
+				Mutating: true, ReplayCodes: []string{"NOT_FOUND"}, UnknownCodes: []string{c.name, "DEADLINE_EXCEEDED"},
+			}))
+			g, err := interceptor.New(idemgatev1.NewDedupeServiceClient(nil), interceptor.WithFiles(files))
+			if err != nil {
+				t.Fatalf("unknown_codes [%s]: %v", c.name, err)
+			}
+			if got := g.Policy("/bad.v1.BadService/Charge").String(); !strings.Contains(got, "unknown_codes=["+c.shown+" DEADLINE_EXCEEDED]") {
+				t.Errorf("unknown_codes [%s] shows as %s, want %s", c.name, got, c.shown)
+			}
+		}
+	})
+
 	t.Run("a consistent file builds and gates only the mutating method", func(t *testing.T) {
 		t.Parallel()
 		files := filesWith(t,

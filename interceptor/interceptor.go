@@ -441,7 +441,7 @@ func (g *Gate) run(ctx context.Context, req any, c call, begun gatecore.Begun, h
 				return resp, unwrapped
 			}
 			a.Release(true)
-			return nil, gatecore.HandlerOutcomeUnknown(c.Key, codeName(st.Code()), st.Message())
+			return nil, gatecore.HandlerOutcomeUnknown(c.Key, grpcerr.CodeName(st.Code()), st.Message())
 		}
 		outcome, err := recorded.wrap(gatecore.MarshalAny(st.Proto()))
 		if err != nil {

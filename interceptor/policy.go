@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/dynamicpb"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/keys"
 )
 
@@ -119,35 +120,10 @@ func (p Policy) String() string {
 func codeNames(cs []codes.Code) string {
 	names := make([]string, len(cs))
 	for i, c := range cs {
-		names[i] = codeName(c)
+		names[i] = grpcerr.CodeName(c)
 	}
 	return strings.Join(names, " ")
 }
-
-// codeName spells a code the way google.rpc.Code and replay_codes do.
-func codeName(c codes.Code) string {
-	return strings.ToUpper(toSnake(c.String()))
-}
-
-func toSnake(camel string) string {
-	var b strings.Builder
-	for i, r := range camel {
-		if i > 0 && r >= 'A' && r <= 'Z' {
-			b.WriteByte('_')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
-
-// codeByName maps every code name ("INVALID_ARGUMENT") to its code.
-var codeByName = func() map[string]codes.Code {
-	m := map[string]codes.Code{}
-	for c := codes.OK; c <= codes.Unauthenticated; c++ {
-		m[codeName(c)] = c
-	}
-	return m
-}()
 
 // gatedMethod is what the interceptor needs at call time, resolved once.
 type gatedMethod struct {
@@ -358,14 +334,14 @@ func methodPolicy(md protoreflect.MethodDescriptor) (Policy, error) {
 		return Policy{}, fmt.Errorf("idemgate: method %s: policy on_lost_outcome %d is not a LostOutcomePolicy", name, raw.GetOnLostOutcome())
 	}
 	for _, codeText := range raw.GetReplayCodes() {
-		c, ok := codeByName[codeText]
+		c, ok := grpcerr.CodeByName(codeText)
 		if !ok || c == codes.OK {
 			return Policy{}, fmt.Errorf("idemgate: method %s: policy replay_codes has %q, which is not an error code name such as \"INVALID_ARGUMENT\"", name, codeText)
 		}
 		p.ReplayCodes = append(p.ReplayCodes, c)
 	}
 	for _, codeText := range raw.GetUnknownCodes() {
-		c, ok := codeByName[codeText]
+		c, ok := grpcerr.CodeByName(codeText)
 		if !ok || c == codes.OK {
 			return Policy{}, fmt.Errorf("idemgate: method %s: policy unknown_codes has %q, which is not an error code name such as \"INTERNAL\"", name, codeText)
 		}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate/internal/grpcerr"
 )
 
 // ErrorResult turns a status error into a tool error result: the model
@@ -97,23 +98,9 @@ func Advice(reason string, code codes.Code) string {
 }
 
 // CodeName is a code's canonical name, as in google.rpc.Code
-// ("FAILED_PRECONDITION", "CANCELLED").
-func CodeName(c codes.Code) string {
-	if name, ok := codeNames[c]; ok {
-		return name
-	}
-	return c.String()
-}
-
-var codeNames = map[codes.Code]string{
-	codes.OK: "OK", codes.Canceled: "CANCELLED", codes.Unknown: "UNKNOWN",
-	codes.InvalidArgument: "INVALID_ARGUMENT", codes.DeadlineExceeded: "DEADLINE_EXCEEDED",
-	codes.NotFound: "NOT_FOUND", codes.AlreadyExists: "ALREADY_EXISTS",
-	codes.PermissionDenied: "PERMISSION_DENIED", codes.ResourceExhausted: "RESOURCE_EXHAUSTED",
-	codes.FailedPrecondition: "FAILED_PRECONDITION", codes.Aborted: "ABORTED",
-	codes.OutOfRange: "OUT_OF_RANGE", codes.Unimplemented: "UNIMPLEMENTED", codes.Internal: "INTERNAL",
-	codes.Unavailable: "UNAVAILABLE", codes.DataLoss: "DATA_LOSS", codes.Unauthenticated: "UNAUTHENTICATED",
-}
+// ("FAILED_PRECONDITION", "CANCELLED"): grpcerr.CodeName, the one table
+// every transport names codes by.
+func CodeName(c codes.Code) string { return grpcerr.CodeName(c) }
 
 // Capabilities returns the server capabilities to advertise: tools, with
 // the experimental CapabilityName. Pass it in mcp.ServerOptions and add
