@@ -14,8 +14,6 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/idemgate/idemgate/dedupesvc"
-	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
 )
@@ -59,15 +57,7 @@ func TestEmbedServesInProcessWithTheConfigsLimits(t *testing.T) {
 		t.Errorf("a fourth Begin past -caller-begin-burst=3: %v, want RESOURCE_EXHAUSTED", err)
 	}
 	e.Close()
-	store, err := sqlitestore.Open(ctx, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
-	rec, found, err := store.GetRecord(ctx, dedupesvc.RecordID{Scope: "/pkg.S/M", Key: "k1"})
-	if err != nil || !found || rec.ReplayCount != 2 {
-		t.Fatalf("after Close: %d replays (found %v, %v), want the 2 served", rec.ReplayCount, found, err)
-	}
+	wantReplayCount(t, dir, "k1", 2, "after Close")
 }
 
 // What only a gRPC server can apply is refused, naming the flag, not

@@ -54,13 +54,21 @@ func TestReplayCountsAreFlushedAtShutdown(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	store, err := sqlitestore.Open(ctx, dir)
+	wantReplayCount(t, dir, "k1", 2, "after shutdown")
+}
+
+// wantReplayCount fails unless the embedded store in dir holds record key of
+// /pkg.S/M with n replays counted, when (after a shutdown, a Close) the
+// counts must have been flushed.
+func wantReplayCount(t *testing.T, dir, key string, n int64, when string) {
+	t.Helper()
+	store, err := sqlitestore.Open(context.Background(), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	rec, found, err := store.GetRecord(ctx, dedupesvc.RecordID{Scope: "/pkg.S/M", Key: "k1"})
-	if err != nil || !found || rec.ReplayCount != 2 {
-		t.Fatalf("after shutdown: %d replays (found %v, %v), want the 2 served", rec.ReplayCount, found, err)
+	rec, found, err := store.GetRecord(context.Background(), dedupesvc.RecordID{Scope: "/pkg.S/M", Key: key})
+	if err != nil || !found || rec.ReplayCount != n {
+		t.Fatalf("%s: %d replays (found %v, %v), want the %d served", when, rec.ReplayCount, found, err, n)
 	}
 }
