@@ -85,7 +85,7 @@ func FencingTokenFromContext(ctx context.Context) (FencingToken, bool) {
 	return c.token, true
 }
 
-func contextWithCall(ctx context.Context, c call, epoch int64) context.Context {
+func contextWithCall(ctx context.Context, c *gatecore.Call, epoch int64) context.Context {
 	return context.WithValue(ctx, callContextKey{}, &gatedCall{
 		key:           c.Key,
 		downstreamKey: downstreamKey(c.Scope, c.Key),

@@ -86,8 +86,6 @@ type Gate struct {
 	services     map[string]bool
 	opts         options
 	metrics      *metrics
-	// replays is the replay cache (WithReplayCache), nil when off.
-	replays *gatecore.ReplayCache
 }
 
 // New resolves the policy of every method in the descriptor registry (see
@@ -122,12 +120,12 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 	}
 	dedupe = newDedupeObserver(dedupe, o) // logs failing Dedupe RPCs; see dedupeconn.go
 	engine := gatecore.New(dedupe, gatecore.Options{
-		Logger: o.logger, DedupeTimeout: o.dedupeTimeout, OutcomeTimeout: o.outcomeTimeout, FinishBudget: o.finishBudget,
+		ReplayCache: gatecore.NewReplayCache(o.replayEntries, o.replayBytes, o.replayTTL),
+		Logger:      o.logger, DedupeTimeout: o.dedupeTimeout, OutcomeTimeout: o.outcomeTimeout, FinishBudget: o.finishBudget,
 		InFlightRetry: o.inFlightRetry, StoreRetry: o.storeRetry, MaxOutcome: o.maxOutcome, TypeURLOf: resultTypeURL,
 		OnEvent: metrics.event, OnStage: metrics.stage,
 	})
-	return &Gate{dedupe: dedupe, engine: engine, methods: r.gated, unclassified: r.unclassified, services: r.services, opts: o, metrics: metrics,
-		replays: gatecore.NewReplayCache(o.replayEntries, o.replayBytes, o.replayTTL)}, nil
+	return &Gate{dedupe: dedupe, engine: engine, methods: r.gated, unclassified: r.unclassified, services: r.services, opts: o, metrics: metrics}, nil
 }
 
 // ServiceInfoProvider lists the services registered on a gRPC server;
@@ -233,17 +231,19 @@ func (g *Gate) StreamServerInterceptor() grpc.StreamServerInterceptor {
 }
 
 // call is one gated call: its identity in the Dedupe service (the core's
-// Call) and the method it calls.
+// Call), the method it calls, and what the core needs of gRPC to run it
+// (gatecore.Transport).
 type call struct {
 	*gatecore.Call
+	g *Gate
 	// fullMethod is the gRPC method name, the metrics' method label.
 	fullMethod string
 	method     *gatedMethod
+	// ctx is the caller's stream context, where the response metadata goes.
+	ctx     context.Context
+	req     any
+	handler grpc.UnaryHandler
 }
-
-// maxReconcileRounds bounds Begin after a reconciler settled a record: the
-// next Begin normally replays or reserves, unless another caller raced.
-const maxReconcileRounds = 3
 
 // gate runs one gated call; it sets *outcome to "executed" when the handler
 // ran and "replayed" when a stored outcome answered, and leaves it empty when
@@ -276,55 +276,63 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 			g.metadataRefused(ctx, "idemgate: could not set the derived-key header", slog.Any("error", err))
 		}
 	}
-	c := call{fullMethod: fullMethod, method: m, Call: gatecore.NewCall(fullMethod, scopeOf(m.policy.Action, tenant), key, fingerprint, gatecore.Policy{
-		Lease: m.policy.Lease, MaxWait: m.policy.MaxWait, OnLostOutcome: m.policy.OnLostOutcome, ExecutionTimeout: m.policy.ExecutionTimeout,
-	}, retention)}
-	if g.replays != nil {
-		c.Stored = func(outcome *anypb.Any, sent time.Time) {
-			g.replays.Put(c.Scope, c.Key, fingerprint, cachedOutcome{Outcome: outcome, CompletedAt: sent, ExpiresAt: sent.Add(c.Retention)})
-		}
-		if stored, ok := g.replays.Get(c.Scope, key, fingerprint); ok {
-			g.engine.Event(c.Call, gatecore.EventReplayCacheHit)
-			g.suppressed(ctx, c, stored)
-			resp, err, replayed := g.replay(ctx, m, stored.Outcome)
-			if replayed {
-				*outcome = outcomeReplayed
-			}
-			return resp, err
-		}
-		g.engine.Event(c.Call, gatecore.EventReplayCacheMiss)
+	c := &call{g: g, fullMethod: fullMethod, method: m, ctx: ctx, req: req, handler: handler,
+		Call: gatecore.NewCall(fullMethod, scopeOf(m.policy.Action, tenant), key, fingerprint, gatecore.Policy{
+			Lease: m.policy.Lease, MaxWait: m.policy.MaxWait, OnLostOutcome: m.policy.OnLostOutcome, ExecutionTimeout: m.policy.ExecutionTimeout,
+			FinishAfterReply: m.policy.FinishAfterReply,
+		}, retention)}
+	if m.reconcile != nil {
+		c.Reconcile = func(ctx context.Context) (gatecore.Resolution, error) { return c.reconcile(ctx, msg) }
 	}
+	resp, err, result := g.engine.Gate(ctx, c.Call, c, arrived)
+	*outcome = string(result)
+	return resp, err
+}
 
-	g.engine.Stage(c.Call, gatecore.StagePrepare, time.Since(arrived))
-	for round := 0; ; round++ {
-		begun, err := g.engine.Begin(ctx, c.Call)
-		switch {
-		case begun.Kind == gatecore.Reserved:
-			*outcome = outcomeExecuted
-			return g.run(ctx, req, c, begun, handler)
-		case begun.Kind == gatecore.Completed:
-			stored := cachedOutcome{Outcome: begun.Outcome, CompletedAt: begun.CompletedAt, ExpiresAt: begun.ExpiresAt}
-			g.suppressed(ctx, c, stored)
-			resp, err, replayed := g.replay(ctx, m, stored.Outcome)
-			if replayed {
-				*outcome = outcomeReplayed // a response, or a stored final error
-				if g.replays != nil {
-					g.replays.Put(c.Scope, key, fingerprint, stored)
-				}
-			}
-			return resp, err
-		case begun.Kind == gatecore.Unknown && m.reconcile != nil && round < maxReconcileRounds:
-			resp, settled, err := g.reconcile(ctx, c, msg)
-			if err != nil || settled {
-				return resp, err
-			}
-			// Released, or another caller settled it first: Begin again.
-		default:
-			// In flight, another request, outcome unknown, or the Dedupe
-			// service's failure.
-			return nil, err
+// Replay implements gatecore.Transport: the stored outcome, as the method's
+// response or the final error it ended with.
+func (c *call) Replay(ctx context.Context, s gatecore.Stored) (any, error, bool) {
+	c.g.suppressed(ctx, c, s)
+	return c.g.replay(ctx, c.method, s.Outcome)
+}
+
+// Committed implements gatecore.Transport: the caller learns until when the
+// outcome is replayed.
+func (c *call) Committed(ctx context.Context, expiresAt time.Time) {
+	c.g.setHeaders(ctx, ExpiresAtHeader, headerTimeText(expiresAt))
+}
+
+// Run implements gatecore.Transport: the handler, on the attempt's context
+// with the call's identity and a recorder of the response metadata it sets,
+// and what its answer means (classify).
+func (c *call) Run(hctx context.Context, a *gatecore.Attempt) gatecore.Ran {
+	handlerCtx, recorded := recordMetadata(contextWithCall(hctx, c.Call, a.Epoch()), c.ctx)
+	resp, handlerErr := c.handler(handlerCtx, c.req)
+	if handlerErr != nil {
+		verdict, st, unwrapped := c.method.classify(handlerErr)
+		switch verdict {
+		case gatecore.VerdictNotRun:
+			return gatecore.Ran{Verdict: verdict, Answer: resp, Err: unwrapped}
+		case gatecore.VerdictUnknown:
+			return gatecore.Ran{Verdict: verdict, Answer: resp, Err: unwrapped, Code: grpcerr.CodeName(st.Code()), Message: st.Message()}
 		}
+		outcome, err := recorded.wrap(gatecore.MarshalAny(st.Proto()))
+		if err != nil {
+			c.g.opts.logger.ErrorContext(c.ctx, "idemgate: could not serialize a final error to store it; releasing instead", slog.String("scope", c.Scope), slog.Any("error", err))
+			return gatecore.Ran{Verdict: gatecore.VerdictNotRun, Answer: resp, Err: unwrapped}
+		}
+		// The caller gets exactly what duplicates will be replayed.
+		return gatecore.Ran{Verdict: gatecore.VerdictOutcome, Outcome: outcome, Err: status.FromProto(st.Proto()).Err()}
 	}
+	respMsg, ok := resp.(proto.Message)
+	if !ok {
+		return gatecore.Ran{Verdict: gatecore.VerdictAbandoned, Answer: resp} // grpc will fail to encode it anyway
+	}
+	outcome, err := recorded.wrap(gatecore.MarshalAny(respMsg))
+	if err != nil {
+		return gatecore.Ran{Verdict: gatecore.VerdictLost, Answer: resp, Why: "could not serialize the response to store it", Attrs: []slog.Attr{slog.Any("error", err)}}
+	}
+	return gatecore.Ran{Verdict: gatecore.VerdictOutcome, Outcome: outcome, Answer: resp}
 }
 
 // suppressed makes an answer from a stored outcome, a run that did not
@@ -332,7 +340,7 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 // when it is replayed, and its age is observed per method. It is called for
 // every such answer, from the Dedupe service or the replay cache, whatever
 // the stored outcome turns out to be.
-func (g *Gate) suppressed(ctx context.Context, c call, stored cachedOutcome) {
+func (g *Gate) suppressed(ctx context.Context, c *call, stored gatecore.Stored) {
 	var pairs []string
 	if !stored.CompletedAt.IsZero() {
 		pairs = append(pairs, OriginalTimeHeader, headerTimeText(stored.CompletedAt))
@@ -370,126 +378,34 @@ func (g *Gate) setHeaders(ctx context.Context, pairs ...string) {
 	}
 }
 
-// reconcile asks the method's Reconciler what happened to a lost outcome and
-// settles the record with its answer. It reports settled with the call's
-// answer, or not settled when the caller should Begin again.
-func (g *Gate) reconcile(ctx context.Context, c call, req proto.Message) (any, bool, error) {
+// reconcile asks the method's Reconciler what happened to a lost outcome,
+// as the core stores it. A reconciler that fails, or answers a response of
+// another type, leaves the outcome unknown.
+func (c *call) reconcile(ctx context.Context, req proto.Message) (gatecore.Resolution, error) {
 	res, err := c.method.reconcile(ctx, c.Key, req)
 	if err != nil {
-		g.opts.logger.WarnContext(ctx, "idemgate: the reconciler failed; the outcome stays unknown", slog.String("scope", c.Scope), slog.Any("error", err))
-		return nil, true, gatecore.OutcomeUnknown(c.Key)
+		return gatecore.StillUnknown(), err
 	}
-	resolve := &idemgatev1.ResolveRequest{Scope: c.Scope, Key: c.Key}
 	switch res.kind {
 	case resolvedResponse:
 		if res.response == nil || res.response.ProtoReflect().Descriptor().FullName() != c.method.outputName {
-			return nil, true, status.Errorf(codes.Internal, "idemgate: the reconciler of %s answered %T, not a %s", c.Scope, res.response, c.method.outputName)
+			return gatecore.StillUnknown(), fmt.Errorf("the reconciler of %s answered %T, not a %s", c.fullMethod, res.response, c.method.outputName)
 		}
 		outcome, err := gatecore.MarshalAny(res.response)
 		if err != nil {
-			return nil, true, status.Errorf(codes.Internal, "idemgate: serialize the reconciler's response: %v", err)
+			return gatecore.StillUnknown(), fmt.Errorf("serialize the reconciler's response: %w", err)
 		}
-		resolve.Resolution = &idemgatev1.ResolveRequest_Complete{Complete: outcome}
+		return gatecore.ResolvedOutcome(outcome), nil
 	case resolvedError:
 		outcome, err := gatecore.MarshalAny(status.Convert(res.err).Proto())
 		if err != nil {
-			return nil, true, status.Errorf(codes.Internal, "idemgate: serialize the reconciler's error: %v", err)
+			return gatecore.StillUnknown(), fmt.Errorf("serialize the reconciler's error: %w", err)
 		}
-		resolve.Resolution = &idemgatev1.ResolveRequest_Complete{Complete: outcome}
+		return gatecore.ResolvedOutcome(outcome), nil
 	case resolvedNotRun:
-		resolve.Resolution = &idemgatev1.ResolveRequest_Release_{Release: &idemgatev1.ResolveRequest_Release{}}
-	default:
-		return nil, true, gatecore.OutcomeUnknown(c.Key)
+		return gatecore.ResolvedNotRun(), nil
 	}
-	// Settled by us, or by a racing caller, or expired meanwhile: either way
-	// the next Begin replays the settled outcome or reserves a free key.
-	if err := g.engine.Resolve(ctx, c.Call, resolve); err != nil {
-		return nil, true, err
-	}
-	return nil, false, nil
-}
-
-// run executes the handler under the reservation and records what happened.
-// The handler runs on the attempt's context, which keeps the caller's values
-// but not its cancellation or deadline, bounded by the method's
-// execution_timeout: a caller that gave up after the side effect started
-// must find its outcome stored when it retries, not a second run. The lease
-// is renewed from Begin's answer until the outcome is stored or released,
-// with no gap in between.
-func (g *Gate) run(ctx context.Context, req any, c call, begun gatecore.Begun, handler grpc.UnaryHandler) (resp any, err error) {
-	a := g.engine.Start(ctx, c.Call, begun)
-	defer func() {
-		if p := recover(); p != nil {
-			a.Lost("the handler panicked", slog.Any("panic", p))
-			panic(p)
-		}
-	}()
-	handlerCtx, recorded := recordMetadata(contextWithCall(a.Context(), c, a.Epoch()), ctx)
-	started := time.Now()
-	resp, handlerErr := handler(handlerCtx, req)
-	g.engine.Stage(c.Call, gatecore.StageHandler, time.Since(started))
-
-	if handlerErr != nil {
-		kind, st, unwrapped := c.method.classify(handlerErr)
-		switch kind {
-		case errRetryable:
-			a.Release(false)
-			return resp, unwrapped
-		case errUnknown:
-			if c.method.policy.OnLostOutcome == idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_REEXECUTE {
-				a.Release(false)
-				return resp, unwrapped
-			}
-			a.Release(true)
-			return nil, gatecore.HandlerOutcomeUnknown(c.Key, grpcerr.CodeName(st.Code()), st.Message())
-		}
-		outcome, err := recorded.wrap(gatecore.MarshalAny(st.Proto()))
-		if err != nil {
-			g.opts.logger.ErrorContext(ctx, "idemgate: could not serialize a final error to store it; releasing instead", slog.String("scope", c.Scope), slog.Any("error", err))
-			a.Release(false)
-			return resp, unwrapped
-		}
-		if fenced := g.storeOutcome(ctx, c, a, outcome); fenced {
-			return nil, g.engine.AnswerFenced()
-		}
-		// The caller gets exactly what duplicates will be replayed.
-		return nil, status.FromProto(st.Proto()).Err()
-	}
-
-	respMsg, ok := resp.(proto.Message)
-	if !ok {
-		a.Abandon()
-		return resp, nil // grpc will fail to encode it anyway
-	}
-	outcome, err := recorded.wrap(gatecore.MarshalAny(respMsg))
-	if err != nil {
-		a.Lost("could not serialize the response to store it", slog.Any("error", err))
-		return resp, nil
-	}
-	if fenced := g.storeOutcome(ctx, c, a, outcome); fenced {
-		return nil, g.engine.AnswerFenced()
-	}
-	return resp, nil
-}
-
-// storeOutcome stores the outcome of a handler that ran, before its caller
-// is answered or, under FINISH_POLICY_AFTER_REPLY, right after, and tells
-// the caller until when the outcome will be replayed. It reports whether the
-// attempt was fenced, so the caller must not get this attempt's answer.
-//
-// An attempt already fenced while the handler ran stores synchronously even
-// under FINISH_POLICY_AFTER_REPLY, so its caller is told, as under the
-// default, instead of getting an answer no duplicate will see.
-func (g *Gate) storeOutcome(ctx context.Context, c call, a *gatecore.Attempt, outcome *anypb.Any) (fenced bool) {
-	// The service counts the retention from when it stores the outcome,
-	// after this, so the record lives at least until expires once stored.
-	expires := time.Now().Add(c.Retention)
-	afterReply := c.method.policy.FinishAfterReply && !a.Fenced()
-	if fenced := a.Finish(outcome, afterReply); fenced {
-		return true
-	}
-	g.setHeaders(ctx, ExpiresAtHeader, headerTimeText(expires))
-	return false
+	return gatecore.StillUnknown(), nil
 }
 
 // replay returns the stored outcome: the method's response, or the final

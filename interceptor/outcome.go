@@ -6,44 +6,16 @@ import (
 
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/idemgate/idemgate/internal/gatecore"
 )
-
-// errorKind is what a handler error means for the record.
-type errorKind int
-
-const (
-	// errRetryable: the side effect did not happen; the key is released.
-	errRetryable errorKind = iota
-	// errFinal: the error is the action's outcome; it is stored and replayed.
-	errFinal
-	// errUnknown: the handler cannot tell whether the side effect happened.
-	errUnknown
-)
-
-// markedError carries a handler's explicit decision on what its error means.
-// It keeps the wrapped error's gRPC status.
-type markedError struct {
-	err  error
-	kind errorKind
-}
-
-func (e *markedError) Error() string { return e.err.Error() }
-
-func (e *markedError) Unwrap() error { return e.err }
-
-// GRPCStatus keeps the wrapped error's status, so the mark never changes what
-// the caller receives.
-func (e *markedError) GRPCStatus() *status.Status { return status.Convert(e.err) }
 
 // FinalError marks a handler error as the action's final outcome, whatever
 // the method's replay_codes say: it is stored and replayed, details and all,
 // to every duplicate. Return it when the side effect was decided (a card
 // declined by the provider) and running again must not happen.
 func FinalError(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &markedError{err: err, kind: errFinal}
+	return gatecore.MarkFinal(err)
 }
 
 // RetryableError marks a handler error as not an outcome, whatever the
@@ -58,10 +30,7 @@ func FinalError(err error) error {
 // sent the request with one of those, wrap it in OutcomeUnknownError or list
 // its code in unknown_codes.
 func RetryableError(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &markedError{err: err, kind: errRetryable}
+	return gatecore.MarkRetryable(err)
 }
 
 // OutcomeUnknownError marks a handler error as leaving the side effect's
@@ -75,10 +44,7 @@ func RetryableError(err error) error {
 // and errors with the codes DEADLINE_EXCEEDED, CANCELLED or the method's
 // unknown_codes, are treated so without the mark.
 func OutcomeUnknownError(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &markedError{err: err, kind: errUnknown}
+	return gatecore.MarkOutcomeUnknown(err)
 }
 
 // Reconciler is asked, when a call finds that an earlier attempt's outcome
@@ -131,17 +97,16 @@ func StillUnknown() Resolution {
 // the error to hand back (the mark removed). A mark decides first, then
 // replay_codes, then the unknown class (context errors, DEADLINE_EXCEEDED,
 // CANCELLED, unknown_codes); any other error frees the key.
-func (m *gatedMethod) classify(err error) (kind errorKind, st *status.Status, unwrapped error) {
-	var marked *markedError
-	if errors.As(err, &marked) {
-		return marked.kind, status.Convert(marked.err), marked.err
+func (m *gatedMethod) classify(err error) (verdict gatecore.Verdict, st *status.Status, unwrapped error) {
+	if v, inner, ok := gatecore.Marked(err); ok {
+		return v, status.Convert(inner), inner
 	}
 	st = status.Convert(err)
 	switch {
 	case m.replay[st.Code()]:
-		return errFinal, st, err
+		return gatecore.VerdictOutcome, st, err
 	case m.unknown[st.Code()], errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		return errUnknown, st, err
+		return gatecore.VerdictUnknown, st, err
 	}
-	return errRetryable, st, err
+	return gatecore.VerdictNotRun, st, err
 }

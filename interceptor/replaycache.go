@@ -12,7 +12,3 @@ const ReplayCacheClockMargin = gatecore.ReplayCacheClockMargin
 // DefaultReplayCacheTTL is how long a cached outcome is served at most, by
 // default (WithReplayCacheTTL): 1m.
 const DefaultReplayCacheTTL = gatecore.DefaultReplayCacheTTL
-
-// cachedOutcome is a completed record as a replay needs it (the core's,
-// shared with the replay cache).
-type cachedOutcome = gatecore.Stored

@@ -63,6 +63,9 @@ type Options struct {
 	// here, StagePrepare and StageHandler from the front end. Defaults to
 	// none.
 	OnStage func(label, stage string, d time.Duration)
+	// ReplayCache, when set, answers a duplicate whose outcome this process
+	// stored or replayed without a Dedupe call (Gate). Defaults to none.
+	ReplayCache *ReplayCache
 	// TypeURLOf names the type of an outcome in the ResultTooLarge marker.
 	// Defaults to the outcome's type URL.
 	TypeURLOf func(*anypb.Any) string
@@ -172,6 +175,9 @@ type Policy struct {
 	OnLostOutcome idemgatev1.LostOutcomePolicy
 	// ExecutionTimeout is the handler's deadline.
 	ExecutionTimeout time.Duration
+	// FinishAfterReply answers the caller before its outcome is stored
+	// (FINISH_POLICY_AFTER_REPLY) and stores it right after.
+	FinishAfterReply bool
 }
 
 // Call is one gated call's identity in the Dedupe service.
@@ -186,6 +192,10 @@ type Call struct {
 	Retention time.Duration
 	// BeginRequest is the call's Begin.
 	BeginRequest *idemgatev1.BeginRequest
+	// Reconcile, when set, is asked what happened to an earlier attempt's
+	// lost outcome (Gate), before the call is refused
+	// IDEMPOTENCY_OUTCOME_UNKNOWN.
+	Reconcile func(ctx context.Context) (Resolution, error)
 	// Stored, when set, is told every outcome the service took for this
 	// call and when its first Finish was sent (of any retries, the earliest
 	// that may have stored it): this process's estimate of when it was
