@@ -76,7 +76,7 @@ const DedupeServiceConfig = `{
 type Gate struct {
 	// dedupe is the client of the Dedupe service, observed (dedupeconn.go):
 	// the engine's, and CheckDedupe's and WatchDedupe's.
-	dedupe idemgatev1.DedupeServiceClient
+	dedupe *gatecore.Observer
 	// engine reserves, keeps the lease, settles and counts: the
 	// transport-free core the MCP middleware (mcpgate) runs on too.
 	engine  *gatecore.Engine
@@ -118,14 +118,14 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 		o.logger.Info("idemgate: these methods are neither marked mutating nor declared safe with idempotency_level, so they are not gated; "+
 			"classify them, or use WithStrict to refuse such methods", slog.Any("methods", r.unclassified))
 	}
-	dedupe = newDedupeObserver(dedupe, o) // logs failing Dedupe RPCs; see dedupeconn.go
-	engine := gatecore.New(dedupe, gatecore.Options{
+	observed := gatecore.NewObserver(dedupe, o.dedupeConn, o.logger, o.dedupeLogEvery) // logs failing Dedupe RPCs, for health too
+	engine := gatecore.New(observed, gatecore.Options{
 		ReplayCache: gatecore.NewReplayCache(o.replayEntries, o.replayBytes, o.replayTTL),
 		Logger:      o.logger, DedupeTimeout: o.dedupeTimeout, OutcomeTimeout: o.outcomeTimeout, FinishBudget: o.finishBudget,
 		InFlightRetry: o.inFlightRetry, StoreRetry: o.storeRetry, MaxOutcome: o.maxOutcome, TypeURLOf: resultTypeURL,
 		OnEvent: metrics.event, OnStage: metrics.stage,
 	})
-	return &Gate{dedupe: dedupe, engine: engine, methods: r.gated, unclassified: r.unclassified, services: r.services, opts: o, metrics: metrics}, nil
+	return &Gate{dedupe: observed, engine: engine, methods: r.gated, unclassified: r.unclassified, services: r.services, opts: o, metrics: metrics}, nil
 }
 
 // ServiceInfoProvider lists the services registered on a gRPC server;

@@ -1,4 +1,4 @@
-package interceptor
+package gatecore
 
 import (
 	"bytes"
@@ -17,9 +17,7 @@ import (
 // answer after a logged failure says the service answers again.
 func TestDedupeFailureLogIsRateLimited(t *testing.T) {
 	var buf bytes.Buffer
-	o := defaultOptions
-	o.logger = slog.New(slog.NewJSONHandler(&buf, nil))
-	d := newDedupeObserver(nil, o)
+	d := NewObserver(nil, nil, slog.New(slog.NewJSONHandler(&buf, nil)), 0)
 	clock := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	d.now = func() time.Time { return clock }
 	down := status.Error(codes.Unavailable, "connection refused")
@@ -27,7 +25,7 @@ func TestDedupeFailureLogIsRateLimited(t *testing.T) {
 	d.observe("Begin", down, true)
 	d.observe("Begin", down, true)
 	d.observe("Finish", down, true)
-	clock = clock.Add(o.dedupeLogEvery)
+	clock = clock.Add(DefaultDedupeFailureLogInterval)
 	d.observe("Begin", down, true)
 	d.observe("Begin", status.Error(codes.Unauthenticated, "unknown token"), true)
 	d.observe("Begin", status.Error(codes.FailedPrecondition, "not held"), true) // an answer: the service is back
