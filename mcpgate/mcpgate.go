@@ -127,8 +127,9 @@ type Gate struct {
 	engine  *gatecore.Engine
 	opts    options
 	metrics *metrics
-	// replays is the replay cache (WithReplayCache), nil when off.
-	replays *gatecore.ReplayCache
+	// dedupe is the engine's Dedupe client, observed: CheckDedupe's and
+	// WatchDedupe's.
+	dedupe *gatecore.Observer
 	// tools caches each tool's resolved policy by name, valid while the
 	// server lists the same *mcp.Tool under it.
 	mu    sync.Mutex
@@ -198,13 +199,11 @@ func New(ctx context.Context, dedupe idemgatev1.DedupeServiceClient, server *mcp
 	if g.metrics, err = newMetrics(o.registerer); err != nil {
 		return nil, err
 	}
-	g.replays = gatecore.NewReplayCache(o.replayEntries, o.replayBytes, o.replayTTL)
-	if o.dedupeConn != nil {
-		dedupe = gatecore.Reconnecting(dedupe, o.dedupeConn)
-	}
-	g.engine = gatecore.New(dedupe, gatecore.Options{
-		Logger: o.logger, DedupeTimeout: o.dedupeTimeout, OutcomeTimeout: o.outcomeTimeout, FinishBudget: o.finishBudget,
-		InFlightRetry: o.inFlightRetry, StoreRetry: o.storeRetry, MaxOutcome: o.maxOutcome, OnEvent: g.metrics.event,
+	g.dedupe = gatecore.NewObserver(dedupe, o.dedupeConn, o.logger, o.dedupeLogEvery)
+	g.engine = gatecore.New(g.dedupe, gatecore.Options{
+		ReplayCache: gatecore.NewReplayCache(o.replayEntries, o.replayBytes, o.replayTTL),
+		Logger:      o.logger, DedupeTimeout: o.dedupeTimeout, OutcomeTimeout: o.outcomeTimeout, FinishBudget: o.finishBudget,
+		InFlightRetry: o.inFlightRetry, StoreRetry: o.storeRetry, MaxOutcome: o.maxOutcome, OnEvent: g.metrics.event, OnStage: g.metrics.stage,
 	})
 	server.AddReceivingMiddleware(mcpwire.AdvertiseIdempotency, g.middleware)
 	return g, nil
@@ -460,8 +459,26 @@ func (g *Gate) lookup(ctx context.Context, next mcp.MethodHandler, call *mcp.Cal
 // fingerprint, as the interceptor's do.
 const derivedKeyPrefix = "derived:"
 
+// toolCall is one gated tools/call as the core runs it (gatecore.Transport).
+type toolCall struct {
+	g       *Gate
+	next    mcp.MethodHandler
+	req     *mcp.CallToolRequest
+	r       *resolved
+	derived bool
+}
+
+// passthrough is the tool's own answer when it is not an outcome (its
+// protocol error, a result that asks for input, an error result not
+// replayed): handed back as the tool gave it.
+type passthrough struct {
+	res mcp.Result
+	err error
+}
+
 // gate runs one gated tools/call.
 func (g *Gate) gate(ctx context.Context, next mcp.MethodHandler, call *mcp.CallToolRequest, r *resolved) (mcp.Result, error) {
+	arrived := time.Now()
 	args, err := arguments(call.Params.Arguments)
 	if err != nil {
 		return mcpwire.ErrorResult(err), nil
@@ -497,85 +514,88 @@ func (g *Gate) gate(ctx context.Context, next mcp.MethodHandler, call *mcp.CallT
 		scope += "|" + tenant
 	}
 	c := gatecore.NewCall(r.tool.Name, scope, key, fingerprint, gatecore.Policy{
-		Lease: p.Lease, MaxWait: p.MaxWait, OnLostOutcome: p.OnLostOutcome, ExecutionTimeout: p.ExecutionTimeout,
+		Lease: p.Lease, MaxWait: p.MaxWait, OnLostOutcome: p.OnLostOutcome, ExecutionTimeout: p.ExecutionTimeout, FinishAfterReply: p.FinishAfterReply,
 	}, retention)
-	if g.replays != nil {
-		c.Stored = func(outcome *anypb.Any, sent time.Time) {
-			g.replays.Put(scope, key, fingerprint, gatecore.Stored{Outcome: outcome, CompletedAt: sent, ExpiresAt: sent.Add(retention)})
+	if p.Reconcile != nil {
+		c.Reconcile = func(ctx context.Context) (gatecore.Resolution, error) {
+			res, err := p.Reconcile(ctx, key, call.Params.Arguments)
+			if err != nil {
+				return gatecore.StillUnknown(), err
+			}
+			return res.core()
 		}
-		if stored, ok := g.replays.Get(scope, key, fingerprint); ok {
-			g.engine.Event(c, gatecore.EventReplayCacheHit)
-			return replay(stored.Outcome, true, derived)
-		}
-		g.engine.Event(c, gatecore.EventReplayCacheMiss)
 	}
-	b, err := g.engine.Begin(ctx, c)
+	answer, err, _ := g.engine.Gate(ctx, c, &toolCall{g: g, next: next, req: call, r: r, derived: derived}, arrived)
 	if err != nil {
 		return mcpwire.ErrorResult(err), nil
 	}
-	switch b.Kind {
-	case gatecore.Completed:
-		res, err := replay(b.Outcome, true, derived)
-		if _, ok := res.(*storedResult); ok && g.replays != nil {
-			g.replays.Put(scope, key, fingerprint, gatecore.Stored{Outcome: b.Outcome, CompletedAt: b.CompletedAt, ExpiresAt: b.ExpiresAt})
-		}
-		return res, err
-	case gatecore.Reserved:
-		return g.run(ctx, next, call, c, b, r, derived)
+	switch a := answer.(type) {
+	case *storedResult:
+		return a, nil
+	case passthrough:
+		return a.res, a.err
 	}
-	return mcpwire.ErrorResult(gatecore.OutcomeUnknown(key)), nil
+	return nil, fmt.Errorf("mcpgate: the gate answered %T", answer)
 }
 
-// run calls the tool under the reservation and settles it.
-func (g *Gate) run(ctx context.Context, next mcp.MethodHandler, call *mcp.CallToolRequest, c *gatecore.Call, b gatecore.Begun, r *resolved, derived bool) (mcp.Result, error) {
-	a := g.engine.Start(ctx, c, b)
-	defer func() {
-		if p := recover(); p != nil {
-			a.Lost("the tool panicked", slog.Any("panic", p))
-			panic(p)
-		}
-	}()
-	res, err := next(a.Context(), "tools/call", call)
-	result, _ := res.(*mcp.CallToolResult)
-	if err == nil && result != nil && result.IsError && unknownOutcome(result.GetError()) {
-		// A typed handler's error, as mcp.AddTool reports it.
-		err = result.GetError()
-	}
+// Replay implements gatecore.Transport.
+func (t *toolCall) Replay(_ context.Context, s gatecore.Stored) (any, error, bool) {
+	res, err := replay(s.Outcome, true, t.derived)
 	if err != nil {
-		if unknownOutcome(err) {
-			// The tool cannot tell whether its side effect happened.
-			if r.policy.OnLostOutcome == idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_REEXECUTE {
-				a.Release(false)
-				if result != nil {
-					return res, nil
-				}
-				return nil, err
-			}
-			a.Release(true)
-			return mcpwire.ErrorResult(gatecore.HandlerOutcomeUnknown(c.Key, unknownCause(err), err.Error())), nil
-		}
-		a.Release(false)
-		return nil, err
+		return nil, err, false
 	}
-	if result == nil || result.NeedsInput() || (result.IsError && !r.policy.ReplayErrors) {
-		// Not an outcome: a retry runs again.
-		a.Release(false)
-		return res, nil
+	return res, nil, true
+}
+
+// Committed implements gatecore.Transport; an MCP result has no headers.
+func (t *toolCall) Committed(context.Context, time.Time) {}
+
+// Run implements gatecore.Transport: the tool, and what its answer means.
+// A mark (FinalError, RetryableError, OutcomeUnknownError) decides first,
+// on the tool's error or on the error a typed tool's error result carries;
+// then an error that leaves the outcome unknown (unknownOutcome); then any
+// other error, a result that asks for input and an error result not
+// replayed (ReplayErrors) release the key; any other result is the outcome.
+func (t *toolCall) Run(hctx context.Context, _ *gatecore.Attempt) gatecore.Ran {
+	res, err := t.next(hctx, "tools/call", t.req)
+	result, _ := res.(*mcp.CallToolResult)
+	toolErr := err
+	if toolErr == nil && result != nil && result.IsError {
+		toolErr = result.GetError() // a typed tool's error, as mcp.AddTool reports it
+	}
+	pass := passthrough{res: res, err: err}
+	verdict, inner, marked := gatecore.Marked(toolErr)
+	switch {
+	case marked:
+	case unknownOutcome(toolErr):
+		verdict = gatecore.VerdictUnknown
+	case err != nil, result == nil, result.NeedsInput(), result.IsError && !t.r.policy.ReplayErrors:
+		verdict = gatecore.VerdictNotRun
+	default:
+		verdict = gatecore.VerdictOutcome
+	}
+	switch verdict {
+	case gatecore.VerdictUnknown:
+		return gatecore.Ran{Verdict: verdict, Answer: pass, Code: unknownCause(toolErr, marked), Message: inner.Error()}
+	case gatecore.VerdictOutcome:
+	default:
+		return gatecore.Ran{Verdict: verdict, Answer: pass}
+	}
+	if result == nil {
+		// A final error with no result (a raw tool's error): stored as the
+		// error result every duplicate gets.
+		result = &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: inner.Error()}}}
 	}
 	raw, err := json.Marshal(result)
 	if err != nil {
-		a.Lost("the tool's result does not encode", slog.Any("error", err))
-		return nil, fmt.Errorf("encoding the tool's result: %w", err)
+		return gatecore.Ran{Verdict: gatecore.VerdictLost, Answer: passthrough{err: fmt.Errorf("encoding the tool's result: %w", err)},
+			Why: "the tool's result does not encode", Attrs: []slog.Attr{slog.Any("error", err)}}
 	}
 	outcome, err := gatecore.MarshalAny(wrapperspb.Bytes(raw))
 	if err != nil {
-		a.Lost("the tool's result cannot be stored", slog.Any("error", err))
-		return res, nil
+		return gatecore.Ran{Verdict: gatecore.VerdictLost, Answer: pass, Why: "the tool's result cannot be stored", Attrs: []slog.Attr{slog.Any("error", err)}}
 	}
-	if fenced := a.Finish(outcome, false); fenced {
-		return mcpwire.ErrorResult(g.engine.AnswerFenced()), nil
-	}
-	return &storedResult{raw: raw, replayed: false, derived: derived}, nil
+	return gatecore.Ran{Verdict: gatecore.VerdictOutcome, Outcome: outcome, Answer: &storedResult{raw: raw, replayed: false, derived: t.derived}}
 }
 
 // unknownOutcome reports whether a tool's error leaves its side effect's
@@ -600,25 +620,30 @@ func unknownOutcome(err error) bool {
 	return false
 }
 
-// unknownCause names what an error of unknownOutcome is, for the refusal.
-func unknownCause(err error) string {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+// unknownCause names what an error that leaves the outcome unknown is, for
+// the refusal.
+func unknownCause(err error, marked bool) string {
+	switch {
+	case marked:
+		return "an error marked OutcomeUnknownError"
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 		return "a context error"
 	}
-	return "the gRPC code " + status.Code(err).String()
+	return "the gRPC code " + grpcerr.CodeName(status.Code(err))
 }
 
 var bytesName = (&wrapperspb.BytesValue{}).ProtoReflect().Descriptor().FullName()
 
-// replay answers with a stored outcome.
-func replay(outcome *anypb.Any, replayed, derived bool) (mcp.Result, error) {
+// replay answers with a stored outcome, or the refusal of one it cannot
+// replay.
+func replay(outcome *anypb.Any, replayed, derived bool) (*storedResult, error) {
 	if err := gatecore.TooLarge(outcome); err != nil {
-		return mcpwire.ErrorResult(err), nil
+		return nil, err
 	}
 	v := &wrapperspb.BytesValue{}
 	if outcome.MessageName() != bytesName || proto.Unmarshal(outcome.GetValue(), v) != nil || !json.Valid(v.GetValue()) {
-		return mcpwire.ErrorResult(grpcerr.New(codes.Internal, ReasonOutcomeTypeMismatch,
-			fmt.Sprintf("the stored outcome is a %s, not a tool result; the call was not run again", outcome.MessageName()), nil, 0)), nil
+		return nil, grpcerr.New(codes.Internal, ReasonOutcomeTypeMismatch,
+			fmt.Sprintf("the stored outcome is a %s, not a tool result; the call was not run again", outcome.MessageName()), nil, 0)
 	}
 	return &storedResult{raw: v.GetValue(), replayed: replayed, derived: derived}, nil
 }

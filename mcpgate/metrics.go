@@ -3,6 +3,7 @@ package mcpgate
 import (
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,7 +12,13 @@ import (
 // metrics are the Prometheus counters of WithRegisterer.
 type metrics struct {
 	calls, events *prometheus.CounterVec
+	// stages observes, per tool, where a gated call's time goes.
+	stages *prometheus.HistogramVec
 }
+
+// StageBuckets are the upper bounds, in seconds, of
+// idemgate_mcpgate_stage_seconds (the interceptor's).
+var StageBuckets = []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1, 2.5, 10}
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
@@ -27,6 +34,23 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Events the caller does not see, by tool: the interceptor's events (fenced, finish_retry, outcome_lost, ...).",
 		}, []string{"tool", "event"}),
 	}
+	stages := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "idemgate_mcpgate_stage_seconds",
+		Help:    "Where a gated tools/call's time goes, by tool and stage: prepare (key, scope, fingerprint), begin (the Dedupe round trip), handler (the tool), finish (storing the outcome before the answer).",
+		Buckets: StageBuckets,
+	}, []string{"tool", "stage"})
+	if err := reg.Register(stages); err != nil {
+		var already prometheus.AlreadyRegisteredError
+		if !errors.As(err, &already) {
+			return nil, err
+		}
+		existing, ok := already.ExistingCollector.(*prometheus.HistogramVec)
+		if !ok {
+			return nil, err
+		}
+		stages = existing
+	}
+	m.stages = stages
 	for _, vec := range []**prometheus.CounterVec{&m.calls, &m.events} {
 		if err := reg.Register(*vec); err != nil {
 			// A second Gate on one registry shares the first one's counters.
@@ -48,6 +72,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 func (m *metrics) event(tool, event string) {
 	if m != nil {
 		m.events.WithLabelValues(tool, event).Inc()
+	}
+}
+
+// stage observes that a call of tool spent d in stage; m may be nil.
+func (m *metrics) stage(tool, stage string, d time.Duration) {
+	if m != nil {
+		m.stages.WithLabelValues(tool, stage).Observe(d.Seconds())
 	}
 }
 

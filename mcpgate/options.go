@@ -77,6 +77,20 @@ type ToolPolicy struct {
 	// KeylessWindow is how long identical keyless calls collapse into one.
 	// Defaults to 60s.
 	KeylessWindow time.Duration
+	// FinishAfterReply answers the caller before the tool's outcome is
+	// stored, and stores it right after (the gRPC policy's
+	// FINISH_POLICY_AFTER_REPLY): a Dedupe round trip less on the answer,
+	// at the price that a duplicate arriving before the store finishes gets
+	// IDEMPOTENCY_IN_FLIGHT, and an outcome whose store fails is lost (down
+	// the OnLostOutcome path), not refused to the caller. Defaults to
+	// false: stored before the answer.
+	FinishAfterReply bool
+	// Reconcile, when set, is asked what happened when a call finds that an
+	// earlier attempt's outcome was lost (FAIL_CLOSED): a payment provider
+	// can be asked whether a charge with this key exists. Its answer
+	// settles the record; an error or StillUnknown leaves the call refused
+	// IDEMPOTENCY_OUTCOME_UNKNOWN. Defaults to none.
+	Reconcile Reconciler
 }
 
 type options struct {
@@ -97,6 +111,8 @@ type options struct {
 	replayTTL                  time.Duration
 	// dedupeConn is the Dedupe client's connection (WithDedupeConn).
 	dedupeConn *grpc.ClientConn
+	// dedupeLogEvery is WithDedupeFailureLogInterval's.
+	dedupeLogEvery time.Duration
 }
 
 var defaultOptions = options{
@@ -196,8 +212,19 @@ func WithReplayCacheTTL(d time.Duration) Option {
 // every 500ms) instead of waiting out grpc-go's reconnect backoff, which
 // grows to two minutes during an outage, so a holder renews its lease
 // within the one-lease grace a restarted Dedupe service grants it. Pass it
-// whenever that client is a *grpc.ClientConn's. Defaults to none: reconnects
-// keep the dial's backoff.
+// whenever that client is a *grpc.ClientConn's: the log lines about failing
+// Dedupe RPCs then name its target, and WatchDedupe follows its state.
+// Defaults to none: reconnects keep the dial's backoff, and WatchDedupe goes
+// by the RPCs' answers alone.
 func WithDedupeConn(conn *grpc.ClientConn) Option {
 	return func(o *options) { o.dedupeConn = conn }
+}
+
+// WithDedupeFailureLogInterval sets how often at most a failing Dedupe RPC
+// is logged: the first failure, and one with another status code, at once;
+// while the same failure goes on, one line per interval that counts the
+// failures not logged in "suppressed". Defaults to
+// DefaultDedupeFailureLogInterval, 10s.
+func WithDedupeFailureLogInterval(d time.Duration) Option {
+	return func(o *options) { o.dedupeLogEvery = d }
 }
