@@ -61,7 +61,7 @@ import (
 const rpcTimeout = 30 * time.Second
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr))
 }
 
 const usage = `usage: idemctl [connection flags] <command> [flags]
@@ -89,7 +89,9 @@ connection flags:
 // an empty variable that swallowed the command.
 var commands = []string{"show", "list", "count", "resolve", "forget", "migrations"}
 
-func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+// run runs the command line args (without the program name), reading the
+// environment through getenv, and returns the exit code.
+func run(args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
 	top := flag.NewFlagSet("idemctl", flag.ContinueOnError)
 	// The parse's own complaints wait in parseOut until the token is
 	// checked: a swallowed command is the error to report, not the parse
@@ -97,13 +99,13 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var parseOut bytes.Buffer
 	top.SetOutput(&parseOut)
 	top.Usage = func() { fmt.Fprint(top.Output(), usage); top.PrintDefaults() }
-	addr := top.String("addr", envOr("IDEMCTL_ADDR", "127.0.0.1:50051"), "dedupe service `address` (env IDEMCTL_ADDR)")
-	token := top.String("token", os.Getenv("IDEMCTL_TOKEN"), "bearer `token` with the admin right (env IDEMCTL_TOKEN); prefer the environment or -token-file, which keep it out of the process list")
-	tokenFile := top.String("token-file", os.Getenv("IDEMCTL_TOKEN_FILE"), "`file` holding the bearer token, readable by its owner only (env IDEMCTL_TOKEN_FILE)")
+	addr := top.String("addr", envOr(getenv, "IDEMCTL_ADDR", "127.0.0.1:50051"), "dedupe service `address` (env IDEMCTL_ADDR)")
+	token := top.String("token", getenv("IDEMCTL_TOKEN"), "bearer `token` with the admin right (env IDEMCTL_TOKEN); prefer the environment or -token-file, which keep it out of the process list")
+	tokenFile := top.String("token-file", getenv("IDEMCTL_TOKEN_FILE"), "`file` holding the bearer token, readable by its owner only (env IDEMCTL_TOKEN_FILE)")
 	caFile := top.String("tls-ca", "", "CA `file` (PEM) that signed the service's certificate; empty uses plaintext")
 	certFile := top.String("tls-cert", "", "client certificate `file` (PEM), for mutual TLS")
 	keyFile := top.String("tls-key", "", "client key `file` (PEM)")
-	plaintextDefault, _ := strconv.ParseBool(os.Getenv("IDEMCTL_INSECURE_PLAINTEXT"))
+	plaintextDefault, _ := strconv.ParseBool(getenv("IDEMCTL_INSECURE_PLAINTEXT"))
 	insecurePlaintext := top.Bool("insecure-plaintext", plaintextDefault,
 		"allow plaintext (no -tls-ca) to an address that is not loopback: the token crosses the network readable (env IDEMCTL_INSECURE_PLAINTEXT)")
 	parseErr := top.Parse(args)
@@ -446,8 +448,8 @@ func safe(s string) string {
 
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
+func envOr(getenv func(string) string, key, def string) string {
+	if v := getenv(key); v != "" {
 		return v
 	}
 	return def

@@ -139,6 +139,10 @@ func hasRow(table string, cells ...string) bool {
 	return false
 }
 
+// noEnv is an empty environment, so that the tests do not read the
+// caller's IDEMCTL_* variables.
+func noEnv(string) string { return "" }
+
 func idemctl(t *testing.T, wantCode int, addr, token string, args ...string) string {
 	t.Helper()
 	return idemctlInput(t, "", wantCode, addr, token, args...)
@@ -148,7 +152,7 @@ func idemctl(t *testing.T, wantCode int, addr, token string, args ...string) str
 func idemctlInput(t *testing.T, stdin string, wantCode int, addr, token string, args ...string) string {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	code := run(append([]string{"-addr", addr, "-token", token}, args...), strings.NewReader(stdin), &stdout, &stderr)
+	code := run(append([]string{"-addr", addr, "-token", token}, args...), noEnv, strings.NewReader(stdin), &stdout, &stderr)
 	if code != wantCode {
 		t.Fatalf("idemctl %v exited %d, want %d\nstdout:\n%s\nstderr:\n%s", args, code, wantCode, stdout.String(), stderr.String())
 	}
@@ -220,7 +224,7 @@ func TestPlaintextToARemoteAddressNeedsAFlag(t *testing.T) {
 	t.Parallel()
 	for _, addr := range []string{"10.0.0.1:50051", "dedupe.example:50051", "dns:///dedupe.example:50051"} {
 		var stdout, stderr bytes.Buffer
-		if code := run([]string{"-addr", addr, "-token", adminToken, "list"}, strings.NewReader(""), &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "-insecure-plaintext") {
+		if code := run([]string{"-addr", addr, "-token", adminToken, "list"}, noEnv, strings.NewReader(""), &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "-insecure-plaintext") {
 			t.Errorf("plaintext to %s: exit %d, stderr %q; want 2 and a refusal naming -insecure-plaintext", addr, code, stderr.String())
 		}
 		// With the flag it dials (lazily: nothing is sent here).
@@ -254,7 +258,7 @@ func TestAnEmptyTokenVariableDoesNotSwallowTheCommand(t *testing.T) {
 		{"-insecure-plaintext", "-addr", "127.0.0.1:1", "-token", "count"},
 	} {
 		var stdout, stderr bytes.Buffer
-		code := run(args, strings.NewReader(""), &stdout, &stderr)
+		code := run(args, noEnv, strings.NewReader(""), &stdout, &stderr)
 		swallowed := args[slices.IndexFunc(args, func(a string) bool { return strings.TrimLeft(a, "-") == "token" })+1]
 		// The phrase only this check prints, naming the swallowed command:
 		// the general usage text mentions IDEMCTL_TOKEN and -token-file too.
@@ -279,15 +283,15 @@ func TestTokenFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stdout, stderr bytes.Buffer
-	if code := run([]string{"-addr", addr, "-token-file", private, "count"}, strings.NewReader(""), &stdout, &stderr); code != 0 {
+	if code := run([]string{"-addr", addr, "-token-file", private, "count"}, noEnv, strings.NewReader(""), &stdout, &stderr); code != 0 {
 		t.Fatalf("-token-file: exit %d, %s", code, stderr.String())
 	}
 	stderr.Reset()
-	if code := run([]string{"-addr", addr, "-token-file", open, "count"}, strings.NewReader(""), &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "chmod 600") {
+	if code := run([]string{"-addr", addr, "-token-file", open, "count"}, noEnv, strings.NewReader(""), &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "chmod 600") {
 		t.Fatalf("a token file others may read: exit %d, %q; want 2 and chmod 600", code, stderr.String())
 	}
 	stderr.Reset()
-	if code := run([]string{"-addr", addr, "-token", adminToken, "-token-file", private, "count"}, strings.NewReader(""), &stdout, &stderr); code != 2 {
+	if code := run([]string{"-addr", addr, "-token", adminToken, "-token-file", private, "count"}, noEnv, strings.NewReader(""), &stdout, &stderr); code != 2 {
 		t.Fatalf("-token and -token-file: exit %d, %q; want 2", code, stderr.String())
 	}
 }
@@ -298,7 +302,7 @@ func TestConnectionErrorsAreReadable(t *testing.T) {
 	t.Parallel()
 	addr := stacktest.FreeAddr(t) // nothing listens there
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"-addr", addr, "-token", adminToken, "count"}, strings.NewReader(""), &stdout, &stderr)
+	code := run([]string{"-addr", addr, "-token", adminToken, "count"}, noEnv, strings.NewReader(""), &stdout, &stderr)
 	msg := stderr.String()
 	if code != 1 || strings.Contains(msg, "Unavailable :") || !strings.Contains(msg, addr) || !strings.Contains(msg, "cannot reach") ||
 		!strings.Contains(msg, "connection refused") || !strings.Contains(msg, "-addr") {
@@ -452,7 +456,7 @@ func TestShowReportsABadDescriptorFileBeforeCallingTheService(t *testing.T) {
 	addr := stacktest.FreeAddr(t) // nothing listens there
 	missing := filepath.Join(t.TempDir(), "missing.binpb")
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"-addr", addr, "-token", adminToken, "show", "-scope", scope, "-key", "k", "-descriptors", missing}, strings.NewReader(""), &stdout, &stderr)
+	code := run([]string{"-addr", addr, "-token", adminToken, "show", "-scope", scope, "-key", "k", "-descriptors", missing}, noEnv, strings.NewReader(""), &stdout, &stderr)
 	if msg := stderr.String(); code != 2 || !strings.Contains(msg, "missing.binpb") || strings.Contains(msg, "cannot reach") {
 		t.Fatalf("exit %d, stderr %q; want 2 and the descriptor file's error, before any call", code, msg)
 	}
