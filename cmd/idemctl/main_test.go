@@ -245,6 +245,60 @@ func TestPlaintextToARemoteAddressNeedsAFlag(t *testing.T) {
 	}
 }
 
+// The connection flags read their variables by cliflag's rule: a set one
+// applies unless its flag is given, one that does not parse is an error
+// naming it, its value and its flag (IDEMCTL_INSECURE_PLAINTEXT=maybe read
+// as false before), and a variable does not count as a flag given: an
+// IDEMCTL_TOKEN in the shell does not clash with -token-file.
+func TestConnectionFlagsFollowTheOneRule(t *testing.T) {
+	t.Parallel()
+	envOf := func(env map[string]string) func(string) string { return func(k string) string { return env[k] } }
+	var stdout, stderr bytes.Buffer
+	bad := map[string]string{"IDEMCTL_INSECURE_PLAINTEXT": "maybe", "IDEMCTL_TLS_CA": "", "IDEMCTL_ADDR": "10.0.0.1:50051"}
+	code := run([]string{"-token", adminToken, "list"}, envOf(bad), strings.NewReader(""), &stdout, &stderr)
+	if want := `IDEMCTL_INSECURE_PLAINTEXT="maybe" (-insecure-plaintext): `; code != 2 || !strings.Contains(stderr.String(), want) {
+		t.Errorf("IDEMCTL_INSECURE_PLAINTEXT=maybe: exit %d, stderr %q; want 2 and %s", code, stderr.String(), want)
+	}
+	// The flag given, the bad variable is not read: idemctl dials
+	// IDEMCTL_ADDR, where nothing listens.
+	unused := stacktest.FreeAddr(t)
+	bad["IDEMCTL_ADDR"] = unused
+	stderr.Reset()
+	code = run([]string{"-insecure-plaintext", "-token", adminToken, "count"}, envOf(bad), strings.NewReader(""), &stdout, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), "cannot reach the Dedupe service at "+unused) {
+		t.Errorf("-insecure-plaintext given: exit %d, stderr %q; want 1, IDEMCTL_ADDR %s unreachable", code, stderr.String(), unused)
+	}
+
+	addr := serve(t, dedupeapp.Config{DataDir: t.TempDir()})
+	private := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(private, []byte(adminToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+	}{
+		{"IDEMCTL_ADDR and IDEMCTL_TOKEN", nil, map[string]string{"IDEMCTL_ADDR": addr, "IDEMCTL_TOKEN": adminToken}},
+		{"IDEMCTL_TOKEN_FILE", []string{"-addr", addr}, map[string]string{"IDEMCTL_TOKEN_FILE": private}},
+		{"-token-file with IDEMCTL_TOKEN set", []string{"-addr", addr, "-token-file", private}, map[string]string{"IDEMCTL_TOKEN": "not-the-token"}},
+	} {
+		stderr.Reset()
+		if code := run(append(tc.args, "count"), envOf(tc.env), strings.NewReader(""), &stdout, &stderr); code != 0 {
+			t.Errorf("%s: exit %d, stderr %q; want 0", tc.name, code, stderr.String())
+		}
+	}
+	stderr.Reset()
+	if code := run([]string{"-h"}, noEnv, strings.NewReader(""), &stdout, &stderr); code != 0 && code != 2 {
+		t.Fatalf("-h: exit %d", code)
+	}
+	for _, want := range []string{"(env IDEMCTL_ADDR)", "(env IDEMCTL_TOKEN)", "(env IDEMCTL_TOKEN_FILE)", "(env IDEMCTL_INSECURE_PLAINTEXT)", "(env IDEMCTL_TLS_CA)"} {
+		if strings.Count(stderr.String(), want) != 1 {
+			t.Errorf("usage:\n%s\nwant %s once", stderr.String(), want)
+		}
+	}
+}
+
 // `-token $ADMIN list` with ADMIN empty or unset hands "list" to -token; the
 // command must not run with the command name as its token, and the message
 // must say what happened and what to do.
