@@ -16,7 +16,9 @@
 // -token-file, or -token) or a client certificate; the identity needs the
 // admin right. Without
 // -tls-ca it speaks plaintext, to a loopback address only unless
-// -insecure-plaintext is given. Every string from the service is printed
+// -insecure-plaintext is given. Each connection flag also reads
+// IDEMCTL_ and its name (IDEMCTL_ADDR, IDEMCTL_TOKEN_FILE, ...); the flag
+// wins. Every string from the service is printed
 // escaped (Go quoted) when it holds anything but printable ASCII, since
 // callers choose scopes and an escape sequence could rewrite the screen.
 package main
@@ -54,6 +56,7 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	_ "github.com/idemgate/idemgate/gen/examples/payments/v1" // the example's types, for -complete-json
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 )
 
@@ -61,7 +64,7 @@ import (
 const rpcTimeout = 30 * time.Second
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr))
 }
 
 const usage = `usage: idemctl [connection flags] <command> [flags]
@@ -89,7 +92,9 @@ connection flags:
 // an empty variable that swallowed the command.
 var commands = []string{"show", "list", "count", "resolve", "forget", "migrations"}
 
-func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+// run runs the command line args (without the program name), reading the
+// environment through getenv, and returns the exit code.
+func run(args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
 	top := flag.NewFlagSet("idemctl", flag.ContinueOnError)
 	// The parse's own complaints wait in parseOut until the token is
 	// checked: a swallowed command is the error to report, not the parse
@@ -97,15 +102,17 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var parseOut bytes.Buffer
 	top.SetOutput(&parseOut)
 	top.Usage = func() { fmt.Fprint(top.Output(), usage); top.PrintDefaults() }
-	addr := top.String("addr", envOr("IDEMCTL_ADDR", "127.0.0.1:50051"), "dedupe service `address` (env IDEMCTL_ADDR)")
-	token := top.String("token", os.Getenv("IDEMCTL_TOKEN"), "bearer `token` with the admin right (env IDEMCTL_TOKEN); prefer the environment or -token-file, which keep it out of the process list")
-	tokenFile := top.String("token-file", os.Getenv("IDEMCTL_TOKEN_FILE"), "`file` holding the bearer token, readable by its owner only (env IDEMCTL_TOKEN_FILE)")
+	addr := top.String("addr", "127.0.0.1:50051", "dedupe service `address`")
+	token := top.String("token", "", "bearer `token` with the admin right; prefer the environment or -token-file, which keep it out of the process list")
+	tokenFile := top.String("token-file", "", "`file` holding the bearer token, readable by its owner only")
 	caFile := top.String("tls-ca", "", "CA `file` (PEM) that signed the service's certificate; empty uses plaintext")
 	certFile := top.String("tls-cert", "", "client certificate `file` (PEM), for mutual TLS")
 	keyFile := top.String("tls-key", "", "client key `file` (PEM)")
-	plaintextDefault, _ := strconv.ParseBool(os.Getenv("IDEMCTL_INSECURE_PLAINTEXT"))
-	insecurePlaintext := top.Bool("insecure-plaintext", plaintextDefault,
-		"allow plaintext (no -tls-ca) to an address that is not loopback: the token crosses the network readable (env IDEMCTL_INSECURE_PLAINTEXT)")
+	insecurePlaintext := top.Bool("insecure-plaintext", false,
+		"allow plaintext (no -tls-ca) to an address that is not loopback: the token crosses the network readable")
+	// The connection flags read IDEMCTL_<FLAG>; the command's flags read
+	// no variable: a key or -force from the shell could forget a record.
+	env := cliflag.Bind(top, "IDEMCTL_", getenv)
 	parseErr := top.Parse(args)
 	// Go's flag package takes the next argument as -token's value, so
 	// "-token $ADMIN list" with ADMIN empty runs nothing useful: say why.
@@ -116,6 +123,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	_, _ = parseOut.WriteTo(stderr)
 	top.SetOutput(stderr)
 	if parseErr != nil {
+		return 2
+	}
+	if err := env.Apply(); err != nil {
+		fmt.Fprintln(stderr, "idemctl:", err)
 		return 2
 	}
 	if top.NArg() == 0 {
@@ -445,10 +456,3 @@ func safe(s string) string {
 }
 
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
-
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
-}

@@ -139,6 +139,10 @@ func hasRow(table string, cells ...string) bool {
 	return false
 }
 
+// noEnv is an empty environment, so that the tests do not read the
+// caller's IDEMCTL_* variables.
+func noEnv(string) string { return "" }
+
 func idemctl(t *testing.T, wantCode int, addr, token string, args ...string) string {
 	t.Helper()
 	return idemctlInput(t, "", wantCode, addr, token, args...)
@@ -148,7 +152,7 @@ func idemctl(t *testing.T, wantCode int, addr, token string, args ...string) str
 func idemctlInput(t *testing.T, stdin string, wantCode int, addr, token string, args ...string) string {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	code := run(append([]string{"-addr", addr, "-token", token}, args...), strings.NewReader(stdin), &stdout, &stderr)
+	code := run(append([]string{"-addr", addr, "-token", token}, args...), noEnv, strings.NewReader(stdin), &stdout, &stderr)
 	if code != wantCode {
 		t.Fatalf("idemctl %v exited %d, want %d\nstdout:\n%s\nstderr:\n%s", args, code, wantCode, stdout.String(), stderr.String())
 	}
@@ -220,7 +224,7 @@ func TestPlaintextToARemoteAddressNeedsAFlag(t *testing.T) {
 	t.Parallel()
 	for _, addr := range []string{"10.0.0.1:50051", "dedupe.example:50051", "dns:///dedupe.example:50051"} {
 		var stdout, stderr bytes.Buffer
-		if code := run([]string{"-addr", addr, "-token", adminToken, "list"}, strings.NewReader(""), &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "-insecure-plaintext") {
+		if code := run([]string{"-addr", addr, "-token", adminToken, "list"}, noEnv, strings.NewReader(""), &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "-insecure-plaintext") {
 			t.Errorf("plaintext to %s: exit %d, stderr %q; want 2 and a refusal naming -insecure-plaintext", addr, code, stderr.String())
 		}
 		// With the flag it dials (lazily: nothing is sent here).
@@ -241,6 +245,60 @@ func TestPlaintextToARemoteAddressNeedsAFlag(t *testing.T) {
 	}
 }
 
+// The connection flags read their variables by cliflag's rule: a set one
+// applies unless its flag is given, one that does not parse is an error
+// naming it, its value and its flag (IDEMCTL_INSECURE_PLAINTEXT=maybe read
+// as false before), and a variable does not count as a flag given: an
+// IDEMCTL_TOKEN in the shell does not clash with -token-file.
+func TestConnectionFlagsFollowTheOneRule(t *testing.T) {
+	t.Parallel()
+	envOf := func(env map[string]string) func(string) string { return func(k string) string { return env[k] } }
+	var stdout, stderr bytes.Buffer
+	bad := map[string]string{"IDEMCTL_INSECURE_PLAINTEXT": "maybe", "IDEMCTL_TLS_CA": "", "IDEMCTL_ADDR": "10.0.0.1:50051"}
+	code := run([]string{"-token", adminToken, "list"}, envOf(bad), strings.NewReader(""), &stdout, &stderr)
+	if want := `IDEMCTL_INSECURE_PLAINTEXT="maybe" (-insecure-plaintext): `; code != 2 || !strings.Contains(stderr.String(), want) {
+		t.Errorf("IDEMCTL_INSECURE_PLAINTEXT=maybe: exit %d, stderr %q; want 2 and %s", code, stderr.String(), want)
+	}
+	// The flag given, the bad variable is not read: idemctl dials
+	// IDEMCTL_ADDR, where nothing listens.
+	unused := stacktest.FreeAddr(t)
+	bad["IDEMCTL_ADDR"] = unused
+	stderr.Reset()
+	code = run([]string{"-insecure-plaintext", "-token", adminToken, "count"}, envOf(bad), strings.NewReader(""), &stdout, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), "cannot reach the Dedupe service at "+unused) {
+		t.Errorf("-insecure-plaintext given: exit %d, stderr %q; want 1, IDEMCTL_ADDR %s unreachable", code, stderr.String(), unused)
+	}
+
+	addr := serve(t, dedupeapp.Config{DataDir: t.TempDir()})
+	private := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(private, []byte(adminToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+	}{
+		{"IDEMCTL_ADDR and IDEMCTL_TOKEN", nil, map[string]string{"IDEMCTL_ADDR": addr, "IDEMCTL_TOKEN": adminToken}},
+		{"IDEMCTL_TOKEN_FILE", []string{"-addr", addr}, map[string]string{"IDEMCTL_TOKEN_FILE": private}},
+		{"-token-file with IDEMCTL_TOKEN set", []string{"-addr", addr, "-token-file", private}, map[string]string{"IDEMCTL_TOKEN": "not-the-token"}},
+	} {
+		stderr.Reset()
+		if code := run(append(tc.args, "count"), envOf(tc.env), strings.NewReader(""), &stdout, &stderr); code != 0 {
+			t.Errorf("%s: exit %d, stderr %q; want 0", tc.name, code, stderr.String())
+		}
+	}
+	stderr.Reset()
+	if code := run([]string{"-h"}, noEnv, strings.NewReader(""), &stdout, &stderr); code != 0 && code != 2 {
+		t.Fatalf("-h: exit %d", code)
+	}
+	for _, want := range []string{"(env IDEMCTL_ADDR)", "(env IDEMCTL_TOKEN)", "(env IDEMCTL_TOKEN_FILE)", "(env IDEMCTL_INSECURE_PLAINTEXT)", "(env IDEMCTL_TLS_CA)"} {
+		if strings.Count(stderr.String(), want) != 1 {
+			t.Errorf("usage:\n%s\nwant %s once", stderr.String(), want)
+		}
+	}
+}
+
 // `-token $ADMIN list` with ADMIN empty or unset hands "list" to -token; the
 // command must not run with the command name as its token, and the message
 // must say what happened and what to do.
@@ -254,7 +312,7 @@ func TestAnEmptyTokenVariableDoesNotSwallowTheCommand(t *testing.T) {
 		{"-insecure-plaintext", "-addr", "127.0.0.1:1", "-token", "count"},
 	} {
 		var stdout, stderr bytes.Buffer
-		code := run(args, strings.NewReader(""), &stdout, &stderr)
+		code := run(args, noEnv, strings.NewReader(""), &stdout, &stderr)
 		swallowed := args[slices.IndexFunc(args, func(a string) bool { return strings.TrimLeft(a, "-") == "token" })+1]
 		// The phrase only this check prints, naming the swallowed command:
 		// the general usage text mentions IDEMCTL_TOKEN and -token-file too.
@@ -279,15 +337,15 @@ func TestTokenFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stdout, stderr bytes.Buffer
-	if code := run([]string{"-addr", addr, "-token-file", private, "count"}, strings.NewReader(""), &stdout, &stderr); code != 0 {
+	if code := run([]string{"-addr", addr, "-token-file", private, "count"}, noEnv, strings.NewReader(""), &stdout, &stderr); code != 0 {
 		t.Fatalf("-token-file: exit %d, %s", code, stderr.String())
 	}
 	stderr.Reset()
-	if code := run([]string{"-addr", addr, "-token-file", open, "count"}, strings.NewReader(""), &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "chmod 600") {
+	if code := run([]string{"-addr", addr, "-token-file", open, "count"}, noEnv, strings.NewReader(""), &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "chmod 600") {
 		t.Fatalf("a token file others may read: exit %d, %q; want 2 and chmod 600", code, stderr.String())
 	}
 	stderr.Reset()
-	if code := run([]string{"-addr", addr, "-token", adminToken, "-token-file", private, "count"}, strings.NewReader(""), &stdout, &stderr); code != 2 {
+	if code := run([]string{"-addr", addr, "-token", adminToken, "-token-file", private, "count"}, noEnv, strings.NewReader(""), &stdout, &stderr); code != 2 {
 		t.Fatalf("-token and -token-file: exit %d, %q; want 2", code, stderr.String())
 	}
 }
@@ -298,7 +356,7 @@ func TestConnectionErrorsAreReadable(t *testing.T) {
 	t.Parallel()
 	addr := stacktest.FreeAddr(t) // nothing listens there
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"-addr", addr, "-token", adminToken, "count"}, strings.NewReader(""), &stdout, &stderr)
+	code := run([]string{"-addr", addr, "-token", adminToken, "count"}, noEnv, strings.NewReader(""), &stdout, &stderr)
 	msg := stderr.String()
 	if code != 1 || strings.Contains(msg, "Unavailable :") || !strings.Contains(msg, addr) || !strings.Contains(msg, "cannot reach") ||
 		!strings.Contains(msg, "connection refused") || !strings.Contains(msg, "-addr") {
@@ -452,7 +510,7 @@ func TestShowReportsABadDescriptorFileBeforeCallingTheService(t *testing.T) {
 	addr := stacktest.FreeAddr(t) // nothing listens there
 	missing := filepath.Join(t.TempDir(), "missing.binpb")
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"-addr", addr, "-token", adminToken, "show", "-scope", scope, "-key", "k", "-descriptors", missing}, strings.NewReader(""), &stdout, &stderr)
+	code := run([]string{"-addr", addr, "-token", adminToken, "show", "-scope", scope, "-key", "k", "-descriptors", missing}, noEnv, strings.NewReader(""), &stdout, &stderr)
 	if msg := stderr.String(); code != 2 || !strings.Contains(msg, "missing.binpb") || strings.Contains(msg, "cannot reach") {
 		t.Fatalf("exit %d, stderr %q; want 2 and the descriptor file's error, before any call", code, msg)
 	}

@@ -8,6 +8,10 @@
 //
 // Without -listen it speaks MCP over stdio (newline-delimited JSON-RPC on
 // stdin and stdout; logs on stderr); with it, streamable HTTP at /mcp.
+//
+// Every flag also reads an environment variable, IDEMGATE_MCP_ and its name
+// (IDEMGATE_MCP_TARGET, IDEMGATE_MCP_LISTEN, ...; -token reads
+// IDEMGATE_MCP_TARGET_TOKEN); the flag wins. idemgate-mcp -h lists them.
 package main
 
 import (
@@ -17,6 +21,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -33,6 +38,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/idemgate/idemgate/dedupesvc/auth"
+	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/mcpbridge"
 )
 
@@ -45,22 +51,43 @@ type flags struct {
 }
 
 func main() {
-	var f flags
-	flag.StringVar(&f.target, "target", os.Getenv("IDEMGATE_MCP_TARGET"), "gRPC `address` of the tool server (env IDEMGATE_MCP_TARGET); required")
-	flag.StringVar(&f.descriptorSet, "descriptor-set", "", "FileDescriptorSet `file` with the tool server's services (buf build -o); default: ask the server by reflection")
-	flag.StringVar(&f.services, "services", "", "comma-separated full `names` of the services to serve; default: all but grpc.*")
-	flag.StringVar(&f.listen, "listen", "", "serve streamable HTTP on this `address` at /mcp; default: stdio")
-	flag.BoolVar(&f.plaintext, "plaintext", false, "connect to the tool server without TLS (loopback only)")
-	flag.StringVar(&f.caFile, "tls-ca", "", "PEM `file` of the CAs that sign the tool server's certificate; default: the system's")
-	flag.StringVar(&f.serverName, "tls-server-name", "", "`name` to verify the tool server's certificate against; default: the target's host")
-	flag.StringVar(&f.token, "token", os.Getenv("IDEMGATE_MCP_TARGET_TOKEN"), "bearer `token` sent to the tool server (env IDEMGATE_MCP_TARGET_TOKEN)")
-	flag.DurationVar(&f.callTimeout, "call-timeout", 60*time.Second, "deadline of each forwarded call")
-	flag.Parse()
+	f, err := parseFlags(os.Args[1:], os.Getenv, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "idemgate-mcp:", err)
+		os.Exit(2)
+	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err := run(f, logger); err != nil {
 		logger.Error("idemgate-mcp failed", slog.Any("error", err))
 		os.Exit(1)
 	}
+}
+
+// parseFlags reads args (without the program name) and, for each flag not
+// given, its variable IDEMGATE_MCP_<FLAG> through getenv (-token's is
+// IDEMGATE_MCP_TARGET_TOKEN). It returns flag.ErrHelp after printing usage
+// to usage for -h.
+func parseFlags(args []string, getenv func(string) string, usage io.Writer) (flags, error) {
+	fs := flag.NewFlagSet("idemgate-mcp", flag.ContinueOnError)
+	fs.SetOutput(usage)
+	var f flags
+	fs.StringVar(&f.target, "target", "", "gRPC `address` of the tool server; required")
+	fs.StringVar(&f.descriptorSet, "descriptor-set", "", "FileDescriptorSet `file` with the tool server's services (buf build -o); default: ask the server by reflection")
+	fs.StringVar(&f.services, "services", "", "comma-separated full `names` of the services to serve; default: all but grpc.*")
+	fs.StringVar(&f.listen, "listen", "", "serve streamable HTTP on this `address` at /mcp; default: stdio")
+	fs.BoolVar(&f.plaintext, "plaintext", false, "connect to the tool server without TLS (loopback only)")
+	fs.StringVar(&f.caFile, "tls-ca", "", "PEM `file` of the CAs that sign the tool server's certificate; default: the system's")
+	fs.StringVar(&f.serverName, "tls-server-name", "", "`name` to verify the tool server's certificate against; default: the target's host")
+	fs.StringVar(&f.token, "token", "", "bearer `token` sent to the tool server")
+	fs.DurationVar(&f.callTimeout, "call-timeout", 60*time.Second, "deadline of each forwarded call")
+	env := cliflag.Bind(fs, "IDEMGATE_MCP_", getenv, cliflag.WithName("token", "IDEMGATE_MCP_TARGET_TOKEN"))
+	if err := env.Parse(args); err != nil {
+		return flags{}, err
+	}
+	return f, nil
 }
 
 func run(f flags, logger *slog.Logger) error {

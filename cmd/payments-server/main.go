@@ -49,7 +49,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -73,6 +72,7 @@ import (
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
 )
 
@@ -125,59 +125,29 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs := flag.NewFlagSet("payments-server", flag.ContinueOnError)
 	fs.SetOutput(usage)
 	var cfg config
-	var errs []error
-	env := func(key, def string) string {
-		if v := getenv(key); v != "" {
-			return v
-		}
-		return def
-	}
-	intEnv := func(key, flagName string, def int) int {
-		v := getenv(key)
-		if v == "" {
-			return def
-		}
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q (-%s): want a whole number", key, v, flagName))
-		}
-		return n
-	}
-	boolEnv := func(key, flagName string) bool {
-		v := getenv(key)
-		if v == "" {
-			return false
-		}
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q (-%s): want true or false", key, v, flagName))
-		}
-		return b
-	}
-	// An unparsable PAYMENTS_REFLECTION reads as false, as it always has.
-	reflectionEnv, _ := strconv.ParseBool(getenv("PAYMENTS_REFLECTION"))
-
-	fs.StringVar(&cfg.listen, "listen", env("PAYMENTS_LISTEN", "127.0.0.1:50052"), "gRPC listen `address` of the tool server (env PAYMENTS_LISTEN)")
-	fs.StringVar(&cfg.dedupeAddr, "dedupe", env("IDEMGATE_DEDUPE_ADDR", "127.0.0.1:50051"), "`address` of the dedupe service, or in-process to run it in this process, configured by the dedupesvc flags after -- "+
-		"(payments-server -dedupe in-process -- -h lists them) (env IDEMGATE_DEDUPE_ADDR)")
-	fs.StringVar(&cfg.token, "dedupe-token", getenv("IDEMGATE_DEDUPE_TOKEN"), "bearer `token` for a dedupe service started with -token-file (env IDEMGATE_DEDUPE_TOKEN)")
-	fs.BoolVar(&cfg.reflection, "reflection", reflectionEnv, "serve gRPC server reflection, for grpcurl and other generic clients (env PAYMENTS_REFLECTION)")
-	fs.IntVar(&cfg.replayCacheEntries, "replay-cache-entries", intEnv("PAYMENTS_REPLAY_CACHE_ENTRIES", "replay-cache-entries", 0),
+	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:50052", "gRPC listen `address` of the tool server")
+	fs.StringVar(&cfg.dedupeAddr, "dedupe", "127.0.0.1:50051", "`address` of the dedupe service, or in-process to run it in this process, configured by the dedupesvc flags after -- "+
+		"(payments-server -dedupe in-process -- -h lists them)")
+	fs.StringVar(&cfg.token, "dedupe-token", "", "bearer `token` for a dedupe service started with -token-file")
+	fs.BoolVar(&cfg.reflection, "reflection", false, "serve gRPC server reflection, for grpcurl and other generic clients")
+	fs.IntVar(&cfg.replayCacheEntries, "replay-cache-entries", 0,
 		"keep up to `n` completed outcomes in memory and replay duplicates from there, without a call to the dedupe service; "+
-			"0, the default, turns the replay cache off (env PAYMENTS_REPLAY_CACHE_ENTRIES)")
-	fs.IntVar(&cfg.replayCacheBytes, "replay-cache-bytes", intEnv("PAYMENTS_REPLAY_CACHE_BYTES", "replay-cache-bytes", defaultReplayCacheBytes),
-		"about how many `bytes` of memory the replay cache may hold (64 MiB); only with -replay-cache-entries (env PAYMENTS_REPLAY_CACHE_BYTES)")
-	fs.BoolVar(&cfg.finishAfterReply, "finish-after-reply", boolEnv("PAYMENTS_FINISH_AFTER_REPLY", "finish-after-reply"),
+			"0, the default, turns the replay cache off")
+	fs.IntVar(&cfg.replayCacheBytes, "replay-cache-bytes", defaultReplayCacheBytes,
+		"about how many `bytes` of memory the replay cache may hold (64 MiB); only with -replay-cache-entries")
+	fs.BoolVar(&cfg.finishAfterReply, "finish-after-reply", false,
 		"ChargeCard answers before its outcome is stored (finish: FINISH_POLICY_AFTER_REPLY) and stores it right after; "+
-			"off, the proto's default, it stores the outcome first (env PAYMENTS_FINISH_AFTER_REPLY)")
-	fs.StringVar(&cfg.metricsListen, "metrics-listen", getenv("PAYMENTS_METRICS_LISTEN"),
+			"off, the proto's default, it stores the outcome first")
+	fs.StringVar(&cfg.metricsListen, "metrics-listen", "",
 		"serve the gate's Prometheus metrics (idemgate_interceptor_*, where a gated call's time goes among them) at http://`address`/metrics; "+
-			"empty, the default, serves none (env PAYMENTS_METRICS_LISTEN)")
-	if err := fs.Parse(args); err != nil {
+			"empty, the default, serves none")
+	env := cliflag.Bind(fs, "PAYMENTS_", getenv,
+		cliflag.WithName("dedupe", "IDEMGATE_DEDUPE_ADDR"),
+		cliflag.WithName("dedupe-token", "IDEMGATE_DEDUPE_TOKEN"))
+	// A variable that does not parse fails here, before the checks below
+	// would read its flag's zero.
+	if err := env.Parse(args); err != nil {
 		return config{}, err
-	}
-	if len(errs) > 0 {
-		return config{}, errors.Join(errs...) // an unparsable variable, before checks that would read its zero
 	}
 	switch rest := fs.Args(); {
 	case cfg.dedupeAddr == inProcessDedupe:
@@ -195,14 +165,12 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	case len(rest) > 0:
 		return config{}, fmt.Errorf("unexpected argument %q: arguments after the flags are dedupesvc flags, for -dedupe %s only", rest[0], inProcessDedupe)
 	}
-	bytesSet := getenv("PAYMENTS_REPLAY_CACHE_BYTES") != ""
-	fs.Visit(func(f *flag.Flag) { bytesSet = bytesSet || f.Name == "replay-cache-bytes" })
 	switch {
 	case cfg.replayCacheEntries < 0:
 		return config{}, fmt.Errorf("-replay-cache-entries must be 0 (off) or more, got %d", cfg.replayCacheEntries)
 	case cfg.replayCacheBytes <= 0:
 		return config{}, fmt.Errorf("-replay-cache-bytes must be positive, got %d", cfg.replayCacheBytes)
-	case cfg.replayCacheEntries == 0 && bytesSet:
+	case cfg.replayCacheEntries == 0 && env.Configured("replay-cache-bytes"):
 		return config{}, errors.New("-replay-cache-bytes is set but -replay-cache-entries is 0, which leaves the replay cache off: " +
 			"set -replay-cache-entries too, or drop -replay-cache-bytes")
 	}

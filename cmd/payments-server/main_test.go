@@ -113,6 +113,32 @@ func TestParseConfigOtherFlagsKeepTheirEnvironment(t *testing.T) {
 	}
 }
 
+// Every variable follows cliflag's rule: a bad one is an error naming it,
+// its value and its flag, all of them together, unless the flag is given.
+// PAYMENTS_REFLECTION=maybe read as false before.
+func TestParseConfigEnvironmentFollowsTheOneRule(t *testing.T) {
+	bad := map[string]string{"PAYMENTS_REFLECTION": "maybe", "PAYMENTS_REPLAY_CACHE_ENTRIES": "lots", "PAYMENTS_LISTEN": "127.0.0.1:6000"}
+	_, err := parseConfig(nil, getenvFrom(bad), io.Discard)
+	for _, want := range []string{`PAYMENTS_REFLECTION="maybe" (-reflection): `, `PAYMENTS_REPLAY_CACHE_ENTRIES="lots" (-replay-cache-entries): `} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("two bad variables: %v, want both reported, %s among them", err, want)
+		}
+	}
+	cfg, err := parseConfig([]string{"-reflection=false", "-replay-cache-entries", "3"}, getenvFrom(bad), io.Discard)
+	if err != nil || cfg.reflection || cfg.replayCacheEntries != 3 || cfg.listen != "127.0.0.1:6000" {
+		t.Errorf("the bad variables' flags given: %+v, %v; want the flags to win and PAYMENTS_LISTEN read", cfg, err)
+	}
+	var usage strings.Builder
+	if _, err := parseConfig([]string{"-h"}, getenvFrom(nil), &usage); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	for _, want := range []string{"(env PAYMENTS_LISTEN)", "(env IDEMGATE_DEDUPE_ADDR)", "(env IDEMGATE_DEDUPE_TOKEN)", "(env PAYMENTS_REFLECTION)", "(env PAYMENTS_METRICS_LISTEN)"} {
+		if strings.Count(usage.String(), want) != 1 {
+			t.Errorf("usage:\n%s\nwant %s once", usage.String(), want)
+		}
+	}
+}
+
 func TestParseConfigHelp(t *testing.T) {
 	var usage strings.Builder
 	if _, err := parseConfig([]string{"-h"}, getenvFrom(nil), &usage); !errors.Is(err, flag.ErrHelp) {

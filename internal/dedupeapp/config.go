@@ -13,14 +13,13 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/internal/cliflag"
 )
 
 // Config is the dedupesvc configuration. Every field has a flag and an
@@ -269,9 +268,6 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 	return cfg, err
 }
 
-// envFlag finds the environment variable a flag's usage names, "(env KEY".
-var envFlag = regexp.MustCompile(`\(env ([A-Z0-9_]+)`)
-
 // ParseArgs is ParseConfig for a binary with commands: flags may come before,
 // between and after the command's words, which it returns in order.
 // synopsis, printed by -h above the flags, lists the commands.
@@ -283,112 +279,54 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 		fs.PrintDefaults()
 	}
 	var cfg Config
-	// envErrs holds the environment variables that did not parse, by
-	// name: reported with their flag, unless the flag is given and wins.
-	envErrs := map[string]error{}
-	env := func(key, def string) string {
-		if v := getenv(key); v != "" {
-			return v
-		}
-		return def
-	}
-	badEnv := func(key, v string, err error) {
-		envErrs[key] = fmt.Errorf("%s=%q: %w", key, v, err)
-	}
-	durationEnv := func(key string, def time.Duration) time.Duration {
-		v := getenv(key)
-		if v == "" {
-			return def
-		}
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			badEnv(key, v, err)
-			return def
-		}
-		return d
-	}
-	intEnv := func(key string, def int) int {
-		v := getenv(key)
-		if v == "" {
-			return def
-		}
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			badEnv(key, v, err)
-			return def
-		}
-		return n
-	}
-	floatEnv := func(key string, def float64) float64 {
-		v := getenv(key)
-		if v == "" {
-			return def
-		}
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			badEnv(key, v, err)
-			return def
-		}
-		return f
-	}
-	boolEnv := func(key string, def bool) bool {
-		v := getenv(key)
-		if v == "" {
-			return def
-		}
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			badEnv(key, v, err)
-			return def
-		}
-		return b
-	}
-
-	fs.StringVar(&cfg.Listen, "listen", env("IDEMGATE_LISTEN", "127.0.0.1:50051"), "gRPC listen `address` (env IDEMGATE_LISTEN)")
-	fs.StringVar(&cfg.DatabaseURL, "database-url", env("DATABASE_URL", ""), "PostgreSQL connection `URL`; empty uses the embedded SQLite store (env DATABASE_URL)")
-	fs.StringVar(&cfg.DataDir, "data-dir", env("IDEMGATE_DATA_DIR", defaultDataDir(getenv)), "`directory` of the embedded store, used when no database URL is set (env IDEMGATE_DATA_DIR)")
-	fs.BoolVar(&cfg.MigrateOnStart, "migrate-on-start", boolEnv("IDEMGATE_MIGRATE_ON_START", true), "apply pending migrations before serving (env IDEMGATE_MIGRATE_ON_START)")
-	fs.IntVar(&cfg.StoreWriters, "store-writers", intEnv("IDEMGATE_STORE_WRITERS", 0), "group-commit transactions written at once on PostgreSQL, at most half of -db-max-conns; 0 takes the default, 2: fewer make bigger batches and fewer commits; raise it for a database with many cores (env IDEMGATE_STORE_WRITERS)")
-	fs.IntVar(&cfg.StoreMaxBatch, "store-max-batch", intEnv("IDEMGATE_STORE_MAX_BATCH", 0), "most Begins and Finishes written in one transaction by concurrent callers (group commit); 1 turns batching off, 0 takes the store's default: 64 on PostgreSQL, 128 embedded (env IDEMGATE_STORE_MAX_BATCH)")
-	fs.IntVar(&cfg.MaxConns, "db-max-conns", intEnv("IDEMGATE_DB_MAX_CONNS", DefaultDBMaxConns), "database pool `size`; watch idemgate_db_pool_empty_acquire_wait_seconds_total for callers queueing (env IDEMGATE_DB_MAX_CONNS)")
-	fs.DurationVar(&cfg.UsageCompactionInterval, "usage-compaction-interval", durationEnv("IDEMGATE_USAGE_COMPACTION_INTERVAL", dedupesvc.DefaultUsageCompactionInterval),
-		"how often the quotas' usage takes in the latest changes on PostgreSQL; a caller may overshoot a quota by what it reserves in this long (env IDEMGATE_USAGE_COMPACTION_INTERVAL)")
-	fs.DurationVar(&cfg.SweepInterval, "sweep-interval", durationEnv("IDEMGATE_SWEEP_INTERVAL", time.Minute), "pause between sweeps of expired records (env IDEMGATE_SWEEP_INTERVAL)")
-	fs.IntVar(&cfg.SweepBatch, "sweep-batch", intEnv("IDEMGATE_SWEEP_BATCH", 1000), "expired records deleted per statement (env IDEMGATE_SWEEP_BATCH)")
-	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", durationEnv("IDEMGATE_SHUTDOWN_TIMEOUT", 10*time.Second), "time in-flight calls get to finish on SIGTERM (env IDEMGATE_SHUTDOWN_TIMEOUT)")
-	fs.BoolVar(&cfg.Notify, "notify", boolEnv("IDEMGATE_NOTIFY", true), "wake waiting duplicates with LISTEN/NOTIFY; off, they only poll (env IDEMGATE_NOTIFY)")
-	fs.DurationVar(&cfg.PollInterval, "poll-interval", durationEnv("IDEMGATE_POLL_INTERVAL", 200*time.Millisecond), "how often a waiting duplicate re-reads its record (env IDEMGATE_POLL_INTERVAL)")
-	fs.DurationVar(&cfg.UnknownRetention, "unknown-retention", durationEnv("IDEMGATE_UNKNOWN_RETENTION", 7*24*time.Hour), "how long an unresolved outcome-unknown record blocks its key (env IDEMGATE_UNKNOWN_RETENTION)")
-	fs.IntVar(&cfg.MaxOutcomeBytes, "max-outcome-bytes", intEnv("IDEMGATE_MAX_OUTCOME_BYTES", 1<<20), "largest stored outcome, in bytes (env IDEMGATE_MAX_OUTCOME_BYTES)")
-	fs.Float64Var(&cfg.CallerBeginRate, "caller-begin-rate", float64(intEnv("IDEMGATE_CALLER_BEGIN_RATE", dedupesvc.DefaultCallerRate)), "Begins a second each caller may make; 0 is no limit (env IDEMGATE_CALLER_BEGIN_RATE)")
-	fs.IntVar(&cfg.CallerBeginBurst, "caller-begin-burst", intEnv("IDEMGATE_CALLER_BEGIN_BURST", dedupesvc.DefaultCallerBurst), "Begins each caller may make at once above its rate (env IDEMGATE_CALLER_BEGIN_BURST)")
-	fs.Int64Var(&cfg.CallerMaxRecords, "caller-max-records", int64(intEnv("IDEMGATE_CALLER_MAX_RECORDS", dedupesvc.DefaultCallerRecords)), "records each caller may keep stored; 0 is no limit (env IDEMGATE_CALLER_MAX_RECORDS)")
-	fs.Int64Var(&cfg.CallerMaxBytes, "caller-max-bytes", int64(intEnv("IDEMGATE_CALLER_MAX_BYTES", dedupesvc.DefaultCallerBytes)), "outcome bytes each caller may keep stored; 0 is no limit (env IDEMGATE_CALLER_MAX_BYTES)")
-	fs.DurationVar(&cfg.MaxRetention, "max-retention", durationEnv("IDEMGATE_MAX_RETENTION", dedupesvc.DefaultMaxRetention), "longest retention a Begin may ask for; longer is refused (env IDEMGATE_MAX_RETENTION)")
-	fs.IntVar(&cfg.MaxWaiters, "max-waiters", intEnv("IDEMGATE_MAX_WAITERS", dedupesvc.DefaultMaxWaiters), "Begins that may wait for in-flight outcomes at once; past it they answer in_flight at once (env IDEMGATE_MAX_WAITERS)")
-	fs.IntVar(&cfg.CallerMaxWaiters, "caller-max-waiters", intEnv("IDEMGATE_CALLER_MAX_WAITERS", dedupesvc.DefaultMaxCallerWaiters), "of those, how many one caller may have (env IDEMGATE_CALLER_MAX_WAITERS)")
-	fs.StringVar(&cfg.MetricsListen, "metrics-listen", env("IDEMGATE_METRICS_LISTEN", "127.0.0.1:9464"), "HTTP `address` of the Prometheus /metrics endpoint; empty turns it off (env IDEMGATE_METRICS_LISTEN)")
-	fs.StringVar(&cfg.TLSCert, "tls-cert", env("IDEMGATE_TLS_CERT", ""), "server certificate `file` (PEM); empty serves plaintext, loopback only (env IDEMGATE_TLS_CERT)")
-	fs.StringVar(&cfg.TLSKey, "tls-key", env("IDEMGATE_TLS_KEY", ""), "server key `file` (PEM) (env IDEMGATE_TLS_KEY)")
-	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", env("IDEMGATE_TLS_CLIENT_CA", ""), "CA `file` (PEM) of accepted client certificates: mutual TLS (env IDEMGATE_TLS_CLIENT_CA)")
-	fs.StringVar(&cfg.TokenFile, "token-file", env("IDEMGATE_TOKEN_FILE", ""), "`file` of accepted bearer tokens, \"name client|admin secret\" per line (env IDEMGATE_TOKEN_FILE)")
-	fs.StringVar(&cfg.OutcomeKeysFile, "outcome-keys-file", env("IDEMGATE_OUTCOME_KEYS_FILE", ""), "`file` of keys that encrypt stored outcomes, \"id base64-32-bytes\" per line, the last one sealing; reloaded on SIGHUP; empty stores outcomes as received (env IDEMGATE_OUTCOME_KEYS_FILE)")
-	admins := fs.String("admin-identities", env("IDEMGATE_ADMIN_IDENTITIES", ""), "comma-separated certificate identities allowed the admin RPCs (env IDEMGATE_ADMIN_IDENTITIES)")
-	fs.BoolVar(&cfg.InsecurePlaintext, "insecure-plaintext", boolEnv("IDEMGATE_INSECURE_PLAINTEXT", false), "allow plaintext on an address that is not loopback (env IDEMGATE_INSECURE_PLAINTEXT)")
-	fs.BoolVar(&cfg.Reflection, "reflection", boolEnv("IDEMGATE_REFLECTION", false), "serve gRPC server reflection (env IDEMGATE_REFLECTION)")
-	fs.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", env("OTEL_EXPORTER_OTLP_ENDPOINT", ""), "OpenTelemetry collector (OTLP/gRPC): `https://host:port` for TLS, http://host:port or host:port for plaintext; empty turns tracing off (env OTEL_EXPORTER_OTLP_ENDPOINT)")
-	fs.IntVar(&cfg.MaxConnections, "max-connections", intEnv("IDEMGATE_MAX_CONNECTIONS", DefaultMaxConnections), "connections served at once; more wait to be accepted (env IDEMGATE_MAX_CONNECTIONS)")
-	fs.IntVar(&cfg.MaxConcurrentStreams, "max-concurrent-streams", intEnv("IDEMGATE_MAX_CONCURRENT_STREAMS", DefaultMaxConcurrentStreams), "calls open at once on one connection; the excess is refused (env IDEMGATE_MAX_CONCURRENT_STREAMS)")
-	fs.DurationVar(&cfg.HandshakeTimeout, "handshake-timeout", durationEnv("IDEMGATE_HANDSHAKE_TIMEOUT", DefaultHandshakeTimeout), "time a new connection gets for its TLS handshake and HTTP/2 preface (env IDEMGATE_HANDSHAKE_TIMEOUT)")
-	fs.DurationVar(&cfg.MaxConnectionIdle, "max-connection-idle", durationEnv("IDEMGATE_MAX_CONNECTION_IDLE", DefaultMaxConnectionIdle), "close a connection without calls for this long (env IDEMGATE_MAX_CONNECTION_IDLE)")
-	fs.DurationVar(&cfg.MaxConnectionAge, "max-connection-age", durationEnv("IDEMGATE_MAX_CONNECTION_AGE", DefaultMaxConnectionAge), "close any connection this old, ±10% (env IDEMGATE_MAX_CONNECTION_AGE)")
-	fs.DurationVar(&cfg.MaxConnectionAgeGrace, "max-connection-age-grace", durationEnv("IDEMGATE_MAX_CONNECTION_AGE_GRACE", DefaultMaxConnectionAgeGrace), "time calls on an aged connection get to finish (env IDEMGATE_MAX_CONNECTION_AGE_GRACE)")
-	fs.DurationVar(&cfg.KeepaliveMinTime, "keepalive-min-time", durationEnv("IDEMGATE_KEEPALIVE_MIN_TIME", DefaultKeepaliveMinTime), "shortest client ping interval tolerated; faster pingers are disconnected (env IDEMGATE_KEEPALIVE_MIN_TIME)")
-	fs.Float64Var(&cfg.AuthRefusalLogRate, "auth-refusal-log-rate", floatEnv("IDEMGATE_AUTH_REFUSAL_LOG_RATE", DefaultAuthRefusalLogRate), "refused-authentication log lines per second, bursts of 10; all are counted (env IDEMGATE_AUTH_REFUSAL_LOG_RATE)")
-	fs.DurationVar(&cfg.TokenReloadInterval, "token-reload-interval", durationEnv("IDEMGATE_TOKEN_RELOAD_INTERVAL", DefaultTokenReloadInterval), "how often the token file is checked for changes; negative: on SIGHUP only (env IDEMGATE_TOKEN_RELOAD_INTERVAL)")
-	fs.BoolVar(&cfg.ResolveAdminOnly, "resolve-admin-only", boolEnv("IDEMGATE_RESOLVE_ADMIN_ONLY", false), "reserve DedupeService.Resolve to admin identities (env IDEMGATE_RESOLVE_ADMIN_ONLY)")
-	fs.DurationVar(&cfg.ReplayFlushInterval, "replay-flush-interval", durationEnv("IDEMGATE_REPLAY_FLUSH_INTERVAL", dedupesvc.DefaultReplayFlushInterval), "how often replay counts are added to the records, in one statement; unflushed counts die with the process (env IDEMGATE_REPLAY_FLUSH_INTERVAL)")
-	level := fs.String("log-level", env("IDEMGATE_LOG_LEVEL", "info"), "log `level`: debug, info, warn or error (env IDEMGATE_LOG_LEVEL)")
+	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:50051", "gRPC listen `address`")
+	fs.StringVar(&cfg.DatabaseURL, "database-url", "", "PostgreSQL connection `URL`; empty uses the embedded SQLite store")
+	fs.StringVar(&cfg.DataDir, "data-dir", defaultDataDir(getenv), "`directory` of the embedded store, used when no database URL is set")
+	fs.BoolVar(&cfg.MigrateOnStart, "migrate-on-start", true, "apply pending migrations before serving")
+	fs.IntVar(&cfg.StoreWriters, "store-writers", 0, "group-commit transactions written at once on PostgreSQL, at most half of -db-max-conns; 0 takes the default, 2: fewer make bigger batches and fewer commits; raise it for a database with many cores")
+	fs.IntVar(&cfg.StoreMaxBatch, "store-max-batch", 0, "most Begins and Finishes written in one transaction by concurrent callers (group commit); 1 turns batching off, 0 takes the store's default: 64 on PostgreSQL, 128 embedded")
+	fs.IntVar(&cfg.MaxConns, "db-max-conns", DefaultDBMaxConns, "database pool `size`; watch idemgate_db_pool_empty_acquire_wait_seconds_total for callers queueing")
+	fs.DurationVar(&cfg.UsageCompactionInterval, "usage-compaction-interval", dedupesvc.DefaultUsageCompactionInterval,
+		"how often the quotas' usage takes in the latest changes on PostgreSQL; a caller may overshoot a quota by what it reserves in this long")
+	fs.DurationVar(&cfg.SweepInterval, "sweep-interval", time.Minute, "pause between sweeps of expired records")
+	fs.IntVar(&cfg.SweepBatch, "sweep-batch", 1000, "expired records deleted per statement")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "time in-flight calls get to finish on SIGTERM")
+	fs.BoolVar(&cfg.Notify, "notify", true, "wake waiting duplicates with LISTEN/NOTIFY; off, they only poll")
+	fs.DurationVar(&cfg.PollInterval, "poll-interval", 200*time.Millisecond, "how often a waiting duplicate re-reads its record")
+	fs.DurationVar(&cfg.UnknownRetention, "unknown-retention", 7*24*time.Hour, "how long an unresolved outcome-unknown record blocks its key")
+	fs.IntVar(&cfg.MaxOutcomeBytes, "max-outcome-bytes", 1<<20, "largest stored outcome, in bytes")
+	fs.Float64Var(&cfg.CallerBeginRate, "caller-begin-rate", dedupesvc.DefaultCallerRate, "Begins a second each caller may make; 0 is no limit")
+	fs.IntVar(&cfg.CallerBeginBurst, "caller-begin-burst", dedupesvc.DefaultCallerBurst, "Begins each caller may make at once above its rate")
+	fs.Int64Var(&cfg.CallerMaxRecords, "caller-max-records", dedupesvc.DefaultCallerRecords, "records each caller may keep stored; 0 is no limit")
+	fs.Int64Var(&cfg.CallerMaxBytes, "caller-max-bytes", dedupesvc.DefaultCallerBytes, "outcome bytes each caller may keep stored; 0 is no limit")
+	fs.DurationVar(&cfg.MaxRetention, "max-retention", dedupesvc.DefaultMaxRetention, "longest retention a Begin may ask for; longer is refused")
+	fs.IntVar(&cfg.MaxWaiters, "max-waiters", dedupesvc.DefaultMaxWaiters, "Begins that may wait for in-flight outcomes at once; past it they answer in_flight at once")
+	fs.IntVar(&cfg.CallerMaxWaiters, "caller-max-waiters", dedupesvc.DefaultMaxCallerWaiters, "of those, how many one caller may have")
+	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "127.0.0.1:9464", "HTTP `address` of the Prometheus /metrics endpoint; empty turns it off")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "server certificate `file` (PEM); empty serves plaintext, loopback only")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "server key `file` (PEM)")
+	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "CA `file` (PEM) of accepted client certificates: mutual TLS")
+	fs.StringVar(&cfg.TokenFile, "token-file", "", "`file` of accepted bearer tokens, \"name client|admin secret\" per line")
+	fs.StringVar(&cfg.OutcomeKeysFile, "outcome-keys-file", "", "`file` of keys that encrypt stored outcomes, \"id base64-32-bytes\" per line, the last one sealing; reloaded on SIGHUP; empty stores outcomes as received")
+	admins := fs.String("admin-identities", "", "comma-separated certificate identities allowed the admin RPCs")
+	fs.BoolVar(&cfg.InsecurePlaintext, "insecure-plaintext", false, "allow plaintext on an address that is not loopback")
+	fs.BoolVar(&cfg.Reflection, "reflection", false, "serve gRPC server reflection")
+	fs.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", "", "OpenTelemetry collector (OTLP/gRPC): `https://host:port` for TLS, http://host:port or host:port for plaintext; empty turns tracing off")
+	fs.IntVar(&cfg.MaxConnections, "max-connections", DefaultMaxConnections, "connections served at once; more wait to be accepted")
+	fs.IntVar(&cfg.MaxConcurrentStreams, "max-concurrent-streams", DefaultMaxConcurrentStreams, "calls open at once on one connection; the excess is refused")
+	fs.DurationVar(&cfg.HandshakeTimeout, "handshake-timeout", DefaultHandshakeTimeout, "time a new connection gets for its TLS handshake and HTTP/2 preface")
+	fs.DurationVar(&cfg.MaxConnectionIdle, "max-connection-idle", DefaultMaxConnectionIdle, "close a connection without calls for this long")
+	fs.DurationVar(&cfg.MaxConnectionAge, "max-connection-age", DefaultMaxConnectionAge, "close any connection this old, ±10%")
+	fs.DurationVar(&cfg.MaxConnectionAgeGrace, "max-connection-age-grace", DefaultMaxConnectionAgeGrace, "time calls on an aged connection get to finish")
+	fs.DurationVar(&cfg.KeepaliveMinTime, "keepalive-min-time", DefaultKeepaliveMinTime, "shortest client ping interval tolerated; faster pingers are disconnected")
+	fs.Float64Var(&cfg.AuthRefusalLogRate, "auth-refusal-log-rate", DefaultAuthRefusalLogRate, "refused-authentication log lines per second, bursts of 10; all are counted")
+	fs.DurationVar(&cfg.TokenReloadInterval, "token-reload-interval", DefaultTokenReloadInterval, "how often the token file is checked for changes; negative: on SIGHUP only")
+	fs.BoolVar(&cfg.ResolveAdminOnly, "resolve-admin-only", false, "reserve DedupeService.Resolve to admin identities")
+	fs.DurationVar(&cfg.ReplayFlushInterval, "replay-flush-interval", dedupesvc.DefaultReplayFlushInterval, "how often replay counts are added to the records, in one statement; unflushed counts die with the process")
+	level := fs.String("log-level", "info", "log `level`: debug, info, warn or error")
+	env := cliflag.Bind(fs, "IDEMGATE_", getenv,
+		cliflag.WithName("database-url", "DATABASE_URL"),
+		cliflag.WithName("otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT"))
 	var words []string
 	for rest := args; ; {
 		if err := fs.Parse(rest); err != nil {
@@ -399,16 +337,8 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 		}
 		words, rest = append(words, rest[0]), rest[1:]
 	}
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	var errs []error
-	fs.VisitAll(func(f *flag.Flag) {
-		if m := envFlag.FindStringSubmatch(f.Usage); m != nil && envErrs[m[1]] != nil && !given[f.Name] {
-			errs = append(errs, fmt.Errorf("-%s: %w; fix the variable, unset it, or give -%s", f.Name, envErrs[m[1]], f.Name))
-		}
-	})
-	if len(errs) > 0 {
-		return Config{}, nil, errors.Join(errs...)
+	if err := env.Apply(); err != nil {
+		return Config{}, nil, err
 	}
 	for _, id := range strings.Split(*admins, ",") {
 		if id = strings.TrimSpace(id); id != "" {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -46,8 +47,9 @@ func TestUsageListsTheCommands(t *testing.T) {
 	}
 }
 
-// A bad environment variable is reported with the flag it feeds, and does
-// not matter when the flag itself is given.
+// A bad environment variable is reported by the one rule of cliflag (the
+// variable, its value, then the flag it feeds), and does not matter when
+// the flag itself is given.
 func TestEnvironmentErrorsNameTheirFlag(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct{ env, value, flag string }{
@@ -63,12 +65,40 @@ func TestEnvironmentErrorsNameTheirFlag(t *testing.T) {
 			return ""
 		}
 		_, err := dedupeapp.ParseConfig("dedupesvc", nil, getenv, io.Discard)
-		if err == nil || !strings.HasPrefix(err.Error(), tt.flag+": ") || !strings.Contains(err.Error(), tt.env) {
-			t.Errorf("%s=%s: %v, want an error starting %q and naming %s", tt.env, tt.value, err, tt.flag+": ", tt.env)
+		if want := fmt.Sprintf("%s=%q (%s): ", tt.env, tt.value, tt.flag); err == nil || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("%s=%s: %v, want an error starting %s", tt.env, tt.value, err, want)
 		}
 		if _, err := dedupeapp.ParseConfig("dedupesvc", []string{tt.flag + "=" + map[string]string{
 			"-shutdown-timeout": "5s", "-auth-refusal-log-rate": "2", "-sweep-batch": "10", "-notify": "true"}[tt.flag]}, getenv, io.Discard); err != nil {
 			t.Errorf("%s=%s with %s given: %v, want the flag to win", tt.env, tt.value, tt.flag, err)
+		}
+	}
+}
+
+// The dedupesvc variables follow cliflag's rule: each is parsed as its flag
+// is (IDEMGATE_CALLER_BEGIN_RATE takes a fraction, as -caller-begin-rate
+// does), and every one that does not parse is reported, with its flag.
+func TestEnvironmentFollowsTheOneRule(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"IDEMGATE_CALLER_BEGIN_RATE": "2.5", "DATABASE_URL": "postgres://db/x", "OTEL_EXPORTER_OTLP_ENDPOINT": "127.0.0.1:4317"}
+	cfg, err := dedupeapp.ParseConfig("dedupesvc", nil, func(k string) string { return env[k] }, io.Discard)
+	if err != nil || cfg.CallerBeginRate != 2.5 || cfg.DatabaseURL != "postgres://db/x" || cfg.OTLPEndpoint != "127.0.0.1:4317" {
+		t.Errorf("rate %v, database %q, OTLP %q, %v; want 2.5 and the two documented names read", cfg.CallerBeginRate, cfg.DatabaseURL, cfg.OTLPEndpoint, err)
+	}
+	bad := map[string]string{"IDEMGATE_CALLER_BEGIN_RATE": "fast", "IDEMGATE_SWEEP_INTERVAL": "x"}
+	_, err = dedupeapp.ParseConfig("dedupesvc", nil, func(k string) string { return bad[k] }, io.Discard)
+	for _, want := range []string{`IDEMGATE_CALLER_BEGIN_RATE="fast" (-caller-begin-rate): `, `IDEMGATE_SWEEP_INTERVAL="x" (-sweep-interval): `} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("two bad variables: %v, want both reported, %s among them", err, want)
+		}
+	}
+	var usage bytes.Buffer
+	if _, err := dedupeapp.ParseConfig("dedupesvc", []string{"-h"}, func(string) string { return "" }, &usage); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	for _, want := range []string{"(env IDEMGATE_CALLER_BEGIN_RATE)", "(env DATABASE_URL)", "(env OTEL_EXPORTER_OTLP_ENDPOINT)", "(env IDEMGATE_LOG_LEVEL)"} {
+		if strings.Count(usage.String(), want) != 1 {
+			t.Errorf("usage:\n%s\nwant %s once", usage.String(), want)
 		}
 	}
 }

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Every flag reads a variable by cliflag's rule, prefix IDEMGATE_MCP_
+// (IDEMGATE_MCP_LISTEN was not read before); -token keeps its documented
+// IDEMGATE_MCP_TARGET_TOKEN.
+func TestParseFlagsReadsTheEnvironment(t *testing.T) {
+	env := map[string]string{
+		"IDEMGATE_MCP_TARGET": "127.0.0.1:50052", "IDEMGATE_MCP_TARGET_TOKEN": "s3cret",
+		"IDEMGATE_MCP_LISTEN": "127.0.0.1:8080", "IDEMGATE_MCP_PLAINTEXT": "true", "IDEMGATE_MCP_CALL_TIMEOUT": "5s",
+		"IDEMGATE_MCP_DESCRIPTOR_SET": "p.binpb", "IDEMGATE_MCP_SERVICES": "a.S", "IDEMGATE_MCP_TLS_CA": "ca.pem",
+		"IDEMGATE_MCP_TLS_SERVER_NAME": "tool",
+	}
+	f, err := parseFlags([]string{"-services", "b.S"}, func(k string) string { return env[k] }, io.Discard)
+	want := flags{target: "127.0.0.1:50052", token: "s3cret", listen: "127.0.0.1:8080", plaintext: true, callTimeout: 5 * time.Second,
+		descriptorSet: "p.binpb", services: "b.S", caFile: "ca.pem", serverName: "tool"}
+	if err != nil || f != want {
+		t.Errorf("parseFlags = %+v, %v; want %+v", f, err, want)
+	}
+	if f, err := parseFlags(nil, func(string) string { return "" }, io.Discard); err != nil || f.callTimeout != time.Minute || f.listen != "" {
+		t.Errorf("defaults: %+v, %v; want a 1m call timeout and stdio", f, err)
+	}
+}
+
+// A variable that does not parse is an error naming it, its value and its
+// flag, unless the flag is given.
+func TestParseFlagsReportsABadVariable(t *testing.T) {
+	bad := map[string]string{"IDEMGATE_MCP_CALL_TIMEOUT": "soon", "IDEMGATE_MCP_PLAINTEXT": "maybe"}
+	_, err := parseFlags(nil, func(k string) string { return bad[k] }, io.Discard)
+	for _, want := range []string{`IDEMGATE_MCP_CALL_TIMEOUT="soon" (-call-timeout): `, `IDEMGATE_MCP_PLAINTEXT="maybe" (-plaintext): `} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("two bad variables: %v, want both reported, %s among them", err, want)
+		}
+	}
+	if f, err := parseFlags([]string{"-call-timeout", "2s", "-plaintext"}, func(k string) string { return bad[k] }, io.Discard); err != nil || f.callTimeout != 2*time.Second {
+		t.Errorf("the flags given: %+v, %v; want them to win", f, err)
+	}
+	var usage strings.Builder
+	if _, err := parseFlags([]string{"-h"}, func(string) string { return "" }, &usage); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v, want flag.ErrHelp", err)
+	}
+	for _, want := range []string{"(env IDEMGATE_MCP_TARGET)", "(env IDEMGATE_MCP_TARGET_TOKEN)", "(env IDEMGATE_MCP_LISTEN)", "(env IDEMGATE_MCP_CALL_TIMEOUT)"} {
+		if strings.Count(usage.String(), want) != 1 {
+			t.Errorf("usage:\n%s\nwant %s once", usage.String(), want)
+		}
+	}
+}
