@@ -4,10 +4,17 @@
 // Release, retried in the background within a budget), follows up a Begin
 // whose answer was lost, and counts what the caller does not see.
 //
-// It knows nothing of gRPC servers or MCP: a front end (the gRPC
-// interceptor, mcpgate) reads the key, names the scope, fingerprints the
-// request, decides what a handler's answer means, and encodes the stored
-// outcome; gatecore does the rest through the Dedupe client interface only.
+// Engine.Gate is a gated call's whole lifecycle, the same for every
+// transport: the replay cache, Begin, a reconciler for a lost outcome, the
+// handler under a renewed lease, the settlement its verdict asks for (before
+// the answer, or right after it under FINISH_POLICY_AFTER_REPLY), and the
+// fenced answer. A front end (the gRPC interceptor, mcpgate, connectgate,
+// httpgate) reads the key, names the scope, fingerprints the request, and
+// implements Transport: how a stored outcome becomes its answer, how the
+// handler runs and what its answer means (a Verdict; handlers can mark
+// their errors with MarkFinal, MarkRetryable, MarkOutcomeUnknown), and where
+// its replay headers go. Observer gives every front end the same logging of
+// a failing Dedupe service, its start-up check and its health.
 // Its errors are gRPC status errors with one ErrorInfo whose reason is one
 // of the Reason constants, so every front end refuses with the same reasons.
 package gatecore
