@@ -125,7 +125,7 @@ test: ## Run every test (fuzz seed corpora included) with the race detector agai
 .PHONY: faults
 faults: ## Run the real-process fault tests (build tag faults): dedupesvc killed, PostgreSQL crashed and failed over, store outages.
 	@echo 'make faults: builds cmd/dedupesvc and starts throwaway PostgreSQL clusters; $(FIRST_BUILD)'
-	go test $(GO_TEST_FLAGS) -tags faults ./cmd/dedupesvc/ ./internal/outagetest/
+	go test $(GO_TEST_FLAGS) -tags faults ./cmd/dedupesvc/ ./internal/testing/outagetest/
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZ_TIME (default 50000 executions; FUZZ_TIME=2000000x nightly).
@@ -147,12 +147,12 @@ MODEL_HOLES := HOLE_CALLER_CANCEL: HOLE_HEARTBEAT_GAP:-DREEXECUTE HOLE_OUTAGE_CO
 PAN_CFLAGS ?= -w -O2 -DSAFETY -DCOLLAPSE
 
 .PHONY: model
-model: ## Model-check the reservation protocol (internal/model) with SPIN, then require each HOLE_* mutation to fail.
+model: ## Model-check the reservation protocol (internal/testing/model) with SPIN, then require each HOLE_* mutation to fail.
 	@command -v spin >/dev/null 2>&1 && command -v gcc >/dev/null 2>&1 || \
 	  { echo "make model needs spin and gcc: apt-get install spin gcc"; exit 1; }
 	@set -e; tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT; \
 	check() { \
-	  d="$$tmp/$$1" && mkdir -p "$$d" && cp internal/model/reservation.pml "$$d/" && \
+	  d="$$tmp/$$1" && mkdir -p "$$d" && cp internal/testing/model/reservation.pml "$$d/" && \
 	  (cd "$$d" && spin -a $$2 reservation.pml >spin.log && gcc $(PAN_CFLAGS) -o pan pan.c && \
 	   ./pan -m1000000 -w26 >pan.log 2>&1; true); \
 	  grep -q 'errors: 0' "$$d/pan.log" && return 0 || return 1; \
@@ -173,7 +173,7 @@ model: ## Model-check the reservation protocol (internal/model) with SPIN, then 
 .PHONY: chaos
 chaos: ## Run the chaos suite: real binaries, a throwaway PostgreSQL, seeded faults, a checker (SEED=n, LONG=1, CHAOS_RUN=re).
 	@echo 'make chaos: builds dedupesvc, chaos-tool and chaos-workload; $(FIRST_BUILD)'
-	go test -count=1 -v -run '^TestChaos$$/$(CHAOS_RUN)' -parallel 4 -timeout $(if $(LONG),180m,20m) ./internal/chaos/ \
+	go test -count=1 -v -run '^TestChaos$$/$(CHAOS_RUN)' -parallel 4 -timeout $(if $(LONG),180m,20m) ./internal/testing/chaos/ \
 	  -chaos -chaos.seed=$(or $(SEED),0) $(if $(LONG),-chaos.long)
 
 .PHONY: bench
@@ -183,7 +183,7 @@ bench: $(BENCHSTAT) ## Run the benchmarks BENCH_COUNT times and summarise them w
 
 .PHONY: loadtest
 loadtest: $(GHZ) ## End-to-end load test of the real binaries with ghz and pgbench, about 9 minutes; prints issue 19's ratio table (LOADTEST_DURATION, LOADTEST_ROUNDS, LOADTEST_ROWS).
-	go run ./internal/loadtest -ghz '$(GHZ)' -duration '$(LOADTEST_DURATION)' -rounds '$(LOADTEST_ROUNDS)' -rows '$(LOADTEST_ROWS)'
+	go run ./internal/testing/loadtest -ghz '$(GHZ)' -duration '$(LOADTEST_DURATION)' -rounds '$(LOADTEST_ROUNDS)' -rows '$(LOADTEST_ROWS)'
 
 .PHONY: run
 run: $(BIN_DIR)/dedupesvc ## Run the dedupe service on 127.0.0.1:50051 on the embedded store (no set-up; data in ~/.local/share/idemgate).
@@ -213,7 +213,7 @@ run-mcp-server: ## Serve the native Go MCP server gated by mcpgate (examples/mcp
 	go run ./examples/mcp-server -dedupe 127.0.0.1:50051 -listen 127.0.0.1:8081
 
 # NPM_DIRS hold the Node packages the MCP and polyglot tests run (package-lock.json committed).
-NPM_DIRS := internal/mcptest/node examples/mcp-typescript-agent examples/typescript
+NPM_DIRS := internal/testing/mcptest/node examples/mcp-typescript-agent examples/typescript
 
 .PHONY: npm-ci
 npm-ci: ## Install the MCP tests' Node packages (npm ci from the committed lock files).

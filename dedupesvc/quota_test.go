@@ -17,7 +17,7 @@ import (
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/internal/grpcerr"
-	"github.com/idemgate/idemgate/internal/testlog"
+	"github.com/idemgate/idemgate/internal/testing/testlog"
 )
 
 func TestCallerRateLimitsOneCallerOnly(t *testing.T) {

@@ -18,7 +18,7 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/interceptor"
-	"github.com/idemgate/idemgate/internal/stacktest"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
 // The benchmarks run the whole stack on this machine: a client, the gated

@@ -27,9 +27,9 @@ import (
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
-	"github.com/idemgate/idemgate/internal/stacktest"
-	"github.com/idemgate/idemgate/internal/testlog"
-	"github.com/idemgate/idemgate/internal/testsvc"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
+	"github.com/idemgate/idemgate/internal/testing/testlog"
+	"github.com/idemgate/idemgate/internal/testing/testsvc"
 )
 
 // logBuffer collects JSON log lines from any goroutine.

@@ -15,8 +15,8 @@ import (
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/grpcerr"
-	"github.com/idemgate/idemgate/internal/stacktest"
-	"github.com/idemgate/idemgate/internal/testsvc"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
+	"github.com/idemgate/idemgate/internal/testing/testsvc"
 )
 
 // harness is a tool server gated by a real Dedupe service on a real

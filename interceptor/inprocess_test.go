@@ -13,8 +13,8 @@ import (
 
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/interceptor"
-	"github.com/idemgate/idemgate/internal/stacktest"
-	"github.com/idemgate/idemgate/internal/testsvc"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
+	"github.com/idemgate/idemgate/internal/testing/testsvc"
 )
 
 // setupEmbedded is setupWith on the embedded store.

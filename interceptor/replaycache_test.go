@@ -12,7 +12,7 @@ import (
 
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/interceptor"
-	"github.com/idemgate/idemgate/internal/stacktest"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
 // countingDedupe counts the RPCs the gate sends the Dedupe service.

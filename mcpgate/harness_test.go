@@ -24,9 +24,9 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
-	"github.com/idemgate/idemgate/internal/pgtest"
-	"github.com/idemgate/idemgate/internal/stacktest"
-	"github.com/idemgate/idemgate/internal/testlog"
+	"github.com/idemgate/idemgate/internal/testing/pgtest"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
+	"github.com/idemgate/idemgate/internal/testing/testlog"
 	"github.com/idemgate/idemgate/mcpgate"
 )
 

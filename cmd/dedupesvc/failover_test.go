@@ -24,9 +24,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
-	"github.com/idemgate/idemgate/internal/pgtest"
-	"github.com/idemgate/idemgate/internal/proctest"
-	"github.com/idemgate/idemgate/internal/stacktest"
+	"github.com/idemgate/idemgate/internal/testing/pgtest"
+	"github.com/idemgate/idemgate/internal/testing/proctest"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
 // Load of the failover test: workers each reserve keysPerWorker keys, one

@@ -15,8 +15,8 @@ import (
 	"github.com/idemgate/idemgate/examples/payments"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	"github.com/idemgate/idemgate/internal/mcpbridge"
-	"github.com/idemgate/idemgate/internal/proctest"
-	"github.com/idemgate/idemgate/internal/stacktest"
+	"github.com/idemgate/idemgate/internal/testing/proctest"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
 // The binary without -descriptor-set reads the tool server's services by

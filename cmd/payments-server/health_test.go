@@ -17,8 +17,8 @@ import (
 
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	"github.com/idemgate/idemgate/interceptor"
-	"github.com/idemgate/idemgate/internal/proctest"
-	"github.com/idemgate/idemgate/internal/stacktest"
+	"github.com/idemgate/idemgate/internal/testing/proctest"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
 // waitFor polls cond until it holds; the deadline only bounds a hung test.

@@ -5,7 +5,7 @@ import (
 
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	"github.com/idemgate/idemgate/dedupesvc/storetest"
-	"github.com/idemgate/idemgate/internal/pgtest"
+	"github.com/idemgate/idemgate/internal/testing/pgtest"
 )
 
 // BenchmarkStoreNoGroupCommit is BenchmarkStore with group commit off: each

@@ -6,7 +6,7 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	"github.com/idemgate/idemgate/dedupesvc/storetest"
-	"github.com/idemgate/idemgate/internal/pgtest"
+	"github.com/idemgate/idemgate/internal/testing/pgtest"
 )
 
 // TestBatchedDuplicates holds the table lock from outside, so that Begins

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
-	"github.com/idemgate/idemgate/internal/pgtest"
+	"github.com/idemgate/idemgate/internal/testing/pgtest"
 )
 
 // TestTheSweeperGivesAHolderOneMoreLease: the sweeper marks a FAIL_CLOSED

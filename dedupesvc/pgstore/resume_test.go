@@ -15,7 +15,7 @@ import (
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
-	"github.com/idemgate/idemgate/internal/pgtest"
+	"github.com/idemgate/idemgate/internal/testing/pgtest"
 )
 
 // TestRowsOfThePreviousVersionKeepWorking writes rows as the version before

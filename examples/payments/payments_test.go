@@ -15,7 +15,7 @@ import (
 	"github.com/idemgate/idemgate/examples/payments"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	"github.com/idemgate/idemgate/interceptor"
-	"github.com/idemgate/idemgate/internal/stacktest"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
 func setup(t *testing.T) (paymentsv1.PaymentsServiceClient, *payments.Ledger, *stacktest.Stack) {

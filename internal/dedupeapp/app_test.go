@@ -30,8 +30,8 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
-	"github.com/idemgate/idemgate/internal/pgtest"
-	"github.com/idemgate/idemgate/internal/stacktest"
+	"github.com/idemgate/idemgate/internal/testing/pgtest"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
 func TestParseConfig(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
-	"github.com/idemgate/idemgate/internal/stacktest"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
 // Every refused authentication is counted by reason and logged, the log

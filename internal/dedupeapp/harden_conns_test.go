@@ -12,7 +12,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/idemgate/idemgate/internal/dedupeapp"
-	"github.com/idemgate/idemgate/internal/stacktest"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
 // h2conn is a hostile HTTP/2 client: raw frames on one TCP connection,

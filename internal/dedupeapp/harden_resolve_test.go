@@ -9,7 +9,7 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
-	"github.com/idemgate/idemgate/internal/stacktest"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
 // -resolve-admin-only reserves Resolve to admins; without it every caller

@@ -24,7 +24,7 @@ import (
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
 	"github.com/idemgate/idemgate/internal/grpcerr"
-	"github.com/idemgate/idemgate/internal/testlog"
+	"github.com/idemgate/idemgate/internal/testing/testlog"
 )
 
 const (

@@ -11,8 +11,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/idemgate/idemgate/internal/dedupeapp"
-	"github.com/idemgate/idemgate/internal/pgtest"
-	"github.com/idemgate/idemgate/internal/stacktest"
+	"github.com/idemgate/idemgate/internal/testing/pgtest"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
 // The pool's statistics are on /metrics of a service on PostgreSQL. Only

@@ -15,7 +15,7 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
-	"github.com/idemgate/idemgate/internal/stacktest"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
 // Replays counted since the last flush are stored when the service stops:

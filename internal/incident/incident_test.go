@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/idemgate/idemgate/internal/incident"
-	"github.com/idemgate/idemgate/internal/pgtest"
+	"github.com/idemgate/idemgate/internal/testing/pgtest"
 )
 
 func TestReplayInvariants(t *testing.T) {

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/idemgate/idemgate/internal/incident"
-	"github.com/idemgate/idemgate/internal/pgtest"
+	"github.com/idemgate/idemgate/internal/testing/pgtest"
 )
 
 // The README shows the table `make demo` prints with the default seed; the

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/idemgate/idemgate/internal/incident"
-	"github.com/idemgate/idemgate/internal/pgtest"
+	"github.com/idemgate/idemgate/internal/testing/pgtest"
 )
 
 // The demo's result must not depend on how fast the machine is: a replay

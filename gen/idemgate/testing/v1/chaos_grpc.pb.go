@@ -27,7 +27,7 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// ChaosService is the tool the chaos suite (internal/chaos) gates and breaks:
+// ChaosService is the tool the chaos suite (internal/testing/chaos) gates and breaks:
 // one side effect, charged once per key, under each lost-outcome policy. The
 // 6s lease outlasts a starved scheduler on a loaded machine, so a takeover
 // happens only where a scenario stalls or kills the holder on purpose.
@@ -70,7 +70,7 @@ func (c *chaosServiceClient) ChargeReexecute(ctx context.Context, in *ChargeRequ
 // All implementations must embed UnimplementedChaosServiceServer
 // for forward compatibility.
 //
-// ChaosService is the tool the chaos suite (internal/chaos) gates and breaks:
+// ChaosService is the tool the chaos suite (internal/testing/chaos) gates and breaks:
 // one side effect, charged once per key, under each lost-outcome policy. The
 // 6s lease outlasts a starved scheduler on a loaded machine, so a takeover
 // happens only where a scenario stalls or kills the holder on purpose.

@@ -1,0 +1,378 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
+	"github.com/idemgate/idemgate/internal/testing/netfault"
+	"github.com/idemgate/idemgate/internal/testing/pgtest"
+)
+
+// Stores a scenario runs the Dedupe service on.
+const (
+	StorePostgres = "postgres"
+	StoreSQLite   = "sqlite"
+)
+
+// lease is the ChaosService methods' lease (proto/idemgate/testing/v1/chaos.proto).
+const lease = 6 * time.Second
+
+// Workload shapes a scenario's traffic: the fractions of actions sent to
+// the REEXECUTE method, stalled at the tool's pause point, and failed
+// ambiguously (DEADLINE_EXCEEDED after the side effect) on their first run.
+type Workload struct {
+	Reexecute, Pause, Ambiguous float64
+	// TryTimeout is the retry interceptor's timeout per try; 0 means 10s.
+	TryTimeout time.Duration
+	// Spread is how long the actions' starts are spread over (ten times
+	// longer with -chaos.long); 0 means 20s.
+	Spread time.Duration
+	// Actions is how many actions a short run sends (ten times as many with
+	// -chaos.long); 0 means 30.
+	Actions int
+	// LateMetadata is the fraction of actions whose callers give up once
+	// the side effect started, before the handler sets its response
+	// metadata (LateMetadataSuffix); 0 means none.
+	LateMetadata float64
+}
+
+// Scenario is one fault against one topology, with the rules its faults
+// make legitimate.
+//
+// To add a fault (a network toxic, a PostgreSQL failover), add a Scenario
+// here: Setup runs before any process starts and may point Member.DedupeAddr
+// at a proxy, or replace Stack.DatabaseURL with a failover pair's; Fault
+// injects one outage while the workload runs and is called Outages times
+// (ten times as often with -chaos.long), a second apart. Record a window in
+// which the store was unreachable with Stack.outage, so the checker flags
+// any handler that started in it.
+type Scenario struct {
+	// Name is the subtest's name: store/fault.
+	Name string
+	// Store is StorePostgres or StoreSQLite.
+	Store string
+	// OwnCluster gives the scenario a PostgreSQL cluster of its own, for
+	// faults that stop it; others share one, each with its own database.
+	OwnCluster bool
+	// Replicas and Tools count the Dedupe replicas and tool servers; 0
+	// means 1. Tool i dials replica i mod Replicas; the workload spreads
+	// each action's callers over every tool.
+	Replicas, Tools int
+	// Workload shapes the traffic.
+	Workload Workload
+	// Outages is how many times Fault runs in a short run.
+	Outages int
+	// Setup, when set, rewires the stack before it starts.
+	Setup func(*Stack)
+	// Fault injects one outage; done closes when the workload has ended.
+	Fault func(st *Stack, done <-chan struct{}) error
+	// Rules are what the faults make legitimate.
+	Rules Rules
+	// Broken turns on chaos-tool's broken layer; ExpectViolations makes the
+	// scenario pass only when the checker reports violations.
+	Broken, ExpectViolations bool
+}
+
+// standard is the traffic of the core scenarios: spread over long enough
+// for two outages of over a lease each.
+var standard = Workload{Reexecute: 0.3, Pause: 0.25, Ambiguous: 0.05, Spread: 30 * time.Second}
+
+// stalled is the standard traffic with tries that outlast a stopped tool
+// server.
+var stalled = Workload{Reexecute: 0.5, Pause: 0.3, Ambiguous: 0.05, TryTimeout: lease + 10*time.Second, Spread: 35 * time.Second}
+
+// skipped turns errNoPause into a logged skip: the workload ended before a
+// handler reached the pause point, which a short run may see.
+func skipped(st *Stack, err error) error {
+	if errors.Is(err, errNoPause) {
+		st.T().Log("fault skipped: " + err.Error())
+		return nil
+	}
+	return err
+}
+
+// killToolAtPausePoint SIGKILLs a tool server between a side effect and its
+// Finish, and restarts it.
+func killToolAtPausePoint(st *Stack, done <-chan struct{}) error {
+	m, err := st.AtPausePoint(done, "")
+	if err != nil {
+		return skipped(st, err)
+	}
+	st.KillTool(m)
+	return nil
+}
+
+// stallToolPastLease returns a fault that SIGSTOPs a tool server,
+// mid-handler, for longer than the lease, while the workload's duplicates
+// reach the other one: first under a REEXECUTE handler (a takeover), then under
+// a FAIL_CLOSED one (an unknown that turns live again), alternately.
+func stallToolPastLease() func(*Stack, <-chan struct{}) error {
+	n := 0
+	return func(st *Stack, done <-chan struct{}) error {
+		n++
+		method := testingv1.ChaosService_ChargeReexecute_FullMethodName
+		if n%2 == 0 {
+			method = testingv1.ChaosService_Charge_FullMethodName
+		}
+		m, err := st.AtPausePoint(done, method)
+		if err != nil {
+			return skipped(st, err)
+		}
+		return st.StallTool(m, lease+4*time.Second)
+	}
+}
+
+// recovery is how long the store stays up after an outage before the next
+// one. The holders' Finish retries must land in it: outages a second apart
+// are one long outage, and one longer than the finish retry budget (a
+// minute) loses outcomes by design (README, "When the store goes away"),
+// which -chaos.long's twenty outages did.
+const recovery = lease
+
+// killDedupeAtPausePoint kills the first Dedupe replica for longer than the
+// lease while a handler holds an unstored outcome.
+func killDedupeAtPausePoint(st *Stack, done <-chan struct{}) error {
+	if _, err := st.AtPausePoint(done, ""); err != nil {
+		return skipped(st, err)
+	}
+	st.KillDedupe(st.Dedupes[0], lease+2*time.Second)
+	st.sleep(recovery)
+	return nil
+}
+
+// crashPostgresAtPausePoint stops PostgreSQL -m immediate for longer than
+// the lease while a handler holds an unstored outcome.
+func crashPostgresAtPausePoint(st *Stack, done <-chan struct{}) error {
+	if _, err := st.AtPausePoint(done, ""); err != nil {
+		return skipped(st, err)
+	}
+	st.CrashPostgres(lease + 2*time.Second)
+	st.sleep(recovery)
+	return nil
+}
+
+// replicaFaults alternates between killing a tool server at its pause point
+// and killing the second Dedupe replica.
+func replicaFaults() func(*Stack, <-chan struct{}) error {
+	n := 0
+	return func(st *Stack, done <-chan struct{}) error {
+		n++
+		if n%2 == 1 {
+			return killToolAtPausePoint(st, done)
+		}
+		if _, err := st.AtPausePoint(done, ""); err != nil {
+			return skipped(st, err)
+		}
+		st.KillDedupe(st.Dedupes[1], lease+2*time.Second)
+		st.sleep(recovery)
+		return nil
+	}
+}
+
+// holderFaults are the rules of scenarios that kill or stall a holder.
+var holderFaults = Rules{RerunAllowed: true, HolderFaults: true}
+
+// holderCutOff are the rules of scenarios that cut a holder off from the
+// store: as holderFaults, and its caller may get the response whose Finish
+// did not get through while a REEXECUTE taker stores another.
+var holderCutOff = Rules{RerunAllowed: true, HolderFaults: true, HolderCutOff: true}
+
+// networked is the traffic of the network scenarios: more actions, more of
+// them pausing and half REEXECUTE, so each fault finds a handler at the
+// pause point of the method it needs; short tries, so delayed replies come
+// after the callers gave up. Spread is set per scenario, to outlast its
+// faults.
+var networked = Workload{Reexecute: 0.5, Pause: 0.6, Ambiguous: 0.05, TryTimeout: 5 * time.Second, Actions: 40}
+
+// spreadOver is w spread over d.
+func spreadOver(w Workload, d time.Duration) Workload {
+	w.Spread = d
+	return w
+}
+
+// netFault is one network fault: apply puts it on a proxy for hold, then
+// Heal takes it off. away says the fault keeps every answer from the far
+// side: behind a Dedupe-side proxy, the store is unreachable meanwhile.
+type netFault struct {
+	name  string
+	hold  time.Duration
+	away  bool
+	apply func(*netfault.Proxy)
+}
+
+// callerSideFaults are the faults between the callers and a tool server:
+// replies that come after the callers gave up (tryTimeout is the
+// workload's), replies lost, a partition past the lease and connections
+// reset. Each but the partition is held just long enough to catch the paused
+// handler's reply (it returns 3s after its side effect). The holder is never
+// harmed.
+func callerSideFaults(tryTimeout time.Duration) []netFault {
+	return []netFault{
+		{name: "replies delayed past the try timeout", hold: 4 * time.Second, apply: func(p *netfault.Proxy) { p.Latency(tryTimeout + 2*time.Second) }},
+		{name: "replies dropped", hold: 4 * time.Second, apply: (*netfault.Proxy).DropReplies},
+		{name: "blackhole past the lease", hold: lease + 4*time.Second, apply: (*netfault.Proxy).Blackhole},
+		{name: "connections reset", hold: 4 * time.Second, apply: (*netfault.Proxy).Reset},
+	}
+}
+
+// dedupeSideFaults are the faults between a tool server and its Dedupe
+// replica: the holder cut off past its lease (a blackhole), answers lost
+// while requests arrive (the lease is renewed, Begin and Finish answers are
+// lost), connections reset past the lease, and answers slower than the
+// heartbeat's timeout but within Begin's and Finish's.
+func dedupeSideFaults() []netFault {
+	return []netFault{
+		{name: "blackhole past the lease", hold: lease + 4*time.Second, away: true, apply: (*netfault.Proxy).Blackhole},
+		{name: "replies dropped", hold: lease + 2*time.Second, away: true, apply: (*netfault.Proxy).DropReplies},
+		{name: "connections reset past the lease", hold: lease + 2*time.Second, away: true, apply: (*netfault.Proxy).Reset},
+		{name: "replies delayed 4s", hold: lease, apply: func(p *netfault.Proxy) { p.Latency(4 * time.Second) }},
+	}
+}
+
+// proxyCallers puts a proxy between the workload and each tool server.
+func proxyCallers(st *Stack) {
+	for _, tool := range st.Tools {
+		tool.CallerProxy = netfault.NewProxy(st.T(), tool.Addr)
+		tool.CallerAddr = tool.CallerProxy.Addr()
+	}
+}
+
+// proxyDedupe puts a proxy between each tool server and its Dedupe replica.
+func proxyDedupe(st *Stack) {
+	for _, tool := range st.Tools {
+		tool.DedupeProxy = netfault.NewProxy(st.T(), tool.DedupeAddr)
+		tool.DedupeAddr = tool.DedupeProxy.Addr()
+	}
+}
+
+// networkFaults returns a fault that waits for a handler at the pause point,
+// alternately of a REEXECUTE and a FAIL_CLOSED method (swapped on each pass
+// over faults, so each fault meets both), and puts the next of faults on that tool server's proxy (the caller-side one, or with
+// dedupeSide the one to its Dedupe replica). A fault that keeps the store
+// away from the tool server is recorded as an outage for it.
+func networkFaults(dedupeSide bool, faults []netFault) func(*Stack, <-chan struct{}) error {
+	n := 0
+	return func(st *Stack, done <-chan struct{}) error {
+		f := faults[n%len(faults)]
+		method := testingv1.ChaosService_ChargeReexecute_FullMethodName
+		if (n+n/len(faults))%2 == 1 {
+			method = testingv1.ChaosService_Charge_FullMethodName
+		}
+		n++
+		m, err := st.AtPausePoint(done, method)
+		if err != nil {
+			return skipped(st, err)
+		}
+		p, side := m.CallerProxy, "callers"
+		if dedupeSide {
+			p, side = m.DedupeProxy, "Dedupe"
+		}
+		start := time.Now()
+		f.apply(p)
+		st.T().Logf("%s: %s between %s and %s for %s", m.Name, f.name, m.Name, side, f.hold)
+		st.sleep(f.hold)
+		p.Heal()
+		if dedupeSide && f.away {
+			st.outage(fmt.Sprintf("%s: %s to Dedupe", m.Name, f.name), start, time.Now(), m.Name)
+		}
+		return nil
+	}
+}
+
+// replicatedStore starts a primary with a synchronous standby and points the
+// Dedupe service at both through the multi-host URL, which reaches whichever
+// accepts writes.
+func replicatedStore(st *Stack) {
+	t := st.T()
+	st.Replicated = pgtest.NewReplicatedCluster(t)
+	ctx, cancel := context.WithTimeout(st.ctx, patience)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, st.Replicated.Primary().URL("postgres"))
+	if err != nil {
+		t.Fatalf("connect to the primary: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE chaos"); err != nil {
+		t.Fatalf("create database chaos: %v", err)
+	}
+	st.DatabaseURL = st.Replicated.URL("chaos")
+	t.Logf("replicated PostgreSQL: %s", st.Replicated)
+}
+
+// failoverAtPausePoint kills the primary while a handler holds an unstored
+// outcome, keeps the store away past the lease, and promotes the standby;
+// the Dedupe service must find it on its own. There is one standby, so only
+// the first call fails over; later ones (-chaos.long) do nothing.
+func failoverAtPausePoint(st *Stack, done <-chan struct{}) error {
+	if st.failedOver {
+		return nil
+	}
+	if _, err := st.AtPausePoint(done, ""); err != nil {
+		return skipped(st, err)
+	}
+	st.Replicated.KillPrimary(st.T())
+	downAt := time.Now()
+	st.T().Logf("primary killed (-m immediate); promoting the standby in %s", lease+2*time.Second)
+	st.sleep(lease + 2*time.Second)
+	// The store may take writes as soon as pg_ctl promote runs, before
+	// Promote sees it does: the window ends when promotion starts.
+	upAt := time.Now()
+	st.Replicated.Promote(st.T())
+	st.failedOver = true
+	st.T().Log("standby promoted")
+	st.outage("PostgreSQL primary killed, standby promoted", downAt, upAt)
+	return nil
+}
+
+// scenarios lists the suite's scenarios; each call makes fresh fault state.
+func scenarios() []Scenario {
+	var list []Scenario
+	for _, store := range []string{StorePostgres, StoreSQLite} {
+		list = append(list,
+			Scenario{Name: store + "/tool-killed-after-side-effect", Store: store, Workload: standard, Outages: 2,
+				Fault: killToolAtPausePoint, Rules: holderFaults},
+			// The stalled holder's callers wait out the stop (their tries
+			// outlast it), so they get its answer after SIGCONT.
+			Scenario{Name: store + "/tool-stopped-past-lease", Store: store, Tools: 2, Workload: stalled, Outages: 2,
+				Fault: stallToolPastLease(), Rules: holderFaults},
+			Scenario{Name: store + "/dedupe-killed", Store: store, Workload: standard, Outages: 2,
+				Fault: killDedupeAtPausePoint},
+		)
+	}
+	return append(list,
+		Scenario{Name: StorePostgres + "/postgres-crashed", Store: StorePostgres, OwnCluster: true, Workload: standard, Outages: 2,
+			Fault: crashPostgresAtPausePoint},
+		restartScenario(),
+		// Killing the second replica cuts its tool server's holders off from
+		// a store that stays up for the other one, which takes over after
+		// the lease (README, "When the store goes away").
+		Scenario{Name: StorePostgres + "/two-replicas-two-tools", Store: StorePostgres, Replicas: 2, Tools: 2, Workload: standard, Outages: 2,
+			Fault: replicaFaults(), Rules: holderCutOff},
+		// Callers lose replies, get them late or not at all, and lose their
+		// connections; the holders are never harmed, so the strict rules hold.
+		Scenario{Name: StorePostgres + "/network-caller-side", Store: StorePostgres, Tools: 2, Workload: spreadOver(networked, 45*time.Second), Outages: 5,
+			Setup: proxyCallers, Fault: networkFaults(false, callerSideFaults(networked.TryTimeout))},
+		// A holder is cut off from its Dedupe replica, loses its answers or
+		// gets them late, while its duplicates reach the other tool server.
+		Scenario{Name: StorePostgres + "/network-dedupe-side", Store: StorePostgres, Tools: 2, Workload: spreadOver(networked, 60*time.Second), Outages: 5,
+			Setup: proxyDedupe, Fault: networkFaults(true, dedupeSideFaults()), Rules: holderCutOff},
+		// The store fails over: no acknowledged reservation or outcome may
+		// be lost, so the strict rules hold.
+		Scenario{Name: StorePostgres + "/postgres-failover", Store: StorePostgres, Workload: standard, Outages: 1,
+			Setup: replicatedStore, Fault: failoverAtPausePoint},
+		// Every caller of a late-metadata action gives up on its first try
+		// once the side effect started; the handler then sets its header
+		// and trailer on a finished stream. No fault: the strict rules, and
+		// every answer must carry the metadata.
+		Scenario{Name: StorePostgres + "/caller-gives-up-before-metadata", Store: StorePostgres, Tools: 2,
+			Workload: Workload{Reexecute: 0.3, LateMetadata: 0.6}},
+		// The broken layer releases the key after an ambiguous failure, so
+		// a retry charges again: the checker must see duplicates.
+		Scenario{Name: StorePostgres + "/broken-interceptor", Store: StorePostgres, Workload: Workload{Ambiguous: 0.3}, Broken: true, ExpectViolations: true},
+	)
+}
