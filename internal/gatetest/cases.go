@@ -405,8 +405,10 @@ func testFinalByMark(t *testing.T, e *env) {
 // holder's caller gets IDEMPOTENCY_IN_FLIGHT, not its own answer, and every
 // later duplicate replays the taker's outcome.
 func testFencedHolder(t *testing.T, e *env) {
-	holder, holderProxy := e.gate(false)
-	other, _ := e.gate(false)
+	// The replay cache is on, so an outcome a gate caches before the store
+	// took it would be replayed here in place of the stored one.
+	holder, holderProxy := e.gate(true)
+	other, _ := e.gate(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*settleWithin)
 	defer cancel()
 	held := async(t, ctx, holder, MethodChargeReexecute, "k", charge("a", 100, block))
