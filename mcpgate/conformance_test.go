@@ -21,8 +21,8 @@ import (
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
-	"github.com/idemgate/idemgate/internal/gatetest"
 	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/testing/gatetest"
 	"github.com/idemgate/idemgate/mcpgate"
 )
 
@@ -54,9 +54,6 @@ func conformanceTools() (map[string]mcpgate.ToolPolicy, map[string]error) {
 // toolPolicy is the ToolPolicy of a method's (idemgate.v1.policy).
 func toolPolicy(md protoreflect.MethodDescriptor) (mcpgate.ToolPolicy, error) {
 	mp, _ := proto.GetExtension(md.Options(), idemgatev1.E_Policy).(*idemgatev1.MethodPolicy)
-	if mp.GetFinish() == idemgatev1.FinishPolicy_FINISH_POLICY_AFTER_REPLY {
-		return mcpgate.ToolPolicy{}, fmt.Errorf("%w: mcpgate cannot express FINISH_POLICY_AFTER_REPLY (ToolPolicy has no finish policy) for %s", gatetest.ErrUnsupported, md.Name())
-	}
 	if len(mp.GetUnknownCodes()) > 0 {
 		return mcpgate.ToolPolicy{}, fmt.Errorf("%w: mcpgate cannot express unknown_codes for %s", gatetest.ErrUnsupported, md.Name())
 	}
@@ -66,6 +63,7 @@ func toolPolicy(md protoreflect.MethodDescriptor) (mcpgate.ToolPolicy, error) {
 		ExecutionTimeout: mp.GetExecutionTimeout().AsDuration(),
 		Retention:        mp.GetRetention().AsDuration(),
 		OnLostOutcome:    mp.GetOnLostOutcome(),
+		FinishAfterReply: mp.GetFinish() == idemgatev1.FinishPolicy_FINISH_POLICY_AFTER_REPLY,
 		// replay_codes: mcpgate stores every isError result or none.
 		ReplayErrors: len(mp.GetReplayCodes()) > 0,
 	}
@@ -134,7 +132,17 @@ func conformanceTool(method string, handle gatetest.Handler) mcp.ToolHandler {
 		switch {
 		case errors.As(err, &f):
 			out, _ := json.Marshal(map[string]string{"code": grpcerr.CodeName(f.Code), "message": f.Message})
-			return &mcp.CallToolResult{IsError: true, StructuredContent: json.RawMessage(out), Content: []mcp.Content{&mcp.TextContent{Text: f.Error()}}}, nil
+			res := &mcp.CallToolResult{IsError: true, StructuredContent: json.RawMessage(out), Content: []mcp.Content{&mcp.TextContent{Text: f.Error()}}}
+			switch f.Kind {
+			case gatetest.Final:
+				res.SetError(mcpgate.FinalError(f))
+			case gatetest.Retryable:
+				res.SetError(mcpgate.RetryableError(f))
+			case gatetest.OutcomeUnknown:
+				res.SetError(mcpgate.OutcomeUnknownError(f))
+			}
+			res.StructuredContent = json.RawMessage(out)
+			return res, nil
 		case err != nil:
 			// As mcp.AddTool reports a typed handler's error.
 			res := &mcp.CallToolResult{}
@@ -157,12 +165,6 @@ type conformanceClient struct {
 func (c conformanceClient) Call(ctx context.Context, method, key string, req *testingv1.ConformanceRequest) gatetest.Answer {
 	if err := c.unsupported[method]; err != nil {
 		return gatetest.Answer{Err: err, Code: codes.Unimplemented}
-	}
-	switch req.GetBehaviour() {
-	case testingv1.Behaviour_BEHAVIOUR_FAIL_MARKED_FINAL:
-		return gatetest.Answer{Code: codes.Unimplemented, Err: fmt.Errorf("%w: mcpgate has no final mark for a tool error (interceptor.FinalError)", gatetest.ErrUnsupported)}
-	case testingv1.Behaviour_BEHAVIOUR_FAIL_UNKNOWN:
-		return gatetest.Answer{Code: codes.Unimplemented, Err: fmt.Errorf("%w: mcpgate has no outcome-unknown mark for a tool error (interceptor.OutcomeUnknownError)", gatetest.ErrUnsupported)}
 	}
 	args, err := protojson.Marshal(req)
 	if err != nil {

@@ -32,7 +32,7 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // ConformanceService is the service of the gate conformance suite
-// (internal/gatetest): one unary method per policy its cases need, all with
+// (internal/testing/gatetest): one unary method per policy its cases need, all with
 // the same request, so a gate adapter serves the suite's one handler behind
 // every method. Leases are long enough for a starved scheduler; only
 // ChargeReexecute's runs out, in the case that needs it to.
@@ -125,7 +125,7 @@ func (c *conformanceServiceClient) ChargeReplayErrors(ctx context.Context, in *C
 // for forward compatibility.
 //
 // ConformanceService is the service of the gate conformance suite
-// (internal/gatetest): one unary method per policy its cases need, all with
+// (internal/testing/gatetest): one unary method per policy its cases need, all with
 // the same request, so a gate adapter serves the suite's one handler behind
 // every method. Leases are long enough for a starved scheduler; only
 // ChargeReexecute's runs out, in the case that needs it to.

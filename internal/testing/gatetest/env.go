@@ -19,8 +19,8 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
-	"github.com/idemgate/idemgate/internal/netfault"
-	"github.com/idemgate/idemgate/internal/pgtest"
+	"github.com/idemgate/idemgate/internal/testing/netfault"
+	"github.com/idemgate/idemgate/internal/testing/pgtest"
 )
 
 // env is one case's world: a Dedupe service on its own schema, the ledger
