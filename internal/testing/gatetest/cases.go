@@ -41,6 +41,7 @@ func Run(t *testing.T, newGate NewGate) {
 		{"ConcurrentDuplicatesInFlight", testConcurrentInFlight},
 		{"ConcurrentDuplicatesWait", testConcurrentWait},
 		{"KeyReusedWithOtherArguments", testKeyReused},
+		{"OneKeyOnTwoMethods", testKeyOnTwoMethods},
 		{"KeyMissing", testKeyMissing},
 		{"KeyInvalid", testKeyInvalid},
 		{"CallerGivesUp", testCallerGivesUp},
@@ -298,6 +299,16 @@ func testKeyReused(t *testing.T, e *env) {
 	wantRefusal(t, "the key with another amount", call(t, c, MethodCharge, "k", charge("a", 200, succeed)),
 		codes.FailedPrecondition, reasonKeyReused)
 	wantRuns(t, e, "a", 1)
+}
+
+// testKeyOnTwoMethods: one key on two methods is two actions, each run
+// once: the scope names the method.
+func testKeyOnTwoMethods(t *testing.T, e *env) {
+	c, _ := e.gate(false)
+	wantResponse(t, "Charge", call(t, c, MethodCharge, "k", charge("a", 100, succeed)), false)
+	wantResponse(t, "ChargeWait with the same key", call(t, c, MethodChargeWait, "k", charge("a", 100, succeed)), false)
+	wantResponse(t, "Charge again", call(t, c, MethodCharge, "k", charge("a", 100, succeed)), true)
+	wantRuns(t, e, "a", 2)
 }
 
 func testKeyMissing(t *testing.T, e *env) {
