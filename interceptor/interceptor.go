@@ -284,7 +284,7 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 	if m.reconcile != nil {
 		c.Reconcile = func(ctx context.Context) (gatecore.Resolution, error) { return c.reconcile(ctx, msg) }
 	}
-	resp, err, result := g.engine.Gate(ctx, c.Call, c, arrived)
+	resp, result, err := g.engine.Gate(ctx, c.Call, c, arrived)
 	*outcome = string(result)
 	return resp, err
 }

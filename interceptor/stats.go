@@ -53,13 +53,6 @@ type Stats struct {
 	ReplayCacheMisses int64
 }
 
-// Outcome labels of idemgate_interceptor_calls_total that no error reason
-// names.
-const (
-	outcomeExecuted = "executed" // the handler ran
-	outcomeReplayed = "replayed" // a stored outcome answered
-)
-
 // Stats returns the counters since the Gate was built.
 func (g *Gate) Stats() Stats {
 	s := g.engine.Stats()

@@ -525,7 +525,7 @@ func (g *Gate) gate(ctx context.Context, next mcp.MethodHandler, call *mcp.CallT
 			return res.core()
 		}
 	}
-	answer, err, _ := g.engine.Gate(ctx, c, &toolCall{g: g, next: next, req: call, r: r, derived: derived}, arrived)
+	answer, _, err := g.engine.Gate(ctx, c, &toolCall{g: g, next: next, req: call, r: r, derived: derived}, arrived)
 	if err != nil {
 		return mcpwire.ErrorResult(err), nil
 	}

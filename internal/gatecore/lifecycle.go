@@ -126,7 +126,7 @@ const maxReconcileRounds = 3
 // the front end, for StagePrepare. A panicking handler is a lost outcome,
 // and Gate panics again. The error is a gRPC status error with one
 // ErrorInfo of the Reason constants, or the handler's own.
-func (e *Engine) Gate(ctx context.Context, c *Call, t Transport, arrived time.Time) (answer any, err error, result Result) {
+func (e *Engine) Gate(ctx context.Context, c *Call, t Transport, arrived time.Time) (answer any, result Result, err error) {
 	fingerprint := c.BeginRequest.GetFingerprint()
 	cache := e.opts.ReplayCache
 	if cache != nil {
@@ -145,34 +145,34 @@ func (e *Engine) Gate(ctx context.Context, c *Call, t Transport, arrived time.Ti
 		switch {
 		case begun.Kind == Reserved:
 			answer, err := e.run(ctx, c, t, begun)
-			return answer, err, ResultExecuted
+			return answer, ResultExecuted, err
 		case begun.Kind == Completed:
 			return e.replay(ctx, c, t, Stored{Outcome: begun.Outcome, CompletedAt: begun.CompletedAt, ExpiresAt: begun.ExpiresAt}, true)
 		case begun.Kind == Unknown && c.Reconcile != nil && round < maxReconcileRounds:
 			if settled, err := e.reconcile(ctx, c); settled {
-				return nil, err, ResultRefused
+				return nil, ResultRefused, err
 			}
 			// Released, or settled by us or a racing caller: Begin again,
 			// which replays or reserves.
 		default:
 			// In flight, another request, outcome unknown, or the Dedupe
 			// service's failure.
-			return nil, err, ResultRefused
+			return nil, ResultRefused, err
 		}
 	}
 }
 
 // replay answers from a stored outcome, and keeps it in the replay cache
 // when it came from the Dedupe service (fromService) and replayed.
-func (e *Engine) replay(ctx context.Context, c *Call, t Transport, s Stored, fromService bool) (any, error, Result) {
+func (e *Engine) replay(ctx context.Context, c *Call, t Transport, s Stored, fromService bool) (any, Result, error) {
 	answer, err, replayed := t.Replay(ctx, s)
 	if !replayed {
-		return answer, err, ResultRefused
+		return answer, ResultRefused, err
 	}
 	if cache := e.opts.ReplayCache; cache != nil && fromService {
 		cache.Put(c.Scope, c.Key, c.BeginRequest.GetFingerprint(), s)
 	}
-	return answer, err, ResultReplayed
+	return answer, ResultReplayed, err
 }
 
 // reconcile asks the call's reconciler what happened to a lost outcome and

@@ -81,7 +81,7 @@ func policy(lost idemgatev1.LostOutcomePolicy) gatecore.Policy {
 
 var fingerprint = sha256.Sum256([]byte("the request"))
 
-func gateOnce(e *gatecore.Engine, key string, p gatecore.Policy, tr gatecore.Transport) (any, error, gatecore.Result) {
+func gateOnce(e *gatecore.Engine, key string, p gatecore.Policy, tr gatecore.Transport) (any, gatecore.Result, error) {
 	c := gatecore.NewCall("tool", "scope", key, fingerprint[:], p, time.Hour)
 	return e.Gate(context.Background(), c, tr, time.Now())
 }
@@ -121,7 +121,7 @@ func TestGateSettlesEachVerdict(t *testing.T) {
 				ran.Outcome = outcomeOf(t, ran.Answer.(string))
 			}
 			tr := &stringTransport{ran: func(context.Context) gatecore.Ran { return ran }}
-			answer, err, result := gateOnce(e, "k", tc.policy, tr)
+			answer, result, err := gateOnce(e, "k", tc.policy, tr)
 			if result != gatecore.ResultExecuted {
 				t.Fatalf("first call %v, want executed", result)
 			}
@@ -135,7 +135,7 @@ func TestGateSettlesEachVerdict(t *testing.T) {
 			}
 			var again any
 			for range 100 { // after the reply the outcome is stored right after: in flight meanwhile
-				again, err, _ = gateOnce(e, "k", tc.policy, tr)
+				again, _, err = gateOnce(e, "k", tc.policy, tr)
 				if grpcerr.Reason(err) != gatecore.ReasonInFlight {
 					break
 				}
@@ -166,14 +166,14 @@ func TestGateReconcilesALostOutcome(t *testing.T) {
 	tr := &stringTransport{ran: func(context.Context) gatecore.Ran {
 		return gatecore.Ran{Verdict: gatecore.VerdictUnknown, Code: "DEADLINE_EXCEEDED", Message: "timed out"}
 	}}
-	if _, err, _ := gateOnce(e, "k", p, tr); grpcerr.Reason(err) != gatecore.ReasonOutcomeUnknown {
+	if _, _, err := gateOnce(e, "k", p, tr); grpcerr.Reason(err) != gatecore.ReasonOutcomeUnknown {
 		t.Fatalf("first call = %v, want %s", err, gatecore.ReasonOutcomeUnknown)
 	}
 	c := gatecore.NewCall("tool", "scope", "k", fingerprint[:], p, time.Hour)
 	c.Reconcile = func(context.Context) (gatecore.Resolution, error) {
 		return gatecore.ResolvedOutcome(outcomeOf(t, "found at the provider")), nil
 	}
-	answer, err, result := e.Gate(context.Background(), c, tr, time.Now())
+	answer, result, err := e.Gate(context.Background(), c, tr, time.Now())
 	if err != nil || answer != "found at the provider" || result != gatecore.ResultReplayed {
 		t.Fatalf("reconciled call = %v, %v, %v; want the reconciled outcome replayed", answer, err, result)
 	}
@@ -201,7 +201,7 @@ func TestGatePanickingHandlerLosesItsOutcome(t *testing.T) {
 		t.Fatalf("outcomes lost = %d, want 1", got)
 	}
 	// Not released: in flight until the lease runs out, then unknown.
-	_, err, _ := gateOnce(e, "k", p, tr)
+	_, _, err := gateOnce(e, "k", p, tr)
 	if r := grpcerr.Reason(err); r != gatecore.ReasonInFlight && r != gatecore.ReasonOutcomeUnknown {
 		t.Fatalf("duplicate = %v, want in flight or outcome unknown, never a run", err)
 	}
@@ -219,7 +219,7 @@ func TestGateReplayCacheAnswersAStoredOutcome(t *testing.T) {
 		return gatecore.Ran{Verdict: gatecore.VerdictOutcome, Outcome: outcomeOf(t, "ch_1"), Answer: "ch_1"}
 	}}
 	gateOnce(e, "k", p, tr)
-	answer, err, result := gateOnce(e, "k", p, tr)
+	answer, result, err := gateOnce(e, "k", p, tr)
 	if err != nil || answer != "ch_1" || result != gatecore.ResultReplayed {
 		t.Fatalf("duplicate = %v, %v, %v; want the replay", answer, err, result)
 	}
