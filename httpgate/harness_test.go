@@ -22,8 +22,8 @@ import (
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/httpgate"
 	"github.com/idemgate/idemgate/interceptor"
-	"github.com/idemgate/idemgate/internal/pgtest"
-	"github.com/idemgate/idemgate/internal/stacktest"
+	"github.com/idemgate/idemgate/internal/testing/pgtest"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
