@@ -156,6 +156,134 @@ func (x *MetadataEntry) GetValues() [][]byte {
 	return nil
 }
 
+// HttpResponse is what the HTTP gate (package httpgate) stores as a record's
+// outcome: the response a gated handler wrote, replayed to every duplicate
+// with the same status, the same headers and the same body bytes.
+type HttpResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// status is the HTTP status code the handler wrote (200 when it wrote a
+	// body without calling WriteHeader).
+	Status int32 `protobuf:"varint,1,opt,name=status,proto3" json:"status,omitempty"`
+	// headers are the response header fields the handler set, names in
+	// canonical form and sorted, values in the order set. Left out: the
+	// hop-by-hop fields (Connection, Keep-Alive, Proxy-Connection,
+	// Transfer-Encoding, Upgrade, TE, Trailer), Date, Content-Length (the
+	// replay sends the body's own length), Set-Cookie, and the gate's own
+	// Idempotency-* fields.
+	Headers []*HttpHeader `protobuf:"bytes,2,rep,name=headers,proto3" json:"headers,omitempty"`
+	// body is the response body, byte for byte.
+	Body          []byte `protobuf:"bytes,3,opt,name=body,proto3" json:"body,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HttpResponse) Reset() {
+	*x = HttpResponse{}
+	mi := &file_idemgate_v1_outcome_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HttpResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HttpResponse) ProtoMessage() {}
+
+func (x *HttpResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idemgate_v1_outcome_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HttpResponse.ProtoReflect.Descriptor instead.
+func (*HttpResponse) Descriptor() ([]byte, []int) {
+	return file_idemgate_v1_outcome_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *HttpResponse) GetStatus() int32 {
+	if x != nil {
+		return x.Status
+	}
+	return 0
+}
+
+func (x *HttpResponse) GetHeaders() []*HttpHeader {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *HttpResponse) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+// HttpHeader is one HTTP header field and its values.
+type HttpHeader struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the field name in canonical form (Content-Type).
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// values are the field's values in order, as raw bytes: HTTP allows
+	// obs-text, which is not UTF-8.
+	Values        [][]byte `protobuf:"bytes,2,rep,name=values,proto3" json:"values,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HttpHeader) Reset() {
+	*x = HttpHeader{}
+	mi := &file_idemgate_v1_outcome_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HttpHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HttpHeader) ProtoMessage() {}
+
+func (x *HttpHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_idemgate_v1_outcome_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HttpHeader.ProtoReflect.Descriptor instead.
+func (*HttpHeader) Descriptor() ([]byte, []int) {
+	return file_idemgate_v1_outcome_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *HttpHeader) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *HttpHeader) GetValues() [][]byte {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
 var File_idemgate_v1_outcome_proto protoreflect.FileDescriptor
 
 const file_idemgate_v1_outcome_proto_rawDesc = "" +
@@ -167,6 +295,14 @@ const file_idemgate_v1_outcome_proto_rawDesc = "" +
 	"\atrailer\x18\x03 \x03(\v2\x1a.idemgate.v1.MetadataEntryR\atrailer\"9\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
+	"\x06values\x18\x02 \x03(\fR\x06values\"m\n" +
+	"\fHttpResponse\x12\x16\n" +
+	"\x06status\x18\x01 \x01(\x05R\x06status\x121\n" +
+	"\aheaders\x18\x02 \x03(\v2\x17.idemgate.v1.HttpHeaderR\aheaders\x12\x12\n" +
+	"\x04body\x18\x03 \x01(\fR\x04body\"8\n" +
+	"\n" +
+	"HttpHeader\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06values\x18\x02 \x03(\fR\x06valuesB9Z7github.com/idemgate/idemgate/gen/idemgate/v1;idemgatev1b\x06proto3"
 
 var (
@@ -181,21 +317,24 @@ func file_idemgate_v1_outcome_proto_rawDescGZIP() []byte {
 	return file_idemgate_v1_outcome_proto_rawDescData
 }
 
-var file_idemgate_v1_outcome_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_idemgate_v1_outcome_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_idemgate_v1_outcome_proto_goTypes = []any{
 	(*StoredOutcome)(nil), // 0: idemgate.v1.StoredOutcome
 	(*MetadataEntry)(nil), // 1: idemgate.v1.MetadataEntry
-	(*anypb.Any)(nil),     // 2: google.protobuf.Any
+	(*HttpResponse)(nil),  // 2: idemgate.v1.HttpResponse
+	(*HttpHeader)(nil),    // 3: idemgate.v1.HttpHeader
+	(*anypb.Any)(nil),     // 4: google.protobuf.Any
 }
 var file_idemgate_v1_outcome_proto_depIdxs = []int32{
-	2, // 0: idemgate.v1.StoredOutcome.result:type_name -> google.protobuf.Any
+	4, // 0: idemgate.v1.StoredOutcome.result:type_name -> google.protobuf.Any
 	1, // 1: idemgate.v1.StoredOutcome.header:type_name -> idemgate.v1.MetadataEntry
 	1, // 2: idemgate.v1.StoredOutcome.trailer:type_name -> idemgate.v1.MetadataEntry
-	3, // [3:3] is the sub-list for method output_type
-	3, // [3:3] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	3, // 3: idemgate.v1.HttpResponse.headers:type_name -> idemgate.v1.HttpHeader
+	4, // [4:4] is the sub-list for method output_type
+	4, // [4:4] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_idemgate_v1_outcome_proto_init() }
@@ -209,7 +348,7 @@ func file_idemgate_v1_outcome_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idemgate_v1_outcome_proto_rawDesc), len(file_idemgate_v1_outcome_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,213 @@
+// Command rest-payments is a small REST payments API whose charge endpoint
+// is gated by httpgate: POST /charges runs once per Idempotency-Key and
+// replays its response, byte for byte, to every retry; GET /charges/{id}
+// is safe and never gated. Its OpenAPI 3.1 document is at /openapi.yaml.
+//
+//	go run ./examples/rest-payments -dedupe 127.0.0.1:50051 -listen 127.0.0.1:8090   # make run first
+//	go run ./examples/rest-payments -data-dir /tmp/rest-dedupe                        # embedded store in process
+package main
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/httpgate"
+	"github.com/idemgate/idemgate/interceptor"
+)
+
+//go:embed openapi.yaml
+var openAPI []byte
+
+func main() {
+	dedupeAddr := flag.String("dedupe", "127.0.0.1:50051", "gRPC `address` of the Dedupe service (plaintext, loopback)")
+	dataDir := flag.String("data-dir", "", "run a Dedupe service in this process on the embedded store in this `directory`, instead of -dedupe")
+	listen := flag.String("listen", "127.0.0.1:8090", "serve HTTP on this `address`")
+	flag.Parse()
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := run(*dedupeAddr, *dataDir, *listen, logger); err != nil {
+		logger.Error("rest-payments failed", slog.Any("error", err))
+		os.Exit(1)
+	}
+}
+
+func run(dedupeAddr, dataDir, listen string, logger *slog.Logger) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var dedupe idemgatev1.DedupeServiceClient
+	opts := []httpgate.Option{httpgate.WithLogger(logger)}
+	if dataDir != "" {
+		store, err := sqlitestore.Open(ctx, dataDir)
+		if err != nil {
+			return err
+		}
+		defer store.Close()
+		dedupe = dedupesvc.NewInProcessClient(dedupesvc.NewServer(store, dedupesvc.WithNotifier(store), dedupesvc.WithLogger(logger)))
+	} else {
+		conn, err := grpc.NewClient(dedupeAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		dedupe = idemgatev1.NewDedupeServiceClient(conn)
+		opts = append(opts, httpgate.WithDedupeConn(conn))
+	}
+	gate, err := newGate(dedupe, opts...)
+	if err != nil {
+		return err
+	}
+	checkCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err = gate.CheckDedupe(checkCtx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("the Dedupe service does not serve this API (start it with make run, or pass -data-dir): %w", err)
+	}
+	lis, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: gate.Handler(newAPI(&provider{}).mux()), ReadHeaderTimeout: 10 * time.Second}
+	logger.Info("rest-payments: serving", slog.String("addr", lis.Addr().String()), slog.String("openapi", "http://"+lis.Addr().String()+"/openapi.yaml"))
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return gate.Close(closeCtx)
+}
+
+// newGate gates POST /charges (as openapi.yaml declares with its
+// Idempotency-Key parameter): a charge is replayed for 24h; a declined card
+// (402) is the charge's outcome too, so a retry never tries the card again.
+func newGate(dedupe idemgatev1.DedupeServiceClient, opts ...httpgate.Option) (*httpgate.Gate, error) {
+	return httpgate.New(dedupe, "rest-payments", append([]httpgate.Option{
+		httpgate.WithRoute("POST /charges", httpgate.RoutePolicy{Retention: 24 * time.Hour, ReplayClientErrors: true}),
+	}, opts...)...)
+}
+
+// provider is the fake card processor: it honours its context and keeps the
+// charges it made.
+type provider struct {
+	mu      sync.Mutex
+	charges map[string]charge
+}
+
+type charge struct {
+	ID       string `json:"id"`
+	Customer string `json:"customer"`
+	Amount   int64  `json:"amount"`
+	Currency string `json:"currency"`
+	Status   string `json:"status"`
+}
+
+var errDeclined = errors.New("card declined")
+
+func (p *provider) charge(ctx context.Context, c charge) (charge, error) {
+	if err := ctx.Err(); err != nil {
+		return charge{}, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c.Amount > 100000 {
+		return charge{}, errDeclined
+	}
+	if p.charges == nil {
+		p.charges = map[string]charge{}
+	}
+	c.ID, c.Status = fmt.Sprintf("ch_%06d", len(p.charges)+1), "succeeded"
+	p.charges[c.ID] = c
+	return c, nil
+}
+
+func (p *provider) get(id string) (charge, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c, ok := p.charges[id]
+	return c, ok
+}
+
+// api is the REST API on a provider.
+type api struct{ p *provider }
+
+func newAPI(p *provider) *api { return &api{p: p} }
+
+// mux routes the API; every route here is declared in openapi.yaml
+// (main_test.go holds the two to each other).
+func (a *api) mux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /charges", a.createCharge)
+	mux.HandleFunc("GET /charges/{id}", a.getCharge)
+	mux.HandleFunc("GET /openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/yaml")
+		_, _ = w.Write(openAPI)
+	})
+	return mux
+}
+
+func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
+	var in struct {
+		Customer string `json:"customer"`
+		Amount   int64  `json:"amount"`
+		Currency string `json:"currency"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&in); err != nil || in.Customer == "" || in.Amount <= 0 || in.Currency == "" {
+		problem(w, http.StatusBadRequest, "Invalid charge", "send a JSON body with customer, a positive amount in minor units, and currency")
+		return
+	}
+	c, err := a.p.charge(r.Context(), charge{Customer: in.Customer, Amount: in.Amount, Currency: in.Currency})
+	switch {
+	case errors.Is(err, errDeclined):
+		problem(w, http.StatusPaymentRequired, "Card declined", "the card was declined; use a new Idempotency-Key for a new attempt")
+		return
+	case err != nil:
+		// The processor's call ended before it answered: the charge may or
+		// may not have happened.
+		httpgate.MarkOutcomeUnknown(w)
+		problem(w, http.StatusBadGateway, "Processor did not answer", err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Location", "/charges/"+c.ID)
+	w.WriteHeader(http.StatusCreated)
+	_ = json.NewEncoder(w).Encode(c)
+}
+
+func (a *api) getCharge(w http.ResponseWriter, r *http.Request) {
+	c, ok := a.p.get(r.PathValue("id"))
+	if !ok {
+		problem(w, http.StatusNotFound, "No such charge", "no charge has this id")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(c)
+}
+
+func problem(w http.ResponseWriter, status int, title, detail string) {
+	w.Header().Set("Content-Type", httpgate.ProblemContentType)
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(httpgate.Problem{Type: "about:blank", Title: title, Status: status, Detail: detail})
+}

@@ -1,0 +1,169 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/dedupesvc/pgstore"
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/httpgate"
+	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/testing/pgtest"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
+)
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+type document struct {
+	OpenAPI string `yaml:"openapi"`
+	Paths   map[string]map[string]struct {
+		OperationID string `yaml:"operationId"`
+		KeyRequired *bool  `yaml:"x-idempotency-key-required"`
+		Parameters  []struct {
+			Ref string `yaml:"$ref"`
+		} `yaml:"parameters"`
+		Responses map[string]struct {
+			Content map[string]any `yaml:"content"`
+		} `yaml:"responses"`
+	} `yaml:"paths"`
+	Components struct {
+		Parameters map[string]struct {
+			Name     string `yaml:"name"`
+			In       string `yaml:"in"`
+			Required bool   `yaml:"required"`
+		} `yaml:"parameters"`
+	} `yaml:"components"`
+}
+
+// TestOpenAPIDeclaresTheRoutesAsGated holds openapi.yaml to the API: every
+// operation it declares is routed, is gated exactly when it declares the
+// Idempotency-Key header parameter (and x-idempotency-key-required), and a
+// gated one declares the problem-details answers the gate can give.
+func TestOpenAPIDeclaresTheRoutesAsGated(t *testing.T) {
+	var doc document
+	if err := yaml.Unmarshal(openAPI, &doc); err != nil {
+		t.Fatalf("openapi.yaml: %v", err)
+	}
+	if !strings.HasPrefix(doc.OpenAPI, "3.1") || len(doc.Paths) == 0 {
+		t.Fatalf("openapi = %q with %d paths", doc.OpenAPI, len(doc.Paths))
+	}
+	key := doc.Components.Parameters["IdempotencyKey"]
+	if key.Name != httpgate.KeyHeader || key.In != "header" || !key.Required {
+		t.Fatalf("the IdempotencyKey parameter is %+v", key)
+	}
+	conn, err := grpc.NewClient(stacktest.FreeAddr(t), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	gate, err := newGate(idemgatev1.NewDedupeServiceClient(conn), httpgate.WithLogger(quiet()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := newAPI(&provider{}).mux()
+	operations := 0
+	for path, methods := range doc.Paths {
+		for method, op := range methods {
+			operations++
+			method = strings.ToUpper(method)
+			r := httptest.NewRequest(method, strings.ReplaceAll(path, "{id}", "ch_000001"), nil)
+			if _, pattern := mux.Handler(r); pattern != method+" "+path {
+				t.Errorf("%s %s (%s) is routed to %q", method, path, op.OperationID, pattern)
+			}
+			declaresKey := false
+			for _, p := range op.Parameters {
+				declaresKey = declaresKey || p.Ref == "#/components/parameters/IdempotencyKey"
+			}
+			if op.KeyRequired == nil || *op.KeyRequired != declaresKey {
+				t.Errorf("%s %s: x-idempotency-key-required %v but the key parameter declared %v", method, path, op.KeyRequired, declaresKey)
+			}
+			if _, gated := gate.Policy(r); gated != declaresKey {
+				t.Errorf("%s %s: gated %v, but the document declares the key %v", method, path, gated, declaresKey)
+			}
+			if !declaresKey {
+				continue
+			}
+			for _, status := range []int{400, 409, 413, 422, 429, 500, 503} {
+				resp, ok := op.Responses[strconv.Itoa(status)]
+				if _, problem := resp.Content[httpgate.ProblemContentType]; !ok || !problem {
+					t.Errorf("%s %s does not declare the %d problem the gate answers", method, path, status)
+				}
+			}
+		}
+	}
+	if operations != 3 {
+		t.Fatalf("%d operations, want 3", operations)
+	}
+}
+
+func dedupe(t *testing.T) idemgatev1.DedupeServiceClient {
+	t.Helper()
+	pool, schema := pgtest.Schema(t)
+	store := pgstore.New(pool, pgstore.WithChannel(schema), pgstore.WithoutNotify())
+	srv := grpc.NewServer()
+	idemgatev1.RegisterDedupeServiceServer(srv, dedupesvc.NewServer(store, dedupesvc.WithLogger(quiet()), dedupesvc.WithPollInterval(20*time.Millisecond)))
+	return idemgatev1.NewDedupeServiceClient(stacktest.Serve(t, srv, grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig)))
+}
+
+func TestAChargeRunsOncePerKey(t *testing.T) {
+	gate, err := newGate(dedupe(t), httpgate.WithLogger(quiet()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &provider{}
+	srv := httptest.NewServer(gate.Handler(newAPI(p).mux()))
+	t.Cleanup(func() {
+		srv.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = gate.Close(ctx)
+	})
+	charge := func(key, body string) (*http.Response, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/charges", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(httpgate.KeyHeader, key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, b
+	}
+	first, body1 := charge(`"ord-1"`, `{"customer":"cus_1","amount":1999,"currency":"usd"}`)
+	second, body2 := charge(`"ord-1"`, `{"currency":"usd","amount":1999,"customer":"cus_1"}`)
+	if first.StatusCode != http.StatusCreated || second.StatusCode != http.StatusCreated || !bytes.Equal(body1, body2) || second.Header.Get(httpgate.ReplayedHeader) != "true" {
+		t.Fatalf("first %d %s, second %d %v %s", first.StatusCode, body1, second.StatusCode, second.Header, body2)
+	}
+	if len(p.charges) != 1 {
+		t.Fatalf("charges = %d, want 1", len(p.charges))
+	}
+	declined1, d1 := charge(`"ord-2"`, `{"customer":"cus_1","amount":500000,"currency":"usd"}`)
+	declined2, d2 := charge(`"ord-2"`, `{"customer":"cus_1","amount":500000,"currency":"usd"}`)
+	if declined1.StatusCode != http.StatusPaymentRequired || declined2.Header.Get(httpgate.ReplayedHeader) != "true" || !bytes.Equal(d1, d2) {
+		t.Fatalf("declined: %d then %d %v", declined1.StatusCode, declined2.StatusCode, declined2.Header)
+	}
+	resp, err := http.Get(srv.URL + "/openapi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !bytes.Equal(served, openAPI) {
+		t.Fatal("/openapi.yaml is not the document")
+	}
+}

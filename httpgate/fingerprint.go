@@ -1,0 +1,224 @@
+package httpgate
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
+
+	"github.com/gowebpki/jcs"
+)
+
+// maxJSONDepth bounds the nesting canonicalJSON follows; a deeper body is
+// fingerprinted as its bytes.
+const maxJSONDepth = 64
+
+// fingerprintVersion starts every fingerprint, so a change of what enters
+// it never matches an older record by accident.
+const fingerprintVersion = "idemgate/httpgate/v1"
+
+// Fingerprint is the SHA-256 that tells a retry of a request from another
+// request with the same key: of the method, the route pattern, the request
+// target (escaped path and raw query), the header fields named in headers
+// (names case-insensitive, values in order), the media type of the body
+// and the body: in RFC 8785 canonical JSON when the media type is JSON
+// (application/json or +json) and the body is valid JSON, else its bytes.
+// So a retry that re-encodes its JSON body (other key order, other
+// whitespace, 1.0 for 1) is the same request, and any other difference is
+// another one. It takes time linear in the body (each byte copied at most
+// once per nesting level, up to 64), plus sorting each object's names.
+func Fingerprint(r *http.Request, route string, headers []string, body []byte) []byte {
+	h := sha256.New()
+	field := func(s []byte) {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
+		h.Write(n[:])
+		h.Write(s)
+	}
+	field([]byte(fingerprintVersion))
+	field([]byte(r.Method))
+	field([]byte(route))
+	field([]byte(r.URL.EscapedPath()))
+	field([]byte(r.URL.RawQuery))
+	for _, name := range headers {
+		field([]byte(strings.ToLower(name)))
+		values := r.Header.Values(name)
+		field([]byte(strconv.Itoa(len(values))))
+		for _, v := range values {
+			field([]byte(v))
+		}
+	}
+	mediaType, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	field([]byte(mediaType))
+	if isJSON(mediaType) {
+		if canonical, err := canonicalJSON(body); err == nil {
+			field([]byte("jcs"))
+			field(canonical)
+			return h.Sum(nil)
+		}
+	}
+	field([]byte("bytes"))
+	field(body)
+	return h.Sum(nil)
+}
+
+func isJSON(mediaType string) bool {
+	return mediaType == "application/json" || strings.HasSuffix(mediaType, "+json")
+}
+
+// canonicalJSON is body in RFC 8785 canonical form (the JSON
+// Canonicalization Scheme: object members sorted by their names' UTF-16
+// code units, no whitespace, numbers as ECMAScript prints them, strings
+// with the minimal escapes). jcs.Transform does the same, but copies every
+// nested value once per level and insertion-sorts each object's members,
+// quadratic on a hostile body (100,000 members, or 100,000 levels); this
+// sorts members in O(n log n), copies a value once per level it is nested
+// in, at most maxJSONDepth, and uses jcs for numbers. An invalid body, a duplicate member name,
+// invalid UTF-8 or nesting over maxJSONDepth is an error: such a body is
+// fingerprinted as its bytes.
+func canonicalJSON(body []byte) ([]byte, error) {
+	if !utf8.Valid(body) {
+		return nil, errors.New("not UTF-8")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	var out bytes.Buffer
+	out.Grow(len(body))
+	if err := canonicalValue(dec, &out, 0); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("data after the JSON value")
+	}
+	return out.Bytes(), nil
+}
+
+// member is one object member, its value already in canonical form.
+type member struct {
+	name  string
+	key   []uint16
+	value []byte
+}
+
+func canonicalValue(dec *json.Decoder, out *bytes.Buffer, depth int) error {
+	if depth > maxJSONDepth {
+		return errors.New("nested too deep")
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	switch t := tok.(type) {
+	case json.Delim:
+		switch t {
+		case '[':
+			out.WriteByte('[')
+			for i := 0; dec.More(); i++ {
+				if i > 0 {
+					out.WriteByte(',')
+				}
+				if err := canonicalValue(dec, out, depth+1); err != nil {
+					return err
+				}
+			}
+			_, err := dec.Token() // ]
+			out.WriteByte(']')
+			return err
+		case '{':
+			// Each member is written to its own buffer to be sorted, then
+			// copied once into its parent's.
+			var members []member
+			for dec.More() {
+				nameTok, err := dec.Token()
+				if err != nil {
+					return err
+				}
+				name, _ := nameTok.(string)
+				var v bytes.Buffer
+				if err := canonicalValue(dec, &v, depth+1); err != nil {
+					return err
+				}
+				members = append(members, member{name: name, key: utf16.Encode([]rune(name)), value: v.Bytes()})
+			}
+			if _, err := dec.Token(); err != nil { // }
+				return err
+			}
+			slices.SortFunc(members, func(a, b member) int { return slices.Compare(a.key, b.key) })
+			out.WriteByte('{')
+			for i, m := range members {
+				if i > 0 {
+					if m.name == members[i-1].name {
+						return errors.New("duplicate member name")
+					}
+					out.WriteByte(',')
+				}
+				writeString(out, m.name)
+				out.WriteByte(':')
+				out.Write(m.value)
+			}
+			out.WriteByte('}')
+			return nil
+		}
+		return errors.New("unexpected delimiter")
+	case string:
+		writeString(out, t)
+	case json.Number:
+		f, err := strconv.ParseFloat(string(t), 64)
+		if err != nil {
+			return err
+		}
+		s, err := jcs.NumberToJSON(f)
+		if err != nil {
+			return err
+		}
+		out.WriteString(s)
+	case bool:
+		out.WriteString(strconv.FormatBool(t))
+	case nil:
+		out.WriteString("null")
+	}
+	return nil
+}
+
+// writeString writes s as RFC 8785 does: \" \\ \b \f \n \r \t, \u00xx for
+// the other control characters, everything else as is.
+func writeString(out *bytes.Buffer, s string) {
+	const hex = "0123456789abcdef"
+	out.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch c {
+		case '"', '\\':
+			out.WriteByte('\\')
+			out.WriteByte(c)
+		case '\b':
+			out.WriteString(`\b`)
+		case '\f':
+			out.WriteString(`\f`)
+		case '\n':
+			out.WriteString(`\n`)
+		case '\r':
+			out.WriteString(`\r`)
+		case '\t':
+			out.WriteString(`\t`)
+		default:
+			if c < 0x20 {
+				out.WriteString(`\u00`)
+				out.WriteByte(hex[c>>4])
+				out.WriteByte(hex[c&0xf])
+			} else {
+				out.WriteByte(c)
+			}
+		}
+	}
+	out.WriteByte('"')
+}

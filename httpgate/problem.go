@@ -1,0 +1,173 @@
+package httpgate
+
+import (
+	"encoding/json"
+	"errors"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate/internal/grpcerr"
+)
+
+// Reasons of the gate's refusals, the "reason" member of their problem
+// details. They are stable, the same as the other gates' (gatecore's), plus
+// two of HTTP's own.
+const (
+	ReasonKeyMissing          = gatecore.ReasonKeyMissing
+	ReasonKeyInvalid          = gatecore.ReasonKeyInvalid
+	ReasonKeyConflict         = gatecore.ReasonKeyConflict
+	ReasonKeyReused           = gatecore.ReasonKeyReused
+	ReasonInFlight            = gatecore.ReasonInFlight
+	ReasonOutcomeUnknown      = gatecore.ReasonOutcomeUnknown
+	ReasonResultTooLarge      = gatecore.ReasonResultTooLarge
+	ReasonStoreUnavailable    = gatecore.ReasonStoreUnavailable
+	ReasonQuotaExceeded       = gatecore.ReasonQuotaExceeded
+	ReasonStoreRejected       = gatecore.ReasonStoreRejected
+	ReasonOutcomeTypeMismatch = gatecore.ReasonOutcomeTypeMismatch
+	// ReasonRequestTooLarge: the request body is over the route's
+	// MaxBodyBytes, so it could not be fingerprinted; nothing ran.
+	ReasonRequestTooLarge = "IDEMPOTENCY_REQUEST_TOO_LARGE"
+	// ReasonUnauthenticated: the TenantFunc refused the request.
+	ReasonUnauthenticated = "IDEMPOTENCY_UNAUTHENTICATED"
+)
+
+// ProblemContentType is the media type of a refusal's body (RFC 9457).
+const ProblemContentType = "application/problem+json"
+
+// Problem is the RFC 9457 problem details body of a refusal.
+type Problem struct {
+	// Type is a URI naming the kind of problem (WithProblemTypeBase plus
+	// the reason in lower case with dashes).
+	Type string `json:"type"`
+	// Title is the kind of problem in a few words.
+	Title string `json:"title"`
+	// Status is the HTTP status code.
+	Status int `json:"status"`
+	// Detail says what happened and what to do.
+	Detail string `json:"detail"`
+	// Reason is the stable idemgate reason (IDEMPOTENCY_KEY_MISSING, ...).
+	Reason string `json:"reason,omitempty"`
+	// RetryAfter is the number of seconds after which a retry with the same
+	// key helps, as the Retry-After header says; absent when it does not.
+	RetryAfter int `json:"retry_after,omitempty"`
+	// Metadata is the refusal's detail as the gRPC gate's ErrorInfo carries
+	// it (quota, size_bytes, key).
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// refusal is how one reason is answered: the status and the title.
+type refusal struct {
+	status int
+	title  string
+}
+
+// refusals is the status table README.md "HTTP" and doc.go document.
+var refusals = map[string]refusal{
+	ReasonKeyMissing:          {http.StatusBadRequest, "Idempotency-Key missing"},
+	ReasonKeyInvalid:          {http.StatusBadRequest, "Idempotency-Key invalid"},
+	ReasonKeyConflict:         {http.StatusBadRequest, "Idempotency keys conflict"},
+	ReasonKeyReused:           {http.StatusUnprocessableEntity, "Idempotency-Key reused with a different request"},
+	ReasonInFlight:            {http.StatusConflict, "A request with this Idempotency-Key is still being processed"},
+	ReasonOutcomeUnknown:      {http.StatusInternalServerError, "Outcome of an earlier attempt unknown"},
+	ReasonResultTooLarge:      {http.StatusInsufficientStorage, "Outcome too large to replay"},
+	ReasonStoreUnavailable:    {http.StatusServiceUnavailable, "Idempotency store unavailable"},
+	ReasonQuotaExceeded:       {http.StatusTooManyRequests, "Idempotency quota exceeded"},
+	ReasonStoreRejected:       {http.StatusInternalServerError, "Idempotency store refused the request"},
+	ReasonOutcomeTypeMismatch: {http.StatusInternalServerError, "Stored outcome unreadable"},
+	ReasonRequestTooLarge:     {http.StatusRequestEntityTooLarge, "Request body too large"},
+	ReasonUnauthenticated:     {http.StatusUnauthorized, "Caller not identified"},
+}
+
+// StatusOf returns the HTTP status code the gate answers a refusal with
+// reason: 400, 409, 422, ... as the table in the package documentation
+// says, or 500 for a reason it does not know.
+func StatusOf(reason string) int {
+	if r, ok := refusals[reason]; ok {
+		return r.status
+	}
+	return http.StatusInternalServerError
+}
+
+// problemOf turns a gatecore error (a gRPC status with one ErrorInfo and
+// maybe RetryInfo) into its problem details.
+func (g *Gate) problemOf(err error) Problem {
+	reason := grpcerr.Reason(err)
+	st := status.Convert(err)
+	p := Problem{Reason: reason, Detail: strings.TrimPrefix(st.Message(), "idemgate: ")}
+	if r, ok := refusals[reason]; ok {
+		p.Status, p.Title = r.status, r.title
+	} else {
+		// No reason: the caller's own cancellation or deadline, mapped as
+		// gRPC's HTTP mapping does.
+		switch st.Code() {
+		case codes.Canceled:
+			p.Status, p.Title = 499, "Client closed request"
+		case codes.DeadlineExceeded:
+			p.Status, p.Title = http.StatusGatewayTimeout, "Request deadline exceeded"
+		default:
+			p.Status, p.Title = http.StatusInternalServerError, "Internal error"
+		}
+	}
+	if d, ok := grpcerr.RetryDelay(err); ok && d > 0 {
+		p.RetryAfter = retrySeconds(d)
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && len(info.GetMetadata()) > 0 {
+			p.Metadata = info.GetMetadata()
+		}
+	}
+	p.Type = g.problemType(reason)
+	return p
+}
+
+// problem is a refusal the gate makes itself, before any Dedupe call.
+func (g *Gate) problem(reason, detail string) Problem {
+	r := refusals[reason]
+	return Problem{Type: g.problemType(reason), Title: r.title, Status: r.status, Detail: detail, Reason: reason}
+}
+
+func (g *Gate) problemType(reason string) string {
+	if reason == "" {
+		return "about:blank"
+	}
+	return g.opts.problemBase + strings.ReplaceAll(strings.ToLower(reason), "_", "-")
+}
+
+// retrySeconds rounds a retry delay up to whole seconds, at least 1, as
+// Retry-After carries it.
+func retrySeconds(d time.Duration) int {
+	return max(1, int(math.Ceil(d.Seconds())))
+}
+
+// writeProblem answers with p: application/problem+json, Retry-After when
+// a retry helps, never cached.
+func writeProblem(w http.ResponseWriter, p Problem, extra http.Header) {
+	body, err := json.Marshal(p)
+	if err != nil {
+		// A Problem always marshals; keep the status if it ever does not.
+		body = []byte(`{"title":"Internal error","status":500}`)
+	}
+	h := w.Header()
+	for name, values := range extra {
+		h[name] = values
+	}
+	h.Set("Content-Type", ProblemContentType)
+	h.Set("Cache-Control", "no-store")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	if p.RetryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(p.RetryAfter))
+	}
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(body)
+}
+
+// errBodyTooLarge is how readBody reports a body over the limit.
+var errBodyTooLarge = errors.New("request body too large")
