@@ -293,7 +293,7 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request, next http.Handler, 
 	if p.Reconciler != nil {
 		c.Reconcile = func(ctx context.Context) (gatecore.Resolution, error) { return c.reconcile(ctx, key) }
 	}
-	ans, err, result := g.engine.Gate(r.Context(), c.Call, c, arrived)
+	ans, result, err := g.engine.Gate(r.Context(), c.Call, c, arrived)
 	if err != nil {
 		g.refuse(w, label, g.problemOf(err), c.header)
 		return
