@@ -47,6 +47,9 @@ const (
 // Gate holds the resolved policies of every procedure and a client of the
 // Dedupe service. It is safe for concurrent use.
 type Gate struct {
+	// dedupe is the observed client of the Dedupe service (gatecore's
+	// Observer): the engine's, and CheckDedupe's and WatchDedupe's.
+	dedupe  *gatecore.Observer
 	engine  *gatecore.Engine
 	methods map[string]*protogate.Method
 	opts    options
@@ -72,13 +75,26 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 	if err != nil {
 		return nil, err
 	}
-	engine := gatecore.New(dedupe, gatecore.Options{
+	observed := gatecore.NewObserver(dedupe, o.dedupeConn, o.logger, o.dedupeLogEvery)
+	engine := gatecore.New(observed, gatecore.Options{
 		ReplayCache: gatecore.NewReplayCache(o.replayEntries, o.replayBytes, o.replayTTL),
 		Logger:      o.logger, DedupeTimeout: o.dedupeTimeout, OutcomeTimeout: o.outcomeTimeout, FinishBudget: o.finishBudget,
 		InFlightRetry: o.inFlightRetry, StoreRetry: o.storeRetry, MaxOutcome: o.maxOutcome, TypeURLOf: protogate.ResultTypeURL,
 	})
-	return &Gate{engine: engine, methods: r.Gated, opts: o}, nil
+	return &Gate{dedupe: observed, engine: engine, methods: r.Gated, opts: o}, nil
 }
+
+// CheckDedupe asks the Dedupe service whether it serves this tool server,
+// as interceptor.Gate.CheckDedupe does; nil means gated calls can reach it.
+func (g *Gate) CheckDedupe(ctx context.Context) error {
+	return g.dedupe.Check(ctx, g.opts.dedupeTimeout)
+}
+
+// WatchDedupe keeps hs's status for interceptor.DedupeHealthService in step
+// with the Dedupe service until ctx ends, as interceptor.Gate.WatchDedupe
+// does. A server that runs both gates on one Dedupe connection needs only
+// one of them watched.
+func (g *Gate) WatchDedupe(ctx context.Context, hs interceptor.HealthSetter) { g.dedupe.Watch(ctx, hs) }
 
 // Close waits until every outcome still being retried in the background,
 // and every FINISH_POLICY_AFTER_REPLY outcome not yet stored, is settled or

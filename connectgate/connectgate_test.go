@@ -245,7 +245,13 @@ func TestDedupeDownFailsClosed(t *testing.T) {
 	t.Parallel()
 	// The lost Begins' follow-ups give up soon, so Close does not wait long.
 	hs := setup(t, nil, connectgate.WithFinishRetryBudget(2*time.Second))
+	if err := hs.gate.CheckDedupe(testCtx(t)); err != nil {
+		t.Fatalf("CheckDedupe with the Dedupe service up: %v", err)
+	}
 	hs.stack.DedupeServer.Stop()
+	if err := hs.gate.CheckDedupe(testCtx(t)); err == nil {
+		t.Fatal("CheckDedupe with the Dedupe service down: nil")
+	}
 	for _, p := range protocols {
 		_, err := hs.client(p.opts...).MutateNoWait(testCtx(t), keyed("down-"+p.name, &testingv1.MutateRequest{Payload: "down"}))
 		if retry := wantError(t, err, connect.CodeUnavailable, interceptor.ReasonStoreUnavailable); retry.GetRetryDelay() == nil {

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/idemgate/idemgate/interceptor"
@@ -35,6 +36,9 @@ type options struct {
 	// replayEntries and replayBytes bound the replay cache; 0 turns it off.
 	replayEntries, replayBytes int
 	replayTTL                  time.Duration
+	// dedupeConn and dedupeLogEvery: see WithDedupeConn.
+	dedupeConn     *grpc.ClientConn
+	dedupeLogEvery time.Duration
 }
 
 var defaultOptions = options{
@@ -48,6 +52,7 @@ var defaultOptions = options{
 	finishBudget:   time.Minute,
 	maxOutcome:     interceptor.DefaultMaxOutcomeBytes,
 	replayTTL:      interceptor.DefaultReplayCacheTTL,
+	dedupeLogEvery: interceptor.DefaultDedupeFailureLogInterval,
 }
 
 // Option configures New.
@@ -136,4 +141,19 @@ func WithReplayCache(maxEntries, maxBytes int) Option {
 // cache. Defaults to interceptor.DefaultReplayCacheTTL, 1m.
 func WithReplayCacheTTL(d time.Duration) Option {
 	return func(o *options) { o.replayTTL = d }
+}
+
+// WithDedupeConn names the connection the Gate's Dedupe client uses, as
+// interceptor.WithDedupeConn does: failing Dedupe RPCs are logged with its
+// target, WatchDedupe follows its connectivity, and an UNAVAILABLE answer
+// makes it reconnect at once. Defaults to none.
+func WithDedupeConn(conn *grpc.ClientConn) Option {
+	return func(o *options) { o.dedupeConn = conn }
+}
+
+// WithDedupeFailureLogInterval sets how often at most a failing Dedupe RPC
+// is logged while the same failure goes on. Defaults to
+// interceptor.DefaultDedupeFailureLogInterval, 10s.
+func WithDedupeFailureLogInterval(d time.Duration) Option {
+	return func(o *options) { o.dedupeLogEvery = d }
 }
