@@ -188,7 +188,7 @@ func (g *Gate) gate(ctx context.Context, req connect.AnyRequest, m *protogate.Me
 			return m.Reconciled(ctx, procedure, c.Key, msg, statusOf)
 		}
 	}
-	answer, err, _ := g.engine.Gate(ctx, c.Call, c, arrived)
+	answer, _, err := g.engine.Gate(ctx, c.Call, c, arrived)
 	return c.answer(answer, err)
 }
 
