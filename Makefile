@@ -6,6 +6,9 @@
 BUF_VERSION                := v1.75.0
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+# PROTOC_GEN_CONNECT_GO_VERSION is connectrpc.com/connect's version in go.mod: the plugin and the
+# runtime its code calls are released together.
+PROTOC_GEN_CONNECT_GO_VERSION := v1.21.1
 STATICCHECK_VERSION        := v0.8.2
 BENCHSTAT_VERSION          := v0.0.0-20260908200009-22c9c6c9d4da
 GHZ_VERSION                := v0.120.0
@@ -14,10 +17,11 @@ TOOLS_DIR ?= $(HOME)/.cache/idemgate/tools
 BUF                := $(TOOLS_DIR)/buf-$(BUF_VERSION)/buf
 PROTOC_GEN_GO      := $(TOOLS_DIR)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION)/protoc-gen-go
 PROTOC_GEN_GO_GRPC := $(TOOLS_DIR)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION)/protoc-gen-go-grpc
+PROTOC_GEN_CONNECT_GO := $(TOOLS_DIR)/protoc-gen-connect-go-$(PROTOC_GEN_CONNECT_GO_VERSION)/protoc-gen-connect-go
 STATICCHECK        := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
 BENCHSTAT          := $(TOOLS_DIR)/benchstat-$(BENCHSTAT_VERSION)/benchstat
 GHZ                := $(TOOLS_DIR)/ghz-$(GHZ_VERSION)/ghz
-PLUGIN_PATH        := $(dir $(PROTOC_GEN_GO)):$(dir $(PROTOC_GEN_GO_GRPC)):$(PATH)
+PLUGIN_PATH        := $(dir $(PROTOC_GEN_GO)):$(dir $(PROTOC_GEN_GO_GRPC)):$(dir $(PROTOC_GEN_CONNECT_GO)):$(PATH)
 
 # DATABASE_URL is the PostgreSQL database `make run` serves from.
 DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/idemgate?sslmode=disable
@@ -69,7 +73,7 @@ help: ## List the targets with what they do.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: tools
-tools: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(STATICCHECK) $(BENCHSTAT) ## Build the pinned tools once (buf, protoc plugins, staticcheck, benchstat).
+tools: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(PROTOC_GEN_CONNECT_GO) $(STATICCHECK) $(BENCHSTAT) ## Build the pinned tools once (buf, protoc plugins, staticcheck, benchstat).
 
 $(BUF):
 	GOBIN=$(@D) go install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
@@ -77,6 +81,8 @@ $(PROTOC_GEN_GO):
 	GOBIN=$(@D) go install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 $(PROTOC_GEN_GO_GRPC):
 	GOBIN=$(@D) go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+$(PROTOC_GEN_CONNECT_GO):
+	GOBIN=$(@D) go install connectrpc.com/connect/cmd/protoc-gen-connect-go@$(PROTOC_GEN_CONNECT_GO_VERSION)
 $(STATICCHECK):
 	GOBIN=$(@D) go install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 $(BENCHSTAT):
@@ -86,7 +92,7 @@ $(GHZ):
 	GOBIN=$(@D) go install github.com/bojand/ghz/cmd/ghz@$(GHZ_VERSION)
 
 .PHONY: generate
-generate: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) ## Regenerate gen/ from proto/ with buf and the local plugins.
+generate: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(PROTOC_GEN_CONNECT_GO) ## Regenerate gen/ from proto/ with buf and the local plugins.
 	PATH=$(PLUGIN_PATH) $(BUF) generate
 
 .PHONY: protos-export
@@ -96,7 +102,7 @@ protos-export: $(BUF) ## Write the callers' protos to PROTOS_DIR: .proto sources
 	@echo "protos-export: $(PROTOS_DIR)/ has the .proto sources; $(PROTOS_DIR)/idemgate-callers.binpb is the FileDescriptorSet with google/rpc status and error_details"
 
 .PHONY: lint
-lint: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(STATICCHECK) ## go vet, staticcheck, gofmt, buf lint, buf format, buf breaking against the last commit, and a check that gen/ is fresh.
+lint: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(PROTOC_GEN_CONNECT_GO) $(STATICCHECK) ## go vet, staticcheck, gofmt, buf lint, buf format, buf breaking against the last commit, and a check that gen/ is fresh.
 	go vet -tags faults ./...
 	$(STATICCHECK) -tags faults ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); \

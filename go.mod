@@ -3,6 +3,7 @@ module github.com/idemgate/idemgate
 go 1.26.0
 
 require (
+	connectrpc.com/connect v1.21.1
 	github.com/Shopify/toxiproxy/v2 v2.5.0
 	github.com/google/jsonschema-go v0.4.3
 	github.com/google/uuid v1.6.0

@@ -149,7 +149,7 @@ func (c *Caller) keyFor(ctx context.Context, m *gatedMethod, req any) (string, e
 	if key, ok := ctx.Value(outgoingKey{}).(string); ok && key != "" {
 		return key, nil
 	}
-	if msg, ok := req.(proto.Message); ok && m.keyField != nil && msg.ProtoReflect().Get(m.keyField).String() != "" {
+	if msg, ok := req.(proto.Message); ok && m.KeyField() != nil && msg.ProtoReflect().Get(m.KeyField()).String() != "" {
 		return "", nil
 	}
 	if !c.mint {

@@ -2,10 +2,9 @@ package interceptor
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 
 	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate/internal/protogate"
 )
 
 // Causes a gated handler's context can end with (context.Cause). The handler
@@ -37,25 +36,17 @@ type FencingToken struct {
 	Epoch int64
 }
 
-// gatedCall is what a gated handler's context carries.
-type gatedCall struct {
-	key, downstreamKey string
-	token              FencingToken
-}
-
-type callContextKey struct{}
-
 // KeyFromContext returns the idempotency key of the gated call that ctx
 // belongs to, exactly as the caller sent it. It reports false outside a
 // gated call. The same key may name different actions of different tenants
 // or methods, so do not send it to a downstream system that dedupes on it:
 // send DownstreamKeyFromContext instead.
 func KeyFromContext(ctx context.Context) (string, bool) {
-	c, ok := ctx.Value(callContextKey{}).(*gatedCall)
+	c, ok := protogate.CallFrom(ctx)
 	if !ok {
 		return "", false
 	}
-	return c.key, true
+	return c.Key, true
 }
 
 // DownstreamKeyFromContext returns the idempotency key to hand on to a
@@ -67,36 +58,26 @@ func KeyFromContext(ctx context.Context) (string, bool) {
 // use the same key, so they never collide at the provider. It reports false
 // outside a gated call.
 func DownstreamKeyFromContext(ctx context.Context) (string, bool) {
-	c, ok := ctx.Value(callContextKey{}).(*gatedCall)
+	c, ok := protogate.CallFrom(ctx)
 	if !ok {
 		return "", false
 	}
-	return c.downstreamKey, true
+	return c.DownstreamKey, true
 }
 
 // FencingTokenFromContext returns the reservation a gated handler runs
 // under, for a downstream system that supports conditional writes. It
 // reports false outside a gated call.
 func FencingTokenFromContext(ctx context.Context) (FencingToken, bool) {
-	c, ok := ctx.Value(callContextKey{}).(*gatedCall)
+	c, ok := protogate.CallFrom(ctx)
 	if !ok {
 		return FencingToken{}, false
 	}
-	return c.token, true
+	return FencingToken{Scope: c.Scope, Key: c.Key, Epoch: c.Epoch}, true
 }
 
+// contextWithCall is ctx carrying the call's identity (protogate.WithCall,
+// which connectgate's handlers carry too).
 func contextWithCall(ctx context.Context, c *gatecore.Call, epoch int64) context.Context {
-	return context.WithValue(ctx, callContextKey{}, &gatedCall{
-		key:           c.Key,
-		downstreamKey: downstreamKey(c.Scope, c.Key),
-		token:         FencingToken{Scope: c.Scope, Key: c.Key, Epoch: epoch},
-	})
-}
-
-func downstreamKey(scope, key string) string {
-	h := sha256.New()
-	h.Write([]byte(scope))
-	h.Write([]byte{0})
-	h.Write([]byte(key))
-	return "idg_" + hex.EncodeToString(h.Sum(nil)[:16])
+	return protogate.WithCall(ctx, c, epoch)
 }

@@ -2,7 +2,6 @@ package interceptor
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
@@ -11,19 +10,17 @@ import (
 	"strings"
 	"time"
 
-	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/grpcerr"
-	"github.com/idemgate/idemgate/internal/keys"
+	"github.com/idemgate/idemgate/internal/protogate"
 )
 
 // Metadata names the interceptor reads and writes.
@@ -281,7 +278,7 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 			Lease: m.policy.Lease, MaxWait: m.policy.MaxWait, OnLostOutcome: m.policy.OnLostOutcome, ExecutionTimeout: m.policy.ExecutionTimeout,
 			FinishAfterReply: m.policy.FinishAfterReply,
 		}, retention)}
-	if m.reconcile != nil {
+	if m.Reconcile != nil {
 		c.Reconcile = func(ctx context.Context) (gatecore.Resolution, error) { return c.reconcile(ctx, msg) }
 	}
 	resp, result, err := g.engine.Gate(ctx, c.Call, c, arrived)
@@ -379,33 +376,9 @@ func (g *Gate) setHeaders(ctx context.Context, pairs ...string) {
 }
 
 // reconcile asks the method's Reconciler what happened to a lost outcome,
-// as the core stores it. A reconciler that fails, or answers a response of
-// another type, leaves the outcome unknown.
+// as the core stores it (protogate).
 func (c *call) reconcile(ctx context.Context, req proto.Message) (gatecore.Resolution, error) {
-	res, err := c.method.reconcile(ctx, c.Key, req)
-	if err != nil {
-		return gatecore.StillUnknown(), err
-	}
-	switch res.kind {
-	case resolvedResponse:
-		if res.response == nil || res.response.ProtoReflect().Descriptor().FullName() != c.method.outputName {
-			return gatecore.StillUnknown(), fmt.Errorf("the reconciler of %s answered %T, not a %s", c.fullMethod, res.response, c.method.outputName)
-		}
-		outcome, err := gatecore.MarshalAny(res.response)
-		if err != nil {
-			return gatecore.StillUnknown(), fmt.Errorf("serialize the reconciler's response: %w", err)
-		}
-		return gatecore.ResolvedOutcome(outcome), nil
-	case resolvedError:
-		outcome, err := gatecore.MarshalAny(status.Convert(res.err).Proto())
-		if err != nil {
-			return gatecore.StillUnknown(), fmt.Errorf("serialize the reconciler's error: %w", err)
-		}
-		return gatecore.ResolvedOutcome(outcome), nil
-	case resolvedNotRun:
-		return gatecore.ResolvedNotRun(), nil
-	}
-	return gatecore.StillUnknown(), nil
+	return c.method.Reconciled(ctx, c.fullMethod, c.Key, req, status.Convert)
 }
 
 // replay returns the stored outcome: the method's response, or the final
@@ -413,36 +386,16 @@ func (c *call) reconcile(ctx context.Context, req proto.Message) (gatecore.Resol
 // whether it replayed one. A stored type that is neither is an error, never
 // a reason to run again.
 func (g *Gate) replay(ctx context.Context, m *gatedMethod, outcome *anypb.Any) (any, error, bool) {
-	outcome, md, err := unwrapOutcome(outcome)
+	r, err := m.Decode(outcome)
 	if err != nil {
 		return nil, err, false
 	}
-	if err := gatecore.TooLarge(outcome); err != nil {
-		return nil, err, false
-	}
-	if outcome.MessageName() == statusName {
-		st := &spb.Status{}
-		if err := proto.Unmarshal(outcome.GetValue(), st); err != nil {
-			return nil, grpcerr.New(codes.Internal, ReasonOutcomeTypeMismatch,
-				fmt.Sprintf("the stored error outcome does not decode: %v; the call was not run again", err), nil, 0), false
-		}
-		g.markReplayed(ctx)
-		g.replayMetadata(ctx, md)
-		return nil, status.FromProto(st).Err(), true
-	}
-	if outcome.MessageName() != m.outputName {
-		return nil, grpcerr.New(codes.Internal, ReasonOutcomeTypeMismatch,
-			fmt.Sprintf("the stored outcome is a %s, not this method's response type %s; the call was not run again", outcome.MessageName(), m.outputName),
-			nil, 0), false
-	}
-	resp := m.output.New().Interface()
-	if err := proto.Unmarshal(outcome.GetValue(), resp); err != nil {
-		return nil, grpcerr.New(codes.Internal, ReasonOutcomeTypeMismatch,
-			fmt.Sprintf("the stored outcome does not decode as %s: %v; the call was not run again", m.outputName, err), nil, 0), false
-	}
 	g.markReplayed(ctx)
-	g.replayMetadata(ctx, md)
-	return resp, nil, true
+	g.replayMetadata(ctx, replayedMetadata{header: metadata.MD(r.Header), trailer: metadata.MD(r.Trailer)})
+	if r.Err != nil {
+		return nil, r.Err, true
+	}
+	return r.Response, nil, true
 }
 
 func (g *Gate) markReplayed(ctx context.Context) {
@@ -451,114 +404,17 @@ func (g *Gate) markReplayed(ctx context.Context) {
 	}
 }
 
-var statusName = (&spb.Status{}).ProtoReflect().Descriptor().FullName()
-
 // derivedKeyPrefix starts every key derived from a keyless call's
 // fingerprint, so it never collides with a caller's key of the same text.
-const derivedKeyPrefix = "derived:"
+const derivedKeyPrefix = protogate.DerivedKeyPrefix
 
 // keyOf returns the call's idempotency key from the metadata or the request's
 // key field, "" for a keyless call the policy deduplicates on its
 // fingerprint, or the status error to refuse the call with.
 func (m *gatedMethod) keyOf(ctx context.Context, req proto.Message) (string, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
-	values := md.Get(KeyHeader)
-	key, hasKey := "", len(values) > 0
-	if hasKey {
-		key = values[0]
-		for _, v := range values[1:] {
-			if v != key {
-				return "", grpcerr.New(codes.InvalidArgument, ReasonKeyInvalid,
-					"the "+KeyHeader+" metadata has more than one value; send exactly one key", nil, 0)
-			}
-		}
-	}
-	if m.keyField != nil {
-		if fieldKey := req.ProtoReflect().Get(m.keyField).String(); fieldKey != "" {
-			if hasKey && fieldKey != key {
-				return "", grpcerr.New(codes.InvalidArgument, ReasonKeyConflict,
-					fmt.Sprintf("the %s metadata and the request field %s carry different idempotency keys; send one, or the same in both", KeyHeader, m.keyField.Name()),
-					map[string]string{"field": string(m.keyField.Name())}, 0)
-			}
-			key, hasKey = fieldKey, true
-		}
-	}
-	if !hasKey {
-		if m.policy.KeylessFingerprint {
-			return "", nil
-		}
-		where := "the " + KeyHeader + " metadata"
-		if m.keyField != nil {
-			where += " or the request field " + string(m.keyField.Name())
-		}
-		return "", grpcerr.New(codes.InvalidArgument, ReasonKeyMissing,
-			"this method has side effects and needs an idempotency key: send one in "+where+", minted once per logical action and reused on every retry of it",
-			nil, 0)
-	}
-	if err := keys.Validate(key); err != nil {
-		return "", grpcerr.New(codes.InvalidArgument, ReasonKeyInvalid,
-			"the idempotency key "+err.Error()+": use 1 to 255 bytes of printable ASCII without leading or trailing spaces, such as a UUID", nil, 0)
-	}
-	return key, nil
+	return m.Key("the "+KeyHeader+" metadata", md.Get(KeyHeader), req)
 }
 
-// fingerprint hashes the deterministic encoding of the request, without its
-// key field and its fields marked exclude_from_fingerprint. Deterministic
-// encoding sorts map entries, so map order never changes it.
-func (m *gatedMethod) fingerprint(req proto.Message) ([]byte, error) {
-	if m.scrub {
-		req = proto.Clone(req)
-		if m.keyField != nil {
-			req.ProtoReflect().Clear(m.keyField)
-		}
-		clearExcluded(req.ProtoReflect())
-	}
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
-	if err != nil {
-		return nil, err
-	}
-	sum := sha256.Sum256(b)
-	return sum[:], nil
-}
-
-// clearExcluded clears every populated field marked exclude_from_fingerprint
-// in msg and in the messages it holds.
-func clearExcluded(msg protoreflect.Message) {
-	msg.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		switch {
-		case fieldPolicy(fd).GetExcludeFromFingerprint():
-			msg.Clear(fd)
-		case fd.IsMap():
-			if fd.MapValue().Message() != nil {
-				v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
-					clearExcluded(mv.Message())
-					return true
-				})
-			}
-		case fd.IsList():
-			if fd.Message() != nil {
-				list := v.List()
-				for i := range list.Len() {
-					clearExcluded(list.Get(i).Message())
-				}
-			}
-		case fd.Message() != nil:
-			clearExcluded(v.Message())
-		}
-		return true
-	})
-}
-
-// scopeOf joins the method and the tenant. A full method name never holds
-// "|", so the first "|" splits the two unambiguously.
-func scopeOf(fullMethod, tenant string) string {
-	if tenant == "" {
-		return fullMethod
-	}
-	var b strings.Builder
-	b.Grow(len(fullMethod) + 1 + len(tenant))
-	b.WriteString(fullMethod)
-	b.WriteByte('|')
-	b.WriteString(tenant)
-	return b.String()
-}
+// scopeOf joins the method and the tenant (protogate.Scope).
+func scopeOf(fullMethod, tenant string) string { return protogate.Scope(fullMethod, tenant) }

@@ -2,22 +2,16 @@ package interceptor
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
-	"github.com/idemgate/idemgate/internal/gatecore"
-	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/protogate"
 )
 
 // A duplicate must see what the first caller saw, response metadata
@@ -167,39 +161,18 @@ func (r *metadataRecorder) recordLocked(into *metadata.MD, md metadata.MD) {
 	}
 }
 
-// wrap returns the outcome to store for result, marshalAny's answer: result
-// itself when the handler set no metadata worth replaying, so such records
-// keep the bytes and the format they always had, else a StoredOutcome that
-// holds result, header and trailer. An error passes through.
+// wrap returns the outcome to store for result (protogate.Wrap): result
+// itself when the handler set no metadata worth replaying, else a
+// StoredOutcome that holds result, header and trailer. An error passes
+// through.
 func (r *metadataRecorder) wrap(result *anypb.Any, err error) (*anypb.Any, error) {
 	if err != nil || r == nil {
 		return result, err
 	}
 	r.mu.Lock()
-	header, trailer := metadataEntries(r.header), metadataEntries(r.trailer)
+	header, trailer := protogate.Metadata(r.header), protogate.Metadata(r.trailer)
 	r.mu.Unlock()
-	if len(header) == 0 && len(trailer) == 0 {
-		return result, nil
-	}
-	return gatecore.MarshalAny(&idemgatev1.StoredOutcome{Result: result, Header: header, Trailer: trailer})
-}
-
-// metadataEntries returns the replayable keys of md, sorted, each with its
-// values in the order they were set.
-func metadataEntries(md metadata.MD) []*idemgatev1.MetadataEntry {
-	var entries []*idemgatev1.MetadataEntry
-	for k, vs := range md {
-		if !replayableKey(k) || len(vs) == 0 {
-			continue
-		}
-		values := make([][]byte, len(vs))
-		for i, v := range vs {
-			values[i] = []byte(v)
-		}
-		entries = append(entries, &idemgatev1.MetadataEntry{Key: k, Values: values})
-	}
-	slices.SortFunc(entries, func(a, b *idemgatev1.MetadataEntry) int { return strings.Compare(a.GetKey(), b.GetKey()) })
-	return entries
+	return protogate.Wrap(result, nil, header, trailer, replayableKey)
 }
 
 // replayableKey reports whether a handler's metadata key is replayed. The
@@ -208,49 +181,12 @@ func metadataEntries(md metadata.MD) []*idemgatev1.MetadataEntry {
 // itself), content-type, te and user-agent; gRPC drops or overwrites what a
 // handler sets there. The interceptor sets its own headers on every replay.
 func replayableKey(k string) bool {
-	if k == "" || k[0] == ':' || strings.HasPrefix(k, "grpc-") {
-		return false
-	}
-	switch k {
-	case "content-type", "te", "user-agent", ReplayedHeader, KeyDerivedHeader, ExpiresAtHeader, OriginalTimeHeader:
-		return false
-	}
-	return true
+	return protogate.ReplayableKey(k, ReplayedHeader, KeyDerivedHeader, ExpiresAtHeader, OriginalTimeHeader)
 }
-
-var storedOutcomeName = (&idemgatev1.StoredOutcome{}).ProtoReflect().Descriptor().FullName()
 
 // replayedMetadata is the header and trailer a stored outcome replays.
 type replayedMetadata struct {
 	header, trailer metadata.MD
-}
-
-// unwrapOutcome returns the result a stored outcome replays and the
-// metadata that goes with it. A bare outcome (no metadata was set, or it was
-// stored before metadata was kept) is its own result, with no metadata.
-func unwrapOutcome(outcome *anypb.Any) (*anypb.Any, replayedMetadata, error) {
-	if outcome.MessageName() != storedOutcomeName {
-		return outcome, replayedMetadata{}, nil
-	}
-	stored := &idemgatev1.StoredOutcome{}
-	if err := proto.Unmarshal(outcome.GetValue(), stored); err != nil {
-		return nil, replayedMetadata{}, grpcerr.New(codes.Internal, ReasonOutcomeTypeMismatch,
-			fmt.Sprintf("the stored outcome does not decode: %v; the call was not run again", err), nil, 0)
-	}
-	return stored.GetResult(), replayedMetadata{header: metadataOf(stored.GetHeader()), trailer: metadataOf(stored.GetTrailer())}, nil
-}
-
-func metadataOf(entries []*idemgatev1.MetadataEntry) metadata.MD {
-	if len(entries) == 0 {
-		return nil
-	}
-	md := make(metadata.MD, len(entries))
-	for _, e := range entries {
-		for _, v := range e.GetValues() {
-			md[e.GetKey()] = append(md[e.GetKey()], string(v))
-		}
-	}
-	return md
 }
 
 // replayMetadata sets the stored header and trailer on a duplicate's
@@ -265,14 +201,5 @@ func (g *Gate) replayMetadata(ctx context.Context, md replayedMetadata) {
 	}
 }
 
-// resultTypeURL names the type of the result an outcome holds, looking
-// inside a StoredOutcome, so a ResultTooLarge marker names the response.
-func resultTypeURL(outcome *anypb.Any) string {
-	if outcome.MessageName() == storedOutcomeName {
-		stored := &idemgatev1.StoredOutcome{}
-		if proto.Unmarshal(outcome.GetValue(), stored) == nil {
-			return stored.GetResult().GetTypeUrl()
-		}
-	}
-	return outcome.GetTypeUrl()
-}
+// resultTypeURL names the type of the result an outcome holds.
+var resultTypeURL = protogate.ResultTypeURL

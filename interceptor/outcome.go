@@ -1,13 +1,11 @@
 package interceptor
 
 import (
-	"context"
-	"errors"
-
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate/internal/protogate"
 )
 
 // FinalError marks a handler error as the action's final outcome, whatever
@@ -50,63 +48,45 @@ func OutcomeUnknownError(err error) error {
 // Reconciler is asked, when a call finds that an earlier attempt's outcome
 // was lost (its lease ran out mid-call), what really happened: a payment
 // provider can be asked whether a charge with this key exists. req is the
-// call's request. An error leaves the outcome unknown.
-type Reconciler func(ctx context.Context, key string, req proto.Message) (Resolution, error)
+// call's request. An error leaves the outcome unknown. Its type is
+//
+//	func(ctx context.Context, key string, req proto.Message) (Resolution, error)
+//
+// shared with connectgate (WithReconciler there), so one reconciler serves a
+// method over gRPC and over Connect.
+type Reconciler = protogate.Reconciler
 
-// Resolution is a Reconciler's answer.
-type Resolution struct {
-	kind     resolutionKind
-	response proto.Message
-	err      error
-}
-
-type resolutionKind int
-
-const (
-	stillUnknown resolutionKind = iota
-	resolvedResponse
-	resolvedError
-	resolvedNotRun
-)
+// Resolution is a Reconciler's answer; build it with ResolvedResponse,
+// ResolvedError, ResolvedNotRun or StillUnknown. It is connectgate's too, so
+// one Reconciler serves a method over gRPC and over Connect.
+type Resolution = protogate.Resolution
 
 // ResolvedResponse says the side effect happened and resp is what the method
 // would have returned. It is stored and replayed like a response.
 func ResolvedResponse(resp proto.Message) Resolution {
-	return Resolution{kind: resolvedResponse, response: resp}
+	return protogate.ResolvedResponse(resp)
 }
 
 // ResolvedError says the action ended with a final error, which is stored and
 // replayed like a response.
 func ResolvedError(err error) Resolution {
-	return Resolution{kind: resolvedError, err: err}
+	return protogate.ResolvedError(err)
 }
 
 // ResolvedNotRun says the side effect did not happen: the record is released
 // and the call runs the handler.
 func ResolvedNotRun() Resolution {
-	return Resolution{kind: resolvedNotRun}
+	return protogate.ResolvedNotRun()
 }
 
 // StillUnknown says the reconciler cannot tell; the caller gets
 // IDEMPOTENCY_OUTCOME_UNKNOWN.
 func StillUnknown() Resolution {
-	return Resolution{kind: stillUnknown}
+	return protogate.StillUnknown()
 }
 
-// classify decides what a handler error means and returns its status and
-// the error to hand back (the mark removed). A mark decides first, then
-// replay_codes, then the unknown class (context errors, DEADLINE_EXCEEDED,
-// CANCELLED, unknown_codes); any other error frees the key.
+// classify decides what a handler error means (protogate's Classify, on
+// its gRPC status).
 func (m *gatedMethod) classify(err error) (verdict gatecore.Verdict, st *status.Status, unwrapped error) {
-	if v, inner, ok := gatecore.Marked(err); ok {
-		return v, status.Convert(inner), inner
-	}
-	st = status.Convert(err)
-	switch {
-	case m.replay[st.Code()]:
-		return gatecore.VerdictOutcome, st, err
-	case m.unknown[st.Code()], errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		return gatecore.VerdictUnknown, st, err
-	}
-	return gatecore.VerdictNotRun, st, err
+	return m.Classify(err, status.Convert)
 }

@@ -1,58 +1,49 @@
 package interceptor
 
 import (
-	"errors"
-	"fmt"
-	"slices"
-	"sort"
-	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
-	"google.golang.org/protobuf/types/descriptorpb"
-	"google.golang.org/protobuf/types/dynamicpb"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
-	"github.com/idemgate/idemgate/internal/grpcerr"
-	"github.com/idemgate/idemgate/internal/keys"
+	"github.com/idemgate/idemgate/internal/protogate"
 )
 
 // Policy defaults, used when a method's (idemgate.v1.policy) leaves a field
 // unset.
 const (
 	// DefaultRetention is how long an outcome is replayed: 24h.
-	DefaultRetention = 24 * time.Hour
+	DefaultRetention = protogate.DefaultRetention
 	// DefaultLease is how long a reservation is held without a heartbeat
 	// before it counts as abandoned: 10s. The interceptor renews it about
 	// every third of the lease while the handler runs.
-	DefaultLease = 10 * time.Second
+	DefaultLease = protogate.DefaultLease
 	// DefaultMaxWait is how long a duplicate waits for an in-flight
 	// original's outcome before it gets ABORTED: 3s.
-	DefaultMaxWait = 3 * time.Second
+	DefaultMaxWait = protogate.DefaultMaxWait
 	// MaxMaxWait is the longest max_wait a policy may set: 60s.
-	MaxMaxWait = 60 * time.Second
+	MaxMaxWait = protogate.MaxMaxWait
 	// DefaultKeylessWindow is how long a keyless call is deduplicated under
 	// KEYLESS_POLICY_FINGERPRINT when the policy sets no window: 60s.
-	DefaultKeylessWindow = 60 * time.Second
+	DefaultKeylessWindow = protogate.DefaultKeylessWindow
 	// MinLease is the shortest lease a policy may set: 1s.
-	MinLease = time.Second
+	MinLease = protogate.MinLease
 	// MaxRetention is the longest retention a policy may set: 365 days.
-	MaxRetention = 365 * 24 * time.Hour
+	MaxRetention = protogate.MaxRetention
 	// MaxLease is the longest lease a policy may set: 24h, the longest the
 	// Dedupe service renews a lease to.
-	MaxLease = 24 * time.Hour
+	MaxLease = protogate.MaxLease
 	// DefaultExecutionTimeout bounds a handler's run when the policy sets no
 	// execution_timeout: 60s.
-	DefaultExecutionTimeout = 60 * time.Second
+	DefaultExecutionTimeout = protogate.DefaultExecutionTimeout
 	// MinExecutionTimeout and MaxExecutionTimeout bound execution_timeout:
 	// 1s and 24h.
-	MinExecutionTimeout = time.Second
-	MaxExecutionTimeout = 24 * time.Hour
+	MinExecutionTimeout = protogate.MinExecutionTimeout
+	MaxExecutionTimeout = protogate.MaxExecutionTimeout
 	// MaxActionBytes is the longest action name a policy may set: 255 bytes.
-	MaxActionBytes = 255
+	MaxActionBytes = protogate.MaxActionBytes
 )
 
 // Policy is the resolved idemgate policy of one method.
@@ -97,55 +88,18 @@ type Policy struct {
 // String describes the policy as logged, for example
 // "gated(action=/pkg.S/M, retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[], unknown_codes=[], max_wait=3s, keyless=reject, execution_timeout=1m0s, finish=before_reply)"
 // or "ungated".
-func (p Policy) String() string {
-	if !p.Gated {
-		return "ungated"
-	}
-	onLost := "fail_closed"
-	if p.OnLostOutcome == idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_REEXECUTE {
-		onLost = "reexecute"
-	}
-	keyless := "reject"
-	if p.KeylessFingerprint {
-		keyless = "fingerprint(" + p.KeylessWindow.String() + ")"
-	}
-	finish := "before_reply"
-	if p.FinishAfterReply {
-		finish = "after_reply"
-	}
-	return fmt.Sprintf("gated(action=%s, retention=%s, lease=%s, on_lost_outcome=%s, replay_codes=[%s], unknown_codes=[%s], max_wait=%s, keyless=%s, execution_timeout=%s, finish=%s)",
-		p.Action, p.Retention, p.Lease, onLost, codeNames(p.ReplayCodes), codeNames(p.UnknownCodes), p.MaxWait, keyless, p.ExecutionTimeout, finish)
-}
+func (p Policy) String() string { return protogate.Policy(p).String() }
 
-func codeNames(cs []codes.Code) string {
-	names := make([]string, len(cs))
-	for i, c := range cs {
-		names[i] = grpcerr.CodeName(c)
-	}
-	return strings.Join(names, " ")
-}
-
-// gatedMethod is what the interceptor needs at call time, resolved once.
+// gatedMethod is what the interceptor needs at call time, resolved once
+// (protogate, which connectgate shares), and its policy as this package
+// spells it.
 type gatedMethod struct {
+	*protogate.Method
 	policy Policy
-	// output makes the method's response message to replay into.
-	output protoreflect.MessageType
-	// outputName is the response's full name, checked against the stored
-	// outcome's type URL.
-	outputName protoreflect.FullName
-	// replay holds policy.ReplayCodes for a lookup per error.
-	replay map[codes.Code]bool
-	// unknown holds policy.UnknownCodes and the two codes always in it.
-	unknown map[codes.Code]bool
-	// reconcile is the method's Reconciler, or nil.
-	reconcile Reconciler
-	// keyField is the request's top-level string field marked
-	// (idemgate.v1.field).idempotency_key, or nil.
-	keyField protoreflect.FieldDescriptor
-	// scrub reports whether the request must be copied and cleared of the
-	// key field and excluded fields before it is fingerprinted.
-	scrub bool
 }
+
+// fingerprint hashes the request as the Dedupe service compares it.
+func (m *gatedMethod) fingerprint(req proto.Message) ([]byte, error) { return m.Fingerprint(req) }
 
 // resolved is every method's classification, read once from descriptors.
 type resolved struct {
@@ -157,297 +111,15 @@ type resolved struct {
 	services map[string]bool
 }
 
-// resolvePolicies walks every service in files and resolves each method.
-// Every misconfigured method is reported, not only the first.
+// resolvePolicies resolves every method in files (protogate.Resolve).
 func resolvePolicies(files *protoregistry.Files, types *protoregistry.Types, reconcilers map[string]Reconciler) (resolved, error) {
-	r := resolved{gated: map[string]*gatedMethod{}, services: map[string]bool{}}
-	var errs []error
-	files.RangeFiles(func(fd protoreflect.FileDescriptor) bool {
-		services := fd.Services()
-		for i := range services.Len() {
-			r.services[string(services.Get(i).FullName())] = true
-			methods := services.Get(i).Methods()
-			for j := range methods.Len() {
-				md := methods.Get(j)
-				fullMethod := fmt.Sprintf("/%s/%s", md.Parent().FullName(), md.Name())
-				policy, err := methodPolicy(md)
-				if err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				if !policy.Gated {
-					if unclassified(md) {
-						r.unclassified = append(r.unclassified, fullMethod)
-					}
-					continue
-				}
-				m, err := newGatedMethod(md, policy, types)
-				if err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				m.reconcile = reconcilers[fullMethod]
-				r.gated[fullMethod] = m
-			}
-		}
-		return true
-	})
-	errs = append(errs, sharedActions(r.gated)...)
-	for fullMethod := range reconcilers {
-		if _, ok := r.gated[fullMethod]; !ok {
-			errs = append(errs, fmt.Errorf("idemgate: a reconciler is registered for %s, which is not a gated method", fullMethod))
-		}
+	r, err := protogate.Resolve(files, types, reconcilers)
+	if err != nil {
+		return resolved{}, err
 	}
-	if len(errs) > 0 {
-		return resolved{}, errors.Join(errs...)
+	gated := make(map[string]*gatedMethod, len(r.Gated))
+	for name, m := range r.Gated {
+		gated[name] = &gatedMethod{Method: m, policy: Policy(m.Policy)}
 	}
-	sort.Strings(r.unclassified)
-	return r, nil
-}
-
-func newGatedMethod(md protoreflect.MethodDescriptor, policy Policy, types *protoregistry.Types) (*gatedMethod, error) {
-	m := &gatedMethod{
-		policy:     policy,
-		output:     messageType(types, md.Output()),
-		outputName: md.Output().FullName(),
-		replay:     map[codes.Code]bool{},
-		unknown:    map[codes.Code]bool{codes.DeadlineExceeded: true, codes.Canceled: true},
-	}
-	for _, c := range policy.ReplayCodes {
-		m.replay[c] = true
-	}
-	for _, c := range policy.UnknownCodes {
-		m.unknown[c] = true
-	}
-	input := md.Input()
-	fields := input.Fields()
-	for i := range fields.Len() {
-		fd := fields.Get(i)
-		if !fieldPolicy(fd).GetIdempotencyKey() {
-			continue
-		}
-		if fd.Kind() != protoreflect.StringKind || fd.Cardinality() == protoreflect.Repeated || fd.ContainingOneof() != nil && !fd.ContainingOneof().IsSynthetic() {
-			return nil, fmt.Errorf("idemgate: method %s: field %s is marked idempotency_key, but only a plain string field can carry the key", md.FullName(), fd.FullName())
-		}
-		if m.keyField != nil {
-			return nil, fmt.Errorf("idemgate: method %s: fields %s and %s are both marked idempotency_key; mark one", md.FullName(), m.keyField.FullName(), fd.FullName())
-		}
-		m.keyField = fd
-	}
-	m.scrub = m.keyField != nil || hasExcluded(input, map[protoreflect.FullName]bool{})
-	return m, nil
-}
-
-// hasExcluded reports whether md or any message it holds has a field marked
-// exclude_from_fingerprint. seen breaks recursive message types.
-func hasExcluded(md protoreflect.MessageDescriptor, seen map[protoreflect.FullName]bool) bool {
-	if seen[md.FullName()] {
-		return false
-	}
-	seen[md.FullName()] = true
-	fields := md.Fields()
-	for i := range fields.Len() {
-		fd := fields.Get(i)
-		if fieldPolicy(fd).GetExcludeFromFingerprint() {
-			return true
-		}
-		if fd.IsMap() {
-			fd = fd.MapValue()
-		}
-		if fd.Message() != nil && hasExcluded(fd.Message(), seen) {
-			return true
-		}
-	}
-	return false
-}
-
-func fieldPolicy(fd protoreflect.FieldDescriptor) *idemgatev1.FieldPolicy {
-	opts, _ := fd.Options().(*descriptorpb.FieldOptions)
-	if opts == nil || !proto.HasExtension(opts, idemgatev1.E_Field) {
-		return nil
-	}
-	p, _ := proto.GetExtension(opts, idemgatev1.E_Field).(*idemgatev1.FieldPolicy)
-	return p
-}
-
-// unclassified reports whether md is a method nobody decided about: not
-// marked mutating, no safe idempotency_level, and not one of gRPC's own
-// services (health, reflection), which no tool author annotates.
-func unclassified(md protoreflect.MethodDescriptor) bool {
-	if strings.HasPrefix(string(md.FullName()), "grpc.") {
-		return false
-	}
-	opts, _ := md.Options().(*descriptorpb.MethodOptions)
-	if opts.GetIdempotencyLevel() != descriptorpb.MethodOptions_IDEMPOTENCY_UNKNOWN {
-		return false
-	}
-	if opts != nil && proto.HasExtension(opts, idemgatev1.E_Policy) {
-		return false // a policy that says mutating: false is a decision
-	}
-	return true
-}
-
-// methodPolicy reads md's (idemgate.v1.policy) and idempotency_level.
-func methodPolicy(md protoreflect.MethodDescriptor) (Policy, error) {
-	opts, _ := md.Options().(*descriptorpb.MethodOptions)
-	if opts == nil || !proto.HasExtension(opts, idemgatev1.E_Policy) {
-		return Policy{}, nil
-	}
-	raw, _ := proto.GetExtension(opts, idemgatev1.E_Policy).(*idemgatev1.MethodPolicy)
-	if !raw.GetMutating() {
-		return Policy{}, nil
-	}
-	name := md.FullName()
-	switch opts.GetIdempotencyLevel() {
-	case descriptorpb.MethodOptions_NO_SIDE_EFFECTS:
-		return Policy{}, fmt.Errorf("idemgate: method %s is marked both mutating and idempotency_level = NO_SIDE_EFFECTS: remove one of them", name)
-	case descriptorpb.MethodOptions_IDEMPOTENT:
-		return Policy{}, nil // safe to repeat by its own declaration
-	}
-	if md.IsStreamingClient() || md.IsStreamingServer() {
-		return Policy{}, fmt.Errorf("idemgate: streaming method %s is marked mutating, but only unary methods can be gated: a stream's outcome is not one message to store and replay", name)
-	}
-	p := Policy{Gated: true, Retention: DefaultRetention, Lease: DefaultLease, MaxWait: DefaultMaxWait,
-		OnLostOutcome:    idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_FAIL_CLOSED,
-		ExecutionTimeout: DefaultExecutionTimeout,
-		Action:           fmt.Sprintf("/%s/%s", md.Parent().FullName(), md.Name())}
-	if a := raw.GetAction(); a != "" {
-		if err := validAction(a); err != nil {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy action %q %v", name, a, err)
-		}
-		p.Action = a
-	}
-	if d := raw.GetExecutionTimeout(); d != nil {
-		if err := d.CheckValid(); err != nil {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy execution_timeout: %w", name, err)
-		}
-		p.ExecutionTimeout = d.AsDuration()
-		if p.ExecutionTimeout < MinExecutionTimeout || p.ExecutionTimeout > MaxExecutionTimeout {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy execution_timeout %s is outside %s to %s", name, p.ExecutionTimeout, MinExecutionTimeout, MaxExecutionTimeout)
-		}
-	}
-	switch raw.GetOnLostOutcome() {
-	case idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_UNSPECIFIED, idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_FAIL_CLOSED:
-	case idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_REEXECUTE:
-		p.OnLostOutcome = raw.GetOnLostOutcome()
-	default:
-		return Policy{}, fmt.Errorf("idemgate: method %s: policy on_lost_outcome %d is not a LostOutcomePolicy", name, raw.GetOnLostOutcome())
-	}
-	for _, codeText := range raw.GetReplayCodes() {
-		c, ok := grpcerr.CodeByName(codeText)
-		if !ok || c == codes.OK {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy replay_codes has %q, which is not an error code name such as \"INVALID_ARGUMENT\"", name, codeText)
-		}
-		p.ReplayCodes = append(p.ReplayCodes, c)
-	}
-	for _, codeText := range raw.GetUnknownCodes() {
-		c, ok := grpcerr.CodeByName(codeText)
-		if !ok || c == codes.OK {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy unknown_codes has %q, which is not an error code name such as \"INTERNAL\"", name, codeText)
-		}
-		if slices.Contains(p.ReplayCodes, c) {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy lists %s in both replay_codes and unknown_codes: an error is either a final outcome or an unknown one", name, codeText)
-		}
-		p.UnknownCodes = append(p.UnknownCodes, c)
-	}
-	switch raw.GetFinish() {
-	case idemgatev1.FinishPolicy_FINISH_POLICY_UNSPECIFIED, idemgatev1.FinishPolicy_FINISH_POLICY_BEFORE_REPLY:
-	case idemgatev1.FinishPolicy_FINISH_POLICY_AFTER_REPLY:
-		p.FinishAfterReply = true
-	default:
-		return Policy{}, fmt.Errorf("idemgate: method %s: policy finish %d is not a FinishPolicy", name, raw.GetFinish())
-	}
-	switch raw.GetKeyless() {
-	case idemgatev1.KeylessPolicy_KEYLESS_POLICY_UNSPECIFIED, idemgatev1.KeylessPolicy_KEYLESS_POLICY_REJECT:
-	case idemgatev1.KeylessPolicy_KEYLESS_POLICY_FINGERPRINT:
-		p.KeylessFingerprint = true
-		p.KeylessWindow = DefaultKeylessWindow
-		if d := raw.GetKeylessWindow(); d != nil {
-			if err := d.CheckValid(); err != nil {
-				return Policy{}, fmt.Errorf("idemgate: method %s: policy keyless_window: %w", name, err)
-			}
-			p.KeylessWindow = d.AsDuration()
-		}
-	default:
-		return Policy{}, fmt.Errorf("idemgate: method %s: policy keyless %d is not a KeylessPolicy", name, raw.GetKeyless())
-	}
-	if d := raw.GetMaxWait(); d != nil {
-		if err := d.CheckValid(); err != nil {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy max_wait: %w", name, err)
-		}
-		p.MaxWait = d.AsDuration()
-		if p.MaxWait < 0 || p.MaxWait > MaxMaxWait {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy max_wait %s is outside 0s to %s", name, p.MaxWait, MaxMaxWait)
-		}
-	}
-	if d := raw.GetRetention(); d != nil {
-		if err := d.CheckValid(); err != nil {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy retention: %w", name, err)
-		}
-		p.Retention = d.AsDuration()
-	}
-	if d := raw.GetLease(); d != nil {
-		if err := d.CheckValid(); err != nil {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy lease: %w", name, err)
-		}
-		p.Lease = d.AsDuration()
-	}
-	switch {
-	case p.Lease < MinLease || p.Lease > MaxLease:
-		return Policy{}, fmt.Errorf("idemgate: method %s: policy lease %s is outside %s to %s", name, p.Lease, MinLease, MaxLease)
-	case p.Retention > MaxRetention:
-		return Policy{}, fmt.Errorf("idemgate: method %s: policy retention %s is above the maximum %s", name, p.Retention, MaxRetention)
-	case p.Retention < p.Lease:
-		return Policy{}, fmt.Errorf("idemgate: method %s: policy retention %s is shorter than its lease %s: an outcome must outlive its reservation", name, p.Retention, p.Lease)
-	case p.KeylessFingerprint && (p.KeylessWindow < p.Lease || p.KeylessWindow > p.Retention):
-		return Policy{}, fmt.Errorf("idemgate: method %s: policy keyless_window %s must be between the lease %s and the retention %s", name, p.KeylessWindow, p.Lease, p.Retention)
-	}
-	return p, nil
-}
-
-// sharedActions reports every pair of gated methods that name one action
-// but answer different response types: a record of one could never replay
-// as the other's response.
-func sharedActions(gated map[string]*gatedMethod) []error {
-	methods := make([]string, 0, len(gated))
-	for fullMethod := range gated {
-		methods = append(methods, fullMethod)
-	}
-	sort.Strings(methods)
-	first := map[string]string{}
-	var errs []error
-	for _, fullMethod := range methods {
-		m := gated[fullMethod]
-		other, seen := first[m.policy.Action]
-		if !seen {
-			first[m.policy.Action] = fullMethod
-			continue
-		}
-		if gated[other].outputName != m.outputName {
-			errs = append(errs, fmt.Errorf("idemgate: methods %s and %s share the action %q but return %s and %s: a shared action must keep its response type",
-				other, fullMethod, m.policy.Action, gated[other].outputName, m.outputName))
-		}
-	}
-	return errs
-}
-
-// validAction checks a policy's action name: it becomes the first part of
-// every record's scope, and "|" separates that from the tenant.
-func validAction(a string) error {
-	switch {
-	case len(a) > MaxActionBytes:
-		return fmt.Errorf("is longer than %d bytes", MaxActionBytes)
-	case !keys.Printable(a):
-		return fmt.Errorf("must be printable ASCII")
-	case strings.Contains(a, "|"):
-		return fmt.Errorf("must not contain \"|\", which separates the action from the tenant")
-	}
-	return nil
-}
-
-func messageType(types *protoregistry.Types, md protoreflect.MessageDescriptor) protoreflect.MessageType {
-	if mt, err := types.FindMessageByName(md.FullName()); err == nil {
-		return mt
-	}
-	return dynamicpb.NewMessageType(md)
+	return resolved{gated: gated, unclassified: r.Unclassified, services: r.Services}, nil
 }

@@ -35,6 +35,9 @@
 // With -metrics-listen it serves the gate's Prometheus metrics at /metrics:
 // what the gate did (idemgate_interceptor_calls_total, _events_total) and
 // where a gated call's time goes (idemgate_interceptor_stage_seconds).
+// With -connect-listen it also serves the service over Connect, gRPC and
+// gRPC-Web (HTTP/1.1 and h2c) on that address, gated by connectgate on the
+// same Dedupe service and ledger: one key is one charge on either listener.
 // Every flag also reads an environment variable; payments-server -h lists
 // them.
 package main
@@ -92,6 +95,9 @@ type config struct {
 	// metricsListen is where /metrics is served (the gate's metrics,
 	// interceptor.WithRegisterer); "" serves none.
 	metricsListen string
+	// connectListen is where the service is also served over Connect,
+	// gRPC and gRPC-Web (h2c), gated by connectgate; "" serves none.
+	connectListen string
 	// inProcess, set by -dedupe in-process, configures the Dedupe service
 	// this process runs itself; nil calls the one at dedupeAddr.
 	inProcess *dedupeapp.Config
@@ -140,6 +146,9 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 			"off, the proto's default, it stores the outcome first")
 	fs.StringVar(&cfg.metricsListen, "metrics-listen", "",
 		"serve the gate's Prometheus metrics (idemgate_interceptor_*, where a gated call's time goes among them) at http://`address`/metrics; "+
+			"empty, the default, serves none")
+	fs.StringVar(&cfg.connectListen, "connect-listen", "",
+		"also serve the payments service over Connect, gRPC and gRPC-Web (HTTP/1.1 and h2c) at http://`address`, gated by connectgate on the same Dedupe service; "+
 			"empty, the default, serves none")
 	env := cliflag.Bind(fs, "PAYMENTS_", getenv,
 		cliflag.WithName("dedupe", "IDEMGATE_DEDUPE_ADDR"),
@@ -282,7 +291,7 @@ func run(cfg config, logger *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		return serve(cfg, gate, logger)
+		return serve(cfg, gate, embedded.Client(), logger)
 	}
 	// Plaintext is for this loopback example only; use TLS between machines.
 	dial := []grpc.DialOption{
@@ -307,17 +316,19 @@ func run(cfg config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	return serve(cfg, gate, logger)
+	return serve(cfg, gate, idemgatev1.NewDedupeServiceClient(conn), logger)
 }
 
-// serve serves the payments service gated by gate on cfg.listen until
-// SIGINT or SIGTERM, then closes the gate.
-func serve(cfg config, gate *interceptor.Gate, logger *slog.Logger) error {
+// serve serves the payments service gated by gate on cfg.listen (and over
+// Connect on cfg.connectListen, gated through dedupe) until SIGINT or
+// SIGTERM, then closes the gate.
+func serve(cfg config, gate *interceptor.Gate, dedupe idemgatev1.DedupeServiceClient, logger *slog.Logger) error {
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		recovery.UnaryServerInterceptor(), // a panicking handler is a lost outcome; the gate re-panics it
 		gate.UnaryServerInterceptor(),
 	))
-	paymentsv1.RegisterPaymentsServiceServer(srv, &payments.Server{Ledger: &payments.Ledger{}})
+	svc := &payments.Server{Ledger: &payments.Ledger{}}
+	paymentsv1.RegisterPaymentsServiceServer(srv, svc)
 	// The server itself serves ("") whatever the Dedupe service does, so
 	// its reads keep working; idemgate.dedupe says whether gated calls can.
 	healthSrv := health.NewServer()
@@ -349,6 +360,13 @@ func serve(cfg config, gate *interceptor.Gate, logger *slog.Logger) error {
 	}
 	cancelCheck()
 	go gate.WatchDedupe(ctx, healthSrv)
+	if cfg.connectListen != "" {
+		stopConnect, err := serveConnect(ctx, cfg, svc, dedupe, logger)
+		if err != nil {
+			return err
+		}
+		defer stopConnect()
+	}
 	go func() { <-ctx.Done(); srv.GracefulStop() }()
 	defer func() {
 		// Outcomes whose Finish is still being retried get a last chance.

@@ -1,0 +1,103 @@
+package main_test
+
+import (
+	"context"
+	"net/http"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
+	"github.com/idemgate/idemgate/gen/examples/payments/v1/paymentsv1connect"
+	"github.com/idemgate/idemgate/internal/dedupeapp"
+	"github.com/idemgate/idemgate/internal/testing/pgtest"
+	"github.com/idemgate/idemgate/internal/testing/proctest"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
+)
+
+// payments-server -connect-listen serves the payments service over Connect,
+// gRPC and gRPC-Web too, gated by connectgate on the same Dedupe service: a
+// key charges once whichever listener and protocol carries it, curl with the
+// Connect protocol's JSON included.
+func TestPaymentsServerOverConnect(t *testing.T) {
+	dedupeAddr := stacktest.ServeApp(t, dedupeapp.Config{DatabaseURL: pgtest.SchemaURL(t)})
+	grpcAddr, connectAddr := stacktest.FreeAddr(t), stacktest.FreeAddr(t)
+	tool := proctest.Start(t, proctest.Build(t, "github.com/idemgate/idemgate/cmd/payments-server"),
+		[]string{"-listen", grpcAddr, "-dedupe", dedupeAddr, "-connect-listen", connectAddr, "-metrics-listen="}, nil)
+	tool.WaitTCP(t, grpcAddr, 2*time.Minute)
+	tool.WaitTCP(t, connectAddr, 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	// curl, as the README shows it.
+	curl := func(key string) (body, header string) {
+		t.Helper()
+		out, err := exec.CommandContext(ctx, "curl", "-sS", "-i", "-H", "Content-Type: application/json", "-H", "Idempotency-Key: "+key,
+			"-d", `{"customerId":"cust_1","amountCents":500}`,
+			"http://"+connectAddr+paymentsv1connect.PaymentsServiceChargeCardProcedure).CombinedOutput()
+		if err != nil {
+			t.Fatalf("curl: %v: %s\npayments-server log:\n%s", err, out, tool.Log())
+		}
+		head, body, _ := strings.Cut(strings.ReplaceAll(string(out), "\r\n", "\n"), "\n\n")
+		return body, strings.ToLower(head)
+	}
+	first, firstHeader := curl("curl-1")
+	again, againHeader := curl("curl-1")
+	if !strings.Contains(firstHeader, "200 ok") || !strings.Contains(first, `"chargeId":"ch_`) || strings.Contains(firstHeader, "idempotency-replayed") {
+		t.Fatalf("first curl: %s\n%s", firstHeader, first)
+	}
+	if again != first || !strings.Contains(againHeader, "idempotency-replayed: true") {
+		t.Fatalf("second curl %s (headers %s), want the first body %s replayed", again, againHeader, first)
+	}
+	missing, missingHeader := curl("")
+	if !strings.Contains(missingHeader, "400 bad request") || !strings.Contains(missing, `"code":"invalid_argument"`) || !strings.Contains(missing, "IDEMPOTENCY_KEY_MISSING") {
+		t.Fatalf("curl without a key: %s\n%s", missingHeader, missing)
+	}
+
+	// Connect's client over each protocol, then gRPC on the gRPC listener:
+	// one charge for one key.
+	var charge string
+	for _, opts := range [][]connect.ClientOption{nil, {connect.WithGRPC()}, {connect.WithGRPCWeb()}} {
+		client := paymentsv1connect.NewPaymentsServiceClient(h2cClient(t), "http://"+connectAddr, opts...)
+		req := connect.NewRequest(&paymentsv1.ChargeCardRequest{CustomerId: "cust_2", AmountCents: 700})
+		req.Header().Set("Idempotency-Key", "order-2")
+		resp, err := client.ChargeCard(ctx, req)
+		if err != nil {
+			t.Fatalf("ChargeCard over Connect: %v", err)
+		}
+		if charge == "" {
+			charge = resp.Msg.GetChargeId()
+		} else if resp.Msg.GetChargeId() != charge || resp.Header().Get("Idempotency-Replayed") != "true" {
+			t.Fatalf("duplicate charge %s (headers %v), want %s replayed", resp.Msg.GetChargeId(), resp.Header(), charge)
+		}
+	}
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	resp, err := paymentsv1.NewPaymentsServiceClient(conn).ChargeCard(metadata.AppendToOutgoingContext(ctx, "idempotency-key", "order-2"),
+		&paymentsv1.ChargeCardRequest{CustomerId: "cust_2", AmountCents: 700})
+	if err != nil || resp.GetChargeId() != charge {
+		t.Fatalf("ChargeCard over gRPC with the same key: %v, %v; want charge %s", resp, err, charge)
+	}
+	balance, err := paymentsv1.NewPaymentsServiceClient(conn).GetBalance(ctx, &paymentsv1.GetBalanceRequest{CustomerId: "cust_2"})
+	if err != nil || balance.GetCharges() != 1 {
+		t.Fatalf("GetBalance: %v, %v; want 1 charge for one key", balance, err)
+	}
+}
+
+// h2cClient speaks HTTP/2 without TLS, as gRPC needs.
+func h2cClient(t *testing.T) *http.Client {
+	protocols := new(http.Protocols)
+	protocols.SetUnencryptedHTTP2(true)
+	c := &http.Client{Transport: &http.Transport{Protocols: protocols}}
+	t.Cleanup(c.CloseIdleConnections)
+	return c
+}

@@ -1,0 +1,412 @@
+package connectgate
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/dynamicpb"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/protogate"
+)
+
+// Header names the gate reads and writes: the interceptor's metadata names,
+// which HTTP spells case-insensitively (Idempotency-Key).
+const (
+	// KeyHeader is the request header that carries the idempotency key.
+	KeyHeader = interceptor.KeyHeader
+	// ReplayedHeader is set to "true" on an answer from a stored outcome.
+	ReplayedHeader = interceptor.ReplayedHeader
+	// KeyDerivedHeader is set to "true" when a keyless call was
+	// deduplicated on its fingerprint (KEYLESS_POLICY_FINGERPRINT).
+	KeyDerivedHeader = interceptor.KeyDerivedHeader
+	// ExpiresAtHeader, an RFC 3339 UTC time, says until when the outcome is
+	// replayed (interceptor.ExpiresAtHeader says how it is counted).
+	ExpiresAtHeader = interceptor.ExpiresAtHeader
+	// OriginalTimeHeader, an RFC 3339 UTC time, says when a replayed
+	// outcome was stored.
+	OriginalTimeHeader = interceptor.OriginalTimeHeader
+)
+
+// Gate holds the resolved policies of every procedure and a client of the
+// Dedupe service. It is safe for concurrent use.
+type Gate struct {
+	// dedupe is the observed client of the Dedupe service (gatecore's
+	// Observer): the engine's, and CheckDedupe's and WatchDedupe's.
+	dedupe  *gatecore.Observer
+	engine  *gatecore.Engine
+	methods map[string]*protogate.Method
+	opts    options
+}
+
+// New resolves the policy of every method in the descriptor registry (see
+// WithFiles) and returns a Gate that deduplicates the gated ones through
+// dedupe. It fails, naming each method, when a policy is inconsistent, as
+// interceptor.New does: a method marked both mutating and NO_SIDE_EFFECTS, a
+// streaming method marked mutating, a value out of range, or a reconciler for
+// a procedure that is not gated.
+func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
+	if dedupe == nil {
+		return nil, errors.New("idemgate: connectgate.New needs a Dedupe service client, got nil")
+	}
+	o := defaultOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	// An empty type registry: every response replays as a dynamicpb
+	// message of the method's output descriptor (see the package doc).
+	r, err := protogate.Resolve(o.files, new(protoregistry.Types), o.reconcilers)
+	if err != nil {
+		return nil, err
+	}
+	observed := gatecore.NewObserver(dedupe, o.dedupeConn, o.logger, o.dedupeLogEvery)
+	engine := gatecore.New(observed, gatecore.Options{
+		ReplayCache: gatecore.NewReplayCache(o.replayEntries, o.replayBytes, o.replayTTL),
+		Logger:      o.logger, DedupeTimeout: o.dedupeTimeout, OutcomeTimeout: o.outcomeTimeout, FinishBudget: o.finishBudget,
+		InFlightRetry: o.inFlightRetry, StoreRetry: o.storeRetry, MaxOutcome: o.maxOutcome, TypeURLOf: protogate.ResultTypeURL,
+	})
+	return &Gate{dedupe: observed, engine: engine, methods: r.Gated, opts: o}, nil
+}
+
+// CheckDedupe asks the Dedupe service whether it serves this tool server,
+// as interceptor.Gate.CheckDedupe does; nil means gated calls can reach it.
+func (g *Gate) CheckDedupe(ctx context.Context) error {
+	return g.dedupe.Check(ctx, g.opts.dedupeTimeout)
+}
+
+// WatchDedupe keeps hs's status for interceptor.DedupeHealthService in step
+// with the Dedupe service until ctx ends, as interceptor.Gate.WatchDedupe
+// does. A server that runs both gates on one Dedupe connection needs only
+// one of them watched.
+func (g *Gate) WatchDedupe(ctx context.Context, hs interceptor.HealthSetter) { g.dedupe.Watch(ctx, hs) }
+
+// Close waits until every outcome still being retried in the background,
+// and every FINISH_POLICY_AFTER_REPLY outcome not yet stored, is settled or
+// given up, as interceptor.Gate.Close does. Call it after the HTTP server
+// stopped.
+func (g *Gate) Close(ctx context.Context) error { return g.engine.Close(ctx) }
+
+// Policy returns the resolved policy of a procedure ("/pkg.Service/Method");
+// one it does not gate reports Gated false.
+func (g *Gate) Policy(procedure string) interceptor.Policy {
+	if m, ok := g.methods[procedure]; ok {
+		return interceptor.Policy(m.Policy)
+	}
+	return interceptor.Policy{}
+}
+
+// Interceptor returns the connect.Interceptor that gates unary procedures
+// on the handler side; add it with connect.WithInterceptors. Put it after
+// authentication (the tenant function may read the caller's identity) and
+// after any panic recovery (a panicking handler is a lost outcome, and the
+// gate panics again), before anything that retries the handler. On a client
+// it does nothing, and streams pass through: a streaming method marked
+// mutating makes New fail, because a stream's outcome is not one message to
+// store and replay.
+func (g *Gate) Interceptor() connect.Interceptor { return gateInterceptor{g} }
+
+type gateInterceptor struct{ g *Gate }
+
+func (i gateInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		spec := req.Spec()
+		m, ok := i.g.methods[spec.Procedure]
+		if !ok || spec.IsClient {
+			return next(ctx, req)
+		}
+		return i.g.gate(ctx, req, m, next)
+	}
+}
+
+func (gateInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (gateInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+// call is one gated call: its identity in the Dedupe service (the core's
+// Call) and what the core needs of Connect to run it (gatecore.Transport).
+type call struct {
+	*gatecore.Call
+	g      *Gate
+	method *protogate.Method
+	req    connect.AnyRequest
+	next   connect.UnaryFunc
+	// own holds the gate's own response headers, set on the answer.
+	own http.Header
+}
+
+func (g *Gate) gate(ctx context.Context, req connect.AnyRequest, m *protogate.Method, next connect.UnaryFunc) (connect.AnyResponse, error) {
+	arrived := time.Now()
+	procedure := req.Spec().Procedure
+	msg, ok := req.Any().(proto.Message)
+	if !ok {
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("idemgate: request of %s is %T, not a protobuf message", procedure, req.Any()))
+	}
+	c := &call{g: g, method: m, req: req, next: next, own: http.Header{}}
+	key, err := m.Key("the "+KeyHeader+" header", req.Header().Values(KeyHeader), msg)
+	if err != nil {
+		return c.answer(nil, err)
+	}
+	tenant, err := g.opts.tenant(ctx)
+	if err != nil {
+		return c.answer(nil, err)
+	}
+	fingerprint, err := m.Fingerprint(msg)
+	if err != nil {
+		return c.answer(nil, status.Errorf(codes.Internal, "idemgate: fingerprint the request of %s: %v", procedure, err))
+	}
+	retention := m.Policy.Retention
+	if key == "" {
+		// KEYLESS_POLICY_FINGERPRINT: the request names the action, for the
+		// window only.
+		key = protogate.DerivedKeyPrefix + hex.EncodeToString(fingerprint)
+		retention = m.Policy.KeylessWindow
+		c.own.Set(KeyDerivedHeader, "true")
+	}
+	c.Call = gatecore.NewCall(procedure, protogate.Scope(m.Policy.Action, tenant), key, fingerprint, m.CorePolicy(), retention)
+	if m.Reconcile != nil {
+		c.Reconcile = func(ctx context.Context) (gatecore.Resolution, error) {
+			return m.Reconciled(ctx, procedure, c.Key, msg, statusOf)
+		}
+	}
+	answer, _, err := g.engine.Gate(ctx, c.Call, c, arrived)
+	return c.answer(answer, err)
+}
+
+// answer is what the caller gets: the response, or the error as a
+// *connect.Error, with the gate's own headers.
+func (c *call) answer(answer any, err error) (connect.AnyResponse, error) {
+	if err != nil {
+		ce := connectError(err)
+		mergeHeader(ce.Meta(), c.own)
+		return nil, ce
+	}
+	resp, ok := answer.(connect.AnyResponse)
+	if !ok || resp == nil {
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("idemgate: the gate answered %T, not a connect response", answer))
+	}
+	mergeHeader(resp.Header(), c.own)
+	return resp, nil
+}
+
+// Replay implements gatecore.Transport: the stored outcome, as a response of
+// the method's type (a dynamicpb message) or the final error, with the
+// metadata the handler set.
+func (c *call) Replay(_ context.Context, s gatecore.Stored) (any, error, bool) {
+	if !s.CompletedAt.IsZero() {
+		c.own.Set(OriginalTimeHeader, headerTimeText(s.CompletedAt))
+	}
+	if !s.ExpiresAt.IsZero() {
+		c.own.Set(ExpiresAtHeader, headerTimeText(s.ExpiresAt))
+	}
+	r, err := c.method.Decode(s.Outcome)
+	if err != nil {
+		return nil, err, false
+	}
+	c.own.Set(ReplayedHeader, "true")
+	if r.Err != nil {
+		ce := connectError(r.Err)
+		// A unary handler's error sends its metadata as headers, whatever
+		// the protocol: the stored trailer goes there too.
+		setStored(ce.Meta(), r.Header)
+		setStored(ce.Meta(), r.Trailer)
+		return nil, ce, true
+	}
+	msg, ok := r.Response.(*dynamicpb.Message)
+	if !ok {
+		return nil, grpcerr.New(codes.Internal, gatecore.ReasonOutcomeTypeMismatch,
+			fmt.Sprintf("the stored outcome decoded as %T, not a dynamic message; the call was not run again", r.Response), nil, 0), false
+	}
+	resp := connect.NewResponse(msg)
+	setStored(resp.Header(), r.Header)
+	setStored(resp.Trailer(), r.Trailer)
+	return resp, nil, true
+}
+
+// Committed implements gatecore.Transport: the caller learns until when the
+// outcome is replayed.
+func (c *call) Committed(_ context.Context, expiresAt time.Time) {
+	c.own.Set(ExpiresAtHeader, headerTimeText(expiresAt))
+}
+
+// Run implements gatecore.Transport: the handler, on the attempt's context
+// with the call's identity, the response metadata it set (on its response,
+// its error, or the context's connect.CallInfo) recorded, and what its
+// answer means.
+func (c *call) Run(hctx context.Context, a *gatecore.Attempt) gatecore.Ran {
+	info, hasInfo := connect.CallInfoForHandlerContext(hctx)
+	var headerBefore, trailerBefore http.Header
+	if hasInfo {
+		headerBefore, trailerBefore = info.ResponseHeader().Clone(), info.ResponseTrailer().Clone()
+	}
+	resp, handlerErr := c.next(protogate.WithCall(hctx, c.Call, a.Epoch()), c.req)
+	var header, trailer protogate.Metadata
+	if hasInfo {
+		recordAdded(&header, info.ResponseHeader(), headerBefore)
+		recordAdded(&trailer, info.ResponseTrailer(), trailerBefore)
+	}
+	if handlerErr != nil {
+		var ce *connect.Error
+		if errors.As(handlerErr, &ce) {
+			recordAdded(&header, ce.Meta(), nil)
+		}
+		verdict, st, unwrapped := c.method.Classify(handlerErr, statusOf)
+		switch verdict {
+		case gatecore.VerdictNotRun:
+			return gatecore.Ran{Verdict: verdict, Answer: resp, Err: unwrapped}
+		case gatecore.VerdictUnknown:
+			return gatecore.Ran{Verdict: verdict, Answer: resp, Err: unwrapped, Code: grpcerr.CodeName(st.Code()), Message: st.Message()}
+		}
+		result, err := gatecore.MarshalAny(st.Proto())
+		outcome, err := protogate.Wrap(result, err, header, trailer, replayableKey)
+		if err != nil {
+			c.g.opts.logger.ErrorContext(hctx, "idemgate: could not serialize a final error to store it; releasing instead", slog.String("scope", c.Scope), slog.Any("error", err))
+			return gatecore.Ran{Verdict: gatecore.VerdictNotRun, Answer: resp, Err: unwrapped}
+		}
+		// The caller gets what duplicates will be replayed: the stored
+		// status, with the metadata the handler put on its error.
+		answer := connectError(status.FromProto(st.Proto()).Err())
+		if ce != nil {
+			mergeHeader(answer.Meta(), ce.Meta())
+		}
+		return gatecore.Ran{Verdict: gatecore.VerdictOutcome, Outcome: outcome, Err: answer}
+	}
+	respMsg, ok := resp.Any().(proto.Message)
+	if !ok {
+		return gatecore.Ran{Verdict: gatecore.VerdictAbandoned, Answer: resp} // the codec will refuse it anyway
+	}
+	recordAdded(&header, resp.Header(), nil)
+	recordAdded(&trailer, resp.Trailer(), nil)
+	result, err := gatecore.MarshalAny(respMsg)
+	outcome, err := protogate.Wrap(result, err, header, trailer, replayableKey)
+	if err != nil {
+		return gatecore.Ran{Verdict: gatecore.VerdictLost, Answer: resp, Why: "could not serialize the response to store it", Attrs: []slog.Attr{slog.Any("error", err)}}
+	}
+	return gatecore.Ran{Verdict: gatecore.VerdictOutcome, Outcome: outcome, Answer: resp}
+}
+
+// headerTimeText spells a time as the gate's time headers carry it.
+func headerTimeText(t time.Time) string {
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+// statusOf reads a handler's error as a gRPC status: a *connect.Error by its
+// code, message and details, anything else as status.Convert does (a gRPC
+// status error keeps its status; a plain error is UNKNOWN, as connect-go
+// answers it).
+func statusOf(err error) *status.Status {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return status.Convert(err)
+	}
+	p := &spb.Status{Code: int32(ce.Code()), Message: ce.Message()}
+	for _, d := range ce.Details() {
+		p.Details = append(p.Details, &anypb.Any{TypeUrl: "type.googleapis.com/" + d.Type(), Value: d.Bytes()})
+	}
+	return status.FromProto(p)
+}
+
+// connectError is err as a *connect.Error: itself when it is one, else its
+// gRPC status (the gate's refusals are grpcerr status errors) with the same
+// code, message and details (ErrorInfo, RetryInfo).
+func connectError(err error) *connect.Error {
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return ce
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return connect.NewError(connect.CodeUnknown, err)
+	}
+	code := connect.Code(st.Code())
+	if st.Code() == codes.OK {
+		code = connect.CodeUnknown
+	}
+	out := connect.NewError(code, errors.New(st.Message()))
+	for _, d := range st.Proto().GetDetails() {
+		if detail, err := connect.NewErrorDetail(d); err == nil {
+			out.AddDetail(detail)
+		}
+	}
+	return out
+}
+
+// mergeHeader adds every value of from to into.
+func mergeHeader(into, from http.Header) {
+	for k, vs := range from {
+		for _, v := range vs {
+			into.Add(k, v)
+		}
+	}
+}
+
+// recordAdded records into *md the values h holds beyond those it held
+// before (nil: all of them), keys lowercased and "-bin" values decoded, as
+// the interceptor stores them, so a record replays alike over gRPC.
+func recordAdded(md *protogate.Metadata, h, before http.Header) {
+	for k, vs := range h {
+		vs = vs[min(len(before[k]), len(vs)):]
+		if len(vs) == 0 {
+			continue
+		}
+		lower := strings.ToLower(k)
+		if strings.HasSuffix(lower, "-bin") {
+			raw := make([]string, len(vs))
+			for i, v := range vs {
+				b, err := connect.DecodeBinaryHeader(v)
+				if err != nil {
+					b = []byte(v)
+				}
+				raw[i] = string(b)
+			}
+			vs = raw
+		}
+		md.Add(lower, vs...)
+	}
+}
+
+// setStored sets stored metadata on h, "-bin" values encoded as HTTP
+// carries them.
+func setStored(h http.Header, md protogate.Metadata) {
+	for k, vs := range md {
+		for _, v := range vs {
+			if strings.HasSuffix(k, "-bin") {
+				v = connect.EncodeBinaryHeader([]byte(v))
+			}
+			h.Add(k, v)
+		}
+	}
+}
+
+// replayableKey reports whether a handler's response header (lowercase) is
+// stored and replayed: what the interceptor replays (protogate.ReplayableKey),
+// less what HTTP and the Connect protocol own.
+func replayableKey(k string) bool {
+	if !protogate.ReplayableKey(k, ReplayedHeader, KeyDerivedHeader, ExpiresAtHeader, OriginalTimeHeader) || strings.HasPrefix(k, "connect-") {
+		return false
+	}
+	switch k {
+	case "content-length", "content-encoding", "accept-encoding", "transfer-encoding", "connection", "date", "host", "trailer", "keep-alive", "upgrade":
+		return false
+	}
+	return true
+}

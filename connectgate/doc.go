@@ -1,0 +1,49 @@
+// Package connectgate gates mutating Connect procedures with idempotency
+// keys, as package interceptor gates gRPC methods: a retried call replays
+// the first outcome instead of running its side effect again. It serves the
+// Connect, gRPC and gRPC-Web protocols alike, through connect-go's handlers.
+//
+// Methods are marked in their .proto files, as for the interceptor:
+//
+//	rpc ChargeCard(ChargeCardRequest) returns (ChargeCardResponse) {
+//	  option (idemgate.v1.policy) = {mutating: true};
+//	}
+//
+// then build a Gate on a client of the Dedupe service and add its
+// interceptor to the generated handler:
+//
+//	gate, err := connectgate.New(idemgatev1.NewDedupeServiceClient(conn))
+//	path, h := paymentsv1connect.NewPaymentsServiceHandler(svc, connect.WithInterceptors(gate.Interceptor()))
+//
+// Everything but the carrier is the interceptor's (internal/protogate and
+// internal/gatecore): the policies read from the same descriptors, the key
+// from the Idempotency-Key header or the request's key field, the
+// fingerprint, the scope (the policy's action, or the procedure
+// "/pkg.Service/Method", which is the gRPC full method name, then "|" and
+// the tenant), what a handler error means (interceptor.FinalError and the
+// other marks work here), reconcilers (interceptor.Reconciler), the replay
+// cache, the error reasons, and the response headers (idempotency-replayed,
+// idempotency-original-time, idempotency-expires-at,
+// idempotency-key-derived). So a key used over gRPC against the
+// interceptor and over Connect against this gate, on one Dedupe service and
+// with one tenant, names one action: whichever comes second replays the
+// first's outcome. The handler's context carries the call as under the
+// interceptor: interceptor.KeyFromContext, DownstreamKeyFromContext and
+// FencingTokenFromContext read it.
+//
+// Every refusal is a *connect.Error with the code the interceptor would
+// answer and its google.rpc.ErrorInfo (and RetryInfo where a retry helps)
+// as error details. A handler's own error is read through its *connect.Error
+// (code, message, details, metadata), or as a gRPC status error.
+//
+// A replay answers with a *connect.Response[dynamicpb.Message] of the
+// method's response type: connect-go's handler only sends response.Any()
+// (a proto.Message, which the codecs encode by reflection) with the
+// response's headers and trailers, so no generated Go type is needed to
+// answer; an interceptor outside the gate that type-asserts a generated
+// response type sees the dynamic message on replays (read it through
+// proto.Message instead).
+//
+// Streaming procedures pass through ungated; a streaming method marked
+// mutating makes New fail, as it makes interceptor.New fail.
+package connectgate
