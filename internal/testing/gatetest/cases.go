@@ -47,6 +47,7 @@ func Run(t *testing.T, newGate NewGate) {
 		{"CallerGivesUp", testCallerGivesUp},
 		{"ExecutionTimeout", testExecutionTimeout},
 		{"RetryableFailureReleases", testRetryableReleases},
+		{"UnlistedErrorReleases", testUnlistedErrorReleases},
 		{"FinalErrorByPolicyReplayed", testFinalByPolicy},
 		{"FinalErrorByMarkReplayed", testFinalByMark},
 		{"FencedHolder", testFencedHolder},
@@ -405,6 +406,19 @@ func finalReplayed(t *testing.T, e *env, method string, b testingv1.Behaviour, c
 		wantSameBytes(t, "the replayed final error", first, again)
 	}
 	wantRuns(t, e, "a", 1)
+}
+
+// testUnlistedErrorReleases: an unmarked error whose code the method's
+// replay_codes do not list is not an outcome: the key is released and the
+// retry runs again (ChargeReplayErrors would store the same error).
+func testUnlistedErrorReleases(t *testing.T, e *env) {
+	c, _ := e.gate(false)
+	failed := call(t, c, MethodCharge, "k", charge("a", 100, testingv1.Behaviour_BEHAVIOUR_FAIL_FINAL))
+	if failed.Err == nil || failed.Code != codes.FailedPrecondition || failed.Reason != "" {
+		t.Fatalf("an unlisted error answered %v, want the handler's FAILED_PRECONDITION", failed)
+	}
+	wantResponse(t, "the retry", call(t, c, MethodCharge, "k", charge("a", 100, succeed)), false)
+	wantRuns(t, e, "a", 2)
 }
 
 func testFinalByPolicy(t *testing.T, e *env) {
