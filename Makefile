@@ -206,8 +206,8 @@ demo: $(BIN_DIR)/incident-replay ## Replay the double-charge incident idemgate g
 	$(BIN_DIR)/incident-replay
 
 .PHONY: run-example
-run-example: $(BIN_DIR)/payments-server ## Run the example payments tool server on 127.0.0.1:50052, gated by the dedupe service.
-	$(BIN_DIR)/payments-server
+run-example: $(BIN_DIR)/payments-server ## Run the example payments tool server on 127.0.0.1:50052 (gRPC) and 127.0.0.1:8091 (Connect, gRPC-Web), gated by the dedupe service.
+	$(BIN_DIR)/payments-server -connect-listen 127.0.0.1:8091
 
 .PHONY: run-mcp
 run-mcp: $(BUF) $(BIN_DIR)/idemgate-mcp ## Serve the example payments tool server (make run-example) as MCP tools, streamable HTTP on 127.0.0.1:8080/mcp.
