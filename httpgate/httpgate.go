@@ -139,35 +139,25 @@ func checkPolicy(name string, p RoutePolicy) error {
 	if p.NotGated {
 		return nil
 	}
-	pol := withDefaults(p)
-	switch {
-	case pol.Lease < time.Second || pol.Lease > 24*time.Hour:
-		return fmt.Errorf("%s: Lease %s is outside 1s to 24h", name, pol.Lease)
-	case pol.Retention < pol.Lease || pol.Retention > 365*24*time.Hour:
-		return fmt.Errorf("%s: Retention %s must be between the lease %s and 365 days", name, pol.Retention, pol.Lease)
-	case pol.MaxWait < 0 || pol.MaxWait > time.Minute:
-		return fmt.Errorf("%s: MaxWait %s is outside 0s to 1m", name, pol.MaxWait)
-	case pol.ExecutionTimeout < time.Second || pol.ExecutionTimeout > 24*time.Hour:
-		return fmt.Errorf("%s: ExecutionTimeout %s is outside 1s to 24h", name, pol.ExecutionTimeout)
-	case pol.KeylessFingerprint && (pol.KeylessWindow < pol.Lease || pol.KeylessWindow > pol.Retention):
-		return fmt.Errorf("%s: KeylessWindow %s must be between the lease and the retention", name, pol.KeylessWindow)
-	case pol.MaxBodyBytes < 0:
-		return fmt.Errorf("%s: MaxBodyBytes %d is negative", name, pol.MaxBodyBytes)
+	if err := durationsOf(p).Check(); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	if p.MaxBodyBytes < 0 {
+		return fmt.Errorf("%s: MaxBodyBytes %d is negative", name, p.MaxBodyBytes)
 	}
 	return nil
 }
 
+// durationsOf is p's durations, as the core checks and defaults them.
+func durationsOf(p RoutePolicy) gatecore.Durations {
+	return gatecore.Durations{Retention: p.Retention, Lease: p.Lease, MaxWait: p.MaxWait, ExecutionTimeout: p.ExecutionTimeout,
+		KeylessWindow: p.KeylessWindow, Keyless: p.KeylessFingerprint}
+}
+
+// withDefaults is p with the core's default for every zero field.
 func withDefaults(p RoutePolicy) RoutePolicy {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&p.Retention, DefaultRetention)
-	def(&p.Lease, DefaultLease)
-	def(&p.ExecutionTimeout, DefaultExecutionTimeout)
-	def(&p.KeylessWindow, DefaultKeylessWindow)
-	def(&p.MaxWait, DefaultMaxWait)
+	d := durationsOf(p).WithDefaults()
+	p.Retention, p.Lease, p.MaxWait, p.ExecutionTimeout, p.KeylessWindow = d.Retention, d.Lease, d.MaxWait, d.ExecutionTimeout, d.KeylessWindow
 	if p.MaxBodyBytes == 0 {
 		p.MaxBodyBytes = DefaultMaxBodyBytes
 	}

@@ -16,18 +16,18 @@ import (
 // Defaults of a RoutePolicy's zero fields.
 const (
 	// DefaultRetention is how long an outcome is replayed: 24h.
-	DefaultRetention = 24 * time.Hour
+	DefaultRetention = gatecore.DefaultRetention
 	// DefaultLease is how long a reservation is held without a heartbeat:
 	// 10s.
-	DefaultLease = 10 * time.Second
+	DefaultLease = gatecore.DefaultLease
 	// DefaultMaxWait is how long a duplicate waits for an in-flight
 	// original before it gets 409: 3s.
-	DefaultMaxWait = 3 * time.Second
+	DefaultMaxWait = gatecore.DefaultMaxWait
 	// DefaultExecutionTimeout bounds the handler's run: 60s.
-	DefaultExecutionTimeout = 60 * time.Second
+	DefaultExecutionTimeout = gatecore.DefaultExecutionTimeout
 	// DefaultKeylessWindow is how long identical keyless requests collapse
 	// into one under KeylessFingerprint: 60s.
-	DefaultKeylessWindow = 60 * time.Second
+	DefaultKeylessWindow = gatecore.DefaultKeylessWindow
 	// DefaultMaxBodyBytes is the largest request body a gated route reads:
 	// 1 MiB.
 	DefaultMaxBodyBytes = 1 << 20

@@ -107,18 +107,18 @@ var (
 // Policy defaults, the gRPC interceptor's.
 const (
 	// DefaultRetention is how long an outcome is replayed: 24h.
-	DefaultRetention = 24 * time.Hour
+	DefaultRetention = gatecore.DefaultRetention
 	// DefaultLease is how long a reservation is held without a heartbeat:
 	// 10s.
-	DefaultLease = 10 * time.Second
+	DefaultLease = gatecore.DefaultLease
 	// DefaultMaxWait is how long a duplicate waits for an in-flight
 	// original: 3s.
-	DefaultMaxWait = 3 * time.Second
+	DefaultMaxWait = gatecore.DefaultMaxWait
 	// DefaultExecutionTimeout bounds a tool's run: 60s.
-	DefaultExecutionTimeout = 60 * time.Second
+	DefaultExecutionTimeout = gatecore.DefaultExecutionTimeout
 	// DefaultKeylessWindow is how long identical keyless calls collapse into
 	// one under KeylessFingerprint: 60s.
-	DefaultKeylessWindow = 60 * time.Second
+	DefaultKeylessWindow = gatecore.DefaultKeylessWindow
 )
 
 // Gate gates the tools/call requests of one MCP server. It is safe for
@@ -240,35 +240,22 @@ func checkPolicy(name string, p ToolPolicy) error {
 	if p.NotGated {
 		return nil
 	}
-	pol := withDefaults(p)
-	switch {
-	case pol.Lease < time.Second || pol.Lease > 24*time.Hour:
-		return fmt.Errorf("tool %q: Lease %s is outside 1s to 24h", name, pol.Lease)
-	case pol.Retention < pol.Lease || pol.Retention > 365*24*time.Hour:
-		return fmt.Errorf("tool %q: Retention %s must be between the lease %s and 365 days", name, pol.Retention, pol.Lease)
-	case pol.MaxWait < 0 || pol.MaxWait > time.Minute:
-		return fmt.Errorf("tool %q: MaxWait %s is outside 0s to 1m", name, pol.MaxWait)
-	case pol.ExecutionTimeout < time.Second || pol.ExecutionTimeout > 24*time.Hour:
-		return fmt.Errorf("tool %q: ExecutionTimeout %s is outside 1s to 24h", name, pol.ExecutionTimeout)
-	case pol.KeylessFingerprint && (pol.KeylessWindow < pol.Lease || pol.KeylessWindow > pol.Retention):
-		return fmt.Errorf("tool %q: KeylessWindow %s must be between the lease and the retention", name, pol.KeylessWindow)
+	if err := durationsOf(p).Check(); err != nil {
+		return fmt.Errorf("tool %q: %w", name, err)
 	}
 	return nil
 }
 
+// durationsOf is p's durations, as the core checks and defaults them.
+func durationsOf(p ToolPolicy) gatecore.Durations {
+	return gatecore.Durations{Retention: p.Retention, Lease: p.Lease, MaxWait: p.MaxWait, ExecutionTimeout: p.ExecutionTimeout,
+		KeylessWindow: p.KeylessWindow, Keyless: p.KeylessFingerprint}
+}
+
+// withDefaults is p with the core's default for every zero field.
 func withDefaults(p ToolPolicy) ToolPolicy {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&p.Retention, DefaultRetention)
-	def(&p.Lease, DefaultLease)
-	def(&p.ExecutionTimeout, DefaultExecutionTimeout)
-	def(&p.KeylessWindow, DefaultKeylessWindow)
-	if p.MaxWait == 0 {
-		p.MaxWait = DefaultMaxWait
-	}
+	d := durationsOf(p).WithDefaults()
+	p.Retention, p.Lease, p.MaxWait, p.ExecutionTimeout, p.KeylessWindow = d.Retention, d.Lease, d.MaxWait, d.ExecutionTimeout, d.KeylessWindow
 	if p.OnLostOutcome == idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_UNSPECIFIED {
 		p.OnLostOutcome = idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_FAIL_CLOSED
 	}

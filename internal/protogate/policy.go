@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/dynamicpb"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/keys"
 )
@@ -24,33 +25,33 @@ import (
 // unset (interceptor re-exports them).
 const (
 	// DefaultRetention is how long an outcome is replayed: 24h.
-	DefaultRetention = 24 * time.Hour
+	DefaultRetention = gatecore.DefaultRetention
 	// DefaultLease is how long a reservation is held without a heartbeat
 	// before it counts as abandoned: 10s. The interceptor renews it about
 	// every third of the lease while the handler runs.
-	DefaultLease = 10 * time.Second
+	DefaultLease = gatecore.DefaultLease
 	// DefaultMaxWait is how long a duplicate waits for an in-flight
 	// original's outcome before it gets ABORTED: 3s.
-	DefaultMaxWait = 3 * time.Second
+	DefaultMaxWait = gatecore.DefaultMaxWait
 	// MaxMaxWait is the longest max_wait a policy may set: 60s.
-	MaxMaxWait = 60 * time.Second
+	MaxMaxWait = gatecore.MaxMaxWait
 	// DefaultKeylessWindow is how long a keyless call is deduplicated under
 	// KEYLESS_POLICY_FINGERPRINT when the policy sets no window: 60s.
-	DefaultKeylessWindow = 60 * time.Second
+	DefaultKeylessWindow = gatecore.DefaultKeylessWindow
 	// MinLease is the shortest lease a policy may set: 1s.
-	MinLease = time.Second
+	MinLease = gatecore.MinLease
 	// MaxRetention is the longest retention a policy may set: 365 days.
-	MaxRetention = 365 * 24 * time.Hour
+	MaxRetention = gatecore.MaxRetention
 	// MaxLease is the longest lease a policy may set: 24h, the longest the
 	// Dedupe service renews a lease to.
-	MaxLease = 24 * time.Hour
+	MaxLease = gatecore.MaxLease
 	// DefaultExecutionTimeout bounds a handler's run when the policy sets no
 	// execution_timeout: 60s.
-	DefaultExecutionTimeout = 60 * time.Second
+	DefaultExecutionTimeout = gatecore.DefaultExecutionTimeout
 	// MinExecutionTimeout and MaxExecutionTimeout bound execution_timeout:
 	// 1s and 24h.
-	MinExecutionTimeout = time.Second
-	MaxExecutionTimeout = 24 * time.Hour
+	MinExecutionTimeout = gatecore.MinExecutionTimeout
+	MaxExecutionTimeout = gatecore.MaxExecutionTimeout
 	// MaxActionBytes is the longest action name a policy may set: 255 bytes.
 	MaxActionBytes = 255
 )

@@ -1,0 +1,39 @@
+package gatecore_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemgate/idemgate/internal/gatecore"
+)
+
+func TestDurationsCheckNamesTheFieldOutOfBounds(t *testing.T) {
+	for _, tc := range []struct {
+		d    gatecore.Durations
+		want string
+	}{
+		{gatecore.Durations{}, ""},
+		{gatecore.Durations{Lease: time.Millisecond}, "Lease 1ms"},
+		{gatecore.Durations{Lease: 25 * time.Hour, Retention: 48 * time.Hour}, "Lease 25h"},
+		{gatecore.Durations{Lease: time.Hour, Retention: time.Minute}, "Retention 1m0s"},
+		{gatecore.Durations{Retention: 400 * 24 * time.Hour}, "Retention 9600h"},
+		{gatecore.Durations{MaxWait: 2 * time.Minute}, "MaxWait 2m0s"},
+		{gatecore.Durations{MaxWait: -time.Second}, "MaxWait -1s"},
+		{gatecore.Durations{ExecutionTimeout: time.Millisecond}, "ExecutionTimeout 1ms"},
+		{gatecore.Durations{Keyless: true, KeylessWindow: time.Second}, "KeylessWindow 1s"},
+		{gatecore.Durations{Keyless: false, KeylessWindow: time.Second}, ""},
+	} {
+		err := tc.d.Check()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%+v: %v, want in bounds", tc.d, err)
+		case tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.want)):
+			t.Errorf("%+v: %v, want an error starting %q", tc.d, err, tc.want)
+		}
+	}
+	if d := (gatecore.Durations{}).WithDefaults(); d.Lease != gatecore.DefaultLease || d.Retention != gatecore.DefaultRetention ||
+		d.MaxWait != gatecore.DefaultMaxWait || d.ExecutionTimeout != gatecore.DefaultExecutionTimeout || d.KeylessWindow != gatecore.DefaultKeylessWindow {
+		t.Errorf("defaults %+v", d)
+	}
+}
