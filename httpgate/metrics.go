@@ -1,7 +1,7 @@
 package httpgate
 
 import (
-	"errors"
+	"github.com/idemgate/idemgate/internal/gatemetrics"
 	"strings"
 	"time"
 
@@ -42,38 +42,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"route"}),
 	}
 	var err error
-	if m.requests, err = registered(reg, m.requests); err != nil {
+	if m.requests, err = gatemetrics.Register(reg, m.requests); err != nil {
 		return nil, err
 	}
-	if m.events, err = registered(reg, m.events); err != nil {
+	if m.events, err = gatemetrics.Register(reg, m.events); err != nil {
 		return nil, err
 	}
-	if m.stages, err = registered(reg, m.stages); err != nil {
+	if m.stages, err = gatemetrics.Register(reg, m.stages); err != nil {
 		return nil, err
 	}
-	if m.age, err = registered(reg, m.age); err != nil {
+	if m.age, err = gatemetrics.Register(reg, m.age); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// registered registers c with reg, or returns the collector already
-// registered there under its name: a second Gate on one registry shares the
-// first one's metrics.
-func registered[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
-	var already prometheus.AlreadyRegisteredError
-	if !errors.As(err, &already) {
-		return c, err
-	}
-	existing, ok := already.ExistingCollector.(T)
-	if !ok {
-		return c, err
-	}
-	return existing, nil
 }
 
 func (m *metrics) event(route, event string) {

@@ -1,7 +1,7 @@
 package interceptor
 
 import (
-	"errors"
+	"github.com/idemgate/idemgate/internal/gatemetrics"
 	"strings"
 	"time"
 
@@ -119,37 +119,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}, []string{"method", "stage"})
 	// A second Gate on one registry shares the first one's metrics.
 	var err error
-	if m.stages, err = registered(reg, m.stages); err != nil {
+	if m.stages, err = gatemetrics.Register(reg, m.stages); err != nil {
 		return nil, err
 	}
-	if m.replayAge, err = registered(reg, m.replayAge); err != nil {
+	if m.replayAge, err = gatemetrics.Register(reg, m.replayAge); err != nil {
 		return nil, err
 	}
-	if m.calls, err = registered(reg, m.calls); err != nil {
+	if m.calls, err = gatemetrics.Register(reg, m.calls); err != nil {
 		return nil, err
 	}
-	if m.events, err = registered(reg, m.events); err != nil {
+	if m.events, err = gatemetrics.Register(reg, m.events); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// registered registers c with reg, or returns the collector of the same
-// kind already registered there under its name.
-func registered[T prometheus.Collector](reg prometheus.Registerer, c T) (T, error) {
-	err := reg.Register(c)
-	if err == nil {
-		return c, nil
-	}
-	var already prometheus.AlreadyRegisteredError
-	if !errors.As(err, &already) {
-		return c, err
-	}
-	existing, ok := already.ExistingCollector.(T)
-	if !ok {
-		return c, err
-	}
-	return existing, nil
 }
 
 // stage observes that a call of method spent d in stage.

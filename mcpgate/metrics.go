@@ -1,7 +1,7 @@
 package mcpgate
 
 import (
-	"errors"
+	"github.com/idemgate/idemgate/internal/gatemetrics"
 	"strings"
 	"time"
 
@@ -39,30 +39,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Help:    "Where a gated tools/call's time goes, by tool and stage: prepare (key, scope, fingerprint), begin (the Dedupe round trip), handler (the tool), finish (storing the outcome before the answer).",
 		Buckets: StageBuckets,
 	}, []string{"tool", "stage"})
-	if err := reg.Register(stages); err != nil {
-		var already prometheus.AlreadyRegisteredError
-		if !errors.As(err, &already) {
-			return nil, err
-		}
-		existing, ok := already.ExistingCollector.(*prometheus.HistogramVec)
-		if !ok {
-			return nil, err
-		}
-		stages = existing
+	var err error
+	if stages, err = gatemetrics.Register(reg, stages); err != nil {
+		return nil, err
 	}
 	m.stages = stages
 	for _, vec := range []**prometheus.CounterVec{&m.calls, &m.events} {
-		if err := reg.Register(*vec); err != nil {
-			// A second Gate on one registry shares the first one's counters.
-			var already prometheus.AlreadyRegisteredError
-			if !errors.As(err, &already) {
-				return nil, err
-			}
-			existing, ok := already.ExistingCollector.(*prometheus.CounterVec)
-			if !ok {
-				return nil, err
-			}
-			*vec = existing
+		if *vec, err = gatemetrics.Register(reg, *vec); err != nil {
+			return nil, err
 		}
 	}
 	return m, nil
