@@ -148,7 +148,7 @@ func run(listen, dedupeAddr, ledgerPath, name string, latency time.Duration, pau
 	broken := os.Getenv(brokenGateEnv) == "1"
 	chain := []grpc.UnaryServerInterceptor{recovery.UnaryServerInterceptor(), keepCallerDone, gate.UnaryServerInterceptor()}
 	if broken {
-		logger.Warn("the broken layer is on: every handler error is marked retryable, so ambiguous failures run again")
+		logger.Warn("the broken layer is on: every handler error (and every HTTP handler failure) is marked retryable, so ambiguous failures run again")
 		chain = append(chain, breakGate)
 	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
