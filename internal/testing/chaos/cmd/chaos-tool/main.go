@@ -6,7 +6,7 @@
 //	chaos-tool -listen ADDR -dedupe ADDR -ledger FILE [-name NAME]
 //	           [-latency 20ms] [-pause-keys RE -pause-for 3s] [-ambiguous-keys RE]
 //	           [-late-metadata-keys RE -late-metadata-wait 15s]
-//	           [-default-backoff] [-http-listen ADDR]
+//	           [-default-backoff] [-http-listen ADDR] [-connect-listen ADDR]
 //
 // A key matching -pause-keys makes the handler stall for -pause-for between
 // its side effect and its return, where the suite kills or stops the process.
@@ -37,11 +37,18 @@
 // httpgate hands a handler no fencing token nor downstream key, so its
 // responses and ledger lines carry epoch 0 and no downstream key.
 //
+// With -connect-listen it also serves the same handler logic through the
+// generated Connect handler gated by connectgate (Connect, gRPC and gRPC-Web
+// over HTTP/1.1 and h2c), whose policies are read from chaos.proto as the
+// interceptor reads them; its handler reads the key, the fencing token and
+// the downstream key from the context as the gRPC handler does.
+//
 // IDEMGATE_CHAOS_BROKEN_GATE=1 chains a deliberately broken layer inside the
 // gate that marks every handler error retryable, context errors included, so
 // the gate releases the key after an ambiguous failure and a retry runs the
 // side effect again; the HTTP handler then marks every failure it answers
-// httpgate.MarkRetryable, to the same effect. It exists to prove the checker
+// httpgate.MarkRetryable, and a Connect interceptor inside connectgate marks
+// every handler error retryable, to the same effect. It exists to prove the checker
 // catches that.
 package main
 
@@ -91,6 +98,7 @@ func main() {
 	flag.DurationVar(&late.wait, "late-metadata-wait", 15*time.Second, "how long a -late-metadata-keys handler waits for its caller to give up")
 	defaultBackoff := flag.Bool("default-backoff", false, "dial the Dedupe service as the README shows: grpc-go's default reconnect backoff, and WithDedupeConn")
 	flag.StringVar(&httpListen, "http-listen", "", "also serve ChaosService over HTTP, gated by httpgate, on this `address`")
+	flag.StringVar(&connectListen, "connect-listen", "", "also serve ChaosService over Connect (HTTP/1.1 and h2c), gated by connectgate, on this `address`")
 	flag.Parse()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err := run(*listen, *dedupe, *ledgerPath, *name, *latency, *pauseKeys, *pauseFor, *ambiguousKeys, *defaultBackoff, logger); err != nil {
@@ -187,6 +195,13 @@ func run(listen, dedupeAddr, ledgerPath, name string, latency time.Duration, pau
 			defer cancel()
 			_ = hsrv.Shutdown(closeCtx)
 		}()
+	}
+	if connectListen != "" {
+		stopConnect, err := serveConnect(connectListen, idemgatev1.NewDedupeServiceClient(conn), conn, defaultBackoff, broken, chaosServer, logger)
+		if err != nil {
+			return err
+		}
+		defer stopConnect()
 	}
 	defer func() {
 		closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
