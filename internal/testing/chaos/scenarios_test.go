@@ -79,8 +79,9 @@ type Scenario struct {
 	// Transport is how the workload's callers reach the tool servers:
 	// TransportGRPC (or "") through the interceptor, TransportHTTP through
 	// httpgate (each tool server also serves -http-listen, and the workload
-	// runs with -transport http). Setup's caller-side proxies apply to gRPC
-	// only.
+	// runs with -transport http), TransportConnect through connectgate
+	// (-connect-listen, -transport connect). Setup's caller-side proxies
+	// apply to gRPC only.
 	Transport string
 }
 
@@ -393,5 +394,12 @@ func scenarios() []Scenario {
 		// layer's counterpart), so the gate releases the key after an
 		// ambiguous failure: the checker must see duplicates.
 		Scenario{Name: StorePostgres + "/http-broken-gate", Store: StorePostgres, Transport: TransportHTTP, Workload: Workload{Ambiguous: 0.3}, Broken: true, ExpectViolations: true},
+		// The Connect gate (connectgate), its callers on connect-go's
+		// client: the tool server killed between side effect and return.
+		Scenario{Name: StorePostgres + "/connect-tool-killed-after-side-effect", Store: StorePostgres, Transport: TransportConnect, Workload: standard, Outages: 2,
+			Fault: killToolAtPausePoint, Rules: holderFaults},
+		// A Connect interceptor inside the gate marks every handler error
+		// retryable: the checker must see duplicates.
+		Scenario{Name: StorePostgres + "/connect-broken-gate", Store: StorePostgres, Transport: TransportConnect, Workload: Workload{Ambiguous: 0.3}, Broken: true, ExpectViolations: true},
 	)
 }

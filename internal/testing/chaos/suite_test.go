@@ -194,8 +194,11 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 	for i := range max(1, sc.Tools) {
 		st.Tools = append(st.Tools, &Member{Name: fmt.Sprintf("tool%d", i), Addr: stacktest.FreeAddr(t),
 			DedupeAddr: st.Dedupes[i%len(st.Dedupes)].Addr, Ledger: filepath.Join(dir, fmt.Sprintf("ledger-tool%d.jsonl", i))})
-		if sc.Transport == TransportHTTP {
+		switch sc.Transport {
+		case TransportHTTP:
 			st.Tools[i].HTTPAddr = stacktest.FreeAddr(t)
+		case TransportConnect:
+			st.Tools[i].ConnectAddr = stacktest.FreeAddr(t)
 		}
 	}
 	if sc.Setup != nil {
@@ -231,8 +234,11 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 		if tool.CallerAddr != "" {
 			targets[i] = tool.CallerAddr
 		}
-		if sc.Transport == TransportHTTP {
+		switch sc.Transport {
+		case TransportHTTP:
 			targets[i] = tool.HTTPAddr
+		case TransportConnect:
+			targets[i] = tool.ConnectAddr
 		}
 	}
 	args := []string{"-targets", strings.Join(targets, ","), "-history", history, "-seed", strconv.FormatUint(s.seed^hash(sc.Name), 10),
@@ -333,8 +339,9 @@ type Member struct {
 	CallerAddr string
 	// HTTPAddr is where a tool server serves HTTP (chaos-tool
 	// -http-listen), which the workload dials in a scenario of
-	// TransportHTTP; empty in the others.
-	HTTPAddr string
+	// TransportHTTP; empty in the others. ConnectAddr is the same for
+	// Connect (chaos-tool -connect-listen, TransportConnect).
+	HTTPAddr, ConnectAddr string
 	// ToolArgs are extra chaos-tool flags for a tool server; a Setup hook
 	// sets them.
 	ToolArgs []string
@@ -412,6 +419,9 @@ func (st *Stack) startTool(m *Member) {
 	if m.HTTPAddr != "" {
 		args = append(args, "-http-listen", m.HTTPAddr)
 	}
+	if m.ConnectAddr != "" {
+		args = append(args, "-connect-listen", m.ConnectAddr)
+	}
 	args = append(args, m.ToolArgs...)
 	var env []string
 	if st.sc.Broken {
@@ -422,6 +432,9 @@ func (st *Stack) startTool(m *Member) {
 	p.WaitTCP(st.t, m.Addr, patience)
 	if m.HTTPAddr != "" {
 		p.WaitTCP(st.t, m.HTTPAddr, patience)
+	}
+	if m.ConnectAddr != "" {
+		p.WaitTCP(st.t, m.ConnectAddr, patience)
 	}
 	m.mu.Lock()
 	m.proc = p
@@ -554,6 +567,9 @@ func (st *Stack) holderFault(what string, m *Member, start, end time.Time) {
 	}
 	if m.HTTPAddr != "" {
 		targets = append(targets, m.HTTPAddr)
+	}
+	if m.ConnectAddr != "" {
+		targets = append(targets, m.ConnectAddr)
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()

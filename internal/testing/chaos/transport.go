@@ -15,6 +15,9 @@ const (
 	TransportGRPC = "grpc"
 	// TransportHTTP is httpgate, called with net/http.
 	TransportHTTP = "http"
+	// TransportConnect is connectgate, called with connect-go's client
+	// (the Connect protocol).
+	TransportConnect = "connect"
 )
 
 // The chaos tool's HTTP routes (chaos-tool -http-listen): each stands for

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/idemgate/idemgate/connectgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
@@ -18,8 +20,12 @@ import (
 	"github.com/idemgate/idemgate/interceptor"
 )
 
-// connectListen is the -connect-listen flag.
-var connectListen string
+// connectListen and connectDefaultCodec are the -connect-listen and
+// -connect-default-codec flags.
+var (
+	connectListen       string
+	connectDefaultCodec bool
+)
 
 // serveConnect serves s's ChaosService through the generated Connect
 // handler, gated by connectgate (the policies read from chaos.proto, as the
@@ -39,12 +45,15 @@ func serveConnect(addr string, dedupe idemgatev1.DedupeServiceClient, conn *grpc
 	if broken {
 		interceptors = append(interceptors, breakConnect{})
 	}
+	handlerOpts := []connect.HandlerOption{connect.WithInterceptors(interceptors...)}
+	if !connectDefaultCodec {
+		handlerOpts = append(handlerOpts, connect.WithCodec(deterministicProtoCodec{}))
+	}
 	mux := http.NewServeMux()
-	mux.Handle(testingv1connect.NewChaosServiceHandler(connectServer{s},
+	mux.Handle(testingv1connect.NewChaosServiceHandler(connectServer{s}, append(handlerOpts,
 		connect.WithRecover(func(context.Context, connect.Spec, http.Header, any) error {
 			return connect.NewError(connect.CodeInternal, errors.New("the handler panicked"))
-		}),
-		connect.WithInterceptors(interceptors...)))
+		}))...))
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -122,4 +131,32 @@ func (breakConnect) WrapStreamingClient(next connect.StreamingClientFunc) connec
 
 func (breakConnect) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return next
+}
+
+// deterministicProtoCodec is connect-go's binary protobuf codec with
+// deterministic marshalling. connectgate replays a stored outcome as a
+// dynamicpb message, which the default codec's proto.Marshal encodes in an
+// unstable field order, so a replay's bytes may differ from the first
+// answer's (the same message, reordered). Deterministic marshalling encodes
+// by field number, as the generated code does, so replays are the stored
+// bytes again; -connect-default-codec serves with connect-go's default
+// codec instead, which the checker then flags.
+type deterministicProtoCodec struct{}
+
+func (deterministicProtoCodec) Name() string { return "proto" }
+
+func (deterministicProtoCodec) Marshal(v any) ([]byte, error) {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return nil, fmt.Errorf("chaos-tool codec: %T is not a proto.Message", v)
+	}
+	return proto.MarshalOptions{Deterministic: true}.Marshal(m)
+}
+
+func (deterministicProtoCodec) Unmarshal(data []byte, v any) error {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return fmt.Errorf("chaos-tool codec: %T is not a proto.Message", v)
+	}
+	return proto.Unmarshal(data, m)
 }

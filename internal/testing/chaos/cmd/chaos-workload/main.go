@@ -4,7 +4,7 @@
 // real life, and every try recorded to a history file (JSON lines).
 //
 //	chaos-workload -targets ADDR[,ADDR] -history FILE -seed N [-actions 30] [-callers 3]
-//	               [-late-metadata 0.5 -ledgers FILE[,FILE]] [-transport grpc|http]
+//	               [-late-metadata 0.5 -ledgers FILE[,FILE]] [-transport grpc|http|connect]
 //
 // The layers, outermost first: an application loop with its own deadline per
 // action, retrying UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED and
@@ -23,7 +23,10 @@
 // With -transport http the targets are chaos-tool -http-listen addresses,
 // and every caller goes through net/http instead (http.go): the same
 // application loop, over a transport-level retry of the kind HTTP client
-// libraries do, over net/http's own retry of a replayable request.
+// libraries do, over net/http's own retry of a replayable request. With
+// -transport connect they are chaos-tool -connect-listen addresses, called
+// with connect-go's generated client (the Connect protocol) (connect.go):
+// the same application loop over a retry layer like the gRPC one.
 package main
 
 import (
@@ -107,10 +110,10 @@ func main() {
 	flag.DurationVar(&c.tryTimeout, "try-timeout", 10*time.Second, "the retry interceptor's timeout per try")
 	flag.Float64Var(&c.lateMetadata, "late-metadata", 0, `fraction of actions whose key ends in "-m": their callers give up on the first try once the side effect is in a ledger, before the handler sets its metadata`)
 	ledgers := flag.String("ledgers", "", "comma-separated ledger `files` of the tool servers, watched for -late-metadata actions' side effects")
-	flag.StringVar(&c.transport, "transport", chaos.TransportGRPC, "how callers reach the targets: grpc, or http (chaos-tool -http-listen addresses)")
+	flag.StringVar(&c.transport, "transport", chaos.TransportGRPC, "how callers reach the targets: grpc, http (chaos-tool -http-listen addresses) or connect (-connect-listen addresses)")
 	flag.Parse()
-	if c.transport != chaos.TransportGRPC && c.transport != chaos.TransportHTTP {
-		log.Fatalf("chaos-workload: -transport %q: want grpc or http", c.transport)
+	if c.transport != chaos.TransportGRPC && c.transport != chaos.TransportHTTP && c.transport != chaos.TransportConnect {
+		log.Fatalf("chaos-workload: -transport %q: want grpc, http or connect", c.transport)
 	}
 	if *ledgers != "" {
 		c.ledgers = strings.Split(*ledgers, ",")
@@ -174,8 +177,16 @@ func run(ctx context.Context, c config) error {
 			defer httpClients[i].close()
 		}
 	}
+	var connectClients []*connectCaller
+	if c.transport == chaos.TransportConnect {
+		connectClients = make([]*connectCaller, len(c.targets))
+		for i, target := range c.targets {
+			connectClients[i] = newConnectCaller(target, c.tryTimeout, w)
+			defer connectClients[i].close()
+		}
+	}
 	for i, target := range c.targets {
-		if httpClients != nil {
+		if c.transport != chaos.TransportGRPC {
 			break
 		}
 		conns[i], err = grpc.NewClient(target,
@@ -231,8 +242,12 @@ func run(ctx context.Context, c config) error {
 			go func() {
 				defer wg.Done()
 				defer callers.Done()
-				if httpClients != nil {
+				switch {
+				case httpClients != nil:
 					httpClients[(i+k)%len(httpClients)].callAction(ctx, c, a, k)
+					return
+				case connectClients != nil:
+					connectClients[(i+k)%len(connectClients)].callAction(ctx, c, a, k)
 					return
 				}
 				client := testingv1.NewChaosServiceClient(conns[(i+k)%len(conns)])
