@@ -41,7 +41,8 @@ GO_SOURCES := $(shell find . -path ./.git -prune -o -path ./$(BIN_DIR) -prune -o
 FIRST_BUILD := on an empty build cache this compiles every dependency first, modernc.org/sqlite (SQLite translated to Go) above all: see README "How long the first build takes"
 # SEED seeds `make chaos` (the workload and the fault schedule); empty picks one from the clock,
 # printed so the run can be reproduced. LONG=1 runs ten times the actions and outages. CHAOS_RUN
-# selects scenarios by name, as go test -run does for subtests (e.g. CHAOS_RUN=sqlite/).
+# selects scenarios by name, as go test -run does for subtests (e.g. CHAOS_RUN=sqlite/, or
+# CHAOS_RUN=postgres/http- for the HTTP gate's, postgres/connect- for the Connect gate's).
 SEED ?=
 LONG ?=
 CHAOS_RUN ?=

@@ -76,6 +76,13 @@ type Scenario struct {
 	// Broken turns on chaos-tool's broken layer; ExpectViolations makes the
 	// scenario pass only when the checker reports violations.
 	Broken, ExpectViolations bool
+	// Transport is how the workload's callers reach the tool servers:
+	// TransportGRPC (or "") through the interceptor, TransportHTTP through
+	// httpgate (each tool server also serves -http-listen, and the workload
+	// runs with -transport http), TransportConnect through connectgate
+	// (-connect-listen, -transport connect). Setup's caller-side proxies
+	// apply to gRPC only.
+	Transport string
 }
 
 // standard is the traffic of the core scenarios: spread over long enough
@@ -374,5 +381,25 @@ func scenarios() []Scenario {
 		// The broken layer releases the key after an ambiguous failure, so
 		// a retry charges again: the checker must see duplicates.
 		Scenario{Name: StorePostgres + "/broken-interceptor", Store: StorePostgres, Workload: Workload{Ambiguous: 0.3}, Broken: true, ExpectViolations: true},
+		// The HTTP gate (httpgate), its callers on net/http: the tool
+		// server killed between side effect and return, as
+		// tool-killed-after-side-effect.
+		Scenario{Name: StorePostgres + "/http-tool-killed-after-side-effect", Store: StorePostgres, Transport: TransportHTTP, Workload: standard, Outages: 2,
+			Fault: killToolAtPausePoint, Rules: holderFaults},
+		// The Dedupe service killed past the lease under the HTTP gate, as
+		// dedupe-killed: the strict rules.
+		Scenario{Name: StorePostgres + "/http-dedupe-killed", Store: StorePostgres, Transport: TransportHTTP, Workload: standard, Outages: 2,
+			Fault: killDedupeAtPausePoint},
+		// The HTTP handler marks every failure retryable (the broken
+		// layer's counterpart), so the gate releases the key after an
+		// ambiguous failure: the checker must see duplicates.
+		Scenario{Name: StorePostgres + "/http-broken-gate", Store: StorePostgres, Transport: TransportHTTP, Workload: Workload{Ambiguous: 0.3}, Broken: true, ExpectViolations: true},
+		// The Connect gate (connectgate), its callers on connect-go's
+		// client: the tool server killed between side effect and return.
+		Scenario{Name: StorePostgres + "/connect-tool-killed-after-side-effect", Store: StorePostgres, Transport: TransportConnect, Workload: standard, Outages: 2,
+			Fault: killToolAtPausePoint, Rules: holderFaults},
+		// A Connect interceptor inside the gate marks every handler error
+		// retryable: the checker must see duplicates.
+		Scenario{Name: StorePostgres + "/connect-broken-gate", Store: StorePostgres, Transport: TransportConnect, Workload: Workload{Ambiguous: 0.3}, Broken: true, ExpectViolations: true},
 	)
 }

@@ -194,6 +194,12 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 	for i := range max(1, sc.Tools) {
 		st.Tools = append(st.Tools, &Member{Name: fmt.Sprintf("tool%d", i), Addr: stacktest.FreeAddr(t),
 			DedupeAddr: st.Dedupes[i%len(st.Dedupes)].Addr, Ledger: filepath.Join(dir, fmt.Sprintf("ledger-tool%d.jsonl", i))})
+		switch sc.Transport {
+		case TransportHTTP:
+			st.Tools[i].HTTPAddr = stacktest.FreeAddr(t)
+		case TransportConnect:
+			st.Tools[i].ConnectAddr = stacktest.FreeAddr(t)
+		}
 	}
 	if sc.Setup != nil {
 		sc.Setup(st)
@@ -228,10 +234,19 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 		if tool.CallerAddr != "" {
 			targets[i] = tool.CallerAddr
 		}
+		switch sc.Transport {
+		case TransportHTTP:
+			targets[i] = tool.HTTPAddr
+		case TransportConnect:
+			targets[i] = tool.ConnectAddr
+		}
 	}
 	args := []string{"-targets", strings.Join(targets, ","), "-history", history, "-seed", strconv.FormatUint(s.seed^hash(sc.Name), 10),
 		"-actions", strconv.Itoa(actions), "-spread", spread.String(), "-callers", "3",
 		"-reexecute", fmt.Sprint(w.Reexecute), "-pause", fmt.Sprint(w.Pause), "-ambiguous", fmt.Sprint(w.Ambiguous), "-try-timeout", w.TryTimeout.String()}
+	if sc.Transport != "" && sc.Transport != TransportGRPC {
+		args = append(args, "-transport", sc.Transport)
+	}
 	if w.LateMetadata > 0 {
 		var ledgers []string
 		for _, tool := range st.Tools {
@@ -319,8 +334,14 @@ type Member struct {
 	// point it at a proxy); Ledger is a tool server's ledger file.
 	DedupeAddr, Ledger string
 	// CallerAddr is the address the workload dials for a tool server; empty
-	// means Addr. A Setup hook points it at a proxy.
+	// means Addr. A Setup hook points it at a proxy. It applies to the gRPC
+	// transport only.
 	CallerAddr string
+	// HTTPAddr is where a tool server serves HTTP (chaos-tool
+	// -http-listen), which the workload dials in a scenario of
+	// TransportHTTP; empty in the others. ConnectAddr is the same for
+	// Connect (chaos-tool -connect-listen, TransportConnect).
+	HTTPAddr, ConnectAddr string
 	// ToolArgs are extra chaos-tool flags for a tool server; a Setup hook
 	// sets them.
 	ToolArgs []string
@@ -395,6 +416,12 @@ func (st *Stack) startDedupe(m *Member) {
 func (st *Stack) startTool(m *Member) {
 	args := []string{"-listen", m.Addr, "-dedupe", m.DedupeAddr, "-ledger", m.Ledger, "-name", m.Name,
 		"-pause-keys", `-p(-a)?$`, "-pause-for", "3s", "-ambiguous-keys", `-a$`, "-late-metadata-keys", LateMetadataSuffix + "$"}
+	if m.HTTPAddr != "" {
+		args = append(args, "-http-listen", m.HTTPAddr)
+	}
+	if m.ConnectAddr != "" {
+		args = append(args, "-connect-listen", m.ConnectAddr)
+	}
 	args = append(args, m.ToolArgs...)
 	var env []string
 	if st.sc.Broken {
@@ -403,6 +430,12 @@ func (st *Stack) startTool(m *Member) {
 	p := proctest.Start(st.t, st.s.bins.tool, args, env)
 	st.keepLog(p, m.Name)
 	p.WaitTCP(st.t, m.Addr, patience)
+	if m.HTTPAddr != "" {
+		p.WaitTCP(st.t, m.HTTPAddr, patience)
+	}
+	if m.ConnectAddr != "" {
+		p.WaitTCP(st.t, m.ConnectAddr, patience)
+	}
 	m.mu.Lock()
 	m.proc = p
 	m.mu.Unlock()
@@ -531,6 +564,12 @@ func (st *Stack) holderFault(what string, m *Member, start, end time.Time) {
 	targets := []string{m.Addr}
 	if m.CallerAddr != "" {
 		targets = append(targets, m.CallerAddr)
+	}
+	if m.HTTPAddr != "" {
+		targets = append(targets, m.HTTPAddr)
+	}
+	if m.ConnectAddr != "" {
+		targets = append(targets, m.ConnectAddr)
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()

@@ -6,7 +6,7 @@
 //	chaos-tool -listen ADDR -dedupe ADDR -ledger FILE [-name NAME]
 //	           [-latency 20ms] [-pause-keys RE -pause-for 3s] [-ambiguous-keys RE]
 //	           [-late-metadata-keys RE -late-metadata-wait 15s]
-//	           [-default-backoff]
+//	           [-default-backoff] [-http-listen ADDR] [-connect-listen ADDR [-connect-default-codec]]
 //
 // A key matching -pause-keys makes the handler stall for -pause-for between
 // its side effect and its return, where the suite kills or stops the process.
@@ -22,10 +22,37 @@
 // -default-backoff it dials as the README shows instead: grpc-go's default
 // reconnect backoff, which grows to two minutes, and WithDedupeConn.
 //
+// With -http-listen it also serves the same handler logic (the same server:
+// one ledger, one counter of charge ids, the same pause, ambiguous and
+// latency behaviour) over HTTP, gated by httpgate with the proto policies of
+// the two methods: POST /charge (Charge, FAIL_CLOSED) and POST
+// /charge-reexecute (ChargeReexecute, REEXECUTE), each with a 6s lease and a
+// 2s max_wait. The request body is a ChargeRequest, binary protobuf or
+// protojson (Content-Type application/json); a 200's body is the binary
+// ChargeResponse (application/x-protobuf), exactly the bytes the ledger
+// records as the side effect's response. The ambiguous failure is a 504
+// problem marked httpgate.MarkOutcomeUnknown; a provider call cut short by
+// the handler's context is a 504 that httpgate's context rule marks
+// unknown. The HTTP handler reads its key from the Idempotency-Key header;
+// httpgate hands a handler no fencing token nor downstream key, so its
+// responses and ledger lines carry epoch 0 and no downstream key.
+//
+// With -connect-listen it also serves the same handler logic through the
+// generated Connect handler gated by connectgate (Connect, gRPC and gRPC-Web
+// over HTTP/1.1 and h2c), whose policies are read from chaos.proto as the
+// interceptor reads them; its handler reads the key, the fencing token and
+// the downstream key from the context as the gRPC handler does. It marshals
+// deterministically (connectgate replays a dynamicpb message, which
+// connect-go's default codec encodes in an unstable field order, so replays
+// would not be byte-identical); -connect-default-codec uses the default.
+//
 // IDEMGATE_CHAOS_BROKEN_GATE=1 chains a deliberately broken layer inside the
 // gate that marks every handler error retryable, context errors included, so
 // the gate releases the key after an ambiguous failure and a retry runs the
-// side effect again. It exists to prove the checker catches that.
+// side effect again; the HTTP handler then marks every failure it answers
+// httpgate.MarkRetryable, and a Connect interceptor inside connectgate marks
+// every handler error retryable, to the same effect. It exists to prove the checker
+// catches that.
 package main
 
 import (
@@ -73,6 +100,9 @@ func main() {
 	flag.StringVar(&late.keys, "late-metadata-keys", "", "`regexp` of keys whose handler sets its response metadata only after its caller gave up")
 	flag.DurationVar(&late.wait, "late-metadata-wait", 15*time.Second, "how long a -late-metadata-keys handler waits for its caller to give up")
 	defaultBackoff := flag.Bool("default-backoff", false, "dial the Dedupe service as the README shows: grpc-go's default reconnect backoff, and WithDedupeConn")
+	flag.StringVar(&httpListen, "http-listen", "", "also serve ChaosService over HTTP, gated by httpgate, on this `address`")
+	flag.StringVar(&connectListen, "connect-listen", "", "also serve ChaosService over Connect (HTTP/1.1 and h2c), gated by connectgate, on this `address`")
+	flag.BoolVar(&connectDefaultCodec, "connect-default-codec", false, "serve Connect with connect-go's default protobuf codec, whose replays of connectgate's dynamic messages are not byte-identical, instead of a deterministic one")
 	flag.Parse()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err := run(*listen, *dedupe, *ledgerPath, *name, *latency, *pauseKeys, *pauseFor, *ambiguousKeys, *defaultBackoff, logger); err != nil {
@@ -127,17 +157,19 @@ func run(listen, dedupeAddr, ledgerPath, name string, latency time.Duration, pau
 	if err != nil {
 		return err
 	}
+	broken := os.Getenv(brokenGateEnv) == "1"
 	chain := []grpc.UnaryServerInterceptor{recovery.UnaryServerInterceptor(), keepCallerDone, gate.UnaryServerInterceptor()}
-	if os.Getenv(brokenGateEnv) == "1" {
-		logger.Warn("the broken layer is on: every handler error is marked retryable, so ambiguous failures run again")
+	if broken {
+		logger.Warn("the broken layer is on: every handler error (and every HTTP handler failure) is marked retryable, so ambiguous failures run again")
 		chain = append(chain, breakGate)
 	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
-	testingv1.RegisterChaosServiceServer(srv, &server{
+	chaosServer := &server{
 		name: name, pid: os.Getpid(), ledger: ledger, latency: latency,
 		pause: pause, pauseFor: pauseFor, ambiguous: ambiguous, failed: map[string]bool{}, logger: logger,
-		lateKeys: lateKeys, lateWait: late.wait,
-	})
+		lateKeys: lateKeys, lateWait: late.wait, broken: broken,
+	}
+	testingv1.RegisterChaosServiceServer(srv, chaosServer)
 	if err := gate.CheckServer(srv); err != nil {
 		return err
 	}
@@ -148,6 +180,33 @@ func run(listen, dedupeAddr, ledgerPath, name string, latency time.Duration, pau
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	go func() { <-ctx.Done(); srv.GracefulStop() }()
+	if httpListen != "" {
+		httpGate, err := newHTTPGate(idemgatev1.NewDedupeServiceClient(conn), conn, defaultBackoff, logger)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_ = httpGate.Close(closeCtx)
+		}()
+		hsrv, err := serveHTTP(httpListen, httpGate, chaosServer, logger)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_ = hsrv.Shutdown(closeCtx)
+		}()
+	}
+	if connectListen != "" {
+		stopConnect, err := serveConnect(connectListen, idemgatev1.NewDedupeServiceClient(conn), conn, defaultBackoff, broken, chaosServer, logger)
+		if err != nil {
+			return err
+		}
+		defer stopConnect()
+	}
 	defer func() {
 		closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -193,6 +252,9 @@ type server struct {
 	count     atomic.Int64
 	mu        sync.Mutex
 	failed    map[string]bool // keys whose ambiguous failure this process has shown
+	// broken: the HTTP handler marks every failure retryable (the broken
+	// layer's HTTP counterpart).
+	broken bool
 }
 
 func (s *server) Charge(ctx context.Context, req *testingv1.ChargeRequest) (*testingv1.ChargeResponse, error) {
@@ -207,7 +269,39 @@ func (s *server) charge(ctx context.Context, req *testingv1.ChargeRequest, metho
 	key, _ := interceptor.KeyFromContext(ctx)
 	token, _ := interceptor.FencingTokenFromContext(ctx)
 	downstream, _ := interceptor.DownstreamKeyFromContext(ctx)
-	entry := chaos.LedgerEntry{Server: s.name, Pid: s.pid, Key: key, Action: req.GetAction(), Method: method, Epoch: token.Epoch}
+	resp, _, err := s.execute(ctx, req, execution{key: key, method: method, epoch: token.Epoch, downstream: downstream, lateMetadata: true})
+	switch {
+	case errors.Is(err, errAmbiguous):
+		return nil, status.Error(codes.DeadlineExceeded, "chaos-tool: the provider timed out after it charged")
+	case errors.Is(err, errMarshal):
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return resp, err
+}
+
+// execution is what a handler knows of its call, whatever its transport.
+type execution struct {
+	key, method, downstream string
+	epoch                   int64
+	// lateMetadata: the transport sets gRPC response metadata, so a
+	// -late-metadata-keys key sets it after its caller gave up.
+	lateMetadata bool
+}
+
+// The failures execute reports besides the context's and late metadata's.
+var (
+	// errAmbiguous: the provider timed out after it charged (an
+	// -ambiguous-keys key's first run here).
+	errAmbiguous = errors.New("chaos-tool: the provider timed out after it charged")
+	errMarshal   = errors.New("chaos-tool: marshal the response")
+)
+
+// execute is the charge, for every transport: the ledger's start line, the
+// provider call, the side effect's line with the response's wire bytes
+// (returned as body), then the ambiguous failure, the late metadata or the
+// pause the key asks for, and the end line.
+func (s *server) execute(ctx context.Context, req *testingv1.ChargeRequest, x execution) (resp *testingv1.ChargeResponse, body []byte, err error) {
+	entry := chaos.LedgerEntry{Server: s.name, Pid: s.pid, Key: x.key, Action: req.GetAction(), Method: x.method, Epoch: x.epoch}
 	s.record(entry, chaos.EventStart)
 
 	// The provider call: it takes a while, and a handler gives up when its
@@ -219,44 +313,44 @@ func (s *server) charge(ctx context.Context, req *testingv1.ChargeRequest, metho
 		t.Stop()
 		entry.Error = ctx.Err().Error()
 		s.record(entry, chaos.EventEnd)
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
-	resp := &testingv1.ChargeResponse{
+	resp = &testingv1.ChargeResponse{
 		ChargeId:      fmt.Sprintf("%s-%d-%d", s.name, s.pid, s.count.Add(1)),
 		Action:        req.GetAction(),
-		Epoch:         token.Epoch,
-		DownstreamKey: downstream,
+		Epoch:         x.epoch,
+		DownstreamKey: x.downstream,
 	}
-	body, err := proto.Marshal(resp)
+	body, err = proto.Marshal(resp)
 	if err != nil {
-		return nil, status.Errorf(codes.Internal, "chaos-tool: marshal the response: %v", err)
+		return nil, nil, fmt.Errorf("%w: %v", errMarshal, err)
 	}
 	effect := entry
 	effect.Response = body
 	s.record(effect, chaos.EventEffect)
 
-	if s.ambiguous != nil && s.ambiguous.MatchString(key) && s.firstFailure(key) {
+	if s.ambiguous != nil && s.ambiguous.MatchString(x.key) && s.firstFailure(x.key) {
 		entry.Error = "provider timed out after charging"
 		s.record(entry, chaos.EventEnd)
-		return nil, status.Error(codes.DeadlineExceeded, "chaos-tool: the provider timed out after it charged")
+		return nil, nil, errAmbiguous
 	}
-	if s.lateKeys != nil && s.lateKeys.MatchString(key) {
-		gone, err := s.setMetadataLate(ctx, key, resp.GetChargeId(), body)
+	if x.lateMetadata && s.lateKeys != nil && s.lateKeys.MatchString(x.key) {
+		gone, err := s.setMetadataLate(ctx, x.key, resp.GetChargeId(), body)
 		if err != nil {
 			entry.Error = err.Error()
 			s.record(entry, chaos.EventEnd)
-			return nil, err
+			return nil, nil, err
 		}
 		entry.CallerGone = gone
 	}
-	if s.pause != nil && s.pause.MatchString(key) {
+	if s.pause != nil && s.pause.MatchString(x.key) {
 		// A stall where a crash hurts most: the side effect is done, the
 		// outcome not yet stored.
-		s.logger.Info("pausing between side effect and return", slog.String("key", key), slog.Duration("for", s.pauseFor))
+		s.logger.Info("pausing between side effect and return", slog.String("key", x.key), slog.Duration("for", s.pauseFor))
 		time.Sleep(s.pauseFor)
 	}
 	s.record(entry, chaos.EventEnd)
-	return resp, nil
+	return resp, body, nil
 }
 
 // late is the -late-metadata-* flags.

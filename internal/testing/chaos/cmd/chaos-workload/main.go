@@ -4,7 +4,7 @@
 // real life, and every try recorded to a history file (JSON lines).
 //
 //	chaos-workload -targets ADDR[,ADDR] -history FILE -seed N [-actions 30] [-callers 3]
-//	               [-late-metadata 0.5 -ledgers FILE[,FILE]]
+//	               [-late-metadata 0.5 -ledgers FILE[,FILE]] [-transport grpc|http|connect]
 //
 // The layers, outermost first: an application loop with its own deadline per
 // action, retrying UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED and
@@ -19,6 +19,14 @@
 // gives up on its first try as soon as the side effect is in one of the
 // tool servers' -ledgers, and the history keeps each answer's x-chaos-
 // header and trailer.
+//
+// With -transport http the targets are chaos-tool -http-listen addresses,
+// and every caller goes through net/http instead (http.go): the same
+// application loop, over a transport-level retry of the kind HTTP client
+// libraries do, over net/http's own retry of a replayable request. With
+// -transport connect they are chaos-tool -connect-listen addresses, called
+// with connect-go's generated client (the Connect protocol) (connect.go):
+// the same application loop over a retry layer like the gRPC one.
 package main
 
 import (
@@ -83,6 +91,7 @@ type config struct {
 	tryTimeout     time.Duration
 	lateMetadata   float64
 	ledgers        []string
+	transport      string
 }
 
 func main() {
@@ -101,7 +110,11 @@ func main() {
 	flag.DurationVar(&c.tryTimeout, "try-timeout", 10*time.Second, "the retry interceptor's timeout per try")
 	flag.Float64Var(&c.lateMetadata, "late-metadata", 0, `fraction of actions whose key ends in "-m": their callers give up on the first try once the side effect is in a ledger, before the handler sets its metadata`)
 	ledgers := flag.String("ledgers", "", "comma-separated ledger `files` of the tool servers, watched for -late-metadata actions' side effects")
+	flag.StringVar(&c.transport, "transport", chaos.TransportGRPC, "how callers reach the targets: grpc, http (chaos-tool -http-listen addresses) or connect (-connect-listen addresses)")
 	flag.Parse()
+	if c.transport != chaos.TransportGRPC && c.transport != chaos.TransportHTTP && c.transport != chaos.TransportConnect {
+		log.Fatalf("chaos-workload: -transport %q: want grpc, http or connect", c.transport)
+	}
 	if *ledgers != "" {
 		c.ledgers = strings.Split(*ledgers, ",")
 	}
@@ -156,7 +169,26 @@ func run(ctx context.Context, c config) error {
 		return err
 	}
 	conns := make([]*grpc.ClientConn, len(c.targets))
+	var httpClients []*httpCaller
+	if c.transport == chaos.TransportHTTP {
+		httpClients = make([]*httpCaller, len(c.targets))
+		for i, target := range c.targets {
+			httpClients[i] = newHTTPCaller(target, c.tryTimeout, w)
+			defer httpClients[i].close()
+		}
+	}
+	var connectClients []*connectCaller
+	if c.transport == chaos.TransportConnect {
+		connectClients = make([]*connectCaller, len(c.targets))
+		for i, target := range c.targets {
+			connectClients[i] = newConnectCaller(target, c.tryTimeout, w)
+			defer connectClients[i].close()
+		}
+	}
 	for i, target := range c.targets {
+		if c.transport != chaos.TransportGRPC {
+			break
+		}
 		conns[i], err = grpc.NewClient(target,
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithDefaultServiceConfig(toolServiceConfig),
@@ -181,6 +213,9 @@ func run(ctx context.Context, c config) error {
 	if c.lateMetadata > 0 {
 		if len(c.ledgers) == 0 {
 			return errors.New("-late-metadata needs -ledgers")
+		}
+		if c.transport != chaos.TransportGRPC {
+			return errors.New("-late-metadata needs -transport grpc: its handlers set gRPC metadata")
 		}
 		effects = watchLedgers(ctx, c.ledgers)
 	}
@@ -207,6 +242,14 @@ func run(ctx context.Context, c config) error {
 			go func() {
 				defer wg.Done()
 				defer callers.Done()
+				switch {
+				case httpClients != nil:
+					httpClients[(i+k)%len(httpClients)].callAction(ctx, c, a, k)
+					return
+				case connectClients != nil:
+					connectClients[(i+k)%len(connectClients)].callAction(ctx, c, a, k)
+					return
+				}
 				client := testingv1.NewChaosServiceClient(conns[(i+k)%len(conns)])
 				callAction(ctx, c, client, a, k, effects)
 			}()
@@ -227,17 +270,11 @@ func run(ctx context.Context, c config) error {
 	return nil
 }
 
-// callAction is one caller's application loop for one action.
+// callAction is one caller's application loop for one action, over gRPC.
 func callAction(ctx context.Context, c config, client testingv1.ChaosServiceClient, a action, callerID int, effects *ledgerWatch) {
-	ctx, cancel := context.WithTimeout(ctx, c.actionDeadline)
-	defer cancel()
-	ctx = interceptor.WithKey(ctx, a.key)
 	req := &testingv1.ChargeRequest{Action: a.name, AmountCents: 4200}
-	// Each caller backs off on its own jittered schedule, from its own seed.
-	h := fnv.New64a()
-	fmt.Fprintf(h, "%s/%d", a.key, callerID)
-	rng := rand.New(rand.NewPCG(c.seed, h.Sum64()))
-	for attempt := 1; ; attempt++ {
+	applicationLoop(ctx, c, a, callerID, func(ctx context.Context, attempt int) (codes.Code, time.Duration) {
+		ctx = interceptor.WithKey(ctx, a.key)
 		info := &tryInfo{action: a.name, key: a.key, caller: callerID, attempt: attempt}
 		actx := context.WithValue(ctx, tryInfoKey{}, info)
 		giveUp := func() {}
@@ -251,14 +288,33 @@ func callAction(ctx context.Context, c config, client testingv1.ChaosServiceClie
 			_, err = client.Charge(actx, req)
 		}
 		giveUp()
-		switch status.Code(err) {
+		d, _ := grpcerr.RetryDelay(err)
+		return status.Code(err), d
+	})
+}
+
+// applicationLoop is one caller's application loop for one action, whatever
+// the transport: call (the attempt, numbered from 1) until it answers
+// something other than UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED,
+// RESOURCE_EXHAUSTED or CANCELLED, backing off between attempts (at least
+// the answer's retry delay), within the action's deadline.
+func applicationLoop(ctx context.Context, c config, a action, callerID int, call func(ctx context.Context, attempt int) (codes.Code, time.Duration)) {
+	ctx, cancel := context.WithTimeout(ctx, c.actionDeadline)
+	defer cancel()
+	// Each caller backs off on its own jittered schedule, from its own seed.
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s/%d", a.key, callerID)
+	rng := rand.New(rand.NewPCG(c.seed, h.Sum64()))
+	for attempt := 1; ; attempt++ {
+		code, retryDelay := call(ctx, attempt)
+		switch code {
 		case codes.Unavailable, codes.Aborted, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Canceled:
 		default:
 			return // OK, or an answer retrying will not change
 		}
 		delay := 200*time.Millisecond + time.Duration(rng.Int64N(int64(400*time.Millisecond)))
-		if d, ok := grpcerr.RetryDelay(err); ok && d > delay {
-			delay = d
+		if retryDelay > delay {
+			delay = retryDelay
 		}
 		t := time.NewTimer(delay)
 		select {
