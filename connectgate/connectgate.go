@@ -258,7 +258,7 @@ func (c *call) Run(hctx context.Context, a *gatecore.Attempt) gatecore.Ran {
 	if hasInfo {
 		headerBefore, trailerBefore = info.ResponseHeader().Clone(), info.ResponseTrailer().Clone()
 	}
-	resp, handlerErr := c.next(protogate.WithCall(hctx, c.Call, a.Epoch()), c.req)
+	resp, handlerErr := c.next(hctx, c.req)
 	var header, trailer protogate.Metadata
 	if hasInfo {
 		recordAdded(&header, info.ResponseHeader(), headerBefore)

@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"github.com/idemgate/idemgate/internal/gatecore"
-	"github.com/idemgate/idemgate/internal/protogate"
 )
 
 // Causes a gated handler's context can end with (context.Cause). The handler
@@ -42,7 +41,7 @@ type FencingToken struct {
 // or methods, so do not send it to a downstream system that dedupes on it:
 // send DownstreamKeyFromContext instead.
 func KeyFromContext(ctx context.Context) (string, bool) {
-	c, ok := protogate.CallFrom(ctx)
+	c, ok := gatecore.CallFrom(ctx)
 	if !ok {
 		return "", false
 	}
@@ -58,7 +57,7 @@ func KeyFromContext(ctx context.Context) (string, bool) {
 // use the same key, so they never collide at the provider. It reports false
 // outside a gated call.
 func DownstreamKeyFromContext(ctx context.Context) (string, bool) {
-	c, ok := protogate.CallFrom(ctx)
+	c, ok := gatecore.CallFrom(ctx)
 	if !ok {
 		return "", false
 	}
@@ -69,15 +68,9 @@ func DownstreamKeyFromContext(ctx context.Context) (string, bool) {
 // under, for a downstream system that supports conditional writes. It
 // reports false outside a gated call.
 func FencingTokenFromContext(ctx context.Context) (FencingToken, bool) {
-	c, ok := protogate.CallFrom(ctx)
+	c, ok := gatecore.CallFrom(ctx)
 	if !ok {
 		return FencingToken{}, false
 	}
 	return FencingToken{Scope: c.Scope, Key: c.Key, Epoch: c.Epoch}, true
-}
-
-// contextWithCall is ctx carrying the call's identity (protogate.WithCall,
-// which connectgate's handlers carry too).
-func contextWithCall(ctx context.Context, c *gatecore.Call, epoch int64) context.Context {
-	return protogate.WithCall(ctx, c, epoch)
 }

@@ -300,10 +300,11 @@ func (c *call) Committed(ctx context.Context, expiresAt time.Time) {
 }
 
 // Run implements gatecore.Transport: the handler, on the attempt's context
-// with the call's identity and a recorder of the response metadata it sets,
+// (which carries the call's identity) with a recorder of the response
+// metadata it sets,
 // and what its answer means (classify).
-func (c *call) Run(hctx context.Context, a *gatecore.Attempt) gatecore.Ran {
-	handlerCtx, recorded := recordMetadata(contextWithCall(hctx, c.Call, a.Epoch()), c.ctx)
+func (c *call) Run(hctx context.Context, _ *gatecore.Attempt) gatecore.Ran {
+	handlerCtx, recorded := recordMetadata(hctx, c.ctx)
 	resp, handlerErr := c.handler(handlerCtx, c.req)
 	if handlerErr != nil {
 		verdict, st, unwrapped := c.method.classify(handlerErr)

@@ -35,10 +35,11 @@ type Attempt struct {
 // caller that gave up after the side effect started must find its outcome
 // stored when it retries, not a second run. It ends with
 // ErrExecutionTimeout after the policy's execution timeout, and with
-// ErrFenced when the attempt loses its reservation.
+// ErrFenced when the attempt loses its reservation. It carries the call
+// (CallFrom).
 func (e *Engine) Start(ctx context.Context, c *Call, b Begun) *Attempt {
 	hctx, cancelExecution := context.WithTimeoutCause(context.WithoutCancel(ctx), c.Policy.ExecutionTimeout, ErrExecutionTimeout)
-	hctx, fence := context.WithCancelCause(hctx)
+	hctx, fence := context.WithCancelCause(withCall(hctx, c, b.Epoch))
 	a := &Attempt{e: e, c: c, epoch: b.Epoch, ctx: ctx, hctx: hctx,
 		cancel: func() { fence(nil); cancelExecution() }}
 	a.lease = e.keepLease(ctx, c, b.Epoch, c.Policy.Lease/3-b.BeginTook, func() { fence(ErrFenced) })

@@ -68,15 +68,15 @@ func (d Durations) Check() error {
 	d = d.WithDefaults()
 	switch {
 	case d.Lease < MinLease || d.Lease > MaxLease:
-		return fmt.Errorf("Lease %s is outside %s to %s", d.Lease, MinLease, MaxLease)
+		return fmt.Errorf("policy Lease %s is outside %s to %s", d.Lease, MinLease, MaxLease)
 	case d.Retention < d.Lease || d.Retention > MaxRetention:
-		return fmt.Errorf("Retention %s must be between the lease %s and %s", d.Retention, d.Lease, MaxRetention)
+		return fmt.Errorf("policy Retention %s must be between the lease %s and %s", d.Retention, d.Lease, MaxRetention)
 	case d.MaxWait < 0 || d.MaxWait > MaxMaxWait:
-		return fmt.Errorf("MaxWait %s is outside 0s to %s", d.MaxWait, MaxMaxWait)
+		return fmt.Errorf("policy MaxWait %s is outside 0s to %s", d.MaxWait, MaxMaxWait)
 	case d.ExecutionTimeout < MinExecutionTimeout || d.ExecutionTimeout > MaxExecutionTimeout:
-		return fmt.Errorf("ExecutionTimeout %s is outside %s to %s", d.ExecutionTimeout, MinExecutionTimeout, MaxExecutionTimeout)
+		return fmt.Errorf("policy ExecutionTimeout %s is outside %s to %s", d.ExecutionTimeout, MinExecutionTimeout, MaxExecutionTimeout)
 	case d.Keyless && (d.KeylessWindow < d.Lease || d.KeylessWindow > d.Retention):
-		return fmt.Errorf("KeylessWindow %s must be between the lease %s and the retention %s", d.KeylessWindow, d.Lease, d.Retention)
+		return fmt.Errorf("policy KeylessWindow %s must be between the lease %s and the retention %s", d.KeylessWindow, d.Lease, d.Retention)
 	}
 	return nil
 }

@@ -28,8 +28,8 @@ func TestDurationsCheckNamesTheFieldOutOfBounds(t *testing.T) {
 		switch {
 		case tc.want == "" && err != nil:
 			t.Errorf("%+v: %v, want in bounds", tc.d, err)
-		case tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), tc.want)):
-			t.Errorf("%+v: %v, want an error starting %q", tc.d, err, tc.want)
+		case tc.want != "" && (err == nil || !strings.HasPrefix(err.Error(), "policy "+tc.want)):
+			t.Errorf("%+v: %v, want an error starting %q", tc.d, err, "policy "+tc.want)
 		}
 	}
 	if d := (gatecore.Durations{}).WithDefaults(); d.Lease != gatecore.DefaultLease || d.Retention != gatecore.DefaultRetention ||

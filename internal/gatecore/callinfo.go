@@ -1,15 +1,14 @@
-package protogate
+package gatecore
 
 import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-
-	"github.com/idemgate/idemgate/internal/gatecore"
 )
 
-// CallInfo is what a gated handler's context carries, whatever gate ran it,
-// so interceptor.KeyFromContext and the rest read it alike.
+// CallInfo is what a gated handler's context (Attempt.Context) carries,
+// whatever gate ran it, so interceptor.KeyFromContext, httpgate's and
+// mcpgate's read it alike.
 type CallInfo struct {
 	// Key is the idempotency key as the caller sent it.
 	Key string
@@ -22,8 +21,8 @@ type CallInfo struct {
 
 type callContextKey struct{}
 
-// WithCall returns ctx carrying c's identity under the reservation of epoch.
-func WithCall(ctx context.Context, c *gatecore.Call, epoch int64) context.Context {
+// withCall returns ctx carrying c's identity under the reservation of epoch.
+func withCall(ctx context.Context, c *Call, epoch int64) context.Context {
 	return context.WithValue(ctx, callContextKey{}, &CallInfo{Key: c.Key, DownstreamKey: downstreamKey(c.Scope, c.Key), Scope: c.Scope, Epoch: epoch})
 }
 
