@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoregistry"
-	"google.golang.org/protobuf/types/dynamicpb"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
@@ -69,9 +68,10 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	// An empty type registry: every response replays as a dynamicpb
-	// message of the method's output descriptor (see the package doc).
-	r, err := protogate.Resolve(o.files, new(protoregistry.Types), o.reconcilers)
+	// A response replays as its generated type when the binary links it in
+	// (the interceptor's default registry), else as a dynamicpb message of
+	// the method's output descriptor (see the package doc).
+	r, err := protogate.Resolve(o.files, protoregistry.GlobalTypes, o.reconcilers)
 	if err != nil {
 		return nil, err
 	}
@@ -209,8 +209,8 @@ func (c *call) answer(answer any, err error) (connect.AnyResponse, error) {
 }
 
 // Replay implements gatecore.Transport: the stored outcome, as a response of
-// the method's type (a dynamicpb message) or the final error, with the
-// metadata the handler set.
+// the method's type (its generated type, or a dynamicpb message when the
+// binary lacks it) or the final error, with the metadata the handler set.
 func (c *call) Replay(_ context.Context, s gatecore.Stored) (any, error, bool) {
 	if !s.CompletedAt.IsZero() {
 		c.own.Set(OriginalTimeHeader, headerTimeText(s.CompletedAt))
@@ -231,16 +231,22 @@ func (c *call) Replay(_ context.Context, s gatecore.Stored) (any, error, bool) {
 		setStored(ce.Meta(), r.Trailer)
 		return nil, ce, true
 	}
-	msg, ok := r.Response.(*dynamicpb.Message)
-	if !ok {
+	if r.Response == nil {
 		return nil, grpcerr.New(codes.Internal, gatecore.ReasonOutcomeTypeMismatch,
-			fmt.Sprintf("the stored outcome decoded as %T, not a dynamic message; the call was not run again", r.Response), nil, 0), false
+			"the stored outcome decoded as no message; the call was not run again", nil, 0), false
 	}
-	resp := connect.NewResponse(msg)
+	resp := connect.NewResponse(&replayedMessage{r.Response})
 	setStored(resp.Header(), r.Header)
 	setStored(resp.Trailer(), r.Trailer)
 	return resp, nil, true
 }
+
+// replayedMessage is a replayed response: the method's response type, as
+// connect.NewResponse needs a type parameter the gate does not know. Its
+// pointer is the proto.Message the codecs encode, through the embedded
+// message's reflection, so a generated type encodes as the handler's
+// response did.
+type replayedMessage struct{ proto.Message }
 
 // Committed implements gatecore.Transport: the caller learns until when the
 // outcome is replayed.
