@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoregistry"
-	"google.golang.org/protobuf/types/dynamicpb"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
@@ -53,6 +52,7 @@ type Gate struct {
 	engine  *gatecore.Engine
 	methods map[string]*protogate.Method
 	opts    options
+	metrics *metrics
 }
 
 // New resolves the policy of every method in the descriptor registry (see
@@ -69,9 +69,14 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	// An empty type registry: every response replays as a dynamicpb
-	// message of the method's output descriptor (see the package doc).
-	r, err := protogate.Resolve(o.files, new(protoregistry.Types), o.reconcilers)
+	// A response replays as its generated type when the binary links it in
+	// (the interceptor's default registry), else as a dynamicpb message of
+	// the method's output descriptor (see the package doc).
+	r, err := protogate.Resolve(o.files, protoregistry.GlobalTypes, o.reconcilers)
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(o.registerer)
 	if err != nil {
 		return nil, err
 	}
@@ -80,8 +85,9 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 		ReplayCache: gatecore.NewReplayCache(o.replayEntries, o.replayBytes, o.replayTTL),
 		Logger:      o.logger, DedupeTimeout: o.dedupeTimeout, OutcomeTimeout: o.outcomeTimeout, FinishBudget: o.finishBudget,
 		InFlightRetry: o.inFlightRetry, StoreRetry: o.storeRetry, MaxOutcome: o.maxOutcome, TypeURLOf: protogate.ResultTypeURL,
+		OnEvent: m.event, OnStage: m.stage,
 	})
-	return &Gate{dedupe: observed, engine: engine, methods: r.Gated, opts: o}, nil
+	return &Gate{dedupe: observed, engine: engine, methods: r.Gated, opts: o, metrics: m}, nil
 }
 
 // CheckDedupe asks the Dedupe service whether it serves this tool server,
@@ -101,6 +107,12 @@ func (g *Gate) WatchDedupe(ctx context.Context, hs interceptor.HealthSetter) { g
 // given up, as interceptor.Gate.Close does. Call it after the HTTP server
 // stopped.
 func (g *Gate) Close(ctx context.Context) error { return g.engine.Close(ctx) }
+
+// Stats is what the gate did that no caller saw (the interceptor's Stats).
+type Stats = gatecore.Stats
+
+// Stats returns the counters since New.
+func (g *Gate) Stats() Stats { return g.engine.Stats() }
 
 // Policy returns the resolved policy of a procedure ("/pkg.Service/Method");
 // one it does not gate reports Gated false.
@@ -152,27 +164,38 @@ type call struct {
 	next   connect.UnaryFunc
 	// own holds the gate's own response headers, set on the answer.
 	own http.Header
+	// verdict is what the handler's answer meant, 0 when it did not run.
+	verdict gatecore.Verdict
 }
 
 func (g *Gate) gate(ctx context.Context, req connect.AnyRequest, m *protogate.Method, next connect.UnaryFunc) (connect.AnyResponse, error) {
 	arrived := time.Now()
+	c := &call{g: g, method: m, req: req, next: next, own: http.Header{}}
+	answer, result, err := c.gate(ctx, arrived)
+	g.metrics.call(req.Spec().Procedure, result, c.verdict, err)
+	return c.answer(answer, err)
+}
+
+// gate runs the call through the core; before it, the key, the tenant and
+// the fingerprint may refuse it.
+func (c *call) gate(ctx context.Context, arrived time.Time) (any, gatecore.Result, error) {
+	g, m, req := c.g, c.method, c.req
 	procedure := req.Spec().Procedure
 	msg, ok := req.Any().(proto.Message)
 	if !ok {
-		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("idemgate: request of %s is %T, not a protobuf message", procedure, req.Any()))
+		return nil, gatecore.ResultRefused, connect.NewError(connect.CodeInternal, fmt.Errorf("idemgate: request of %s is %T, not a protobuf message", procedure, req.Any()))
 	}
-	c := &call{g: g, method: m, req: req, next: next, own: http.Header{}}
 	key, err := m.Key("the "+KeyHeader+" header", req.Header().Values(KeyHeader), msg)
 	if err != nil {
-		return c.answer(nil, err)
+		return nil, gatecore.ResultRefused, err
 	}
 	tenant, err := g.opts.tenant(ctx)
 	if err != nil {
-		return c.answer(nil, err)
+		return nil, gatecore.ResultRefused, err
 	}
 	fingerprint, err := m.Fingerprint(msg)
 	if err != nil {
-		return c.answer(nil, status.Errorf(codes.Internal, "idemgate: fingerprint the request of %s: %v", procedure, err))
+		return nil, gatecore.ResultRefused, status.Errorf(codes.Internal, "idemgate: fingerprint the request of %s: %v", procedure, err)
 	}
 	retention := m.Policy.Retention
 	if key == "" {
@@ -188,8 +211,7 @@ func (g *Gate) gate(ctx context.Context, req connect.AnyRequest, m *protogate.Me
 			return m.Reconciled(ctx, procedure, c.Key, msg, statusOf)
 		}
 	}
-	answer, _, err := g.engine.Gate(ctx, c.Call, c, arrived)
-	return c.answer(answer, err)
+	return g.engine.Gate(ctx, c.Call, c, arrived)
 }
 
 // answer is what the caller gets: the response, or the error as a
@@ -209,8 +231,8 @@ func (c *call) answer(answer any, err error) (connect.AnyResponse, error) {
 }
 
 // Replay implements gatecore.Transport: the stored outcome, as a response of
-// the method's type (a dynamicpb message) or the final error, with the
-// metadata the handler set.
+// the method's type (its generated type, or a dynamicpb message when the
+// binary lacks it) or the final error, with the metadata the handler set.
 func (c *call) Replay(_ context.Context, s gatecore.Stored) (any, error, bool) {
 	if !s.CompletedAt.IsZero() {
 		c.own.Set(OriginalTimeHeader, headerTimeText(s.CompletedAt))
@@ -231,16 +253,22 @@ func (c *call) Replay(_ context.Context, s gatecore.Stored) (any, error, bool) {
 		setStored(ce.Meta(), r.Trailer)
 		return nil, ce, true
 	}
-	msg, ok := r.Response.(*dynamicpb.Message)
-	if !ok {
+	if r.Response == nil {
 		return nil, grpcerr.New(codes.Internal, gatecore.ReasonOutcomeTypeMismatch,
-			fmt.Sprintf("the stored outcome decoded as %T, not a dynamic message; the call was not run again", r.Response), nil, 0), false
+			"the stored outcome decoded as no message; the call was not run again", nil, 0), false
 	}
-	resp := connect.NewResponse(msg)
+	resp := connect.NewResponse(&replayedMessage{r.Response})
 	setStored(resp.Header(), r.Header)
 	setStored(resp.Trailer(), r.Trailer)
 	return resp, nil, true
 }
+
+// replayedMessage is a replayed response: the method's response type, as
+// connect.NewResponse needs a type parameter the gate does not know. Its
+// pointer is the proto.Message the codecs encode, through the embedded
+// message's reflection, so a generated type encodes as the handler's
+// response did.
+type replayedMessage struct{ proto.Message }
 
 // Committed implements gatecore.Transport: the caller learns until when the
 // outcome is replayed.
@@ -253,6 +281,12 @@ func (c *call) Committed(_ context.Context, expiresAt time.Time) {
 // its error, or the context's connect.CallInfo) recorded, and what its
 // answer means.
 func (c *call) Run(hctx context.Context, a *gatecore.Attempt) gatecore.Ran {
+	ran := c.run(hctx, a)
+	c.verdict = ran.Verdict
+	return ran
+}
+
+func (c *call) run(hctx context.Context, a *gatecore.Attempt) gatecore.Ran {
 	info, hasInfo := connect.CallInfoForHandlerContext(hctx)
 	var headerBefore, trailerBefore http.Header
 	if hasInfo {

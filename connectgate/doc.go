@@ -36,13 +36,17 @@
 // as error details. A handler's own error is read through its *connect.Error
 // (code, message, details, metadata), or as a gRPC status error.
 //
-// A replay answers with a *connect.Response[dynamicpb.Message] of the
-// method's response type: connect-go's handler only sends response.Any()
-// (a proto.Message, which the codecs encode by reflection) with the
-// response's headers and trailers, so no generated Go type is needed to
-// answer; an interceptor outside the gate that type-asserts a generated
-// response type sees the dynamic message on replays (read it through
-// proto.Message instead).
+// A replay answers with a *connect.Response whose Any() is a proto.Message
+// wrapping the method's response: its generated type when the binary links
+// it in (protoregistry.GlobalTypes, as the interceptor replays), so the
+// replay's bytes are the first answer's, else a dynamicpb message of its
+// descriptor. connect-go's handler only sends response.Any() (a
+// proto.Message, which the codecs encode by reflection) with the response's
+// headers and trailers, so no generated Go type is needed to answer; an
+// interceptor outside the gate that type-asserts a generated response type
+// sees the wrapper on replays (read it through proto.Message instead). A
+// dynamicpb message encodes its fields in no fixed order: a replay of a type
+// the binary lacks is the same message, not always the same bytes.
 //
 // Streaming procedures pass through ungated; a streaming method marked
 // mutating makes New fail, as it makes interceptor.New fail.

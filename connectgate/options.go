@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
@@ -39,6 +40,7 @@ type options struct {
 	// dedupeConn and dedupeLogEvery: see WithDedupeConn.
 	dedupeConn     *grpc.ClientConn
 	dedupeLogEvery time.Duration
+	registerer     prometheus.Registerer
 }
 
 var defaultOptions = options{
@@ -156,4 +158,18 @@ func WithDedupeConn(conn *grpc.ClientConn) Option {
 // interceptor.DefaultDedupeFailureLogInterval, 10s.
 func WithDedupeFailureLogInterval(d time.Duration) Option {
 	return func(o *options) { o.dedupeLogEvery = d }
+}
+
+// WithRegisterer registers the gate's Prometheus metrics with reg:
+// idemgate_connectgate_calls_total{procedure,outcome} (executed, released
+// when the handler's error was not stored, replayed, or the reason a call
+// was refused, such as key_missing or in_flight),
+// idemgate_connectgate_events_total{procedure,event} (fenced, finish_retry,
+// outcome_lost, replay_cache_hit, ...; the same events as Stats) and the
+// histogram idemgate_connectgate_stage_seconds{procedure,stage} (prepare,
+// begin, handler, finish; buckets interceptor.StageBuckets). A second Gate
+// on one registry shares the first one's collectors. Defaults to none: no
+// metrics.
+func WithRegisterer(reg prometheus.Registerer) Option {
+	return func(o *options) { o.registerer = reg }
 }
