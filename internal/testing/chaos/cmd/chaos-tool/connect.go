@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -11,7 +10,6 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/idemgate/idemgate/connectgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
@@ -20,12 +18,8 @@ import (
 	"github.com/idemgate/idemgate/interceptor"
 )
 
-// connectListen and connectDefaultCodec are the -connect-listen and
-// -connect-default-codec flags.
-var (
-	connectListen       string
-	connectDefaultCodec bool
-)
+// connectListen is the -connect-listen flag.
+var connectListen string
 
 // serveConnect serves s's ChaosService through the generated Connect
 // handler, gated by connectgate (the policies read from chaos.proto, as the
@@ -46,9 +40,6 @@ func serveConnect(addr string, dedupe idemgatev1.DedupeServiceClient, conn *grpc
 		interceptors = append(interceptors, breakConnect{})
 	}
 	handlerOpts := []connect.HandlerOption{connect.WithInterceptors(interceptors...)}
-	if !connectDefaultCodec {
-		handlerOpts = append(handlerOpts, connect.WithCodec(deterministicProtoCodec{}))
-	}
 	mux := http.NewServeMux()
 	mux.Handle(testingv1connect.NewChaosServiceHandler(connectServer{s}, append(handlerOpts,
 		connect.WithRecover(func(context.Context, connect.Spec, http.Header, any) error {
@@ -131,32 +122,4 @@ func (breakConnect) WrapStreamingClient(next connect.StreamingClientFunc) connec
 
 func (breakConnect) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return next
-}
-
-// deterministicProtoCodec is connect-go's binary protobuf codec with
-// deterministic marshalling. connectgate replays a stored outcome as a
-// dynamicpb message, which the default codec's proto.Marshal encodes in an
-// unstable field order, so a replay's bytes may differ from the first
-// answer's (the same message, reordered). Deterministic marshalling encodes
-// by field number, as the generated code does, so replays are the stored
-// bytes again; -connect-default-codec serves with connect-go's default
-// codec instead, which the checker then flags.
-type deterministicProtoCodec struct{}
-
-func (deterministicProtoCodec) Name() string { return "proto" }
-
-func (deterministicProtoCodec) Marshal(v any) ([]byte, error) {
-	m, ok := v.(proto.Message)
-	if !ok {
-		return nil, fmt.Errorf("chaos-tool codec: %T is not a proto.Message", v)
-	}
-	return proto.MarshalOptions{Deterministic: true}.Marshal(m)
-}
-
-func (deterministicProtoCodec) Unmarshal(data []byte, v any) error {
-	m, ok := v.(proto.Message)
-	if !ok {
-		return fmt.Errorf("chaos-tool codec: %T is not a proto.Message", v)
-	}
-	return proto.Unmarshal(data, m)
 }

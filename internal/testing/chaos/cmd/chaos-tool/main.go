@@ -6,7 +6,7 @@
 //	chaos-tool -listen ADDR -dedupe ADDR -ledger FILE [-name NAME]
 //	           [-latency 20ms] [-pause-keys RE -pause-for 3s] [-ambiguous-keys RE]
 //	           [-late-metadata-keys RE -late-metadata-wait 15s]
-//	           [-default-backoff] [-http-listen ADDR] [-connect-listen ADDR [-connect-default-codec]]
+//	           [-default-backoff] [-http-listen ADDR] [-connect-listen ADDR]
 //
 // A key matching -pause-keys makes the handler stall for -pause-for between
 // its side effect and its return, where the suite kills or stops the process.
@@ -41,10 +41,8 @@
 // generated Connect handler gated by connectgate (Connect, gRPC and gRPC-Web
 // over HTTP/1.1 and h2c), whose policies are read from chaos.proto as the
 // interceptor reads them; its handler reads the key, the fencing token and
-// the downstream key from the context as the gRPC handler does. It marshals
-// deterministically (connectgate replays a dynamicpb message, which
-// connect-go's default codec encodes in an unstable field order, so replays
-// would not be byte-identical); -connect-default-codec uses the default.
+// the downstream key from the context as the gRPC handler does. It serves with
+// connect-go's default codecs, as a production server does.
 //
 // IDEMGATE_CHAOS_BROKEN_GATE=1 chains a deliberately broken layer inside the
 // gate that marks every handler error retryable, context errors included, so
@@ -102,7 +100,6 @@ func main() {
 	defaultBackoff := flag.Bool("default-backoff", false, "dial the Dedupe service as the README shows: grpc-go's default reconnect backoff, and WithDedupeConn")
 	flag.StringVar(&httpListen, "http-listen", "", "also serve ChaosService over HTTP, gated by httpgate, on this `address`")
 	flag.StringVar(&connectListen, "connect-listen", "", "also serve ChaosService over Connect (HTTP/1.1 and h2c), gated by connectgate, on this `address`")
-	flag.BoolVar(&connectDefaultCodec, "connect-default-codec", false, "serve Connect with connect-go's default protobuf codec, whose replays of connectgate's dynamic messages are not byte-identical, instead of a deterministic one")
 	flag.Parse()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err := run(*listen, *dedupe, *ledgerPath, *name, *latency, *pauseKeys, *pauseFor, *ambiguousKeys, *defaultBackoff, logger); err != nil {
