@@ -34,7 +34,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"procedure", "event"}),
 		stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idemgate_connectgate_stage_seconds",
-			Help:    "Where a gated Connect call's time goes, by procedure and stage: prepare (key, tenant, fingerprint), begin (the Dedupe round trip), handler, finish (storing the outcome before the reply).",
+			Help:    "Where a gated Connect call's time goes, by procedure and stage: prepare (key, tenant, fingerprint), begin (the Dedupe round trip), handler (with the gate's encoding of its answer), finish (storing the outcome before the reply).",
 			Buckets: interceptor.StageBuckets,
 		}, []string{"procedure", "stage"}),
 	}

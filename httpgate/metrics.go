@@ -32,7 +32,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"route", "event"}),
 		stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idemgate_httpgate_stage_seconds",
-			Help:    "Where a gated request's time goes, by route pattern and stage: prepare (key, body, fingerprint), begin (the Dedupe round trip), handler, finish (storing the outcome before the reply).",
+			Help:    "Where a gated request's time goes, by route pattern and stage: prepare (key, body, fingerprint), begin (the Dedupe round trip), handler (with the gate's encoding of its answer), finish (storing the outcome before the reply).",
 			Buckets: interceptor.StageBuckets,
 		}, []string{"route", "stage"}),
 		age: prometheus.NewHistogramVec(prometheus.HistogramOpts{

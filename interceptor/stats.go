@@ -114,7 +114,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}, []string{"method"})
 	m.stages = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "idemgate_interceptor_stage_seconds",
-		Help:    "Where a gated call's time goes on the tool server, by method and stage: prepare (key, scope, fingerprint), begin (the Dedupe round trip), handler, finish (storing the outcome before the reply).",
+		Help:    "Where a gated call's time goes on the tool server, by method and stage: prepare (key, scope, fingerprint), begin (the Dedupe round trip), handler (with the gate's encoding of its answer), finish (storing the outcome before the reply).",
 		Buckets: StageBuckets,
 	}, []string{"method", "stage"})
 	// A second Gate on one registry shares the first one's metrics.

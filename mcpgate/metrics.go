@@ -36,7 +36,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	stages := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "idemgate_mcpgate_stage_seconds",
-		Help:    "Where a gated tools/call's time goes, by tool and stage: prepare (key, scope, fingerprint), begin (the Dedupe round trip), handler (the tool), finish (storing the outcome before the answer).",
+		Help:    "Where a gated tools/call's time goes, by tool and stage: prepare (key, scope, fingerprint), begin (the Dedupe round trip), handler (the tool, with the gate's encoding of its result), finish (storing the outcome before the answer).",
 		Buckets: StageBuckets,
 	}, []string{"tool", "stage"})
 	var err error

@@ -59,9 +59,9 @@ type Options struct {
 	// metrics). Defaults to none.
 	OnEvent func(label, event string)
 	// OnStage, when set, is told how long each stage of a call took, with
-	// its call's label (for a latency budget): StageBegin and StageFinish
-	// here, StagePrepare and StageHandler from the front end. Defaults to
-	// none.
+	// its call's label (for a latency budget): StagePrepare (from the front
+	// end's arrival time to Begin), StageBegin, StageHandler and
+	// StageFinish. Defaults to none.
 	OnStage func(label, stage string, d time.Duration)
 	// ReplayCache, when set, answers a duplicate whose outcome this process
 	// stored or replayed without a Dedupe call (Gate). Defaults to none.

@@ -90,7 +90,8 @@ const (
 	StagePrepare = "prepare"
 	// StageBegin is the Begin round trip to the Dedupe service.
 	StageBegin = "begin"
-	// StageHandler is the handler's run.
+	// StageHandler is the handler's run with the front end's reading of its
+	// answer (Transport.Run: classifying it, encoding the outcome).
 	StageHandler = "handler"
 	// StageFinish is storing the outcome before the caller is answered
 	// (FINISH_POLICY_BEFORE_REPLY; after the reply it is not the caller's
