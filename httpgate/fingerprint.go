@@ -170,11 +170,21 @@ func canonicalValue(dec *json.Decoder, out *bytes.Buffer, depth int) error {
 		}
 		return errors.New("unexpected delimiter")
 	case string:
+		if strings.ContainsRune(t, utf8.RuneError) {
+			// The decoder turns a lone surrogate escape ("\ud800") into
+			// U+FFFD, so two different bodies would read alike.
+			return errors.New("a string with U+FFFD or a lone surrogate")
+		}
 		writeString(out, t)
 	case json.Number:
 		f, err := strconv.ParseFloat(string(t), 64)
 		if err != nil {
 			return err
+		}
+		if !sameDecimal(string(t), f) {
+			// JCS numbers are doubles: 9007199254740993 would read as
+			// 9007199254740992, another request.
+			return errors.New("a number a double does not hold exactly")
 		}
 		s, err := jcs.NumberToJSON(f)
 		if err != nil {
@@ -221,4 +231,30 @@ func writeString(out *bytes.Buffer, s string) {
 		}
 	}
 	out.WriteByte('"')
+}
+
+// sameDecimal reports whether the JSON number text is the decimal value of
+// f's shortest representation, the one JCS writes: so canonicalising it
+// loses nothing. It compares significant digits and decimal exponents, in
+// time linear in the text.
+func sameDecimal(text string, f float64) bool {
+	d1, e1 := decimalOf(text)
+	d2, e2 := decimalOf(strconv.FormatFloat(f, 'e', -1, 64))
+	return d1 == d2 && (d1 == "" || e1 == e2)
+}
+
+// decimalOf is a decimal number's significant digits, without leading or
+// trailing zeros, and the exponent of its first digit ("" for zero).
+func decimalOf(text string) (digits string, exp int) {
+	text = strings.TrimPrefix(text, "-")
+	mantissa, expText, _ := strings.Cut(strings.ToLower(text), "e")
+	e, _ := strconv.Atoi(expText)
+	whole, frac, _ := strings.Cut(mantissa, ".")
+	all := whole + frac
+	lead := len(all) - len(strings.TrimLeft(all, "0"))
+	all = strings.TrimRight(all[lead:], "0")
+	if all == "" {
+		return "", 0
+	}
+	return all, e + len(whole) - lead
 }

@@ -68,6 +68,28 @@ func TestFingerprintTellsRequestsApart(t *testing.T) {
 	}
 }
 
+// Two JSON bodies that read alike only through a double or a replaced
+// surrogate are two requests: such a body is fingerprinted as its bytes.
+func TestFingerprintKeepsWhatCanonicalFormWouldLose(t *testing.T) {
+	r := jsonRequest(http.MethodPost, "/transfers")
+	for _, pair := range [][2]string{
+		{`{"to":9007199254740993}`, `{"to":9007199254740992}`},
+		{`{"amount":0.10000000000000001}`, `{"amount":0.1}`},
+		{`{"note":"\ud800"}`, `{"note":"\ud801"}`},
+		{`{"note":"\ud800"}`, `{"note":"\ufffd"}`},
+	} {
+		if bytes.Equal(httpgate.Fingerprint(r, "POST /transfers", nil, []byte(pair[0])), httpgate.Fingerprint(r, "POST /transfers", nil, []byte(pair[1]))) {
+			t.Errorf("%s and %s fingerprint the same", pair[0], pair[1])
+		}
+	}
+	// What a double holds exactly is still canonical.
+	for _, pair := range [][2]string{{`{"a":1e2}`, `{"a":100}`}, {`{"a":2.50}`, `{"a":2.5}`}, {`{"a":-0.0010}`, `{"a":-1e-3}`}} {
+		if !bytes.Equal(httpgate.Fingerprint(r, "POST /transfers", nil, []byte(pair[0])), httpgate.Fingerprint(r, "POST /transfers", nil, []byte(pair[1]))) {
+			t.Errorf("%s and %s fingerprint differently", pair[0], pair[1])
+		}
+	}
+}
+
 // TestFingerprintOfHostileBodies runs the bodies a quadratic canonicaliser
 // chokes on (a wide object, deep nesting); it asserts only the results, as
 // the test never measures time.
