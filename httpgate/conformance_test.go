@@ -68,8 +68,8 @@ var httpStatus = map[codes.Code]int{
 // gates (gatecore and the interceptor), for the problems' reasons.
 var reasonCodes = map[string]codes.Code{
 	httpgate.ReasonKeyMissing: codes.InvalidArgument, httpgate.ReasonKeyInvalid: codes.InvalidArgument,
-	httpgate.ReasonKeyConflict: codes.InvalidArgument, httpgate.ReasonKeyReused: codes.FailedPrecondition,
-	httpgate.ReasonInFlight: codes.Aborted, httpgate.ReasonOutcomeUnknown: codes.FailedPrecondition,
+	httpgate.ReasonKeyReused: codes.FailedPrecondition,
+	httpgate.ReasonInFlight:  codes.Aborted, httpgate.ReasonOutcomeUnknown: codes.FailedPrecondition,
 	httpgate.ReasonResultTooLarge: codes.FailedPrecondition, httpgate.ReasonStoreUnavailable: codes.Unavailable,
 	httpgate.ReasonQuotaExceeded: codes.ResourceExhausted, httpgate.ReasonStoreRejected: codes.Internal,
 	httpgate.ReasonOutcomeTypeMismatch: codes.Internal, httpgate.ReasonRequestTooLarge: codes.InvalidArgument,

@@ -52,7 +52,7 @@
 //	507 IDEMPOTENCY_RESULT_TOO_LARGE    the action ran but its response was over the stored limit
 //
 // What a response means: the handler's mark (MarkFinal, MarkRetryable,
-// MarkOutcomeUnknown) decides when it set one; else 1xx-3xx is the outcome,
+// MarkOutcomeUnknown) decides when it set one; else 2xx and 3xx are the outcome,
 // stored and replayed; a 4xx (ReplayClientErrors) or 5xx
 // (ReplayServerErrors) is stored when the policy says so, else released so
 // a retry runs again, or marked unknown when the handler's context had

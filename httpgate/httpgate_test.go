@@ -3,10 +3,15 @@ package httpgate_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
+	"log"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -367,4 +372,54 @@ func TestReplayCacheAnswersWithoutTheService(t *testing.T) {
 	if hits := f.gate.Stats().ReplayCacheHits; hits != 1 {
 		t.Fatalf("replay cache hits = %d, want 1", hits)
 	}
+}
+
+// A status net/http cannot send is the handler's panic, a lost outcome: it
+// is never stored, so no duplicate replays it (every replay would panic).
+func TestAnUnsendableStatusIsNotStored(t *testing.T) {
+	var runs atomic.Int64
+	gate, err := httpgate.New(dedupe(t), "odd-api", httpgate.WithLogger(quiet()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /odd", func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(1000)
+	})
+	srv := httptest.NewUnstartedServer(gate.Handler(mux))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the handler's panic
+	srv.Start()
+	t.Cleanup(func() {
+		srv.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = gate.Close(ctx)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if res, err := do(t, ctx, http.MethodPost, srv.URL+"/odd", `"odd-1"`, `{}`); err == nil {
+		t.Fatalf("the first call answered %d %s, want the connection closed by the handler's panic", res.status, res.body)
+	}
+	res, err := do(t, ctx, http.MethodPost, srv.URL+"/odd", `"odd-1"`, `{}`)
+	if err != nil {
+		t.Fatalf("the duplicate: %v (a stored status 1000 replayed)", err)
+	}
+	if reason := problemReason(res); reason != httpgate.ReasonInFlight && reason != httpgate.ReasonOutcomeUnknown {
+		t.Fatalf("the duplicate answered %d %s, want in flight or outcome unknown", res.status, res.body)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times, want 1", n)
+	}
+}
+
+// problemReason is a problem's reason, or "" for another answer.
+func problemReason(res result) string {
+	var p struct {
+		Reason string `json:"reason"`
+	}
+	if res.header.Get("Content-Type") != httpgate.ProblemContentType || json.Unmarshal(res.body, &p) != nil {
+		return ""
+	}
+	return p.Reason
 }

@@ -18,13 +18,18 @@ import (
 //     `"k";p=1` is refused rather than read as "k");
 //   - any other value is taken as the key itself, as written (the bare
 //     form many clients send, as Stripe's API reads it): `abc` and `"abc"`
-//     name the same key, abc;
+//     name the same key, abc; a bare key may not hold a comma, which is
+//     what two fields joined by a proxy look like (`a, b`): quote it;
 //
 // and then the key must pass the validation every idemgate gate applies: 1
 // to 255 bytes of printable ASCII without leading or trailing spaces.
 func ParseKey(value string) (string, error) {
 	v := strings.Trim(value, " \t")
 	if !strings.HasPrefix(v, `"`) {
+		if strings.Contains(v, ",") {
+			// Two header lines a proxy joined ("a, b"), never one key.
+			return "", errors.New("the key holds a comma: two Idempotency-Key fields joined, or a bare key with a comma (quote it)")
+		}
 		if err := keys.Validate(v); err != nil {
 			return "", errors.New("the key " + err.Error())
 		}

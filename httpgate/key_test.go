@@ -24,6 +24,8 @@ func TestParseKey(t *testing.T) {
 		{`"a\nb"`, "", false},
 		{`"abc";p=1`, "", false},
 		{`"a", "b"`, "", false},
+		{`a, b`, "", false},
+		{`"a,b"`, "a,b", true},
 		{"\"caf\xc3\xa9\"", "", false},
 		{"bare\x7f", "", false},
 		{`"` + strings.Repeat("k", 256) + `"`, "", false},

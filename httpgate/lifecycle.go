@@ -93,12 +93,12 @@ func (c *call) reconcile(ctx context.Context, key string) (gatecore.Resolution, 
 	}
 	switch res.kind {
 	case resolvedResponse:
-		if res.resp.GetStatus() < 100 || res.resp.GetStatus() > 999 {
-			return gatecore.StillUnknown(), fmt.Errorf("the reconciler answered the status %d", res.resp.GetStatus())
+		if res.resp.GetStatus() < 200 || res.resp.GetStatus() > 999 {
+			return gatecore.StillUnknown(), gatecore.BadResolution(fmt.Errorf("the reconciler answered the status %d", res.resp.GetStatus()))
 		}
 		outcome, err := gatecore.MarshalAny(res.resp)
 		if err != nil {
-			return gatecore.StillUnknown(), fmt.Errorf("serialize the reconciler's response: %w", err)
+			return gatecore.StillUnknown(), gatecore.BadResolution(fmt.Errorf("serialize the reconciler's response: %w", err))
 		}
 		return gatecore.ResolvedOutcome(outcome), nil
 	case resolvedNotRun:
@@ -133,3 +133,14 @@ func DownstreamKeyFromContext(ctx context.Context) (string, bool) {
 func FencingTokenFromContext(ctx context.Context) (FencingToken, bool) {
 	return interceptor.FencingTokenFromContext(ctx)
 }
+
+// Causes a gated handler's request context can end with (context.Cause of
+// r.Context()); it keeps the client's values but not its cancellation.
+var (
+	// ErrFenced: the attempt lost its reservation (its lease ran out and
+	// another attempt took the key over, or an operator settled the record):
+	// stop, and do not write downstream without the fencing token.
+	ErrFenced = gatecore.ErrFenced
+	// ErrExecutionTimeout: the route's ExecutionTimeout ran out.
+	ErrExecutionTimeout = gatecore.ErrExecutionTimeout
+)

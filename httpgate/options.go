@@ -51,7 +51,7 @@ type RoutePolicy struct {
 	// Defaults to 3s.
 	MaxWait time.Duration
 	// ExecutionTimeout bounds the handler's run: its request context ends
-	// with gatecore's execution-timeout cause. Defaults to 60s.
+	// with the cause ErrExecutionTimeout. Defaults to 60s.
 	ExecutionTimeout time.Duration
 	// OnLostOutcome is what a request finds after an attempt lost its lease
 	// without an outcome, or whose handler marked its outcome unknown:

@@ -21,16 +21,32 @@ import (
 // details. They are stable, the same as the other gates' (gatecore's), plus
 // two of HTTP's own.
 const (
-	ReasonKeyMissing          = gatecore.ReasonKeyMissing
-	ReasonKeyInvalid          = gatecore.ReasonKeyInvalid
-	ReasonKeyConflict         = gatecore.ReasonKeyConflict
-	ReasonKeyReused           = gatecore.ReasonKeyReused
-	ReasonInFlight            = gatecore.ReasonInFlight
-	ReasonOutcomeUnknown      = gatecore.ReasonOutcomeUnknown
-	ReasonResultTooLarge      = gatecore.ReasonResultTooLarge
-	ReasonStoreUnavailable    = gatecore.ReasonStoreUnavailable
-	ReasonQuotaExceeded       = gatecore.ReasonQuotaExceeded
-	ReasonStoreRejected       = gatecore.ReasonStoreRejected
+	// ReasonKeyMissing: a gated request without Idempotency-Key (400).
+	ReasonKeyMissing = gatecore.ReasonKeyMissing
+	// ReasonKeyInvalid: not one valid key (400).
+	ReasonKeyInvalid = gatecore.ReasonKeyInvalid
+	// ReasonKeyReused: the key was first used with a different request
+	// (422).
+	ReasonKeyReused = gatecore.ReasonKeyReused
+	// ReasonInFlight: the first request with the key is still running
+	// (409, Retry-After).
+	ReasonInFlight = gatecore.ReasonInFlight
+	// ReasonOutcomeUnknown: an earlier attempt's outcome was lost
+	// (FAIL_CLOSED) and nothing runs until it is resolved (500).
+	ReasonOutcomeUnknown = gatecore.ReasonOutcomeUnknown
+	// ReasonResultTooLarge: the action ran, but its response was over the
+	// stored limit and cannot be replayed (507).
+	ReasonResultTooLarge = gatecore.ReasonResultTooLarge
+	// ReasonStoreUnavailable: the Dedupe service is down; nothing ran
+	// (503, Retry-After).
+	ReasonStoreUnavailable = gatecore.ReasonStoreUnavailable
+	// ReasonQuotaExceeded: over a Dedupe quota; nothing ran (429).
+	ReasonQuotaExceeded = gatecore.ReasonQuotaExceeded
+	// ReasonStoreRejected: the Dedupe service refused the gate (a
+	// misconfiguration); nothing ran (500).
+	ReasonStoreRejected = gatecore.ReasonStoreRejected
+	// ReasonOutcomeTypeMismatch: the stored outcome is not an HTTP
+	// response; nothing ran (500).
 	ReasonOutcomeTypeMismatch = gatecore.ReasonOutcomeTypeMismatch
 	// ReasonRequestTooLarge: the request body is over the route's
 	// MaxBodyBytes, so it could not be fingerprinted; nothing ran.
@@ -73,7 +89,6 @@ type refusal struct {
 var refusals = map[string]refusal{
 	ReasonKeyMissing:          {http.StatusBadRequest, "Idempotency-Key missing"},
 	ReasonKeyInvalid:          {http.StatusBadRequest, "Idempotency-Key invalid"},
-	ReasonKeyConflict:         {http.StatusBadRequest, "Idempotency keys conflict"},
 	ReasonKeyReused:           {http.StatusUnprocessableEntity, "Idempotency-Key reused with a different request"},
 	ReasonInFlight:            {http.StatusConflict, "A request with this Idempotency-Key is still being processed"},
 	ReasonOutcomeUnknown:      {http.StatusInternalServerError, "Outcome of an earlier attempt unknown"},

@@ -2,6 +2,7 @@ package httpgate
 
 import (
 	"bytes"
+	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -30,6 +31,12 @@ func newRecorder() *recorder { return &recorder{header: http.Header{}} }
 func (rec *recorder) Header() http.Header { return rec.header }
 
 func (rec *recorder) WriteHeader(code int) {
+	if code < 100 || code > 999 {
+		// As net/http's ResponseWriter does: such a status cannot be sent,
+		// so it must not be stored and replayed either (the panic is the
+		// handler's, a lost outcome).
+		panic(fmt.Sprintf("invalid WriteHeader code %v", code))
+	}
 	if rec.wroteHeader || code < 200 {
 		// A second WriteHeader is ignored, as net/http ignores it; an
 		// informational status (103 Early Hints) is not the response.
