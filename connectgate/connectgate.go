@@ -219,7 +219,12 @@ func (c *call) gate(ctx context.Context, arrived time.Time) (any, gatecore.Resul
 func (c *call) answer(answer any, err error) (connect.AnyResponse, error) {
 	if err != nil {
 		ce := connectError(err)
-		mergeHeader(ce.Meta(), c.own)
+		if len(c.own) > 0 {
+			// The handler's own error may be shared (a package-level
+			// value): the gate's headers go on a copy.
+			ce = copyError(ce)
+			mergeHeader(ce.Meta(), c.own)
+		}
 		return nil, ce
 	}
 	resp, ok := answer.(connect.AnyResponse)
@@ -320,7 +325,15 @@ func (c *call) run(hctx context.Context, a *gatecore.Attempt) gatecore.Ran {
 		// status, with the metadata the handler put on its error.
 		answer := connectError(status.FromProto(st.Proto()).Err())
 		if ce != nil {
-			mergeHeader(answer.Meta(), ce.Meta())
+			// Only what the stored copy keeps, so the first caller and its
+			// duplicates get the same metadata.
+			for k, vs := range ce.Meta() {
+				if replayableKey(strings.ToLower(k)) {
+					for _, v := range vs {
+						answer.Meta().Add(k, v)
+					}
+				}
+			}
 		}
 		return gatecore.Ran{Verdict: gatecore.VerdictOutcome, Outcome: outcome, Err: answer}
 	}
@@ -357,6 +370,19 @@ func statusOf(err error) *status.Status {
 		p.Details = append(p.Details, &anypb.Any{TypeUrl: "type.googleapis.com/" + d.Type(), Value: d.Bytes()})
 	}
 	return status.FromProto(p)
+}
+
+// copyError is a new *connect.Error with ce's code, wrapped error, details
+// and metadata.
+func copyError(ce *connect.Error) *connect.Error {
+	out := connect.NewError(ce.Code(), ce.Unwrap())
+	for _, d := range ce.Details() {
+		out.AddDetail(d)
+	}
+	for k, vs := range ce.Meta() {
+		out.Meta()[k] = append([]string(nil), vs...)
+	}
+	return out
 }
 
 // connectError is err as a *connect.Error: itself when it is one, else its

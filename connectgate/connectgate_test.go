@@ -384,3 +384,26 @@ func TestOneKeyAcrossGRPCAndConnect(t *testing.T) {
 		t.Fatalf("reused across transports: %v, want FAILED_PRECONDITION", err)
 	}
 }
+
+// A handler's own error value may be shared between calls (a package-level
+// error): the gate's headers go on a copy, never on it.
+func TestAHandlersSharedErrorIsNotChanged(t *testing.T) {
+	shared := connect.NewError(connect.CodeUnavailable, errors.New("the provider is down"))
+	h := &handler{provider: func(context.Context) error { return shared }}
+	hs := setup(t, h)
+	client := hs.client()
+	ctx := testCtx(t)
+	for range 2 {
+		_, err := client.MutateKeyless(ctx, keyed("", &testingv1.MutateRequest{Payload: "keyless-shared"}))
+		var ce *connect.Error
+		if !errors.As(err, &ce) || ce.Code() != connect.CodeUnavailable {
+			t.Fatalf("the call answered %v, want the handler's UNAVAILABLE", err)
+		}
+		if ce.Meta().Get(connectgate.KeyDerivedHeader) != "true" {
+			t.Errorf("the answer lacks %s: %v", connectgate.KeyDerivedHeader, ce.Meta())
+		}
+	}
+	if len(shared.Meta()) != 0 {
+		t.Fatalf("the handler's shared error was given the gate's headers: %v", shared.Meta())
+	}
+}
