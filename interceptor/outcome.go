@@ -48,7 +48,10 @@ func OutcomeUnknownError(err error) error {
 // Reconciler is asked, when a call finds that an earlier attempt's outcome
 // was lost (its lease ran out mid-call), what really happened: a payment
 // provider can be asked whether a charge with this key exists. req is the
-// call's request. An error leaves the outcome unknown. Its type is
+// call's request. An error leaves the outcome unknown: the caller gets
+// IDEMPOTENCY_OUTCOME_UNKNOWN. A ResolvedResponse of a type other than the
+// method's response leaves it unknown too, and the caller gets INTERNAL (a
+// bug in the reconciler, logged). Its type is
 //
 //	func(ctx context.Context, key string, req proto.Message) (Resolution, error)
 //

@@ -70,11 +70,11 @@ func (r Resolution) core() (gatecore.Resolution, error) {
 	}
 	raw, err := json.Marshal(r.result)
 	if err != nil {
-		return gatecore.StillUnknown(), fmt.Errorf("encode the reconciler's result: %w", err)
+		return gatecore.StillUnknown(), gatecore.BadResolution(fmt.Errorf("encode the reconciler's result: %w", err))
 	}
 	outcome, err := gatecore.MarshalAny(wrapperspb.Bytes(raw))
 	if err != nil {
-		return gatecore.StillUnknown(), fmt.Errorf("serialize the reconciler's result: %w", err)
+		return gatecore.StillUnknown(), gatecore.BadResolution(fmt.Errorf("serialize the reconciler's result: %w", err))
 	}
 	return gatecore.ResolvedOutcome(outcome), nil
 }

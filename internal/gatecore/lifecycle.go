@@ -2,6 +2,7 @@ package gatecore
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -114,6 +115,18 @@ func ResolvedNotRun() Resolution { return Resolution{kind: resolvedNotRun} }
 // IDEMPOTENCY_OUTCOME_UNKNOWN.
 func StillUnknown() Resolution { return Resolution{} }
 
+// BadResolution marks a reconciler's answer the front end cannot store (a
+// response of another type, one that does not serialize): a bug, answered
+// INTERNAL rather than IDEMPOTENCY_OUTCOME_UNKNOWN, which asks an operator
+// to settle a record. The outcome stays unknown either way.
+func BadResolution(err error) error { return &badResolution{err: err} }
+
+type badResolution struct{ err error }
+
+func (b *badResolution) Error() string { return b.err.Error() }
+
+func (b *badResolution) Unwrap() error { return b.err }
+
 // maxReconcileRounds bounds Begin after a reconciler settled a record: the
 // next Begin normally replays or reserves, unless another caller raced.
 const maxReconcileRounds = 3
@@ -180,7 +193,12 @@ func (e *Engine) replay(ctx context.Context, c *Call, t Transport, s Stored, fro
 // answer, or not settled when the caller should Begin again.
 func (e *Engine) reconcile(ctx context.Context, c *Call) (settled bool, err error) {
 	res, err := c.Reconcile(ctx)
-	if err != nil {
+	var bad *badResolution
+	switch {
+	case errors.As(err, &bad):
+		e.opts.Logger.ErrorContext(ctx, "idemgate: the reconciler's answer cannot be stored; the outcome stays unknown", slog.String("scope", c.Scope), slog.Any("error", bad.err))
+		return true, status.Errorf(codes.Internal, "idemgate: %v; the outcome stays unknown", bad.err)
+	case err != nil:
 		e.opts.Logger.WarnContext(ctx, "idemgate: the reconciler failed; the outcome stays unknown", slog.String("scope", c.Scope), slog.Any("error", err))
 		return true, OutcomeUnknown(c.Key)
 	}

@@ -230,3 +230,36 @@ func TestGateReplayCacheAnswersAStoredOutcome(t *testing.T) {
 		t.Fatalf("committed told %d times, want once, for the run", tr.committed.Load())
 	}
 }
+
+// A reconciler that fails leaves the outcome unknown
+// (IDEMPOTENCY_OUTCOME_UNKNOWN); one whose answer cannot be stored is a
+// bug, answered INTERNAL; neither runs the handler.
+func TestGateReconcilerFailures(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		err    error
+		code   codes.Code
+		reason string
+	}{
+		{"fails", errors.New("the provider cannot say"), codes.FailedPrecondition, gatecore.ReasonOutcomeUnknown},
+		{"answer cannot be stored", gatecore.BadResolution(errors.New("answered a FooResponse, not a BarResponse")), codes.Internal, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEngine(t, gatecore.Options{})
+			p := policy(idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_FAIL_CLOSED)
+			tr := &stringTransport{ran: func(context.Context) gatecore.Ran {
+				return gatecore.Ran{Verdict: gatecore.VerdictUnknown, Code: "DEADLINE_EXCEEDED", Message: "timed out"}
+			}}
+			gateOnce(e, "k", p, tr)
+			c := gatecore.NewCall("tool", "scope", "k", fingerprint[:], p, time.Hour)
+			c.Reconcile = func(context.Context) (gatecore.Resolution, error) { return gatecore.StillUnknown(), tc.err }
+			_, result, err := e.Gate(context.Background(), c, tr, time.Now())
+			if status.Code(err) != tc.code || grpcerr.Reason(err) != tc.reason || result != gatecore.ResultRefused {
+				t.Fatalf("reconciled call = %v (%v), want %v %q", err, result, tc.code, tc.reason)
+			}
+			if n := tr.runs.Load(); n != 1 {
+				t.Fatalf("%d runs, want 1", n)
+			}
+		})
+	}
+}

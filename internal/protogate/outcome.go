@@ -60,9 +60,11 @@ func StillUnknown() Resolution { return Resolution{kind: stillUnknown} }
 type ToStatus func(error) *status.Status
 
 // Reconciled asks m's Reconciler what happened to a lost outcome of the
-// call with key and req, as the core stores it. A reconciler that fails, or
-// answers a response of another type, leaves the outcome unknown. label
-// names the method in those errors.
+// call with key and req, as the core stores it. A reconciler that fails
+// leaves the outcome unknown (IDEMPOTENCY_OUTCOME_UNKNOWN); one that answers
+// a response of another type, or one that does not serialize, too, and the
+// caller gets INTERNAL (gatecore.BadResolution). label names the method in
+// those errors.
 func (m *Method) Reconciled(ctx context.Context, label, key string, req proto.Message, toStatus ToStatus) (gatecore.Resolution, error) {
 	res, err := m.Reconcile(ctx, key, req)
 	if err != nil {
@@ -71,17 +73,17 @@ func (m *Method) Reconciled(ctx context.Context, label, key string, req proto.Me
 	switch res.kind {
 	case resolvedResponse:
 		if res.response == nil || res.response.ProtoReflect().Descriptor().FullName() != m.OutputName {
-			return gatecore.StillUnknown(), fmt.Errorf("the reconciler of %s answered %T, not a %s", label, res.response, m.OutputName)
+			return gatecore.StillUnknown(), gatecore.BadResolution(fmt.Errorf("the reconciler of %s answered %T, not a %s", label, res.response, m.OutputName))
 		}
 		outcome, err := gatecore.MarshalAny(res.response)
 		if err != nil {
-			return gatecore.StillUnknown(), fmt.Errorf("serialize the reconciler's response: %w", err)
+			return gatecore.StillUnknown(), gatecore.BadResolution(fmt.Errorf("serialize the reconciler's response: %w", err))
 		}
 		return gatecore.ResolvedOutcome(outcome), nil
 	case resolvedError:
 		outcome, err := gatecore.MarshalAny(toStatus(res.err).Proto())
 		if err != nil {
-			return gatecore.StillUnknown(), fmt.Errorf("serialize the reconciler's error: %w", err)
+			return gatecore.StillUnknown(), gatecore.BadResolution(fmt.Errorf("serialize the reconciler's error: %w", err))
 		}
 		return gatecore.ResolvedOutcome(outcome), nil
 	case resolvedNotRun:
