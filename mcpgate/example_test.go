@@ -70,3 +70,14 @@ func Example() {
 	// charge_id=ch_000001 replayed=true
 	// charges: 1
 }
+
+// KeyReader wraps stdin as the README shows: its result is the Reader of an
+// mcp.IOTransport, which the SDK closes when the session ends (closing
+// stdin with it).
+func ExampleKeyReader() {
+	server := mcp.NewServer(&mcp.Implementation{Name: "payments-mcp", Version: "1"}, nil)
+	run := func(ctx context.Context) error {
+		return server.Run(ctx, &mcp.IOTransport{Reader: mcpgate.KeyReader(os.Stdin), Writer: os.Stdout})
+	}
+	_ = run
+}

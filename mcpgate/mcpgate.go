@@ -331,8 +331,9 @@ func (g *Gate) Stats() Stats { return g.engine.Stats() }
 
 // KeyReader wraps an MCP server's stdin (the Reader of an mcp.IOTransport)
 // so that SEP-3182's idempotencyKey parameter of a tools/call reaches the
-// gate; every other message passes through unchanged.
-func KeyReader(r io.Reader) io.Reader { return mcpwire.KeyReader(r) }
+// gate; every other message passes through unchanged. Closing it closes r
+// when r is an io.Closer, as the SDK does when the session ends.
+func KeyReader(r io.Reader) io.ReadCloser { return mcpwire.KeyReader(r) }
 
 // HTTPMiddleware wraps a streamable HTTP MCP handler
 // (mcp.NewStreamableHTTPHandler) so that SEP-3182's idempotencyKey parameter

@@ -149,7 +149,7 @@ func run(f flags, logger *slog.Logger) error {
 
 	if f.listen == "" {
 		logger.Info("serving MCP on stdio", slog.String("target", f.target))
-		err := server.Run(ctx, &mcp.IOTransport{Reader: readCloser{mcpbridge.KeyReader(os.Stdin), os.Stdin}, Writer: os.Stdout})
+		err := server.Run(ctx, &mcp.IOTransport{Reader: mcpbridge.KeyReader(os.Stdin), Writer: os.Stdout})
 		if errors.Is(err, context.Canceled) {
 			return nil
 		}
@@ -174,12 +174,3 @@ func run(f flags, logger *slog.Logger) error {
 	}
 	return nil
 }
-
-// readCloser closes stdin when the SDK closes the connection.
-type readCloser struct {
-	r interface{ Read([]byte) (int, error) }
-	c interface{ Close() error }
-}
-
-func (r readCloser) Read(p []byte) (int, error) { return r.r.Read(p) }
-func (r readCloser) Close() error               { return r.c.Close() }

@@ -93,7 +93,7 @@ func run(dedupeAddr, dedupeToken, dataDir, listen string, logger *slog.Logger) e
 
 	if listen == "" {
 		logger.Info("serving MCP on stdio")
-		err := server.Run(ctx, &mcp.IOTransport{Reader: readCloser{mcpgate.KeyReader(os.Stdin), os.Stdin}, Writer: os.Stdout})
+		err := server.Run(ctx, &mcp.IOTransport{Reader: mcpgate.KeyReader(os.Stdin), Writer: os.Stdout})
 		if errors.Is(err, context.Canceled) {
 			return nil
 		}
@@ -197,12 +197,3 @@ func newServer(l *ledger) *mcp.Server {
 	})
 	return server
 }
-
-// readCloser closes stdin when the SDK closes the connection.
-type readCloser struct {
-	r interface{ Read([]byte) (int, error) }
-	c interface{ Close() error }
-}
-
-func (r readCloser) Read(p []byte) (int, error) { return r.r.Read(p) }
-func (r readCloser) Close() error               { return r.c.Close() }

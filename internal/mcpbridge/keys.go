@@ -63,7 +63,7 @@ func Advice(reason string, code codes.Code) string { return mcpwire.Advice(reaso
 // server's stdin) so that SEP-3182's idempotencyKey parameter of every
 // tools/call reaches the bridge: use it as the Reader of an mcp.IOTransport.
 // Every other message passes through unchanged.
-func KeyReader(r io.Reader) io.Reader { return mcpwire.KeyReader(r) }
+func KeyReader(r io.Reader) io.ReadCloser { return mcpwire.KeyReader(r) }
 
 // HTTPMiddleware wraps a streamable HTTP MCP handler so that SEP-3182's
 // idempotencyKey parameter of a tools/call POSTed to it reaches the bridge.

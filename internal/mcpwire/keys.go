@@ -176,15 +176,27 @@ func liftRequest(msg []byte) ([]byte, bool) {
 // KeyReader wraps the input of a newline-delimited JSON-RPC stream (an MCP
 // server's stdin) so that SEP-3182's idempotencyKey parameter of every
 // tools/call reaches the server: use it as the Reader of an mcp.IOTransport.
-// Every other message passes through unchanged.
-func KeyReader(r io.Reader) io.Reader {
-	return &keyReader{src: bufio.NewReaderSize(r, 64<<10)}
+// Every other message passes through unchanged. Closing it closes r when r
+// is an io.Closer (the SDK closes its transport's Reader when the session
+// ends), and does nothing else.
+func KeyReader(r io.Reader) io.ReadCloser {
+	return &keyReader{src: bufio.NewReaderSize(r, 64<<10), under: r}
 }
 
 type keyReader struct {
-	src *bufio.Reader
-	buf []byte // the rewritten line not yet read
-	err error
+	// under is the wrapped reader, closed by Close when it is a Closer.
+	under io.Reader
+	src   *bufio.Reader
+	buf   []byte // the rewritten line not yet read
+	err   error
+}
+
+// Close closes the wrapped reader when it is an io.Closer.
+func (k *keyReader) Close() error {
+	if c, ok := k.under.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
 }
 
 func (k *keyReader) Read(p []byte) (int, error) {
