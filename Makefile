@@ -211,8 +211,8 @@ run-example: $(BIN_DIR)/payments-server ## Run the example payments tool server 
 	$(BIN_DIR)/payments-server -connect-listen 127.0.0.1:8091
 
 .PHONY: run-mcp
-run-mcp: $(BUF) $(BIN_DIR)/idemgate-mcp ## Serve the example payments tool server (make run-example) as MCP tools, streamable HTTP on 127.0.0.1:8080/mcp.
-	$(BUF) build -o $(BIN_DIR)/payments.binpb --path proto/examples/payments/v1/payments.proto
+run-mcp: $(BIN_DIR)/idemgate-mcp ## Serve the example payments tool server (make run-example) as MCP tools, streamable HTTP on 127.0.0.1:8080/mcp.
+	go run ./internal/protoset/export -o $(BIN_DIR)/payments.binpb
 	$(BIN_DIR)/idemgate-mcp -target 127.0.0.1:50052 -plaintext -descriptor-set $(BIN_DIR)/payments.binpb -listen 127.0.0.1:8080
 
 .PHONY: run-mcp-server
