@@ -125,8 +125,10 @@ func tool(md protoreflect.MethodDescriptor) *mcp.Tool {
 }
 
 // annotations maps a policy class to MCP's hints: a read-only method is
-// readOnlyHint; a gated one is idempotentHint (given its key) and may be
-// destructive; an IDEMPOTENT one is idempotentHint; an unclassified or
+// readOnlyHint; a gated one may be destructive and is not idempotentHint
+// (the hint says repeating a call with the same arguments has no further
+// effect, untrue of a gated call without its key, and mcpgate reads it as
+// "not gated"); an IDEMPOTENT one is idempotentHint; an unclassified or
 // not-mutating one claims nothing beyond MCP's defaults (destructive, not
 // idempotent), stated explicitly.
 func annotations(c Class) *mcp.ToolAnnotations {
@@ -134,8 +136,10 @@ func annotations(c Class) *mcp.ToolAnnotations {
 	switch c {
 	case ReadOnly:
 		return &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, DestructiveHint: &no}
-	case Gated, Idempotent:
+	case Idempotent:
 		return &mcp.ToolAnnotations{IdempotentHint: true, DestructiveHint: &yes}
+	case Gated:
+		return &mcp.ToolAnnotations{IdempotentHint: false, DestructiveHint: &yes}
 	}
 	return &mcp.ToolAnnotations{DestructiveHint: &yes}
 }

@@ -90,8 +90,12 @@ func TestReflectionListsThePolicy(t *testing.T) {
 		names = append(names, tool.Name)
 		switch tool.Name {
 		case chargeTool:
-			if !tool.Annotations.IdempotentHint || tool.Annotations.ReadOnlyHint || !strings.Contains(tool.Description, mcpbridge.MetaKey) {
-				t.Errorf("ChargeCard = %+v %+v", tool.Annotations, tool.Description)
+			// A gated tool is not idempotentHint: repeating it with the same
+			// arguments runs it again unless the key is the same, and mcpgate
+			// reads idempotentHint as "not gated".
+			a := tool.Annotations
+			if a.IdempotentHint || a.ReadOnlyHint || a.DestructiveHint == nil || !*a.DestructiveHint || !strings.Contains(tool.Description, mcpbridge.MetaKey) {
+				t.Errorf("ChargeCard = %+v %+v, want idempotentHint false, destructiveHint true", tool.Annotations, tool.Description)
 			}
 		case "examples.payments.v1.PaymentsService.GetBalance":
 			if !tool.Annotations.ReadOnlyHint {
