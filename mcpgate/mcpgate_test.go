@@ -83,8 +83,8 @@ func TestKeyReusedWithOtherArgumentsIsRefused(t *testing.T) {
 	call(t, f.client, "charge", "order-2", order)
 	res := call(t, f.client, "charge", "order-2", map[string]any{"customer": "cust_17", "amount": 9900})
 	e := wantReason(t, res, mcpgate.ReasonKeyReused)
-	if e["code"] != "FAILED_PRECONDITION" || e["advice"] != "new_key" {
-		t.Fatalf("refusal = %v, want FAILED_PRECONDITION with advice new_key", e)
+	if e["code"] != "FAILED_PRECONDITION" || e["advice"] != "escalate" {
+		t.Fatalf("refusal = %v, want FAILED_PRECONDITION with advice escalate", e)
 	}
 	// Member order, spelling and an excluded argument are not the request.
 	same := call(t, f.client, "charge", "order-2", map[string]any{"amount": 4.2e3, "note": "retry 2", "customer": "cust_17"})

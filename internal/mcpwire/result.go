@@ -63,15 +63,13 @@ const (
 	// RetryInfo delay when there is one); it gets the action's outcome
 	// without running it twice.
 	AdviceRetrySameKey = "retry_same_key"
-	// AdviceNewAction: the key belongs to another action; this is a new
-	// action, mint a new key (or fix the key reuse in the orchestration).
-	AdviceNewAction = "new_key"
 	// AdviceFixRequest: the request is malformed (key missing or invalid,
 	// arguments invalid); fix it and call again.
 	AdviceFixRequest = "fix_request"
 	// AdviceEscalate: nothing a retry can fix (the outcome is unknown, the
-	// stored outcome cannot be returned); hand it to a human or the
-	// reconciliation process.
+	// stored outcome cannot be returned, the key names another action); hand
+	// it to a human or the reconciliation process. Never a new key: for a
+	// reused key that would run the side effect again.
 	AdviceEscalate = "escalate"
 )
 
@@ -82,11 +80,9 @@ func Advice(reason string, code codes.Code) string {
 	switch reason {
 	case gatecore.ReasonInFlight, gatecore.ReasonStoreUnavailable, gatecore.ReasonQuotaExceeded:
 		return AdviceRetrySameKey
-	case gatecore.ReasonKeyReused:
-		return AdviceNewAction
 	case gatecore.ReasonKeyMissing, gatecore.ReasonKeyInvalid, gatecore.ReasonKeyConflict, ReasonArgumentsInvalid:
 		return AdviceFixRequest
-	case gatecore.ReasonOutcomeUnknown, gatecore.ReasonResultTooLarge, gatecore.ReasonStoreRejected, gatecore.ReasonOutcomeTypeMismatch:
+	case gatecore.ReasonKeyReused, gatecore.ReasonOutcomeUnknown, gatecore.ReasonResultTooLarge, gatecore.ReasonStoreRejected, gatecore.ReasonOutcomeTypeMismatch:
 		return AdviceEscalate
 	}
 	if reason == "" && (code == codes.Unavailable || code == codes.DeadlineExceeded) {

@@ -196,7 +196,7 @@ func TestGoSDKClient(t *testing.T) {
 				if !res.IsError || reason(res) != interceptor.ReasonKeyReused {
 					t.Errorf("reuse = %s (meta %v), want %s", text(res), res.Meta, interceptor.ReasonKeyReused)
 				}
-				if e := res.Meta[mcpbridge.MetaError].(map[string]any); e["code"] != "FAILED_PRECONDITION" || e["advice"] != mcpbridge.AdviceNewAction {
+				if e := res.Meta[mcpbridge.MetaError].(map[string]any); e["code"] != "FAILED_PRECONDITION" || e["advice"] != mcpbridge.AdviceEscalate {
 					t.Errorf("error meta = %v", e)
 				}
 			})
