@@ -16,7 +16,9 @@ import (
 )
 
 // ErrorResult turns a status error into a tool error result: the model
-// reads the text, a program reads _meta[MetaError].
+// reads the text, a program reads _meta[MetaError]. The text is the code,
+// the reason, ModelText and the advice; _meta's message is the status
+// message as the tool server wrote it, for operators.
 func ErrorResult(err error) *mcp.CallToolResult {
 	st := status.Convert(err)
 	e := map[string]any{
@@ -43,7 +45,7 @@ func ErrorResult(err error) *mcp.CallToolResult {
 	if reason != "" {
 		text += " " + reason
 	}
-	text += ": " + st.Message()
+	text += ": " + ModelText(reason, st.Message())
 	if advice := Advice(reason, st.Code()); advice != "" {
 		e["advice"] = advice
 		text += " (" + advice
@@ -55,6 +57,23 @@ func ErrorResult(err error) *mcp.CallToolResult {
 	res := &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: text}}}
 	res.SetMeta(mcp.Meta{MetaError: e})
 	return res
+}
+
+// OutcomeUnknownText is what the model reads of an
+// IDEMPOTENCY_OUTCOME_UNKNOWN refusal, whatever the operator's message says.
+const OutcomeUnknownText = "Do not retry this action, with this key or with a new one. " +
+	"Tell the user that the action may or may not have happened, and that a person needs to check " +
+	"what happened before it is tried again."
+
+// ModelText is the part of an error result's text written for the model,
+// for an error of the reason with the status message message: the message,
+// except for reasons whose message is written for operators
+// (IDEMPOTENCY_OUTCOME_UNKNOWN: OutcomeUnknownText).
+func ModelText(reason, message string) string {
+	if reason == gatecore.ReasonOutcomeUnknown {
+		return OutcomeUnknownText
+	}
+	return message
 }
 
 // Advice values: what a caller does with an error, by its reason.
