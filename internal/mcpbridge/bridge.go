@@ -212,6 +212,11 @@ func (f *forwarder) handler(md protoreflect.MethodDescriptor) mcp.ToolHandler {
 		var header metadata.MD
 		if err := f.conn.Invoke(ctx, fullMethod, in, out, grpc.Header(&header)); err != nil {
 			f.logger.Info("tool call failed", slog.String("method", fullMethod), slog.Any("error", err))
+			if grpcerr.Reason(err) == interceptor.ReasonKeyMissing {
+				// The tool server names its gRPC carrier; the MCP client
+				// has its own.
+				err = mcpwire.ReplaceMessage(err, mcpwire.KeyMissingMessage())
+			}
 			return mcpwire.ErrorResult(err), nil
 		}
 		js, err := (protojson.MarshalOptions{Resolver: f.types}).Marshal(out)

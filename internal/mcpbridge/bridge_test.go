@@ -243,3 +243,30 @@ func TestKeyReaderLiftsTheParameter(t *testing.T) {
 		t.Errorf("tools/call became %s", lines[1])
 	}
 }
+
+// A keyless call to a gated tool is refused with text that names the MCP
+// carrier, not the gRPC metadata the tool server speaks of; the reason and
+// the domain are the tool server's.
+func TestKeyMissingNamesTheMCPCarrier(t *testing.T) {
+	cs, ledger := setup(t, time.Minute, nil)
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{
+		Name: chargeTool, Arguments: map[string]any{"customerId": "cust_nokey", "amountCents": 1},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := errMeta(res)
+	if !res.IsError || e["reason"] != interceptor.ReasonKeyMissing || e["advice"] != mcpbridge.AdviceFixRequest || e["domain"] == nil {
+		t.Fatalf("result = %+v, want %s with advice %s", e, interceptor.ReasonKeyMissing, mcpbridge.AdviceFixRequest)
+	}
+	text := res.Content[0].(*mcp.TextContent).Text
+	msg, _ := e["message"].(string)
+	for _, s := range []string{text, msg} {
+		if !strings.Contains(s, `_meta["`+mcpbridge.MetaKey+`"]`) || strings.Contains(s, "metadata") {
+			t.Errorf("%q: want the _meta carrier named, no gRPC metadata", s)
+		}
+	}
+	if charges, _ := ledger.Executions("cust_nokey"); charges != 0 {
+		t.Errorf("a refused call charged %d times", charges)
+	}
+}

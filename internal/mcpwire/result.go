@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -57,6 +58,32 @@ func ErrorResult(err error) *mcp.CallToolResult {
 	res := &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: text}}}
 	res.SetMeta(mcp.Meta{MetaError: e})
 	return res
+}
+
+// KeyMissingMessage is the message of an IDEMPOTENCY_KEY_MISSING refusal
+// to an MCP client: it names the MCP carriers, _meta[MetaKey] and the tool's
+// key arguments (none for the bridge), never the gRPC metadata the tool
+// server behind a bridge speaks of.
+func KeyMissingMessage(keyArgs ...string) string {
+	carriers := "_meta[\"" + MetaKey + "\"]"
+	switch len(keyArgs) {
+	case 0:
+	case 1:
+		carriers += " or the argument " + keyArgs[0]
+	default:
+		carriers += " or one of the arguments " + strings.Join(keyArgs, ", ")
+	}
+	return "this tool has side effects and needs an idempotency key: send one in " + carriers +
+		", minted once per logical action and reused on every retry of it"
+}
+
+// ReplaceMessage returns err with its status message replaced by message,
+// its code and details (the ErrorInfo reason, domain and metadata, the
+// RetryInfo) kept.
+func ReplaceMessage(err error, message string) error {
+	p := status.Convert(err).Proto()
+	p.Message = message
+	return status.FromProto(p).Err()
 }
 
 // OutcomeUnknownText is what the model reads of an
