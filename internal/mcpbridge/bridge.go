@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/dynamicpb"
@@ -219,20 +220,13 @@ func (f *forwarder) handler(md protoreflect.MethodDescriptor) mcp.ToolHandler {
 			}
 			return mcpwire.ErrorResult(err), nil
 		}
-		js, err := (protojson.MarshalOptions{Resolver: f.types}).Marshal(out)
+		js, err := resultJSON(f.types, out)
 		if err != nil {
 			return nil, fmt.Errorf("encoding the response: %w", err)
 		}
-		// protojson varies its whitespace between builds on purpose;
-		// compacted, a replay's text is byte-identical to the original's
-		// whichever bridge process serves it.
-		var compact bytes.Buffer
-		if err := json.Compact(&compact, js); err != nil {
-			return nil, fmt.Errorf("encoding the response: %w", err)
-		}
-		res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: compact.String()}}}
+		res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(js)}}}
 		if structured {
-			res.StructuredContent = json.RawMessage(compact.Bytes())
+			res.StructuredContent = json.RawMessage(js)
 		}
 		meta := mcp.Meta{MetaReplayed: headerTrue(header, interceptor.ReplayedHeader)}
 		if headerTrue(header, interceptor.KeyDerivedHeader) {
@@ -246,4 +240,24 @@ func (f *forwarder) handler(md protoreflect.MethodDescriptor) mcp.ToolHandler {
 func headerTrue(md metadata.MD, name string) bool {
 	v := md.Get(name)
 	return len(v) > 0 && v[0] == "true"
+}
+
+// resultJSON is the JSON of a response as the bridge returns it: its
+// protojson with every field, zero values too (so a model can tell 0 from
+// unknown; an unset message field is null, as the schema allows), compacted. protojson varies its whitespace between builds on
+// purpose; compacted, a replay's text is byte-identical to the original's
+// whichever bridge process serves it.
+func resultJSON(types interface {
+	protoregistry.ExtensionTypeResolver
+	protoregistry.MessageTypeResolver
+}, m proto.Message) ([]byte, error) {
+	js, err := (protojson.MarshalOptions{Resolver: types, EmitUnpopulated: true}).Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, js); err != nil {
+		return nil, err
+	}
+	return compact.Bytes(), nil
 }

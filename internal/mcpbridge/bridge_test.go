@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/reflection"
@@ -268,5 +269,55 @@ func TestKeyMissingNamesTheMCPCarrier(t *testing.T) {
 	}
 	if charges, _ := ledger.Executions("cust_nokey"); charges != 0 {
 		t.Errorf("a refused call charged %d times", charges)
+	}
+}
+
+// A result's JSON has every field, zero values too: a never-charged
+// customer's balance says charges 0, not nothing, so a model can tell 0
+// from unknown; and it conforms to the output schema the tool advertises.
+func TestResultsCarryZeroValues(t *testing.T) {
+	cs, _ := setup(t, time.Minute, nil)
+	const balanceTool = "examples.payments.v1.PaymentsService.GetBalance"
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{
+		Name: balanceTool, Arguments: map[string]any{"customerId": "cust_never"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.IsError {
+		t.Fatalf("balance = %+v", res)
+	}
+	var got map[string]any
+	if err := json.Unmarshal([]byte(res.Content[0].(*mcp.TextContent).Text), &got); err != nil {
+		t.Fatal(err)
+	}
+	for _, field := range []string{"customerId", "chargedCents", "charges", "receipts"} {
+		if _, ok := got[field]; !ok {
+			t.Errorf("balance %v lacks %s", got, field)
+		}
+	}
+	tools, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tool := range tools.Tools {
+		if tool.Name != balanceTool {
+			continue
+		}
+		b, err := json.Marshal(tool.OutputSchema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var schema jsonschema.Schema
+		if err := json.Unmarshal(b, &schema); err != nil {
+			t.Fatal(err)
+		}
+		resolved, err := schema.Resolve(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := resolved.Validate(got); err != nil {
+			t.Errorf("the result %v does not conform to the output schema %s: %v", got, b, err)
+		}
 	}
 }
