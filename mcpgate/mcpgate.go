@@ -492,8 +492,7 @@ func (g *Gate) gate(ctx context.Context, next mcp.MethodHandler, call *mcp.CallT
 	if !hasKey {
 		if !p.KeylessFingerprint {
 			return mcpwire.ErrorResult(grpcerr.New(codes.InvalidArgument, ReasonKeyMissing,
-				"this tool has side effects and needs an idempotency key: send one in _meta[\""+MetaKey+"\"], minted once per logical action and reused on every retry of it",
-				nil, 0)), nil
+				mcpwire.KeyMissingMessage(r.keyArgNames()...), nil, 0)), nil
 		}
 		key, retention, derived = derivedKeyPrefix+hex.EncodeToString(fingerprint), p.KeylessWindow, true
 	}
@@ -688,6 +687,16 @@ func arguments(raw json.RawMessage) (map[string]json.RawMessage, error) {
 	return args, nil
 }
 
+// keyArgNames returns the names of the tool's key arguments, sorted.
+func (r *resolved) keyArgNames() []string {
+	names := make([]string, 0, len(r.keyArgs))
+	for name := range r.keyArgs {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}
+
 // keyOf returns the call's key: _meta[MetaKey], then the key argument, then
 // SEP-3182's parameter. Carriers that disagree are a conflict.
 func (g *Gate) keyOf(call *mcp.CallToolRequest, r *resolved, args map[string]json.RawMessage) (string, bool, error) {
@@ -696,12 +705,7 @@ func (g *Gate) keyOf(call *mcp.CallToolRequest, r *resolved, args map[string]jso
 		return "", false, err
 	}
 	key, hasKey := metaKey, hasMeta
-	names := make([]string, 0, len(r.keyArgs))
-	for name := range r.keyArgs {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
+	for _, name := range r.keyArgNames() {
 		v, ok := args[name]
 		if !ok || bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
 			continue

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -83,8 +84,8 @@ func TestKeyReusedWithOtherArgumentsIsRefused(t *testing.T) {
 	call(t, f.client, "charge", "order-2", order)
 	res := call(t, f.client, "charge", "order-2", map[string]any{"customer": "cust_17", "amount": 9900})
 	e := wantReason(t, res, mcpgate.ReasonKeyReused)
-	if e["code"] != "FAILED_PRECONDITION" || e["advice"] != "new_key" {
-		t.Fatalf("refusal = %v, want FAILED_PRECONDITION with advice new_key", e)
+	if e["code"] != "FAILED_PRECONDITION" || e["advice"] != "escalate" {
+		t.Fatalf("refusal = %v, want FAILED_PRECONDITION with advice escalate", e)
 	}
 	// Member order, spelling and an excluded argument are not the request.
 	same := call(t, f.client, "charge", "order-2", map[string]any{"amount": 4.2e3, "note": "retry 2", "customer": "cust_17"})
@@ -120,6 +121,24 @@ func TestKeylessCallsAreRefused(t *testing.T) {
 	e := wantReason(t, res, mcpgate.ReasonKeyMissing)
 	if e["code"] != "INVALID_ARGUMENT" || e["advice"] != "fix_request" {
 		t.Fatalf("refusal = %v", e)
+	}
+	if c := f.tools.charges.Load(); c != 0 {
+		t.Fatalf("charges = %d, want 0", c)
+	}
+}
+
+// The refusal's text names the tool's carriers: _meta, and the key
+// arguments when the tool has them.
+func TestKeylessRefusalNamesTheCarriers(t *testing.T) {
+	f := setup(t, embeddedDedupe(t), mcpgate.WithTool("charge", mcpgate.ToolPolicy{KeyArgument: "orderId"}))
+	res := call(t, f.client, "charge", "", order)
+	e := wantReason(t, res, mcpgate.ReasonKeyMissing)
+	text := res.Content[0].(*mcp.TextContent).Text
+	for _, s := range []string{text, fmt.Sprint(e["message"])} {
+		// order_id is marked in the schema, orderId named by the policy.
+		if !strings.Contains(s, `_meta["`+mcpgate.MetaKey+`"]`) || !strings.Contains(s, "arguments orderId, order_id") {
+			t.Errorf("%q: want _meta and the arguments orderId and order_id named", s)
+		}
 	}
 	if c := f.tools.charges.Load(); c != 0 {
 		t.Fatalf("charges = %d, want 0", c)

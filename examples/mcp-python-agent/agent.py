@@ -163,10 +163,10 @@ def call_action(client, conversation, tool_call, carrier, max_attempts=5):
             # the same key gets the action's outcome, never a second run.
             time.sleep(err.get("retryAfterSeconds", 0.2))
             continue
-        # new_key (IDEMPOTENCY_KEY_REUSED): the orchestration reused a key
-        # for another action -- a bug to fix there, not to retry.
-        # escalate (IDEMPOTENCY_OUTCOME_UNKNOWN, ...): a human or a
-        # reconciler decides; retrying cannot tell what happened.
+        # escalate (IDEMPOTENCY_OUTCOME_UNKNOWN, IDEMPOTENCY_KEY_REUSED, ...):
+        # a human or a reconciler decides; retrying cannot tell what
+        # happened, and a reused key is a bug in the orchestration, which a
+        # new key would turn into a second side effect.
         # fix_request: the call itself is wrong.
         return key, attempt, result
     return key, max_attempts, result
@@ -220,7 +220,7 @@ def main():
     report(receipt, *call_action(client, args.conversation, receipt, args.carrier))
 
     # A bug in the orchestration: a new action (another amount) under the
-    # charge's key is refused with IDEMPOTENCY_KEY_REUSED, advice new_key.
+    # charge's key is refused with IDEMPOTENCY_KEY_REUSED, advice escalate.
     wrong = {"id": charge["id"], "name": CHARGE, "arguments": {"customerId": args.customer, "amountCents": 9900}}
     report(wrong, *call_action(client, args.conversation, wrong, args.carrier), "key reused for another action")
 

@@ -58,10 +58,10 @@ async function callAction(client, conversation, toolCall, maxAttempts = 5) {
       await sleep(1000 * (err.retryAfterSeconds ?? 0.2));
       continue;
     }
-    // new_key (IDEMPOTENCY_KEY_REUSED): the orchestration reused a key for
-    // another action -- a bug to fix there, not to retry.
-    // escalate (IDEMPOTENCY_OUTCOME_UNKNOWN, ...): a human or a reconciler
-    // decides; retrying cannot tell what happened.
+    // escalate (IDEMPOTENCY_OUTCOME_UNKNOWN, IDEMPOTENCY_KEY_REUSED, ...): a
+    // human or a reconciler decides; retrying cannot tell what happened, and
+    // a reused key is a bug in the orchestration, which a new key would turn
+    // into a second side effect.
     // fix_request: the call itself is wrong.
     return { key, attempt, result };
   }
@@ -108,7 +108,7 @@ const receipt = { id: "call_Hk3p9", name: RECEIPT, arguments: { customerId: opts
 report(receipt, await callAction(client, opts.conversation, receipt));
 
 // A bug in the orchestration: a new action (another amount) under the
-// charge's key is refused with IDEMPOTENCY_KEY_REUSED, advice new_key.
+// charge's key is refused with IDEMPOTENCY_KEY_REUSED, advice escalate.
 const wrong = { ...charge, arguments: { customerId: opts.customer, amountCents: 9900 } };
 report(wrong, await callAction(client, opts.conversation, wrong), "key reused for another action");
 

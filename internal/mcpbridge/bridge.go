@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/dynamicpb"
@@ -125,8 +126,10 @@ func tool(md protoreflect.MethodDescriptor) *mcp.Tool {
 }
 
 // annotations maps a policy class to MCP's hints: a read-only method is
-// readOnlyHint; a gated one is idempotentHint (given its key) and may be
-// destructive; an IDEMPOTENT one is idempotentHint; an unclassified or
+// readOnlyHint; a gated one may be destructive and is not idempotentHint
+// (the hint says repeating a call with the same arguments has no further
+// effect, untrue of a gated call without its key, and mcpgate reads it as
+// "not gated"); an IDEMPOTENT one is idempotentHint; an unclassified or
 // not-mutating one claims nothing beyond MCP's defaults (destructive, not
 // idempotent), stated explicitly.
 func annotations(c Class) *mcp.ToolAnnotations {
@@ -134,8 +137,10 @@ func annotations(c Class) *mcp.ToolAnnotations {
 	switch c {
 	case ReadOnly:
 		return &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, DestructiveHint: &no}
-	case Gated, Idempotent:
+	case Idempotent:
 		return &mcp.ToolAnnotations{IdempotentHint: true, DestructiveHint: &yes}
+	case Gated:
+		return &mcp.ToolAnnotations{IdempotentHint: false, DestructiveHint: &yes}
 	}
 	return &mcp.ToolAnnotations{DestructiveHint: &yes}
 }
@@ -208,22 +213,20 @@ func (f *forwarder) handler(md protoreflect.MethodDescriptor) mcp.ToolHandler {
 		var header metadata.MD
 		if err := f.conn.Invoke(ctx, fullMethod, in, out, grpc.Header(&header)); err != nil {
 			f.logger.Info("tool call failed", slog.String("method", fullMethod), slog.Any("error", err))
+			if grpcerr.Reason(err) == interceptor.ReasonKeyMissing {
+				// The tool server names its gRPC carrier; the MCP client
+				// has its own.
+				err = mcpwire.ReplaceMessage(err, mcpwire.KeyMissingMessage())
+			}
 			return mcpwire.ErrorResult(err), nil
 		}
-		js, err := (protojson.MarshalOptions{Resolver: f.types}).Marshal(out)
+		js, err := resultJSON(f.types, out)
 		if err != nil {
 			return nil, fmt.Errorf("encoding the response: %w", err)
 		}
-		// protojson varies its whitespace between builds on purpose;
-		// compacted, a replay's text is byte-identical to the original's
-		// whichever bridge process serves it.
-		var compact bytes.Buffer
-		if err := json.Compact(&compact, js); err != nil {
-			return nil, fmt.Errorf("encoding the response: %w", err)
-		}
-		res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: compact.String()}}}
+		res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(js)}}}
 		if structured {
-			res.StructuredContent = json.RawMessage(compact.Bytes())
+			res.StructuredContent = json.RawMessage(js)
 		}
 		meta := mcp.Meta{MetaReplayed: headerTrue(header, interceptor.ReplayedHeader)}
 		if headerTrue(header, interceptor.KeyDerivedHeader) {
@@ -237,4 +240,24 @@ func (f *forwarder) handler(md protoreflect.MethodDescriptor) mcp.ToolHandler {
 func headerTrue(md metadata.MD, name string) bool {
 	v := md.Get(name)
 	return len(v) > 0 && v[0] == "true"
+}
+
+// resultJSON is the JSON of a response as the bridge returns it: its
+// protojson with every field, zero values too (so a model can tell 0 from
+// unknown; an unset message field is null, as the schema allows), compacted. protojson varies its whitespace between builds on
+// purpose; compacted, a replay's text is byte-identical to the original's
+// whichever bridge process serves it.
+func resultJSON(types interface {
+	protoregistry.ExtensionTypeResolver
+	protoregistry.MessageTypeResolver
+}, m proto.Message) ([]byte, error) {
+	js, err := (protojson.MarshalOptions{Resolver: types, EmitUnpopulated: true}).Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, js); err != nil {
+		return nil, err
+	}
+	return compact.Bytes(), nil
 }

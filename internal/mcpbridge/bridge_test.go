@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/reflection"
@@ -90,8 +91,12 @@ func TestReflectionListsThePolicy(t *testing.T) {
 		names = append(names, tool.Name)
 		switch tool.Name {
 		case chargeTool:
-			if !tool.Annotations.IdempotentHint || tool.Annotations.ReadOnlyHint || !strings.Contains(tool.Description, mcpbridge.MetaKey) {
-				t.Errorf("ChargeCard = %+v %+v", tool.Annotations, tool.Description)
+			// A gated tool is not idempotentHint: repeating it with the same
+			// arguments runs it again unless the key is the same, and mcpgate
+			// reads idempotentHint as "not gated".
+			a := tool.Annotations
+			if a.IdempotentHint || a.ReadOnlyHint || a.DestructiveHint == nil || !*a.DestructiveHint || !strings.Contains(tool.Description, mcpbridge.MetaKey) {
+				t.Errorf("ChargeCard = %+v %+v, want idempotentHint false, destructiveHint true", tool.Annotations, tool.Description)
 			}
 		case "examples.payments.v1.PaymentsService.GetBalance":
 			if !tool.Annotations.ReadOnlyHint {
@@ -237,5 +242,82 @@ func TestKeyReaderLiftsTheParameter(t *testing.T) {
 	}
 	if _, ok := msg.Params["idempotencyKey"]; ok || string(msg.Params["_meta"]) != `{"b":true,"io.idemgate/sep3182-idempotency-key":"k2"}` {
 		t.Errorf("tools/call became %s", lines[1])
+	}
+}
+
+// A keyless call to a gated tool is refused with text that names the MCP
+// carrier, not the gRPC metadata the tool server speaks of; the reason and
+// the domain are the tool server's.
+func TestKeyMissingNamesTheMCPCarrier(t *testing.T) {
+	cs, ledger := setup(t, time.Minute, nil)
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{
+		Name: chargeTool, Arguments: map[string]any{"customerId": "cust_nokey", "amountCents": 1},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := errMeta(res)
+	if !res.IsError || e["reason"] != interceptor.ReasonKeyMissing || e["advice"] != mcpbridge.AdviceFixRequest || e["domain"] == nil {
+		t.Fatalf("result = %+v, want %s with advice %s", e, interceptor.ReasonKeyMissing, mcpbridge.AdviceFixRequest)
+	}
+	text := res.Content[0].(*mcp.TextContent).Text
+	msg, _ := e["message"].(string)
+	for _, s := range []string{text, msg} {
+		if !strings.Contains(s, `_meta["`+mcpbridge.MetaKey+`"]`) || strings.Contains(s, "metadata") {
+			t.Errorf("%q: want the _meta carrier named, no gRPC metadata", s)
+		}
+	}
+	if charges, _ := ledger.Executions("cust_nokey"); charges != 0 {
+		t.Errorf("a refused call charged %d times", charges)
+	}
+}
+
+// A result's JSON has every field, zero values too: a never-charged
+// customer's balance says charges 0, not nothing, so a model can tell 0
+// from unknown; and it conforms to the output schema the tool advertises.
+func TestResultsCarryZeroValues(t *testing.T) {
+	cs, _ := setup(t, time.Minute, nil)
+	const balanceTool = "examples.payments.v1.PaymentsService.GetBalance"
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{
+		Name: balanceTool, Arguments: map[string]any{"customerId": "cust_never"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.IsError {
+		t.Fatalf("balance = %+v", res)
+	}
+	var got map[string]any
+	if err := json.Unmarshal([]byte(res.Content[0].(*mcp.TextContent).Text), &got); err != nil {
+		t.Fatal(err)
+	}
+	for _, field := range []string{"customerId", "chargedCents", "charges", "receipts"} {
+		if _, ok := got[field]; !ok {
+			t.Errorf("balance %v lacks %s", got, field)
+		}
+	}
+	tools, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tool := range tools.Tools {
+		if tool.Name != balanceTool {
+			continue
+		}
+		b, err := json.Marshal(tool.OutputSchema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var schema jsonschema.Schema
+		if err := json.Unmarshal(b, &schema); err != nil {
+			t.Fatal(err)
+		}
+		resolved, err := schema.Resolve(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := resolved.Validate(got); err != nil {
+			t.Errorf("the result %v does not conform to the output schema %s: %v", got, b, err)
+		}
 	}
 }

@@ -46,11 +46,10 @@ const (
 	// AdviceRetrySameKey: retry with the same key; it gets the action's
 	// outcome without running it twice.
 	AdviceRetrySameKey = mcpwire.AdviceRetrySameKey
-	// AdviceNewAction: the key belongs to another action: mint a new key.
-	AdviceNewAction = mcpwire.AdviceNewAction
 	// AdviceFixRequest: the request is malformed; fix it and call again.
 	AdviceFixRequest = mcpwire.AdviceFixRequest
-	// AdviceEscalate: nothing a retry can fix; hand it to a human.
+	// AdviceEscalate: nothing a retry or a new key can fix (the outcome is
+	// unknown, the key names another action); hand it to a human.
 	AdviceEscalate = mcpwire.AdviceEscalate
 )
 

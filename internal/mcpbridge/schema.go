@@ -15,7 +15,10 @@ import (
 // repeated fields as arrays; maps as objects; nested messages by $ref into
 // $defs (so recursive messages stay finite); well-known types in their
 // protojson form (Timestamp an RFC 3339 string, Duration "1.5s", FieldMask a
-// string, Struct an object, Value anything, wrappers their value). A field is
+// string, Struct an object, Value anything, wrappers their value); a
+// singular message field outside a oneof may also be null (protojson writes
+// an unset one so when emitting unpopulated fields, as the bridge's results
+// do, and reads null as unset). A field is
 // required only when the schema says so (proto2 required, editions
 // LEGACY_REQUIRED): proto3 fields are all optional. Unknown properties are
 // refused (additionalProperties false), as protojson refuses them. Oneofs are
@@ -72,11 +75,28 @@ func (g *schemaGen) field(fd protoreflect.FieldDescriptor) map[string]any {
 		s = map[string]any{"type": "array", "items": g.singular(fd)}
 	default:
 		s = g.singular(fd)
+		if nullable(fd) {
+			// protojson writes an unset message field as null when it
+			// emits unpopulated fields, as the bridge's results do, and
+			// reads null as unset.
+			s = map[string]any{"anyOf": []any{s, map[string]any{"type": "null"}}}
+		}
 	}
 	if d := comment(fd); d != "" {
 		s["description"] = d
 	}
 	return s
+}
+
+// nullable reports whether protojson writes fd as null when unset and
+// emitting unpopulated fields: a singular message field outside a oneof
+// (unset oneof members are left out), except google.protobuf.Value, whose
+// schema is anything already.
+func nullable(fd protoreflect.FieldDescriptor) bool {
+	if fd.Kind() != protoreflect.MessageKind && fd.Kind() != protoreflect.GroupKind {
+		return false
+	}
+	return fd.ContainingOneof() == nil && fd.Message().FullName() != "google.protobuf.Value"
 }
 
 // singular is the schema of one value of fd's kind.

@@ -5,11 +5,13 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/reflect/protodesc"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/descriptorpb"
+	"google.golang.org/protobuf/types/dynamicpb"
 	_ "google.golang.org/protobuf/types/known/durationpb"
 	_ "google.golang.org/protobuf/types/known/structpb"
 	_ "google.golang.org/protobuf/types/known/timestamppb"
@@ -74,6 +76,9 @@ func TestSchemaFollowsProtoJSON(t *testing.T) {
 			map[string]any{"type": "string", "pattern": pattern},
 		}}
 	}
+	orNull := func(s map[string]any) map[string]any {
+		return map[string]any{"anyOf": []any{s, map[string]any{"type": "null"}}}
+	}
 	want := map[string]any{
 		"type":                 "object",
 		"additionalProperties": false,
@@ -93,11 +98,11 @@ func TestSchemaFollowsProtoJSON(t *testing.T) {
 				"additionalProperties": int64s("^-?[0-9]+$"),
 				"propertyNames":        map[string]any{"pattern": "^-?[0-9]+$"},
 			},
-			"child":     map[string]any{"$ref": "#/$defs/k.Node"},
-			"at":        map[string]any{"type": "string", "format": "date-time"},
-			"wait":      map[string]any{"type": "string", "pattern": `^-?[0-9]+(\.[0-9]{1,9})?s$`},
-			"extra":     map[string]any{"type": "object"},
-			"maybe":     int64s("^-?[0-9]+$"),
+			"child":     orNull(map[string]any{"$ref": "#/$defs/k.Node"}),
+			"at":        orNull(map[string]any{"type": "string", "format": "date-time"}),
+			"wait":      orNull(map[string]any{"type": "string", "pattern": `^-?[0-9]+(\.[0-9]{1,9})?s$`}),
+			"extra":     orNull(map[string]any{"type": "object"}),
+			"maybe":     orNull(int64s("^-?[0-9]+$")),
 			"snakeCase": map[string]any{"type": "string"},
 		},
 		"$defs": map[string]any{
@@ -141,4 +146,42 @@ func normalize(t *testing.T, v any) any {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// What the bridge writes of a response conforms to the schema it
+// advertises for it: every field emitted, an unset message field as null.
+func TestResultJSONConformsToTheSchema(t *testing.T) {
+	md := kitchenMessage(t, "k.Req")
+	child := dynamicpb.NewMessage(md.Fields().ByName("child").Message())
+	child.Set(child.Descriptor().Fields().ByName("name"), protoreflect.ValueOfString("n"))
+	withChild := dynamicpb.NewMessage(md)
+	withChild.Set(md.Fields().ByName("child"), protoreflect.ValueOfMessage(child))
+	b, err := json.Marshal(Schema(md))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema jsonschema.Schema
+	if err := json.Unmarshal(b, &schema); err != nil {
+		t.Fatal(err)
+	}
+	resolved, err := schema.Resolve(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, m := range map[string]*dynamicpb.Message{"empty": dynamicpb.NewMessage(md), "with a child": withChild} {
+		js, err := resultJSON(protoregistry.GlobalTypes, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got map[string]any
+		if err := json.Unmarshal(js, &got); err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != md.Fields().Len() {
+			t.Errorf("%s: %s has %d fields, want all %d", name, js, len(got), md.Fields().Len())
+		}
+		if err := resolved.Validate(got); err != nil {
+			t.Errorf("%s: %s does not conform to the schema: %v", name, js, err)
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -16,7 +17,9 @@ import (
 )
 
 // ErrorResult turns a status error into a tool error result: the model
-// reads the text, a program reads _meta[MetaError].
+// reads the text, a program reads _meta[MetaError]. The text is the code,
+// the reason, ModelText and the advice; _meta's message is the status
+// message as the tool server wrote it, for operators.
 func ErrorResult(err error) *mcp.CallToolResult {
 	st := status.Convert(err)
 	e := map[string]any{
@@ -43,7 +46,7 @@ func ErrorResult(err error) *mcp.CallToolResult {
 	if reason != "" {
 		text += " " + reason
 	}
-	text += ": " + st.Message()
+	text += ": " + ModelText(reason, st.Message())
 	if advice := Advice(reason, st.Code()); advice != "" {
 		e["advice"] = advice
 		text += " (" + advice
@@ -57,21 +60,62 @@ func ErrorResult(err error) *mcp.CallToolResult {
 	return res
 }
 
+// KeyMissingMessage is the message of an IDEMPOTENCY_KEY_MISSING refusal
+// to an MCP client: it names the MCP carriers, _meta[MetaKey] and the tool's
+// key arguments (none for the bridge), never the gRPC metadata the tool
+// server behind a bridge speaks of.
+func KeyMissingMessage(keyArgs ...string) string {
+	carriers := "_meta[\"" + MetaKey + "\"]"
+	switch len(keyArgs) {
+	case 0:
+	case 1:
+		carriers += " or the argument " + keyArgs[0]
+	default:
+		carriers += " or one of the arguments " + strings.Join(keyArgs, ", ")
+	}
+	return "this tool has side effects and needs an idempotency key: send one in " + carriers +
+		", minted once per logical action and reused on every retry of it"
+}
+
+// ReplaceMessage returns err with its status message replaced by message,
+// its code and details (the ErrorInfo reason, domain and metadata, the
+// RetryInfo) kept.
+func ReplaceMessage(err error, message string) error {
+	p := status.Convert(err).Proto()
+	p.Message = message
+	return status.FromProto(p).Err()
+}
+
+// OutcomeUnknownText is what the model reads of an
+// IDEMPOTENCY_OUTCOME_UNKNOWN refusal, whatever the operator's message says.
+const OutcomeUnknownText = "Do not retry this action, with this key or with a new one. " +
+	"Tell the user that the action may or may not have happened, and that a person needs to check " +
+	"what happened before it is tried again."
+
+// ModelText is the part of an error result's text written for the model,
+// for an error of the reason with the status message message: the message,
+// except for reasons whose message is written for operators
+// (IDEMPOTENCY_OUTCOME_UNKNOWN: OutcomeUnknownText).
+func ModelText(reason, message string) string {
+	if reason == gatecore.ReasonOutcomeUnknown {
+		return OutcomeUnknownText
+	}
+	return message
+}
+
 // Advice values: what a caller does with an error, by its reason.
 const (
 	// AdviceRetrySameKey: retry the call with the same key (after the
 	// RetryInfo delay when there is one); it gets the action's outcome
 	// without running it twice.
 	AdviceRetrySameKey = "retry_same_key"
-	// AdviceNewAction: the key belongs to another action; this is a new
-	// action, mint a new key (or fix the key reuse in the orchestration).
-	AdviceNewAction = "new_key"
 	// AdviceFixRequest: the request is malformed (key missing or invalid,
 	// arguments invalid); fix it and call again.
 	AdviceFixRequest = "fix_request"
 	// AdviceEscalate: nothing a retry can fix (the outcome is unknown, the
-	// stored outcome cannot be returned); hand it to a human or the
-	// reconciliation process.
+	// stored outcome cannot be returned, the key names another action); hand
+	// it to a human or the reconciliation process. Never a new key: for a
+	// reused key that would run the side effect again.
 	AdviceEscalate = "escalate"
 )
 
@@ -82,11 +126,9 @@ func Advice(reason string, code codes.Code) string {
 	switch reason {
 	case gatecore.ReasonInFlight, gatecore.ReasonStoreUnavailable, gatecore.ReasonQuotaExceeded:
 		return AdviceRetrySameKey
-	case gatecore.ReasonKeyReused:
-		return AdviceNewAction
 	case gatecore.ReasonKeyMissing, gatecore.ReasonKeyInvalid, gatecore.ReasonKeyConflict, ReasonArgumentsInvalid:
 		return AdviceFixRequest
-	case gatecore.ReasonOutcomeUnknown, gatecore.ReasonResultTooLarge, gatecore.ReasonStoreRejected, gatecore.ReasonOutcomeTypeMismatch:
+	case gatecore.ReasonKeyReused, gatecore.ReasonOutcomeUnknown, gatecore.ReasonResultTooLarge, gatecore.ReasonStoreRejected, gatecore.ReasonOutcomeTypeMismatch:
 		return AdviceEscalate
 	}
 	if reason == "" && (code == codes.Unavailable || code == codes.DeadlineExceeded) {

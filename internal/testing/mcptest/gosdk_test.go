@@ -107,8 +107,8 @@ func TestGoSDKClient(t *testing.T) {
 					t.Fatalf("tools = %v, want ChargeCard, SendReceipt, GetBalance", keys(tools))
 				}
 				charge := tools[chargeTool]
-				if a := charge.Annotations; a == nil || a.ReadOnlyHint || !a.IdempotentHint || a.DestructiveHint == nil || !*a.DestructiveHint {
-					t.Errorf("ChargeCard annotations = %+v, want idempotent, destructive, not read-only", a)
+				if a := charge.Annotations; a == nil || a.ReadOnlyHint || a.IdempotentHint || a.DestructiveHint == nil || !*a.DestructiveHint {
+					t.Errorf("ChargeCard annotations = %+v, want destructive, neither idempotent (without its key) nor read-only", a)
 				}
 				if a := tools[balanceTool].Annotations; a == nil || !a.ReadOnlyHint {
 					t.Errorf("GetBalance annotations = %+v, want read-only", a)
@@ -196,7 +196,7 @@ func TestGoSDKClient(t *testing.T) {
 				if !res.IsError || reason(res) != interceptor.ReasonKeyReused {
 					t.Errorf("reuse = %s (meta %v), want %s", text(res), res.Meta, interceptor.ReasonKeyReused)
 				}
-				if e := res.Meta[mcpbridge.MetaError].(map[string]any); e["code"] != "FAILED_PRECONDITION" || e["advice"] != mcpbridge.AdviceNewAction {
+				if e := res.Meta[mcpbridge.MetaError].(map[string]any); e["code"] != "FAILED_PRECONDITION" || e["advice"] != mcpbridge.AdviceEscalate {
 					t.Errorf("error meta = %v", e)
 				}
 			})

@@ -114,7 +114,7 @@ func TestTypeScriptSDKClient(t *testing.T) {
 			for _, tool := range out.Tools {
 				annotations[tool.Name] = tool.Annotations
 			}
-			if a := annotations[chargeTool]; a["idempotentHint"] != true || a["readOnlyHint"] != false || a["destructiveHint"] != true {
+			if a := annotations[chargeTool]; a["idempotentHint"] != false || a["readOnlyHint"] != false || a["destructiveHint"] != true {
 				t.Errorf("ChargeCard annotations = %v", a)
 			}
 			if a := annotations[balanceTool]; a["readOnlyHint"] != true {

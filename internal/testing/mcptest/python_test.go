@@ -57,7 +57,7 @@ func TestPythonAgentExample(t *testing.T) {
 
 // checkAgent checks what an agent example printed: the charge ran once under
 // the tool call's key and every retry got its replay; the receipt ran; a key
-// reused for another action was refused with advice new_key; the balance
+// reused for another action was refused with advice escalate; the balance
 // shows one charge and one receipt. rawCapabilities: the client shows the
 // raw capabilities (an SDK strips tools.idempotency).
 func checkAgent(t *testing.T, stdout *bytes.Buffer, conversation string, rawCapabilities bool) {
@@ -95,8 +95,8 @@ func checkAgent(t *testing.T, stdout *bytes.Buffer, conversation string, rawCapa
 	if receipt.IsError || receipt.Replayed {
 		t.Errorf("receipt = %+v", receipt)
 	}
-	if !reused.IsError || reused.Reason != interceptor.ReasonKeyReused || reused.Advice != mcpbridge.AdviceNewAction {
-		t.Errorf("key reused = %+v, want %s with advice %s", reused, interceptor.ReasonKeyReused, mcpbridge.AdviceNewAction)
+	if !reused.IsError || reused.Reason != interceptor.ReasonKeyReused || reused.Advice != mcpbridge.AdviceEscalate {
+		t.Errorf("key reused = %+v, want %s with advice %s", reused, interceptor.ReasonKeyReused, mcpbridge.AdviceEscalate)
 	}
 	if balance.IsError || balance.Structured["charges"] != "1" || balance.Structured["receipts"] != "1" {
 		t.Errorf("balance = %+v, want one charge and one receipt", balance.Structured)
