@@ -138,7 +138,12 @@ type Gate struct {
 
 // resolved is one tool's policy, as of one *mcp.Tool.
 type resolved struct {
-	tool         *mcp.Tool
+	tool *mcp.Tool
+	// listed is the tool as tools/list shows it: tool, or a copy with the
+	// added key argument.
+	listed *mcp.Tool
+	// added is the added key argument's name, or "".
+	added        string
 	gated        bool
 	unclassified bool
 	policy       ToolPolicy
@@ -266,7 +271,7 @@ func withDefaults(p ToolPolicy) ToolPolicy {
 // readOnlyHint or idempotentHint true is not gated, and anything else
 // (MCP's defaults) is.
 func (g *Gate) resolve(t *mcp.Tool) *resolved {
-	r := &resolved{tool: t}
+	r := &resolved{tool: t, listed: t}
 	p, named := g.opts.tools[t.Name]
 	a := t.Annotations
 	switch {
@@ -292,6 +297,26 @@ func (g *Gate) resolve(t *mcp.Tool) *resolved {
 		r.exclude[e] = true
 	}
 	schemaMarks(t.InputSchema, r.keyArgs, r.exclude)
+	r.added = p.AddKeyArgument
+	if r.added == "" {
+		r.added = g.opts.keyArgument
+	}
+	if r.added != "" {
+		if r.keyArgs[r.added] || r.exclude[r.added] {
+			r.err = fmt.Errorf("tool %q: the added key argument %q is already a key or excluded argument", t.Name, r.added)
+			return r
+		}
+		schema, err := mcpwire.WithKeyArgument(t.InputSchema, r.added)
+		if err != nil {
+			r.err = fmt.Errorf("tool %q: adding the key argument: %w", t.Name, err)
+			return r
+		}
+		listed := *t
+		listed.InputSchema = schema
+		listed.Description = strings.TrimSpace(t.Description + "\n\nRuns once per idempotency key: send the key as the argument " +
+			r.added + ", one value per action, and the same value again when you retry or repeat that action.")
+		r.listed, r.keyArgs[r.added] = &listed, true
+	}
 	return r
 }
 
@@ -350,6 +375,12 @@ func (g *Gate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 				return advertise(ir), nil
 			}
 			return res, err
+		case "tools/list":
+			res, err := next(ctx, method, req)
+			if list, ok := res.(*mcp.ListToolsResult); ok && err == nil {
+				return g.listed(list), nil
+			}
+			return res, err
 		case "tools/call":
 		default:
 			return next(ctx, method, req)
@@ -400,6 +431,34 @@ func advertise(ir *mcp.InitializeResult) *mcp.InitializeResult {
 	caps.Experimental = exp
 	out.Capabilities = &caps
 	return &out
+}
+
+// listed is a tools/list result as the gate shows it: each gated tool with
+// an added key argument in its schema.
+func (g *Gate) listed(list *mcp.ListToolsResult) *mcp.ListToolsResult {
+	var out *mcp.ListToolsResult
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for i, t := range list.Tools {
+		r, ok := g.tools[t.Name]
+		if !ok || r.tool != t {
+			r = g.resolve(t)
+			g.tools[t.Name] = r
+		}
+		if r.listed == t {
+			continue
+		}
+		if out == nil {
+			copied := *list
+			copied.Tools = append([]*mcp.Tool(nil), list.Tools...)
+			out = &copied
+		}
+		out.Tools[i] = r.listed
+	}
+	if out == nil {
+		return list
+	}
+	return out
 }
 
 // lookup returns the tool's resolved policy, as the server lists it now
@@ -485,6 +544,18 @@ func (g *Gate) gate(ctx context.Context, next mcp.MethodHandler, call *mcp.CallT
 	fingerprint, err := Fingerprint(args, r.keyArgs, r.exclude)
 	if err != nil {
 		return mcpwire.ErrorResult(grpcerr.New(codes.InvalidArgument, ReasonArgumentsInvalid, "the arguments are not canonical JSON: "+err.Error(), nil, 0)), nil
+	}
+	if r.added != "" {
+		// The tool never sees the argument the gate added.
+		_, _, rest, err := mcpwire.TakeArgument(call.Params.Arguments, r.added)
+		if err != nil {
+			return mcpwire.ErrorResult(err), nil
+		}
+		params := *call.Params
+		params.Arguments = rest
+		stripped := *call
+		stripped.Params = &params
+		call = &stripped
 	}
 	p := r.policy
 	retention := p.Retention

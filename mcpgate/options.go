@@ -11,6 +11,7 @@ import (
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate/internal/mcpwire"
 )
 
 // TenantFunc names the tenant of a tools/call, which namespaces its keys so
@@ -45,6 +46,16 @@ type ToolPolicy struct {
 	// "io.idemgate/idempotency-key": true. It never enters the fingerprint.
 	// Defaults to none.
 	KeyArgument string
+	// AddKeyArgument, when set, adds a required string argument of this
+	// name to the tool's input schema as tools/list shows it, marked as the
+	// key (SchemaKey) and described for the model: the carrier for hosts
+	// that send only the arguments the model writes and never _meta (a
+	// stock desktop or IDE host). The gate takes it out of the arguments
+	// before the tool runs, so the tool never sees it, and leaves it out of
+	// the fingerprint. It protects a call the model repeats with the same
+	// key; a model that makes up a new key for the same action runs it
+	// again. Defaults to WithKeyArgument's name, or none.
+	AddKeyArgument string
 	// ExcludeArguments name top-level arguments left out of the
 	// fingerprint (a timestamp, a trace id), in addition to those the input
 	// schema marks with "io.idemgate/exclude-from-fingerprint": true.
@@ -113,6 +124,8 @@ type options struct {
 	dedupeConn *grpc.ClientConn
 	// dedupeLogEvery is WithDedupeFailureLogInterval's.
 	dedupeLogEvery time.Duration
+	// keyArgument is WithKeyArgument's.
+	keyArgument string
 }
 
 var defaultOptions = options{
@@ -147,6 +160,16 @@ func WithTool(name string, p ToolPolicy) Option {
 		o.tools[name] = p
 	}
 }
+
+// DefaultKeyArgument is the name WithKeyArgument suggests:
+// "idempotency_key".
+const DefaultKeyArgument = mcpwire.DefaultKeyArgument
+
+// WithKeyArgument adds the key argument name (ToolPolicy.AddKeyArgument) to
+// every gated tool whose policy names none, for servers started by hosts
+// that never set _meta. New fails when a gated tool already has a property
+// of that name. Defaults to none.
+func WithKeyArgument(name string) Option { return func(o *options) { o.keyArgument = name } }
 
 // WithStrict makes New fail while the server has a tool that is neither
 // named with WithTool nor annotated, and refuses calls to such a tool added

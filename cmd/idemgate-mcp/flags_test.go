@@ -17,11 +17,11 @@ func TestParseFlagsReadsTheEnvironment(t *testing.T) {
 		"IDEMGATE_MCP_TARGET": "127.0.0.1:50052", "IDEMGATE_MCP_TARGET_TOKEN": "s3cret",
 		"IDEMGATE_MCP_LISTEN": "127.0.0.1:8080", "IDEMGATE_MCP_PLAINTEXT": "true", "IDEMGATE_MCP_CALL_TIMEOUT": "5s",
 		"IDEMGATE_MCP_DESCRIPTOR_SET": "p.binpb", "IDEMGATE_MCP_SERVICES": "a.S", "IDEMGATE_MCP_TLS_CA": "ca.pem",
-		"IDEMGATE_MCP_TLS_SERVER_NAME": "tool",
+		"IDEMGATE_MCP_TLS_SERVER_NAME": "tool", "IDEMGATE_MCP_KEY_ARGUMENT": "idempotency_key", "IDEMGATE_MCP_KEY_ARGUMENT_TOOLS": "a.S.M",
 	}
 	f, err := parseFlags([]string{"-services", "b.S"}, func(k string) string { return env[k] }, io.Discard)
 	want := flags{target: "127.0.0.1:50052", token: "s3cret", listen: "127.0.0.1:8080", plaintext: true, callTimeout: 5 * time.Second,
-		descriptorSet: "p.binpb", services: "b.S", caFile: "ca.pem", serverName: "tool"}
+		descriptorSet: "p.binpb", services: "b.S", caFile: "ca.pem", serverName: "tool", keyArgument: "idempotency_key", keyArgumentTools: "a.S.M"}
 	if err != nil || f != want {
 		t.Errorf("parseFlags = %+v, %v; want %+v", f, err, want)
 	}

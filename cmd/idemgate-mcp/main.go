@@ -8,6 +8,8 @@
 //
 // Without -listen it speaks MCP over stdio (newline-delimited JSON-RPC on
 // stdin and stdout; logs on stderr); with it, streamable HTTP at /mcp.
+// -key-argument idempotency_key adds a required key argument to every gated
+// tool, for hosts that send only the model's arguments and never _meta.
 //
 // Every flag also reads an environment variable, IDEMGATE_MCP_ and its name
 // (IDEMGATE_MCP_TARGET, IDEMGATE_MCP_LISTEN, ...; -token reads
@@ -48,6 +50,7 @@ type flags struct {
 	caFile, serverName                      string
 	token                                   string
 	callTimeout                             time.Duration
+	keyArgument, keyArgumentTools           string
 }
 
 func main() {
@@ -83,6 +86,8 @@ func parseFlags(args []string, getenv func(string) string, usage io.Writer) (fla
 	fs.StringVar(&f.serverName, "tls-server-name", "", "`name` to verify the tool server's certificate against; default: the target's host")
 	fs.StringVar(&f.token, "token", "", "bearer `token` sent to the tool server")
 	fs.DurationVar(&f.callTimeout, "call-timeout", 60*time.Second, "deadline of each forwarded call")
+	fs.StringVar(&f.keyArgument, "key-argument", "", "add a required key argument of this `name` (such as "+mcpbridge.DefaultKeyArgument+") to every gated tool, for hosts that never set _meta; default: none")
+	fs.StringVar(&f.keyArgumentTools, "key-argument-tools", "", "comma-separated full `names` of the gated tools that get -key-argument; default: every gated tool")
 	env := cliflag.Bind(fs, "IDEMGATE_MCP_", getenv, cliflag.WithName("token", "IDEMGATE_MCP_TARGET_TOKEN"))
 	if err := env.Parse(args); err != nil {
 		return flags{}, err
@@ -138,13 +143,21 @@ func run(f flags, logger *slog.Logger) error {
 	if f.services != "" {
 		cfg.Services = strings.Split(f.services, ",")
 	}
+	cfg.KeyArgument = f.keyArgument
+	if f.keyArgumentTools != "" {
+		cfg.KeyArgumentTools = strings.Split(f.keyArgumentTools, ",")
+	}
 	server, err := mcpbridge.New(cfg)
 	if err != nil {
 		return err
 	}
 	methods, _ := mcpbridge.Methods(cfg)
 	for _, m := range methods {
-		logger.Info("tool", slog.String("name", m.Tool.Name), slog.String("policy", m.Class.String()))
+		attrs := []any{slog.String("name", m.Tool.Name), slog.String("policy", m.Class.String())}
+		if m.KeyArgument != "" {
+			attrs = append(attrs, slog.String("key_argument", m.KeyArgument))
+		}
+		logger.Info("tool", attrs...)
 	}
 
 	if f.listen == "" {

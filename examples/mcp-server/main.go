@@ -178,7 +178,7 @@ func newServer(l *ledger) *mcp.Server {
 	destructive := true
 	mcp.AddTool(server, &mcp.Tool{
 		Name:        "charge_card",
-		Description: "Charges a card. Runs once per idempotency key: send it in _meta[\"" + mcpgate.MetaKey + "\"] (the tool-call id), reused on every retry.",
+		Description: "Charges a card. Runs once per idempotency key: send it as orderId (or in _meta[\"" + mcpgate.MetaKey + "\"]), one key per order, the same key again on every retry or repeat of that charge.",
 		InputSchema: schema,
 		// Not read-only, not idempotent by itself: gated.
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: &destructive},

@@ -45,6 +45,17 @@ type Config struct {
 	Name, Version string
 	// Logger logs each forwarded call's failures. Defaults to discarding.
 	Logger *slog.Logger
+	// KeyArgument, when set, adds a required string argument of this name
+	// to the input schema of every gated tool (KeyArgumentTools narrows
+	// them), marked as the key, for hosts that send only the arguments the
+	// model writes and never _meta (a stock desktop or IDE host over
+	// stdio). The bridge takes it out of the arguments and forwards it as
+	// the key; the tool server never sees it. Defaults to none: the key
+	// comes from _meta or SEP-3182's parameter only.
+	KeyArgument string
+	// KeyArgumentTools names the gated tools that get KeyArgument, by
+	// their full names. Defaults to every gated tool.
+	KeyArgumentTools []string
 }
 
 // Method is one tool the bridge serves.
@@ -55,6 +66,9 @@ type Method struct {
 	Descriptor protoreflect.MethodDescriptor
 	// Class is the method's policy class.
 	Class Class
+	// KeyArgument is the argument added to the tool's input schema that
+	// carries the key (Config.KeyArgument), or "".
+	KeyArgument string
 }
 
 // Methods returns the tools cfg would serve, in name order, without a
@@ -77,6 +91,17 @@ func Methods(cfg Config) ([]Method, error) {
 			return true
 		})
 	}
+	keyTools := map[string]bool{}
+	for _, name := range cfg.KeyArgumentTools {
+		keyTools[name] = true
+	}
+	if cfg.KeyArgument != "" {
+		if err := mcpwire.CheckKeyArgumentName(cfg.KeyArgument); err != nil {
+			return nil, fmt.Errorf("mcpbridge: %w", err)
+		}
+	} else if len(keyTools) > 0 {
+		return nil, errors.New("mcpbridge: Config.KeyArgumentTools needs Config.KeyArgument")
+	}
 	var methods []Method
 	for _, name := range names {
 		d, err := cfg.Files.FindDescriptorByName(protoreflect.FullName(name))
@@ -92,14 +117,34 @@ func Methods(cfg Config) ([]Method, error) {
 			if md.IsStreamingClient() || md.IsStreamingServer() {
 				continue
 			}
-			methods = append(methods, Method{Tool: tool(md), Descriptor: md, Class: Classify(md)})
+			m := Method{Descriptor: md, Class: Classify(md)}
+			if cfg.KeyArgument != "" && m.Class == Gated && (len(keyTools) == 0 || keyTools[string(md.FullName())]) {
+				m.KeyArgument = cfg.KeyArgument
+				delete(keyTools, string(md.FullName()))
+			}
+			t, err := tool(md, m.KeyArgument)
+			if err != nil {
+				return nil, fmt.Errorf("mcpbridge: tool %s: %w", md.FullName(), err)
+			}
+			m.Tool = t
+			methods = append(methods, m)
 		}
+	}
+	if len(keyTools) > 0 {
+		var unknown []string
+		for name := range keyTools {
+			unknown = append(unknown, name)
+		}
+		sort.Strings(unknown)
+		return nil, fmt.Errorf("mcpbridge: Config.KeyArgumentTools names %s, not gated tools this bridge serves", strings.Join(unknown, ", "))
 	}
 	sort.Slice(methods, func(i, j int) bool { return methods[i].Tool.Name < methods[j].Tool.Name })
 	return methods, nil
 }
 
-func tool(md protoreflect.MethodDescriptor) *mcp.Tool {
+// tool is the MCP tool of a method; keyArg, when set, is added to its input
+// schema as the key argument.
+func tool(md protoreflect.MethodDescriptor, keyArg string) (*mcp.Tool, error) {
 	class := Classify(md)
 	t := &mcp.Tool{
 		Name:        string(md.FullName()),
@@ -107,22 +152,33 @@ func tool(md protoreflect.MethodDescriptor) *mcp.Tool {
 		InputSchema: Schema(md.Input()),
 		Annotations: annotations(class),
 	}
+	if keyArg != "" {
+		s, err := mcpwire.WithKeyArgument(t.InputSchema, keyArg)
+		if err != nil {
+			return nil, err
+		}
+		t.InputSchema = s
+	}
 	if objectJSON(md.Output()) {
 		t.OutputSchema = Schema(md.Output())
 	}
 	desc := comment(md)
 	switch class {
 	case Gated:
+		carrier := "Send the key in _meta[\"" + MetaKey + "\"]: minted once per logical action, reused on every retry of it."
+		if keyArg != "" {
+			carrier = "Send the key as the argument " + keyArg + " (or in _meta[\"" + MetaKey + "\"]): one value per action, the same value again when you retry or repeat that action."
+		}
 		if keylessAllowed(md) {
-			desc += "\n\nHas a side effect that runs once per idempotency key. Send the key in _meta[\"" + MetaKey + "\"]: minted once per logical action (the tool-call id), reused on every retry. Keyless calls are deduplicated on their arguments for a short window."
+			desc += "\n\nHas a side effect that runs once per idempotency key. " + carrier + " Keyless calls are deduplicated on their arguments for a short window."
 		} else {
-			desc += "\n\nHas a side effect that runs once per idempotency key: a call without one is refused (IDEMPOTENCY_KEY_MISSING). Send the key in _meta[\"" + MetaKey + "\"]: minted once per logical action (the tool-call id), reused on every retry."
+			desc += "\n\nHas a side effect that runs once per idempotency key: a call without one is refused (IDEMPOTENCY_KEY_MISSING). " + carrier
 		}
 	case ReadOnly:
 		desc += "\n\nRead-only: needs no idempotency key."
 	}
 	t.Description = strings.TrimSpace(desc)
-	return t
+	return t, nil
 }
 
 // annotations maps a policy class to MCP's hints: a read-only method is
@@ -175,7 +231,7 @@ func New(cfg Config) (*mcp.Server, error) {
 	server.AddReceivingMiddleware(mcpwire.AdvertiseIdempotency)
 	f := &forwarder{conn: cfg.Conn, types: dynamicpb.NewTypes(cfg.Files), timeout: cfg.CallTimeout, logger: cfg.Logger}
 	for _, m := range methods {
-		server.AddTool(m.Tool, f.handler(m.Descriptor))
+		server.AddTool(m.Tool, f.handler(m.Descriptor, m.KeyArgument))
 	}
 	return server, nil
 }
@@ -187,7 +243,7 @@ type forwarder struct {
 	logger  *slog.Logger
 }
 
-func (f *forwarder) handler(md protoreflect.MethodDescriptor) mcp.ToolHandler {
+func (f *forwarder) handler(md protoreflect.MethodDescriptor, keyArg string) mcp.ToolHandler {
 	fullMethod := "/" + string(md.Parent().FullName()) + "/" + string(md.Name())
 	structured := objectJSON(md.Output())
 	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
@@ -195,8 +251,14 @@ func (f *forwarder) handler(md protoreflect.MethodDescriptor) mcp.ToolHandler {
 		if err != nil {
 			return mcpwire.ErrorResult(err), nil
 		}
+		args := req.Params.Arguments
+		if keyArg != "" {
+			if key, hasKey, args, err = argumentKey(key, hasKey, args, keyArg); err != nil {
+				return mcpwire.ErrorResult(err), nil
+			}
+		}
 		in := dynamicpb.NewMessage(md.Input())
-		args := bytes.TrimSpace(req.Params.Arguments)
+		args = bytes.TrimSpace(args)
 		if len(args) == 0 || bytes.Equal(args, []byte("null")) {
 			args = []byte("{}")
 		}
@@ -216,7 +278,7 @@ func (f *forwarder) handler(md protoreflect.MethodDescriptor) mcp.ToolHandler {
 			if grpcerr.Reason(err) == interceptor.ReasonKeyMissing {
 				// The tool server names its gRPC carrier; the MCP client
 				// has its own.
-				err = mcpwire.ReplaceMessage(err, mcpwire.KeyMissingMessage())
+				err = mcpwire.ReplaceMessage(err, mcpwire.KeyMissingMessage(keyArgNames(keyArg)...))
 			}
 			return mcpwire.ErrorResult(err), nil
 		}
@@ -235,6 +297,34 @@ func (f *forwarder) handler(md protoreflect.MethodDescriptor) mcp.ToolHandler {
 		res.SetMeta(meta)
 		return res, nil
 	}
+}
+
+// argumentKey takes the key argument out of args: the key is _meta's (key,
+// hasKey) or the argument's, and both present and different is
+// IDEMPOTENCY_KEY_CONFLICT.
+func argumentKey(key string, hasKey bool, args json.RawMessage, name string) (string, bool, json.RawMessage, error) {
+	argKey, hasArg, rest, err := mcpwire.TakeArgument(args, name)
+	switch {
+	case err != nil:
+		return "", false, nil, err
+	case !hasArg:
+		return key, hasKey, rest, nil
+	case hasKey && argKey != key:
+		return "", false, nil, grpcerr.New(codes.InvalidArgument, interceptor.ReasonKeyConflict,
+			fmt.Sprintf("_meta and the argument %s carry different idempotency keys; send one, or the same in both", name),
+			map[string]string{"field": name}, 0)
+	}
+	if err := mcpwire.CheckKeyChars(argKey); err != nil {
+		return "", false, nil, err
+	}
+	return argKey, true, rest, nil
+}
+
+func keyArgNames(keyArg string) []string {
+	if keyArg == "" {
+		return nil
+	}
+	return []string{keyArg}
 }
 
 func headerTrue(md metadata.MD, name string) bool {

@@ -30,8 +30,9 @@ const chargeTool = "examples.payments.v1.PaymentsService.ChargeCard"
 // setup runs the example payments server, gated, with server reflection,
 // and a bridge built from what reflection reports, reached by the go-sdk
 // client in memory. provider, when set, is the simulated provider's answer
-// (payments.Server.Provider).
-func setup(t *testing.T, callTimeout time.Duration, provider func(context.Context) error) (*mcp.ClientSession, *payments.Ledger) {
+// (payments.Server.Provider); configure, when given, changes the bridge's
+// configuration.
+func setup(t *testing.T, callTimeout time.Duration, provider func(context.Context) error, configure ...func(*mcpbridge.Config)) (*mcp.ClientSession, *payments.Ledger) {
 	t.Helper()
 	ledger := &payments.Ledger{}
 	stack := stacktest.StartEmbedded(t, func(s *grpc.Server) {
@@ -43,7 +44,11 @@ func setup(t *testing.T, callTimeout time.Duration, provider func(context.Contex
 	if err != nil {
 		t.Fatal(err)
 	}
-	server, err := mcpbridge.New(mcpbridge.Config{Conn: stack.Tool, Files: files, CallTimeout: callTimeout})
+	cfg := mcpbridge.Config{Conn: stack.Tool, Files: files, CallTimeout: callTimeout}
+	for _, c := range configure {
+		c(&cfg)
+	}
+	server, err := mcpbridge.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,6 +30,9 @@ const (
 	// ParamKey is SEP-3182's tools/call parameter carrying the key (a
 	// proposal, not part of the MCP specification).
 	ParamKey = mcpwire.ParamKey
+	// DefaultKeyArgument is the name suggested for Config.KeyArgument:
+	// "idempotency_key".
+	DefaultKeyArgument = mcpwire.DefaultKeyArgument
 	// CapabilityName is the experimental capability the bridge advertises:
 	// {"metaKey": MetaKey, "param": ParamKey}.
 	CapabilityName = mcpwire.CapabilityName

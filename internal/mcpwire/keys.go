@@ -77,13 +77,23 @@ func CallKey(meta map[string]any) (key string, ok bool, err error) {
 	default:
 		return "", false, nil
 	}
+	if err := CheckKeyChars(key); err != nil {
+		return "", false, err
+	}
+	return key, true, nil
+}
+
+// CheckKeyChars refuses, IDEMPOTENCY_KEY_INVALID, a key with a byte that
+// is not printable ASCII, before it reaches a gRPC header; the tool server
+// checks the rest (length, spaces) with the same reason.
+func CheckKeyChars(key string) error {
 	for i := 0; i < len(key); i++ {
 		if key[i] < 0x20 || key[i] > 0x7e {
-			return "", false, grpcerr.New(codes.InvalidArgument, gatecore.ReasonKeyInvalid,
+			return grpcerr.New(codes.InvalidArgument, gatecore.ReasonKeyInvalid,
 				"the idempotency key must be 1 to 255 bytes of printable ASCII", nil, 0)
 		}
 	}
-	return key, true, nil
+	return nil
 }
 
 func metaString(meta map[string]any, name string) (string, bool, error) {

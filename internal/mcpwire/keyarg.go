@@ -1,0 +1,144 @@
+package mcpwire
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"regexp"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate/internal/grpcerr"
+)
+
+// An added key argument is the carrier for hosts that send nothing but the
+// arguments the model writes (a stock desktop or IDE host starting a server
+// over stdio never sets _meta): the tool's listed input schema gains a
+// required string property the model fills, and the gate takes it out of
+// the arguments before the tool runs, so the tool never sees it.
+const (
+	// DefaultKeyArgument is the name an added key argument gets when none is
+	// chosen: "idempotency_key".
+	DefaultKeyArgument = "idempotency_key"
+	// SchemaKeyMark marks, in a tool's input schema, the property that
+	// carries the idempotency key: "io.idemgate/idempotency-key": true.
+	SchemaKeyMark = "io.idemgate/idempotency-key"
+	// KeyArgumentHeader is the x-mcp-header name of an added key argument
+	// (SEP-2243, protocol 2026-07-28): clients over streamable HTTP mirror
+	// its value into the Mcp-Param-Idempotency-Key request header, so a
+	// proxy or a log sees the key without parsing the body.
+	KeyArgumentHeader = "Idempotency-Key"
+	// KeyArgumentDescription is what the model reads of an added key
+	// argument: the value names the action, not the call.
+	KeyArgumentDescription = "Idempotency key of this action. Make one up the first time you take the action " +
+		"(a fresh UUID, or the id of the thing it acts on, such as an order id) and send exactly the same value " +
+		"when you retry or repeat the same action: the action then runs once and the retry gets its first result. " +
+		"A new value is a new action and runs again. 1 to 255 printable ASCII characters."
+)
+
+// keyArgumentName is what an added key argument may be called: a plain
+// identifier, so no host or schema tool mangles it.
+var keyArgumentName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_.-]{0,63}$`)
+
+// CheckKeyArgumentName refuses a name an added key argument cannot have:
+// 1 to 64 characters, a letter or "_" then letters, digits, "_", "." or "-".
+func CheckKeyArgumentName(name string) error {
+	if !keyArgumentName.MatchString(name) {
+		return fmt.Errorf("key argument name %q must be 1 to 64 characters: a letter or _ then letters, digits, _, . or -", name)
+	}
+	return nil
+}
+
+// KeyArgumentSchema is the JSON Schema of an added key argument: a string
+// the idemgate key rules accept, marked as the key (SchemaKeyMark) and as
+// the x-mcp-header KeyArgumentHeader, described for the model.
+func KeyArgumentSchema() map[string]any {
+	return map[string]any{
+		"type":         "string",
+		"minLength":    1,
+		"maxLength":    255,
+		"pattern":      `^[!-~]([ -~]*[!-~])?$`,
+		"description":  KeyArgumentDescription,
+		SchemaKeyMark:  true,
+		"x-mcp-header": KeyArgumentHeader,
+	}
+}
+
+// WithKeyArgument returns a copy of a tool's input schema (any JSON object
+// schema: a *jsonschema.Schema, a map, raw JSON) with a required top-level
+// property name added (KeyArgumentSchema). It fails when the schema is not
+// an object schema, already has a property of that name, or already
+// mirrors another property as KeyArgumentHeader.
+func WithKeyArgument(schema any, name string) (map[string]any, error) {
+	if err := CheckKeyArgumentName(name); err != nil {
+		return nil, err
+	}
+	raw, err := json.Marshal(schema)
+	if err != nil {
+		return nil, fmt.Errorf("the input schema does not encode: %w", err)
+	}
+	var s map[string]any
+	if err := json.Unmarshal(raw, &s); err != nil || s == nil {
+		return nil, fmt.Errorf("the input schema is not a JSON object")
+	}
+	if t, ok := s["type"]; ok && t != "object" {
+		return nil, fmt.Errorf("the input schema's type is %v, not object", t)
+	}
+	props, _ := s["properties"].(map[string]any)
+	if props == nil {
+		props = map[string]any{}
+	}
+	if _, taken := props[name]; taken {
+		return nil, fmt.Errorf("the input schema already has a property %q: choose another key argument name", name)
+	}
+	for other, p := range props {
+		if m, ok := p.(map[string]any); ok {
+			if h, _ := m["x-mcp-header"].(string); equalFold(h, KeyArgumentHeader) {
+				return nil, fmt.Errorf("the property %q is already mirrored as the header %s", other, KeyArgumentHeader)
+			}
+		}
+	}
+	props[name] = KeyArgumentSchema()
+	s["properties"] = props
+	s["type"] = "object"
+	required, _ := s["required"].([]any)
+	s["required"] = append(required, name)
+	return s, nil
+}
+
+func equalFold(a, b string) bool { return bytes.EqualFold([]byte(a), []byte(b)) }
+
+// TakeArgument splits the call's arguments (a JSON object, or nothing) into
+// the value of the top-level member name and the rest, which is what the
+// tool gets. The rest keeps every other member's bytes; members come out
+// in sorted order. A missing member, or a null or "" one, is no key. A
+// member that is not a string is IDEMPOTENCY_KEY_INVALID; arguments that
+// are not an object are MCP_ARGUMENTS_INVALID.
+func TakeArgument(args json.RawMessage, name string) (key string, ok bool, rest json.RawMessage, err error) {
+	trimmed := bytes.TrimSpace(args)
+	if len(trimmed) == 0 || bytes.Equal(trimmed, []byte("null")) {
+		return "", false, args, nil
+	}
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(trimmed, &members); err != nil || members == nil {
+		return "", false, nil, grpcerr.New(codes.InvalidArgument, ReasonArgumentsInvalid, "the arguments are not a JSON object", nil, 0)
+	}
+	v, present := members[name]
+	if !present {
+		return "", false, args, nil
+	}
+	delete(members, name)
+	if rest, err = json.Marshal(members); err != nil {
+		return "", false, nil, err
+	}
+	v = bytes.TrimSpace(v)
+	if bytes.Equal(v, []byte("null")) {
+		return "", false, rest, nil
+	}
+	if json.Unmarshal(v, &key) != nil {
+		return "", false, nil, grpcerr.New(codes.InvalidArgument, gatecore.ReasonKeyInvalid,
+			"the key argument "+name+" must be a string", map[string]string{"field": name}, 0)
+	}
+	return key, key != "", rest, nil
+}

@@ -1,0 +1,155 @@
+package mcpgate_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/idemgate/idemgate/mcpgate"
+)
+
+// listedSchema is a listed tool's input schema: its properties and required
+// names.
+type listedSchema struct {
+	Properties map[string]map[string]any `json:"properties"`
+	Required   []string                  `json:"required"`
+}
+
+func listTools(t *testing.T, s *mcp.ClientSession) map[string]*mcp.Tool {
+	t.Helper()
+	res, err := s.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*mcp.Tool{}
+	for _, tool := range res.Tools {
+		out[tool.Name] = tool
+	}
+	return out
+}
+
+func schemaOf(t *testing.T, tool *mcp.Tool) listedSchema {
+	t.Helper()
+	b, err := json.Marshal(tool.InputSchema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s listedSchema
+	if err := json.Unmarshal(b, &s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// A host that sends only the model's arguments (no _meta) gets a charge
+// once per key through the added key argument, against the real Dedupe
+// service on PostgreSQL: listed on gated tools only, required and marked;
+// taken out before the typed tool (whose schema refuses unknown
+// properties) runs; left out of the fingerprint; concurrent duplicates run
+// once.
+func TestAddedKeyArgumentGatesAStockHostsCall(t *testing.T) {
+	f := setup(t, grpcDedupe(t), mcpgate.WithKeyArgument(mcpgate.DefaultKeyArgument))
+	tools := listTools(t, f.client)
+	for name, tool := range tools {
+		s := schemaOf(t, tool)
+		prop, listed := s.Properties["idempotency_key"]
+		if gated := name != "balance"; listed != gated {
+			t.Errorf("%s: key argument listed = %v, want %v", name, listed, gated)
+			continue
+		}
+		if !listed {
+			continue
+		}
+		if prop[mcpgate.SchemaKey] != true || prop["type"] != "string" || !strings.Contains(strings.Join(s.Required, ","), "idempotency_key") {
+			t.Errorf("%s: key argument %v, required %v", name, prop, s.Required)
+		}
+		if !strings.Contains(tool.Description, "idempotency_key") {
+			t.Errorf("%s: description %q does not name the argument", name, tool.Description)
+		}
+	}
+	if _, ok := schemaOf(t, tools["charge"]).Properties["order_id"]; !ok {
+		t.Error("the tool's own properties are gone from the listed schema")
+	}
+
+	args := func(key string) map[string]any {
+		return map[string]any{"customer": "cust_host", "amount": 700, "idempotency_key": key}
+	}
+	first := call(t, f.client, "charge", "", args("order-1"))
+	out := structured(t, first)
+	if replayed(first) {
+		t.Fatal("the first call is marked replayed")
+	}
+	var wg sync.WaitGroup
+	results := make([]*mcp.CallToolResult, 8)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = call(t, f.client, "charge", "", args("order-1"))
+		}()
+	}
+	wg.Wait()
+	for i, res := range results {
+		if got := structured(t, res); !replayed(res) || got["charge_id"] != out["charge_id"] {
+			t.Errorf("duplicate %d: %v replayed=%v, want the replay of %v", i, got, replayed(res), out)
+		}
+	}
+	if c := f.tools.charges.Load(); c != 1 {
+		t.Fatalf("charges = %d after nine calls with one key, want 1", c)
+	}
+	// A new key is a new action with the same arguments: the key argument
+	// is not in the fingerprint, so it is not KEY_REUSED either.
+	if res := call(t, f.client, "charge", "", args("order-2")); replayed(res) || structured(t, res)["charge_id"] == out["charge_id"] {
+		t.Errorf("a new key = %+v, want a new charge", res)
+	}
+	if c := f.tools.charges.Load(); c != 2 {
+		t.Errorf("charges = %d, want 2", c)
+	}
+	e := wantReason(t, call(t, f.client, "charge", "", map[string]any{"customer": "cust_host", "amount": 700}), mcpgate.ReasonKeyMissing)
+	if msg, _ := e["message"].(string); !strings.Contains(msg, "idempotency_key") {
+		t.Errorf("KEY_MISSING message %q does not name the key argument", msg)
+	}
+	wantReason(t, call(t, f.client, "charge", "", map[string]any{"customer": "cust_host", "amount": 700, "idempotency_key": 5}), mcpgate.ReasonKeyInvalid)
+	wantReason(t, call(t, f.client, "charge", "other", args("order-1")), mcpgate.ReasonKeyConflict)
+	if c := f.tools.charges.Load(); c != 2 {
+		t.Errorf("charges = %d after refusals, want 2", c)
+	}
+}
+
+// ToolPolicy.AddKeyArgument adds the argument to one tool; New refuses an
+// argument the tool already has and a name a host cannot send.
+func TestAddedKeyArgumentPerTool(t *testing.T) {
+	f := setup(t, embeddedDedupe(t), mcpgate.WithTool("flaky", mcpgate.ToolPolicy{AddKeyArgument: "action_key"}))
+	listed := listTools(t, f.client)
+	if _, ok := schemaOf(t, listed["flaky"]).Properties["action_key"]; !ok {
+		t.Error("flaky does not list its key argument")
+	}
+	if _, ok := schemaOf(t, listed["charge"]).Properties["action_key"]; ok {
+		t.Error("charge lists a key argument it was not given")
+	}
+	call(t, f.client, "flaky", "", map[string]any{"action_key": "a-1"}) // card declined: released
+	if res := call(t, f.client, "flaky", "", map[string]any{"action_key": "a-1"}); res.IsError || replayed(res) {
+		t.Fatalf("flaky's second run = %+v", res)
+	}
+	if res := call(t, f.client, "flaky", "", map[string]any{"action_key": "a-1"}); !replayed(res) {
+		t.Fatalf("flaky again = %+v, want the replay", res)
+	}
+
+	for _, c := range []struct {
+		opt  mcpgate.Option
+		want string
+	}{
+		{mcpgate.WithKeyArgument("customer"), "already has a property"},
+		{mcpgate.WithKeyArgument("order_id"), "already a key"},
+		{mcpgate.WithTool("charge", mcpgate.ToolPolicy{AddKeyArgument: "two words"}), "key argument name"},
+	} {
+		_, err := mcpgate.New(context.Background(), embeddedDedupe(t), (&tools{}).newServer(), c.opt)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("New: %v, want an error containing %q", err, c.want)
+		}
+	}
+}
