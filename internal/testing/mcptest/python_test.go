@@ -17,6 +17,7 @@ import (
 // call, or the explanation of what a tool-call-id key would have done.
 type agentLine struct {
 	Capabilities map[string]any `json:"capabilities"`
+	KeyArgument  string         `json:"keyArgument"` // the Go agent's only
 	ToolCallID   string         `json:"toolCallId"`
 	Tool         string         `json:"tool"`
 	Key          string         `json:"key"`
