@@ -172,6 +172,8 @@ type line struct {
 	ToolCallID string `json:"toolCallId"`
 	Tool       string `json:"tool"`
 	Key        string `json:"key,omitempty"`
+	// Arguments are the arguments sent (the model's, with the runtime's key).
+	Arguments map[string]any `json:"arguments,omitempty"`
 	// Sent is false when the runtime refused the call itself.
 	Sent       bool   `json:"sent"`
 	Attempts   int    `json:"attempts"`
@@ -200,7 +202,7 @@ func (r *runtime) call(ctx context.Context, tc toolCall, note string) (line, err
 		l.Key = key
 		args[r.keyArg] = key // the runtime's key, never one the model made up
 	}
-	l.Sent = true
+	l.Sent, l.Arguments = true, args
 	const maxAttempts = 5
 	for l.Attempts = 1; ; l.Attempts++ {
 		callCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)

@@ -88,7 +88,8 @@ func connectNative(t *testing.T, endpoint string) *mcp.ClientSession {
 // its answer lost, the runtime's retry of the same tool call (same
 // tool-call id, same key) gets the replay; the model's re-emission is a new
 // tool call with a new tool-call id and another note (left out of the
-// fingerprint), keyed by the order, and gets the same replay; the explain
+// fingerprint), keyed by the order, and gets the same replay; every charge
+// sent carries its key in orderId, the schema-marked argument; the explain
 // line names the tool-call-id key it did not use. Order B is charged under
 // its own key; a charge naming an order id the model made up is not sent;
 // order A's charge with another amount is refused with
@@ -127,6 +128,14 @@ func checkGoAgent(t *testing.T, stdout *bytes.Buffer, conversation, orderA, orde
 	}
 	if lost.IsError || lost.Replayed || retry.IsError || !retry.Replayed || reemit.IsError || !reemit.Replayed {
 		t.Errorf("order A: lost %+v, retry %+v, re-emit %+v: want one run, then replays marked _meta[%q]", lost, retry, reemit, mcpgate.MetaReplayed)
+	}
+	for _, l := range []agentLine{lost, retry, reemit, second, reused} {
+		if l.Arguments["orderId"] != l.Key {
+			t.Errorf("%s %q sent orderId %v under the key %q, want the key in the schema-marked argument", l.Tool, l.Note, l.Arguments["orderId"], l.Key)
+		}
+	}
+	if reemit.Arguments["note"] == lost.Arguments["note"] {
+		t.Errorf("the re-emitted charge has the note %v, want another one (left out of the fingerprint)", reemit.Arguments["note"])
 	}
 	if !sameAnswer(lost, retry) || !sameAnswer(lost, reemit) {
 		t.Errorf("replays differ from the run:\n%s\n%s\n%s", lost.Text, retry.Text, reemit.Text)

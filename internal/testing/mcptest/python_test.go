@@ -28,7 +28,8 @@ type agentLine struct {
 	Replayed     bool           `json:"replayed"`
 	Structured   map[string]any `json:"structured"`
 	Text         string         `json:"text"`
-	Sent         *bool          `json:"sent"` // the Go agent's only
+	Sent         *bool          `json:"sent"`      // the Go agent's only
+	Arguments    map[string]any `json:"arguments"` // the Go agent's only
 
 	Explain       string `json:"explain"`
 	ToolCallIDKey string `json:"toolCallIdKey"`
