@@ -4,23 +4,35 @@ Python standard library only (no MCP client library): MCP over stdio
 (newline-delimited JSON-RPC to the bridge as a child process) or over
 streamable HTTP (urllib).
 
-The orchestration layer, not the model, owns the idempotency key: each
-tool call the model emits has an id (OpenAI's tool_call.id, Anthropic's
-tool_use.id), stable for that call, so the key is "<conversation>/<tool
-call id>". Every retry of that call -- after a lost answer, a timeout, or
-the model emitting the same call again -- reuses it, and the tool runs once.
+The orchestration layer, not the model, owns the idempotency key, and which
+key covers which retry depends on who retries:
+
+- A retry of ONE tool call below the model (the answer was lost, a timeout,
+  a framework retry, an MCP client re-issuing a request whose stream broke)
+  resends that call: same tool-call id (OpenAI's tool_call.id, Anthropic's
+  tool_use.id), same key, and the tool runs once.
+- The model calling again (unsure whether the charge went through) is a NEW
+  tool call: real model APIs give it a new id. A key made from the tool-call
+  id would be new too, and the card would be charged twice. So this runtime
+  keys each side effect by the action it decided before the model ran:
+  "order/<order id>/charge", "order/<order id>/receipt". The model's second
+  call gets the same key and the first charge's replay.
+
+The simulated model below gives every tool call a fresh id, as real APIs do.
 
     agent.py --stdio idemgate-mcp -target 127.0.0.1:50052 -plaintext
     agent.py --http http://127.0.0.1:8080/mcp
 
-It prints one JSON line per tool call (what happened, the key, whether the
-answer was a replay) and exits 0. --carrier param sends the key as
-SEP-3182's idempotencyKey parameter instead of _meta.
+It prints one JSON line per tool call (what happened, the tool-call id, the
+key, whether the answer was a replay), plus one "explain" line saying what a
+tool-call-id key would have done, and exits 0. --carrier param sends the key
+as SEP-3182's idempotencyKey parameter instead of _meta.
 """
 
 import argparse
 import itertools
 import json
+import secrets
 import subprocess
 import sys
 import time
@@ -147,29 +159,60 @@ def error_of(result):
     return (result.get("_meta") or {}).get("io.idemgate/error") or {}
 
 
-def call_action(client, conversation, tool_call, carrier, max_attempts=5):
-    """Runs one tool call the model emitted, as one logical action: the key
-    is minted from the tool call's id, and every retry reuses it. What the
-    caller does with each refusal is decided by its reason."""
-    key = f"{conversation}/{tool_call['id']}"
-    for attempt in range(1, max_attempts + 1):
-        result = client.call_tool(tool_call["name"], tool_call["arguments"], key, carrier)
-        err = error_of(result)
-        advice = err.get("advice")
-        if not result.get("isError"):
+class SimulatedModel:
+    """Stands in for a model API: every tool call it emits gets a new id,
+    as OpenAI's and Anthropic's do, even when it repeats a call it made
+    before."""
+
+    def emit(self, name, arguments):
+        return {"id": "call_" + secrets.token_hex(6), "name": name, "arguments": arguments}
+
+
+class Runtime:
+    """The orchestration layer. It decided the actions before the model ran
+    (this conversation pays one order: charge it, then send its receipt) and
+    keys every side effect by that action, never by the tool-call id: every
+    call the model makes for the order's charge, whatever its id, carries
+    "order/<order id>/charge"."""
+
+    def __init__(self, client, order, carrier):
+        self.client = client
+        self.carrier = carrier
+        self.action_keys = {CHARGE: f"order/{order}/charge", RECEIPT: f"order/{order}/receipt"}
+
+    def key_for(self, tool_call):
+        """The key of the action this tool call belongs to; None for a read."""
+        return self.action_keys.get(tool_call["name"])
+
+    def run(self, tool_call, max_attempts=5):
+        """Runs one tool call, retrying it by the refusal's advice. Every
+        retry resends the same call: same tool-call id, same key."""
+        key = self.key_for(tool_call)
+        for attempt in range(1, max_attempts + 1):
+            result = self.client.call_tool(tool_call["name"], tool_call["arguments"], key, self.carrier)
+            err = error_of(result)
+            if not result.get("isError"):
+                return key, attempt, result
+            if err.get("advice") == "retry_same_key":
+                # IDEMPOTENCY_IN_FLIGHT, IDEMPOTENCY_STORE_UNAVAILABLE, a
+                # quota: the same key gets the action's outcome, never a
+                # second run.
+                time.sleep(err.get("retryAfterSeconds", 0.2))
+                continue
+            # escalate (IDEMPOTENCY_OUTCOME_UNKNOWN, IDEMPOTENCY_KEY_REUSED,
+            # ...): a human or a reconciler decides; retrying cannot tell
+            # what happened, and a reused key means the calls under it differ,
+            # which a new key would turn into a second side effect.
+            # fix_request: the call itself is wrong.
             return key, attempt, result
-        if advice == "retry_same_key":
-            # IDEMPOTENCY_IN_FLIGHT, IDEMPOTENCY_STORE_UNAVAILABLE, a quota:
-            # the same key gets the action's outcome, never a second run.
-            time.sleep(err.get("retryAfterSeconds", 0.2))
-            continue
-        # escalate (IDEMPOTENCY_OUTCOME_UNKNOWN, IDEMPOTENCY_KEY_REUSED, ...):
-        # a human or a reconciler decides; retrying cannot tell what
-        # happened, and a reused key is a bug in the orchestration, which a
-        # new key would turn into a second side effect.
-        # fix_request: the call itself is wrong.
-        return key, attempt, result
-    return key, max_attempts, result
+        return key, max_attempts, result
+
+
+def text_of(result):
+    for c in result.get("content") or []:
+        if c.get("type") == "text":
+            return c.get("text")
+    return None
 
 
 def report(tool_call, key, attempts, result, note=""):
@@ -185,6 +228,7 @@ def report(tool_call, key, attempts, result, note=""):
         "advice": err.get("advice"),
         "replayed": (result.get("_meta") or {}).get("io.idemgate/replayed"),
         "structured": result.get("structuredContent"),
+        "text": text_of(result),
     }), flush=True)
 
 
@@ -192,7 +236,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--http", help="the bridge's streamable HTTP endpoint")
     ap.add_argument("--stdio", nargs=argparse.REMAINDER, help="the bridge command and its flags")
-    ap.add_argument("--conversation", default="conv-1", help="the conversation (agent run) id")
+    ap.add_argument("--conversation", default="conv-1", help="the conversation (agent run) id, for the explain line")
+    ap.add_argument("--order", default="ord_" + secrets.token_hex(4), help="the order this run pays (default: a new one)")
     ap.add_argument("--customer", default="cust_py")
     ap.add_argument("--carrier", choices=["meta", "param"], default="meta")
     args = ap.parse_args()
@@ -201,32 +246,46 @@ def main():
     conn = HTTPMCP(args.http) if args.http else StdioMCP(args.stdio)
     client = Client(conn)
     print(json.dumps({"capabilities": client.capabilities}), flush=True)
+    model = SimulatedModel()
+    runtime = Runtime(client, args.order, args.carrier)
 
     # The model's first turn: charge the order. The bridge's answer is lost
-    # on the way back (simulated: dropped), so the runtime retries it.
-    charge = {"id": "call_7QXf2", "name": CHARGE, "arguments": {"customerId": args.customer, "amountCents": 4200}}
-    key, attempts, lost = call_action(client, args.conversation, charge, args.carrier)
-    report(charge, key, attempts, lost, "answer lost")
-    key, attempts, result = call_action(client, args.conversation, charge, args.carrier)
-    report(charge, key, attempts, result, "runtime retry")
+    # on the way back (simulated: dropped), so the runtime retries the SAME
+    # tool call: same tool-call id, same key; the tool replays.
+    charge = model.emit(CHARGE, {"customerId": args.customer, "amountCents": 4200})
+    report(charge, *runtime.run(charge), "answer lost")
+    key, attempts, result = runtime.run(charge)
+    report(charge, key, attempts, result, "runtime retry: same tool call")
     charge_id = result["structuredContent"]["chargeId"]
 
-    # The model, unsure, emits the same tool call again: same id, same key.
-    key, attempts, again = call_action(client, args.conversation, charge, args.carrier)
-    report(charge, key, attempts, again, "model re-emits")
+    # The model, unsure the charge went through, calls again: a NEW tool
+    # call with a new id. The runtime keys it by the action (this order's
+    # charge), so the key is the same and the answer is the first charge's
+    # replay: one charge.
+    again = model.emit(CHARGE, {"customerId": args.customer, "amountCents": 4200})
+    report(again, *runtime.run(again), "model re-emits: new tool-call id")
+    tool_call_key = f"{args.conversation}/{again['id']}"
+    print(json.dumps({
+        "explain": f"keyed by the tool-call id, the re-emitted call would have carried {tool_call_key}, "
+                   "a key the tool server had never seen, and the card would have been charged a second time; "
+                   f"keyed by the action it carried {runtime.key_for(again)} and got the first charge's replay",
+        "toolCallIdKey": tool_call_key,
+        "actionKey": runtime.key_for(again),
+    }), flush=True)
 
-    # Next turn: a receipt, a new tool call, a new key.
-    receipt = {"id": "call_Hk3p9", "name": RECEIPT, "arguments": {"customerId": args.customer, "chargeId": charge_id}}
-    report(receipt, *call_action(client, args.conversation, receipt, args.carrier))
+    # Next turn: the order's receipt, another action, another key.
+    receipt = model.emit(RECEIPT, {"customerId": args.customer, "chargeId": charge_id})
+    report(receipt, *runtime.run(receipt))
 
-    # A bug in the orchestration: a new action (another amount) under the
-    # charge's key is refused with IDEMPOTENCY_KEY_REUSED, advice escalate.
-    wrong = {"id": charge["id"], "name": CHARGE, "arguments": {"customerId": args.customer, "amountCents": 9900}}
-    report(wrong, *call_action(client, args.conversation, wrong, args.carrier), "key reused for another action")
+    # The model calls the order's charge again with another amount: the
+    # action's key with other arguments is refused (IDEMPOTENCY_KEY_REUSED,
+    # advice escalate); nothing is charged, and a person decides.
+    wrong = model.emit(CHARGE, {"customerId": args.customer, "amountCents": 9900})
+    report(wrong, *runtime.run(wrong), "model re-emits with another amount")
 
     # A read needs no key.
-    balance = {"id": "call_b4L", "name": BALANCE, "arguments": {"customerId": args.customer}}
-    report(balance, None, 1, client.call_tool(BALANCE, balance["arguments"]))
+    balance = model.emit(BALANCE, {"customerId": args.customer})
+    report(balance, *runtime.run(balance))
     conn.close()
 
 

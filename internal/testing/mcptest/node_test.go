@@ -153,15 +153,16 @@ func TestTypeScriptSDKClient(t *testing.T) {
 				t.Errorf("idempotencyKey parameter: first = %+v, second = %+v", out.SepFirst, out.SepSecond)
 			}
 			// order-1, order-2 and order-3 each charged once.
-			if c := out.Balance.StructuredContent["charges"]; c != "3" {
+			if c := out.Balance.StructuredContent["charges"]; !wantInt(c, 3) {
 				t.Errorf("balance = %v, want 3 charges", out.Balance.StructuredContent)
 			}
 		})
 	}
 }
 
-// The TypeScript agent example (the official SDK's Client, keyed by the
-// tool-call id), over stdio and streamable HTTP.
+// The TypeScript agent example (the official SDK's Client; side effects
+// keyed by the action, so the model's re-emitted charge, a new tool call,
+// gets the replay), over stdio and streamable HTTP.
 func TestTypeScriptAgentExample(t *testing.T) {
 	node := require(t, "node", "install Node.js 18 or later")
 	dir, _ := filepath.Abs(filepath.Join("..", "..", "..", "examples", "mcp-typescript-agent"))
@@ -169,7 +170,7 @@ func TestTypeScriptAgentExample(t *testing.T) {
 	s := startStack(t)
 	for _, mode := range []string{"stdio", "http"} {
 		t.Run(mode, func(t *testing.T) {
-			args := []string{filepath.Join(dir, "agent.mjs"), "--conversation", "conv-ts-" + mode, "--customer", "cust_tsagent_" + mode}
+			args := []string{filepath.Join(dir, "agent.mjs"), "--conversation", "conv-ts-" + mode, "--order", "ord_ts_" + mode, "--customer", "cust_tsagent_" + mode}
 			if mode == "stdio" {
 				args = append(append(args, "--stdio", s.bridgeBin), s.bridgeArgs()...)
 			} else {
@@ -182,7 +183,7 @@ func TestTypeScriptAgentExample(t *testing.T) {
 			if err := cmd.Run(); err != nil {
 				t.Fatalf("agent.mjs: %v\n%s", err, stdout.String())
 			}
-			checkAgent(t, &stdout, "conv-ts-"+mode, false)
+			checkAgent(t, &stdout, "conv-ts-"+mode, "ord_ts_"+mode, false)
 		})
 	}
 }
