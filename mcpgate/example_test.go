@@ -56,7 +56,7 @@ func Example() {
 		res, err := client.CallTool(ctx, &mcp.CallToolParams{
 			Name:      "charge",
 			Arguments: map[string]any{"customer": "cust_17", "amount": 4200},
-			Meta:      mcp.Meta{mcpgate.MetaKey: "conversation-1/toolu_01"}, // the tool-call id
+			Meta:      mcp.Meta{mcpgate.MetaKey: "order/17/charge"}, // the action's key, the same on every retry
 		})
 		if err != nil {
 			log.Fatal(err)

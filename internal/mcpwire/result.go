@@ -92,13 +92,24 @@ const OutcomeUnknownText = "Do not retry this action, with this key or with a ne
 	"Tell the user that the action may or may not have happened, and that a person needs to check " +
 	"what happened before it is tried again."
 
+// KeyReusedText is what the model reads of an IDEMPOTENCY_KEY_REUSED
+// refusal: the gRPC message's "use a new key for a new action" would have
+// an agent loop mint a key and run an action that may already be done.
+const KeyReusedText = "This idempotency key was already used with other arguments, so nothing ran. " +
+	"If this is the action taken before with this key, it has already been done: do not take it again. " +
+	"If it is a different action, ask the user before taking it with a new key."
+
 // ModelText is the part of an error result's text written for the model,
 // for an error of the reason with the status message message: the message,
-// except for reasons whose message is written for operators
-// (IDEMPOTENCY_OUTCOME_UNKNOWN: OutcomeUnknownText).
+// except for reasons whose message is written for operators or for gRPC
+// callers (IDEMPOTENCY_OUTCOME_UNKNOWN: OutcomeUnknownText;
+// IDEMPOTENCY_KEY_REUSED: KeyReusedText).
 func ModelText(reason, message string) string {
-	if reason == gatecore.ReasonOutcomeUnknown {
+	switch reason {
+	case gatecore.ReasonOutcomeUnknown:
 		return OutcomeUnknownText
+	case gatecore.ReasonKeyReused:
+		return KeyReusedText
 	}
 	return message
 }

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate/internal/grpcerr"
 )
 
 // A key reused with other arguments is escalated, as the gRPC callers'
@@ -43,5 +44,24 @@ func TestOutcomeUnknownTextIsForTheModel(t *testing.T) {
 	e, _ := res.Meta[MetaError].(map[string]any)
 	if msg, _ := e["message"].(string); !strings.Contains(msg, "idemctl") || e["reason"] != gatecore.ReasonOutcomeUnknown || e["advice"] != AdviceEscalate {
 		t.Errorf("_meta error = %+v, want the operator's message, the reason and advice escalate", e)
+	}
+}
+
+// The model reads an IDEMPOTENCY_KEY_REUSED refusal's text: not the gRPC
+// message's "use a new key", which would have an agent loop run an action
+// that may be done already, but: nothing ran, do not take it again, ask the
+// user before a new key.
+func TestKeyReusedTextIsForTheModel(t *testing.T) {
+	err := grpcerr.New(codes.FailedPrecondition, gatecore.ReasonKeyReused,
+		"this idempotency key was first used with a different request; use a new key for a new action", nil, 0)
+	res := ErrorResult(err)
+	text := res.Content[0].(*mcp.TextContent).Text
+	for _, want := range []string{"IDEMPOTENCY_KEY_REUSED", "nothing ran", "do not take it again", "ask the user", "(escalate)"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("text %q lacks %q", text, want)
+		}
+	}
+	if strings.Contains(text, "use a new key") {
+		t.Errorf("text %q tells the model to use a new key", text)
 	}
 }
