@@ -153,7 +153,7 @@ func TestTypeScriptSDKClient(t *testing.T) {
 				t.Errorf("idempotencyKey parameter: first = %+v, second = %+v", out.SepFirst, out.SepSecond)
 			}
 			// order-1, order-2 and order-3 each charged once.
-			if c := out.Balance.StructuredContent["charges"]; c != "3" {
+			if c := out.Balance.StructuredContent["charges"]; c != float64(3) {
 				t.Errorf("balance = %v, want 3 charges", out.Balance.StructuredContent)
 			}
 		})

@@ -98,7 +98,7 @@ func checkAgent(t *testing.T, stdout *bytes.Buffer, conversation string, rawCapa
 	if !reused.IsError || reused.Reason != interceptor.ReasonKeyReused || reused.Advice != mcpbridge.AdviceEscalate {
 		t.Errorf("key reused = %+v, want %s with advice %s", reused, interceptor.ReasonKeyReused, mcpbridge.AdviceEscalate)
 	}
-	if balance.IsError || balance.Structured["charges"] != "1" || balance.Structured["receipts"] != "1" {
+	if balance.IsError || balance.Structured["charges"] != float64(1) || balance.Structured["receipts"] != float64(1) {
 		t.Errorf("balance = %+v, want one charge and one receipt", balance.Structured)
 	}
 }
