@@ -160,7 +160,7 @@ func tool(md protoreflect.MethodDescriptor, keyArg string) (*mcp.Tool, error) {
 		t.InputSchema = s
 	}
 	if objectJSON(md.Output()) {
-		t.OutputSchema = Schema(md.Output())
+		t.OutputSchema = OutputSchema(md.Output())
 	}
 	desc := comment(md)
 	switch class {
@@ -334,9 +334,12 @@ func headerTrue(md metadata.MD, name string) bool {
 
 // resultJSON is the JSON of a response as the bridge returns it: its
 // protojson with every field, zero values too (so a model can tell 0 from
-// unknown; an unset message field is null, as the schema allows), compacted. protojson varies its whitespace between builds on
-// purpose; compacted, a replay's text is byte-identical to the original's
-// whichever bridge process serves it.
+// unknown; an unset message field is null, as the schema allows), compacted,
+// and with its 64-bit integers as JSON numbers rather than protojson's
+// strings (int64Numbers; OutputSchema says so), exact in the text above 2^53
+// too. protojson varies its whitespace between builds on purpose;
+// compacted, a replay's text is byte-identical to the original's whichever
+// bridge process serves it.
 func resultJSON(types interface {
 	protoregistry.ExtensionTypeResolver
 	protoregistry.MessageTypeResolver
@@ -349,5 +352,5 @@ func resultJSON(types interface {
 	if err := json.Compact(&compact, js); err != nil {
 		return nil, err
 	}
-	return compact.Bytes(), nil
+	return int64Numbers(compact.Bytes(), m.ProtoReflect().Descriptor(), types)
 }

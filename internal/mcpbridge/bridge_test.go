@@ -278,8 +278,9 @@ func TestKeyMissingNamesTheMCPCarrier(t *testing.T) {
 }
 
 // A result's JSON has every field, zero values too: a never-charged
-// customer's balance says charges 0, not nothing, so a model can tell 0
-// from unknown; and it conforms to the output schema the tool advertises.
+// customer's balance says charges 0 (a number), not nothing, so a model can
+// tell 0 from unknown; and it conforms to the output schema the tool
+// advertises.
 func TestResultsCarryZeroValues(t *testing.T) {
 	cs, _ := setup(t, time.Minute, nil)
 	const balanceTool = "examples.payments.v1.PaymentsService.GetBalance"
@@ -300,6 +301,10 @@ func TestResultsCarryZeroValues(t *testing.T) {
 		if _, ok := got[field]; !ok {
 			t.Errorf("balance %v lacks %s", got, field)
 		}
+	}
+	// 64-bit integers are JSON numbers, not protojson's strings.
+	if got["charges"] != float64(0) || got["chargedCents"] != float64(0) {
+		t.Errorf("balance %v: want charges and chargedCents the number 0", got)
 	}
 	tools, err := cs.ListTools(context.Background(), nil)
 	if err != nil {

@@ -8,33 +8,55 @@ import (
 )
 
 // Schema returns the JSON Schema (draft 2020-12, as a JSON object) of the
-// protojson form of md: properties by their JSON names; bools as booleans;
-// strings as strings; bytes as base64 strings; 32-bit integers as integers;
-// 64-bit integers as a string or an integer (protojson writes strings and
-// reads either); floats as numbers; enums as strings naming their values;
-// repeated fields as arrays; maps as objects; nested messages by $ref into
-// $defs (so recursive messages stay finite); well-known types in their
-// protojson form (Timestamp an RFC 3339 string, Duration "1.5s", FieldMask a
-// string, Struct an object, Value anything, wrappers their value); a
-// singular message field outside a oneof may also be null (protojson writes
-// an unset one so when emitting unpopulated fields, as the bridge's results
-// do, and reads null as unset). A field is
-// required only when the schema says so (proto2 required, editions
-// LEGACY_REQUIRED): proto3 fields are all optional. Unknown properties are
-// refused (additionalProperties false), as protojson refuses them. Oneofs are
-// not expressed: setting two members of one is refused by the bridge when it
-// parses the arguments.
+// protojson form of md, as the bridge reads a tool's arguments: properties by
+// their JSON names; bools as booleans; strings as strings; bytes as base64
+// strings; 32-bit integers as integers; 64-bit integers as an integer or a
+// decimal string (protojson reads either, exactly, above 2^53 too); floats as
+// numbers; enums as strings naming their values; repeated fields as arrays;
+// maps as objects; nested messages by $ref into $defs (so recursive messages
+// stay finite); well-known types in their protojson form (Timestamp an RFC
+// 3339 string, Duration "1.5s", FieldMask a string, Struct an object, Value
+// anything, wrappers their value); a singular message field outside a oneof
+// may also be null (protojson writes an unset one so when emitting
+// unpopulated fields, as the bridge's results do, and reads null as unset).
+// A field is required only when the schema says so (proto2 required,
+// editions LEGACY_REQUIRED): proto3 fields are all optional. Unknown
+// properties are refused (additionalProperties false), as protojson refuses
+// them. Oneofs are not expressed: setting two members of one is refused by
+// the bridge when it parses the arguments.
 func Schema(md protoreflect.MessageDescriptor) map[string]any {
-	g := &schemaGen{defs: map[string]any{}}
+	return (&schemaGen{defs: map[string]any{}}).root(md)
+}
+
+// OutputSchema returns the JSON Schema of md as the bridge writes a result
+// of it: Schema's, except that a 64-bit integer (int64, uint64, sint64,
+// fixed64, sfixed64, and inside Int64Value and UInt64Value) is an integer,
+// not below 0 when unsigned, since the bridge writes them as JSON numbers
+// rather than protojson's strings. The JSON text carries the exact decimal
+// digits, above 2^53 too; a client that parses numbers as IEEE doubles
+// (JavaScript's JSON.parse, and so most JavaScript clients) rounds those
+// above 2^53 (9007199254740992), one that parses them exactly (Python, Go
+// with json.Decoder.UseNumber) does not. The schema sets no maximum: the
+// largest 64-bit integers are not doubles, and a validator comparing an
+// exact value with a rounded bound would refuse them.
+func OutputSchema(md protoreflect.MessageDescriptor) map[string]any {
+	return (&schemaGen{defs: map[string]any{}, output: true}).root(md)
+}
+
+type schemaGen struct {
+	defs map[string]any
+	// output is set for a result's schema, whose 64-bit integers are
+	// numbers (resultJSON), unset for the arguments'.
+	output bool
+}
+
+// root is the schema of md with the definitions it refers to.
+func (g *schemaGen) root(md protoreflect.MessageDescriptor) map[string]any {
 	s := g.object(md)
 	if len(g.defs) > 0 {
 		s["$defs"] = g.defs
 	}
 	return s
-}
-
-type schemaGen struct {
-	defs map[string]any
 }
 
 // object is the schema of a message as an object, with its fields.
@@ -113,9 +135,9 @@ func (g *schemaGen) singular(fd protoreflect.FieldDescriptor) map[string]any {
 	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind:
 		return map[string]any{"type": "integer", "minimum": 0, "maximum": math.MaxUint32}
 	case protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
-		return int64Schema(true)
+		return int64Schema(true, g.output)
 	case protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
-		return int64Schema(false)
+		return int64Schema(false, g.output)
 	case protoreflect.FloatKind, protoreflect.DoubleKind:
 		return floatSchema()
 	case protoreflect.EnumKind:
@@ -129,7 +151,7 @@ func (g *schemaGen) singular(fd protoreflect.FieldDescriptor) map[string]any {
 // message is the schema of a message-typed value: a well-known type's
 // protojson form, or a $ref to the message's definition.
 func (g *schemaGen) message(md protoreflect.MessageDescriptor) map[string]any {
-	if s, ok := wellKnown(md); ok {
+	if s, ok := wellKnown(md, g.output); ok {
 		return s
 	}
 	name := string(md.FullName())
@@ -144,7 +166,16 @@ func (g *schemaGen) message(md protoreflect.MessageDescriptor) map[string]any {
 	return map[string]any{"$ref": "#/$defs/" + name}
 }
 
-func int64Schema(signed bool) map[string]any {
+// int64Schema is the schema of a 64-bit integer: in a result an integer
+// (resultJSON writes a JSON number), in arguments an integer or a decimal
+// string, as protojson reads either.
+func int64Schema(signed, output bool) map[string]any {
+	if output {
+		if signed {
+			return map[string]any{"type": "integer"}
+		}
+		return map[string]any{"type": "integer", "minimum": 0}
+	}
 	pattern := "^[0-9]+$"
 	if signed {
 		pattern = "^-?[0-9]+$"
@@ -184,8 +215,9 @@ func mapKeyPattern(k protoreflect.Kind) string {
 	return "^-?[0-9]+$"
 }
 
-// wellKnown is the protojson form of a well-known type, if md is one.
-func wellKnown(md protoreflect.MessageDescriptor) (map[string]any, bool) {
+// wellKnown is the protojson form of a well-known type, if md is one; output
+// as for int64Schema.
+func wellKnown(md protoreflect.MessageDescriptor, output bool) (map[string]any, bool) {
 	switch md.FullName() {
 	case "google.protobuf.Timestamp":
 		return map[string]any{"type": "string", "format": "date-time"}, true
@@ -214,9 +246,9 @@ func wellKnown(md protoreflect.MessageDescriptor) (map[string]any, bool) {
 	case "google.protobuf.UInt32Value":
 		return map[string]any{"type": "integer", "minimum": 0, "maximum": math.MaxUint32}, true
 	case "google.protobuf.Int64Value":
-		return int64Schema(true), true
+		return int64Schema(true, output), true
 	case "google.protobuf.UInt64Value":
-		return int64Schema(false), true
+		return int64Schema(false, output), true
 	case "google.protobuf.FloatValue", "google.protobuf.DoubleValue":
 		return floatSchema(), true
 	}
@@ -226,7 +258,7 @@ func wellKnown(md protoreflect.MessageDescriptor) (map[string]any, bool) {
 // objectJSON reports whether md's protojson form is a JSON object, the only
 // form MCP's structuredContent and outputSchema allow.
 func objectJSON(md protoreflect.MessageDescriptor) bool {
-	s, ok := wellKnown(md)
+	s, ok := wellKnown(md, true)
 	return !ok || s["type"] == "object"
 }
 

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/google/jsonschema-go/jsonschema"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/reflect/protodesc"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -148,15 +149,20 @@ func normalize(t *testing.T, v any) any {
 	return out
 }
 
-// What the bridge writes of a response conforms to the schema it
-// advertises for it: every field emitted, an unset message field as null.
+// What the bridge writes of a response conforms to the output schema it
+// advertises for it: every field emitted, an unset message field as null,
+// 64-bit integers as numbers.
 func TestResultJSONConformsToTheSchema(t *testing.T) {
 	md := kitchenMessage(t, "k.Req")
 	child := dynamicpb.NewMessage(md.Fields().ByName("child").Message())
 	child.Set(child.Descriptor().Fields().ByName("name"), protoreflect.ValueOfString("n"))
 	withChild := dynamicpb.NewMessage(md)
 	withChild.Set(md.Fields().ByName("child"), protoreflect.ValueOfMessage(child))
-	b, err := json.Marshal(Schema(md))
+	with64 := dynamicpb.NewMessage(md)
+	if err := (protojson.UnmarshalOptions{}).Unmarshal([]byte(`{"big":"18446744073709551615","counts":{"-1":"-9223372036854775808"},"maybe":"9223372036854775807"}`), with64); err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(OutputSchema(md))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +174,7 @@ func TestResultJSONConformsToTheSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, m := range map[string]*dynamicpb.Message{"empty": dynamicpb.NewMessage(md), "with a child": withChild} {
+	for name, m := range map[string]*dynamicpb.Message{"empty": dynamicpb.NewMessage(md), "with a child": withChild, "with 64-bit integers": with64} {
 		js, err := resultJSON(protoregistry.GlobalTypes, m)
 		if err != nil {
 			t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 
@@ -129,6 +130,8 @@ func TestGoSDKClient(t *testing.T) {
 				}
 				if charge.OutputSchema == nil {
 					t.Error("ChargeCard has no output schema")
+				} else if got := roundTrip(t, charge.OutputSchema).(map[string]any)["properties"].(map[string]any)["amountCents"]; !reflect.DeepEqual(got, map[string]any{"type": "integer"}) {
+					t.Errorf("ChargeCard output schema's amountCents = %s, want an integer (results write 64-bit integers as numbers)", mustJSON(got))
 				}
 			})
 
@@ -142,8 +145,11 @@ func TestGoSDKClient(t *testing.T) {
 				if !reflect.DeepEqual(ok(t, first), ok(t, second)) || text(first) != text(second) {
 					t.Errorf("replay differs: %s vs %s", text(first), text(second))
 				}
+				if !strings.Contains(text(first), `"amountCents":4200`) || ok(t, first)["amountCents"] != float64(4200) {
+					t.Errorf("charge = %s, want amountCents the number 4200", text(first))
+				}
 				bal := ok(t, call(t, session, balanceTool, "", map[string]any{"customerId": cust}))
-				if bal["charges"] != "1" {
+				if bal["charges"] != float64(1) { // a JSON number, not protojson's string
 					t.Errorf("balance = %v, want one charge", bal)
 				}
 			})
@@ -185,7 +191,7 @@ func TestGoSDKClient(t *testing.T) {
 					t.Errorf("charge ids = %v, want one", chargeIDs)
 				}
 				bal := ok(t, call(t, session, balanceTool, "", map[string]any{"customerId": c}))
-				if bal["charges"] != "1" {
+				if bal["charges"] != float64(1) { // a JSON number, not protojson's string
 					t.Errorf("balance = %v, want one charge", bal)
 				}
 			})
