@@ -224,7 +224,7 @@ run-rest: ## Serve the REST payments API gated by httpgate (examples/rest-paymen
 	go run ./examples/rest-payments -dedupe 127.0.0.1:50051 -listen 127.0.0.1:8090
 
 # NPM_DIRS hold the Node packages the MCP and polyglot tests run (package-lock.json committed).
-NPM_DIRS := internal/testing/mcptest/node examples/mcp-typescript-agent examples/typescript
+NPM_DIRS := internal/testing/mcptest/node internal/testing/mcptest/inspector examples/mcp-typescript-agent examples/typescript
 
 .PHONY: npm-ci
 npm-ci: ## Install the MCP tests' Node packages (npm ci from the committed lock files).

@@ -1,0 +1,80 @@
+// Package readmetest checks that the README's Go snippets are code that
+// compiles: each one is kept, verbatim, in snippets_test.go, which the
+// compiler checks, and this test fails when a README snippet is not one of
+// them or one of them is no longer in the README.
+package readmetest
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// readmeBlocks returns the ```go blocks of the README.
+func readmeBlocks(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []string
+	for _, m := range regexp.MustCompile("(?ms)^```go\\n(.*?)^```").FindAllStringSubmatch(string(b), -1) {
+		blocks = append(blocks, strings.TrimRight(m[1], "\n"))
+	}
+	return blocks
+}
+
+// compiledSnippets returns the regions of snippets_test.go between
+// README:begin and README:end, each without the indentation of its begin
+// line.
+func compiledSnippets(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("snippets_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var snippets []string
+	var cur []string
+	indent, in := "", false
+	for _, line := range strings.Split(string(b), "\n") {
+		trimmed := strings.TrimSpace(line)
+		switch {
+		case trimmed == "// README:begin":
+			indent, in, cur = line[:len(line)-len(strings.TrimLeft(line, "\t"))], true, nil
+		case trimmed == "// README:end":
+			snippets = append(snippets, strings.Join(cur, "\n"))
+			in = false
+		case in:
+			cur = append(cur, strings.TrimPrefix(line, indent))
+		}
+	}
+	if in {
+		t.Fatal("snippets_test.go: a README:begin without its README:end")
+	}
+	return snippets
+}
+
+func TestREADMESnippetsCompile(t *testing.T) {
+	blocks, snippets := readmeBlocks(t), compiledSnippets(t)
+	if len(blocks) == 0 || len(snippets) == 0 {
+		t.Fatalf("%d README blocks, %d compiled snippets: the extraction is broken", len(blocks), len(snippets))
+	}
+	compiled := map[string]bool{}
+	for _, s := range snippets {
+		compiled[s] = true
+	}
+	shown := map[string]bool{}
+	for i, b := range blocks {
+		shown[b] = true
+		if !compiled[b] {
+			t.Errorf("README ```go block %d is not in snippets_test.go, so nothing compiles it: copy it there, between README:begin and README:end, and make it compile:\n%s", i+1, b)
+		}
+	}
+	for _, s := range snippets {
+		if !shown[s] {
+			t.Errorf("snippets_test.go holds a snippet the README does not show (update the README's block, or remove it):\n%s", s)
+		}
+	}
+}
