@@ -3,16 +3,22 @@ package mcpbridge_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
+	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 
 	"github.com/idemgate/idemgate/internal/mcpbridge"
 	"github.com/idemgate/idemgate/internal/mcpwire"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
+	"github.com/idemgate/idemgate/internal/testing/testsvc"
 )
 
 const receiptTool = "examples.payments.v1.PaymentsService.SendReceipt"
@@ -188,4 +194,59 @@ func paymentsFiles(t *testing.T) *protoregistry.Files {
 		t.Fatal(err)
 	}
 	return files
+}
+
+// A stock host's model that repeats a call without any key: under the tool
+// server's keyless window (keyless: KEYLESS_POLICY_FINGERPRINT; 2s on
+// TestService.MutateKeyless) the bridge forwards it keyless and the repeat
+// is the replay, marked key-derived, one execution.
+func TestKeylessWindowThroughTheBridge(t *testing.T) {
+	svc := &testsvc.Server{}
+	stack := stacktest.StartEmbedded(t, func(s *grpc.Server) { testingv1.RegisterTestServiceServer(s, svc) }, stacktest.Config{})
+	files, err := mcpbridge.NewFiles(mcpbridge.FileSet(testingv1.File_idemgate_testing_v1_testing_proto).GetFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err := mcpbridge.New(mcpbridge.Config{Conn: stack.Tool, Files: files})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := server.Connect(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ss.Close() })
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.Close() })
+	// The pair must fall inside the 2s window; on a starved machine it may
+	// not, and then a fresh pair is tried (never a timing assertion).
+	for attempt := range 5 {
+		payload := fmt.Sprintf("keyless-%d", attempt)
+		before := svc.Executions()
+		start := time.Now()
+		first := callArgs(t, cs, "idemgate.testing.v1.TestService.MutateKeyless", map[string]any{"payload": payload}, nil)
+		second := callArgs(t, cs, "idemgate.testing.v1.TestService.MutateKeyless", map[string]any{"payload": payload}, nil)
+		if first.IsError || second.IsError {
+			t.Fatalf("keyless calls refused: %s / %s", text(first), text(second))
+		}
+		if first.Meta[mcpbridge.MetaKeyDerived] != true || first.Meta[mcpbridge.MetaReplayed] != false {
+			t.Fatalf("first keyless call _meta = %v, want key-derived and not replayed", first.Meta)
+		}
+		if time.Since(start) >= 2*time.Second {
+			continue // the window may have closed between the two
+		}
+		if second.Meta[mcpbridge.MetaKeyDerived] != true || second.Meta[mcpbridge.MetaReplayed] != true || text(second) != text(first) {
+			t.Fatalf("the repeat _meta = %v, text %s; want the key-derived replay of %s", second.Meta, text(second), text(first))
+		}
+		if n := svc.Executions() - before; n != 1 {
+			t.Fatalf("executions = %d for a call and its keyless repeat, want 1", n)
+		}
+		return
+	}
+	t.Fatal("no pair of calls fell inside the 2s window in five tries")
 }
