@@ -48,8 +48,12 @@ const (
 	MetaError = mcpwire.MetaError
 	// ParamKey is SEP-3182's tools/call parameter carrying the key.
 	ParamKey = mcpwire.ParamKey
-	// CapabilityName is the experimental capability advertised:
-	// {"metaKey": MetaKey, "param": ParamKey}.
+	// CapabilityName names the idempotency capability the gate advertises
+	// on the initialize and the server/discover results, with the settings
+	// {"metaKey": MetaKey, "param": ParamKey}: in capabilities.experimental
+	// (clients before 2026-07-28) and as the extension identifier in
+	// capabilities.extensions (2026-07-28), next to SEP-3182's
+	// capabilities.tools.idempotency.
 	CapabilityName = mcpwire.CapabilityName
 	// SchemaKey marks, in a tool's input schema, the property that carries
 	// the idempotency key: "io.idemgate/idempotency-key": true.
@@ -340,16 +344,11 @@ func KeyReader(r io.Reader) io.ReadCloser { return mcpwire.KeyReader(r) }
 // of a tools/call reaches the gate. Bodies over 16 MiB get 413.
 func HTTPMiddleware(next http.Handler) http.Handler { return mcpwire.HTTPMiddleware(next) }
 
-// middleware gates tools/call and advertises the capability on initialize.
+// middleware gates tools/call (mcpwire.AdvertiseIdempotency, outside it,
+// advertises the capability).
 func (g *Gate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 		switch method {
-		case "initialize":
-			res, err := next(ctx, method, req)
-			if ir, ok := res.(*mcp.InitializeResult); ok && err == nil {
-				return advertise(ir), nil
-			}
-			return res, err
 		case "tools/call":
 		default:
 			return next(ctx, method, req)
@@ -383,23 +382,6 @@ func (g *Gate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		g.metrics.call(r.tool.Name, res, err)
 		return res, err
 	}
-}
-
-// advertise adds the experimental capability to an initialize result.
-func advertise(ir *mcp.InitializeResult) *mcp.InitializeResult {
-	out := *ir
-	caps := mcp.ServerCapabilities{}
-	if ir.Capabilities != nil {
-		caps = *ir.Capabilities
-	}
-	exp := map[string]any{}
-	for k, v := range caps.Experimental {
-		exp[k] = v
-	}
-	exp[CapabilityName] = mcpwire.Capabilities().Experimental[CapabilityName]
-	caps.Experimental = exp
-	out.Capabilities = &caps
-	return &out
 }
 
 // lookup returns the tool's resolved policy, as the server lists it now
