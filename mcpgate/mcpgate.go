@@ -209,7 +209,7 @@ func New(ctx context.Context, dedupe idemgatev1.DedupeServiceClient, server *mcp
 		Logger:      o.logger, DedupeTimeout: o.dedupeTimeout, OutcomeTimeout: o.outcomeTimeout, FinishBudget: o.finishBudget,
 		InFlightRetry: o.inFlightRetry, StoreRetry: o.storeRetry, MaxOutcome: o.maxOutcome, OnEvent: g.metrics.event, OnStage: g.metrics.stage,
 	})
-	server.AddReceivingMiddleware(mcpwire.AdvertiseIdempotency, g.middleware)
+	server.AddReceivingMiddleware(mcpwire.AdvertiseIdempotency, mcpwire.MarkComplete, g.middleware)
 	return g, nil
 }
 
@@ -621,28 +621,44 @@ func replay(outcome *anypb.Any, replayed, derived bool) (*storedResult, error) {
 // with MetaReplayed (and MetaKeyDerived) added to its _meta, so the first
 // caller and every duplicate get the same bytes but for that mark.
 type storedResult struct {
-	// ResultBase makes it an mcp.Result; its Meta is not marshaled.
+	// ResultBase makes it an mcp.Result; members the SDK sets in its Meta
+	// (the server's identity at 2026-07-28) are added to the stored _meta's.
 	mcp.ResultBase
 	raw               []byte
 	replayed, derived bool
 }
 
 // MarshalJSON writes the stored result with the replay mark.
-func (s *storedResult) MarshalJSON() ([]byte, error) { return marked(s.raw, s.replayed, s.derived) }
+func (s *storedResult) MarshalJSON() ([]byte, error) {
+	return marked(s.raw, s.replayed, s.derived, s.Meta)
+}
 
-// marked returns raw (a JSON object) with _meta[MetaReplayed] set, and
-// _meta[MetaKeyDerived] when derived. Members keep their bytes; their order
-// is sorted, the same on every call.
-func marked(raw []byte, replayed, derived bool) ([]byte, error) {
+// marked returns raw (a JSON object) with _meta[MetaReplayed] set,
+// _meta[MetaKeyDerived] when derived, and each member of extra the stored
+// _meta lacks; without resultType, which is the protocol version's framing
+// (mcpwire.MarkComplete adds it for the caller's version), not the outcome.
+// Members keep their bytes; their order is sorted, the same on every call.
+func marked(raw []byte, replayed, derived bool, extra map[string]any) ([]byte, error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &obj); err != nil {
 		return nil, err
 	}
+	delete(obj, "resultType")
 	meta := map[string]json.RawMessage{}
 	if m, ok := obj["_meta"]; ok && !bytes.Equal(bytes.TrimSpace(m), []byte("null")) {
 		if err := json.Unmarshal(m, &meta); err != nil {
 			return nil, err
 		}
+	}
+	for k, v := range extra {
+		if _, ok := meta[k]; ok {
+			continue
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		meta[k] = b
 	}
 	meta[MetaReplayed] = json.RawMessage(fmt.Sprint(replayed))
 	if derived {

@@ -76,6 +76,22 @@ func (w *wire) last(t *testing.T) json.RawMessage {
 	return w.results[len(w.results)-1]
 }
 
+// wantResultType fails unless every tools/call result on the wire carries
+// resultType "complete" at 2026-07-28 (SEP-2322: a 2026-07-28 client refuses
+// a result without it) and none at an earlier version, whichever version's
+// call stored the outcome replayed.
+func (w *wire) wantResultType(t *testing.T, version string) {
+	t.Helper()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, raw := range w.results {
+		got := string(member(t, raw, "resultType"))
+		if want := map[bool]string{true: `"complete"`, false: ""}[version >= "2026-07-28"]; got != want {
+			t.Errorf("at %s, a result has resultType %s, want %q: %s", version, got, want, raw)
+		}
+	}
+}
+
 // member returns a member of a raw result object, as its bytes.
 func member(t *testing.T, raw json.RawMessage, name string) json.RawMessage {
 	t.Helper()
@@ -155,18 +171,21 @@ func TestStatelessHTTPAtEachProtocolVersion(t *testing.T) {
 			if e["advice"] != "fix_request" || ts.charges.Load() != before+1 {
 				t.Errorf("refusal %v after %d charges, want advice fix_request and no charge", e, ts.charges.Load()-before)
 			}
+			w.wantResultType(t, version)
 		})
 	}
 	// Across versions: each client retries the other version's action and
 	// gets its outcome.
 	for i, version := range versions {
 		other := versions[1-i]
-		cs := connectAt(t, srv.URL, version, nil)
+		w := &wire{}
+		cs := connectAt(t, srv.URL, version, w)
 		before := ts.charges.Load()
 		res := call(t, cs, "charge", "order-"+other, map[string]any{"customer": "cust_" + other, "amount": 4200})
 		if !replayed(res) || ts.charges.Load() != before || res.Content[0].(*mcp.TextContent).Text != texts[other] {
 			t.Errorf("at %s, the retry of the %s action = %+v, want the replay of %q", version, other, res, texts[other])
 		}
+		w.wantResultType(t, version)
 	}
 }
 

@@ -290,3 +290,32 @@ func TestKeyHeaderAnnotation(t *testing.T) {
 		t.Errorf("the tool ran with keys %q, want only arg-key-1", got)
 	}
 }
+
+// A tools/call answered in middleware (as mcpgate answers refusals and
+// replays) carries resultType "complete" at 2026-07-28, which a client of
+// that version requires, and none before; a tool handler's result has it
+// from the SDK either way.
+func TestMarkComplete(t *testing.T) {
+	server := mcp.NewServer(&mcp.Implementation{Name: "wire-test", Version: "1"}, nil)
+	addEcho(server)
+	server.AddReceivingMiddleware(mcpwire.MarkComplete, func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			if call, ok := req.(*mcp.CallToolRequest); ok && call.Params.Name == "refused" {
+				return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "no"}}}, nil
+			}
+			return next(ctx, method, req)
+		}
+	})
+	ts := httptest.NewServer(mcpwire.HTTPHandler(server))
+	defer ts.Close()
+	for _, version := range []string{v20260728, v20251125} {
+		for _, tool := range []string{"refused", "echo"} {
+			_, out := rawRPC(t, ts.URL, version, "tools/call", map[string]any{"name": tool, "arguments": map[string]any{}}, nil)
+			res, _ := out["result"].(map[string]any)
+			want := map[string]any{v20260728: "complete", v20251125: nil}[version]
+			if res == nil || res["resultType"] != want {
+				t.Errorf("%s at %s: %v, want resultType %v", tool, version, out, want)
+			}
+		}
+	}
+}
