@@ -79,15 +79,22 @@ func (w *wire) last(t *testing.T) json.RawMessage {
 // wantResultType fails unless every tools/call result on the wire carries
 // resultType "complete" at 2026-07-28 (SEP-2322: a 2026-07-28 client refuses
 // a result without it) and none at an earlier version, whichever version's
-// call stored the outcome replayed.
+// call stored the outcome replayed; and the SDK's serverInfo in _meta at
+// 2026-07-28 only.
 func (w *wire) wantResultType(t *testing.T, version string) {
 	t.Helper()
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	modern := version >= "2026-07-28"
 	for _, raw := range w.results {
 		got := string(member(t, raw, "resultType"))
-		if want := map[bool]string{true: `"complete"`, false: ""}[version >= "2026-07-28"]; got != want {
+		if want := map[bool]string{true: `"complete"`, false: ""}[modern]; got != want {
 			t.Errorf("at %s, a result has resultType %s, want %q: %s", version, got, want, raw)
+		}
+		var meta map[string]json.RawMessage
+		_ = json.Unmarshal(member(t, raw, "_meta"), &meta)
+		if _, ok := meta[mcp.MetaKeyServerInfo]; ok != modern {
+			t.Errorf("at %s, a result's _meta has %s: %v, want %v: %s", version, mcp.MetaKeyServerInfo, ok, modern, raw)
 		}
 	}
 }
