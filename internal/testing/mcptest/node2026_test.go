@@ -28,8 +28,9 @@ const protocol2026 = "2026-07-28"
 // idemgate-mcp binary (in front of the real payments-server and dedupesvc)
 // and the native mcpgate example server (examples/mcp-server): it
 // negotiates 2026-07-28, sees the capability, charges once per key, gets a
-// replay identical to the first answer and marked replayed, and is refused a
-// reused key and a keyless call.
+// replay identical to the first answer and marked replayed, gets the same
+// with SEP-3182's idempotencyKey parameter, and is refused a reused key and a
+// keyless call.
 func TestTypeScriptV2Client2026(t *testing.T) {
 	node := require(t, "node", "install Node.js 20 or later")
 	// The v2 client's packages need Node.js 20 (their engines field).
@@ -49,7 +50,7 @@ func TestTypeScriptV2Client2026(t *testing.T) {
 		// args returns the script's arguments after its mode.
 		args    func(t *testing.T, mode string) []string
 		env     []string
-		charges any // the balance's charges: order-1 and order-2
+		charges any // the balance's charges: order-1, order-2 and order-3
 	}
 	servers := []server{
 		{name: "bridge", args: func(t *testing.T, mode string) []string {
@@ -57,7 +58,7 @@ func TestTypeScriptV2Client2026(t *testing.T) {
 				return append([]string{s.bridgeBin}, s.bridgeArgs()...)
 			}
 			return []string{s.startHTTPBridge(t)}
-		}, charges: "2"},
+		}, charges: "3"},
 		{name: "native", args: func(t *testing.T, mode string) []string {
 			dataDir := filepath.Join(t.TempDir(), "data")
 			if mode == "stdio" {
@@ -70,7 +71,7 @@ func TestTypeScriptV2Client2026(t *testing.T) {
 			addr := stacktest.FreeAddr(t)
 			proctest.Start(t, native, []string{"-dedupe", dedupeAddr, "-listen", addr}, nil).WaitTCP(t, addr, startTimeout)
 			return []string{"http://" + addr + "/mcp"}
-		}, env: []string{"MCPTEST_CHARGE_TOOL=charge_card", "MCPTEST_BALANCE_TOOL=get_balance"}, charges: float64(2)},
+		}, env: []string{"MCPTEST_CHARGE_TOOL=charge_card", "MCPTEST_BALANCE_TOOL=get_balance"}, charges: float64(3)},
 	}
 	for _, srv := range servers {
 		for _, mode := range []string{"stdio", "http"} {
@@ -92,9 +93,9 @@ func TestTypeScriptV2Client2026(t *testing.T) {
 						SupportedVersions []string       `json:"supportedVersions"`
 						Capabilities      map[string]any `json:"capabilities"`
 					} `json:"discover"`
-					First, Second, Reuse, Keyless, Balance toolResult
-					Concurrent                             []toolResult
-					Wire                                   []string `json:"wire"`
+					First, Second, Reuse, Keyless, SepFirst, SepSecond, Balance toolResult
+					Concurrent                                                  []toolResult
+					Wire                                                        []string `json:"wire"`
 				}
 				if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
 					t.Fatalf("client2026.mjs printed %q: %v", stdout.String(), err)
@@ -164,9 +165,14 @@ func TestTypeScriptV2Client2026(t *testing.T) {
 						t.Errorf("refusal text %q lacks %q", out.Keyless.text(), s)
 					}
 				}
-				// order-1 and order-2 each charged once.
+				// SEP-3182's parameter: the v2 client sends extra params too.
+				if out.SepFirst.IsError || out.SepFirst.replayed() || !out.SepSecond.replayed() ||
+					out.SepFirst.StructuredContent["chargeId"] != out.SepSecond.StructuredContent["chargeId"] {
+					t.Errorf("idempotencyKey parameter: first = %+v, second = %+v", out.SepFirst, out.SepSecond)
+				}
+				// order-1, order-2 and order-3 each charged once.
 				if c := out.Balance.StructuredContent["charges"]; c != srv.charges {
-					t.Errorf("balance = %v, want 2 charges", out.Balance.StructuredContent)
+					t.Errorf("balance = %v, want 3 charges", out.Balance.StructuredContent)
 				}
 			})
 		}

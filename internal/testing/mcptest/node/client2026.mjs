@@ -57,11 +57,12 @@ const client = new Client({ name: "mcptest-ts2026", version: "1.0.0" }, { versio
 await client.connect(transport);
 
 const customer = `cust_ts2026_${run}`;
-const chargeWith = (key, amountCents) =>
+const chargeWith = (key, amountCents, extra = {}) =>
   client.callTool({
     name: charge,
     arguments: { customerId: customer, amountCents },
     ...(key ? { _meta: { [metaKey]: key } } : {}),
+    ...extra,
   });
 
 const out = {};
@@ -75,6 +76,9 @@ out.second = await chargeWith(`order-1-${run}`, 4200);
 out.concurrent = await Promise.all(Array.from({ length: 6 }, () => chargeWith(`order-2-${run}`, 700)));
 out.reuse = await chargeWith(`order-1-${run}`, 9900);
 out.keyless = await chargeWith("", 100);
+// SEP-3182's carrier: a tools/call parameter next to name and arguments.
+out.sepFirst = await chargeWith("", 300, { idempotencyKey: `order-3-${run}` });
+out.sepSecond = await chargeWith("", 300, { idempotencyKey: `order-3-${run}` });
 out.balance = await client.callTool({ name: balance, arguments: { customerId: customer } });
 out.wire = wire;
 
