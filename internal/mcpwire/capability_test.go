@@ -25,7 +25,7 @@ const (
 	v20251125 = "2025-11-25"
 )
 
-// RawRPC posts one JSON-RPC request to url as a client of version sends it
+// rawRPC posts one JSON-RPC request to url as a client of version sends it
 // over streamable HTTP: at 2026-07-28 with the _meta triple (protocol
 // version, client info, client capabilities) and the Mcp-Method and Mcp-Name
 // headers, before it without; extra headers are added as given. It returns
