@@ -42,4 +42,10 @@
 // The handler runs on a context that keeps the caller's values but not its
 // cancellation: a client that gives up (or cancels) after the tool started
 // never causes a second run; its retry waits for the outcome or replays it.
+//
+// Serve the server over stdio (with KeyReader) or over HTTPHandler's
+// stateless streamable HTTP: both speak protocol version 2026-07-28
+// (server/discover, no session) and the earlier versions (initialize). The
+// gate keeps nothing in a session, and advertises the capability
+// CapabilityName on the initialize and the server/discover results.
 package mcpgate

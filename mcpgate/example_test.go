@@ -43,7 +43,7 @@ func Example() {
 	}
 	defer gate.Close(ctx)
 
-	ct, st := mcp.NewInMemoryTransports() // or mcp.NewStreamableHTTPHandler wrapped in mcpgate.HTTPMiddleware
+	ct, st := mcp.NewInMemoryTransports() // or mcpgate.HTTPHandler(server), stateless streamable HTTP
 	if _, err := server.Connect(ctx, st, nil); err != nil {
 		log.Fatal(err)
 	}

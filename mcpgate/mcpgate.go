@@ -48,8 +48,12 @@ const (
 	MetaError = mcpwire.MetaError
 	// ParamKey is SEP-3182's tools/call parameter carrying the key.
 	ParamKey = mcpwire.ParamKey
-	// CapabilityName is the experimental capability advertised:
-	// {"metaKey": MetaKey, "param": ParamKey}.
+	// CapabilityName names the idempotency capability the gate advertises
+	// on the initialize and the server/discover results, with the settings
+	// {"metaKey": MetaKey, "param": ParamKey}: in capabilities.experimental
+	// (clients before 2026-07-28) and as the extension identifier in
+	// capabilities.extensions (2026-07-28), next to SEP-3182's
+	// capabilities.tools.idempotency.
 	CapabilityName = mcpwire.CapabilityName
 	// SchemaKey marks, in a tool's input schema, the property that carries
 	// the idempotency key: "io.idemgate/idempotency-key": true.
@@ -210,7 +214,7 @@ func New(ctx context.Context, dedupe idemgatev1.DedupeServiceClient, server *mcp
 		Logger:      o.logger, DedupeTimeout: o.dedupeTimeout, OutcomeTimeout: o.outcomeTimeout, FinishBudget: o.finishBudget,
 		InFlightRetry: o.inFlightRetry, StoreRetry: o.storeRetry, MaxOutcome: o.maxOutcome, OnEvent: g.metrics.event, OnStage: g.metrics.stage,
 	})
-	server.AddReceivingMiddleware(mcpwire.AdvertiseIdempotency, g.middleware)
+	server.AddReceivingMiddleware(mcpwire.AdvertiseIdempotency, mcpwire.MarkComplete, g.middleware)
 	return g, nil
 }
 
@@ -365,16 +369,11 @@ func KeyReader(r io.Reader) io.ReadCloser { return mcpwire.KeyReader(r) }
 // of a tools/call reaches the gate. Bodies over 16 MiB get 413.
 func HTTPMiddleware(next http.Handler) http.Handler { return mcpwire.HTTPMiddleware(next) }
 
-// middleware gates tools/call and advertises the capability on initialize.
+// middleware gates tools/call (mcpwire.AdvertiseIdempotency, outside it,
+// advertises the capability).
 func (g *Gate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 		switch method {
-		case "initialize":
-			res, err := next(ctx, method, req)
-			if ir, ok := res.(*mcp.InitializeResult); ok && err == nil {
-				return advertise(ir), nil
-			}
-			return res, err
 		case "tools/list":
 			res, err := next(ctx, method, req)
 			if list, ok := res.(*mcp.ListToolsResult); ok && err == nil {
@@ -414,23 +413,6 @@ func (g *Gate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		g.metrics.call(r.tool.Name, res, err)
 		return res, err
 	}
-}
-
-// advertise adds the experimental capability to an initialize result.
-func advertise(ir *mcp.InitializeResult) *mcp.InitializeResult {
-	out := *ir
-	caps := mcp.ServerCapabilities{}
-	if ir.Capabilities != nil {
-		caps = *ir.Capabilities
-	}
-	exp := map[string]any{}
-	for k, v := range caps.Experimental {
-		exp[k] = v
-	}
-	exp[CapabilityName] = mcpwire.Capabilities().Experimental[CapabilityName]
-	caps.Experimental = exp
-	out.Capabilities = &caps
-	return &out
 }
 
 // listed is a tools/list result as the gate shows it: each gated tool with
@@ -710,28 +692,44 @@ func replay(outcome *anypb.Any, replayed, derived bool) (*storedResult, error) {
 // with MetaReplayed (and MetaKeyDerived) added to its _meta, so the first
 // caller and every duplicate get the same bytes but for that mark.
 type storedResult struct {
-	// ResultBase makes it an mcp.Result; its Meta is not marshaled.
+	// ResultBase makes it an mcp.Result; members the SDK sets in its Meta
+	// (the server's identity at 2026-07-28) are added to the stored _meta's.
 	mcp.ResultBase
 	raw               []byte
 	replayed, derived bool
 }
 
 // MarshalJSON writes the stored result with the replay mark.
-func (s *storedResult) MarshalJSON() ([]byte, error) { return marked(s.raw, s.replayed, s.derived) }
+func (s *storedResult) MarshalJSON() ([]byte, error) {
+	return marked(s.raw, s.replayed, s.derived, s.Meta)
+}
 
-// marked returns raw (a JSON object) with _meta[MetaReplayed] set, and
-// _meta[MetaKeyDerived] when derived. Members keep their bytes; their order
-// is sorted, the same on every call.
-func marked(raw []byte, replayed, derived bool) ([]byte, error) {
+// marked returns raw (a JSON object) with _meta[MetaReplayed] set,
+// _meta[MetaKeyDerived] when derived, and each member of extra the stored
+// _meta lacks; without resultType, which is the protocol version's framing
+// (mcpwire.MarkComplete adds it for the caller's version), not the outcome.
+// Members keep their bytes; their order is sorted, the same on every call.
+func marked(raw []byte, replayed, derived bool, extra map[string]any) ([]byte, error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &obj); err != nil {
 		return nil, err
 	}
+	delete(obj, "resultType")
 	meta := map[string]json.RawMessage{}
 	if m, ok := obj["_meta"]; ok && !bytes.Equal(bytes.TrimSpace(m), []byte("null")) {
 		if err := json.Unmarshal(m, &meta); err != nil {
 			return nil, err
 		}
+	}
+	for k, v := range extra {
+		if _, ok := meta[k]; ok {
+			continue
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		meta[k] = b
 	}
 	meta[MetaReplayed] = json.RawMessage(fmt.Sprint(replayed))
 	if derived {

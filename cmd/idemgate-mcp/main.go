@@ -7,9 +7,12 @@
 //	idemgate-mcp -target 127.0.0.1:50052 -plaintext [-descriptor-set payments.binpb] [-listen 127.0.0.1:8080]
 //
 // Without -listen it speaks MCP over stdio (newline-delimited JSON-RPC on
-// stdin and stdout; logs on stderr); with it, streamable HTTP at /mcp.
-// -key-argument idempotency_key adds a required key argument to every gated
-// tool, for hosts that send only the model's arguments and never _meta.
+// stdin and stdout; logs on stderr); with it, streamable HTTP at /mcp,
+// stateless (no Mcp-Session-Id; each POST stands alone). Both serve
+// protocol versions 2026-07-28 (server/discover) down to 2024-11-05
+// (initialize). -key-argument idempotency_key adds a required key argument
+// to every gated tool, for hosts that send only the model's arguments and
+// never _meta.
 //
 // Every flag also reads an environment variable, IDEMGATE_MCP_ and its name
 // (IDEMGATE_MCP_TARGET, IDEMGATE_MCP_LISTEN, ...; -token reads
@@ -169,7 +172,7 @@ func run(f flags, logger *slog.Logger) error {
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", mcpbridge.HTTPMiddleware(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil)))
+	mux.Handle("/mcp", mcpbridge.HTTPHandler(server)) // stateless: serves 2026-07-28 and earlier
 	lis, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		return err

@@ -6,7 +6,8 @@
 //	go run ./examples/mcp-server -dedupe 127.0.0.1:50051 -listen 127.0.0.1:8081   # make run first
 //	go run ./examples/mcp-server -data-dir /tmp/mcp-dedupe                         # stdio, embedded store in process
 //
-// Without -listen it speaks MCP over stdio; with it, streamable HTTP at /mcp.
+// Without -listen it speaks MCP over stdio; with it, stateless streamable
+// HTTP at /mcp. Both serve protocol versions 2026-07-28 down to 2024-11-05.
 package main
 
 import (
@@ -100,7 +101,9 @@ func run(dedupeAddr, dedupeToken, dataDir, listen string, logger *slog.Logger) e
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", mcpgate.HTTPMiddleware(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil)))
+	// Stateless streamable HTTP, with SEP-3182's parameter lifted: serves
+	// 2026-07-28 (server/discover) and earlier versions (initialize).
+	mux.Handle("/mcp", mcpgate.HTTPHandler(server))
 	lis, err := net.Listen("tcp", listen)
 	if err != nil {
 		return err

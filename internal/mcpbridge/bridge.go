@@ -203,8 +203,7 @@ func annotations(c Class) *mcp.ToolAnnotations {
 
 // New returns an MCP server serving cfg's methods as tools, forwarding each
 // call to cfg.Conn. Serve it with server.Run(ctx, &mcp.IOTransport{Reader:
-// KeyReader(os.Stdin), ...}) or mcp.NewStreamableHTTPHandler wrapped in
-// HTTPMiddleware.
+// KeyReader(os.Stdin), ...}) or HTTPHandler (stateless streamable HTTP).
 func New(cfg Config) (*mcp.Server, error) {
 	if cfg.Conn == nil {
 		return nil, errors.New("mcpbridge: Config.Conn is required")

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/grpc/codes"
 
 	"github.com/idemgate/idemgate/internal/mcpwire"
@@ -33,8 +34,12 @@ const (
 	// DefaultKeyArgument is the name suggested for Config.KeyArgument:
 	// "idempotency_key".
 	DefaultKeyArgument = mcpwire.DefaultKeyArgument
-	// CapabilityName is the experimental capability the bridge advertises:
-	// {"metaKey": MetaKey, "param": ParamKey}.
+	// CapabilityName names the idempotency capability the bridge advertises
+	// on the initialize and the server/discover results, with the settings
+	// {"metaKey": MetaKey, "param": ParamKey}: in capabilities.experimental
+	// (clients before 2026-07-28) and as the extension identifier in
+	// capabilities.extensions (2026-07-28), next to SEP-3182's
+	// capabilities.tools.idempotency.
 	CapabilityName = mcpwire.CapabilityName
 	// ReasonArgumentsInvalid is the ErrorInfo reason of a tool call whose
 	// arguments do not parse as the method's request message (protojson).
@@ -74,3 +79,12 @@ func KeyReader(r io.Reader) io.ReadCloser { return mcpwire.KeyReader(r) }
 func HTTPMiddleware(next http.Handler) http.Handler { return mcpwire.HTTPMiddleware(next) }
 
 func codeName(c codes.Code) string { return mcpwire.CodeName(c) }
+
+// HTTPHandler serves a bridge (New's server) over streamable HTTP,
+// stateless, wrapped in HTTPMiddleware: every POST is served on its own
+// temporary session, no Mcp-Session-Id is issued, GET and DELETE get 405.
+// That is what the go-sdk needs to serve protocol version 2026-07-28 over
+// HTTP; clients of earlier versions initialize and call as before. The
+// bridge keeps nothing in a session: each call is forwarded with its own
+// key. idemgate-mcp -listen serves it at /mcp.
+func HTTPHandler(server *mcp.Server) http.Handler { return mcpwire.HTTPHandler(server) }

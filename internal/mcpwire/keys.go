@@ -33,8 +33,11 @@ const (
 	// ParamKey is SEP-3182's tools/call parameter carrying the key (a
 	// proposal, not part of the MCP specification).
 	ParamKey = "idempotencyKey"
-	// CapabilityName is the experimental capability advertised:
-	// {"metaKey": MetaKey, "param": ParamKey}.
+	// CapabilityName names the idempotency capability, with the settings
+	// {"metaKey": MetaKey, "param": ParamKey} (CapabilitySettings): a member
+	// of capabilities.experimental, which clients before 2026-07-28 read, and
+	// the extension identifier in capabilities.extensions (2026-07-28), on
+	// the initialize and the server/discover results (AdvertiseIdempotency).
 	CapabilityName = "io.idemgate/idempotency"
 
 	// ParamMetaKey is where KeyReader and HTTPMiddleware move SEP-3182's

@@ -1,8 +1,6 @@
 package mcpwire
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -154,54 +152,3 @@ func Advice(reason string, code codes.Code) string {
 // ("FAILED_PRECONDITION", "CANCELLED"): grpcerr.CodeName, the one table
 // every transport names codes by.
 func CodeName(c codes.Code) string { return grpcerr.CodeName(c) }
-
-// Capabilities returns the server capabilities to advertise: tools, with
-// the experimental CapabilityName. Pass it in mcp.ServerOptions and add
-// AdvertiseIdempotency to the server's receiving middleware for SEP-3182's.
-func Capabilities() *mcp.ServerCapabilities {
-	return &mcp.ServerCapabilities{
-		Tools: &mcp.ToolCapabilities{},
-		Experimental: map[string]any{
-			CapabilityName: map[string]any{"metaKey": MetaKey, "param": ParamKey},
-		},
-	}
-}
-
-// AdvertiseIdempotency adds SEP-3182's tools.idempotency capability to the
-// initialize result, which the SDK's typed capabilities have no field for.
-func AdvertiseIdempotency(next mcp.MethodHandler) mcp.MethodHandler {
-	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-		res, err := next(ctx, method, req)
-		if ir, ok := res.(*mcp.InitializeResult); ok && err == nil && method == "initialize" {
-			return initializeResult{ir}, nil
-		}
-		return res, err
-	}
-}
-
-// initializeResult is an InitializeResult that marshals with
-// capabilities.tools.idempotency.
-type initializeResult struct{ *mcp.InitializeResult }
-
-func (r initializeResult) MarshalJSON() ([]byte, error) {
-	b, err := json.Marshal(r.InitializeResult)
-	if err != nil {
-		return nil, err
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, err
-	}
-	caps, _ := m["capabilities"].(map[string]any)
-	if caps == nil {
-		caps = map[string]any{}
-		m["capabilities"] = caps
-	}
-	tools, _ := caps["tools"].(map[string]any)
-	if tools == nil {
-		tools = map[string]any{}
-		caps["tools"] = tools
-	}
-	tools["idempotency"] = map[string]any{}
-	return json.Marshal(m)
-}

@@ -87,13 +87,25 @@ func reason(res *mcp.CallToolResult) string {
 }
 
 // The go-sdk client, over stdio and streamable HTTP, through the bridge
-// binary to the real payments-server and dedupesvc binaries.
+// binary to the real payments-server and dedupesvc binaries. Unpinned, it
+// asks for its latest version, 2026-07-28, which the bridge serves on both.
 func TestGoSDKClient(t *testing.T) {
 	s := startStack(t)
 	for _, tr := range transports() {
 		t.Run(tr.name, func(t *testing.T) {
 			session := connectGo(t, s, tr)
 			cust := "cust_go_" + tr.name
+
+			t.Run("negotiates 2026-07-28 and sees the capability", func(t *testing.T) {
+				init := session.InitializeResult()
+				want := map[string]any{"metaKey": mcpbridge.MetaKey, "param": mcpbridge.ParamKey}
+				if init.ProtocolVersion != protocol2026 {
+					t.Errorf("negotiated %s, want %s", init.ProtocolVersion, protocol2026)
+				}
+				if c := init.Capabilities; c == nil || !reflect.DeepEqual(c.Extensions[mcpbridge.CapabilityName], want) || !reflect.DeepEqual(c.Experimental[mcpbridge.CapabilityName], want) {
+					t.Errorf("capabilities = %+v, want %s in extensions and experimental", c, mcpbridge.CapabilityName)
+				}
+			})
 
 			t.Run("lists the payments service with schemas and annotations", func(t *testing.T) {
 				res, err := session.ListTools(context.Background(), nil)

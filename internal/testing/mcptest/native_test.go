@@ -51,12 +51,17 @@ func TestTypeScriptSDKClientNativeServer(t *testing.T) {
 				t.Fatalf("node client.mjs %s: %v\n%s", mode, err, stdout.String())
 			}
 			var out struct {
+				ProtocolVersion                                             string         `json:"protocolVersion"`
 				Capabilities                                                map[string]any `json:"capabilities"`
 				First, Second, Reuse, Keyless, SepFirst, SepSecond, Balance toolResult
 				Concurrent                                                  []toolResult
 			}
 			if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
 				t.Fatalf("client.mjs printed %q: %v", stdout.String(), err)
+			}
+			// The SDK's latest version; the server answers its initialize with it.
+			if out.ProtocolVersion != "2025-11-25" {
+				t.Errorf("negotiated %q, want 2025-11-25", out.ProtocolVersion)
 			}
 			if experimental, _ := out.Capabilities["experimental"].(map[string]any); experimental[mcpgate.CapabilityName] == nil {
 				t.Errorf("capabilities = %v, want experimental %s", out.Capabilities, mcpgate.CapabilityName)

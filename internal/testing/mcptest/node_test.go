@@ -91,8 +91,9 @@ func TestTypeScriptSDKClient(t *testing.T) {
 				t.Fatalf("node client.mjs %s: %v\n%s", mode, err, stdout.String())
 			}
 			var out struct {
-				Capabilities map[string]any `json:"capabilities"`
-				Tools        []struct {
+				ProtocolVersion string         `json:"protocolVersion"`
+				Capabilities    map[string]any `json:"capabilities"`
+				Tools           []struct {
 					Name        string         `json:"name"`
 					InputSchema map[string]any `json:"inputSchema"`
 					Annotations map[string]any `json:"annotations"`
@@ -102,6 +103,10 @@ func TestTypeScriptSDKClient(t *testing.T) {
 			}
 			if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
 				t.Fatalf("client.mjs printed %q: %v", stdout.String(), err)
+			}
+			// The SDK's latest version; the server answers its initialize with it.
+			if out.ProtocolVersion != "2025-11-25" {
+				t.Errorf("negotiated %q, want 2025-11-25", out.ProtocolVersion)
 			}
 
 			// The SDK's capability schema keeps experimental members but strips

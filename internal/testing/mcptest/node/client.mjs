@@ -30,6 +30,15 @@ if (mode === "stdio") {
   process.exit(2);
 }
 
+// The version the initialize handshake settled on, as the SDK hands it to
+// the transport (over stdio too, where the transport has no use for it).
+let protocolVersion;
+const setProtocolVersion = transport.setProtocolVersion?.bind(transport);
+transport.setProtocolVersion = (v) => {
+  protocolVersion = v;
+  setProtocolVersion?.(v);
+};
+
 const client = new Client({ name: "mcptest-ts", version: "1.0.0" });
 await client.connect(transport);
 
@@ -43,6 +52,7 @@ const chargeWith = (key, amountCents, extra = {}) =>
   });
 
 const out = {};
+out.protocolVersion = protocolVersion;
 out.capabilities = client.getServerCapabilities();
 out.tools = (await client.listTools()).tools;
 out.first = await chargeWith(`order-1-${run}`, 4200);

@@ -1,0 +1,21 @@
+package mcpgate
+
+import (
+	"net/http"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/idemgate/idemgate/internal/mcpwire"
+)
+
+// HTTPHandler serves server over streamable HTTP, stateless, wrapped in
+// HTTPMiddleware: mcp.NewStreamableHTTPHandler with
+// StreamableHTTPOptions{Stateless: true} and the SDK's other defaults. Every
+// POST is served on its own temporary session and no Mcp-Session-Id is
+// issued; GET and DELETE get 405. Stateless is what the go-sdk needs to
+// serve protocol version 2026-07-28 over HTTP (a stateful handler refuses
+// it); clients of earlier versions initialize and call as before. The gate
+// keeps nothing in a session: a gated call needs only its own request (its
+// key, arguments and token). To serve with other options, wrap your own
+// handler in HTTPMiddleware.
+func HTTPHandler(server *mcp.Server) http.Handler { return mcpwire.HTTPHandler(server) }
