@@ -3,6 +3,8 @@ package mcpgate_test
 import (
 	"context"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -151,5 +153,46 @@ func TestAddedKeyArgumentPerTool(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("New: %v, want an error containing %q", err, c.want)
 		}
+	}
+}
+
+// headerOverride sets the key argument's x-mcp-header mirror to a value of
+// its own on every tools/call, as a client or proxy that lies would.
+type headerOverride struct{ value string }
+
+func (h headerOverride) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Header.Get("Mcp-Method") == "tools/call" {
+		r = r.Clone(r.Context())
+		r.Header.Set("Mcp-Param-Idempotency-Key", h.value)
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// Over stateless HTTP at 2026-07-28 the go-sdk client mirrors the added key
+// argument into Mcp-Param-Idempotency-Key (it is listed with x-mcp-header),
+// a call runs once per key; a header that names another key than the
+// argument is IDEMPOTENCY_KEY_CONFLICT, since the SDK checks the mirror only
+// for the schemas it registered and the argument is the gate's.
+func TestAddedKeyArgumentOverHTTP(t *testing.T) {
+	ts := &tools{}
+	server := ts.newServer()
+	if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, mcpgate.WithLogger(quiet()), mcpgate.WithKeyArgument("idempotency_key")); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(mcpgate.HTTPHandler(server))
+	t.Cleanup(srv.Close)
+	args := map[string]any{"customer": "cust_h", "amount": 5, "idempotency_key": "order-h"}
+	for _, version := range []string{"2026-07-28", "2025-11-25"} {
+		cs := connectAt(t, srv.URL, version, http.DefaultTransport)
+		listTools(t, cs)
+		if res := call(t, cs, "charge", "", args); res.IsError || replayed(res) != (version != "2026-07-28") {
+			t.Errorf("%s: %+v, want the run (2026-07-28, first) or its replay", version, res)
+		}
+	}
+	liar := connectAt(t, srv.URL, "2026-07-28", headerOverride{"order-other"})
+	listTools(t, liar)
+	wantReason(t, call(t, liar, "charge", "", args), mcpgate.ReasonKeyConflict)
+	if c := ts.charges.Load(); c != 1 {
+		t.Errorf("charges = %d, want 1", c)
 	}
 }

@@ -529,9 +529,19 @@ func (g *Gate) gate(ctx context.Context, next mcp.MethodHandler, call *mcp.CallT
 	}
 	if r.added != "" {
 		// The tool never sees the argument the gate added.
-		_, _, rest, err := mcpwire.TakeArgument(call.Params.Arguments, r.added)
+		argKey, hasArg, rest, err := mcpwire.TakeArgument(call.Params.Arguments, r.added)
 		if err != nil {
 			return mcpwire.ErrorResult(err), nil
+		}
+		// The SDK checks the x-mcp-header mirror only for the schemas it
+		// registered; the added argument is the gate's, so the gate checks
+		// it: a proxy that read the header saw the key the gate uses.
+		if call.Extra != nil && hasArg {
+			if h := call.Extra.Header.Get("Mcp-Param-" + mcpwire.KeyHeaderName); h != "" && h != argKey {
+				return mcpwire.ErrorResult(grpcerr.New(codes.InvalidArgument, ReasonKeyConflict,
+					fmt.Sprintf("the Mcp-Param-%s header and the argument %s carry different idempotency keys", mcpwire.KeyHeaderName, r.added),
+					map[string]string{"field": r.added}, 0)), nil
+			}
 		}
 		params := *call.Params
 		params.Arguments = rest

@@ -1,10 +1,15 @@
 package mcpbridge_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
+	"github.com/idemgate/idemgate/examples/payments"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 
@@ -64,7 +70,7 @@ func TestKeyArgumentGatesAStockHostsCall(t *testing.T) {
 		if !gated {
 			continue
 		}
-		if prop[mcpwire.SchemaKeyMark] != true || prop["type"] != "string" || prop["x-mcp-header"] != mcpwire.KeyArgumentHeader {
+		if prop[mcpwire.SchemaKeyMark] != true || prop["type"] != "string" || prop["x-mcp-header"] != mcpwire.KeyHeaderName {
 			t.Errorf("%s: key argument schema = %v", tool.Name, prop)
 		}
 		if !strings.Contains(tool.Description, "idempotency_key") {
@@ -249,4 +255,92 @@ func TestKeylessWindowThroughTheBridge(t *testing.T) {
 		return
 	}
 	t.Fatal("no pair of calls fell inside the 2s window in five tries")
+}
+
+// Over stateless HTTP at both protocol versions the key argument works;
+// at 2026-07-28 the go-sdk client mirrors it into Mcp-Param-Idempotency-Key
+// (x-mcp-header), and a request whose header says another key is refused
+// before the tool server sees it.
+func TestKeyArgumentOverHTTPAtEachProtocolVersion(t *testing.T) {
+	ledger := &payments.Ledger{}
+	stack := stacktest.StartEmbedded(t, func(s *grpc.Server) {
+		paymentsv1.RegisterPaymentsServiceServer(s, &payments.Server{Ledger: ledger})
+	}, stacktest.Config{})
+	server, err := mcpbridge.New(mcpbridge.Config{Conn: stack.Tool, Files: paymentsFiles(t), KeyArgument: "idempotency_key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var headers []string // Mcp-Param-Idempotency-Key of each tools/call
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if bytes.Contains(body, []byte(`"tools/call"`)) {
+			mu.Lock()
+			headers = append(headers, r.Header.Get("Mcp-Param-"+mcpwire.KeyHeaderName))
+			mu.Unlock()
+		}
+		mcpbridge.HTTPHandler(server).ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	for _, version := range []string{"2026-07-28", "2025-11-25"} {
+		cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(context.Background(),
+			&mcp.StreamableClientTransport{Endpoint: srv.URL, MaxRetries: -1}, &mcp.ClientSessionOptions{ProtocolVersion: version})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs.ListTools(context.Background(), nil); err != nil { // the client mirrors only tools it has listed
+			t.Fatal(err)
+		}
+		customer := "cust_" + version
+		args := map[string]any{"customerId": customer, "amountCents": 300, "idempotency_key": "order-" + version}
+		first, second := callArgs(t, cs, chargeTool, args, nil), callArgs(t, cs, chargeTool, args, nil)
+		if first.IsError || replayed(first) || !replayed(second) || text(first) != text(second) {
+			t.Errorf("%s: %s then %s (replayed %v): want a run and its replay", version, text(first), text(second), replayed(second))
+		}
+		if c, _ := ledger.Executions(customer); c != 1 {
+			t.Errorf("%s: charges = %d, want 1", version, c)
+		}
+		_ = cs.Close()
+		mu.Lock()
+		got := headers
+		headers = nil
+		mu.Unlock()
+		want := ""
+		if version == "2026-07-28" {
+			want = "order-" + version
+		}
+		if len(got) != 2 {
+			t.Errorf("%s: saw %d tools/call requests, want 2", version, len(got))
+		}
+		for _, h := range got {
+			if h != want {
+				t.Errorf("%s: Mcp-Param-%s = %q, want %q", version, mcpwire.KeyHeaderName, h, want)
+			}
+		}
+	}
+
+	// A 2026-07-28 request whose header and argument disagree: refused by
+	// the SDK (400, header mismatch); nothing is charged.
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"` + chargeTool + `","arguments":{"customerId":"cust_mismatch","amountCents":1,"idempotency_key":"a"},` +
+		`"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"raw","version":"1"},"io.modelcontextprotocol/clientCapabilities":{}}}}`
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("MCP-Protocol-Version", "2026-07-28")
+	req.Header.Set("Mcp-Method", "tools/call")
+	req.Header.Set("Mcp-Name", chargeTool)
+	req.Header.Set("Mcp-Param-"+mcpwire.KeyHeaderName, "b")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !bytes.Contains(raw, []byte("-32020")) {
+		t.Errorf("mismatched header: %d %s, want 400 with the header-mismatch error -32020", resp.StatusCode, raw)
+	}
+	if c, _ := ledger.Executions("cust_mismatch"); c != 0 {
+		t.Errorf("charges = %d after a refused request, want 0", c)
+	}
 }

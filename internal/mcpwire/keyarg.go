@@ -24,11 +24,6 @@ const (
 	// SchemaKeyMark marks, in a tool's input schema, the property that
 	// carries the idempotency key: "io.idemgate/idempotency-key": true.
 	SchemaKeyMark = "io.idemgate/idempotency-key"
-	// KeyArgumentHeader is the x-mcp-header name of an added key argument
-	// (SEP-2243, protocol 2026-07-28): clients over streamable HTTP mirror
-	// its value into the Mcp-Param-Idempotency-Key request header, so a
-	// proxy or a log sees the key without parsing the body.
-	KeyArgumentHeader = "Idempotency-Key"
 	// KeyArgumentDescription is what the model reads of an added key
 	// argument: the value names the action, not the call.
 	KeyArgumentDescription = "Idempotency key of this action. Make one up the first time you take the action " +
@@ -52,7 +47,8 @@ func CheckKeyArgumentName(name string) error {
 
 // KeyArgumentSchema is the JSON Schema of an added key argument: a string
 // the idemgate key rules accept, marked as the key (SchemaKeyMark) and as
-// the x-mcp-header KeyArgumentHeader, described for the model.
+// the x-mcp-header KeyHeaderName (clients over streamable HTTP at 2026-07-28
+// mirror it into Mcp-Param-Idempotency-Key), described for the model.
 func KeyArgumentSchema() map[string]any {
 	return map[string]any{
 		"type":         "string",
@@ -61,7 +57,7 @@ func KeyArgumentSchema() map[string]any {
 		"pattern":      `^[!-~]([ -~]*[!-~])?$`,
 		"description":  KeyArgumentDescription,
 		SchemaKeyMark:  true,
-		"x-mcp-header": KeyArgumentHeader,
+		"x-mcp-header": KeyHeaderName,
 	}
 }
 
@@ -69,7 +65,7 @@ func KeyArgumentSchema() map[string]any {
 // schema: a *jsonschema.Schema, a map, raw JSON) with a required top-level
 // property name added (KeyArgumentSchema). It fails when the schema is not
 // an object schema, already has a property of that name, or already
-// mirrors another property as KeyArgumentHeader.
+// mirrors another property as KeyHeaderName.
 func WithKeyArgument(schema any, name string) (map[string]any, error) {
 	if err := CheckKeyArgumentName(name); err != nil {
 		return nil, err
@@ -94,8 +90,8 @@ func WithKeyArgument(schema any, name string) (map[string]any, error) {
 	}
 	for other, p := range props {
 		if m, ok := p.(map[string]any); ok {
-			if h, _ := m["x-mcp-header"].(string); equalFold(h, KeyArgumentHeader) {
-				return nil, fmt.Errorf("the property %q is already mirrored as the header %s", other, KeyArgumentHeader)
+			if h, _ := m["x-mcp-header"].(string); equalFold(h, KeyHeaderName) {
+				return nil, fmt.Errorf("the property %q is already mirrored as the header %s", other, KeyHeaderName)
 			}
 		}
 	}

@@ -23,7 +23,7 @@ func TestWithKeyArgument(t *testing.T) {
 			t.Fatalf("%T: %v", schema, err)
 		}
 		props := s["properties"].(map[string]any)
-		if p, _ := props["idempotency_key"].(map[string]any); p[SchemaKeyMark] != true || p["x-mcp-header"] != KeyArgumentHeader {
+		if p, _ := props["idempotency_key"].(map[string]any); p[SchemaKeyMark] != true || p["x-mcp-header"] != KeyHeaderName {
 			t.Errorf("%T: key argument %v", schema, props["idempotency_key"])
 		}
 		req, _ := json.Marshal(s["required"])

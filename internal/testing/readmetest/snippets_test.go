@@ -165,8 +165,7 @@ func mcpServer(ctx context.Context, creds grpc.DialOption, schema any,
 
 func mcpHTTP(server *mcp.Server) {
 	// README:begin
-	http.Handle("/mcp", mcpgate.HTTPMiddleware(mcp.NewStreamableHTTPHandler(
-		func(*http.Request) *mcp.Server { return server }, nil)))
+	http.Handle("/mcp", mcpgate.HTTPHandler(server)) // stateless; SEP-3182's parameter let through
 	// README:end
 }
 
