@@ -58,7 +58,7 @@ func TestTypeScriptV2Client2026(t *testing.T) {
 				return append([]string{s.bridgeBin}, s.bridgeArgs()...)
 			}
 			return []string{s.startHTTPBridge(t)}
-		}, charges: "3"},
+		}, charges: float64(3)},
 		{name: "native", args: func(t *testing.T, mode string) []string {
 			dataDir := filepath.Join(t.TempDir(), "data")
 			if mode == "stdio" {

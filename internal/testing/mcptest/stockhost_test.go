@@ -3,7 +3,6 @@ package mcptest
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -110,7 +109,7 @@ func TestStockHostConfigurationFromTheREADME(t *testing.T) {
 		t.Errorf("no key: %s, want IDEMPOTENCY_KEY_MISSING naming %s", text(missing), keyArg)
 	}
 	balance := ok(t, call(t, session, balanceTool, "", map[string]any{"customerId": "cust_host"}))
-	if fmt.Sprint(balance["charges"]) != "2" {
+	if !wantInt(balance["charges"], 2) {
 		t.Errorf("charges = %v after two keys (one sent twice) and a keyless call, want 2", balance["charges"])
 	}
 }
