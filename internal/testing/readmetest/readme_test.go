@@ -57,12 +57,15 @@ func compiledSnippets(t *testing.T) []string {
 }
 
 func TestREADMESnippetsCompile(t *testing.T) {
-	blocks, snippets := readmeBlocks(t), compiledSnippets(t)
-	if len(blocks) == 0 || len(snippets) == 0 {
-		t.Fatalf("%d README blocks, %d compiled snippets: the extraction is broken", len(blocks), len(snippets))
+	if len(snippets) == 0 {
+		t.Fatal("no snippet functions")
+	}
+	blocks, compiledTexts := readmeBlocks(t), compiledSnippets(t)
+	if len(blocks) == 0 || len(compiledTexts) == 0 {
+		t.Fatalf("%d README blocks, %d compiled snippets: the extraction is broken", len(blocks), len(compiledTexts))
 	}
 	compiled := map[string]bool{}
-	for _, s := range snippets {
+	for _, s := range compiledTexts {
 		compiled[s] = true
 	}
 	shown := map[string]bool{}
@@ -72,7 +75,7 @@ func TestREADMESnippetsCompile(t *testing.T) {
 			t.Errorf("README ```go block %d is not in snippets_test.go, so nothing compiles it: copy it there, between README:begin and README:end, and make it compile:\n%s", i+1, b)
 		}
 	}
-	for _, s := range snippets {
+	for _, s := range compiledTexts {
 		if !shown[s] {
 			t.Errorf("snippets_test.go holds a snippet the README does not show (update the README's block, or remove it):\n%s", s)
 		}

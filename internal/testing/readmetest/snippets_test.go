@@ -35,6 +35,10 @@ import (
 	"github.com/idemgate/idemgate/mcpgate"
 )
 
+// snippets are referenced here so that nothing reports them unused: they
+// are compiled, never run.
+var snippets = []any{grpcServer, httpServer, connectServer, grpcCaller, mcpServer, mcpHTTP, mcpClient, resolve, reconciler}
+
 func grpcServer(ctx context.Context, creds credentials.TransportCredentials, tenantFromAuth interceptor.TenantFunc,
 	authInterceptor grpc.UnaryServerInterceptor, impl paymentsv1.PaymentsServiceServer, lis net.Listener, logger *slog.Logger) error {
 	// README:begin
