@@ -8,9 +8,11 @@
 // agent, the TypeScript SDK). The fault tests put the bridge in front of the
 // chaos suite's tool server, killed or stalled after its side effect. The
 // TypeScript SDK's clients also run the same scripts against the native Go
-// server gated by mcpgate (examples/mcp-server), and the Go agent example
-// (examples/mcp-go-agent) runs against that server's binary, over stdio and
-// over HTTP on the real dedupesvc binary on PostgreSQL (pgtest). Under
+// server gated by mcpgate (examples/mcp-server), the Python agent example
+// runs against both servers at 2026-07-28 and at 2025-11-25, and the Go
+// agent example (examples/mcp-go-agent) runs against that server's binary,
+// over stdio and over HTTP on the real dedupesvc binary on PostgreSQL
+// (pgtest). Under
 // CI=true a missing node, npm package, python3 or PostgreSQL fails the test
 // instead of skipping it (.ci/run installs them; make npm-ci installs the
 // packages).
