@@ -167,6 +167,23 @@ func TestImageRunsAgainstPostgreSQL(t *testing.T) {
 		t.Fatalf("user %q is uid %d gid %d in the image's /etc/passwd, want %d:%d", cf.Config.User, uid, gid, UserID, GroupID)
 	}
 
+	// docker run IMAGE migrate, with no DATABASE_URL: the embedded store is
+	// created in the image's data directory, which the user may write.
+	// migrate validates the serving flags too, so the image's 0.0.0.0
+	// listen address would demand TLS and authentication of it; README
+	// "Container image" gives the loopback override used here.
+	migrateCfg := cf.Config
+	migrateCfg.Cmd = []string{"migrate"}
+	m := run(t, unshare, rootfs, migrateCfg, uid, gid, append(slices.Clone(cf.Config.Env), "IDEMGATE_LISTEN=127.0.0.1:50051"))
+	if err := m.wait(time.Minute); err != nil {
+		t.Fatalf("migrate on the embedded store: %v\n%s", err, m.log())
+	}
+	if fi, err := os.Stat(filepath.Join(rootfs, DataDir, "dedupe.db")); err != nil {
+		t.Fatalf("migrate made no embedded store: %v\n%s", err, m.log())
+	} else if st := fi.Sys().(*syscall.Stat_t); st.Uid != uint32(uid) || fi.Mode().Perm()&0o077 != 0 {
+		t.Errorf("%s/dedupe.db: owner %d, mode %v; want %d and private", DataDir, st.Uid, fi.Mode(), uid)
+	}
+
 	// What an operator adds with docker run: a token file mounted into the
 	// container (owned by the image's user, mode 0600), the database, and
 	// ports of their own (the test shares the host's network namespace,
