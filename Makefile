@@ -124,6 +124,11 @@ $(BINS) &: $(GO_SOURCES)
 	@echo 'make: building $(CMDS) into $(BIN_DIR)/; $(FIRST_BUILD)'
 	go build -o $(BIN_DIR)/ $(addprefix ./cmd/,$(CMDS))
 
+.PHONY: image
+image: ## Build the dedupesvc container image without an engine into bin/dedupesvc-image.tar, for docker load or podman load.
+	@echo 'make image: builds a static dedupesvc (CGO_ENABLED=0, -trimpath); $(FIRST_BUILD)'
+	go run ./internal/imagebuild -o $(BIN_DIR)/dedupesvc-image.tar
+
 .PHONY: test
 test: ## Run every test (fuzz seed corpora included) with the race detector against the local PostgreSQL.
 	@echo 'make test: go test -race ./...; $(FIRST_BUILD)'
