@@ -52,6 +52,13 @@ func setup(t *testing.T, callTimeout time.Duration, provider func(context.Contex
 	if err != nil {
 		t.Fatal(err)
 	}
+	return connectInMemory(t, server), ledger
+}
+
+// connectInMemory connects the go-sdk client to server in memory.
+func connectInMemory(t *testing.T, server *mcp.Server) *mcp.ClientSession {
+	t.Helper()
+	ctx := context.Background()
 	st, ct := mcp.NewInMemoryTransports()
 	ss, err := server.Connect(ctx, st, nil)
 	if err != nil {
@@ -63,7 +70,7 @@ func setup(t *testing.T, callTimeout time.Duration, provider func(context.Contex
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cs.Close() })
-	return cs, ledger
+	return cs
 }
 
 func charge(t *testing.T, cs *mcp.ClientSession, key, customer string) *mcp.CallToolResult {
