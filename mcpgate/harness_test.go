@@ -71,9 +71,12 @@ type chargeOut struct {
 
 // tools is the test server's tools and what they did.
 type tools struct {
-	charges  atomic.Int64 // side effects of charge
-	balances atomic.Int64 // runs of balance
-	flaky    atomic.Int64 // runs of flaky
+	// noKeyMark leaves order_id unmarked, so charge has no key argument of
+	// its own (the key-argument tests add one).
+	noKeyMark bool
+	charges   atomic.Int64 // side effects of charge
+	balances  atomic.Int64 // runs of balance
+	flaky     atomic.Int64 // runs of flaky
 	// hold, when set, makes charge wait for it (or its context) after
 	// saying so on started.
 	hold    chan struct{}
@@ -91,7 +94,9 @@ func (ts *tools) newServer() *mcp.Server {
 		panic(err)
 	}
 	schema.Properties["note"].Extra = map[string]any{mcpgate.SchemaExclude: true}
-	schema.Properties["order_id"].Extra = map[string]any{mcpgate.SchemaKey: true}
+	if !ts.noKeyMark {
+		schema.Properties["order_id"].Extra = map[string]any{mcpgate.SchemaKey: true}
+	}
 	mcp.AddTool(server, &mcp.Tool{Name: "charge", Description: "charges a card", InputSchema: schema},
 		func(ctx context.Context, _ *mcp.CallToolRequest, in chargeIn) (*mcp.CallToolResult, chargeOut, error) {
 			if ts.hold != nil {
@@ -132,7 +137,13 @@ type fixture struct {
 
 func setup(t *testing.T, dedupe idemgatev1.DedupeServiceClient, opts ...mcpgate.Option) *fixture {
 	t.Helper()
-	f := &fixture{tools: &tools{}, wire: &syncBuffer{}}
+	return setupTools(t, &tools{}, dedupe, opts...)
+}
+
+// setupTools is setup with the test server's tools as ts configures them.
+func setupTools(t *testing.T, ts *tools, dedupe idemgatev1.DedupeServiceClient, opts ...mcpgate.Option) *fixture {
+	t.Helper()
+	f := &fixture{tools: ts, wire: &syncBuffer{}}
 	server := f.tools.newServer()
 	gate, err := mcpgate.New(context.Background(), dedupe, server, append([]mcpgate.Option{mcpgate.WithLogger(quiet())}, opts...)...)
 	if err != nil {

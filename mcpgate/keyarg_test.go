@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -54,7 +55,7 @@ func schemaOf(t *testing.T, tool *mcp.Tool) listedSchema {
 // properties) runs; left out of the fingerprint; concurrent duplicates run
 // once.
 func TestAddedKeyArgumentGatesAStockHostsCall(t *testing.T) {
-	f := setup(t, grpcDedupe(t), mcpgate.WithKeyArgument(mcpgate.DefaultKeyArgument))
+	f := setupTools(t, &tools{noKeyMark: true}, grpcDedupe(t), mcpgate.WithKeyArgument(mcpgate.DefaultKeyArgument))
 	tools := listTools(t, f.client)
 	for name, tool := range tools {
 		s := schemaOf(t, tool)
@@ -142,14 +143,17 @@ func TestAddedKeyArgumentPerTool(t *testing.T) {
 	}
 
 	for _, c := range []struct {
-		opt  mcpgate.Option
-		want string
+		ownKey bool // charge marks order_id as its key argument
+		opt    mcpgate.Option
+		want   string
 	}{
-		{mcpgate.WithKeyArgument("customer"), "already has a property"},
-		{mcpgate.WithKeyArgument("order_id"), "already a key"},
-		{mcpgate.WithTool("charge", mcpgate.ToolPolicy{AddKeyArgument: "two words"}), "key argument name"},
+		{false, mcpgate.WithKeyArgument("customer"), "already has a property"},
+		{false, mcpgate.WithKeyArgument("order_id"), "already has a property"},
+		{false, mcpgate.WithTool("charge", mcpgate.ToolPolicy{AddKeyArgument: "two words"}), "key argument name"},
+		// Two key arguments would invite the model to fill them differently.
+		{true, mcpgate.WithTool("charge", mcpgate.ToolPolicy{AddKeyArgument: "k"}), "already has the key argument order_id"},
 	} {
-		_, err := mcpgate.New(context.Background(), embeddedDedupe(t), (&tools{}).newServer(), c.opt)
+		_, err := mcpgate.New(context.Background(), embeddedDedupe(t), (&tools{noKeyMark: !c.ownKey}).newServer(), c.opt)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("New: %v, want an error containing %q", err, c.want)
 		}
@@ -174,7 +178,7 @@ func (h headerOverride) RoundTrip(r *http.Request) (*http.Response, error) {
 // argument is IDEMPOTENCY_KEY_CONFLICT, since the SDK checks the mirror only
 // for the schemas it registered and the argument is the gate's.
 func TestAddedKeyArgumentOverHTTP(t *testing.T) {
-	ts := &tools{}
+	ts := &tools{noKeyMark: true}
 	server := ts.newServer()
 	if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, mcpgate.WithLogger(quiet()), mcpgate.WithKeyArgument("idempotency_key")); err != nil {
 		t.Fatal(err)
@@ -195,4 +199,79 @@ func TestAddedKeyArgumentOverHTTP(t *testing.T) {
 	if c := ts.charges.Load(); c != 1 {
 		t.Errorf("charges = %d, want 1", c)
 	}
+}
+
+// WithKeyArgument leaves a tool that has a key argument of its own as it
+// is: one key argument per tool, so the model never fills two differently.
+func TestWithKeyArgumentSkipsToolsWithTheirOwn(t *testing.T) {
+	f := setup(t, embeddedDedupe(t), mcpgate.WithKeyArgument(mcpgate.DefaultKeyArgument))
+	listed := listTools(t, f.client)
+	if _, ok := schemaOf(t, listed["charge"]).Properties["idempotency_key"]; ok {
+		t.Error("charge, whose order_id is its key argument, was given a second one")
+	}
+	if _, ok := schemaOf(t, listed["flaky"]).Properties["idempotency_key"]; !ok {
+		t.Error("flaky, without a key argument, was not given one")
+	}
+	res := call(t, f.client, "charge", "", map[string]any{"customer": "c", "amount": 1, "order_id": "order-17"})
+	if res.IsError || replayed(res) {
+		t.Fatalf("charge keyed by order_id: %+v", res)
+	}
+}
+
+// A tool changed and added again under the same *mcp.Tool (the SDK keeps
+// the pointer) is classified anew: a read-only tool re-added without the
+// hint is gated from its next call.
+func TestAToolReAddedUnderTheSamePointerIsResolvedAgain(t *testing.T) {
+	server := mcp.NewServer(&mcp.Implementation{Name: "s", Version: "1"}, nil)
+	var runs atomic.Int64
+	tool := &mcp.Tool{Name: "refund", InputSchema: map[string]any{"type": "object"}, Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}
+	h := func(ctx context.Context, _ *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		runs.Add(1)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ok"}}}, nil
+	}
+	server.AddTool(tool, h)
+	if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, mcpgate.WithLogger(quiet())); err != nil {
+		t.Fatal(err)
+	}
+	ct, st := mcp.NewInMemoryTransports()
+	ss, err := server.Connect(context.Background(), st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ss.Close() })
+	cs := connect(t, ct)
+	call(t, cs, "refund", "", map[string]any{}) // read-only: runs ungated
+	tool.Annotations = &mcp.ToolAnnotations{}
+	server.AddTool(tool, h)
+	runs.Store(0)
+	call(t, cs, "refund", "k1", map[string]any{})
+	res := call(t, cs, "refund", "k1", map[string]any{})
+	if runs.Load() != 1 || !replayed(res) {
+		t.Errorf("runs = %d with one key, second replayed = %v: the gate kept the stale read-only classification", runs.Load(), replayed(res))
+	}
+	wantReason(t, call(t, cs, "refund", "", map[string]any{}), mcpgate.ReasonKeyMissing)
+}
+
+// SEP-2243 sends a header value that looks like its base64 wrapper wrapped
+// again; the gate compares the decoded value, so such a key is not a
+// conflict, and a wrapped lie still is.
+func TestAddedKeyArgumentHeaderIsDecoded(t *testing.T) {
+	ts := &tools{noKeyMark: true}
+	server := ts.newServer()
+	if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, mcpgate.WithLogger(quiet()), mcpgate.WithKeyArgument("idempotency_key")); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(mcpgate.HTTPHandler(server))
+	t.Cleanup(srv.Close)
+	cs := connectAt(t, srv.URL, "2026-07-28", http.DefaultTransport)
+	listTools(t, cs)
+	if res := call(t, cs, "charge", "", map[string]any{"customer": "c", "amount": 1, "idempotency_key": "=?base64?abc?="}); res.IsError {
+		t.Errorf("a key in the wrapper's shape: refused %v", errInfo(res))
+	}
+	liar := connectAt(t, srv.URL, "2026-07-28", headerOverride{"=?base64?b3RoZXI=?="}) // "other"
+	listTools(t, liar)
+	wantReason(t, call(t, liar, "charge", "", map[string]any{"customer": "c", "amount": 1, "idempotency_key": "order-x"}), mcpgate.ReasonKeyConflict)
 }

@@ -147,7 +147,10 @@ type resolved struct {
 	// added key argument.
 	listed *mcp.Tool
 	// added is the added key argument's name, or "".
-	added        string
+	added string
+	// sig is the tool's JSON as resolved: a tool re-added under the same
+	// pointer with other annotations or schema is resolved again.
+	sig          []byte
 	gated        bool
 	unclassified bool
 	policy       ToolPolicy
@@ -275,7 +278,7 @@ func withDefaults(p ToolPolicy) ToolPolicy {
 // readOnlyHint or idempotentHint true is not gated, and anything else
 // (MCP's defaults) is.
 func (g *Gate) resolve(t *mcp.Tool) *resolved {
-	r := &resolved{tool: t, listed: t}
+	r := &resolved{tool: t, listed: t, sig: toolSig(t)}
 	p, named := g.opts.tools[t.Name]
 	a := t.Annotations
 	switch {
@@ -302,12 +305,19 @@ func (g *Gate) resolve(t *mcp.Tool) *resolved {
 	}
 	schemaMarks(t.InputSchema, r.keyArgs, r.exclude)
 	r.added = p.AddKeyArgument
-	if r.added == "" {
+	switch {
+	case r.added != "" && len(r.keyArgs) > 0:
+		// Two arguments for one key invite a model to fill them differently.
+		r.err = fmt.Errorf("tool %q: AddKeyArgument %q, but the tool already has the key argument %s: the model fills that one; drop AddKeyArgument",
+			t.Name, r.added, strings.Join(r.keyArgNames(), ", "))
+		return r
+	case r.added == "" && len(r.keyArgs) == 0:
+		// WithKeyArgument is for the tools without a key argument of their own.
 		r.added = g.opts.keyArgument
 	}
 	if r.added != "" {
-		if r.keyArgs[r.added] || r.exclude[r.added] {
-			r.err = fmt.Errorf("tool %q: the added key argument %q is already a key or excluded argument", t.Name, r.added)
+		if r.exclude[r.added] {
+			r.err = fmt.Errorf("tool %q: the added key argument %q is also excluded from the fingerprint", t.Name, r.added)
 			return r
 		}
 		schema, err := mcpwire.WithKeyArgument(t.InputSchema, r.added)
@@ -322,6 +332,23 @@ func (g *Gate) resolve(t *mcp.Tool) *resolved {
 		r.listed, r.keyArgs[r.added] = &listed, true
 	}
 	return r
+}
+
+// toolSig is what the gate's view of a tool depends on, as JSON (nil when
+// it does not encode: then it is resolved on every call).
+func toolSig(t *mcp.Tool) []byte {
+	b, err := json.Marshal(t)
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+// current reports whether r is the resolution of t as it is now: the same
+// tool, unchanged since (the SDK keeps the pointer a server adds, so a tool
+// changed and added again is the same pointer).
+func (r *resolved) current(t *mcp.Tool) bool {
+	return r.tool == t && r.sig != nil && bytes.Equal(r.sig, toolSig(t))
 }
 
 // schemaMarks reads the top-level properties of an input schema marked as
@@ -423,7 +450,7 @@ func (g *Gate) listed(list *mcp.ListToolsResult) *mcp.ListToolsResult {
 	defer g.mu.Unlock()
 	for i, t := range list.Tools {
 		r, ok := g.tools[t.Name]
-		if !ok || r.tool != t {
+		if !ok || !r.current(t) {
 			r = g.resolve(t)
 			g.tools[t.Name] = r
 		}
@@ -465,7 +492,7 @@ func (g *Gate) lookup(ctx context.Context, next mcp.MethodHandler, call *mcp.Cal
 			}
 			g.mu.Lock()
 			defer g.mu.Unlock()
-			if r, ok := g.tools[name]; ok && r.tool == t {
+			if r, ok := g.tools[name]; ok && r.current(t) {
 				return r, nil
 			}
 			r := g.resolve(t)
@@ -537,7 +564,7 @@ func (g *Gate) gate(ctx context.Context, next mcp.MethodHandler, call *mcp.CallT
 		// registered; the added argument is the gate's, so the gate checks
 		// it: a proxy that read the header saw the key the gate uses.
 		if call.Extra != nil && hasArg {
-			if h := call.Extra.Header.Get("Mcp-Param-" + mcpwire.KeyHeaderName); h != "" && h != argKey {
+			if h, ok := mcpwire.HeaderValue(call.Extra.Header.Get("Mcp-Param-" + mcpwire.KeyHeaderName)); ok && h != argKey {
 				return mcpwire.ErrorResult(grpcerr.New(codes.InvalidArgument, ReasonKeyConflict,
 					fmt.Sprintf("the Mcp-Param-%s header and the argument %s carry different idempotency keys", mcpwire.KeyHeaderName, r.added),
 					map[string]string{"field": r.added}, 0)), nil
@@ -784,6 +811,7 @@ func (g *Gate) keyOf(call *mcp.CallToolRequest, r *resolved, args map[string]jso
 		return "", false, err
 	}
 	key, hasKey := metaKey, hasMeta
+	from := mcpwire.CallKeyCarriers // where key came from, for a conflict
 	for _, name := range r.keyArgNames() {
 		v, ok := args[name]
 		if !ok || bytes.Equal(bytes.TrimSpace(v), []byte("null")) {
@@ -798,10 +826,10 @@ func (g *Gate) keyOf(call *mcp.CallToolRequest, r *resolved, args map[string]jso
 		}
 		if hasKey && s != key {
 			return "", false, grpcerr.New(codes.InvalidArgument, ReasonKeyConflict,
-				fmt.Sprintf("_meta and the argument %s carry different idempotency keys; send one, or the same in both", name),
+				fmt.Sprintf("%s and the argument %s carry different idempotency keys; send one, or the same in both", from, name),
 				map[string]string{"field": name}, 0)
 		}
-		key, hasKey = s, true
+		key, hasKey, from = s, true, "the argument "+name
 	}
 	if !hasKey {
 		return "", false, nil

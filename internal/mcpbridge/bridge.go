@@ -310,7 +310,7 @@ func argumentKey(key string, hasKey bool, args json.RawMessage, name string) (st
 		return key, hasKey, rest, nil
 	case hasKey && argKey != key:
 		return "", false, nil, grpcerr.New(codes.InvalidArgument, interceptor.ReasonKeyConflict,
-			fmt.Sprintf("_meta and the argument %s carry different idempotency keys; send one, or the same in both", name),
+			fmt.Sprintf("%s and the argument %s carry different idempotency keys; send one, or the same in both", mcpwire.CallKeyCarriers, name),
 			map[string]string{"field": name}, 0)
 	}
 	if err := mcpwire.CheckKeyChars(argKey); err != nil {

@@ -138,9 +138,11 @@ func HTTPHandler(server *mcp.Server) http.Handler {
 // KeyHeaderName is the header name (SEP-2243's x-mcp-header) a tool's key
 // argument is annotated with, so that a streamable HTTP client at
 // 2026-07-28 mirrors the argument's value into the request header
-// Mcp-Param-Idempotency-Key, and the go-sdk server refuses a request whose
-// header and argument differ (-32020, header mismatch). Only an argument is
-// mirrored: the key in _meta[MetaKey] never is.
+// Mcp-Param-Idempotency-Key. For a tool registered with the annotation (the
+// bridge's) the go-sdk server refuses a request whose header and argument
+// differ (-32020, header mismatch); for the argument mcpgate adds to a
+// listed schema, mcpgate checks it. Only an argument is mirrored: the key in
+// _meta[MetaKey] never is.
 const KeyHeaderName = "Idempotency-Key"
 
 // KeyHeaderAnnotation returns the member to add to the key argument's

@@ -2,9 +2,11 @@ package mcpwire
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 
@@ -101,6 +103,28 @@ func WithKeyArgument(schema any, name string) (map[string]any, error) {
 	required, _ := s["required"].([]any)
 	s["required"] = append(required, name)
 	return s, nil
+}
+
+// CallKeyCarriers names, for a refusal, the carriers CallKey reads: the
+// key of a tools/call outside its arguments.
+const CallKeyCarriers = `_meta["` + MetaKey + `"] or the idempotencyKey parameter`
+
+// HeaderValue decodes a Mcp-Param- header value as SEP-2243 writes it
+// (a value that cannot travel as plain ASCII is sent "=?base64?...?="),
+// and reports false for an absent header; a wrapped value that does not
+// decode is returned as sent, so it matches no argument but itself.
+func HeaderValue(h string) (string, bool) {
+	if h == "" {
+		return "", false
+	}
+	if inner, ok := strings.CutPrefix(h, "=?base64?"); ok {
+		if inner, ok = strings.CutSuffix(inner, "?="); ok {
+			if b, err := base64.StdEncoding.DecodeString(inner); err == nil {
+				return string(b), true
+			}
+		}
+	}
+	return h, true
 }
 
 func equalFold(a, b string) bool { return bytes.EqualFold([]byte(a), []byte(b)) }

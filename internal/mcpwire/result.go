@@ -94,7 +94,7 @@ const OutcomeUnknownText = "Do not retry this action, with this key or with a ne
 // refusal: the gRPC message's "use a new key for a new action" would have
 // an agent loop mint a key and run an action that may already be done.
 const KeyReusedText = "This idempotency key was already used with other arguments, so nothing ran. " +
-	"If this is the action taken before with this key, it has already been done: do not take it again. " +
+	"If this is the action taken before with this key, it was already taken (it may be done, still running, or of unknown outcome): do not take it again. " +
 	"If it is a different action, ask the user before taking it with a new key."
 
 // ModelText is the part of an error result's text written for the model,

@@ -17,13 +17,20 @@ const protocolStateless = "2026-07-28"
 // for input, and a client of that version refuses one without it (SEP-2322).
 // The SDK sets it only on what a tool handler returns; MarkComplete sets
 // resultType "complete" on every tools/call result that has none, when the
-// request's session negotiated 2026-07-28 or later. Every other result, and
-// every result at an earlier version, passes unchanged.
+// request's session negotiated 2026-07-28 or later, in a wrapper (a
+// *mcp.CallToolResult that already has one, as tool handlers' results do,
+// passes as it is). Every other result, and every result at an earlier
+// version, passes unchanged.
 func MarkComplete(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 		res, err := next(ctx, method, req)
 		if err != nil || res == nil || method != "tools/call" || !statelessSession(req) {
 			return res, err
+		}
+		if r, ok := res.(*mcp.CallToolResult); ok && hasResultType(r) {
+			// A tool handler's result, which the SDK marked: handed on as
+			// the *mcp.CallToolResult middleware outside expects.
+			return res, nil
 		}
 		return completeResult{res}, nil
 	}
@@ -38,6 +45,20 @@ func statelessSession(req mcp.Request) bool {
 	}
 	p := ss.InitializeParams()
 	return p != nil && p.ProtocolVersion >= protocolStateless
+}
+
+// hasResultType reports whether r marshals with a resultType.
+func hasResultType(r *mcp.CallToolResult) bool {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return false
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(b, &m) != nil {
+		return false
+	}
+	_, ok := m["resultType"]
+	return ok
 }
 
 // completeResult is a result that marshals with resultType "complete" when
