@@ -7,7 +7,8 @@
 //	dedupesvc [flags] migrate status  list migrations and whether each is applied, changing nothing
 //
 // Flags may also follow the command. Every flag also reads an environment
-// variable; run dedupesvc -h for both.
+// variable; run dedupesvc -h for both. dedupesvc -version prints the version
+// and the commit it was built from.
 package main
 
 import (
@@ -26,6 +27,7 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
+	"github.com/idemgate/idemgate/internal/version"
 	"github.com/idemgate/idemgate/migrations"
 )
 
@@ -46,6 +48,10 @@ in -data-dir. Flags may come before or after the command.
 func run(args []string, stdout, stderr io.Writer) int {
 	cfg, words, err := dedupeapp.ParseArgs("dedupesvc", synopsis, args, os.Getenv, stderr)
 	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if errors.Is(err, version.ErrRequested) {
+		version.Print(stdout, "dedupesvc")
 		return 0
 	}
 	if err != nil {
@@ -72,6 +78,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			err = fmt.Errorf("-listen %s: %w", cfg.Listen, err)
 		} else {
+			logger.Info("dedupesvc starting", version.Attr())
 			err = dedupeapp.Serve(ctx, cfg, lis, logger)
 		}
 	}

@@ -58,6 +58,7 @@ import (
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/version"
 )
 
 // rpcTimeout bounds each admin RPC.
@@ -68,6 +69,7 @@ func main() {
 }
 
 const usage = `usage: idemctl [connection flags] <command> [flags]
+       idemctl -version
 
 commands:
   show        -scope S -key K [-namespace N] [-descriptors FILE]
@@ -113,6 +115,7 @@ func run(args []string, getenv func(string) string, stdin io.Reader, stdout, std
 	// The connection flags read IDEMCTL_<FLAG>; the command's flags read
 	// no variable: a key or -force from the shell could forget a record.
 	env := cliflag.Bind(top, "IDEMCTL_", getenv)
+	showVersion := version.Flag(top) // after Bind: no variable
 	parseErr := top.Parse(args)
 	// Go's flag package takes the next argument as -token's value, so
 	// "-token $ADMIN list" with ADMIN empty runs nothing useful: say why.
@@ -124,6 +127,10 @@ func run(args []string, getenv func(string) string, stdin io.Reader, stdout, std
 	top.SetOutput(stderr)
 	if parseErr != nil {
 		return 2
+	}
+	if *showVersion {
+		version.Print(stdout, "idemctl")
+		return 0
 	}
 	if err := env.Apply(); err != nil {
 		fmt.Fprintln(stderr, "idemctl:", err)
