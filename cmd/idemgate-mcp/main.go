@@ -77,6 +77,7 @@ func main() {
 		logger.Error("idemgate-mcp failed", slog.Any("error", err))
 		os.Exit(1)
 	}
+	logger.Info("stopped")
 }
 
 // parseFlags reads args (without the program name) and, for each flag not
@@ -183,6 +184,7 @@ func run(f flags, logger *slog.Logger) error {
 		logger.Info("serving MCP on stdio", slog.String("target", f.target))
 		err := server.Run(ctx, &mcp.IOTransport{Reader: mcpbridge.KeyReader(os.Stdin), Writer: os.Stdout})
 		if errors.Is(err, context.Canceled) {
+			logger.Info("stopping on a signal")
 			return nil
 		}
 		return err
@@ -196,6 +198,7 @@ func run(f flags, logger *slog.Logger) error {
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
+		logger.Info("stopping on a signal: no new requests, waiting up to 10s for the requests in flight")
 		shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(shutdown)

@@ -129,6 +129,7 @@ func main() {
 		logger.Error("payments-server failed", slog.Any("error", err))
 		os.Exit(1)
 	}
+	logger.Info("stopped")
 }
 
 // parseConfig reads args (without the program name) and the environment
@@ -382,14 +383,20 @@ func serve(cfg config, gate *interceptor.Gate, dedupe idemgatev1.DedupeServiceCl
 		}
 		defer stopConnect()
 	}
-	go func() { <-ctx.Done(); srv.GracefulStop() }()
+	go func() {
+		<-ctx.Done()
+		logger.Info("stopping on a signal: no new calls, waiting for the calls in flight (graceful stop)")
+		srv.GracefulStop()
+	}()
 	defer func() {
 		// Outcomes whose Finish is still being retried get a last chance.
 		closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := gate.Close(closeCtx); err != nil {
 			logger.Error("outcomes still unstored at exit", slog.Any("error", err))
+			return
 		}
+		logger.Info("calls drained, gate closed: every outcome stored")
 	}()
 	logger.Info("payments tool server serving", slog.String("address", lis.Addr().String()), slog.String("dedupe", cfg.dedupeAddr),
 		slog.String("replay_cache", cfg.replayCache()),
