@@ -209,9 +209,8 @@ run: $(BIN_DIR)/dedupesvc ## Run the dedupe service on 127.0.0.1:50051 on the em
 	$(BIN_DIR)/dedupesvc --database-url ""
 
 .PHONY: run-postgres
-run-postgres: $(BIN_DIR)/dedupesvc ## Run the dedupe service on 127.0.0.1:50051 against PostgreSQL at DATABASE_URL (database created if missing).
-	@psql "$(subst /idemgate?,/postgres?,$(DATABASE_URL))" -tAc "SELECT 1 FROM pg_database WHERE datname = 'idemgate'" | grep -q 1 || \
-	  psql "$(subst /idemgate?,/postgres?,$(DATABASE_URL))" -c "CREATE DATABASE idemgate"
+run-postgres: $(BIN_DIR)/dedupesvc ## Run the dedupe service on 127.0.0.1:50051 against PostgreSQL at DATABASE_URL (the database it names created if missing).
+	$(BIN_DIR)/dedupesvc --database-url "$(DATABASE_URL)" create-database
 	$(BIN_DIR)/dedupesvc --database-url "$(DATABASE_URL)"
 
 .PHONY: demo
