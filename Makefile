@@ -118,11 +118,23 @@ lint: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(PROTOC_GEN_CONNECT_GO) $(S
 .PHONY: build
 build: $(BINS) ## Build every command into bin/ once; later make targets reuse it until a source changes.
 
+# VERSION is what -version prints as the commands' version: the latest v* tag git describe finds
+# (v0.3.0, or v0.3.0-2-g4e37491 after it), empty for none, which prints "(devel)".
+VERSION ?= $(shell git describe --tags --match 'v[0-9]*' 2>/dev/null)
+# VERSION_PKG holds the variables -ldflags -X stamps: go build records no commit here when
+# GOFLAGS=-buildvcs=false (or in a git worktree), so the build stamps the commit itself; what the
+# build information records, as go install module@version does, wins.
+VERSION_PKG := github.com/idemgate/idemgate/internal/version
+VERSION_LDFLAGS = -X $(VERSION_PKG).version=$(VERSION) \
+  -X $(VERSION_PKG).revision=$(shell git rev-parse HEAD 2>/dev/null) \
+  -X $(VERSION_PKG).commitTime=$(shell TZ=UTC git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ 2>/dev/null) \
+  -X $(VERSION_PKG).modified=$(shell test -n "$$(git status --porcelain 2>/dev/null)" && echo true)
+
 # One go build for every command: they share the compile, and make skips it while bin/ is newer
-# than every source.
+# than every source (so after a commit that changes no source, -version names the commit built).
 $(BINS) &: $(GO_SOURCES)
 	@echo 'make: building $(CMDS) into $(BIN_DIR)/; $(FIRST_BUILD)'
-	go build -o $(BIN_DIR)/ $(addprefix ./cmd/,$(CMDS))
+	go build -ldflags '$(VERSION_LDFLAGS)' -o $(BIN_DIR)/ $(addprefix ./cmd/,$(CMDS))
 
 .PHONY: image
 image: ## Build the dedupesvc container image without an engine into bin/dedupesvc-image.tar, for docker load or podman load.
@@ -202,9 +214,8 @@ run: $(BIN_DIR)/dedupesvc ## Run the dedupe service on 127.0.0.1:50051 on the em
 	$(BIN_DIR)/dedupesvc --database-url ""
 
 .PHONY: run-postgres
-run-postgres: $(BIN_DIR)/dedupesvc ## Run the dedupe service on 127.0.0.1:50051 against PostgreSQL at DATABASE_URL (database created if missing).
-	@psql "$(subst /idemgate?,/postgres?,$(DATABASE_URL))" -tAc "SELECT 1 FROM pg_database WHERE datname = 'idemgate'" | grep -q 1 || \
-	  psql "$(subst /idemgate?,/postgres?,$(DATABASE_URL))" -c "CREATE DATABASE idemgate"
+run-postgres: $(BIN_DIR)/dedupesvc ## Run the dedupe service on 127.0.0.1:50051 against PostgreSQL at DATABASE_URL (the database it names created if missing).
+	$(BIN_DIR)/dedupesvc --database-url "$(DATABASE_URL)" create-database
 	$(BIN_DIR)/dedupesvc --database-url "$(DATABASE_URL)"
 
 .PHONY: demo

@@ -5,9 +5,11 @@
 //	dedupesvc [flags]                 serve (migrating first unless -migrate-on-start=false)
 //	dedupesvc [flags] migrate         apply pending migrations and exit
 //	dedupesvc [flags] migrate status  list migrations and whether each is applied, changing nothing
+//	dedupesvc [flags] create-database create the PostgreSQL database -database-url names, if missing
 //
 // Flags may also follow the command. Every flag also reads an environment
-// variable; run dedupesvc -h for both.
+// variable; run dedupesvc -h for both. dedupesvc -version prints the version
+// and the commit it was built from.
 package main
 
 import (
@@ -23,9 +25,12 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
+	"github.com/idemgate/idemgate/internal/version"
 	"github.com/idemgate/idemgate/migrations"
 )
 
@@ -38,6 +43,8 @@ const synopsis = `  dedupesvc [flags]                 serve the Dedupe service (
   dedupesvc [flags] migrate         apply pending migrations and exit
   dedupesvc [flags] migrate status  list the migrations and whether each is applied; changes nothing
                                     (on the embedded store it opens the file read-only and never creates it)
+  dedupesvc [flags] create-database create the PostgreSQL database -database-url names unless it exists
+                                    (connecting to the server's postgres database; needs the CREATEDB right)
 
 The store is PostgreSQL when -database-url (DATABASE_URL) is set, else the embedded SQLite store
 in -data-dir. Flags may come before or after the command.
@@ -48,15 +55,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
+	if errors.Is(err, version.ErrRequested) {
+		version.Print(stdout, "dedupesvc")
+		return 0
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, "dedupesvc:", err)
 		return 2
 	}
 	command := strings.Join(words, " ")
 	switch command {
-	case "", "migrate", "migrate status":
+	case "", "migrate", "migrate status", "create-database":
 	default:
-		fmt.Fprintf(stderr, "dedupesvc: unknown command %q; the commands are migrate and migrate status, or none to serve (dedupesvc -h)\n", command)
+		fmt.Fprintf(stderr, "dedupesvc: unknown command %q; the commands are migrate, migrate status and create-database, or none to serve (dedupesvc -h)\n", command)
 		return 2
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
@@ -64,6 +75,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 
 	switch command {
+	case "create-database":
+		err = createDatabase(ctx, cfg.DatabaseURL, stdout)
 	case "migrate", "migrate status":
 		err = migrate(ctx, cfg, logger, command == "migrate status", stdout)
 	default:
@@ -72,6 +85,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			err = fmt.Errorf("-listen %s: %w", cfg.Listen, err)
 		} else {
+			logger.Info("dedupesvc starting", version.Attr())
 			err = dedupeapp.Serve(ctx, cfg, lis, logger)
 		}
 	}
@@ -126,6 +140,25 @@ func migrate(ctx context.Context, cfg dedupeapp.Config, logger *slog.Logger, sho
 		return err
 	}
 	logger.Info("migrations applied", slog.Any("applied", applied))
+	return nil
+}
+
+// createDatabase creates the database databaseURL names unless it exists,
+// and says which on stdout.
+func createDatabase(ctx context.Context, databaseURL string, stdout io.Writer) error {
+	if databaseURL == "" {
+		return errors.New("create-database is for PostgreSQL: set -database-url (DATABASE_URL); the embedded store is created when it opens")
+	}
+	created, err := dedupeapp.CreateDatabase(ctx, databaseURL)
+	if err != nil {
+		return err
+	}
+	cfg, _ := pgx.ParseConfig(databaseURL) // parsed by CreateDatabase already
+	if created {
+		fmt.Fprintf(stdout, "created database %q\n", cfg.Database)
+	} else {
+		fmt.Fprintf(stdout, "database %q exists\n", cfg.Database)
+	}
 	return nil
 }
 

@@ -58,6 +58,7 @@ import (
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/version"
 )
 
 // rpcTimeout bounds each admin RPC.
@@ -68,6 +69,7 @@ func main() {
 }
 
 const usage = `usage: idemctl [connection flags] <command> [flags]
+       idemctl -version
 
 commands:
   show        -scope S -key K [-namespace N] [-descriptors FILE]
@@ -113,6 +115,7 @@ func run(args []string, getenv func(string) string, stdin io.Reader, stdout, std
 	// The connection flags read IDEMCTL_<FLAG>; the command's flags read
 	// no variable: a key or -force from the shell could forget a record.
 	env := cliflag.Bind(top, "IDEMCTL_", getenv)
+	showVersion := version.Flag(top) // after Bind: no variable
 	parseErr := top.Parse(args)
 	// Go's flag package takes the next argument as -token's value, so
 	// "-token $ADMIN list" with ADMIN empty runs nothing useful: say why.
@@ -124,6 +127,10 @@ func run(args []string, getenv func(string) string, stdin io.Reader, stdout, std
 	top.SetOutput(stderr)
 	if parseErr != nil {
 		return 2
+	}
+	if *showVersion {
+		version.Print(stdout, "idemctl")
+		return 0
 	}
 	if err := env.Apply(); err != nil {
 		fmt.Fprintln(stderr, "idemctl:", err)
@@ -192,6 +199,12 @@ func run(args []string, getenv func(string) string, stdin io.Reader, stdout, std
 		ctx, cancel := rpcContext()
 		defer cancel()
 		resp, err := admin.GetRecord(ctx, &idemgatev1.GetRecordRequest{Ref: ref, IncludeOutcome: true})
+		if grpcerr.Reason(err) == dedupesvc.ReasonRecordNotFound {
+			fmt.Fprintf(stderr, "idemctl: the record namespace %s scope %s key %s does not exist: never begun, expired and swept, or forgotten. "+
+				"Check -namespace (the caller's identity; empty without authentication), -scope and -key; idemctl list shows the records\n",
+				quoted(*namespace), quoted(*scope), quoted(*key))
+			return 1
+		}
 		if err != nil {
 			return fail(err)
 		}
@@ -203,7 +216,10 @@ func run(args []string, getenv func(string) string, stdin io.Reader, stdout, std
 			return 2
 		}
 		req := &idemgatev1.ListRecordsRequest{State: *state, Limit: int32(*limit), PageToken: *pageToken, Order: order}
+		// The tabwriter holds every row until Flush, so an error leaves
+		// stdout empty: no header a script could take for an empty list.
 		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		printed := 0
 		replayOrder := order != idemgatev1.RecordOrder_RECORD_ORDER_UNSPECIFIED
 		if replayOrder {
 			fmt.Fprintln(w, "REPLAYS\tREPLAY_AGE\tLAST_REPLAYED\tSTATE\tNAMESPACE\tSCOPE\tKEY")
@@ -215,9 +231,14 @@ func run(args []string, getenv func(string) string, stdin io.Reader, stdout, std
 			resp, err := admin.ListRecords(pageCtx, req)
 			cancelPage()
 			if err != nil {
-				w.Flush()
-				return fail(err)
+				code := fail(err)
+				if printed > 0 {
+					fmt.Fprintf(stderr, "idemctl: the %d records of the pages before this error are not printed; resume with -page-token %s\n",
+						printed, safe(req.PageToken))
+				}
+				return code
 			}
+			printed += len(resp.GetRecords())
 			for _, r := range resp.GetRecords() {
 				if replayOrder {
 					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.GetReplayCount(), age(replayAge(r)), stamp(r.GetLastReplayedAt().AsTime()),
@@ -440,6 +461,15 @@ func isLoopback(target string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// quoted returns s in double quotes, escaped as safe escapes it, so that an
+// empty namespace reads "" rather than nothing.
+func quoted(s string) string {
+	if q := safe(s); q != s {
+		return q
+	}
+	return `"` + s + `"`
 }
 
 // safe returns s as it is when it is printable ASCII, else Go-quoted with

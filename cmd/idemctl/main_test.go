@@ -515,3 +515,57 @@ func TestShowReportsABadDescriptorFileBeforeCallingTheService(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q; want 2 and the descriptor file's error, before any call", code, msg)
 	}
 }
+
+// An error leaves stdout empty: no table header before it, nothing a script
+// piping list into another command could take for records. A show of a
+// record that does not exist says so, naming its scope and key, rather than
+// printing an empty record.
+func TestErrorsPrintNothingOnStdout(t *testing.T) {
+	t.Parallel()
+	for name, store := range map[string]dedupeapp.Config{
+		"embedded": {DataDir: t.TempDir()},
+		"postgres": {DatabaseURL: pgtest.SchemaURL(t), MigrateOnStart: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			addr := serve(t, store)
+			unreachable := stacktest.FreeAddr(t) // nothing listens there
+			for _, c := range []struct {
+				name, addr, token string
+				args              []string
+				// stderr must hold every one of these.
+				stderr []string
+			}{
+				{"list, service unreachable", unreachable, adminToken, []string{"list"}, []string{"cannot reach", unreachable}},
+				{"list -sort replays, service unreachable", unreachable, adminToken, []string{"list", "-sort", "replays"}, []string{"cannot reach"}},
+				{"list, refused", addr, paymentsToken, []string{"list"}, []string{"PermissionDenied"}},
+				{"count, refused", addr, paymentsToken, []string{"count"}, []string{"PermissionDenied"}},
+				{"show, no such record", addr, adminToken, []string{"show", "-namespace", "payments", "-scope", scope, "-key", "order-404"},
+					[]string{"does not exist", scope, "order-404", "payments"}},
+				{"show, no such record, no namespace", addr, adminToken, []string{"show", "-scope", scope, "-key", "order-404"},
+					[]string{"does not exist", scope, "order-404"}},
+			} {
+				var stdout, stderr bytes.Buffer
+				code := run(append([]string{"-addr", c.addr, "-token", c.token}, c.args...), noEnv, strings.NewReader(""), &stdout, &stderr)
+				if code == 0 || stdout.Len() > 0 {
+					t.Errorf("%s: exit %d, stdout %q; want non-zero and nothing", c.name, code, stdout.String())
+				}
+				for _, want := range c.stderr {
+					if !strings.Contains(stderr.String(), want) {
+						t.Errorf("%s: stderr %q; want it to hold %q", c.name, stderr.String(), want)
+					}
+				}
+			}
+			// A record with no outcome yet says so, not " (0 bytes)".
+			fp := sha256.Sum256([]byte("charge"))
+			if _, err := dedupeClient(t, addr, paymentsToken).Begin(context.Background(), &idemgatev1.BeginRequest{Scope: scope, Key: "order-5",
+				Fingerprint: fp[:], AttemptToken: "t", Lease: durationpb.New(time.Hour), Retention: durationpb.New(time.Hour)}); err != nil {
+				t.Fatal(err)
+			}
+			if out := idemctl(t, 0, addr, adminToken, "show", "-namespace", "payments", "-scope", scope, "-key", "order-5"); !hasRow(out, "outcome_type", "- (no outcome stored)") ||
+				strings.Contains(out, "(0 bytes)") {
+				t.Errorf("show of an in-flight record:\n%s\nwant outcome_type - (no outcome stored)", out)
+			}
+		})
+	}
+}

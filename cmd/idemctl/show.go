@@ -50,7 +50,11 @@ func showRecord(out io.Writer, r *idemgatev1.Record, now time.Time, resolver res
 	row("key", safe(r.GetRef().GetKey()))
 	row("state", safe(r.GetState()))
 	row("epoch", fmt.Sprint(r.GetEpoch()))
-	row("outcome_type", fmt.Sprintf("%s (%d bytes)", safe(r.GetOutcomeTypeUrl()), r.GetOutcomeSize()))
+	if r.GetOutcomeTypeUrl() == "" && r.GetOutcomeSize() == 0 {
+		row("outcome_type", "- (no outcome stored)") // in flight, released or outcome-unknown
+	} else {
+		row("outcome_type", fmt.Sprintf("%s (%d bytes)", safe(r.GetOutcomeTypeUrl()), r.GetOutcomeSize()))
+	}
 	row("lease_expires_at", stamp(r.GetLeaseExpiresAt().AsTime()))
 	if r.GetCompletedAt() != nil {
 		row("completed_at", fmt.Sprintf("%s (%s ago)", stamp(r.GetCompletedAt().AsTime()), age(now.Sub(r.GetCompletedAt().AsTime()))))

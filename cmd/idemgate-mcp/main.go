@@ -17,6 +17,8 @@
 // Every flag also reads an environment variable, IDEMGATE_MCP_ and its name
 // (IDEMGATE_MCP_TARGET, IDEMGATE_MCP_LISTEN, ...; -token reads
 // IDEMGATE_MCP_TARGET_TOKEN); the flag wins. idemgate-mcp -h lists them.
+// idemgate-mcp -version prints the version and the commit it was built
+// from.
 package main
 
 import (
@@ -45,6 +47,7 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/mcpbridge"
+	"github.com/idemgate/idemgate/internal/version"
 )
 
 type flags struct {
@@ -61,6 +64,10 @@ func main() {
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
 	}
+	if errors.Is(err, version.ErrRequested) {
+		version.Print(os.Stdout, "idemgate-mcp")
+		os.Exit(0)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "idemgate-mcp:", err)
 		os.Exit(2)
@@ -70,12 +77,14 @@ func main() {
 		logger.Error("idemgate-mcp failed", slog.Any("error", err))
 		os.Exit(1)
 	}
+	logger.Info("stopped")
 }
 
 // parseFlags reads args (without the program name) and, for each flag not
 // given, its variable IDEMGATE_MCP_<FLAG> through getenv (-token's is
 // IDEMGATE_MCP_TARGET_TOKEN). It returns flag.ErrHelp after printing usage
-// to usage for -h.
+// to usage for -h, and version.ErrRequested for -version, checking nothing
+// else.
 func parseFlags(args []string, getenv func(string) string, usage io.Writer) (flags, error) {
 	fs := flag.NewFlagSet("idemgate-mcp", flag.ContinueOnError)
 	fs.SetOutput(usage)
@@ -92,7 +101,14 @@ func parseFlags(args []string, getenv func(string) string, usage io.Writer) (fla
 	fs.StringVar(&f.keyArgument, "key-argument", "", "add a required key argument of this `name` (such as "+mcpbridge.DefaultKeyArgument+") to every gated tool, for hosts that never set _meta; default: none")
 	fs.StringVar(&f.keyArgumentTools, "key-argument-tools", "", "comma-separated full `names` of the gated tools that get -key-argument; default: every gated tool")
 	env := cliflag.Bind(fs, "IDEMGATE_MCP_", getenv, cliflag.WithName("token", "IDEMGATE_MCP_TARGET_TOKEN"))
-	if err := env.Parse(args); err != nil {
+	showVersion := version.Flag(fs) // after Bind: no variable
+	if err := fs.Parse(args); err != nil {
+		return flags{}, err
+	}
+	if *showVersion {
+		return flags{}, version.ErrRequested
+	}
+	if err := env.Apply(); err != nil {
 		return flags{}, err
 	}
 	return f, nil
@@ -102,6 +118,7 @@ func run(f flags, logger *slog.Logger) error {
 	if f.target == "" {
 		return errors.New("-target is required")
 	}
+	logger.Info("idemgate-mcp starting", version.Attr())
 	var dial []grpc.DialOption
 	if f.plaintext {
 		dial = append(dial, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -167,6 +184,7 @@ func run(f flags, logger *slog.Logger) error {
 		logger.Info("serving MCP on stdio", slog.String("target", f.target))
 		err := server.Run(ctx, &mcp.IOTransport{Reader: mcpbridge.KeyReader(os.Stdin), Writer: os.Stdout})
 		if errors.Is(err, context.Canceled) {
+			logger.Info("stopping on a signal")
 			return nil
 		}
 		return err
@@ -180,6 +198,7 @@ func run(f flags, logger *slog.Logger) error {
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
+		logger.Info("stopping on a signal: no new requests, waiting up to 10s for the requests in flight")
 		shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(shutdown)

@@ -23,6 +23,7 @@ import (
 	"os"
 
 	"github.com/idemgate/idemgate/internal/incident"
+	"github.com/idemgate/idemgate/internal/version"
 )
 
 func main() {
@@ -35,7 +36,12 @@ func run() int {
 	seed := flag.Uint64("seed", 1, "seed of every random draw: the same seed gives the same run")
 	flag.IntVar(&cfg.Concurrency, "concurrency", 16, "orders in flight at once")
 	flag.StringVar(&cfg.DatabaseURL, "database-url", "", "run the dedupe service on this PostgreSQL; empty uses the embedded store in a temporary directory")
+	showVersion := version.Flag(flag.CommandLine)
 	flag.Parse()
+	if *showVersion {
+		version.Print(os.Stdout, "incident-replay")
+		return 0
+	}
 	cfg.Orders, cfg.Seed = *orders, *seed
 
 	if cfg.DatabaseURL == "" {

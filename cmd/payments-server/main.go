@@ -39,7 +39,8 @@
 // gRPC-Web (HTTP/1.1 and h2c) on that address, gated by connectgate on the
 // same Dedupe service and ledger: one key is one charge on either listener.
 // Every flag also reads an environment variable; payments-server -h lists
-// them.
+// them. payments-server -version prints the version and the commit it was
+// built from.
 package main
 
 import (
@@ -77,6 +78,7 @@ import (
 	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
+	"github.com/idemgate/idemgate/internal/version"
 )
 
 // defaultReplayCacheBytes is -replay-cache-bytes' default: 64 MiB.
@@ -114,6 +116,10 @@ func main() {
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
 	}
+	if errors.Is(err, version.ErrRequested) {
+		version.Print(os.Stdout, "payments-server")
+		os.Exit(0)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "payments-server:", err)
 		os.Exit(2)
@@ -123,10 +129,12 @@ func main() {
 		logger.Error("payments-server failed", slog.Any("error", err))
 		os.Exit(1)
 	}
+	logger.Info("stopped")
 }
 
 // parseConfig reads args (without the program name) and the environment
-// through getenv. It returns flag.ErrHelp after printing usage for -h.
+// through getenv. It returns flag.ErrHelp after printing usage for -h, and
+// version.ErrRequested for -version, checking nothing else.
 func parseConfig(args []string, getenv func(string) string, usage io.Writer) (config, error) {
 	fs := flag.NewFlagSet("payments-server", flag.ContinueOnError)
 	fs.SetOutput(usage)
@@ -153,9 +161,16 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	env := cliflag.Bind(fs, "PAYMENTS_", getenv,
 		cliflag.WithName("dedupe", "IDEMGATE_DEDUPE_ADDR"),
 		cliflag.WithName("dedupe-token", "IDEMGATE_DEDUPE_TOKEN"))
+	showVersion := version.Flag(fs) // after Bind: no variable
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	if *showVersion {
+		return config{}, version.ErrRequested
+	}
 	// A variable that does not parse fails here, before the checks below
 	// would read its flag's zero.
-	if err := env.Parse(args); err != nil {
+	if err := env.Apply(); err != nil {
 		return config{}, err
 	}
 	switch rest := fs.Args(); {
@@ -272,6 +287,7 @@ func finishAfterReplyFiles(fullMethod string) (*protoregistry.Files, error) {
 }
 
 func run(cfg config, logger *slog.Logger) error {
+	logger.Info("payments-server starting", version.Attr())
 	if cfg.metricsListen != "" {
 		cfg.registry = prometheus.NewRegistry()
 		stop, err := dedupeapp.ServeMetrics(cfg.metricsListen, cfg.registry, logger)
@@ -367,14 +383,20 @@ func serve(cfg config, gate *interceptor.Gate, dedupe idemgatev1.DedupeServiceCl
 		}
 		defer stopConnect()
 	}
-	go func() { <-ctx.Done(); srv.GracefulStop() }()
+	go func() {
+		<-ctx.Done()
+		logger.Info("stopping on a signal: no new calls, waiting for the calls in flight (graceful stop)")
+		srv.GracefulStop()
+	}()
 	defer func() {
 		// Outcomes whose Finish is still being retried get a last chance.
 		closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := gate.Close(closeCtx); err != nil {
 			logger.Error("outcomes still unstored at exit", slog.Any("error", err))
+			return
 		}
+		logger.Info("calls drained, gate closed: every outcome stored")
 	}()
 	logger.Info("payments tool server serving", slog.String("address", lis.Addr().String()), slog.String("dedupe", cfg.dedupeAddr),
 		slog.String("replay_cache", cfg.replayCache()),

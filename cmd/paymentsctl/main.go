@@ -24,9 +24,11 @@ import (
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/version"
 )
 
 const usage = `usage: paymentsctl [-addr host:port] <command> [flags]
+       paymentsctl -version
 
 commands:
   charge  -key K -customer C -amount CENTS   charge a card (gated: needs -key)
@@ -38,7 +40,12 @@ func main() {
 	top := flag.NewFlagSet("paymentsctl", flag.ExitOnError)
 	top.Usage = func() { fmt.Fprint(os.Stderr, usage) }
 	addr := top.String("addr", "127.0.0.1:50052", "address of the payments tool server")
+	showVersion := version.Flag(top)
 	_ = top.Parse(os.Args[1:])
+	if *showVersion {
+		version.Print(os.Stdout, "paymentsctl")
+		return
+	}
 	if top.NArg() == 0 {
 		top.Usage()
 		os.Exit(2)

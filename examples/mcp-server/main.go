@@ -48,6 +48,7 @@ func main() {
 		logger.Error("mcp-server failed", slog.Any("error", err))
 		os.Exit(1)
 	}
+	logger.Info("stopped")
 }
 
 func run(dedupeAddr, dedupeToken, dataDir, listen string, logger *slog.Logger) error {
@@ -96,6 +97,7 @@ func run(dedupeAddr, dedupeToken, dataDir, listen string, logger *slog.Logger) e
 		logger.Info("serving MCP on stdio")
 		err := server.Run(ctx, &mcp.IOTransport{Reader: mcpgate.KeyReader(os.Stdin), Writer: os.Stdout})
 		if errors.Is(err, context.Canceled) {
+			logger.Info("stopping on a signal")
 			return nil
 		}
 		return err
@@ -111,6 +113,7 @@ func run(dedupeAddr, dedupeToken, dataDir, listen string, logger *slog.Logger) e
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
+		logger.Info("stopping on a signal: no new requests, waiting up to 10s for the requests in flight")
 		shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(shutdown)

@@ -46,6 +46,7 @@ func main() {
 		logger.Error("rest-payments failed", slog.Any("error", err))
 		os.Exit(1)
 	}
+	logger.Info("stopped")
 }
 
 func run(dedupeAddr, dataDir, listen string, logger *slog.Logger) error {
@@ -88,6 +89,7 @@ func run(dedupeAddr, dataDir, listen string, logger *slog.Logger) error {
 	logger.Info("rest-payments: serving", slog.String("addr", lis.Addr().String()), slog.String("openapi", "http://"+lis.Addr().String()+"/openapi.yaml"))
 	go func() {
 		<-ctx.Done()
+		logger.Info("stopping on a signal: no new requests, waiting up to 10s for the requests in flight")
 		shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(shutdown)

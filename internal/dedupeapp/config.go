@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/internal/cliflag"
+	"github.com/idemgate/idemgate/internal/version"
 )
 
 // Config is the dedupesvc configuration. Every field has a flag and an
@@ -259,9 +260,13 @@ func (c Config) authConfigured() bool { return c.TLSClientCA != "" || c.TokenFil
 
 // ParseConfig reads args (without the program name) and the environment
 // through getenv. It returns flag.ErrHelp after printing usage for -h, and an
-// error for any argument that is not a flag.
+// error for any argument that is not a flag, -version among them: its
+// caller is a command that embeds the service and has its own -version.
 func ParseConfig(name string, args []string, getenv func(string) string, usage io.Writer) (Config, error) {
 	cfg, words, err := ParseArgs(name, "", args, getenv, usage)
+	if errors.Is(err, version.ErrRequested) {
+		return Config{}, fmt.Errorf("-version is not for %s: give it before the other flags, to the command itself", name)
+	}
 	if err == nil && len(words) > 0 {
 		return Config{}, fmt.Errorf("unexpected argument %q", words[0])
 	}
@@ -270,7 +275,9 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 
 // ParseArgs is ParseConfig for a binary with commands: flags may come before,
 // between and after the command's words, which it returns in order.
-// synopsis, printed by -h above the flags, lists the commands.
+// synopsis, printed by -h above the flags, lists the commands. It returns
+// version.ErrRequested for -version, before reading the environment or
+// checking any other flag.
 func ParseArgs(name, synopsis string, args []string, getenv func(string) string, usage io.Writer) (Config, []string, error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(usage)
@@ -327,6 +334,7 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 	env := cliflag.Bind(fs, "IDEMGATE_", getenv,
 		cliflag.WithName("database-url", "DATABASE_URL"),
 		cliflag.WithName("otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT"))
+	showVersion := version.Flag(fs) // after Bind: no variable
 	var words []string
 	for rest := args; ; {
 		if err := fs.Parse(rest); err != nil {
@@ -336,6 +344,9 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 			break
 		}
 		words, rest = append(words, rest[0]), rest[1:]
+	}
+	if *showVersion {
+		return Config{}, nil, version.ErrRequested
 	}
 	if err := env.Apply(); err != nil {
 		return Config{}, nil, err
