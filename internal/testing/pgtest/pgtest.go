@@ -14,7 +14,6 @@ package pgtest
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"os"
 	"strings"
@@ -65,11 +64,17 @@ func EmptySchema(tb testing.TB) (*pgxpool.Pool, string) {
 	}
 	defer admin.Close(ctx)
 
-	schema := "idemgate_test_" + strings.ToLower(rand.Text()[:12])
+	reapOnce.Do(func() { reapSchemas(tb, admin) })
+	schema := schemaName()
 	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
 		tb.Fatalf("pgtest: create schema: %v", err)
 	}
-	tb.Cleanup(func() { dropSchema(tb, schema) })
+	// Registered first, so it runs last: after the pools (OpenPool's
+	// cleanups) are closed, the schema is dropped, then checked gone.
+	tb.Cleanup(func() {
+		dropSchema(tb, schema)
+		checkDropped(tb, schema)
+	})
 	return OpenPool(tb, schema), schema
 }
 
