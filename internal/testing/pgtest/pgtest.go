@@ -6,6 +6,10 @@
 // test skips, except under CI=true, where it fails: CI must never pass by
 // skipping the store.
 //
+// A schema still there after its test's cleanups fails that test; one left
+// by a test process that was killed before its cleanups ran is dropped by
+// the next process's first Schema, which says so (and fails under CI=true).
+//
 // NewCluster is for the tests that must stop or crash PostgreSQL itself: it
 // starts a throwaway server of the test's own, never the shared one.
 // NewReplicatedCluster starts a throwaway primary with a synchronous
