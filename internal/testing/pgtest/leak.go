@@ -136,3 +136,29 @@ func reapSchemas(tb testing.TB, conn *pgx.Conn) {
 		}
 	}
 }
+
+// DropDatabase drops database name on the shared server when tb ends (WITH
+// FORCE, so a connection left open does not stop it), on a connection of its
+// own, and fails tb if it is still there: for the tests that create a
+// database of their own there, which Schema cannot give them.
+func DropDatabase(tb testing.TB, name string) {
+	tb.Helper()
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, URL())
+		if err != nil {
+			tb.Errorf("pgtest: drop database %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			tb.Errorf("pgtest: drop database %s: %v", name, err)
+			return
+		}
+		var n int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_database WHERE datname = $1", name).Scan(&n); err != nil || n != 0 {
+			tb.Errorf("pgtest: database %s still exists after the test's cleanups (%v): it leaks into the shared server", name, err)
+		}
+	})
+}

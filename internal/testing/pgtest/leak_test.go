@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"os"
 	"os/exec"
@@ -152,5 +153,27 @@ func TestReapSchemasOfKilledProcesses(t *testing.T) {
 	}
 	if os.Getenv("CI") == "true" && len(r.errors) == 0 {
 		t.Error("under CI=true a leftover schema must fail the test that finds it")
+	}
+}
+
+// DropDatabase drops the database when the test ends, on a connection of its
+// own (one the test closed cannot drop it), and checks that it is gone.
+func TestDropDatabase(t *testing.T) {
+	t.Parallel()
+	conn := adminConn(t)
+	ctx := context.Background()
+	name := "pgtest-Drop_" + strings.ToLower(rand.Text()[:8]) // quoting needed
+	t.Run("owner", func(t *testing.T) {
+		if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+		DropDatabase(t, name)
+	})
+	t.Cleanup(func() {
+		_, _ = conn.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	})
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM pg_database WHERE datname = $1", name).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("after its test ended database %s is there %d times (%v); want dropped", name, n, err)
 	}
 }
