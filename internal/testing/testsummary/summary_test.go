@@ -90,13 +90,16 @@ func TestSummarize(t *testing.T) {
 }
 
 // Skips that name npm ci in a directory come to one make npm-ci, which
-// installs them all.
+// installs them all; a skip that names another target (an opt-in suite's)
+// is no install.
 func TestSummarizeNpmRemedy(t *testing.T) {
 	var out bytes.Buffer
 	in := `{"Action":"output","Package":"ex/mcp","Test":"TestA","Output":"    a_test.go:3: the npm packages are not installed: run npm ci in internal/x/node\n"}
 {"Action":"skip","Package":"ex/mcp","Test":"TestA"}
 {"Action":"output","Package":"ex/mcp","Test":"TestB","Output":"    b_test.go:3: the Inspector is not installed: run npm ci in internal/x/inspector (make npm-ci)\n"}
 {"Action":"skip","Package":"ex/mcp","Test":"TestB"}
+{"Action":"output","Package":"ex/chaos","Test":"TestChaos","Output":"    suite_test.go:73: the chaos suite runs with -chaos or any -chaos.* flag: make chaos\n"}
+{"Action":"skip","Package":"ex/chaos","Test":"TestChaos"}
 `
 	if _, err := summarize(strings.NewReader(in), &out); err != nil {
 		t.Fatal(err)
