@@ -21,6 +21,11 @@ import (
 // from one a parallel test package is using: idemgate_test_p<pid>n<ns>_<random>.
 const schemaPrefix = "idemgate_test_p"
 
+// ownPrefix is the prefix EmptySchema names its schemas with: schemaPrefix,
+// except in the child process of pgtest's own leak test, which leaks under
+// another prefix so that no parallel test process reaps it first.
+var ownPrefix = schemaPrefix
+
 // pidNamespace is this process's pid namespace (the inode of
 // /proc/self/ns/pid), 0 where there is none to read: a pid means a process
 // only within its namespace.
@@ -33,16 +38,16 @@ var pidNamespace = sync.OnceValue(func() uint64 {
 	return n
 })
 
-// schemaName returns a fresh schema name owned by this process.
-func schemaName() string {
-	return schemaPrefix + strconv.Itoa(os.Getpid()) + "n" + strconv.FormatUint(pidNamespace(), 10) + "_" + strings.ToLower(rand.Text()[:10])
+// schemaName returns a fresh schema name under prefix owned by this process.
+func schemaName(prefix string) string {
+	return prefix + strconv.Itoa(os.Getpid()) + "n" + strconv.FormatUint(pidNamespace(), 10) + "_" + strings.ToLower(rand.Text()[:10])
 }
 
 // ownerPID returns the pid of the process that made schema, if schemaName
-// made it in this process's pid namespace (so that the pid can be judged
-// here).
-func ownerPID(schema string) (int, bool) {
-	rest, ok := strings.CutPrefix(schema, schemaPrefix)
+// made it under prefix in this process's pid namespace (so that the pid can
+// be judged here).
+func ownerPID(prefix, schema string) (int, bool) {
+	rest, ok := strings.CutPrefix(schema, prefix)
 	if !ok {
 		return 0, false
 	}
@@ -99,16 +104,16 @@ func checkDropped(tb testing.TB, schema string) {
 // reapOnce runs reapSchemas at the first EmptySchema of a process.
 var reapOnce sync.Once
 
-// reapSchemas drops the schemas whose owning test process has exited without
+// reapSchemas drops the schemas under prefix whose owning test process has exited without
 // dropping them (killed by a timeout, a signal or ^C before its cleanups
 // ran), and says which: logged, and under CI=true, where nothing should
 // ever be killed, an error of tb's. Schemas of live processes, parallel test
 // packages among them, and names of another form are left alone.
-func reapSchemas(tb testing.TB, conn *pgx.Conn) {
+func reapSchemas(tb testing.TB, conn *pgx.Conn, prefix string) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rows, err := conn.Query(ctx, "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, $1)", schemaPrefix)
+	rows, err := conn.Query(ctx, "SELECT nspname FROM pg_namespace WHERE starts_with(nspname, $1)", prefix)
 	if err != nil {
 		tb.Logf("pgtest: listing leftover schemas: %v", err)
 		return
@@ -119,7 +124,7 @@ func reapSchemas(tb testing.TB, conn *pgx.Conn) {
 		return
 	}
 	for _, name := range names {
-		pid, ok := ownerPID(name)
+		pid, ok := ownerPID(prefix, name)
 		if !ok || pid == os.Getpid() || !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
 			continue // not judged here, ours, or its process is alive
 		}

@@ -42,16 +42,16 @@ func adminConn(t *testing.T) *pgx.Conn {
 // The names carry the creating process's pid, which ownerPID reads back;
 // names of another form (an older pgtest's, another tool's) have no owner.
 func TestSchemaNamesCarryTheirProcess(t *testing.T) {
-	name := schemaName()
+	name := schemaName(schemaPrefix)
 	if !strings.HasPrefix(name, schemaPrefix) {
-		t.Fatalf("schemaName() = %q, want prefix %q", name, schemaPrefix)
+		t.Fatalf("schemaName(schemaPrefix) = %q, want prefix %q", name, schemaPrefix)
 	}
-	if pid, ok := ownerPID(name); !ok || pid != os.Getpid() {
+	if pid, ok := ownerPID(schemaPrefix, name); !ok || pid != os.Getpid() {
 		t.Errorf("ownerPID(%q) = %d, %v; want %d, true", name, pid, ok, os.Getpid())
 	}
 	otherNamespace := schemaPrefix + strconv.Itoa(os.Getpid()) + "n1_abc" // a process in another pid namespace
 	for _, other := range []string{"idemgate_test_ab12cd34ef56", "public", schemaPrefix + "x_abc", schemaPrefix + "12", otherNamespace} {
-		if pid, ok := ownerPID(other); ok {
+		if pid, ok := ownerPID(schemaPrefix, other); ok {
 			t.Errorf("ownerPID(%q) = %d, true; want no owner", other, pid)
 		}
 	}
@@ -62,12 +62,12 @@ func TestExistingSchemas(t *testing.T) {
 	t.Parallel()
 	conn := adminConn(t)
 	ctx := context.Background()
-	name := schemaName()
+	name := schemaName(schemaPrefix)
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+name); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = conn.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+name+" CASCADE") })
-	got, err := existingSchemas(ctx, conn, []string{name, schemaName()})
+	got, err := existingSchemas(ctx, conn, []string{name, schemaName(schemaPrefix)})
 	if err != nil || len(got) != 1 || got[0] != name {
 		t.Fatalf("existingSchemas = %v, %v; want [%s]", got, err, name)
 	}
@@ -84,7 +84,7 @@ func TestExistingSchemas(t *testing.T) {
 func TestCheckDroppedFailsTheTestOnALeftover(t *testing.T) {
 	t.Parallel()
 	conn := adminConn(t)
-	name := schemaName()
+	name := schemaName(schemaPrefix)
 	if _, err := conn.Exec(context.Background(), "CREATE SCHEMA "+name); err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +108,11 @@ func TestCheckDroppedFailsTheTestOnALeftover(t *testing.T) {
 // next pgtest user finds it by its dead owner, drops it and says so, and
 // leaves alone the schemas of live processes (parallel test packages).
 func TestReapSchemasOfKilledProcesses(t *testing.T) {
+	// The child leaks under a prefix of this test's own: a parallel test
+	// process reaping it first would fail, under CI=true, for this leak.
+	const leakPrefix = "idemgate_test_leak_p"
 	if os.Getenv("PGTEST_LEAK_CHILD") == "1" {
+		ownPrefix = leakPrefix
 		_, schema := EmptySchema(t)
 		os.Stdout.WriteString("schema=" + schema + "\n")
 		// Killed as a timeout or a ^C would: no cleanup runs.
@@ -120,7 +124,7 @@ func TestReapSchemasOfKilledProcesses(t *testing.T) {
 	t.Parallel()
 	conn := adminConn(t)
 	ctx := context.Background()
-	live := schemaName() // ours: this process is alive
+	live := schemaName(leakPrefix) // ours: this process is alive
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+live); err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +139,7 @@ func TestReapSchemasOfKilledProcesses(t *testing.T) {
 	}
 	leaked := strings.Fields(after)[0]
 	t.Cleanup(func() { _, _ = conn.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+leaked+" CASCADE") })
-	if pid, ok := ownerPID(leaked); !ok || pid != cmd.Process.Pid {
+	if pid, ok := ownerPID(leakPrefix, leaked); !ok || pid != cmd.Process.Pid {
 		t.Fatalf("leaked schema %s: owner %d, %v; want the child %d", leaked, pid, ok, cmd.Process.Pid)
 	}
 	if got, err := existingSchemas(ctx, conn, []string{leaked}); err != nil || len(got) != 1 {
@@ -143,7 +147,7 @@ func TestReapSchemasOfKilledProcesses(t *testing.T) {
 	}
 
 	r := &recorder{TB: t}
-	reapSchemas(r, conn)
+	reapSchemas(r, conn, leakPrefix)
 	if got, err := existingSchemas(ctx, conn, []string{leaked, live}); err != nil || len(got) != 1 || got[0] != live {
 		t.Fatalf("after reapSchemas the schemas left are %v (%v); want only the live process's %s", got, err, live)
 	}

@@ -68,8 +68,8 @@ func EmptySchema(tb testing.TB) (*pgxpool.Pool, string) {
 	}
 	defer admin.Close(ctx)
 
-	reapOnce.Do(func() { reapSchemas(tb, admin) })
-	schema := schemaName()
+	reapOnce.Do(func() { reapSchemas(tb, admin, schemaPrefix) })
+	schema := schemaName(ownPrefix)
 	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
 		tb.Fatalf("pgtest: create schema: %v", err)
 	}
