@@ -21,7 +21,7 @@ func curl(t *testing.T, url string, args ...string) (head string, body []byte) {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("curl is not installed")
 		}
-		t.Skip("curl is not installed")
+		t.Skip("curl is not installed (apt-get install curl)")
 	}
 	dir := t.TempDir()
 	headFile, bodyFile := filepath.Join(dir, "head"), filepath.Join(dir, "body")

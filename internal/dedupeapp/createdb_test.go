@@ -33,7 +33,8 @@ func TestCreateDatabase(t *testing.T) {
 		t.Skipf("no PostgreSQL at %s: %v", pgtest.URL(), err)
 	}
 	defer admin.Close(ctx)
-	t.Cleanup(func() { _, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()) })
+	// Not on admin, which is closed by then: that left every run's database behind.
+	pgtest.DropDatabase(t, name)
 
 	for i, want := range []bool{true, false} {
 		created, err := dedupeapp.CreateDatabase(ctx, u.String())

@@ -6,6 +6,10 @@
 // test skips, except under CI=true, where it fails: CI must never pass by
 // skipping the store.
 //
+// A schema still there after its test's cleanups fails that test; one left
+// by a test process that was killed before its cleanups ran is dropped by
+// the next process's first Schema, which says so (and fails under CI=true).
+//
 // NewCluster is for the tests that must stop or crash PostgreSQL itself: it
 // starts a throwaway server of the test's own, never the shared one.
 // NewReplicatedCluster starts a throwaway primary with a synchronous
@@ -14,7 +18,6 @@ package pgtest
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"os"
 	"strings"
@@ -65,11 +68,17 @@ func EmptySchema(tb testing.TB) (*pgxpool.Pool, string) {
 	}
 	defer admin.Close(ctx)
 
-	schema := "idemgate_test_" + strings.ToLower(rand.Text()[:12])
+	reapOnce.Do(func() { reapSchemas(tb, admin, schemaPrefix) })
+	schema := schemaName(ownPrefix)
 	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
 		tb.Fatalf("pgtest: create schema: %v", err)
 	}
-	tb.Cleanup(func() { dropSchema(tb, schema) })
+	// Registered first, so it runs last: after the pools (OpenPool's
+	// cleanups) are closed, the schema is dropped, then checked gone.
+	tb.Cleanup(func() {
+		dropSchema(tb, schema)
+		checkDropped(tb, schema)
+	})
 	return OpenPool(tb, schema), schema
 }
 

@@ -122,7 +122,7 @@ type example func(t *testing.T, target, scenario string) map[string]step
 
 func TestPython(t *testing.T) {
 	t.Parallel()
-	need(t, "python3-grpcio and python3-protobuf for "+python, exec.Command(python, "-c", "import grpc, google.protobuf").Run())
+	need(t, "python3-grpcio and python3-protobuf for "+python+" (apt-get install python3-grpcio python3-protobuf)", exec.Command(python, "-c", "import grpc, google.protobuf").Run())
 	script, err := filepath.Abs("../../../examples/python/payments_caller.py")
 	if err != nil {
 		t.Fatal(err)
@@ -151,10 +151,10 @@ func TestTypeScript(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = exec.LookPath("node")
-	need(t, "node", err)
+	need(t, "node (apt-get install nodejs)", err)
 	tsc := filepath.Join(dir, "node_modules", ".bin", "tsc")
 	_, err = os.Stat(tsc)
-	need(t, "examples/typescript's dependencies (npm ci in examples/typescript)", err)
+	need(t, "examples/typescript's dependencies (make npm-ci)", err)
 	// Compiled out of the tree, so a test never leaves dist/ behind; the
 	// compiled file finds its dependencies through NODE_PATH.
 	out := t.TempDir()
