@@ -72,11 +72,12 @@ func TestBinaryServesFromTheEmbeddedStore(t *testing.T) {
 	}
 
 	// The store is chosen before the service serves, so the health check
-	// above has waited for the line.
-	firstLine, _, _ := strings.Cut(p.Log(), "\n")
+	// above has waited for the line: the first after the version's.
+	lines := strings.SplitN(p.Log(), "\n", 3)
 	want := filepath.Join(dir, "data", "dedupe.db")
-	if !strings.Contains(firstLine, "store=sqlite") || !strings.Contains(firstLine, want) {
-		t.Fatalf("first log line %q, want it to name the embedded store and %s", firstLine, want)
+	if len(lines) < 2 || !strings.Contains(lines[0], `msg="dedupesvc starting" version=`) ||
+		!strings.Contains(lines[1], "store=sqlite") || !strings.Contains(lines[1], want) {
+		t.Fatalf("log %q, want the version, then a line naming the embedded store and %s", lines, want)
 	}
 
 	if err := p.Signal(syscall.SIGTERM); err != nil {
