@@ -53,9 +53,12 @@ const (
 
 // DedupeServiceConfig is a gRPC service config for the client connection to
 // the Dedupe service: it retries every Dedupe RPC on UNAVAILABLE with
-// backoff, which is safe because each of them is idempotent. Pass it with
+// backoff, which is safe because each of them is idempotent, and spreads
+// the RPCs round robin over every address the target resolves to (several
+// replicas behind one DNS name), skipping those that are down. Pass it with
 // grpc.WithDefaultServiceConfig.
 const DedupeServiceConfig = `{
+  "loadBalancingConfig": [{"round_robin": {}}],
   "methodConfig": [{
     "name": [{"service": "idemgate.v1.DedupeService"}],
     "retryPolicy": {

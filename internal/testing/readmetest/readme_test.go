@@ -1,4 +1,4 @@
-// Package readmetest checks that the README's Go snippets are code that
+// Package readmetest checks that the Go snippets of the README and docs/ are code that
 // compiles: each one is kept, verbatim, in snippets_test.go, which the
 // compiler checks, and this test fails when a README snippet is not one of
 // them or one of them is no longer in the README.
@@ -12,16 +12,23 @@ import (
 	"testing"
 )
 
-// readmeBlocks returns the ```go blocks of the README.
+// readmeBlocks returns the ```go blocks of the README and of docs/*.md.
 func readmeBlocks(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "..", "README.md"))
+	root := filepath.Join("..", "..", "..")
+	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var blocks []string
-	for _, m := range regexp.MustCompile("(?ms)^```go\\n(.*?)^```").FindAllStringSubmatch(string(b), -1) {
-		blocks = append(blocks, strings.TrimRight(m[1], "\n"))
+	for _, path := range append([]string{filepath.Join(root, "README.md")}, docs...) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range regexp.MustCompile("(?ms)^```go\\n(.*?)^```").FindAllStringSubmatch(string(b), -1) {
+			blocks = append(blocks, strings.TrimRight(m[1], "\n"))
+		}
 	}
 	return blocks
 }
@@ -72,7 +79,7 @@ func TestREADMESnippetsCompile(t *testing.T) {
 	for i, b := range blocks {
 		shown[b] = true
 		if !compiled[b] {
-			t.Errorf("README ```go block %d is not in snippets_test.go, so nothing compiles it: copy it there, between README:begin and README:end, and make it compile:\n%s", i+1, b)
+			t.Errorf("README or docs ```go block %d is not in snippets_test.go, so nothing compiles it: copy it there, between README:begin and README:end, and make it compile:\n%s", i+1, b)
 		}
 	}
 	for _, s := range compiledTexts {

@@ -37,7 +37,18 @@ import (
 
 // snippets are referenced here so that nothing reports them unused: they
 // are compiled, never run.
-var snippets = []any{grpcServer, httpServer, connectServer, grpcCaller, mcpServer, mcpHTTP, mcpClient, resolve, reconciler}
+var snippets = []any{replicas, grpcServer, httpServer, connectServer, grpcCaller, mcpServer, mcpHTTP, mcpClient, resolve, reconciler}
+
+func replicas(creds credentials.TransportCredentials) error {
+	// README:begin
+	conn, err := grpc.NewClient("dns:///dedupe.internal:50051", grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+	// README:end
+	if err != nil {
+		return err
+	}
+	return conn.Close()
+}
 
 func grpcServer(ctx context.Context, creds credentials.TransportCredentials, tenantFromAuth interceptor.TenantFunc,
 	authInterceptor grpc.UnaryServerInterceptor, impl paymentsv1.PaymentsServiceServer, lis net.Listener, logger *slog.Logger) error {
