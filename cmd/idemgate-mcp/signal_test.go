@@ -1,8 +1,6 @@
 package main
 
 import (
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,15 +24,5 @@ func TestInterruptIsLogged(t *testing.T) {
 	addr := stacktest.FreeAddr(t)
 	p := proctest.Start(t, proctest.Build(t, "."), []string{"-target", stack.Tool.Target(), "-plaintext", "-listen", addr}, nil)
 	p.WaitTCP(t, addr, 2*time.Minute)
-	if err := p.Signal(syscall.SIGINT); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Wait(time.Minute); err != nil {
-		t.Fatalf("after SIGINT: %v\n%s", err, p.Log())
-	}
-	log := p.Log()
-	stopping, stopped := strings.Index(log, "msg=\"stopping"), strings.Index(log, "msg=stopped")
-	if !strings.Contains(log, "idemgate-mcp starting") || !strings.Contains(log, "version=") || stopping < 0 || stopped < stopping {
-		t.Errorf("log after SIGINT:\n%s\nwant the version at start-up, a stopping line, then stopped", log)
-	}
+	p.WantCleanInterrupt(t, "idemgate-mcp starting", "version=", "msg=\"stopping", "msg=stopped")
 }

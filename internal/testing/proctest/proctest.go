@@ -230,3 +230,26 @@ func waitTCP(addr string, timeout time.Duration, exited <-chan struct{}) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// WantCleanInterrupt sends the process SIGINT (Ctrl-C), fails the test
+// unless it exits 0 within a minute, and fails it unless its log holds each
+// of want in that order (a stopping line before a stopped one). The minute
+// leaves room for a starved machine; a graceful stop takes milliseconds.
+func (p *Process) WantCleanInterrupt(tb testing.TB, want ...string) {
+	tb.Helper()
+	if err := p.Signal(syscall.SIGINT); err != nil {
+		tb.Fatal(err)
+	}
+	if err := p.Wait(time.Minute); err != nil {
+		tb.Fatalf("after SIGINT: %v\n%s", err, p.Log())
+	}
+	log, at := p.Log(), 0
+	for _, w := range want {
+		i := strings.Index(log[at:], w)
+		if i < 0 {
+			tb.Errorf("log after SIGINT:\n%s\nwant %q, in this order after %q", log, w, want)
+			return
+		}
+		at += i + len(w)
+	}
+}
