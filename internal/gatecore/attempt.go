@@ -42,7 +42,7 @@ func (e *Engine) Start(ctx context.Context, c *Call, b Begun) *Attempt {
 	hctx, fence := context.WithCancelCause(withCall(hctx, c, b.Epoch))
 	a := &Attempt{e: e, c: c, epoch: b.Epoch, ctx: ctx, hctx: hctx,
 		cancel: func() { fence(nil); cancelExecution() }}
-	a.lease = e.keepLease(ctx, c, b.Epoch, c.Policy.Lease/3-b.BeginTook, time.Now().Add(-b.BeginTook), func() { fence(ErrFenced) })
+	a.lease = e.keepLease(ctx, c, b.Epoch, c.Policy.Lease/3-b.BeginTook, func() { fence(ErrFenced) })
 	return a
 }
 
@@ -151,18 +151,6 @@ type leaseKeeper struct {
 	// then on is the settlement racing it, and the settlement's own answer
 	// says whether the attempt was fenced.
 	settling atomic.Bool
-	// lease is the reservation's lease; renewedAt (Unix nanoseconds) is
-	// when the lease last started by the service's grant: no later than the
-	// Begin or the renewal it answered was sent.
-	lease     time.Duration
-	renewedAt atomic.Int64
-}
-
-// lapsed reports whether the lease has run out since the service last
-// confirmed it: another attempt may have taken the key over without this
-// one hearing so.
-func (k *leaseKeeper) lapsed() bool {
-	return time.Since(time.Unix(0, k.renewedAt.Load())) >= k.lease
 }
 
 // stop ends the renewals and waits for them; it may be called more than once.
@@ -183,21 +171,16 @@ const maxOutstandingRenewals = 4
 // store nor a hung connection costs a live holder its reservation while
 // some renewal can still get through. A renewal the service refuses means
 // the attempt was fenced: fenced is called and the renewals stop.
-func (e *Engine) keepLease(ctx context.Context, c *Call, epoch int64, first time.Duration, heldSince time.Time, fenced func()) *leaseKeeper {
+func (e *Engine) keepLease(ctx context.Context, c *Call, epoch int64, first time.Duration, fenced func()) *leaseKeeper {
 	lease := c.Policy.Lease
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	k := &leaseKeeper{cancel: cancel, done: make(chan struct{}), lease: lease}
-	k.renewedAt.Store(heldSince.UnixNano())
+	k := &leaseKeeper{cancel: cancel, done: make(chan struct{})}
 	req := &idemgatev1.HeartbeatRequest{Scope: c.Scope, Key: c.Key, AttemptToken: c.Token, Epoch: epoch, Lease: durationpb.New(lease)}
 	go func() {
 		defer close(k.done)
 		var attempts sync.WaitGroup
 		defer attempts.Wait()
-		type renewal struct {
-			err  error
-			sent time.Time
-		}
-		results := make(chan renewal, maxOutstandingRenewals)
+		results := make(chan error, maxOutstandingRenewals)
 		outstanding := 0
 		timer := time.NewTimer(max(first, 0))
 		defer timer.Stop()
@@ -213,22 +196,16 @@ func (e *Engine) keepLease(ctx context.Context, c *Call, epoch int64, first time
 						defer attempts.Done()
 						callCtx, cancelCall := context.WithTimeout(kctx, lease/2)
 						defer cancelCall()
-						sent := time.Now()
 						_, err := e.dedupe.Heartbeat(callCtx, req)
-						results <- renewal{err, sent}
+						results <- err
 					}()
 				}
 				// Until a renewal gets through, keep sending one a tick.
 				timer.Reset(lease / 10)
-			case r := <-results:
+			case err := <-results:
 				outstanding--
-				err := r.err
 				switch {
 				case err == nil:
-					// The lease runs from no later than the renewal was sent.
-					if t := r.sent.UnixNano(); t > k.renewedAt.Load() {
-						k.renewedAt.Store(t)
-					}
 					timer.Reset(lease / 3)
 				case kctx.Err() != nil:
 					return
@@ -316,22 +293,10 @@ type settlement struct {
 func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseKeeper, s settlement, inBackground bool) (fenced bool) {
 	lease.settling.Store(true)
 	detached := context.WithoutCancel(ctx)
-	uncertain := false
 	if !inBackground {
 		if settled, fenced := e.trySettle(detached, c, epoch, s); settled {
 			lease.stop()
 			return fenced
-		}
-		// Unsettled, with a lease the service has not confirmed for a whole
-		// lease: another attempt may hold the key and store another outcome,
-		// so this one's answer may not be the one the key keeps. The caller
-		// gets the fenced answer (retry with the key), and its retry gets
-		// whichever outcome is stored, this one's if the background
-		// settlement lands.
-		if lease.lapsed() {
-			uncertain = true
-			e.opts.Logger.WarnContext(ctx, "idemgate: the outcome could not be stored and the lease ran out unconfirmed; the caller is told to retry with its key rather than given an answer another attempt may have replaced",
-				slog.String("scope", c.Scope), slog.Int64("epoch", epoch))
 		}
 	}
 	if !e.startBackground() {
@@ -346,7 +311,7 @@ func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseK
 		defer lease.stop()
 		e.retrySettle(ctx, detached, c, epoch, s, inBackground)
 	}()
-	return uncertain
+	return false
 }
 
 // retrySettle retries a settlement whose first attempt failed (with first
