@@ -42,7 +42,7 @@ func (e *Engine) Start(ctx context.Context, c *Call, b Begun) *Attempt {
 	hctx, fence := context.WithCancelCause(withCall(hctx, c, b.Epoch))
 	a := &Attempt{e: e, c: c, epoch: b.Epoch, ctx: ctx, hctx: hctx,
 		cancel: func() { fence(nil); cancelExecution() }}
-	a.lease = e.keepLease(ctx, c, b.Epoch, c.Policy.Lease/3-b.BeginTook, func() { fence(ErrFenced) })
+	a.lease = e.keepLease(ctx, c, b.Epoch, c.Policy.Lease/3-b.BeginTook, time.Now().Add(-b.BeginTook), func() { fence(ErrFenced) })
 	return a
 }
 
@@ -151,6 +151,18 @@ type leaseKeeper struct {
 	// then on is the settlement racing it, and the settlement's own answer
 	// says whether the attempt was fenced.
 	settling atomic.Bool
+	// lease is the reservation's lease; renewedAt (Unix nanoseconds) is
+	// when the lease last started by the service's grant: no later than the
+	// Begin or the renewal it answered was sent.
+	lease     time.Duration
+	renewedAt atomic.Int64
+}
+
+// lapsed reports whether the lease has run out since the service last
+// confirmed it: another attempt may have taken the key over without this
+// one hearing so.
+func (k *leaseKeeper) lapsed() bool {
+	return time.Since(time.Unix(0, k.renewedAt.Load())) >= k.lease
 }
 
 // stop ends the renewals and waits for them; it may be called more than once.
@@ -171,16 +183,21 @@ const maxOutstandingRenewals = 4
 // store nor a hung connection costs a live holder its reservation while
 // some renewal can still get through. A renewal the service refuses means
 // the attempt was fenced: fenced is called and the renewals stop.
-func (e *Engine) keepLease(ctx context.Context, c *Call, epoch int64, first time.Duration, fenced func()) *leaseKeeper {
+func (e *Engine) keepLease(ctx context.Context, c *Call, epoch int64, first time.Duration, heldSince time.Time, fenced func()) *leaseKeeper {
 	lease := c.Policy.Lease
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	k := &leaseKeeper{cancel: cancel, done: make(chan struct{})}
+	k := &leaseKeeper{cancel: cancel, done: make(chan struct{}), lease: lease}
+	k.renewedAt.Store(heldSince.UnixNano())
 	req := &idemgatev1.HeartbeatRequest{Scope: c.Scope, Key: c.Key, AttemptToken: c.Token, Epoch: epoch, Lease: durationpb.New(lease)}
 	go func() {
 		defer close(k.done)
 		var attempts sync.WaitGroup
 		defer attempts.Wait()
-		results := make(chan error, maxOutstandingRenewals)
+		type renewal struct {
+			err  error
+			sent time.Time
+		}
+		results := make(chan renewal, maxOutstandingRenewals)
 		outstanding := 0
 		timer := time.NewTimer(max(first, 0))
 		defer timer.Stop()
@@ -196,16 +213,22 @@ func (e *Engine) keepLease(ctx context.Context, c *Call, epoch int64, first time
 						defer attempts.Done()
 						callCtx, cancelCall := context.WithTimeout(kctx, lease/2)
 						defer cancelCall()
+						sent := time.Now()
 						_, err := e.dedupe.Heartbeat(callCtx, req)
-						results <- err
+						results <- renewal{err, sent}
 					}()
 				}
 				// Until a renewal gets through, keep sending one a tick.
 				timer.Reset(lease / 10)
-			case err := <-results:
+			case r := <-results:
 				outstanding--
+				err := r.err
 				switch {
 				case err == nil:
+					// The lease runs from no later than the renewal was sent.
+					if t := r.sent.UnixNano(); t > k.renewedAt.Load() {
+						k.renewedAt.Store(t)
+					}
 					timer.Reset(lease / 3)
 				case kctx.Err() != nil:
 					return
@@ -283,8 +306,17 @@ type settlement struct {
 // lease is renewed all along. Once Close has begun they are made here
 // instead, before the caller's answer, until Close's context ends.
 //
-// It reports whether an attempt made before the answer was refused because
-// the attempt had been fenced.
+// A lease the service has not confirmed for a whole lease may have been
+// taken over, and another attempt's outcome stored in place of this one:
+// then the retries are made before the answer, for up to a lease (less if
+// the caller gives up first), and an attempt whose outcome is still not
+// stored answers as fenced, so its caller's retry gets whatever the key
+// keeps. The service grants a holder a full lease once it is back from an
+// outage, so a store outage alone still costs the holder nothing.
+//
+// It reports whether the caller must get the fenced answer: an attempt made
+// before the answer was refused because the attempt had been fenced, or the
+// lease had lapsed unconfirmed and the outcome is not stored yet.
 //
 // With inBackground even the first attempt runs in the background: settle
 // returns at once, reporting false, and the lease is renewed until the
@@ -293,10 +325,28 @@ type settlement struct {
 func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseKeeper, s settlement, inBackground bool) (fenced bool) {
 	lease.settling.Store(true)
 	detached := context.WithoutCancel(ctx)
+	budget := s.deadline
+	if budget.IsZero() {
+		budget = time.Now().Add(e.opts.FinishBudget)
+	}
+	unsettled := false
 	if !inBackground {
 		if settled, fenced := e.trySettle(detached, c, epoch, s); settled {
 			lease.stop()
 			return fenced
+		}
+		if lease.lapsed() {
+			confirm := time.Now().Add(c.Policy.Lease)
+			if budget.Before(confirm) {
+				confirm = budget
+			}
+			if settled, fenced := e.retrySettle(ctx, c, epoch, s, confirm, false); settled {
+				lease.stop()
+				return fenced
+			}
+			unsettled = true
+			e.opts.Logger.WarnContext(ctx, "idemgate: the outcome could not be stored and the lease ran out unconfirmed; the caller is told to retry with its key rather than given an answer another attempt may have replaced",
+				slog.String("scope", c.Scope), slog.Int64("epoch", epoch))
 		}
 	}
 	if !e.startBackground() {
@@ -304,52 +354,53 @@ func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseK
 		// new joins the background, so the settlement is retried here,
 		// before the answer, as it would have been there.
 		defer lease.stop()
-		return e.retrySettle(ctx, detached, c, epoch, s, inBackground)
+		settled, fenced := e.retrySettle(detached, c, epoch, s, budget, inBackground)
+		if !settled {
+			e.giveUp(ctx, c, epoch, s)
+		}
+		return fenced || unsettled
 	}
 	go func() {
 		defer e.background.Done()
 		defer lease.stop()
-		e.retrySettle(ctx, detached, c, epoch, s, inBackground)
+		if settled, _ := e.retrySettle(detached, c, epoch, s, budget, inBackground); !settled {
+			e.giveUp(ctx, c, epoch, s)
+		}
 	}()
-	return false
+	return unsettled
 }
 
-// retrySettle retries a settlement whose first attempt failed (with first
-// set, it makes that attempt too) with backoff within the finish retry
-// budget, until it is settled, the budget runs out, or Close's context ends
-// (backgroundCtx). It reports whether an attempt was refused because the
-// attempt had been fenced.
-func (e *Engine) retrySettle(ctx, detached context.Context, c *Call, epoch int64, s settlement, first bool) (fenced bool) {
-	bctx, cancel := context.WithCancel(detached)
+// retrySettle makes the settlement's attempts with backoff (with first, the
+// first of them at once) until it is settled, deadline passes, ctx or Close's context
+// (backgroundCtx) ends. It reports whether it was settled and whether an
+// attempt was refused because the attempt had been fenced.
+func (e *Engine) retrySettle(ctx context.Context, c *Call, epoch int64, s settlement, deadline time.Time, first bool) (settled, fenced bool) {
+	bctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	defer context.AfterFunc(e.backgroundCtx, cancel)()
-	deadline := s.deadline
-	if deadline.IsZero() {
-		deadline = time.Now().Add(e.opts.FinishBudget)
-	}
 	if first {
 		if settled, fenced := e.trySettle(bctx, c, epoch, s); settled {
-			return fenced
+			return true, fenced
 		}
 	}
-	backoff := 100 * time.Millisecond
-	for time.Now().Add(backoff).Before(deadline) {
-		if !sleep(bctx, backoff) {
-			e.giveUp(ctx, c, epoch, s, "the Gate was closed")
-			return false
+	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
+		if !time.Now().Add(backoff).Before(deadline) || !sleep(bctx, backoff) {
+			return false, false
 		}
-		backoff = min(2*backoff, 5*time.Second)
 		e.Event(c, s.retryEvent)
 		if settled, fenced := e.trySettle(bctx, c, epoch, s); settled {
-			return fenced
+			return true, fenced
 		}
 	}
-	e.giveUp(ctx, c, epoch, s, "the retry budget ran out")
-	return false
 }
 
-// giveUp counts and logs a settlement that will not be retried any more.
-func (e *Engine) giveUp(ctx context.Context, c *Call, epoch int64, s settlement, why string) {
+// giveUp counts and logs a settlement that will not be retried any more:
+// its budget ran out or the Gate was closed.
+func (e *Engine) giveUp(ctx context.Context, c *Call, epoch int64, s settlement) {
+	why := "the retry budget ran out"
+	if e.backgroundCtx.Err() != nil {
+		why = "the Gate was closed"
+	}
 	e.Event(c, s.failEvent)
 	e.opts.Logger.ErrorContext(ctx, "idemgate: gave up ("+why+"): "+s.lost+"; the key goes down its on_lost_outcome path when the lease runs out",
 		slog.String("rpc", s.rpc), slog.String("scope", c.Scope), slog.Int64("epoch", epoch), slog.Duration("budget", e.opts.FinishBudget))

@@ -208,7 +208,7 @@ func (e *Engine) resendLostBegin(ctx context.Context, lb *lostBegin) error {
 	res, err := e.dedupe.Begin(callCtx, lb.req)
 	cancel()
 	if reserved := res.GetReserved(); err == nil && reserved != nil {
-		lease := e.keepLease(lb.ctx, lb.c, reserved.GetEpoch(), 0, func() {})
+		lease := e.keepLease(lb.ctx, lb.c, reserved.GetEpoch(), 0, time.Now(), func() {})
 		e.followUps.mu.Lock()
 		deadline := lb.deadline
 		e.followUps.mu.Unlock()

@@ -1,0 +1,113 @@
+package gatecore_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/gatecore"
+)
+
+// cutOffDedupe reserves, then renews no lease (heartbeats UNAVAILABLE
+// unless renew) and fails the first Finish UNAVAILABLE, as a holder cut off
+// from the service sees it; later Finishes answer later.
+type cutOffDedupe struct {
+	idemgatev1.DedupeServiceClient
+	renew bool
+	// later answers every Finish after the first.
+	later    error
+	finishes atomic.Int64
+}
+
+func (d *cutOffDedupe) Begin(context.Context, *idemgatev1.BeginRequest, ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
+	return &idemgatev1.BeginResponse{Result: &idemgatev1.BeginResponse_Reserved_{Reserved: &idemgatev1.BeginResponse_Reserved{Epoch: 1}}}, nil
+}
+
+func (d *cutOffDedupe) Heartbeat(context.Context, *idemgatev1.HeartbeatRequest, ...grpc.CallOption) (*idemgatev1.HeartbeatResponse, error) {
+	if d.renew {
+		return &idemgatev1.HeartbeatResponse{}, nil
+	}
+	return nil, status.Error(codes.Unavailable, "cut off")
+}
+
+func (d *cutOffDedupe) Finish(context.Context, *idemgatev1.FinishRequest, ...grpc.CallOption) (*idemgatev1.FinishResponse, error) {
+	if d.finishes.Add(1) == 1 {
+		return nil, status.Error(codes.Unavailable, "cut off")
+	}
+	if d.later != nil {
+		return nil, d.later
+	}
+	return &idemgatev1.FinishResponse{}, nil
+}
+
+// An attempt whose lease ran out with no renewal the service confirmed,
+// and whose first Finish failed, must not hand its caller its own answer
+// before the store has taken it: another attempt may have taken the key
+// over and stored another outcome (the conformance suite's FencedHolder
+// case saw exactly that). It retries the Finish before answering: stored,
+// the caller gets its answer (a store outage longer than the lease costs
+// the holder nothing); refused, or still unanswered after a lease, the
+// caller gets the fenced answer and its retry gets whatever is stored.
+// With a lease still confirmed, a failed first Finish is retried in the
+// background behind the answer, as before.
+func TestAnUnconfirmedLapsedLeaseIsAnsweredOnlyOnceStored(t *testing.T) {
+	outcome, err := anypb.New(wrapperspb.String("charged"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		renew bool
+		later error
+		lease time.Duration
+		// wait, past a lapsing lease: waiting longer on a starved machine
+		// only makes the lapse surer.
+		wait       time.Duration
+		wantFenced bool
+		// wantStoredFirst: the retried Finish landed before the answer.
+		wantStoredFirst bool
+	}{
+		{"lapsed, then stored", false, nil, time.Second, 1500 * time.Millisecond, false, true},
+		{"lapsed, then refused", false, status.Error(codes.FailedPrecondition, "taken over"), time.Second, 1500 * time.Millisecond, true, true},
+		{"lapsed, never answered", false, status.Error(codes.Unavailable, "cut off"), time.Second, 1500 * time.Millisecond, true, true},
+		// A long lease, finished at once: it cannot have lapsed.
+		{"confirmed", true, nil, time.Minute, 0, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &cutOffDedupe{renew: tc.renew, later: tc.later}
+			e := gatecore.New(d, gatecore.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), FinishBudget: 3 * time.Second})
+			c := gatecore.NewCall("tool", "scope", "key-1", []byte("fp"),
+				gatecore.Policy{Lease: tc.lease, MaxWait: time.Second, ExecutionTimeout: time.Hour}, time.Hour)
+			begun, err := e.Begin(context.Background(), c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a := e.Start(context.Background(), c, begun)
+			time.Sleep(tc.wait)
+			if fenced := a.Finish(outcome, false); fenced != tc.wantFenced {
+				t.Errorf("Finish reported fenced = %v, want %v", fenced, tc.wantFenced)
+			}
+			if n := d.finishes.Load(); tc.wantStoredFirst && n < 2 {
+				t.Errorf("Finishes before the answer = %d, want the failed one retried before answering", n)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := e.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n := d.finishes.Load(); n < 2 {
+				t.Errorf("Finishes = %d, want the failed one retried", n)
+			}
+		})
+	}
+}
