@@ -336,6 +336,65 @@ func failoverAtPausePoint(st *Stack, done <-chan struct{}) error {
 	return nil
 }
 
+// patroniConfig is the Patroni configuration docs/high-availability.md
+// documents; the Patroni scenario runs it as it is.
+const patroniConfig = "../../../deploy/patroni/patroni.yml"
+
+// patroniStore starts three PostgreSQL nodes under Patroni (synchronous
+// mode, strict) and points the Dedupe service at all of them through the
+// multi-host URL, which reaches whichever leads.
+func patroniStore(st *Stack) {
+	t := st.T()
+	st.Patroni = pgtest.NewPatroni(t, patroniConfig)
+	ctx, cancel := context.WithTimeout(st.ctx, patience)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, st.Patroni.URL("postgres"))
+	if err != nil {
+		t.Fatalf("connect to the Patroni leader: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE chaos"); err != nil {
+		t.Fatalf("create database chaos: %v", err)
+	}
+	st.DatabaseURL = st.Patroni.URL("chaos")
+	t.Logf("%s", st.Patroni)
+}
+
+// patroniFaultsAtPausePoint alternates, each while a handler holds an
+// unstored outcome: the leader's machine crashes (Patroni and PostgreSQL
+// killed; the synchronous standby is promoted once the leader key expires,
+// and the crashed node rejoins as a replica), then a planned switchover to
+// the synchronous standby. The Dedupe service must find the new leader on
+// its own and nothing acknowledged may be lost: the strict rules hold.
+func patroniFaultsAtPausePoint(st *Stack, done <-chan struct{}) error {
+	if _, err := st.AtPausePoint(done, ""); err != nil {
+		return skipped(st, err)
+	}
+	t := st.T()
+	downAt := time.Now()
+	if st.patroniFaults++; st.patroniFaults%2 == 1 {
+		crashed := st.Patroni.CrashLeader(t)
+		leader, _ := st.Patroni.WaitHealthy(t, crashed)
+		t.Logf("Patroni: %s crashed, %s leads after %s", crashed, leader, time.Since(downAt).Round(time.Millisecond))
+		// No node can take writes until the crashed leader's key expires,
+		// ttl after its last renewal, at most loop_wait before the crash;
+		// when a standby starts taking them after that, only Patroni knows.
+		st.outage("Patroni leader's machine crashed, until its leader key can first expire", downAt, downAt.Add(patroniCertainlyAway))
+		st.Patroni.Restart(t, crashed)
+		return nil
+	}
+	// The old leader takes writes until Patroni demotes it and the new one
+	// from its promotion: no window in which the store is certainly away.
+	from, to := st.Patroni.Switchover(t)
+	t.Logf("Patroni: switched over from %s to %s in %s", from, to, time.Since(downAt).Round(time.Millisecond))
+	return nil
+}
+
+// patroniCertainlyAway is how long after a crash of the Patroni leader no
+// node can take writes: ttl (10s) less loop_wait (1s) in
+// deploy/patroni/patroni.yml, less a second for a renewal in flight.
+const patroniCertainlyAway = 8 * time.Second
+
 // scenarios lists the suite's scenarios; each call makes fresh fault state.
 func scenarios() []Scenario {
 	var list []Scenario
@@ -372,6 +431,11 @@ func scenarios() []Scenario {
 		// be lost, so the strict rules hold.
 		Scenario{Name: StorePostgres + "/postgres-failover", Store: StorePostgres, Workload: standard, Outages: 1,
 			Setup: replicatedStore, Fault: failoverAtPausePoint},
+		// The store is PostgreSQL under Patroni with a synchronous
+		// standby (deploy/patroni/patroni.yml): a crash of the leader's
+		// machine, then a switchover, each with an outcome in flight.
+		Scenario{Name: StorePostgres + "/patroni-failover-and-switchover", Store: StorePostgres, Workload: standard, Outages: 2,
+			Setup: patroniStore, Fault: patroniFaultsAtPausePoint},
 		// Every caller of a late-metadata action gives up on its first try
 		// once the side effect started; the handler then sets its header
 		// and trailer on a finished stream. No fault: the strict rules, and

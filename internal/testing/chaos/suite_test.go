@@ -375,7 +375,11 @@ type Stack struct {
 	// started, nil otherwise; failedOver is set once the standby is promoted.
 	Replicated *pgtest.Replicated
 	failedOver bool
-	DataDir    string
+	// Patroni is the Patroni cluster a high-availability scenario's Setup
+	// started, nil otherwise; patroniFaults counts the faults it suffered.
+	Patroni       *pgtest.Patroni
+	patroniFaults int
+	DataDir       string
 	// Dedupes and Tools are the processes; Setup may change their addresses
 	// before they start.
 	Dedupes, Tools []*Member
