@@ -40,7 +40,7 @@ BINS := $(addprefix $(BIN_DIR)/,$(CMDS))
 # GO_SOURCES are what the binaries are built from: make rebuilds them only when one changes.
 GO_SOURCES := $(shell find . -path ./.git -prune -o -path ./$(BIN_DIR) -prune -o \( -name '*.go' -o -name '*.sql' \) -print) go.mod go.sum
 # FIRST_BUILD is printed before anything that may compile every dependency.
-FIRST_BUILD := on an empty build cache this compiles every dependency first, modernc.org/sqlite (SQLite translated to Go) above all: see README "How long the first build takes"
+FIRST_BUILD := on an empty build cache this compiles every dependency first, modernc.org/sqlite (SQLite translated to Go) above all: see docs/development.md "How long the first build takes"
 # SEED seeds `make chaos` (the workload and the fault schedule); empty picks one from the clock,
 # printed so the run can be reproduced. LONG=1 runs ten times the actions and outages. CHAOS_RUN
 # selects scenarios by name, as go test -run does for subtests (e.g. CHAOS_RUN=sqlite/, or

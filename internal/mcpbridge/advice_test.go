@@ -32,7 +32,7 @@ func TestEveryReasonHasAdvice(t *testing.T) {
 		}
 		seen++
 		if Advice(reason, codes.Unknown) == "" {
-			t.Errorf("%s has no advice: add it to Advice and to the README's table", reason)
+			t.Errorf("%s has no advice: add it to Advice and to the advice table in docs/mcp.md (Agent runtimes)", reason)
 		}
 		return true
 	})

@@ -12,7 +12,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// hostConfig is the README's stock-host configuration: the JSON an MCP host
+// hostConfig is the stock-host configuration docs/mcp.md shows: the JSON an MCP host
 // (the mcpServers file desktop and IDE hosts read) is given to start the
 // bridge over stdio.
 type hostConfig struct {
@@ -22,35 +22,36 @@ type hostConfig struct {
 	} `json:"mcpServers"`
 }
 
-// readmeHostConfig reads the JSON block that follows the README's
-// <!-- stock-host-config --> marker.
+// readmeHostConfig reads the JSON block that follows the
+// <!-- stock-host-config --> marker in docs/mcp.md ("Which key carrier a host
+// can fill").
 func readmeHostConfig(t *testing.T) hostConfig {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "..", "README.md"))
+	b, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "mcp.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	m := regexp.MustCompile("(?s)<!-- stock-host-config -->\\s*```json\\n(.*?)```").FindSubmatch(b)
 	if m == nil {
-		t.Fatal("README.md has no ```json block after <!-- stock-host-config -->")
+		t.Fatal("docs/mcp.md has no ```json block after <!-- stock-host-config -->")
 	}
 	var cfg hostConfig
 	if err := json.Unmarshal(m[1], &cfg); err != nil {
-		t.Fatalf("the README's host configuration is not JSON: %v", err)
+		t.Fatalf("the host configuration in docs/mcp.md is not JSON: %v", err)
 	}
 	return cfg
 }
 
-// A stock host, configured as the README says (stdio, the bridge started
+// A stock host, configured as docs/mcp.md says (stdio, the bridge started
 // by the host, no _meta ever sent), charges once per key the model puts in
 // the key argument: the real bridge, payments-server and dedupesvc
 // binaries. Only the binary's path, the target and the descriptor set are
-// this test's; every other argument is the README's.
-func TestStockHostConfigurationFromTheREADME(t *testing.T) {
+// this test's; every other argument is the doc's.
+func TestStockHostConfigurationFromTheDocs(t *testing.T) {
 	cfg := readmeHostConfig(t)
 	server, found := cfg.MCPServers["payments"]
 	if !found || server.Command != "idemgate-mcp" {
-		t.Fatalf("README host configuration %+v: want mcpServers.payments running idemgate-mcp", cfg)
+		t.Fatalf("docs/mcp.md host configuration %+v: want mcpServers.payments running idemgate-mcp", cfg)
 	}
 	s := startStack(t)
 	args := append([]string(nil), server.Args...)
