@@ -57,7 +57,7 @@ const (
 	// 7,000 fresh keys a second on PostgreSQL and 9,000 on the embedded
 	// store at 64 callers), so that by default the limit never refuses a
 	// single busy tool server the store could serve; production sets a
-	// caller's share of its store's measured capacity (README, "Limits per
+	// caller's share of its store's measured capacity (docs/service.md, "Limits per
 	// caller").
 	DefaultCallerRate = 10000
 	// DefaultCallerBurst is each caller's Begin burst: 10,000, one second

@@ -85,7 +85,7 @@ type refusal struct {
 	title  string
 }
 
-// refusals is the status table README.md "HTTP" and doc.go document.
+// refusals is the status table docs/gating.md "HTTP" and doc.go document.
 var refusals = map[string]refusal{
 	ReasonKeyMissing:          {http.StatusBadRequest, "Idempotency-Key missing"},
 	ReasonKeyInvalid:          {http.StatusBadRequest, "Idempotency-Key invalid"},

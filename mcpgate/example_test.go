@@ -71,7 +71,7 @@ func Example() {
 	// charges: 1
 }
 
-// KeyReader wraps stdin as the README shows: its result is the Reader of an
+// KeyReader wraps stdin as docs/mcp.md shows: its result is the Reader of an
 // mcp.IOTransport, which the SDK closes when the session ends (closing
 // stdin with it).
 func ExampleKeyReader() {

@@ -35,7 +35,7 @@ func TestPaymentsServerOverConnect(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	// curl, as the README shows it.
+	// curl, as docs/gating.md shows it.
 	curl := func(key string) (body, header string) {
 		t.Helper()
 		out, err := exec.CommandContext(ctx, "curl", "-sS", "-i", "-H", "Content-Type: application/json", "-H", "Idempotency-Key: "+key,

@@ -23,7 +23,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
 
-// What the image's configuration promises; README "Container image"
+// What the image's configuration promises; docs/service.md "Container image"
 // documents each, and the test holds the built image to them.
 const (
 	// User is the image's user: the non-root uid 65532 ("nonroot", group
@@ -240,7 +240,7 @@ func Layer(binary, caCerts []byte, created time.Time) ([]byte, error) {
 }
 
 // Image assembles the image from opts: OCI media types, one layer, and the
-// configuration README "Container image" describes.
+// configuration docs/service.md "Container image" describes.
 func Image(opts Options) (v1.Image, error) {
 	binary, err := os.ReadFile(opts.Binary)
 	if err != nil {

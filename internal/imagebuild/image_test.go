@@ -77,7 +77,7 @@ func TestCreatedTime(t *testing.T) {
 }
 
 // TestImageRunsAgainstPostgreSQL builds the image as make image does, reads
-// it back from the tarball, holds its configuration to what README
+// it back from the tarball, holds its configuration to what docs/service.md
 // "Container image" says, unpacks its layer into a root file system and
 // runs its entrypoint there as a runtime would (own mount and PID
 // namespaces, /proc, chroot, the image's user, environment and working
@@ -170,7 +170,7 @@ func TestImageRunsAgainstPostgreSQL(t *testing.T) {
 	// docker run IMAGE migrate, with no DATABASE_URL: the embedded store is
 	// created in the image's data directory, which the user may write.
 	// migrate validates the serving flags too, so the image's 0.0.0.0
-	// listen address would demand TLS and authentication of it; README
+	// listen address would demand TLS and authentication of it; docs/service.md
 	// "Container image" gives the loopback override used here.
 	migrateCfg := cf.Config
 	migrateCfg.Cmd = []string{"migrate"}
@@ -295,7 +295,7 @@ func TestImageRunsAgainstPostgreSQL(t *testing.T) {
 	}
 }
 
-// checkConfig holds the image's configuration to README "Container image".
+// checkConfig holds the image's configuration to docs/service.md "Container image".
 func checkConfig(t *testing.T, cf *v1.ConfigFile, vcs VCS, created time.Time) {
 	t.Helper()
 	c := cf.Config

@@ -10,7 +10,7 @@
 // timestamp in the image is the commit's time (SOURCE_DATE_EPOCH overrides
 // it), so the same commit, toolchain and CA bundle give the same digest.
 // The labels name the source repository, the version (git describe) and
-// the commit. README "Container image" documents the configuration.
+// the commit. docs/service.md "Container image" documents the configuration.
 package main
 
 import (

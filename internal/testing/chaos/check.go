@@ -50,7 +50,7 @@ func (o Outage) covers(server string) bool {
 	return len(o.Servers) == 0 || slices.Contains(o.Servers, server)
 }
 
-// Rules say what a scenario's faults make legitimate, per the README's
+// Rules say what a scenario's faults make legitimate, per docs/failure-semantics.md's
 // "When something fails mid-call". All default to false: the strict rules.
 type Rules struct {
 	// RerunAllowed: a holder is killed, stalled or cut off past its lease,
@@ -60,7 +60,7 @@ type Rules struct {
 	RerunAllowed bool
 	// HolderCutOff: a holder may be cut off from the store after its
 	// handler returned. Its caller then gets the real response while Finish
-	// is retried in the background (README), and a REEXECUTE taker may store
+	// is retried in the background (docs/failure-semantics.md), and a REEXECUTE taker may store
 	// another once the lease runs out: callers of one action may see two.
 	// And a Begin that reserved the key but whose answer was cut off holds
 	// the key, unknowingly, until its lease runs out: a FAIL_CLOSED duplicate

@@ -19,7 +19,7 @@ const restartOutage = 30 * time.Second
 var restartWorkload = Workload{Reexecute: 0.5, Pause: 0.8, Ambiguous: 0.05, Actions: 50, Spread: 90 * time.Second}
 
 // dialWithDefaultBackoff makes the first tool server dial its Dedupe
-// service as the README shows (grpc-go's default reconnect backoff,
+// service as docs/gating.md shows (grpc-go's default reconnect backoff,
 // WithDedupeConn); the second keeps chaos-tool's one-second backoff, as a
 // replica that happened to reconnect first.
 func dialWithDefaultBackoff(st *Stack) {

@@ -137,7 +137,7 @@ func stallToolPastLease() func(*Stack, <-chan struct{}) error {
 // recovery is how long the store stays up after an outage before the next
 // one. The holders' Finish retries must land in it: outages a second apart
 // are one long outage, and one longer than the finish retry budget (a
-// minute) loses outcomes by design (README, "When the store goes away"),
+// minute) loses outcomes by design (docs/failure-semantics.md, "When the store goes away"),
 // which -chaos.long's twenty outages did.
 const recovery = lease
 
@@ -416,7 +416,7 @@ func scenarios() []Scenario {
 		restartScenario(),
 		// Killing the second replica cuts its tool server's holders off from
 		// a store that stays up for the other one, which takes over after
-		// the lease (README, "When the store goes away").
+		// the lease (docs/failure-semantics.md, "When the store goes away").
 		Scenario{Name: StorePostgres + "/two-replicas-two-tools", Store: StorePostgres, Replicas: 2, Tools: 2, Workload: standard, Outages: 2,
 			Fault: replicaFaults(), Rules: holderCutOff},
 		// Callers lose replies, get them late or not at all, and lose their

@@ -14,7 +14,7 @@ import (
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 )
 
-// The refusal reasons the cases expect, as in README's "Errors".
+// The refusal reasons the cases expect, as in docs/failure-semantics.md "Errors".
 const (
 	reasonKeyMissing       = "IDEMPOTENCY_KEY_MISSING"
 	reasonKeyInvalid       = "IDEMPOTENCY_KEY_INVALID"

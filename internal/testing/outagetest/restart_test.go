@@ -33,7 +33,7 @@ import (
 // waits at least 13s before its next attempt.
 const restartOutage = 20 * time.Second
 
-// A tool server dials the Dedupe service as the README shows, with
+// A tool server dials the Dedupe service as docs/gating.md shows, with
 // grpc-go's default reconnect backoff, and holds a key in a long handler
 // when the service is killed. The service comes back on the same address
 // after an outage, just after the holder's connection failed an attempt,
@@ -213,7 +213,7 @@ func (d *dialLog) waitFailureAfter(t *testing.T, at time.Time) {
 	}
 }
 
-// readmeTool serves svc gated by a Gate built as the README's "Register the
+// readmeTool serves svc gated by a Gate built as docs/gating.md's "Register the
 // interceptor" shows: grpc-go's default reconnect backoff, the Dedupe
 // service config, WithDedupeConn and WatchDedupe. dial, when set, only
 // watches the connection attempts.

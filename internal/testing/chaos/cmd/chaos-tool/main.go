@@ -19,7 +19,7 @@
 // after the caller left, which every replay must still carry.
 //
 // It reconnects to a restarted Dedupe service within a second; with
-// -default-backoff it dials as the README shows instead: grpc-go's default
+// -default-backoff it dials as docs/gating.md shows instead: grpc-go's default
 // reconnect backoff, which grows to two minutes, and WithDedupeConn.
 //
 // With -http-listen it also serves the same handler logic (the same server:
@@ -97,7 +97,7 @@ func main() {
 	ambiguousKeys := flag.String("ambiguous-keys", "", "`regexp` of keys whose first run here fails with DEADLINE_EXCEEDED after its side effect")
 	flag.StringVar(&late.keys, "late-metadata-keys", "", "`regexp` of keys whose handler sets its response metadata only after its caller gave up")
 	flag.DurationVar(&late.wait, "late-metadata-wait", 15*time.Second, "how long a -late-metadata-keys handler waits for its caller to give up")
-	defaultBackoff := flag.Bool("default-backoff", false, "dial the Dedupe service as the README shows: grpc-go's default reconnect backoff, and WithDedupeConn")
+	defaultBackoff := flag.Bool("default-backoff", false, "dial the Dedupe service as docs/gating.md shows: grpc-go's default reconnect backoff, and WithDedupeConn")
 	flag.StringVar(&httpListen, "http-listen", "", "also serve ChaosService over HTTP, gated by httpgate, on this `address`")
 	flag.StringVar(&connectListen, "connect-listen", "", "also serve ChaosService over Connect (HTTP/1.1 and h2c), gated by connectgate, on this `address`")
 	flag.Parse()
@@ -146,7 +146,7 @@ func run(listen, dedupeAddr, ledgerPath, name string, latency time.Duration, pau
 	defer conn.Close()
 	gateOpts := []interceptor.Option{interceptor.WithLogger(logger)}
 	if defaultBackoff {
-		// As the README: the Gate then cuts the backoff when a Dedupe RPC
+		// As docs/gating.md says: the Gate then cuts the backoff when a Dedupe RPC
 		// fails, so its holders renew within a restart's grace.
 		gateOpts = append(gateOpts, interceptor.WithDedupeConn(conn))
 	}
