@@ -115,6 +115,7 @@ func (a *Attempt) Finish(outcome *anypb.Any, afterReply bool) (fenced bool) {
 		retryEvent: EventFinishRetry,
 		failEvent:  EventOutcomeLost,
 		lost:       "the side effect ran and the caller got its response, but the outcome could not be stored",
+		answers:    true,
 	}, afterReply)
 }
 
@@ -295,6 +296,10 @@ type settlement struct {
 	// deadline, when not zero, ends the retries instead of the finish
 	// retry budget.
 	deadline time.Time
+	// answers: the caller is answered with what this settlement stores
+	// (Finish, not Release), so with a lease lapsed unconfirmed it must be
+	// stored before the answer.
+	answers bool
 }
 
 // settle ends the reservation and then stops renewing its lease. The first
@@ -335,7 +340,7 @@ func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseK
 			lease.stop()
 			return fenced
 		}
-		if lease.lapsed() {
+		if s.answers && lease.lapsed() {
 			confirm := time.Now().Add(c.Policy.Lease)
 			if budget.Before(confirm) {
 				confirm = budget
