@@ -29,7 +29,7 @@ const python = "/usr/bin/python3"
 // itself.
 var guideVars = []string{"IDEMGATE", "DATABASE_URL", "DEDUPE_ADDR", "DEDUPE_METRICS", "MAILER_ADDR", "MAILER_METRICS"}
 
-// runTimeout bounds the whole run, far above the minute it takes, so that a
+// runTimeout bounds the whole run, far above the seconds it takes, so that a
 // hung step fails the test instead of the test binary's timeout; it is no
 // timing assertion.
 const runTimeout = 20 * time.Minute
@@ -137,13 +137,14 @@ func TestAdoptingGuide(t *testing.T) {
 	}
 	dbURL.Path = "/" + dbName
 
-	vars := map[string]string{
-		"IDEMGATE":       root,
-		"DATABASE_URL":   dbURL.String(),
-		"DEDUPE_ADDR":    stacktest.FreeAddr(t),
-		"DEDUPE_METRICS": stacktest.FreeAddr(t),
-		"MAILER_ADDR":    stacktest.FreeAddr(t),
-		"MAILER_METRICS": stacktest.FreeAddr(t),
+	vars := map[string]string{"IDEMGATE": root, "DATABASE_URL": dbURL.String()}
+	taken := map[string]bool{}
+	for _, name := range []string{"DEDUPE_ADDR", "DEDUPE_METRICS", "MAILER_ADDR", "MAILER_METRICS"} {
+		addr := stacktest.FreeAddr(t)
+		for taken[addr] { // a port handed out twice
+			addr = stacktest.FreeAddr(t)
+		}
+		taken[addr], vars[name] = true, addr
 	}
 
 	base := t.TempDir() // outside the repository: the guide starts from nothing
