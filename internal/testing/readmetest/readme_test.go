@@ -2,6 +2,11 @@
 // compiles: each one is kept, verbatim, in snippets_test.go, which the
 // compiler checks, and this test fails when a README snippet is not one of
 // them or one of them is no longer in the README.
+//
+// A ```go block on the line after <!-- file: PATH --> is a whole file of a
+// guide that a test writes and builds (docs/adopting.md, which
+// internal/testing/adoptertest runs), not a snippet: it is not looked for
+// in snippets_test.go.
 package readmetest
 
 import (
@@ -12,7 +17,14 @@ import (
 	"testing"
 )
 
-// readmeBlocks returns the ```go blocks of the README and of docs/*.md.
+// fileBlock is the annotation that marks a block as a guide's whole file.
+var fileBlock = regexp.MustCompile(`^<!--\s*file:.*-->$`)
+
+// builtGuide is the one doc in docs/ whose file blocks a test builds.
+const builtGuide = "adopting.md"
+
+// readmeBlocks returns the ```go blocks of the README and of docs/*.md,
+// except those marked as a guide's files.
 func readmeBlocks(t *testing.T) []string {
 	t.Helper()
 	root := filepath.Join("..", "..", "..")
@@ -26,8 +38,16 @@ func readmeBlocks(t *testing.T) []string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, m := range regexp.MustCompile("(?ms)^```go\\n(.*?)^```").FindAllStringSubmatch(string(b), -1) {
-			blocks = append(blocks, strings.TrimRight(m[1], "\n"))
+		text := string(b)
+		for _, m := range regexp.MustCompile("(?ms)^```go\\n(.*?)^```").FindAllStringSubmatchIndex(text, -1) {
+			before := strings.TrimSuffix(text[:m[0]], "\n")
+			if fileBlock.MatchString(strings.TrimSpace(before[strings.LastIndex(before, "\n")+1:])) {
+				if filepath.Base(path) != builtGuide {
+					t.Errorf("%s: a ```go block marked <!-- file: ... --> is skipped here, but only docs/%s's are built (by internal/testing/adoptertest): make it a snippet", path, builtGuide)
+				}
+				continue
+			}
+			blocks = append(blocks, strings.TrimRight(text[m[2]:m[3]], "\n"))
 		}
 	}
 	return blocks
