@@ -90,8 +90,8 @@ type rateLimiters struct {
 	m     map[string]*rate.Limiter
 }
 
-// allow takes a token for ns, or returns how long until one is free.
-func (l *rateLimiters) allow(ns string) (time.Duration, bool) {
+// allow takes n tokens for ns, or returns how long until they are free.
+func (l *rateLimiters) allow(ns string, n int) (time.Duration, bool) {
 	if l.limit <= 0 {
 		return 0, true
 	}
@@ -113,10 +113,10 @@ func (l *rateLimiters) allow(ns string) (time.Duration, bool) {
 		l.m[ns] = lim
 	}
 	l.mu.Unlock()
-	if lim.AllowN(now, 1) {
+	if lim.AllowN(now, n) {
 		return 0, true
 	}
-	r := lim.ReserveN(now, 1)
+	r := lim.ReserveN(now, n)
 	defer r.CancelAt(now)
 	if !r.OK() {
 		return time.Second, false
