@@ -124,6 +124,26 @@ func (l *rateLimiters) allow(ns string, n int) (time.Duration, bool) {
 	return max(r.DelayFrom(now), time.Millisecond), false
 }
 
+// holds reports whether ns's bucket holds n tokens now, without taking
+// any, or how long until it will.
+func (l *rateLimiters) holds(ns string, n int) (time.Duration, bool) {
+	if l.limit <= 0 {
+		return 0, true
+	}
+	now := time.Now()
+	l.mu.Lock()
+	lim, ok := l.m[ns]
+	l.mu.Unlock()
+	if !ok {
+		return 0, true // a caller not seen yet starts with a full bucket
+	}
+	tokens := lim.TokensAt(now)
+	if tokens >= float64(n) {
+		return 0, true
+	}
+	return max(time.Duration((float64(n)-tokens)/float64(l.limit)*float64(time.Second)), time.Millisecond), false
+}
+
 // formatRate writes a rate limit for ErrorInfo metadata.
 func formatRate(l rate.Limit) string { return strconv.FormatFloat(float64(l), 'g', -1, 64) + "/s" }
 

@@ -218,6 +218,21 @@ func TestFinishIsRateLimitedBeforeTheStore(t *testing.T) {
 		}
 	})
 
+	t.Run("as it arrives, while the byte bucket holds less than the largest outcome", func(t *testing.T) {
+		t.Parallel()
+		srv := dedupesvc.NewServer(&fakeStore{}, dedupesvc.WithCallerOutcomeRate(1, 1), dedupesvc.WithMaxOutcomeBytes(1000))
+		if err := srv.AdmitFinish("greedy"); err != nil {
+			t.Fatalf("a caller not seen yet: %v", err)
+		}
+		if _, err := srv.Finish(greedy, validFinish(1000)); err != nil {
+			t.Fatal(err)
+		}
+		wantRate(t, "AdmitFinish with less than an outcome left", srv.AdmitFinish("greedy"))
+		if err := srv.AdmitFinish("neighbour"); err != nil {
+			t.Fatalf("another caller: %v", err)
+		}
+	})
+
 	t.Run("by outcome bytes", func(t *testing.T) {
 		t.Parallel()
 		store := &fakeStore{}

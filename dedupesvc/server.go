@@ -381,6 +381,26 @@ func (s *Server) allowFinish(ns string, size int) error {
 	return nil
 }
 
+// AdmitFinish is the check a Finish of caller (its namespace) meets as it
+// arrives, before its request is read (dedupesvc's server installs it as
+// the gRPC InTapHandle): while the caller's outcome-byte bucket
+// (WithCallerOutcomeRate) holds less than the largest outcome
+// (WithMaxOutcomeBytes), it returns RESOURCE_EXHAUSTED DEDUPE_QUOTA_EXCEEDED
+// (quota rate) with RetryInfo, and the request's bytes are never read. A
+// caller that keeps sending Finishes past its byte rate, ignoring RetryInfo,
+// then costs the service their headers, not their megabytes. A caller under
+// its rate never meets it: its bucket stays above one outcome. It takes no
+// tokens: Finish charges the outcome's real size.
+func (s *Server) AdmitFinish(caller string) error {
+	wait, ok := s.outcomeBytes.holds(caller, s.opts.maxOutcome)
+	if ok {
+		return nil
+	}
+	s.opts.metrics.quota(QuotaRate)
+	return quotaExceeded(QuotaRate, formatRate(s.outcomeBytes.limit)+" bytes",
+		fmt.Sprintf("this caller is over its rate of %s outcome bytes a second (-caller-outcome-byte-rate): its Finishes are refused as they arrive until it has room for the largest outcome again; retry after the delay", formatRate(s.outcomeBytes.limit)), wait)
+}
+
 // overQuotaMarker is what Finish stores in place of outcome when it would
 // take its caller over the stored-bytes quota: the ResultTooLarge marker an
 // interceptor stores for an outcome over the size limit, sealed like any
