@@ -382,15 +382,18 @@ func (s *Server) allowFinish(ns string, size int) error {
 }
 
 // AdmitFinish is the check a Finish of caller (its namespace) meets as it
-// arrives, before its request is read (dedupesvc's server installs it as
-// the gRPC InTapHandle): while the caller's outcome-byte bucket
+// arrives, before its request is read (cmd/dedupesvc installs it as the
+// gRPC InTapHandle): while the caller's outcome-byte bucket
 // (WithCallerOutcomeRate) holds less than the largest outcome
 // (WithMaxOutcomeBytes), it returns RESOURCE_EXHAUSTED DEDUPE_QUOTA_EXCEEDED
 // (quota rate) with RetryInfo, and the request's bytes are never read. A
 // caller that keeps sending Finishes past its byte rate, ignoring RetryInfo,
-// then costs the service their headers, not their megabytes. A caller under
-// its rate never meets it: its bucket stays above one outcome. It takes no
-// tokens: Finish charges the outcome's real size.
+// then costs the service their headers, not their megabytes. A caller that
+// stays under its rate by more than one outcome a second never meets it:
+// its bucket stays above one outcome. It takes no tokens: Finish charges
+// the outcome's real size. Refusals here are counted in
+// idemgate_dedupe_quota_exceeded_total, not in grpc_server_handled_total
+// (no handler runs).
 func (s *Server) AdmitFinish(caller string) error {
 	wait, ok := s.outcomeBytes.holds(caller, s.opts.maxOutcome)
 	if ok {
