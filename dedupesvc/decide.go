@@ -106,7 +106,7 @@ func DecideBegin(r Record, p BeginParams, now time.Time) (BeginResult, NextStep)
 	case StateCompleted:
 		return BeginResult{State: BeginCompleted, Outcome: r.Outcome, CompletedAt: r.CompletedAt, ExpiresAt: r.ExpiresAt}, StepAnswer
 	case StateUnknown:
-		if r.AttemptToken == p.AttemptToken {
+		if r.AttemptToken == p.AttemptToken && !p.ResolveOnly {
 			// The holder asks again: it never learnt it held the key (its
 			// answer was lost, and its re-sent Begin came after the lease),
 			// so it never ran its handler. It takes its reservation back,
@@ -157,7 +157,9 @@ func RefusedRelease(r Record, found bool, p ReleaseParams) error {
 		return nil
 	}
 	own := r.AttemptToken == p.AttemptToken && r.Epoch == p.Epoch
-	if own && (r.State == StateReleased || r.State == StateUnknown) {
+	// Under ResolveOnly a plain Release of a record marked unknown did not
+	// free it: it is refused, not taken for a retry.
+	if own && (r.State == StateReleased || (r.State == StateUnknown && (p.OutcomeUnknown || !p.ResolveOnly))) {
 		return nil
 	}
 	return ErrNotHeld

@@ -32,6 +32,10 @@ type options struct {
 	maxCallerWaiters int
 	cipher           *OutcomeCipher
 	replays          *ReplayRecorder
+	outcomeRate      float64
+	outcomeBurst     int
+	resolveOnly      bool
+	plaintextOK      bool
 }
 
 var defaultOptions = options{
@@ -47,6 +51,8 @@ var defaultOptions = options{
 	maxRetention:     DefaultMaxRetention,
 	maxWaiters:       DefaultMaxWaiters,
 	maxCallerWaiters: DefaultMaxCallerWaiters,
+	outcomeRate:      DefaultCallerOutcomeRate,
+	outcomeBurst:     DefaultCallerOutcomeBurst,
 }
 
 // Defaults of the per-caller limits; see WithCallerRate, WithCallerQuota and
@@ -75,27 +81,77 @@ const (
 	DefaultMaxWaiters = 10000
 	// DefaultMaxCallerWaiters is how many of them one caller may have: 1,000.
 	DefaultMaxCallerWaiters = 1000
+	// DefaultCallerOutcomeRate is the outcome bytes each caller's Finishes
+	// may carry a second: 32 MiB, 3,000 times the Begin rate's worth of 1 KiB
+	// outcomes, yet 32 of the largest (1 MiB) outcomes a second, so no caller
+	// can keep the store busy writing (or refusing) megabytes.
+	DefaultCallerOutcomeRate = 32 << 20
+	// DefaultCallerOutcomeBurst is each caller's outcome byte burst: 32 MiB,
+	// one second at the default rate. It is raised to the largest outcome
+	// accepted (WithMaxOutcomeBytes) when lower, so every Finish can pass.
+	DefaultCallerOutcomeBurst = 32 << 20
 )
+
+// WithCallerOutcomeRate limits the outcome bytes each caller's Finishes
+// carry to bytesPerSecond with bursts of burst (a token bucket per caller,
+// charged the outcome's size), on top of the Finish rate (WithCallerRate).
+// Past it Finish answers RESOURCE_EXHAUSTED (DEDUPE_QUOTA_EXCEEDED, quota
+// "rate") with RetryInfo before it reads the store or seals the outcome;
+// the interceptor retries it within its finish budget. A bytesPerSecond of
+// 0 is no limit. Defaults to DefaultCallerOutcomeRate and
+// DefaultCallerOutcomeBurst, 32 MiB a second in bursts of 32 MiB.
+func WithCallerOutcomeRate(bytesPerSecond float64, burst int) Option {
+	return func(o *options) { o.outcomeRate, o.outcomeBurst = bytesPerSecond, burst }
+}
+
+// WithResolveOnlySettlesUnknown makes Resolve the only way to settle a
+// record marked outcome-unknown (-resolve-admin-only): the late Finish,
+// Release or Heartbeat of the attempt that held it, and that attempt's
+// re-sent Begin, get RESERVATION_NOT_HELD (Begin: outcome unknown) and leave
+// it for an operator; the refused Finish is logged. Defaults to off: the
+// holder's late Finish settles the record, a Heartbeat revives it.
+func WithResolveOnlySettlesUnknown(on bool) Option {
+	return func(o *options) { o.resolveOnly = on }
+}
+
+// WithPlaintextOutcomes makes a service with an outcome cipher
+// (WithOutcomeCipher) replay stored outcomes without a key id, as stored:
+// those written before encryption was turned on. Off, the default, such a
+// record answers INTERNAL DEDUPE_OUTCOME_UNREADABLE like one whose key is
+// gone: with encryption on, an outcome that is not sealed for its record was
+// not written by this service, and replaying it would hand a caller bytes
+// anyone with write access to the database planted. Turn it on while
+// records written before encryption may live (-max-retention after turning
+// it on), then off. Without a cipher every outcome is plaintext and replays.
+func WithPlaintextOutcomes(accept bool) Option {
+	return func(o *options) { o.plaintextOK = accept }
+}
 
 // WithMaxWaiters caps the Begins waiting for in-flight outcomes (max_wait)
 // at once: total in all, perCaller for one caller. A Begin past a cap does
 // not wait: it answers in_flight at once (the interceptor turns that into
 // ABORTED IDEMPOTENCY_IN_FLIGHT with RetryInfo) and counts under
-// idemgate_dedupe_quota_exceeded_total{quota="waiters"}. Waiters of one key
-// share one watcher and one store read, so a waiter costs memory, not
-// store load. Defaults to 10,000 and 1,000.
+// idemgate_dedupe_quota_exceeded_total{quota="waiters"}. The pool's last
+// places (a tenth of total, at most perCaller, at least one) are kept for
+// callers holding fewer than a tenth of them each, so callers at their own
+// cap cannot fill the pool for a bystander. Waiters of one key share one
+// watcher and one store read, so a waiter costs memory, not store load.
+// Defaults to 10,000 and 1,000 (1,000 places kept, 100 for each caller).
 func WithMaxWaiters(total, perCaller int) Option {
 	return func(o *options) { o.maxWaiters, o.maxCallerWaiters = total, perCaller }
 }
 
 // WithCallerRate limits each caller (namespace) to perSecond Begins a
 // second with bursts of burst, a token bucket per caller
-// (golang.org/x/time/rate). Past it Begin answers RESOURCE_EXHAUSTED
-// (DEDUPE_QUOTA_EXCEEDED, quota "rate") with RetryInfo. Finish, Release,
-// Heartbeat and Resolve are not limited: they follow Begins already let in,
-// and refusing them would strand work already done. A perSecond of 0 is no
-// limit. Defaults to DefaultCallerRate, 10,000 a second, bursts of
-// DefaultCallerBurst, 10,000.
+// (golang.org/x/time/rate), and, in a bucket of their own at the same rate,
+// as many Finishes: a caller's Finishes follow its Begins, so the Finish
+// limit refuses only Finishes no Begin let in (for keys never reserved, say).
+// Past either it answers RESOURCE_EXHAUSTED (DEDUPE_QUOTA_EXCEEDED, quota
+// "rate") with RetryInfo, before the store is read; the interceptor retries
+// a refused Finish within its finish budget. Release, Heartbeat and Resolve
+// are not limited: refusing them would strand work already done. A
+// perSecond of 0 is no limit. Defaults to DefaultCallerRate, 10,000 a
+// second, bursts of DefaultCallerBurst, 10,000.
 func WithCallerRate(perSecond float64, burst int) Option {
 	return func(o *options) { o.callerRate, o.callerBurst = perSecond, burst }
 }
@@ -104,9 +160,16 @@ func WithCallerRate(perSecond float64, burst int) Option {
 // (expired ones count until swept) and outcome bytes. A Begin that would
 // reserve past either answers RESOURCE_EXHAUSTED (DEDUPE_QUOTA_EXCEEDED,
 // quota "records" or "bytes"); duplicates of existing keys are still
-// answered, and Finish is never refused (the handler ran), so bytes may
-// overshoot by the caller's in-flight outcomes. 0 is no limit. Defaults to
-// 1,000,000 records and 1 GiB.
+// answered. Finish is never refused for the bytes quota (the handler ran):
+// an outcome that would take the caller past it is not stored, a
+// ResultTooLarge marker is stored in its place (as for an outcome over
+// WithMaxOutcomeBytes), so the holder's caller keeps its response and every
+// duplicate gets IDEMPOTENCY_RESULT_TOO_LARGE, never a second run. The
+// check is against the store's totals (pgstore: as of the last usage
+// compaction), so concurrent Finishes may overshoot by what the caller
+// finishes in one compaction interval, at most its outcome rate
+// (WithCallerOutcomeRate) times the interval plus its burst, per replica.
+// 0 is no limit. Defaults to 1,000,000 records and 1 GiB.
 func WithCallerQuota(records, bytes int64) Option {
 	return func(o *options) { o.callerRecords, o.callerBytes = records, bytes }
 }
@@ -167,8 +230,9 @@ func WithUnknownRetention(d time.Duration) Option {
 // WithOutcomeCipher seals the outcomes Finish, Resolve and the admin
 // ResolveRecord store, and opens them for Begin's replay (see
 // OutcomeCipher). Records stored without a key id (before encryption was
-// turned on) replay as stored. The type URL stays plaintext. Defaults to
-// nil: outcomes are stored as received.
+// turned on) answer DEDUPE_OUTCOME_UNREADABLE unless WithPlaintextOutcomes
+// accepts them. The type URL stays plaintext. Defaults to nil: outcomes are
+// stored as received.
 func WithOutcomeCipher(c *OutcomeCipher) Option {
 	return func(o *options) { o.cipher = c }
 }

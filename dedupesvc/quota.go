@@ -90,8 +90,8 @@ type rateLimiters struct {
 	m     map[string]*rate.Limiter
 }
 
-// allow takes a token for ns, or returns how long until one is free.
-func (l *rateLimiters) allow(ns string) (time.Duration, bool) {
+// allow takes n tokens for ns, or returns how long until they are free.
+func (l *rateLimiters) allow(ns string, n int) (time.Duration, bool) {
 	if l.limit <= 0 {
 		return 0, true
 	}
@@ -113,15 +113,35 @@ func (l *rateLimiters) allow(ns string) (time.Duration, bool) {
 		l.m[ns] = lim
 	}
 	l.mu.Unlock()
-	if lim.AllowN(now, 1) {
+	if lim.AllowN(now, n) {
 		return 0, true
 	}
-	r := lim.ReserveN(now, 1)
+	r := lim.ReserveN(now, n)
 	defer r.CancelAt(now)
 	if !r.OK() {
 		return time.Second, false
 	}
 	return max(r.DelayFrom(now), time.Millisecond), false
+}
+
+// holds reports whether ns's bucket holds n tokens now, without taking
+// any, or how long until it will.
+func (l *rateLimiters) holds(ns string, n int) (time.Duration, bool) {
+	if l.limit <= 0 {
+		return 0, true
+	}
+	now := time.Now()
+	l.mu.Lock()
+	lim, ok := l.m[ns]
+	l.mu.Unlock()
+	if !ok {
+		return 0, true // a caller not seen yet starts with a full bucket
+	}
+	tokens := lim.TokensAt(now)
+	if tokens >= float64(n) {
+		return 0, true
+	}
+	return max(time.Duration((float64(n)-tokens)/float64(l.limit)*float64(time.Second)), time.Millisecond), false
 }
 
 // formatRate writes a rate limit for ErrorInfo metadata.

@@ -13,9 +13,11 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idemgate/idemgate/dedupesvc"
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/testing/testlog"
 )
@@ -154,5 +156,119 @@ func TestDefaultRateLetsABusyToolServerThrough(t *testing.T) {
 		if _, err := srv.Begin(busy, validBegin()); err != nil {
 			t.Fatalf("Begin %d of one busy caller with the default rate: %v", i, err)
 		}
+	}
+}
+
+// checkingStore is a fakeStore that is a FinishChecker: CheckFinish answers
+// err, and counts.
+type checkingStore struct {
+	fakeStore
+	checks   int
+	checkErr error
+}
+
+func (s *checkingStore) CheckFinish(context.Context, dedupesvc.FinishParams) (bool, error) {
+	s.checks++
+	return false, s.checkErr
+}
+
+func validFinish(n int) *idemgatev1.FinishRequest {
+	return &idemgatev1.FinishRequest{Scope: "/pkg.S/M", Key: "order-1", AttemptToken: "attempt-1", Epoch: 1,
+		Outcome: &anypb.Any{TypeUrl: "type.googleapis.com/test.A", Value: make([]byte, n)}}
+}
+
+// TestFinishIsRateLimitedBeforeTheStore: Finishes count against their
+// caller's rate, and their outcome bytes against its byte rate; past either
+// a Finish is refused RESOURCE_EXHAUSTED (quota rate) with RetryInfo before
+// it reaches the store, and another caller is not affected.
+func TestFinishIsRateLimitedBeforeTheStore(t *testing.T) {
+	t.Parallel()
+	greedy := dedupesvc.ContextWithCaller(context.Background(), dedupesvc.Caller{Name: "greedy"})
+	neighbour := dedupesvc.ContextWithCaller(context.Background(), dedupesvc.Caller{Name: "neighbour"})
+	wantRate := func(t *testing.T, what string, err error) {
+		t.Helper()
+		if status.Code(err) != codes.ResourceExhausted || grpcerr.Reason(err) != dedupesvc.ReasonQuotaExceeded {
+			t.Fatalf("%s = %v; want RESOURCE_EXHAUSTED %s", what, err, dedupesvc.ReasonQuotaExceeded)
+		}
+		if d, ok := grpcerr.RetryDelay(err); !ok || d <= 0 {
+			t.Fatalf("%s has RetryInfo %v, %v; want a delay", what, d, ok)
+		}
+		if info := errorInfo(t, err); info.GetMetadata()["quota"] != dedupesvc.QuotaRate || info.GetMetadata()["limit"] == "" {
+			t.Fatalf("%s: ErrorInfo metadata %v; want quota rate and its limit", what, info.GetMetadata())
+		}
+	}
+
+	t.Run("by count", func(t *testing.T) {
+		t.Parallel()
+		store := &fakeStore{}
+		srv := dedupesvc.NewServer(store, dedupesvc.WithCallerRate(0.001, 2))
+		for i := range 2 {
+			if _, err := srv.Finish(greedy, validFinish(10)); err != nil {
+				t.Fatalf("Finish %d within the burst: %v", i, err)
+			}
+		}
+		calls := store.calls
+		_, err := srv.Finish(greedy, validFinish(10))
+		wantRate(t, "a Finish past the rate", err)
+		if store.calls != calls {
+			t.Fatal("a Finish refused for its rate reached the store")
+		}
+		if _, err := srv.Finish(neighbour, validFinish(10)); err != nil {
+			t.Fatalf("another caller's Finish: %v", err)
+		}
+	})
+
+	t.Run("as it arrives, while the byte bucket holds less than the largest outcome", func(t *testing.T) {
+		t.Parallel()
+		srv := dedupesvc.NewServer(&fakeStore{}, dedupesvc.WithCallerOutcomeRate(1, 1), dedupesvc.WithMaxOutcomeBytes(1000))
+		if err := srv.AdmitFinish("greedy"); err != nil {
+			t.Fatalf("a caller not seen yet: %v", err)
+		}
+		if _, err := srv.Finish(greedy, validFinish(1000)); err != nil {
+			t.Fatal(err)
+		}
+		wantRate(t, "AdmitFinish with less than an outcome left", srv.AdmitFinish("greedy"))
+		if err := srv.AdmitFinish("neighbour"); err != nil {
+			t.Fatalf("another caller: %v", err)
+		}
+	})
+
+	t.Run("by outcome bytes", func(t *testing.T) {
+		t.Parallel()
+		store := &fakeStore{}
+		// The burst is raised to the largest outcome, so one always passes.
+		srv := dedupesvc.NewServer(store, dedupesvc.WithCallerOutcomeRate(1, 1), dedupesvc.WithMaxOutcomeBytes(1000))
+		if _, err := srv.Finish(greedy, validFinish(1000)); err != nil {
+			t.Fatalf("the largest outcome within the burst: %v", err)
+		}
+		calls := store.calls
+		_, err := srv.Finish(greedy, validFinish(1000))
+		wantRate(t, "a Finish past the byte rate", err)
+		if store.calls != calls {
+			t.Fatal("a Finish refused for its byte rate reached the store")
+		}
+		if _, err := srv.Finish(neighbour, validFinish(1000)); err != nil {
+			t.Fatalf("another caller's Finish: %v", err)
+		}
+	})
+}
+
+// TestLargeFinishOfAKeyNotHeldIsRefusedByACheck: a Finish with a large
+// outcome first asks a FinishChecker store whether the attempt holds the
+// key; one that does not is refused without the outcome being sent, a
+// small one is sent at once.
+func TestLargeFinishOfAKeyNotHeldIsRefusedByACheck(t *testing.T) {
+	t.Parallel()
+	store := &checkingStore{checkErr: dedupesvc.ErrNotHeld}
+	srv := dedupesvc.NewServer(store)
+	_, err := srv.Finish(context.Background(), validFinish(dedupesvc.FinishCheckBytes))
+	if status.Code(err) != codes.FailedPrecondition || grpcerr.Reason(err) != dedupesvc.ReasonReservationNotHeld {
+		t.Fatalf("a large Finish of a key not held = %v; want FAILED_PRECONDITION %s", err, dedupesvc.ReasonReservationNotHeld)
+	}
+	if store.checks != 1 || store.calls != 0 {
+		t.Fatalf("%d checks and %d Finishes reached the store; want one check and no Finish", store.checks, store.calls)
+	}
+	if _, err := srv.Finish(context.Background(), validFinish(100)); err != nil || store.checks != 1 {
+		t.Fatalf("a small Finish = %v after %d checks; want it sent without a check", err, store.checks)
 	}
 }

@@ -30,14 +30,17 @@ const (
 	// ReasonQuotaExceeded: the caller is over one of its quotas;
 	// RESOURCE_EXHAUSTED, nothing stored. The ErrorInfo metadata "quota"
 	// names it (rate, records or bytes) and "limit" gives its limit; the rate
-	// quota adds RetryInfo (when a token is free). Records and bytes free up
+	// quota (Begins, Finishes and their outcome bytes) adds RetryInfo (when a
+	// token is free). Records and bytes free up
 	// only as the caller's records expire and are swept: no RetryInfo.
 	ReasonQuotaExceeded = "DEDUPE_QUOTA_EXCEEDED"
 	// ReasonOutcomeUnreadable: Begin found a completed record whose sealed
 	// outcome cannot be opened: its key id is not in the outcome keys file
 	// (-outcome-keys-file: removed too early, or encryption turned off), or
 	// the stored bytes do not open for this record (damaged, or copied from
-	// another row); INTERNAL, logged. The record is never taken for absent,
+	// another row), or, with encryption on, an outcome stored without it
+	// (written before encryption was turned on, or planted) while
+	// -outcome-accept-plaintext is off; INTERNAL, logged. The record is never taken for absent,
 	// which would run the side effect again: restore the key, or settle the
 	// key by hand.
 	ReasonOutcomeUnreadable = "DEDUPE_OUTCOME_UNREADABLE"

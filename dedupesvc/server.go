@@ -12,6 +12,7 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -49,7 +50,10 @@ type Server struct {
 	opts  options
 	waits waitCounters
 	rates rateLimiters
-	keys  keyWaits
+	// finishes and outcomeBytes limit each caller's Finishes, by count at
+	// the Begin rate and by the bytes of their outcomes.
+	finishes, outcomeBytes rateLimiters
+	keys                   keyWaits
 }
 
 type waitCounters struct {
@@ -82,6 +86,10 @@ func NewServer(store Store, opts ...Option) *Server {
 	}
 	srv := &Server{store: store, opts: o}
 	srv.rates.limit, srv.rates.burst = rate.Limit(o.callerRate), o.callerBurst
+	srv.finishes.limit, srv.finishes.burst = rate.Limit(o.callerRate), o.callerBurst
+	// Every accepted outcome must fit in a full bucket, or it could never
+	// pass.
+	srv.outcomeBytes.limit, srv.outcomeBytes.burst = rate.Limit(o.outcomeRate), max(o.outcomeBurst, o.maxOutcome+MaxTypeURLBytes)
 	return srv
 }
 
@@ -215,9 +223,10 @@ func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 		UnknownRetention: s.opts.unknownRetention,
 		MaxRecords:       s.opts.callerRecords,
 		MaxOutcomeBytes:  s.opts.callerBytes,
+		ResolveOnly:      s.opts.resolveOnly,
 	}
 	// Last of the checks, so a malformed request spends no token.
-	if wait, ok := s.rates.allow(ns); !ok {
+	if wait, ok := s.rates.allow(ns, 1); !ok {
 		s.opts.metrics.quota(QuotaRate)
 		return nil, quotaExceeded(QuotaRate, formatRate(s.rates.limit),
 			fmt.Sprintf("this caller is over its rate of %s Begins a second (-caller-begin-rate); retry after the delay", formatRate(s.rates.limit)), wait)
@@ -292,24 +301,137 @@ func (s *Server) finish(ctx context.Context, req *idemgatev1.FinishRequest) (*id
 	if err != nil {
 		return nil, err
 	}
-	if outcome, err = s.sealOutcome(RecordID{Namespace: ns, Scope: req.GetScope(), Key: req.GetKey()}, outcome); err != nil {
+	// The rates are checked before anything costs: the store, the cipher.
+	if err := s.allowFinish(ns, len(outcome.TypeURL)+len(outcome.Value)); err != nil {
 		return nil, err
 	}
+	id := RecordID{Namespace: ns, Scope: req.GetScope(), Key: req.GetKey()}
+	params := FinishParams{
+		Namespace:       ns,
+		Scope:           req.GetScope(),
+		Key:             req.GetKey(),
+		AttemptToken:    req.GetAttemptToken(),
+		Epoch:           req.GetEpoch(),
+		MaxOutcomeBytes: s.opts.callerBytes,
+		ResolveOnly:     s.opts.resolveOnly,
+	}
 	stages := StageTimerFrom(ctx)
+	if checker, ok := s.store.(FinishChecker); ok && len(outcome.Value) >= FinishCheckBytes {
+		// A large outcome goes to the store only for an attempt that holds
+		// its key: a Finish for a key never reserved costs one short read.
+		stages.storeStarted()
+		done, err := checker.CheckFinish(ctx, params)
+		stages.storeEnded()
+		if err != nil {
+			return nil, s.finishError(ctx, params, err)
+		}
+		if done {
+			return &idemgatev1.FinishResponse{}, nil
+		}
+	}
+	plain := outcome
+	if params.Outcome, err = s.sealOutcome(id, outcome); err != nil {
+		return nil, err
+	}
+	if params.MaxOutcomeBytes > 0 {
+		marker, err := s.overQuotaMarker(id, plain)
+		if err != nil {
+			return nil, err
+		}
+		params.OverQuota = &marker
+	}
 	stages.storeStarted()
-	err = s.store.Finish(ctx, FinishParams{
-		Namespace:    ns,
-		Scope:        req.GetScope(),
-		Key:          req.GetKey(),
-		AttemptToken: req.GetAttemptToken(),
-		Epoch:        req.GetEpoch(),
-		Outcome:      outcome,
-	})
+	replaced := false
+	if qf, ok := s.store.(QuotaFinisher); ok {
+		replaced, err = qf.FinishWithinQuota(ctx, params)
+	} else {
+		err = s.store.Finish(ctx, params)
+	}
 	stages.storeEnded()
 	if err != nil {
-		return nil, s.storeError(ctx, "Finish", err)
+		return nil, s.finishError(ctx, params, err)
+	}
+	if replaced {
+		s.opts.metrics.quota(QuotaBytes)
+		s.opts.logger.WarnContext(ctx, "an outcome would have taken its caller over its stored-bytes quota (-caller-max-bytes): a ResultTooLarge marker is stored in its place; the holder's caller got its response, duplicates get IDEMPOTENCY_RESULT_TOO_LARGE and nothing runs again",
+			slog.String("namespace", ns), slog.String("scope", params.Scope), slog.String("key", params.Key),
+			slog.Int("bytes", len(params.Outcome.Value)), slog.Int64("quota", params.MaxOutcomeBytes))
 	}
 	return &idemgatev1.FinishResponse{}, nil
+}
+
+// FinishCheckBytes is the outcome size from which Finish first asks a
+// FinishChecker store whether the attempt holds its key: 64 KiB, where
+// sending the outcome costs the store more than the extra short read.
+const FinishCheckBytes = 64 << 10
+
+// allowFinish takes a Finish's tokens from its caller's buckets: one Finish
+// and size outcome bytes.
+func (s *Server) allowFinish(ns string, size int) error {
+	if wait, ok := s.finishes.allow(ns, 1); !ok {
+		s.opts.metrics.quota(QuotaRate)
+		return quotaExceeded(QuotaRate, formatRate(s.finishes.limit),
+			fmt.Sprintf("this caller is over its rate of %s Finishes a second (-caller-begin-rate, which limits Begins and Finishes alike); retry after the delay", formatRate(s.finishes.limit)), wait)
+	}
+	if wait, ok := s.outcomeBytes.allow(ns, size); !ok {
+		s.opts.metrics.quota(QuotaRate)
+		return quotaExceeded(QuotaRate, formatRate(s.outcomeBytes.limit)+" bytes",
+			fmt.Sprintf("this caller is over its rate of %s outcome bytes a second (-caller-outcome-byte-rate); retry after the delay", formatRate(s.outcomeBytes.limit)), wait)
+	}
+	return nil
+}
+
+// AdmitFinish is the check a Finish of caller (its namespace) meets as it
+// arrives, before its request is read (cmd/dedupesvc installs it as the
+// gRPC InTapHandle): while the caller's outcome-byte bucket
+// (WithCallerOutcomeRate) holds less than the largest outcome
+// (WithMaxOutcomeBytes), it returns RESOURCE_EXHAUSTED DEDUPE_QUOTA_EXCEEDED
+// (quota rate) with RetryInfo, and the request's bytes are never read. A
+// caller that keeps sending Finishes past its byte rate, ignoring RetryInfo,
+// then costs the service their headers, not their megabytes. A caller that
+// stays under its rate by more than one outcome a second never meets it:
+// its bucket stays above one outcome. It takes no tokens: Finish charges
+// the outcome's real size. Refusals here are counted in
+// idemgate_dedupe_quota_exceeded_total, not in grpc_server_handled_total
+// (no handler runs).
+func (s *Server) AdmitFinish(caller string) error {
+	wait, ok := s.outcomeBytes.holds(caller, s.opts.maxOutcome)
+	if ok {
+		return nil
+	}
+	s.opts.metrics.quota(QuotaRate)
+	return quotaExceeded(QuotaRate, formatRate(s.outcomeBytes.limit)+" bytes",
+		fmt.Sprintf("this caller is over its rate of %s outcome bytes a second (-caller-outcome-byte-rate): its Finishes are refused as they arrive until it has room for the largest outcome again; retry after the delay", formatRate(s.outcomeBytes.limit)), wait)
+}
+
+// overQuotaMarker is what Finish stores in place of outcome when it would
+// take its caller over the stored-bytes quota: the ResultTooLarge marker an
+// interceptor stores for an outcome over the size limit, sealed like any
+// outcome, so every duplicate gets IDEMPOTENCY_RESULT_TOO_LARGE and nothing
+// runs twice. An outcome that is such a marker already stays itself.
+func (s *Server) overQuotaMarker(id RecordID, outcome Outcome) (Outcome, error) {
+	if outcome.TypeURL != resultTooLargeURL {
+		v, err := proto.MarshalOptions{Deterministic: true}.Marshal(&idemgatev1.ResultTooLarge{SizeBytes: int64(len(outcome.Value)), TypeUrl: outcome.TypeURL})
+		if err != nil {
+			return Outcome{}, status.Errorf(codes.Internal, "dedupesvc: marshal the over-quota marker: %v", err)
+		}
+		outcome = Outcome{TypeURL: resultTooLargeURL, Value: v}
+	}
+	return s.sealOutcome(id, outcome)
+}
+
+// resultTooLargeURL is the type URL of the ResultTooLarge marker.
+var resultTooLargeURL = "type.googleapis.com/" + string((&idemgatev1.ResultTooLarge{}).ProtoReflect().Descriptor().FullName())
+
+// finishError is storeError for Finish; a late Finish refused because its
+// record was marked outcome-unknown, under WithResolveOnlySettlesUnknown, is
+// logged, since its outcome is not stored and an operator resolves the key.
+func (s *Server) finishError(ctx context.Context, p FinishParams, err error) error {
+	if p.ResolveOnly && errors.Is(err, ErrNotHeld) {
+		s.opts.logger.WarnContext(ctx, "a Finish was refused: its attempt no longer holds the record (with -resolve-admin-only, a record marked outcome-unknown is settled only by an operator's Resolve); if the record is outcome-unknown, its attempt did run: resolve it",
+			slog.String("namespace", p.Namespace), slog.String("scope", p.Scope), slog.String("key", p.Key), slog.Int64("epoch", p.Epoch))
+	}
+	return s.storeError(ctx, "Finish", err)
 }
 
 // Release implements idemgatev1.DedupeServiceServer.
@@ -341,6 +463,7 @@ func (s *Server) release(ctx context.Context, req *idemgatev1.ReleaseRequest) (*
 		// FAIL_CLOSED lease ran out.
 		OutcomeUnknown:   req.GetOutcomeUnknown(),
 		UnknownRetention: s.opts.unknownRetention,
+		ResolveOnly:      s.opts.resolveOnly,
 	})
 	if err != nil {
 		return nil, s.storeError(ctx, "Release", err)
@@ -383,6 +506,7 @@ func (s *Server) heartbeat(ctx context.Context, req *idemgatev1.HeartbeatRequest
 		AttemptToken: req.GetAttemptToken(),
 		Epoch:        req.GetEpoch(),
 		Lease:        lease,
+		ResolveOnly:  s.opts.resolveOnly,
 	})
 	if err != nil {
 		return nil, s.storeError(ctx, "Heartbeat", err)
@@ -494,15 +618,24 @@ func (s *Server) sealOutcome(id RecordID, outcome Outcome) (Outcome, error) {
 }
 
 // openOutcome returns the value of record id's stored outcome: as stored
-// when it has no key id, else opened with the service's cipher. One that
-// cannot be opened is INTERNAL DEDUPE_OUTCOME_UNREADABLE, never taken for
-// absent: that would run the side effect again.
+// when it has no key id and the service has no cipher (or accepts
+// plaintext, WithPlaintextOutcomes), else opened with the service's cipher.
+// With a cipher, a plaintext row was not written by this service since
+// encryption was turned on: replaying it would hand a duplicate whatever
+// bytes someone wrote into the database. One that cannot be opened is
+// INTERNAL DEDUPE_OUTCOME_UNREADABLE, never taken for absent: that would
+// run the side effect again.
 func (s *Server) openOutcome(ctx context.Context, id RecordID, outcome Outcome) ([]byte, error) {
-	if outcome.KeyID == "" {
+	if outcome.KeyID == "" && (s.opts.cipher == nil || s.opts.plaintextOK) {
 		return outcome.Value, nil
 	}
 	err := fmt.Errorf("dedupesvc: outcome sealed under key %q but no -outcome-keys-file is loaded", outcome.KeyID)
-	if s.opts.cipher != nil {
+	message := "the stored outcome of this key cannot be decrypted (its key is not in the service's keys file, or the record is damaged); nothing ran, and nothing will until an operator restores the key"
+	switch {
+	case outcome.KeyID == "":
+		err = errors.New("dedupesvc: outcome stored without encryption while encryption is on (-outcome-keys-file); -outcome-accept-plaintext replays records written before encryption was turned on")
+		message = "the stored outcome of this key is not encrypted although the service encrypts outcomes: it was written before encryption was turned on, or not by this service; nothing ran, and nothing will until an operator accepts such records (-outcome-accept-plaintext) or settles the key"
+	case s.opts.cipher != nil:
 		var value []byte
 		if value, err = s.opts.cipher.Open(outcome.KeyID, OutcomeAAD(id, outcome.TypeURL), outcome.Value); err == nil {
 			return value, nil
@@ -511,8 +644,7 @@ func (s *Server) openOutcome(ctx context.Context, id RecordID, outcome Outcome) 
 	s.opts.logger.ErrorContext(ctx, "stored outcome cannot be opened; its duplicates fail until the key is restored or the key settled by hand",
 		slog.String("namespace", id.Namespace), slog.String("scope", id.Scope), slog.String("key", id.Key),
 		slog.String("outcome_key_id", outcome.KeyID), slog.Any("error", err))
-	return nil, grpcerr.New(codes.Internal, ReasonOutcomeUnreadable,
-		"the stored outcome of this key cannot be decrypted (its key is not in the service's keys file, or the record is damaged); nothing ran, and nothing will until an operator restores the key",
+	return nil, grpcerr.New(codes.Internal, ReasonOutcomeUnreadable, message,
 		map[string]string{"outcome_key_id": outcome.KeyID}, 0)
 }
 

@@ -22,9 +22,10 @@ type Store interface {
 
 	// Finish stores the outcome of the attempt holding the reservation, also
 	// when its record was meanwhile marked outcome-unknown: the real outcome
-	// settles it. It returns nil when the same attempt already finished (the
-	// outcome is left as it was) and ErrNotHeld when the attempt does not
-	// hold the record.
+	// settles it (unless params.ResolveOnly). It returns nil when the same
+	// attempt already finished (the outcome is left as it was) and
+	// ErrNotHeld when the attempt does not hold the record. A store that is
+	// a QuotaFinisher applies params.MaxOutcomeBytes here too.
 	Finish(ctx context.Context, params FinishParams) error
 
 	// Release frees the reservation (in flight or outcome-unknown) so the
@@ -145,9 +146,15 @@ type BeginParams struct {
 	MaxRecords int64
 	// MaxOutcomeBytes is the namespace's quota of stored outcome bytes: a
 	// Begin that would reserve for a namespace holding this many returns a
-	// *QuotaError. Finish is never refused: the handler already ran. 0, the
+	// *QuotaError. Finish is never refused for it (the handler already
+	// ran): it stores a marker instead (FinishParams.OverQuota). 0, the
 	// zero value, is no limit.
 	MaxOutcomeBytes int64
+	// ResolveOnly leaves a record marked outcome-unknown to Resolve: the
+	// re-sent Begin of the attempt that held it answers BeginOutcomeUnknown
+	// instead of taking its reservation back
+	// (WithResolveOnlySettlesUnknown). Defaults to false.
+	ResolveOnly bool
 	// Peek makes Begin read only: it answers what the record says when that
 	// needs no write (completed, in flight within its lease, mismatched,
 	// marked unknown), and a zero BeginResult (State 0) when the caller
@@ -236,6 +243,57 @@ type FinishParams struct {
 	Epoch int64
 	// Outcome is the outcome to store.
 	Outcome Outcome
+	// MaxOutcomeBytes is the namespace's quota of stored outcome bytes: when
+	// storing Outcome would take the namespace past it, OverQuota is stored
+	// in its place (see QuotaFinisher). 0, the zero value, is no limit.
+	MaxOutcomeBytes int64
+	// OverQuota is what is stored in place of an Outcome over the quota:
+	// the ResultTooLarge marker, sealed like Outcome. Without it (the zero
+	// value) Outcome is stored whatever the quota.
+	OverQuota *Outcome
+	// ResolveOnly leaves a record marked outcome-unknown to Resolve: the
+	// attempt that held it gets ErrNotHeld (WithResolveOnlySettlesUnknown).
+	// Defaults to false: the real outcome settles it.
+	ResolveOnly bool
+}
+
+// QuotaFinisher is a Store whose Finish checks the byte quota against the
+// outcome it stores (FinishParams.MaxOutcomeBytes), in the statement that
+// stores it.
+type QuotaFinisher interface {
+	// FinishWithinQuota is Store.Finish, except that it stores p.OverQuota
+	// in place of p.Outcome when the namespace's stored bytes plus
+	// p.Outcome's would be over p.MaxOutcomeBytes, and reports whether it
+	// did. The namespace's bytes are the store's usage totals (pgstore: as
+	// of the last usage compaction).
+	FinishWithinQuota(ctx context.Context, p FinishParams) (replaced bool, err error)
+}
+
+// FinishChecker is a Store that can tell whether a Finish would be taken
+// without being sent the outcome: one short read by primary key. The
+// service asks it before sending a large outcome (FinishCheckBytes), so
+// that a Finish for a key its caller does not hold costs a read, never a
+// megabyte through the store's writers.
+type FinishChecker interface {
+	// CheckFinish returns ErrNotHeld when p's attempt does not hold its
+	// record (Finish would refuse it), done when that attempt's Finish
+	// already took effect (a retry: Finish would change nothing), else
+	// false and nil. It reads only the record's state, token and epoch.
+	CheckFinish(ctx context.Context, p FinishParams) (done bool, err error)
+}
+
+// HeldForFinish says what CheckFinish answers for a record read as r
+// (found false when there is none): the same conditions as Finish's
+// statement and RefusedFinish, in one place for every store.
+func HeldForFinish(r Record, found bool, p FinishParams) (done bool, err error) {
+	if found && r.AttemptToken == p.AttemptToken && r.Epoch == p.Epoch &&
+		(r.State == StateInFlight || (r.State == StateUnknown && !p.ResolveOnly)) {
+		return false, nil
+	}
+	if err := RefusedFinish(r, found, p); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // ReleaseParams are the inputs of Store.Release.
@@ -259,6 +317,10 @@ type ReleaseParams struct {
 	// Release is kept at least (the service's unknown retention). Used only
 	// with OutcomeUnknown.
 	UnknownRetention time.Duration
+	// ResolveOnly leaves a record marked outcome-unknown to Resolve: a
+	// Release that would free it gets ErrNotHeld
+	// (WithResolveOnlySettlesUnknown). Defaults to false.
+	ResolveOnly bool
 }
 
 // HeartbeatParams are the inputs of Store.Heartbeat.
@@ -275,6 +337,10 @@ type HeartbeatParams struct {
 	Epoch int64
 	// Lease is how long from now the reservation is held.
 	Lease time.Duration
+	// ResolveOnly leaves a record marked outcome-unknown to Resolve: the
+	// Heartbeat does not revive it and gets ErrNotHeld
+	// (WithResolveOnlySettlesUnknown). Defaults to false.
+	ResolveOnly bool
 }
 
 // ResolveParams are the inputs of Store.Resolve.

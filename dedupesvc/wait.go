@@ -129,7 +129,14 @@ func (s *Server) addWaiter(w *waiter) bool {
 	id := w.p.ID()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.total >= s.opts.maxWaiters || k.byCaller[id.Namespace] >= s.opts.maxCallerWaiters {
+	held := k.byCaller[id.Namespace]
+	if k.total >= s.opts.maxWaiters || held >= s.opts.maxCallerWaiters {
+		return false
+	}
+	// The pool's last places are kept for callers that hold few waiters,
+	// so that callers at their own cap cannot fill it for everyone else.
+	reserve, share := waiterReserve(s.opts.maxWaiters, s.opts.maxCallerWaiters)
+	if k.total >= s.opts.maxWaiters-reserve && held >= share {
 		return false
 	}
 	if k.keys == nil {
@@ -139,6 +146,17 @@ func (s *Server) addWaiter(w *waiter) bool {
 	k.byCaller[id.Namespace]++
 	s.register(w)
 	return true
+}
+
+// waiterReserve is the part of a pool of total waiters kept for callers
+// holding fewer than share waiters each: a tenth of the pool, at most one
+// caller's cap, at least one; share is a tenth of the reserve, at least one.
+// At the defaults (10,000 and 1,000) 1,000 places are kept, 100 for each
+// caller, so ten callers at their cap of 1,000 can no longer fill the pool:
+// 9,000 of theirs wait, and a bystander's Begins still do.
+func waiterReserve(total, perCaller int) (reserve, share int) {
+	reserve = max(1, min(perCaller, total/10))
+	return reserve, max(1, reserve/10)
 }
 
 // register adds w to its key's watcher, starting one for a key nobody

@@ -2,6 +2,7 @@ package dedupesvc_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -65,5 +66,58 @@ func TestWaitersPastTheCapsAnswerAtOnce(t *testing.T) {
 	}
 	if d := begin("neighbour"); d < maxWait {
 		t.Fatalf("another caller's Begin answered after %s without waiting", d)
+	}
+}
+
+// TestCallersAtTheirCapLeaveRoomForABystander: callers that each stay
+// within their own waiter cap fill the pool together (four callers at a cap
+// of 5 in a pool of 20); the pool's last places are kept for callers that
+// hold few waiters, so a bystander's duplicate still waits instead of
+// answering in_flight at once.
+func TestCallersAtTheirCapLeaveRoomForABystander(t *testing.T) {
+	t.Parallel()
+	store := &inFlightStore{}
+	metrics := dedupesvc.NewMetrics()
+	srv := dedupesvc.NewServer(store, dedupesvc.WithMaxWaiters(20, 5), dedupesvc.WithMetrics(metrics), dedupesvc.WithPollInterval(time.Hour))
+	refused := func() int64 { return int64(testutil.ToFloat64(metrics.QuotaCounter(dedupesvc.QuotaWaiters))) }
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	begin := func(ctx context.Context, caller string) {
+		req := validBegin()
+		req.MaxWait = durationpb.New(dedupesvc.MaxWait)
+		resp, err := srv.Begin(dedupesvc.ContextWithCaller(ctx, dedupesvc.Caller{Name: caller}), req)
+		if err != nil || resp.GetInFlight() == nil {
+			t.Errorf("Begin = %v, %v; want in flight", resp, err)
+		}
+	}
+	for c := range 4 {
+		for range 5 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				begin(ctx, fmt.Sprintf("tenant-%d", c))
+			}()
+		}
+	}
+	// Every tenant Begin has either started waiting or been refused.
+	for srv.WaitStats().Started+refused() < 20 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	before := refused()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		begin(ctx, "bystander")
+	}()
+	for srv.WaitStats().Started+refused() < 21 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if refused() != before {
+		t.Fatalf("the bystander's Begin did not wait: tenants within their caps (%d waiting, %d refused) filled the pool", srv.WaitStats().Started, before)
+	}
+	if before == 0 {
+		t.Fatal("the tenants' 20 Begins all waited; want the pool's reserve kept from them")
 	}
 }

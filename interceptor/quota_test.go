@@ -1,6 +1,9 @@
 package interceptor_test
 
 import (
+	"bytes"
+	"context"
+	"strings"
 	"testing"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -37,5 +40,37 @@ func TestQuotaExceededIsPreciseAndRetryable(t *testing.T) {
 	}
 	if got := h.svc.Executions(); got != 1 {
 		t.Fatalf("%d executions, want only the first call's", got)
+	}
+}
+
+// TestFinishOverTheByteRateIsRetriedAndStored: a Finish the Dedupe service
+// refuses for the caller's outcome byte rate (RESOURCE_EXHAUSTED with
+// RetryInfo) is retried until the bucket refills and its outcome stored: a
+// duplicate replays it, nothing is lost and nothing runs twice.
+func TestFinishOverTheByteRateIsRetriedAndStored(t *testing.T) {
+	t.Parallel()
+	// A bucket of 1,512 bytes (the largest outcome plus a type URL),
+	// refilled at 2,000 a second: the second 900-byte outcome waits for it.
+	h := setupWith(t, stacktest.Config{DedupeOptions: []dedupesvc.Option{
+		dedupesvc.WithMaxOutcomeBytes(1000), dedupesvc.WithCallerOutcomeRate(2000, 0),
+	}})
+	req := &testingv1.MutateRequest{Payload: strings.Repeat("x", 900)}
+	first := shortLease(withKey("bytes-1"), h, req)
+	second := shortLease(withKey("bytes-2"), h, req)
+	if first.err != nil || second.err != nil {
+		t.Fatalf("calls: %v, %v", first.err, second.err)
+	}
+	if err := h.Gate.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	again := shortLease(withKey("bytes-2"), h, req)
+	if again.err != nil || !again.replayed || !bytes.Equal(again.raw, second.raw) {
+		t.Fatalf("the duplicate of the call whose Finish was rate limited: %v replayed=%v; want its stored outcome", again.err, again.replayed)
+	}
+	if got := h.svc.Executions(); got != 2 {
+		t.Fatalf("%d executions, want 2", got)
+	}
+	if stats := h.Gate.Stats(); stats.OutcomesLost != 0 {
+		t.Fatalf("stats %+v; want nothing lost", stats)
 	}
 }

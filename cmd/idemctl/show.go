@@ -195,11 +195,15 @@ func raw(out io.Writer, a *anypb.Any, indent string, why error) {
 
 // safeLine escapes what safe would in a line of JSON, keeping the printable
 // non-ASCII runes the JSON already holds readable: protojson escapes C0
-// controls, not C1 ones, which some terminals obey.
+// controls, not C1 ones, which some terminals obey, nor format characters:
+// the bidirectional embeddings, overrides and isolates (U+202A-U+202E,
+// U+2066-U+2069) and marks that make a terminal show text in another order
+// than its bytes, and zero-width ones; nor the line and paragraph
+// separators.
 func safeLine(s string) string {
 	var b strings.Builder
 	for _, r := range s {
-		if unicode.IsControl(r) || r == unicode.ReplacementChar {
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || unicode.In(r, unicode.Zl, unicode.Zp) || r == unicode.ReplacementChar {
 			fmt.Fprintf(&b, `\u%04x`, r)
 			continue
 		}

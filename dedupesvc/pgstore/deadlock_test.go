@@ -169,7 +169,8 @@ func TestSweeperAndBatchDoNotDeadlock(t *testing.T) {
 			if err := pool.QueryRow(ctx, "SELECT epoch FROM idemgate_records WHERE namespace = $1", ns).Scan(&epoch); err != nil {
 				t.Fatal(err)
 			}
-			return []any{"/pkg.S/M", "old-" + ns, "tok-old-" + ns, epoch, "type.googleapis.com/test.A", []byte("A"), ns, nil}
+			// No quota, no marker, not ResolveOnly.
+			return []any{"/pkg.S/M", "old-" + ns, "tok-old-" + ns, epoch, "type.googleapis.com/test.A", []byte("A"), ns, nil, int64(0), nil, nil, nil, false}
 		}
 		n1, n2 := finish("n1"), finish("n2")
 		tx, err := batch.Begin(ctx)

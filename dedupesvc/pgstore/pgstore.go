@@ -115,6 +115,8 @@ var (
 
 	_ dedupesvc.LostOutcomeMarker = (*Store)(nil)
 	_ dedupesvc.UsageCompactor    = (*Store)(nil)
+	_ dedupesvc.QuotaFinisher     = (*Store)(nil)
+	_ dedupesvc.FinishChecker     = (*Store)(nil)
 )
 
 // Option configures New.
@@ -142,8 +144,8 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	if s.commit.MaxBatch > 1 {
 		s.group = groupcommit.New(groupcommit.Config{MaxBatch: s.commit.MaxBatch, MaxDelay: s.commit.MaxDelay, Writers: s.commit.Writers}, s.flush)
 	}
-	s.finishSQL = s.announced(finishSQL, 9)
-	s.releaseSQL = s.announced(releaseSQL, 6)
+	s.finishSQL = s.announcedFinish(finishSQL, 14)
+	s.releaseSQL = s.announced(releaseSQL, 7)
 	s.releaseUnknownSQL = s.announced(releaseUnknownSQL, 7)
 	s.resolveCompleteSQL = s.announced(resolveCompleteSQL, 7)
 	s.resolveReleaseSQL = s.announced(resolveReleaseSQL, 4)
@@ -172,6 +174,19 @@ func (s *Store) announced(update string, next int) string {
 RETURNING waiters),
 notified AS (SELECT pg_notify($%d, $%d) FROM changed WHERE waiters)
 SELECT (SELECT count(*) FROM changed) + 0 * (SELECT count(*) FROM notified)`, update, next, next+1)
+}
+
+// announcedFinish is announced for finishSQL, which also answers whether the
+// outcome fitted the quota (false: the marker was stored in its place; true
+// when no row changed).
+func (s *Store) announcedFinish(update string, next int) string {
+	if s.channel == "" {
+		return fmt.Sprintf("WITH changed AS (%s\nRETURNING q.fits)\nSELECT count(*), coalesce(bool_and(fits), true) FROM changed", update)
+	}
+	return fmt.Sprintf(`WITH changed AS (%s
+RETURNING r.waiters, q.fits),
+notified AS (SELECT pg_notify($%d, $%d) FROM changed WHERE waiters)
+SELECT (SELECT count(*) FROM changed) + 0 * (SELECT count(*) FROM notified), coalesce((SELECT bool_and(fits) FROM changed), true)`, update, next, next+1)
 }
 
 // change runs one of the announced statements and reports how many rows it
@@ -631,7 +646,7 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 				return time.Time{}, false, err
 			}
 			var until time.Time
-			err := s.noted(ctx, s.pool.QueryRow(ctx, renewSQL, p.Scope, p.Key, p.AttemptToken, epoch, p.Lease.Milliseconds(), p.Namespace).Scan(&until))
+			err := s.noted(ctx, s.pool.QueryRow(ctx, renewSQL, p.Scope, p.Key, p.AttemptToken, epoch, p.Lease.Milliseconds(), p.Namespace, p.ResolveOnly).Scan(&until))
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
 				return time.Time{}, false, nil
@@ -756,12 +771,25 @@ func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (record, bool, 
 
 // finishSQL stores the outcome if the attempt still holds the reservation
 // (in flight, or marked unknown after its lease ran out: the real outcome
-// settles it), and restarts the retention from now.
+// settles it, unless $13, ResolveOnly), and restarts the retention from now.
+// When the namespace's stored bytes (its compacted total) plus the
+// outcome's would be over the quota $9, it stores the marker ($10-$12) in
+// its place: the check and the write are one statement, so no Finish sees
+// a total another Finish's statement has not yet left (the totals trail by
+// one compaction, see CompactUsage).
 var finishSQL = `
-UPDATE idemgate_records
-` + completeSet(5, 6, 8) + `
-WHERE namespace = $7 AND scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
-  AND state IN ('in_flight', 'unknown')`
+UPDATE idemgate_records AS r
+SET state = 'completed',
+    outcome_type_url = CASE WHEN q.fits THEN $5 ELSE $10 END,
+    outcome_value = CASE WHEN q.fits THEN $6::bytea ELSE $11::bytea END,
+    outcome_key_id = CASE WHEN q.fits THEN $8 ELSE $12 END,
+    completed_at = now(),
+    expires_at = now() + r.retention_ms * interval '1 millisecond'
+FROM (SELECT $9::bigint = 0 OR $11::bytea IS NULL
+          OR coalesce((SELECT sum(outcome_bytes) FROM idemgate_namespace_usage WHERE namespace = $7), 0)
+             + octet_length($6::bytea) <= $9::bigint AS fits) AS q
+WHERE r.namespace = $7 AND r.scope = $1 AND r.idempotency_key = $2 AND r.attempt_token = $3 AND r.epoch = $4
+  AND (r.state = 'in_flight' OR (r.state = 'unknown' AND NOT $13::boolean))`
 
 // completeSet is the SET clause that stores an outcome, its type URL, value
 // and key id taken from parameters $typeURL, $value and $keyID (NULL for a
@@ -777,25 +805,77 @@ func completeSet(typeURL, value, keyID int) string {
 
 // Finish implements dedupesvc.Store.
 func (s *Store) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
+	_, err := s.FinishWithinQuota(ctx, p)
+	return err
+}
+
+// FinishWithinQuota implements dedupesvc.QuotaFinisher.
+func (s *Store) FinishWithinQuota(ctx context.Context, p dedupesvc.FinishParams) (bool, error) {
 	if err := s.resume(ctx); err != nil {
-		return err
+		return false, err
 	}
-	args := []any{p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Outcome.TypeURL, p.Outcome.Value, p.Namespace, keyIDParam(p.Outcome.KeyID)}
+	var (
+		markerURL   *string
+		markerValue []byte
+		markerKey   *string
+	)
+	if m := p.OverQuota; m != nil {
+		markerURL, markerValue, markerKey = &m.TypeURL, m.Value, keyIDParam(m.KeyID)
+		if markerValue == nil {
+			markerValue = []byte{}
+		}
+	}
+	args := []any{p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Outcome.TypeURL, p.Outcome.Value, p.Namespace, keyIDParam(p.Outcome.KeyID),
+		p.MaxOutcomeBytes, markerURL, markerValue, markerKey, p.ResolveOnly}
 	if s.channel != "" {
 		args = append(args, s.channel, NotifyID(p.ID()))
 	}
-	var n int
-	if err := s.run(ctx, &op{order: orderOf(p.ID()), sql: s.finishSQL, args: args, scan: func(row pgx.Row) error { return row.Scan(&n) }}); err != nil {
-		return fmt.Errorf("pgstore: finish: %w", err)
+	var (
+		n    int
+		fits bool
+	)
+	if err := s.run(ctx, &op{order: orderOf(p.ID()), sql: s.finishSQL, args: args, scan: func(row pgx.Row) error { return row.Scan(&n, &fits) }}); err != nil {
+		return false, fmt.Errorf("pgstore: finish: %w", err)
 	}
 	if n == 1 {
-		return nil
+		return !fits, nil
 	}
-	row, found, err := s.read(ctx, p.ID())
+	row, found, err := s.holder(ctx, p.ID())
 	if err != nil {
-		return err
+		return false, err
 	}
-	return dedupesvc.RefusedFinish(row.Record, found, p)
+	return false, dedupesvc.RefusedFinish(row, found, p)
+}
+
+// holderSQL reads who holds a record, and nothing of its outcome.
+const holderSQL = `
+SELECT state, attempt_token, epoch FROM idemgate_records
+WHERE namespace = $3 AND scope = $1 AND idempotency_key = $2`
+
+// holder reads a record's state, token and epoch (holderSQL).
+func (s *Store) holder(ctx context.Context, id dedupesvc.RecordID) (dedupesvc.Record, bool, error) {
+	if err := s.resume(ctx); err != nil {
+		return dedupesvc.Record{}, false, err
+	}
+	var r dedupesvc.Record
+	err := s.noted(ctx, s.pool.QueryRow(ctx, holderSQL, id.Scope, id.Key, id.Namespace).Scan(&r.State, &r.AttemptToken, &r.Epoch))
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return dedupesvc.Record{}, false, nil
+	case err != nil:
+		return dedupesvc.Record{}, false, fmt.Errorf("pgstore: read holder: %w", err)
+	}
+	return r, true, nil
+}
+
+// CheckFinish implements dedupesvc.FinishChecker: one read by primary key,
+// outside the group commit, that sends no outcome.
+func (s *Store) CheckFinish(ctx context.Context, p dedupesvc.FinishParams) (bool, error) {
+	r, found, err := s.holder(ctx, p.ID())
+	if err != nil {
+		return false, err
+	}
+	return dedupesvc.HeldForFinish(r, found, p)
 }
 
 // releaseSQL frees the reservation if the attempt still holds it.
@@ -803,7 +883,7 @@ const releaseSQL = `
 UPDATE idemgate_records
 SET state = 'released', lease_expires_at = now()
 WHERE namespace = $5 AND scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
-  AND state IN ('in_flight', 'unknown')`
+  AND (state = 'in_flight' OR (state = 'unknown' AND NOT $6::boolean))`
 
 // releaseUnknownSQL is the holder's Release with the outcome unknown: its
 // in-flight record becomes outcome-unknown at once, its lease ended now,
@@ -828,7 +908,7 @@ func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
 	if p.OutcomeUnknown {
 		n, err = s.change(ctx, s.releaseUnknownSQL, p.ID(), p.Scope, p.Key, p.AttemptToken, p.Epoch, p.UnknownRetention.Milliseconds(), p.Namespace)
 	} else {
-		n, err = s.change(ctx, s.releaseSQL, p.ID(), p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Namespace)
+		n, err = s.change(ctx, s.releaseSQL, p.ID(), p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Namespace, p.ResolveOnly)
 	}
 	if err != nil {
 		return fmt.Errorf("pgstore: release: %w", err)
@@ -856,7 +936,7 @@ SET state = 'in_flight',
     lease_expires_at = now() + $5::bigint * interval '1 millisecond',
     expires_at = greatest(expires_at, now() + $5::bigint * interval '1 millisecond')
 WHERE namespace = $6 AND scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
-  AND state IN ('in_flight', 'unknown')
+  AND (state = 'in_flight' OR (state = 'unknown' AND NOT $7::boolean))
 RETURNING lease_expires_at`
 
 // renewSQL is heartbeatSQL for Begin's renewal of the calling attempt's own
@@ -870,7 +950,7 @@ SET state = 'in_flight',
     lease_expires_at = now() + $5::bigint * interval '1 millisecond',
     expires_at = greatest(expires_at, now() + $5::bigint * interval '1 millisecond')
 WHERE namespace = $6 AND scope = $1 AND idempotency_key = $2 AND attempt_token = $3 AND epoch = $4
-  AND state IN ('in_flight', 'unknown')
+  AND (state = 'in_flight' OR (state = 'unknown' AND NOT $7::boolean))
 RETURNING lease_expires_at`
 
 // Heartbeat implements dedupesvc.Store.
@@ -879,7 +959,7 @@ func (s *Store) Heartbeat(ctx context.Context, p dedupesvc.HeartbeatParams) (tim
 		return time.Time{}, err
 	}
 	var until time.Time
-	err := s.noted(ctx, s.pool.QueryRow(ctx, heartbeatSQL, p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Lease.Milliseconds(), p.Namespace).Scan(&until))
+	err := s.noted(ctx, s.pool.QueryRow(ctx, heartbeatSQL, p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Lease.Milliseconds(), p.Namespace, p.ResolveOnly).Scan(&until))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return time.Time{}, dedupesvc.ErrNotHeld

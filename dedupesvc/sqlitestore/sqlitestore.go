@@ -369,7 +369,8 @@ func (s *Store) begin(ctx context.Context, x exec, p dedupesvc.BeginParams) (ded
 		Renew: func(ctx context.Context, epoch int64, now time.Time) (time.Time, bool, error) {
 			var until int64
 			err := x.q.QueryRowContext(ctx, renewSQL, sql.Named("now", now.UnixMilli()), sql.Named("lease", p.Lease.Milliseconds()),
-				sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", epoch)).Scan(&until)
+				sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", epoch),
+				sql.Named("resolve_only", p.ResolveOnly)).Scan(&until)
 			switch {
 			case errors.Is(err, sql.ErrNoRows):
 				return time.Time{}, false, nil
@@ -631,38 +632,64 @@ UPDATE idemgate_records
 SET state = 'completed', outcome_type_url = :type_url, outcome_value = :value, outcome_key_id = nullif(:key_id, ''),
     completed_at = :now, expires_at = :now + retention_ms
 WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
-  AND state IN ('in_flight', 'unknown')`
+  AND (state = 'in_flight' OR (state = 'unknown' AND NOT :resolve_only))`
 
 // Finish implements dedupesvc.Store.
 func (s *Store) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
-	return s.write(ctx, func(ctx context.Context, x exec) error { return s.finish(ctx, x, p) })
+	_, err := s.FinishWithinQuota(ctx, p)
+	return err
 }
 
-func (s *Store) finish(ctx context.Context, x exec, p dedupesvc.FinishParams) error {
-	value := p.Outcome.Value
+// FinishWithinQuota implements dedupesvc.QuotaFinisher. The usage totals
+// are kept in the writing transaction (migration 004) and there is one
+// writer, so the quota is exact: no two Finishes see the same total.
+func (s *Store) FinishWithinQuota(ctx context.Context, p dedupesvc.FinishParams) (bool, error) {
+	var replaced bool
+	err := s.write(ctx, func(ctx context.Context, x exec) error {
+		var err error
+		replaced, err = s.finish(ctx, x, p)
+		return err
+	})
+	return replaced, err
+}
+
+func (s *Store) finish(ctx context.Context, x exec, p dedupesvc.FinishParams) (bool, error) {
+	out, replaced := p.Outcome, false
+	if p.MaxOutcomeBytes > 0 && p.OverQuota != nil {
+		var records, bytes int64
+		err := x.q.QueryRowContext(ctx, usageSQL, p.Namespace).Scan(&records, &bytes)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return false, fmt.Errorf("sqlitestore: read usage: %w", err)
+		}
+		if bytes+int64(len(out.Value)) > p.MaxOutcomeBytes {
+			out, replaced = *p.OverQuota, true
+		}
+	}
+	value := out.Value
 	if value == nil {
 		value = []byte{}
 	}
 	n, err := x.change(ctx, p.ID(), finishSQL,
-		sql.Named("type_url", p.Outcome.TypeURL), sql.Named("value", value), sql.Named("key_id", p.Outcome.KeyID), sql.Named("now", s.now().UnixMilli()),
-		sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch))
+		sql.Named("type_url", out.TypeURL), sql.Named("value", value), sql.Named("key_id", out.KeyID), sql.Named("now", s.now().UnixMilli()),
+		sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch),
+		sql.Named("resolve_only", p.ResolveOnly))
 	if err != nil {
-		return fmt.Errorf("sqlitestore: finish: %w", err)
+		return false, fmt.Errorf("sqlitestore: finish: %w", err)
 	}
 	if n == 1 {
-		return nil
+		return replaced, nil
 	}
 	row, found, err := s.read(ctx, x.q, p.ID())
 	if err != nil {
-		return err
+		return false, err
 	}
-	return dedupesvc.RefusedFinish(row, found, p)
+	return false, dedupesvc.RefusedFinish(row, found, p)
 }
 
 const releaseSQL = `
 UPDATE idemgate_records SET state = 'released', lease_expires_at = :now
 WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
-  AND state IN ('in_flight', 'unknown')`
+  AND (state = 'in_flight' OR (state = 'unknown' AND NOT :resolve_only))`
 
 // releaseUnknownSQL is Release with the outcome unknown: the holder's
 // in-flight record becomes outcome-unknown at once, kept at least for the
@@ -683,7 +710,8 @@ func (s *Store) release(ctx context.Context, x exec, p dedupesvc.ReleaseParams) 
 		query = releaseUnknownSQL
 	}
 	n, err := x.change(ctx, p.ID(), query, sql.Named("now", s.now().UnixMilli()), sql.Named("unknown", p.UnknownRetention.Milliseconds()),
-		sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch))
+		sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch),
+		sql.Named("resolve_only", p.ResolveOnly))
 	if err != nil {
 		return fmt.Errorf("sqlitestore: release: %w", err)
 	}
@@ -703,7 +731,7 @@ const heartbeatSQL = `
 UPDATE idemgate_records
 SET state = 'in_flight', lease_ms = :lease, lease_expires_at = :now + :lease, expires_at = max(expires_at, :now + :lease)
 WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
-  AND state IN ('in_flight', 'unknown')
+  AND (state = 'in_flight' OR (state = 'unknown' AND NOT :resolve_only))
 RETURNING lease_expires_at`
 
 // renewSQL is heartbeatSQL for Begin's renewal of the calling attempt's own
@@ -713,7 +741,7 @@ const renewSQL = `
 UPDATE idemgate_records
 SET state = 'in_flight', lease_ms = :lease, lease_expires_at = :now + :lease, expires_at = max(expires_at, :now + :lease)
 WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND attempt_token = :token AND epoch = :epoch
-  AND state IN ('in_flight', 'unknown')
+  AND (state = 'in_flight' OR (state = 'unknown' AND NOT :resolve_only))
 RETURNING lease_expires_at`
 
 // Heartbeat implements dedupesvc.Store.
@@ -733,7 +761,8 @@ func (s *Store) Heartbeat(ctx context.Context, p dedupesvc.HeartbeatParams) (tim
 func (s *Store) heartbeat(ctx context.Context, x exec, p dedupesvc.HeartbeatParams) (time.Time, error) {
 	var until int64
 	err := x.q.QueryRowContext(ctx, heartbeatSQL, sql.Named("now", s.now().UnixMilli()), sql.Named("lease", p.Lease.Milliseconds()),
-		sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch)).Scan(&until)
+		sql.Named("ns", p.Namespace), sql.Named("scope", p.Scope), sql.Named("key", p.Key), sql.Named("token", p.AttemptToken), sql.Named("epoch", p.Epoch),
+		sql.Named("resolve_only", p.ResolveOnly)).Scan(&until)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return time.Time{}, dedupesvc.ErrNotHeld

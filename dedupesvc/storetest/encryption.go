@@ -26,8 +26,9 @@ type Raw struct {
 
 // RunEncryption runs the Dedupe service over the store with an outcome
 // cipher (WithOutcomeCipher): outcomes are sealed at rest and replayed
-// byte for byte, records written before encryption or under a rotated-out
-// active key still replay, and a record that cannot be opened answers
+// byte for byte, records under a rotated-out active key still replay, and
+// records written before encryption only with WithPlaintextOutcomes, and a
+// record that cannot be opened answers
 // INTERNAL DEDUPE_OUTCOME_UNREADABLE instead of counting as absent.
 func RunEncryption(t *testing.T, newStore func(t *testing.T) dedupesvc.Store, raw Raw) {
 	const svc = "svc"
@@ -95,14 +96,25 @@ func RunEncryption(t *testing.T, newStore func(t *testing.T) dedupesvc.Store, ra
 		replay(t, srv, "empty", []byte{})
 	})
 
-	t.Run("a record written before encryption was turned on still replays", func(t *testing.T) {
+	t.Run("a record written before encryption was turned on replays only when plaintext is accepted", func(t *testing.T) {
 		t.Parallel()
 		s := newStore(t)
 		complete(t, dedupesvc.NewServer(s), "a", secret)
 		if _, keyID := raw.Outcome(t, s, rid("a")); keyID != "" {
 			t.Fatalf("outcome stored without a cipher has key id %q", keyID)
 		}
-		replay(t, dedupesvc.NewServer(s, dedupesvc.WithOutcomeCipher(newCipher(t, k("k1", 1)))), "a", secret)
+		unreadable(t, dedupesvc.NewServer(s, dedupesvc.WithOutcomeCipher(newCipher(t, k("k1", 1)))), "a")
+		replay(t, dedupesvc.NewServer(s, dedupesvc.WithOutcomeCipher(newCipher(t, k("k1", 1))), dedupesvc.WithPlaintextOutcomes(true)), "a", secret)
+		replay(t, dedupesvc.NewServer(s), "a", secret) // encryption off again
+	})
+
+	t.Run("a plaintext outcome planted while encryption is on is refused", func(t *testing.T) {
+		t.Parallel()
+		s := newStore(t)
+		srv := dedupesvc.NewServer(s, dedupesvc.WithOutcomeCipher(newCipher(t, k("k1", 1))))
+		complete(t, srv, "a", secret)
+		raw.SetOutcome(t, s, rid("a"), []byte("forged"), "")
+		unreadable(t, srv, "a")
 	})
 
 	t.Run("rotation: old records open after a key is added, new ones use it", func(t *testing.T) {

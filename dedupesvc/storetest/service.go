@@ -260,10 +260,11 @@ func testServiceQuotas(t *testing.T, newStore func(*testing.T) dedupesvc.Store) 
 		if err != nil || begun.GetReserved() == nil {
 			t.Fatalf("Begin = %v, %v", begun, err)
 		}
-		// The handler ran: its outcome is stored even past the quota.
+		// An outcome that fills the quota exactly is stored, and the quota
+		// is then used up.
 		if _, err := srv.Finish(as("greedy"), &idemgatev1.FinishRequest{Scope: "/pkg.S/M", Key: "big", AttemptToken: "t1", Epoch: begun.GetReserved().GetEpoch(),
-			Outcome: &anypb.Any{TypeUrl: outA.TypeURL, Value: make([]byte, 1500)}}); err != nil {
-			t.Fatalf("Finish past the quota: %v", err)
+			Outcome: &anypb.Any{TypeUrl: outA.TypeURL, Value: make([]byte, 1000)}}); err != nil {
+			t.Fatalf("Finish up to the quota: %v", err)
 		}
 		settleUsage(t, s)
 		_, err = srv.Begin(as("greedy"), beginReq("/pkg.S/M", "next", "t1"))

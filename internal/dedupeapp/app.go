@@ -34,6 +34,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/tap"
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/auth"
@@ -217,7 +218,8 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 		stream = append(stream, authenticator.StreamServerInterceptor())
 	}
 	unary = append(unary, logging.UnaryServerInterceptor(grpcLogger(logger), logging.WithLevels(codeLevel)))
-	grpcOpts = append(grpcOpts, grpc.ForceServerCodecV2(codec), grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
+	grpcOpts = append(grpcOpts, grpc.ForceServerCodecV2(codec), grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...),
+		grpc.InTapHandle(finishTap(authenticator, svc.server)))
 	healthSrv := health.NewServer()
 	srv := grpc.NewServer(grpcOpts...)
 	service := svc.server
@@ -315,6 +317,27 @@ func ServeMetrics(addr string, registry *prometheus.Registry, logger *slog.Logge
 		defer cancel()
 		_ = httpSrv.Shutdown(ctx)
 	}, nil
+}
+
+// finishTap refuses a Finish as it arrives, before its request (up to a
+// megabyte) is read, when its caller is over its outcome byte rate
+// (Server.AdmitFinish). A call whose caller cannot be established is let
+// through: authentication refuses, counts and logs it.
+func finishTap(a *auth.Authenticator, srv *dedupesvc.Server) tap.ServerInHandle {
+	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		if info.FullMethodName != idemgatev1.DedupeService_Finish_FullMethodName {
+			return ctx, nil
+		}
+		name := "" // no authentication: every caller is the one namespace
+		if a != nil {
+			caller, err := a.Authenticate(ctx)
+			if err != nil {
+				return ctx, nil
+			}
+			name = caller.Name
+		}
+		return ctx, srv.AdmitFinish(name)
+	}
 }
 
 // limitOptions bound what one connection, and one idle or slow client, can

@@ -94,6 +94,14 @@ type Config struct {
 	// CallerBeginBurst is each caller's Begin burst. Defaults to 1000
 	// (IDEMGATE_CALLER_BEGIN_BURST).
 	CallerBeginBurst int
+	// CallerOutcomeByteRate is the outcome bytes each caller's Finishes may
+	// carry a second; 0 (also in a Config built in Go) is no limit.
+	// Defaults to 33554432, 32 MiB (IDEMGATE_CALLER_OUTCOME_BYTE_RATE).
+	CallerOutcomeByteRate float64
+	// CallerOutcomeByteBurst is each caller's outcome byte burst, raised to
+	// MaxOutcomeBytes when lower. Defaults to 33554432
+	// (IDEMGATE_CALLER_OUTCOME_BYTE_BURST).
+	CallerOutcomeByteBurst int
 	// CallerMaxRecords is each caller's stored records; 0 is no limit.
 	// Defaults to 1000000 (IDEMGATE_CALLER_MAX_RECORDS).
 	CallerMaxRecords int64
@@ -128,6 +136,11 @@ type Config struct {
 	// be readable by the service's user only. Reloaded on SIGHUP. Defaults
 	// to empty: outcomes are stored as received (IDEMGATE_OUTCOME_KEYS_FILE).
 	OutcomeKeysFile string
+	// OutcomeAcceptPlaintext makes a service with OutcomeKeysFile replay
+	// stored outcomes that are not encrypted (written before encryption
+	// was turned on); off, they answer DEDUPE_OUTCOME_UNREADABLE. Defaults
+	// to false (IDEMGATE_OUTCOME_ACCEPT_PLAINTEXT).
+	OutcomeAcceptPlaintext bool
 	// AdminIdentities are the certificate identities allowed the admin RPCs.
 	// Defaults to none (IDEMGATE_ADMIN_IDENTITIES, comma-separated).
 	AdminIdentities []string
@@ -304,6 +317,8 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 	fs.IntVar(&cfg.MaxOutcomeBytes, "max-outcome-bytes", 1<<20, "largest stored outcome, in bytes")
 	fs.Float64Var(&cfg.CallerBeginRate, "caller-begin-rate", dedupesvc.DefaultCallerRate, "Begins a second each caller may make; 0 is no limit")
 	fs.IntVar(&cfg.CallerBeginBurst, "caller-begin-burst", dedupesvc.DefaultCallerBurst, "Begins each caller may make at once above its rate")
+	fs.Float64Var(&cfg.CallerOutcomeByteRate, "caller-outcome-byte-rate", dedupesvc.DefaultCallerOutcomeRate, "outcome bytes a second each caller's Finishes may carry; 0 is no limit")
+	fs.IntVar(&cfg.CallerOutcomeByteBurst, "caller-outcome-byte-burst", dedupesvc.DefaultCallerOutcomeBurst, "outcome bytes each caller's Finishes may carry at once above that rate (at least -max-outcome-bytes)")
 	fs.Int64Var(&cfg.CallerMaxRecords, "caller-max-records", dedupesvc.DefaultCallerRecords, "records each caller may keep stored; 0 is no limit")
 	fs.Int64Var(&cfg.CallerMaxBytes, "caller-max-bytes", dedupesvc.DefaultCallerBytes, "outcome bytes each caller may keep stored; 0 is no limit")
 	fs.DurationVar(&cfg.MaxRetention, "max-retention", dedupesvc.DefaultMaxRetention, "longest retention a Begin may ask for; longer is refused")
@@ -315,6 +330,7 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "CA `file` (PEM) of accepted client certificates: mutual TLS")
 	fs.StringVar(&cfg.TokenFile, "token-file", "", "`file` of accepted bearer tokens, \"name client|admin secret\" per line")
 	fs.StringVar(&cfg.OutcomeKeysFile, "outcome-keys-file", "", "`file` of keys that encrypt stored outcomes, \"id base64-32-bytes\" per line, the last one sealing; reloaded on SIGHUP; empty stores outcomes as received")
+	fs.BoolVar(&cfg.OutcomeAcceptPlaintext, "outcome-accept-plaintext", false, "with -outcome-keys-file, also replay stored outcomes that are not encrypted (written before encryption was turned on); off, they answer DEDUPE_OUTCOME_UNREADABLE")
 	admins := fs.String("admin-identities", "", "comma-separated certificate identities allowed the admin RPCs")
 	fs.BoolVar(&cfg.InsecurePlaintext, "insecure-plaintext", false, "allow plaintext on an address that is not loopback")
 	fs.BoolVar(&cfg.Reflection, "reflection", false, "serve gRPC server reflection")
@@ -415,6 +431,9 @@ func (c Config) validate() error {
 	}
 	if _, err := otlpExporterOptions(c.OTLPEndpoint); err != nil {
 		errs = append(errs, err)
+	}
+	if c.CallerOutcomeByteRate < 0 || c.CallerOutcomeByteBurst < 0 {
+		errs = append(errs, errors.New("-caller-outcome-byte-rate and -caller-outcome-byte-burst must be 0 (no limit) or more"))
 	}
 	if c.CallerBeginRate < 0 || (c.CallerBeginRate > 0 && c.CallerBeginBurst < 1) || c.CallerMaxRecords < 0 || c.CallerMaxBytes < 0 {
 		errs = append(errs, errors.New("-caller-begin-rate, -caller-max-records and -caller-max-bytes must be 0 (no limit) or more, -caller-begin-burst 1 or more"))

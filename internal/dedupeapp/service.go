@@ -61,6 +61,11 @@ func openService(ctx context.Context, cfg Config, logger *slog.Logger) (_ *servi
 		dedupesvc.WithMaxOutcomeBytes(cfg.MaxOutcomeBytes),
 		dedupesvc.WithCallerRate(cfg.CallerBeginRate, cfg.CallerBeginBurst),
 		dedupesvc.WithCallerQuota(cfg.CallerMaxRecords, cfg.CallerMaxBytes),
+		dedupesvc.WithCallerOutcomeRate(cfg.CallerOutcomeByteRate, cfg.CallerOutcomeByteBurst),
+		// Under -resolve-admin-only only Resolve settles an unknown record:
+		// not the late Finish or Release of the attempt that lost it.
+		dedupesvc.WithResolveOnlySettlesUnknown(cfg.ResolveAdminOnly),
+		dedupesvc.WithPlaintextOutcomes(cfg.OutcomeAcceptPlaintext),
 	}
 	if cfg.MaxRetention > 0 { // zero in a Config built in Go: the default
 		serverOpts = append(serverOpts, dedupesvc.WithMaxRetention(cfg.MaxRetention))

@@ -438,7 +438,20 @@ func (e *Engine) trySettle(ctx context.Context, c *Call, epoch int64, s settleme
 		e.opts.Logger.WarnContext(ctx, "idemgate: refused because the reservation had been taken over or settled by another attempt (its lease ran out, or an operator resolved it); what the other attempt did stands",
 			slog.String("rpc", s.rpc), slog.String("scope", c.Scope), slog.Int64("epoch", epoch))
 		return true, true
-	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.ResourceExhausted:
+	case codes.ResourceExhausted:
+		if _, ok := grpcerr.RetryDelay(err); ok {
+			// Over the caller's rate at the Dedupe service (a Finish's
+			// outcome bytes, say): it passes once tokens are free, so it is
+			// retried like an outage, within the budget.
+			e.opts.Logger.WarnContext(ctx, "idemgate: the Dedupe service is rate limiting this tool server; retrying",
+				slog.String("rpc", s.rpc), slog.String("scope", c.Scope), slog.Any("error", err))
+			return false, false
+		}
+		e.Event(c, s.failEvent)
+		e.opts.Logger.ErrorContext(ctx, "idemgate: the Dedupe service rejected this: "+s.lost,
+			slog.String("rpc", s.rpc), slog.String("scope", c.Scope), slog.Any("error", err))
+		return true, false
+	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated:
 		e.Event(c, s.failEvent)
 		e.opts.Logger.ErrorContext(ctx, "idemgate: the Dedupe service rejected this: "+s.lost,
 			slog.String("rpc", s.rpc), slog.String("scope", c.Scope), slog.Any("error", err))
