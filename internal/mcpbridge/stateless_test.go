@@ -95,7 +95,7 @@ func TestStatelessHTTPAtEachProtocolVersion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(mcpbridge.HTTPHandler(server))
+	srv := httptest.NewServer(mcpbridge.HTTPHandler(server, 0))
 	t.Cleanup(srv.Close)
 	for _, version := range []string{"2026-07-28", "2025-11-25"} {
 		t.Run(version, func(t *testing.T) {

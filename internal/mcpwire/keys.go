@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 
@@ -54,6 +55,16 @@ const (
 // arguments are not what the tool takes. INVALID_ARGUMENT; nothing ran. Fix
 // the arguments.
 const ReasonArgumentsInvalid = "MCP_ARGUMENTS_INVALID"
+
+// ReasonArgumentsTooLarge is the ErrorInfo reason of a gated tool call
+// whose arguments are over the gate's size limit. INVALID_ARGUMENT; nothing
+// ran. Send smaller arguments.
+const ReasonArgumentsTooLarge = "MCP_ARGUMENTS_TOO_LARGE"
+
+// ReasonUnauthenticated is the ErrorInfo reason of a gated tool call over
+// HTTP without an authenticated identity to name its tenant by.
+// UNAUTHENTICATED; nothing ran. Call with credentials.
+const ReasonUnauthenticated = "MCP_CALLER_UNAUTHENTICATED"
 
 // CallKey returns the key of a tools/call from its _meta: MetaKey first,
 // then SEP-3182's parameter as moved there by the carriers. Both present and
@@ -251,19 +262,28 @@ func (k *keyReader) readLine() ([]byte, error) {
 
 // HTTPMiddleware wraps a streamable HTTP MCP handler so that SEP-3182's
 // idempotencyKey parameter of a tools/call POSTed to it reaches the server.
-// It reads the body (at most 16 MiB, the SDK's default limit; a longer body
-// gets 413) and hands the handler the rewritten one.
-func HTTPMiddleware(next http.Handler) http.Handler {
+// It reads the body, at most maxBody bytes (0: DefaultMaxBodyBytes, the
+// SDK's limit), and hands the handler the rewritten one; a longer body gets
+// 413, before any of it is read when its Content-Length says so.
+func HTTPMiddleware(next http.Handler, maxBody int64) http.Handler {
+	if maxBody <= 0 {
+		maxBody = DefaultMaxBodyBytes
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost || r.Body == nil {
 			next.ServeHTTP(w, r)
 			return
 		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxLiftBytes))
+		if r.ContentLength > maxBody {
+			w.Header().Set("Connection", "close") // the body is not read
+			http.Error(w, fmt.Sprintf("request body exceeds %d bytes", maxBody), http.StatusRequestEntityTooLarge)
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 		if err != nil {
 			var tooLarge *http.MaxBytesError
 			if errors.As(err, &tooLarge) {
-				http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
+				http.Error(w, fmt.Sprintf("request body exceeds %d bytes", maxBody), http.StatusRequestEntityTooLarge)
 				return
 			}
 			http.Error(w, "reading the request body: "+err.Error(), http.StatusBadRequest)
