@@ -405,13 +405,16 @@ func KeyReader(r io.Reader) io.ReadCloser { return mcpwire.KeyReader(r) }
 // of a tools/call reaches the gate. It reads each POST's body: one over
 // 4 MiB, the SDK's DefaultMaxRequestBodyBytes, gets 413, before it is read
 // when its Content-Length says so (HTTPMiddlewareMaxBytes sets another
-// limit, for a handler with another MaxRequestBodyBytes).
-func HTTPMiddleware(next http.Handler) http.Handler { return mcpwire.HTTPMiddleware(next, 0) }
+// limit, for a handler with another MaxRequestBodyBytes); past 256 MiB of
+// bodies held at once, a body gets 503 with Retry-After.
+func HTTPMiddleware(next http.Handler) http.Handler {
+	return mcpwire.HTTPMiddleware(next, mcpwire.HTTPLimits{})
+}
 
 // HTTPMiddlewareMaxBytes is HTTPMiddleware with a body limit of maxBody
-// bytes; 0 or less is HTTPMiddleware's 4 MiB.
+// bytes; 0 is HTTPMiddleware's 4 MiB.
 func HTTPMiddlewareMaxBytes(next http.Handler, maxBody int64) http.Handler {
-	return mcpwire.HTTPMiddleware(next, maxBody)
+	return mcpwire.HTTPMiddleware(next, mcpwire.HTTPLimits{MaxBodyBytes: maxBody})
 }
 
 // middleware gates tools/call (mcpwire.AdvertiseIdempotency, outside it,

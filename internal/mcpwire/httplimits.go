@@ -32,6 +32,11 @@ type HTTPLimits struct {
 	// MaxConnections bounds the connections served at once; more wait to
 	// be accepted. Defaults to DefaultMaxConnections.
 	MaxConnections int
+	// MaxBufferedBytes bounds the bytes of request bodies held at once,
+	// across requests (each up to MaxBodyBytes): a body that would pass it
+	// gets 503 with Retry-After. A trickled body holds only what arrived.
+	// Defaults to DefaultMaxBufferedBytes.
+	MaxBufferedBytes int64
 }
 
 // The HTTPLimits defaults.
@@ -47,6 +52,8 @@ const (
 	DefaultIdleTimeout = 2 * time.Minute
 	// DefaultMaxConnections is 512, as the Dedupe service's -max-connections.
 	DefaultMaxConnections = 512
+	// DefaultMaxBufferedBytes is 256 MiB: 64 bodies of 4 MiB.
+	DefaultMaxBufferedBytes = 256 << 20
 )
 
 // WithDefaults returns l with the default of every zero field.
@@ -66,6 +73,9 @@ func (l HTTPLimits) WithDefaults() HTTPLimits {
 	if l.MaxConnections == 0 {
 		l.MaxConnections = DefaultMaxConnections
 	}
+	if l.MaxBufferedBytes == 0 {
+		l.MaxBufferedBytes = DefaultMaxBufferedBytes
+	}
 	return l
 }
 
@@ -83,6 +93,8 @@ func (l HTTPLimits) Check(prefix string) error {
 		return fmt.Errorf("%sidle-timeout must be positive, got %s", prefix, l.IdleTimeout)
 	case l.MaxConnections < 0:
 		return fmt.Errorf("%smax-connections must be positive, got %d", prefix, l.MaxConnections)
+	case l.MaxBufferedBytes < 0:
+		return fmt.Errorf("%smax-buffered-bytes must be positive, got %d", prefix, l.MaxBufferedBytes)
 	}
 	return nil
 }

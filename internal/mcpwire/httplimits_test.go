@@ -32,7 +32,7 @@ func TestHTTPMiddlewareRefusesALongBodyUnread(t *testing.T) {
 		t.Errorf("DefaultMaxBodyBytes = %d, want 4 MiB", mcpwire.DefaultMaxBodyBytes)
 	}
 	served := 0
-	h := mcpwire.HTTPMiddleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served++ }), 1<<20)
+	h := mcpwire.HTTPMiddleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served++ }), mcpwire.HTTPLimits{MaxBodyBytes: 1 << 20})
 	for _, length := range []int64{1 << 30, -1} {
 		body := &countingBody{}
 		r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
@@ -54,5 +54,53 @@ func TestHTTPMiddlewareRefusesALongBodyUnread(t *testing.T) {
 	h.ServeHTTP(httptest.NewRecorder(), r)
 	if served != 1 {
 		t.Errorf("served %d, want the one body under the limit", served)
+	}
+}
+
+// The bodies held at once stay within MaxBufferedBytes: while one body
+// is being served, another that would pass the budget gets 503 with
+// Retry-After, with a known length or without; once the first is done, it
+// is served. A body within the budget alongside is served.
+func TestHTTPMiddlewareBoundsTheBodiesHeldAtOnce(t *testing.T) {
+	hold, holding := make(chan struct{}), make(chan struct{})
+	h := mcpwire.HTTPMiddleware(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Hold") != "" {
+			holding <- struct{}{}
+			<-hold
+		}
+	}), mcpwire.HTTPLimits{MaxBodyBytes: 1 << 20, MaxBufferedBytes: 1 << 20})
+	post := func(size int, length bool, hold bool) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+		r.Body = io.NopCloser(strings.NewReader(strings.Repeat(" ", size)))
+		r.ContentLength = -1
+		if length {
+			r.ContentLength = int64(size)
+		}
+		if hold {
+			r.Header.Set("X-Hold", "1")
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- post(600<<10, true, true) }()
+	<-holding
+	for _, length := range []bool{true, false} {
+		if w := post(600<<10, length, false); w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" {
+			t.Errorf("a second body (length known %v) while the first is held: %d %v, want 503 with Retry-After", length, w.Code, w.Header())
+		}
+	}
+	if w := post(100<<10, true, false); w.Code != http.StatusOK {
+		t.Errorf("a body within the budget: %d %s", w.Code, w.Body.String())
+	}
+	close(hold)
+	if w := <-done; w.Code != http.StatusOK {
+		t.Errorf("the held body: %d", w.Code)
+	}
+	for _, length := range []bool{true, false} {
+		if w := post(600<<10, length, false); w.Code != http.StatusOK {
+			t.Errorf("after the first is done (length known %v): %d %s", length, w.Code, w.Body.String())
+		}
 	}
 }

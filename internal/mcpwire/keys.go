@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 
 	"google.golang.org/grpc/codes"
 
@@ -262,31 +263,41 @@ func (k *keyReader) readLine() ([]byte, error) {
 
 // HTTPMiddleware wraps a streamable HTTP MCP handler so that SEP-3182's
 // idempotencyKey parameter of a tools/call POSTed to it reaches the server.
-// It reads the body, at most maxBody bytes (0: DefaultMaxBodyBytes, the
-// SDK's limit), and hands the handler the rewritten one; a longer body gets
-// 413, before any of it is read when its Content-Length says so.
-func HTTPMiddleware(next http.Handler, maxBody int64) http.Handler {
-	if maxBody <= 0 {
-		maxBody = DefaultMaxBodyBytes
+// It reads the body, at most l.MaxBodyBytes, and hands the handler the
+// rewritten one; a longer body gets 413, before any of it is read when its
+// Content-Length says so. The bodies it holds at once, across requests, are
+// at most l.MaxBufferedBytes: a body that would pass that gets 503 with
+// Retry-After. l's zero fields take their defaults.
+func HTTPMiddleware(next http.Handler, l HTTPLimits) http.Handler {
+	l = l.WithDefaults()
+	budget := &byteBudget{left: l.MaxBufferedBytes}
+	tooLarge := func(w http.ResponseWriter) {
+		http.Error(w, fmt.Sprintf("request body exceeds %d bytes", l.MaxBodyBytes), http.StatusRequestEntityTooLarge)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost || r.Body == nil {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if r.ContentLength > maxBody {
+		if r.ContentLength > l.MaxBodyBytes {
 			w.Header().Set("Connection", "close") // the body is not read
-			http.Error(w, fmt.Sprintf("request body exceeds %d bytes", maxBody), http.StatusRequestEntityTooLarge)
+			tooLarge(w)
 			return
 		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+		body, held, err := budget.read(http.MaxBytesReader(w, r.Body, l.MaxBodyBytes), r.ContentLength)
+		defer budget.give(held)
 		if err != nil {
-			var tooLarge *http.MaxBytesError
-			if errors.As(err, &tooLarge) {
-				http.Error(w, fmt.Sprintf("request body exceeds %d bytes", maxBody), http.StatusRequestEntityTooLarge)
-				return
+			var mbe *http.MaxBytesError
+			switch {
+			case errors.As(err, &mbe):
+				tooLarge(w)
+			case errors.Is(err, errBudget):
+				w.Header().Set("Connection", "close")
+				w.Header().Set("Retry-After", "1")
+				http.Error(w, "the server holds as many request bodies as it takes at once; retry", http.StatusServiceUnavailable)
+			default:
+				http.Error(w, "reading the request body: "+err.Error(), http.StatusBadRequest)
 			}
-			http.Error(w, "reading the request body: "+err.Error(), http.StatusBadRequest)
 			return
 		}
 		body = LiftMessage(body)
@@ -294,4 +305,65 @@ func HTTPMiddleware(next http.Handler, maxBody int64) http.Handler {
 		r.ContentLength = int64(len(body))
 		next.ServeHTTP(w, r)
 	})
+}
+
+// errBudget: reading a body would hold more than the budget's bytes.
+var errBudget = errors.New("request bodies over the memory budget")
+
+// byteBudget is the bytes of request bodies that may be held at once.
+type byteBudget struct {
+	mu   sync.Mutex
+	left int64
+}
+
+func (b *byteBudget) take(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if n > b.left {
+		return false
+	}
+	b.left -= n
+	return true
+}
+
+func (b *byteBudget) give(n int64) {
+	b.mu.Lock()
+	b.left += n
+	b.mu.Unlock()
+}
+
+// read reads r whole, taking from the budget what it holds: length bytes
+// at once when the length is known, else each piece as it comes. It
+// returns the bytes taken, to give back when the body is done with.
+func (b *byteBudget) read(r io.Reader, length int64) ([]byte, int64, error) {
+	const piece = 64 << 10
+	var held int64
+	if length > 0 {
+		if !b.take(length) {
+			return nil, 0, errBudget
+		}
+		held = length
+	}
+	buf := make([]byte, 0, max(length, 512))
+	for {
+		if len(buf) == cap(buf) {
+			grow := int64(min(max(cap(buf), 512), piece))
+			if int64(cap(buf))+grow > held {
+				need := int64(cap(buf)) + grow - held
+				if !b.take(need) {
+					return nil, held, errBudget
+				}
+				held += need
+			}
+			buf = append(buf, make([]byte, grow)...)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if errors.Is(err, io.EOF) {
+			return buf, held, nil
+		}
+		if err != nil {
+			return nil, held, err
+		}
+	}
 }
