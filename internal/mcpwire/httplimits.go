@@ -34,8 +34,9 @@ type HTTPLimits struct {
 	MaxConnections int
 	// MaxBufferedBytes bounds the bytes of request bodies held at once,
 	// across requests (each up to MaxBodyBytes): a body that would pass it
-	// gets 503 with Retry-After. A trickled body holds only what arrived.
-	// Defaults to DefaultMaxBufferedBytes.
+	// gets 503 with Retry-After. A trickled body holds only what arrived;
+	// one without a Content-Length (chunked) counts twice while its pieces
+	// are joined. Defaults to DefaultMaxBufferedBytes.
 	MaxBufferedBytes int64
 }
 

@@ -60,7 +60,8 @@ func TestHTTPMiddlewareRefusesALongBodyUnread(t *testing.T) {
 // The bodies held at once stay within MaxBufferedBytes: while one body
 // is being served, another that would pass the budget gets 503 with
 // Retry-After, with a known length or without; once the first is done, it
-// is served. A body within the budget alongside is served.
+// is served. A body within the budget alongside is served. (One without a
+// length is held twice while its pieces are joined.)
 func TestHTTPMiddlewareBoundsTheBodiesHeldAtOnce(t *testing.T) {
 	hold, holding := make(chan struct{}), make(chan struct{})
 	h := mcpwire.HTTPMiddleware(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
@@ -68,7 +69,7 @@ func TestHTTPMiddlewareBoundsTheBodiesHeldAtOnce(t *testing.T) {
 			holding <- struct{}{}
 			<-hold
 		}
-	}), mcpwire.HTTPLimits{MaxBodyBytes: 1 << 20, MaxBufferedBytes: 1 << 20})
+	}), mcpwire.HTTPLimits{MaxBodyBytes: 2 << 20, MaxBufferedBytes: 3 << 19})
 	post := func(size int, length bool, hold bool) *httptest.ResponseRecorder {
 		r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
 		r.Body = io.NopCloser(strings.NewReader(strings.Repeat(" ", size)))
@@ -84,7 +85,7 @@ func TestHTTPMiddlewareBoundsTheBodiesHeldAtOnce(t *testing.T) {
 		return w
 	}
 	done := make(chan *httptest.ResponseRecorder)
-	go func() { done <- post(600<<10, true, true) }()
+	go func() { done <- post(1<<20, true, true) }()
 	<-holding
 	for _, length := range []bool{true, false} {
 		if w := post(600<<10, length, false); w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" {

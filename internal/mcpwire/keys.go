@@ -332,38 +332,63 @@ func (b *byteBudget) give(n int64) {
 	b.mu.Unlock()
 }
 
+// bodyPiece is the size of the pieces a body without a Content-Length is
+// read in; piecePool keeps them between bodies, so a stream of refused
+// bodies leaves no garbage for the heap to grow by.
+const bodyPiece = 64 << 10
+
+var piecePool = sync.Pool{New: func() any { p := make([]byte, bodyPiece); return &p }}
+
 // read reads r whole, taking from the budget what it holds: length bytes
-// at once when the length is known, else each piece as it comes. It
+// at once when the length is known, else each piece as it comes and then
+// the joined body (so what is held never passes what was taken). It
 // returns the bytes taken, to give back when the body is done with.
 func (b *byteBudget) read(r io.Reader, length int64) ([]byte, int64, error) {
-	const piece = 64 << 10
-	var held int64
 	if length > 0 {
 		if !b.take(length) {
 			return nil, 0, errBudget
 		}
-		held = length
-	}
-	buf := make([]byte, 0, max(length, 512))
-	for {
-		if len(buf) == cap(buf) {
-			grow := int64(min(max(cap(buf), 512), piece))
-			if int64(cap(buf))+grow > held {
-				need := int64(cap(buf)) + grow - held
-				if !b.take(need) {
-					return nil, held, errBudget
-				}
-				held += need
-			}
-			buf = append(buf, make([]byte, grow)...)[:len(buf)]
+		// net/http reads no further than the Content-Length.
+		buf := make([]byte, length)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return nil, length, err
 		}
-		n, err := r.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if errors.Is(err, io.EOF) {
-			return buf, held, nil
+		return buf, length, nil
+	}
+	var (
+		pieces []*[]byte
+		held   int64
+		total  int
+	)
+	defer func() {
+		for _, p := range pieces {
+			piecePool.Put(p)
+		}
+	}()
+	for {
+		if !b.take(bodyPiece) {
+			return nil, held, errBudget
+		}
+		held += bodyPiece
+		p := piecePool.Get().(*[]byte)
+		pieces = append(pieces, p)
+		n, err := io.ReadFull(r, *p)
+		total += n
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			break
 		}
 		if err != nil {
 			return nil, held, err
 		}
 	}
+	if !b.take(int64(total)) {
+		return nil, held, errBudget
+	}
+	body := make([]byte, 0, total)
+	for _, p := range pieces {
+		body = append(body, (*p)[:min(len(*p), total-len(body))]...)
+	}
+	// The pieces go back to the pool; the joined body stays held.
+	b.give(held)
+	return body, int64(total), nil
 }
