@@ -3,9 +3,17 @@ package main_test
 import (
 	"bufio"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -92,7 +100,8 @@ func TestCallerTokenFile(t *testing.T) {
 	if err := os.WriteFile(tokens, []byte("# callers\nalice s3cret-a\nbob s3cret-b\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	port := stacktest.FreeAddr(t)[strings.LastIndex(stacktest.FreeAddr(t), ":"):]
+	free := stacktest.FreeAddr(t)
+	port := free[strings.LastIndex(free, ":"):]
 	addr := "127.0.0.1" + port
 	p := proctest.Start(t, proctest.Build(t, "."), []string{"-target", toolTarget(t), "-plaintext", "-listen", "0.0.0.0" + port,
 		"-caller-token-file", tokens, "-listen-insecure-plaintext"}, nil)
@@ -201,4 +210,82 @@ func TestHTTPLimitsOnTheWire(t *testing.T) {
 			t.Error(err)
 		}
 	}
+}
+
+// writeCert writes a self-signed certificate for 127.0.0.1 and its key as
+// PEM files, and returns their paths and a pool that trusts it.
+func writeCert(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "bridge"}, IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool
+}
+
+// With -listen-tls-cert and -listen-tls-key the bridge serves HTTPS, on an
+// address that is not loopback too: a caller that trusts the certificate
+// and sends a token is served; plain HTTP is not.
+func TestListenTLS(t *testing.T) {
+	t.Parallel()
+	certFile, keyFile, pool := writeCert(t)
+	tokens := filepath.Join(t.TempDir(), "callers")
+	if err := os.WriteFile(tokens, []byte("alice s3cret-a\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	free := stacktest.FreeAddr(t)
+	port := free[strings.LastIndex(free, ":"):]
+	p := proctest.Start(t, proctest.Build(t, "."), []string{"-target", toolTarget(t), "-plaintext", "-listen", "0.0.0.0" + port,
+		"-caller-token-file", tokens, "-listen-tls-cert", certFile, "-listen-tls-key", keyFile}, nil)
+	p.WaitTCP(t, "127.0.0.1"+port, 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	client := &http.Client{Transport: tokenTransport{"s3cret-a", &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(ctx,
+		&mcp.StreamableClientTransport{Endpoint: "https://127.0.0.1" + port + "/mcp", HTTPClient: client}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "examples.payments.v1.PaymentsService.ChargeCard",
+		Arguments: map[string]any{"customerId": "c", "amountCents": 5}, Meta: mcp.Meta{mcpbridge.MetaKey: "k-tls"}})
+	if err != nil || res.IsError {
+		t.Fatalf("over HTTPS: %v %+v", err, res)
+	}
+	if _, err := charge(ctx, "http://127.0.0.1"+port+"/mcp", "s3cret-a", "k-tls"); err == nil {
+		t.Error("plain HTTP to the HTTPS listener was served")
+	}
+}
+
+type tokenTransport struct {
+	token string
+	next  http.RoundTripper
+}
+
+func (b tokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return b.next.RoundTrip(r)
 }
