@@ -94,7 +94,7 @@ func newConformanceGate(t *testing.T, cfg gatetest.Config) gatetest.Client {
 	}
 	t.Cleanup(func() { _ = dconn.Close() })
 	server := mcp.NewServer(&mcp.Implementation{Name: "conformance", Version: "1"}, nil)
-	opts := []mcpgate.Option{mcpgate.WithLogger(quiet()), mcpgate.WithDedupeConn(dconn), mcpgate.WithInFlightRetryAfter(200 * time.Millisecond)}
+	opts := []mcpgate.Option{mcpgate.WithLogger(quiet()), mcpgate.WithSingleTenant(), mcpgate.WithDedupeConn(dconn), mcpgate.WithInFlightRetryAfter(200 * time.Millisecond)}
 	for name, p := range policies {
 		server.AddTool(&mcp.Tool{Name: name, InputSchema: json.RawMessage(`{"type":"object"}`)}, conformanceTool(name, cfg.Handler))
 		opts = append(opts, mcpgate.WithTool(name, p))

@@ -39,6 +39,19 @@
 // is the SHA-256 of the arguments in RFC 8785 canonical JSON, without the
 // key argument and the arguments marked "io.idemgate/exclude-from-fingerprint".
 //
+// The tenant, which namespaces keys, is the caller's authenticated identity
+// (TokenTenant: the bearer token's user). Over stdio the one client is the
+// one tenant; over HTTP a gated call without an identity is refused
+// UNAUTHENTICATED (ReasonUnauthenticated), since every such caller would
+// share one tenant and be replayed another's result, unless the server says
+// it has one tenant (WithSingleTenant).
+//
+// What one call costs the gate is bounded: arguments over
+// WithMaxArgumentBytes (4 MiB) are refused before they are parsed, a call
+// without a key (or, over HTTP, without an identity) before its arguments
+// are fingerprinted, and the fingerprint takes time linear in the arguments'
+// size (n log n in the members of each object).
+//
 // The handler runs on a context that keeps the caller's values but not its
 // cancellation: a client that gives up (or cancels) after the tool started
 // never causes a second run; its retry waits for the outcome or replays it.

@@ -180,7 +180,7 @@ func (h headerOverride) RoundTrip(r *http.Request) (*http.Response, error) {
 func TestAddedKeyArgumentOverHTTP(t *testing.T) {
 	ts := &tools{noKeyMark: true}
 	server := ts.newServer()
-	if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, mcpgate.WithLogger(quiet()), mcpgate.WithKeyArgument("idempotency_key")); err != nil {
+	if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, mcpgate.WithLogger(quiet()), mcpgate.WithKeyArgument("idempotency_key"), mcpgate.WithSingleTenant()); err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(mcpgate.HTTPHandler(server))
@@ -261,7 +261,7 @@ func TestAToolReAddedUnderTheSamePointerIsResolvedAgain(t *testing.T) {
 func TestAddedKeyArgumentHeaderIsDecoded(t *testing.T) {
 	ts := &tools{noKeyMark: true}
 	server := ts.newServer()
-	if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, mcpgate.WithLogger(quiet()), mcpgate.WithKeyArgument("idempotency_key")); err != nil {
+	if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, mcpgate.WithLogger(quiet()), mcpgate.WithKeyArgument("idempotency_key"), mcpgate.WithSingleTenant()); err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(mcpgate.HTTPHandler(server))

@@ -16,7 +16,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gowebpki/jcs"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -97,6 +96,13 @@ const (
 	ReasonOutcomeTypeMismatch = gatecore.ReasonOutcomeTypeMismatch
 	// ReasonArgumentsInvalid: the arguments are not a JSON object.
 	ReasonArgumentsInvalid = mcpwire.ReasonArgumentsInvalid
+	// ReasonArgumentsTooLarge: the arguments are over WithMaxArgumentBytes
+	// (INVALID_ARGUMENT); the tool did not run.
+	ReasonArgumentsTooLarge = mcpwire.ReasonArgumentsTooLarge
+	// ReasonUnauthenticated: a call over HTTP has no authenticated identity
+	// to name its tenant by, and the gate is not WithSingleTenant
+	// (UNAUTHENTICATED); the tool did not run.
+	ReasonUnauthenticated = mcpwire.ReasonUnauthenticated
 )
 
 // Causes a gated tool's context can end with (context.Cause).
@@ -176,6 +182,9 @@ func New(ctx context.Context, dedupe idemgatev1.DedupeServiceClient, server *mcp
 	}
 	if o.tenant == nil {
 		return nil, errors.New("mcpgate: WithTenant needs a tenant function (TokenTenant is the default); it was given nil")
+	}
+	if o.maxArgs <= 0 {
+		return nil, fmt.Errorf("mcpgate: WithMaxArgumentBytes must be positive; it was given %d", o.maxArgs)
 	}
 	name, tools, err := listServer(ctx, server)
 	if err != nil {
@@ -393,8 +402,20 @@ func KeyReader(r io.Reader) io.ReadCloser { return mcpwire.KeyReader(r) }
 
 // HTTPMiddleware wraps a streamable HTTP MCP handler
 // (mcp.NewStreamableHTTPHandler) so that SEP-3182's idempotencyKey parameter
-// of a tools/call reaches the gate. Bodies over 16 MiB get 413.
-func HTTPMiddleware(next http.Handler) http.Handler { return mcpwire.HTTPMiddleware(next) }
+// of a tools/call reaches the gate. It reads each POST's body: one over
+// 4 MiB, the SDK's DefaultMaxRequestBodyBytes, gets 413, before it is read
+// when its Content-Length says so (HTTPMiddlewareMaxBytes sets another
+// limit, for a handler with another MaxRequestBodyBytes); past 256 MiB of
+// bodies held at once, a body gets 503 with Retry-After.
+func HTTPMiddleware(next http.Handler) http.Handler {
+	return mcpwire.HTTPMiddleware(next, mcpwire.HTTPLimits{})
+}
+
+// HTTPMiddlewareMaxBytes is HTTPMiddleware with a body limit of maxBody
+// bytes; 0 is HTTPMiddleware's 4 MiB.
+func HTTPMiddlewareMaxBytes(next http.Handler, maxBody int64) http.Handler {
+	return mcpwire.HTTPMiddleware(next, mcpwire.HTTPLimits{MaxBodyBytes: maxBody})
+}
 
 // middleware gates tools/call (mcpwire.AdvertiseIdempotency, outside it,
 // advertises the capability).
@@ -535,6 +556,13 @@ type passthrough struct {
 // gate runs one gated tools/call.
 func (g *Gate) gate(ctx context.Context, next mcp.MethodHandler, call *mcp.CallToolRequest, r *resolved) (mcp.Result, error) {
 	arrived := time.Now()
+	// The cheap checks first: size, key, tenant; the fingerprint, which
+	// reads every byte of the arguments, last.
+	if n := len(call.Params.Arguments); n > g.opts.maxArgs {
+		return mcpwire.ErrorResult(grpcerr.New(codes.InvalidArgument, ReasonArgumentsTooLarge,
+			fmt.Sprintf("the arguments are %d bytes, over this server's limit of %d; nothing ran", n, g.opts.maxArgs),
+			map[string]string{"limit": fmt.Sprint(g.opts.maxArgs)}, 0)), nil
+	}
 	args, err := arguments(call.Params.Arguments)
 	if err != nil {
 		return mcpwire.ErrorResult(err), nil
@@ -543,12 +571,24 @@ func (g *Gate) gate(ctx context.Context, next mcp.MethodHandler, call *mcp.CallT
 	if err != nil {
 		return mcpwire.ErrorResult(err), nil
 	}
+	p := r.policy
+	if !hasKey && !p.KeylessFingerprint {
+		return mcpwire.ErrorResult(grpcerr.New(codes.InvalidArgument, ReasonKeyMissing,
+			mcpwire.KeyMissingMessage(r.keyArgNames()...), nil, 0)), nil
+	}
 	tenant, err := g.opts.tenant(ctx, call)
 	if err != nil {
 		if _, ok := status.FromError(err); !ok {
 			err = status.Error(codes.Unauthenticated, err.Error())
 		}
 		return mcpwire.ErrorResult(err), nil
+	}
+	if tenant == DefaultTenant && call.Extra != nil && call.Extra.Header != nil && !g.opts.singleTenant {
+		// Over HTTP, callers without an identity are anyone who can reach
+		// the server: in one tenant, one would be replayed another's result.
+		return mcpwire.ErrorResult(grpcerr.New(codes.Unauthenticated, ReasonUnauthenticated,
+			"this gated tool needs an authenticated caller (a bearer token naming a user): over HTTP, callers without one would share one tenant and see one another's results; nothing ran",
+			nil, 0)), nil
 	}
 	fingerprint, err := Fingerprint(args, r.keyArgs, r.exclude)
 	if err != nil {
@@ -576,14 +616,9 @@ func (g *Gate) gate(ctx context.Context, next mcp.MethodHandler, call *mcp.CallT
 		stripped.Params = &params
 		call = &stripped
 	}
-	p := r.policy
 	retention := p.Retention
 	derived := false
 	if !hasKey {
-		if !p.KeylessFingerprint {
-			return mcpwire.ErrorResult(grpcerr.New(codes.InvalidArgument, ReasonKeyMissing,
-				mcpwire.KeyMissingMessage(r.keyArgNames()...), nil, 0)), nil
-		}
 		key, retention, derived = derivedKeyPrefix+hex.EncodeToString(fingerprint), p.KeylessWindow, true
 	}
 	scope := "mcp/" + g.opts.serverName + "/" + r.tool.Name
@@ -846,7 +881,9 @@ func (g *Gate) keyOf(call *mcp.CallToolRequest, r *resolved, args map[string]jso
 // insignificant whitespace never change it, nor how a number or a string is
 // spelled ("1e2" and 100, "\u0041" and "A"). Numbers are IEEE 754 doubles in
 // JCS, so two integers above 2^53 that round to the same double have one
-// fingerprint: send such identifiers as strings.
+// fingerprint: send such identifiers as strings. A string with a \u escape
+// of a lone UTF-16 surrogate is an error. It takes time linear in the size
+// of args (n log n in the members of each object), and memory linear too.
 func Fingerprint(args map[string]json.RawMessage, keyArgs, exclude map[string]bool) ([]byte, error) {
 	kept := make(map[string]json.RawMessage, len(args))
 	for name, v := range args {
@@ -858,7 +895,7 @@ func Fingerprint(args map[string]json.RawMessage, keyArgs, exclude map[string]bo
 	if err != nil {
 		return nil, err
 	}
-	canonical, err := jcs.Transform(b)
+	canonical, _, err := canonicalJSON(b)
 	if err != nil {
 		return nil, err
 	}

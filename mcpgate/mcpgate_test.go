@@ -274,7 +274,7 @@ func TestKeyCarriers(t *testing.T) {
 func TestSEP3182OverStreamableHTTP(t *testing.T) {
 	ts := &tools{}
 	server := ts.newServer()
-	if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, mcpgate.WithLogger(quiet())); err != nil {
+	if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, mcpgate.WithLogger(quiet()), mcpgate.WithSingleTenant()); err != nil {
 		t.Fatal(err)
 	}
 	url := httpServer(t, server, nil)

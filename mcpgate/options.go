@@ -21,13 +21,18 @@ import (
 type TenantFunc func(ctx context.Context, req *mcp.CallToolRequest) (string, error)
 
 // DefaultTenant is the tenant of a call without an authenticated identity:
-// "", one tenant shared by every such caller.
+// "", one tenant shared by every such caller. Over stdio (and the SDK's
+// in-memory and SSE transports, which carry no HTTP request to the gate)
+// that is the one client of the server process. Over streamable HTTP it
+// would be anyone who can reach the server, so a gated call there in
+// DefaultTenant is refused UNAUTHENTICATED (ReasonUnauthenticated) unless
+// the gate is WithSingleTenant.
 const DefaultTenant = ""
 
 // TokenTenant names the tenant by the MCP session's authenticated identity:
 // the UserID of the bearer token's TokenInfo (go-sdk auth, in the request's
 // Extra), or DefaultTenant when the request carries no token or the token
-// names no user.
+// names no user (refused over HTTP, see DefaultTenant).
 func TokenTenant(_ context.Context, req *mcp.CallToolRequest) (string, error) {
 	if req.Extra == nil || req.Extra.TokenInfo == nil {
 		return DefaultTenant, nil
@@ -126,12 +131,17 @@ type options struct {
 	dedupeLogEvery time.Duration
 	// keyArgument is WithKeyArgument's.
 	keyArgument string
+	// maxArgs is WithMaxArgumentBytes'.
+	maxArgs int
+	// singleTenant is WithSingleTenant's.
+	singleTenant bool
 }
 
 var defaultOptions = options{
 	tenant:        TokenTenant,
 	logger:        slog.Default(),
 	maxOutcome:    1 << 20,
+	maxArgs:       DefaultMaxArgumentBytes,
 	inFlightRetry: time.Second,
 	storeRetry:    time.Second,
 	replayTTL:     gatecore.DefaultReplayCacheTTL,
@@ -149,6 +159,25 @@ func WithServerName(name string) Option { return func(o *options) { o.serverName
 // WithTenant sets the function that names the tenant of each call.
 // Defaults to TokenTenant. New refuses nil.
 func WithTenant(f TenantFunc) Option { return func(o *options) { o.tenant = f } }
+
+// WithSingleTenant says the server has one tenant: a gated call over HTTP
+// without an authenticated identity runs in DefaultTenant, shared with
+// every other such caller, who is replayed its result for the same key.
+// Defaults to off: such a call is refused UNAUTHENTICATED
+// (ReasonUnauthenticated). Calls over stdio are always in DefaultTenant, and
+// callers with an identity always in their own.
+func WithSingleTenant() Option { return func(o *options) { o.singleTenant = true } }
+
+// DefaultMaxArgumentBytes is WithMaxArgumentBytes' default: 4 MiB, the
+// go-sdk's limit on a streamable HTTP request body.
+const DefaultMaxArgumentBytes = 4 << 20
+
+// WithMaxArgumentBytes bounds the arguments of a gated call, in bytes of
+// JSON: larger ones are refused INVALID_ARGUMENT (ReasonArgumentsTooLarge)
+// before the gate parses or fingerprints them, and the tool does not run.
+// It bounds the work one call costs the gate (over stdio no other limit
+// applies). Defaults to DefaultMaxArgumentBytes.
+func WithMaxArgumentBytes(n int) Option { return func(o *options) { o.maxArgs = n } }
 
 // WithTool sets the policy of the tool named name, whatever its annotations
 // say. Defaults to none: a tool follows its annotations.

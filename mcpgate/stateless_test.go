@@ -142,7 +142,7 @@ func connectAt(t *testing.T, url, version string, rt http.RoundTripper) *mcp.Cli
 func TestStatelessHTTPAtEachProtocolVersion(t *testing.T) {
 	ts := &tools{}
 	server := ts.newServer()
-	if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, mcpgate.WithLogger(quiet())); err != nil {
+	if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, mcpgate.WithLogger(quiet()), mcpgate.WithSingleTenant()); err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(mcpgate.HTTPHandler(server))
@@ -203,7 +203,7 @@ func TestStatelessHTTPAtEachProtocolVersion(t *testing.T) {
 func TestStatelessCallerGivesUp(t *testing.T) {
 	ts := &tools{hold: make(chan struct{}), started: make(chan struct{}, 1), ended: make(chan error, 1)}
 	server := ts.newServer()
-	if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, mcpgate.WithLogger(quiet())); err != nil {
+	if _, err := mcpgate.New(context.Background(), embeddedDedupe(t), server, mcpgate.WithLogger(quiet()), mcpgate.WithSingleTenant()); err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(mcpgate.HTTPHandler(server))

@@ -17,5 +17,13 @@ import (
 // it); clients of earlier versions initialize and call as before. The gate
 // keeps nothing in a session: a gated call needs only its own request (its
 // key, arguments and token). To serve with other options, wrap your own
-// handler in HTTPMiddleware.
-func HTTPHandler(server *mcp.Server) http.Handler { return mcpwire.HTTPHandler(server) }
+// handler in HTTPMiddleware. A body over 4 MiB (the SDK's
+// DefaultMaxRequestBodyBytes) gets 413, before it is read when its
+// Content-Length says so; past 256 MiB of bodies held at once, a body gets
+// 503 with Retry-After. Serve it from an http.Server with ReadTimeout,
+// ReadHeaderTimeout and IdleTimeout set and a bounded listener (as
+// examples/mcp-server does): the handler cannot bound how long a caller
+// holds a connection.
+func HTTPHandler(server *mcp.Server) http.Handler {
+	return mcpwire.HTTPHandler(server, mcpwire.HTTPLimits{})
+}

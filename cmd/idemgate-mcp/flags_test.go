@@ -21,7 +21,8 @@ func TestParseFlagsReadsTheEnvironment(t *testing.T) {
 	}
 	f, err := parseFlags([]string{"-services", "b.S"}, func(k string) string { return env[k] }, io.Discard)
 	want := flags{target: "127.0.0.1:50052", token: "s3cret", listen: "127.0.0.1:8080", plaintext: true, callTimeout: 5 * time.Second,
-		descriptorSet: "p.binpb", services: "b.S", caFile: "ca.pem", serverName: "tool", keyArgument: "idempotency_key", keyArgumentTools: "a.S.M"}
+		descriptorSet: "p.binpb", services: "b.S", caFile: "ca.pem", serverName: "tool", keyArgument: "idempotency_key", keyArgumentTools: "a.S.M",
+		maxBodyBytes: 4 << 20, readHeaderTimeout: 10 * time.Second, readTimeout: 30 * time.Second, idleTimeout: 2 * time.Minute, maxConnections: 512, maxBufferedBytes: 256 << 20}
 	if err != nil || f != want {
 		t.Errorf("parseFlags = %+v, %v; want %+v", f, err, want)
 	}
@@ -50,6 +51,30 @@ func TestParseFlagsReportsABadVariable(t *testing.T) {
 	for _, want := range []string{"(env IDEMGATE_MCP_TARGET)", "(env IDEMGATE_MCP_TARGET_TOKEN)", "(env IDEMGATE_MCP_LISTEN)", "(env IDEMGATE_MCP_CALL_TIMEOUT)"} {
 		if strings.Count(usage.String(), want) != 1 {
 			t.Errorf("usage:\n%s\nwant %s once", usage.String(), want)
+		}
+	}
+}
+
+// The limits refuse a negative value, and the listener's TLS files go
+// together and with -listen.
+func TestParseFlagsChecksTheListener(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-listen", "127.0.0.1:1", "-max-body-bytes", "-1"}, "-max-body-bytes must be positive"},
+		{[]string{"-listen", "127.0.0.1:1", "-read-timeout", "-1s"}, "-read-timeout must be positive"},
+		{[]string{"-listen", "127.0.0.1:1", "-max-connections", "-1"}, "-max-connections must be positive"},
+		{[]string{"-listen", "127.0.0.1:1", "-listen-tls-cert", "c.pem"}, "-listen-tls-cert and -listen-tls-key go together"},
+		{[]string{"-caller-token-file", "t"}, "need -listen"},
+	} {
+		if _, err := parseFlags(tc.args, func(string) string { return "" }, io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+	for _, listen := range []string{"127.0.0.1:8080", "localhost:8080", "[::1]:8080"} {
+		if _, err := parseFlags([]string{"-listen", listen}, func(string) string { return "" }, io.Discard); err != nil {
+			t.Errorf("-listen %s: %v, want a loopback address accepted", listen, err)
 		}
 	}
 }

@@ -14,6 +14,18 @@
 // to every gated tool, for hosts that send only the model's arguments and
 // never _meta.
 //
+// Over HTTP every caller's call reaches the tool server under the bridge's
+// own -token, so -listen on an address that is not loopback needs
+// -caller-token-file (each caller sends one of its bearer tokens) and
+// -listen-tls-cert and -listen-tls-key (or -listen-insecure-plaintext, for a
+// network that is trusted): the bridge refuses to start otherwise. The HTTP
+// server bounds what a caller can cost it: -max-body-bytes (4 MiB, the MCP
+// SDK's limit; a longer body gets 413 before it is read),
+// -read-header-timeout (10s), -read-timeout (30s: a body trickled slower is
+// cut), -idle-timeout (2m), -max-connections (512) and -max-buffered-bytes
+// (256 MiB of bodies held at once; past it a body gets 503). It is
+// stateless, so it keeps no sessions to expire.
+//
 // Every flag also reads an environment variable, IDEMGATE_MCP_ and its name
 // (IDEMGATE_MCP_TARGET, IDEMGATE_MCP_LISTEN, ...; -token reads
 // IDEMGATE_MCP_TARGET_TOKEN); the flag wins. idemgate-mcp -h lists them.
@@ -23,6 +35,7 @@ package main
 
 import (
 	"context"
+	"crypto/subtle"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -38,15 +51,17 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
-	"github.com/idemgate/idemgate/dedupesvc/auth"
+	dedupeauth "github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/mcpbridge"
+	"github.com/idemgate/idemgate/internal/mcpwire"
 	"github.com/idemgate/idemgate/internal/version"
 )
 
@@ -57,6 +72,12 @@ type flags struct {
 	token                                   string
 	callTimeout                             time.Duration
 	keyArgument, keyArgumentTools           string
+	// The HTTP listener's (-listen) limits and its callers' authentication.
+	maxBodyBytes, maxBufferedBytes               int64
+	readHeaderTimeout, readTimeout, idleTimeout  time.Duration
+	maxConnections                               int
+	callerTokenFile, listenTLSCert, listenTLSKey string
+	listenInsecurePlaintext                      bool
 }
 
 func main() {
@@ -100,6 +121,16 @@ func parseFlags(args []string, getenv func(string) string, usage io.Writer) (fla
 	fs.DurationVar(&f.callTimeout, "call-timeout", 60*time.Second, "deadline of each forwarded call")
 	fs.StringVar(&f.keyArgument, "key-argument", "", "add a required key argument of this `name` (such as "+mcpbridge.DefaultKeyArgument+") to every gated tool, for hosts that never set _meta; default: none")
 	fs.StringVar(&f.keyArgumentTools, "key-argument-tools", "", "comma-separated full `names` of the gated tools that get -key-argument; default: every gated tool")
+	fs.Int64Var(&f.maxBodyBytes, "max-body-bytes", mcpwire.DefaultMaxBodyBytes, "largest HTTP request body; a longer one gets 413, before it is read when its Content-Length says so")
+	fs.DurationVar(&f.readHeaderTimeout, "read-header-timeout", mcpwire.DefaultReadHeaderTimeout, "bound on reading an HTTP request's headers")
+	fs.DurationVar(&f.readTimeout, "read-timeout", mcpwire.DefaultReadTimeout, "bound on reading a whole HTTP request, body included; a slower one is cut")
+	fs.DurationVar(&f.idleTimeout, "idle-timeout", mcpwire.DefaultIdleTimeout, "close an HTTP keep-alive connection idle this long")
+	fs.IntVar(&f.maxConnections, "max-connections", mcpwire.DefaultMaxConnections, "HTTP connections served at once; more wait to be accepted")
+	fs.Int64Var(&f.maxBufferedBytes, "max-buffered-bytes", mcpwire.DefaultMaxBufferedBytes, "bytes of HTTP request bodies held at once, across requests; a body that would pass it gets 503")
+	fs.StringVar(&f.callerTokenFile, "caller-token-file", "", "`file` of the bearer tokens HTTP callers must send, \"name secret\" per line; required for a -listen address that is not loopback")
+	fs.StringVar(&f.listenTLSCert, "listen-tls-cert", "", "certificate `file` (PEM) of the HTTP listener; with -listen-tls-key, serves HTTPS")
+	fs.StringVar(&f.listenTLSKey, "listen-tls-key", "", "key `file` (PEM) of the HTTP listener")
+	fs.BoolVar(&f.listenInsecurePlaintext, "listen-insecure-plaintext", false, "allow plain HTTP on a -listen address that is not loopback: the callers' tokens cross the network readable")
 	env := cliflag.Bind(fs, "IDEMGATE_MCP_", getenv, cliflag.WithName("token", "IDEMGATE_MCP_TARGET_TOKEN"))
 	showVersion := version.Flag(fs) // after Bind: no variable
 	if err := fs.Parse(args); err != nil {
@@ -111,7 +142,98 @@ func parseFlags(args []string, getenv func(string) string, usage io.Writer) (fla
 	if err := env.Apply(); err != nil {
 		return flags{}, err
 	}
-	return f, nil
+	return f, check(f)
+}
+
+// limits is the HTTP listener's limits.
+func (f flags) limits() mcpwire.HTTPLimits {
+	return mcpwire.HTTPLimits{MaxBodyBytes: f.maxBodyBytes, ReadHeaderTimeout: f.readHeaderTimeout, ReadTimeout: f.readTimeout,
+		IdleTimeout: f.idleTimeout, MaxConnections: f.maxConnections, MaxBufferedBytes: f.maxBufferedBytes}
+}
+
+// check refuses flags that do not go together, and a -listen address
+// anyone on the network reaches without authentication or TLS: every
+// call there reaches the tool server under the bridge's own -token.
+func check(f flags) error {
+	var errs []error
+	if err := f.limits().Check("-"); err != nil {
+		errs = append(errs, err)
+	}
+	if (f.listenTLSCert == "") != (f.listenTLSKey == "") {
+		errs = append(errs, errors.New("-listen-tls-cert and -listen-tls-key go together"))
+	}
+	if f.listen == "" && (f.callerTokenFile != "" || f.listenTLSCert != "") {
+		errs = append(errs, errors.New("-caller-token-file, -listen-tls-cert and -listen-tls-key need -listen: over stdio the bridge has one caller, the process that started it"))
+	}
+	if f.listen != "" && !isLoopback(f.listen) {
+		if f.callerTokenFile == "" {
+			errs = append(errs, fmt.Errorf("-listen %s is not a loopback address: configure -caller-token-file so HTTP callers authenticate (every call reaches the tool server under the bridge's own -token)", f.listen))
+		}
+		if f.listenTLSCert == "" && !f.listenInsecurePlaintext {
+			errs = append(errs, fmt.Errorf("-listen %s is not a loopback address: serve TLS (-listen-tls-cert, -listen-tls-key) or set -listen-insecure-plaintext", f.listen))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// isLoopback reports whether a listen address only accepts local callers.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// readCallerTokens reads -caller-token-file: one "name secret" a line;
+// blank lines and lines starting with # are skipped.
+func readCallerTokens(file string) (map[string]string, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("-caller-token-file: %w", err)
+	}
+	tokens := map[string]string{} // secret -> name
+	for i, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) != 2 {
+			return nil, fmt.Errorf("-caller-token-file %s line %d: want \"name secret\"", file, i+1)
+		}
+		if _, dup := tokens[fields[1]]; dup {
+			return nil, fmt.Errorf("-caller-token-file %s line %d: the secret of another line", file, i+1)
+		}
+		tokens[fields[1]] = fields[0]
+	}
+	if len(tokens) == 0 {
+		return nil, fmt.Errorf("-caller-token-file %s lists no token", file)
+	}
+	return tokens, nil
+}
+
+// callerAuth wraps h so that only callers presenting one of tokens (secret
+// to name) reach it; others get 401. Every secret is compared, in constant
+// time.
+func callerAuth(tokens map[string]string, h http.Handler) http.Handler {
+	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
+		name := ""
+		for secret, n := range tokens {
+			if subtle.ConstantTimeCompare([]byte(secret), []byte(token)) == 1 {
+				name = n
+			}
+		}
+		if name == "" {
+			return nil, auth.ErrInvalidToken
+		}
+		return &auth.TokenInfo{UserID: name}, nil
+	}
+	return auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(h)
 }
 
 func run(f flags, logger *slog.Logger) error {
@@ -137,7 +259,7 @@ func run(f flags, logger *slog.Logger) error {
 		dial = append(dial, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 	}
 	if f.token != "" {
-		dial = append(dial, grpc.WithPerRPCCredentials(auth.BearerToken(f.token, f.plaintext)))
+		dial = append(dial, grpc.WithPerRPCCredentials(dedupeauth.BearerToken(f.token, f.plaintext)))
 	}
 	conn, err := grpc.NewClient(f.target, dial...)
 	if err != nil {
@@ -189,13 +311,23 @@ func run(f flags, logger *slog.Logger) error {
 		}
 		return err
 	}
+	limits := f.limits().WithDefaults()
+	var handler http.Handler = mcpbridge.HTTPHandler(server, limits) // stateless: serves 2026-07-28 and earlier
+	if f.callerTokenFile != "" {
+		tokens, err := readCallerTokens(f.callerTokenFile)
+		if err != nil {
+			return err
+		}
+		handler = callerAuth(tokens, handler)
+		logger.Info("HTTP callers authenticate with a bearer token", slog.Int("tokens", len(tokens)))
+	}
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", mcpbridge.HTTPHandler(server)) // stateless: serves 2026-07-28 and earlier
+	mux.Handle("/mcp", handler)
 	lis, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := limits.Server(mux)
 	go func() {
 		<-ctx.Done()
 		logger.Info("stopping on a signal: no new requests, waiting up to 10s for the requests in flight")
@@ -203,8 +335,15 @@ func run(f flags, logger *slog.Logger) error {
 		defer cancel()
 		_ = srv.Shutdown(shutdown)
 	}()
-	logger.Info("serving MCP over streamable HTTP", slog.String("address", "http://"+lis.Addr().String()+"/mcp"), slog.String("target", f.target))
-	if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+	scheme := "http://"
+	serve := func() error { return srv.Serve(limits.Listener(lis)) }
+	if f.listenTLSCert != "" {
+		scheme = "https://"
+		serve = func() error { return srv.ServeTLS(limits.Listener(lis), f.listenTLSCert, f.listenTLSKey) }
+	}
+	logger.Info("serving MCP over streamable HTTP", slog.String("address", scheme+lis.Addr().String()+"/mcp"), slog.String("target", f.target),
+		slog.Int64("max_body_bytes", limits.MaxBodyBytes), slog.Duration("read_timeout", limits.ReadTimeout), slog.Int("max_connections", limits.MaxConnections), slog.Int64("max_buffered_bytes", limits.MaxBufferedBytes))
+	if err := serve(); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil

@@ -7,7 +7,9 @@
 //	go run ./examples/mcp-server -data-dir /tmp/mcp-dedupe                         # stdio, embedded store in process
 //
 // Without -listen it speaks MCP over stdio; with it, stateless streamable
-// HTTP at /mcp. Both serve protocol versions 2026-07-28 down to 2024-11-05.
+// HTTP at /mcp, on a loopback address only: the example authenticates no
+// caller, so its HTTP callers are one tenant (mcpgate.WithSingleTenant).
+// Both serve protocol versions 2026-07-28 down to 2024-11-05.
 package main
 
 import (
@@ -26,6 +28,7 @@ import (
 
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -59,6 +62,15 @@ func run(dedupeAddr, dedupeToken, dataDir, listen string, logger *slog.Logger) e
 	// Strict: every tool must be annotated or named, so none is gated or
 	// left ungated by accident.
 	opts := []mcpgate.Option{mcpgate.WithStrict(), mcpgate.WithLogger(logger)}
+	if listen != "" {
+		if !isLoopback(listen) {
+			return fmt.Errorf("-listen %s is not a loopback address: this example authenticates no caller; serve it on 127.0.0.1, or put auth.RequireBearerToken (go-sdk) in front of its handler and drop WithSingleTenant", listen)
+		}
+		// Nobody authenticates over HTTP here: every caller on this machine
+		// is the one user, so one tenant. With several users, authenticate
+		// them (a bearer token naming each) and each is its own tenant.
+		opts = append(opts, mcpgate.WithSingleTenant())
+	}
 	if dataDir != "" {
 		store, err := sqlitestore.Open(ctx, dataDir)
 		if err != nil {
@@ -110,7 +122,9 @@ func run(dedupeAddr, dedupeToken, dataDir, listen string, logger *slog.Logger) e
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// Bound what a caller costs: a slow or idle connection is closed, and
+	// at most 512 are served at once (HTTPHandler bounds each body at 4 MiB).
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
 	go func() {
 		<-ctx.Done()
 		logger.Info("stopping on a signal: no new requests, waiting up to 10s for the requests in flight")
@@ -119,7 +133,7 @@ func run(dedupeAddr, dedupeToken, dataDir, listen string, logger *slog.Logger) e
 		_ = srv.Shutdown(shutdown)
 	}()
 	logger.Info("serving MCP over streamable HTTP", slog.String("address", "http://"+lis.Addr().String()+"/mcp"))
-	if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Serve(netutil.LimitListener(lis, 512)); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
@@ -202,4 +216,14 @@ func newServer(l *ledger) *mcp.Server {
 		return nil, balanceOut{CustomerID: in.CustomerID, Charges: l.charges[in.CustomerID]}, nil
 	})
 	return server
+}
+
+// isLoopback reports whether a listen address only accepts local callers.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
 }

@@ -22,6 +22,7 @@ import (
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/mcpbridge"
+	"github.com/idemgate/idemgate/internal/mcpwire"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
@@ -217,7 +218,7 @@ func TestHTTPMiddlewareLiftsTheParameter(t *testing.T) {
 	var got []byte
 	h := mcpbridge.HTTPMiddleware(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got, _ = io.ReadAll(r.Body)
-	}))
+	}), mcpwire.HTTPLimits{})
 	for _, tc := range []struct{ in, want string }{
 		{`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","idempotencyKey":"k1"}}`,
 			`{"id":1,"jsonrpc":"2.0","method":"tools/call","params":{"_meta":{"io.idemgate/sep3182-idempotency-key":"k1"},"name":"x"}}`},

@@ -269,7 +269,7 @@ func TestKeyArgumentOverHTTPAtEachProtocolVersion(t *testing.T) {
 			headers = append(headers, r.Header.Get("Mcp-Param-"+mcpwire.KeyHeaderName))
 			mu.Unlock()
 		}
-		mcpbridge.HTTPHandler(server).ServeHTTP(w, r)
+		mcpbridge.HTTPHandler(server, mcpwire.HTTPLimits{}).ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
 	for _, version := range []string{"2026-07-28", "2025-11-25"} {

@@ -74,9 +74,11 @@ func KeyReader(r io.Reader) io.ReadCloser { return mcpwire.KeyReader(r) }
 
 // HTTPMiddleware wraps a streamable HTTP MCP handler so that SEP-3182's
 // idempotencyKey parameter of a tools/call POSTed to it reaches the bridge.
-// It reads the body (at most 16 MiB, the SDK's default limit; a longer body
-// gets 413) and hands the handler the rewritten one.
-func HTTPMiddleware(next http.Handler) http.Handler { return mcpwire.HTTPMiddleware(next) }
+// It reads the body, within l's MaxBodyBytes and MaxBufferedBytes
+// (mcpwire.HTTPMiddleware), and hands the handler the rewritten one.
+func HTTPMiddleware(next http.Handler, l mcpwire.HTTPLimits) http.Handler {
+	return mcpwire.HTTPMiddleware(next, l)
+}
 
 func codeName(c codes.Code) string { return mcpwire.CodeName(c) }
 
@@ -86,5 +88,9 @@ func codeName(c codes.Code) string { return mcpwire.CodeName(c) }
 // That is what the go-sdk needs to serve protocol version 2026-07-28 over
 // HTTP; clients of earlier versions initialize and call as before. The
 // bridge keeps nothing in a session: each call is forwarded with its own
-// key. idemgate-mcp -listen serves it at /mcp.
-func HTTPHandler(server *mcp.Server) http.Handler { return mcpwire.HTTPHandler(server) }
+// key. l bounds the bodies (mcpwire.HTTPHandler): one over MaxBodyBytes
+// gets 413, before it is read when its Content-Length says so.
+// idemgate-mcp -listen serves it at /mcp.
+func HTTPHandler(server *mcp.Server, l mcpwire.HTTPLimits) http.Handler {
+	return mcpwire.HTTPHandler(server, l)
+}

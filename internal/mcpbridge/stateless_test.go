@@ -22,6 +22,7 @@ import (
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/mcpbridge"
+	"github.com/idemgate/idemgate/internal/mcpwire"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
@@ -95,7 +96,7 @@ func TestStatelessHTTPAtEachProtocolVersion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(mcpbridge.HTTPHandler(server))
+	srv := httptest.NewServer(mcpbridge.HTTPHandler(server, mcpwire.HTTPLimits{}))
 	t.Cleanup(srv.Close)
 	for _, version := range []string{"2026-07-28", "2025-11-25"} {
 		t.Run(version, func(t *testing.T) {

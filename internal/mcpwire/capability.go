@@ -128,11 +128,13 @@ func withToolsIdempotency(result any) ([]byte, error) {
 // protocol version 2026-07-28 over HTTP (a stateful handler refuses it);
 // clients of earlier versions still initialize and call as before. Wrapped
 // in HTTPMiddleware, so SEP-3182's idempotencyKey parameter reaches the
-// server. The SDK's other defaults hold (DNS rebinding protection for
-// localhost, a 16 MiB body limit, SSE responses).
-func HTTPHandler(server *mcp.Server) http.Handler {
+// server, with l's body limits (MaxBodyBytes, MaxBufferedBytes; its zero
+// fields take their defaults). The SDK's other defaults hold (DNS rebinding
+// protection for localhost, SSE responses).
+func HTTPHandler(server *mcp.Server, l HTTPLimits) http.Handler {
+	l = l.WithDefaults()
 	return HTTPMiddleware(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },
-		&mcp.StreamableHTTPOptions{Stateless: true}))
+		&mcp.StreamableHTTPOptions{Stateless: true, MaxRequestBodyBytes: l.MaxBodyBytes}), l)
 }
 
 // KeyHeaderName is the header name (SEP-2243's x-mcp-header) a tool's key

@@ -127,7 +127,7 @@ func TestCapabilityOnInitializeAndDiscover(t *testing.T) {
 			server := mcp.NewServer(&mcp.Implementation{Name: "wire-test", Version: "1"}, opts)
 			server.AddReceivingMiddleware(mcpwire.AdvertiseIdempotency)
 			addEcho(server)
-			ts := httptest.NewServer(mcpwire.HTTPHandler(server))
+			ts := httptest.NewServer(mcpwire.HTTPHandler(server, mcpwire.HTTPLimits{}))
 			defer ts.Close()
 
 			status, out := rawRPC(t, ts.URL, v20260728, "server/discover", nil, nil)
@@ -169,7 +169,7 @@ func TestGoSDKClientSeesTheCapability(t *testing.T) {
 	server := mcp.NewServer(&mcp.Implementation{Name: "wire-test", Version: "1"}, nil)
 	server.AddReceivingMiddleware(mcpwire.AdvertiseIdempotency)
 	addEcho(server)
-	ts := httptest.NewServer(mcpwire.HTTPHandler(server))
+	ts := httptest.NewServer(mcpwire.HTTPHandler(server, mcpwire.HTTPLimits{}))
 	defer ts.Close()
 	for _, version := range []string{v20260728, v20251125} {
 		cs, err := mcp.NewClient(&mcp.Implementation{Name: "test", Version: "1"}, nil).Connect(context.Background(),
@@ -241,7 +241,7 @@ func TestKeyHeaderAnnotation(t *testing.T) {
 			"k": {Type: "object", Extra: mcpwire.KeyHeaderAnnotation()},
 		}}}, func(context.Context, *mcp.CallToolRequest) (*mcp.CallToolResult, error) { return nil, nil })
 	}()
-	ts := httptest.NewServer(mcpwire.HTTPHandler(server))
+	ts := httptest.NewServer(mcpwire.HTTPHandler(server, mcpwire.HTTPLimits{}))
 	defer ts.Close()
 
 	rec := &headerRecorder{}
@@ -306,7 +306,7 @@ func TestMarkComplete(t *testing.T) {
 			return next(ctx, method, req)
 		}
 	})
-	ts := httptest.NewServer(mcpwire.HTTPHandler(server))
+	ts := httptest.NewServer(mcpwire.HTTPHandler(server, mcpwire.HTTPLimits{}))
 	defer ts.Close()
 	for _, version := range []string{v20260728, v20251125} {
 		for _, tool := range []string{"refused", "echo"} {

@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"sync"
 
 	"google.golang.org/grpc/codes"
 
@@ -54,6 +56,16 @@ const (
 // arguments are not what the tool takes. INVALID_ARGUMENT; nothing ran. Fix
 // the arguments.
 const ReasonArgumentsInvalid = "MCP_ARGUMENTS_INVALID"
+
+// ReasonArgumentsTooLarge is the ErrorInfo reason of a gated tool call
+// whose arguments are over the gate's size limit. INVALID_ARGUMENT; nothing
+// ran. Send smaller arguments.
+const ReasonArgumentsTooLarge = "MCP_ARGUMENTS_TOO_LARGE"
+
+// ReasonUnauthenticated is the ErrorInfo reason of a gated tool call over
+// HTTP without an authenticated identity to name its tenant by.
+// UNAUTHENTICATED; nothing ran. Call with credentials.
+const ReasonUnauthenticated = "MCP_CALLER_UNAUTHENTICATED"
 
 // CallKey returns the key of a tools/call from its _meta: MetaKey first,
 // then SEP-3182's parameter as moved there by the carriers. Both present and
@@ -251,22 +263,41 @@ func (k *keyReader) readLine() ([]byte, error) {
 
 // HTTPMiddleware wraps a streamable HTTP MCP handler so that SEP-3182's
 // idempotencyKey parameter of a tools/call POSTed to it reaches the server.
-// It reads the body (at most 16 MiB, the SDK's default limit; a longer body
-// gets 413) and hands the handler the rewritten one.
-func HTTPMiddleware(next http.Handler) http.Handler {
+// It reads the body, at most l.MaxBodyBytes, and hands the handler the
+// rewritten one; a longer body gets 413, before any of it is read when its
+// Content-Length says so. The bodies it holds at once, across requests, are
+// at most l.MaxBufferedBytes: a body that would pass that gets 503 with
+// Retry-After. l's zero fields take their defaults.
+func HTTPMiddleware(next http.Handler, l HTTPLimits) http.Handler {
+	l = l.WithDefaults()
+	budget := &byteBudget{left: l.MaxBufferedBytes}
+	tooLarge := func(w http.ResponseWriter) {
+		http.Error(w, fmt.Sprintf("request body exceeds %d bytes", l.MaxBodyBytes), http.StatusRequestEntityTooLarge)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost || r.Body == nil {
 			next.ServeHTTP(w, r)
 			return
 		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxLiftBytes))
+		if r.ContentLength > l.MaxBodyBytes {
+			w.Header().Set("Connection", "close") // the body is not read
+			tooLarge(w)
+			return
+		}
+		body, held, err := budget.read(http.MaxBytesReader(w, r.Body, l.MaxBodyBytes), r.ContentLength)
+		defer budget.give(held)
 		if err != nil {
-			var tooLarge *http.MaxBytesError
-			if errors.As(err, &tooLarge) {
-				http.Error(w, "request body too large", http.StatusRequestEntityTooLarge)
-				return
+			var mbe *http.MaxBytesError
+			switch {
+			case errors.As(err, &mbe):
+				tooLarge(w)
+			case errors.Is(err, errBudget):
+				w.Header().Set("Connection", "close")
+				w.Header().Set("Retry-After", "1")
+				http.Error(w, "the server holds as many request bodies as it takes at once; retry", http.StatusServiceUnavailable)
+			default:
+				http.Error(w, "reading the request body: "+err.Error(), http.StatusBadRequest)
 			}
-			http.Error(w, "reading the request body: "+err.Error(), http.StatusBadRequest)
 			return
 		}
 		body = LiftMessage(body)
@@ -274,4 +305,90 @@ func HTTPMiddleware(next http.Handler) http.Handler {
 		r.ContentLength = int64(len(body))
 		next.ServeHTTP(w, r)
 	})
+}
+
+// errBudget: reading a body would hold more than the budget's bytes.
+var errBudget = errors.New("request bodies over the memory budget")
+
+// byteBudget is the bytes of request bodies that may be held at once.
+type byteBudget struct {
+	mu   sync.Mutex
+	left int64
+}
+
+func (b *byteBudget) take(n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if n > b.left {
+		return false
+	}
+	b.left -= n
+	return true
+}
+
+func (b *byteBudget) give(n int64) {
+	b.mu.Lock()
+	b.left += n
+	b.mu.Unlock()
+}
+
+// bodyPiece is the size of the pieces a body without a Content-Length is
+// read in; piecePool keeps them between bodies, so a stream of refused
+// bodies leaves no garbage for the heap to grow by.
+const bodyPiece = 64 << 10
+
+var piecePool = sync.Pool{New: func() any { p := make([]byte, bodyPiece); return &p }}
+
+// read reads r whole, taking from the budget what it holds: length bytes
+// at once when the length is known, else each piece as it comes and then
+// the joined body (so what is held never passes what was taken). It
+// returns the bytes taken, to give back when the body is done with.
+func (b *byteBudget) read(r io.Reader, length int64) ([]byte, int64, error) {
+	if length > 0 {
+		if !b.take(length) {
+			return nil, 0, errBudget
+		}
+		// net/http reads no further than the Content-Length.
+		buf := make([]byte, length)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return nil, length, err
+		}
+		return buf, length, nil
+	}
+	var (
+		pieces []*[]byte
+		held   int64
+		total  int
+	)
+	defer func() {
+		for _, p := range pieces {
+			piecePool.Put(p)
+		}
+	}()
+	for {
+		if !b.take(bodyPiece) {
+			return nil, held, errBudget
+		}
+		held += bodyPiece
+		p := piecePool.Get().(*[]byte)
+		pieces = append(pieces, p)
+		n, err := io.ReadFull(r, *p)
+		total += n
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			break
+		}
+		if err != nil {
+			return nil, held, err
+		}
+	}
+	if !b.take(int64(total)) {
+		return nil, held, errBudget
+	}
+	body := make([]byte, 0, total)
+	for _, p := range pieces {
+		body = append(body, (*p)[:min(len(*p), total-len(body))]...)
+	}
+	// The pieces go back to the pool; the joined body stays held.
+	b.give(held)
+	return body, int64(total), nil
 }

@@ -135,7 +135,7 @@ func Advice(reason string, code codes.Code) string {
 	switch reason {
 	case gatecore.ReasonInFlight, gatecore.ReasonStoreUnavailable, gatecore.ReasonQuotaExceeded:
 		return AdviceRetrySameKey
-	case gatecore.ReasonKeyMissing, gatecore.ReasonKeyInvalid, gatecore.ReasonKeyConflict, ReasonArgumentsInvalid:
+	case gatecore.ReasonKeyMissing, gatecore.ReasonKeyInvalid, gatecore.ReasonKeyConflict, ReasonArgumentsInvalid, ReasonArgumentsTooLarge, ReasonUnauthenticated:
 		return AdviceFixRequest
 	case gatecore.ReasonKeyReused, gatecore.ReasonOutcomeUnknown, gatecore.ReasonResultTooLarge, gatecore.ReasonStoreRejected, gatecore.ReasonOutcomeTypeMismatch:
 		return AdviceEscalate

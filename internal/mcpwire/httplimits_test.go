@@ -1,0 +1,107 @@
+package mcpwire_test
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/idemgate/idemgate/internal/mcpwire"
+)
+
+// countingBody counts the bytes read of an endless body.
+type countingBody struct{ read int }
+
+func (c *countingBody) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = ' '
+	}
+	c.read += len(p)
+	return len(p), nil
+}
+
+func (c *countingBody) Close() error { return nil }
+
+// A body over the limit gets 413: one whose Content-Length says so before
+// any of it is read, one without (chunked) once the reading passes the
+// limit, never read whole; the handler never runs. The default is the SDK's
+// 4 MiB (HTTPMiddleware read 16 MiB before).
+func TestHTTPMiddlewareRefusesALongBodyUnread(t *testing.T) {
+	if mcpwire.DefaultMaxBodyBytes != 4<<20 {
+		t.Errorf("DefaultMaxBodyBytes = %d, want 4 MiB", mcpwire.DefaultMaxBodyBytes)
+	}
+	served := 0
+	h := mcpwire.HTTPMiddleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { served++ }), mcpwire.HTTPLimits{MaxBodyBytes: 1 << 20})
+	for _, length := range []int64{1 << 30, -1} {
+		body := &countingBody{}
+		r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+		r.Body, r.ContentLength = body, length
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != http.StatusRequestEntityTooLarge || !strings.Contains(w.Body.String(), "exceeds 1048576 bytes") {
+			t.Errorf("Content-Length %d: %d %q, want 413", length, w.Code, w.Body.String())
+		}
+		want := 0
+		if length < 0 {
+			want = 2 << 20 // io.ReadAll's last buffer past the limit at most
+		}
+		if body.read > want {
+			t.Errorf("Content-Length %d: %d bytes read, want at most %d", length, body.read, want)
+		}
+	}
+	r := httptest.NewRequest(http.MethodPost, "/mcp", io.NopCloser(strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`)))
+	h.ServeHTTP(httptest.NewRecorder(), r)
+	if served != 1 {
+		t.Errorf("served %d, want the one body under the limit", served)
+	}
+}
+
+// The bodies held at once stay within MaxBufferedBytes: while one body
+// is being served, another that would pass the budget gets 503 with
+// Retry-After, with a known length or without; once the first is done, it
+// is served. A body within the budget alongside is served. (One without a
+// length is held twice while its pieces are joined.)
+func TestHTTPMiddlewareBoundsTheBodiesHeldAtOnce(t *testing.T) {
+	hold, holding := make(chan struct{}), make(chan struct{})
+	h := mcpwire.HTTPMiddleware(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Hold") != "" {
+			holding <- struct{}{}
+			<-hold
+		}
+	}), mcpwire.HTTPLimits{MaxBodyBytes: 2 << 20, MaxBufferedBytes: 3 << 19})
+	post := func(size int, length bool, hold bool) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+		r.Body = io.NopCloser(strings.NewReader(strings.Repeat(" ", size)))
+		r.ContentLength = -1
+		if length {
+			r.ContentLength = int64(size)
+		}
+		if hold {
+			r.Header.Set("X-Hold", "1")
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	done := make(chan *httptest.ResponseRecorder)
+	go func() { done <- post(1<<20, true, true) }()
+	<-holding
+	for _, length := range []bool{true, false} {
+		if w := post(600<<10, length, false); w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" {
+			t.Errorf("a second body (length known %v) while the first is held: %d %v, want 503 with Retry-After", length, w.Code, w.Header())
+		}
+	}
+	if w := post(100<<10, true, false); w.Code != http.StatusOK {
+		t.Errorf("a body within the budget: %d %s", w.Code, w.Body.String())
+	}
+	close(hold)
+	if w := <-done; w.Code != http.StatusOK {
+		t.Errorf("the held body: %d", w.Code)
+	}
+	for _, length := range []bool{true, false} {
+		if w := post(600<<10, length, false); w.Code != http.StatusOK {
+			t.Errorf("after the first is done (length known %v): %d %s", length, w.Code, w.Body.String())
+		}
+	}
+}
