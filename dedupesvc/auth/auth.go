@@ -270,6 +270,28 @@ func (a *Authenticator) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	}
 }
 
+// Admit decides, before grpc-go creates a stream and reads any of its
+// message, whether the stream may start: ctx is a tap handle's
+// (grpc.InTapHandle), carrying the headers and the connection's peer. A
+// caller with a verified client certificate or a valid bearer token is
+// admitted, authenticated reporting true; a health check without
+// credentials is admitted unauthenticated, so probes work; any other call
+// without valid credentials is refused, counted and logged as the
+// interceptors refuse it, so a stranger's request costs no more than its
+// headers. The interceptors still run: they check admin rights and put the
+// caller in the context.
+func (a *Authenticator) Admit(ctx context.Context, method string) (authenticated bool, err error) {
+	_, reason, err := a.authenticate(ctx)
+	switch {
+	case err == nil:
+		return true, nil
+	case strings.HasPrefix(method, "/grpc.health.v1.Health/"):
+		return false, nil
+	default:
+		return false, a.refused(ctx, method, reason, "", err)
+	}
+}
+
 // Authenticate returns the caller of ctx's call, or UNAUTHENTICATED. It
 // neither counts nor logs a refusal; the interceptors do.
 func (a *Authenticator) Authenticate(ctx context.Context) (dedupesvc.Caller, error) {

@@ -187,7 +187,15 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 	if err != nil {
 		return err
 	}
+	// With authentication, strangers are bounded before they authenticate:
+	// calls without credentials are refused from their headers, and
+	// unauthenticated connections and health checks are capped below the
+	// limits of the callers that authenticate (preauthGate).
+	var gate *preauthGate
 	if authenticator != nil {
+		gate = newPreauthGate(authenticator, cfg)
+		registry.MustRegister(gate)
+		grpcOpts = append(grpcOpts, grpc.InTapHandle(gate.tapHandle))
 		registry.MustRegister(authenticator)
 		if cfg.TokenFile != "" {
 			svc.goBackground(func(background context.Context) {
@@ -242,7 +250,11 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 	}
 
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(netutil.LimitListener(lis, cfg.MaxConnections)) }()
+	served := netutil.LimitListener(lis, cfg.MaxConnections)
+	if gate != nil {
+		served = gate.listener(served)
+	}
+	go func() { serveErr <- srv.Serve(served) }()
 	logger.Info("dedupe service serving", slog.String("address", lis.Addr().String()))
 
 	select {

@@ -174,6 +174,34 @@ type Config struct {
 	// (GOAWAY ENHANCE_YOUR_CALM). 0 takes the default of 10s
 	// (IDEMGATE_KEEPALIVE_MIN_TIME).
 	KeepaliveMinTime time.Duration
+	// MaxUnauthenticatedConnections bounds the connections open at once that
+	// have not authenticated (no call yet with a valid bearer token or client
+	// certificate); a new connection past it closes the oldest such
+	// connection of the address holding the most, so strangers can never
+	// fill MaxConnections and a tool server's new connection always gets
+	// in. Only with authentication configured. 0 takes the default of 64,
+	// at most half of MaxConnections (IDEMGATE_MAX_UNAUTHENTICATED_CONNECTIONS).
+	MaxUnauthenticatedConnections int
+	// MaxUnauthenticatedConnectionsPerIP bounds those per client IP
+	// address: a new one past it closes the oldest of its address. 0 takes
+	// the default of 8, at most MaxUnauthenticatedConnections
+	// (IDEMGATE_MAX_UNAUTHENTICATED_CONNECTIONS_PER_IP).
+	MaxUnauthenticatedConnectionsPerIP int
+	// MaxUnauthenticatedStreams bounds the calls open at once on a
+	// connection that has not authenticated: health checks, the only calls
+	// served without credentials (any other is refused from its headers,
+	// before its message is read). The excess is refused
+	// (RESOURCE_EXHAUSTED, DEDUPE_QUOTA_EXCEEDED, quota
+	// unauthenticated_streams). Strangers' messages buffered before
+	// authentication are at most MaxUnauthenticatedConnections x this x
+	// the receive limit (MaxOutcomeBytes + 64 KiB). 0 takes the default of
+	// 2 (IDEMGATE_MAX_UNAUTHENTICATED_STREAMS).
+	MaxUnauthenticatedStreams int
+	// UnauthenticatedTimeout closes a connection that has not authenticated
+	// this long after it was accepted, whatever it is doing (health
+	// watchers without credentials reconnect). 0 takes the default of 10s
+	// (IDEMGATE_UNAUTHENTICATED_TIMEOUT).
+	UnauthenticatedTimeout time.Duration
 	// AuthRefusalLogRate is how many refused-authentication log lines a
 	// second are written at most (bursts of 10); the rest are counted in the
 	// next line and in idemgate_dedupe_auth_refusals_total. 0 takes the
@@ -213,7 +241,13 @@ const (
 	DefaultMaxConnectionAgeGrace = 2 * time.Minute
 	DefaultKeepaliveMinTime      = 10 * time.Second
 	DefaultAuthRefusalLogRate    = 1.0
-	DefaultTokenReloadInterval   = 5 * time.Second
+	// DefaultMaxUnauthenticatedConnections and the three after it bound
+	// what callers that have not authenticated may hold (Config).
+	DefaultMaxUnauthenticatedConnections      = 64
+	DefaultMaxUnauthenticatedConnectionsPerIP = 8
+	DefaultMaxUnauthenticatedStreams          = 2
+	DefaultUnauthenticatedTimeout             = 10 * time.Second
+	DefaultTokenReloadInterval                = 5 * time.Second
 )
 
 // withDefaults fills the zero limits with their defaults, so a Config built
@@ -242,6 +276,18 @@ func (c Config) withDefaults() Config {
 	}
 	if c.KeepaliveMinTime == 0 {
 		c.KeepaliveMinTime = DefaultKeepaliveMinTime
+	}
+	if c.MaxUnauthenticatedConnections == 0 {
+		c.MaxUnauthenticatedConnections = max(1, min(DefaultMaxUnauthenticatedConnections, c.MaxConnections/2))
+	}
+	if c.MaxUnauthenticatedConnectionsPerIP == 0 {
+		c.MaxUnauthenticatedConnectionsPerIP = min(DefaultMaxUnauthenticatedConnectionsPerIP, c.MaxUnauthenticatedConnections)
+	}
+	if c.MaxUnauthenticatedStreams == 0 {
+		c.MaxUnauthenticatedStreams = DefaultMaxUnauthenticatedStreams
+	}
+	if c.UnauthenticatedTimeout == 0 {
+		c.UnauthenticatedTimeout = DefaultUnauthenticatedTimeout
 	}
 	if c.AuthRefusalLogRate == 0 {
 		c.AuthRefusalLogRate = DefaultAuthRefusalLogRate
@@ -326,6 +372,14 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 	fs.DurationVar(&cfg.MaxConnectionAge, "max-connection-age", DefaultMaxConnectionAge, "close any connection this old, ±10%")
 	fs.DurationVar(&cfg.MaxConnectionAgeGrace, "max-connection-age-grace", DefaultMaxConnectionAgeGrace, "time calls on an aged connection get to finish")
 	fs.DurationVar(&cfg.KeepaliveMinTime, "keepalive-min-time", DefaultKeepaliveMinTime, "shortest client ping interval tolerated; faster pingers are disconnected")
+	fs.IntVar(&cfg.MaxUnauthenticatedConnections, "max-unauthenticated-connections", DefaultMaxUnauthenticatedConnections,
+		"connections open at once that have not authenticated, at most half of -max-connections; past it the oldest of the address holding the most is closed")
+	fs.IntVar(&cfg.MaxUnauthenticatedConnectionsPerIP, "max-unauthenticated-connections-per-ip", DefaultMaxUnauthenticatedConnectionsPerIP,
+		"of those, how many one client IP address may have; past it its oldest is closed")
+	fs.IntVar(&cfg.MaxUnauthenticatedStreams, "max-unauthenticated-streams", DefaultMaxUnauthenticatedStreams,
+		"health checks open at once on a connection that has not authenticated; the excess is refused (other calls need credentials, checked before their message is read)")
+	fs.DurationVar(&cfg.UnauthenticatedTimeout, "unauthenticated-timeout", DefaultUnauthenticatedTimeout,
+		"close a connection that has not authenticated this long after it was accepted")
 	fs.Float64Var(&cfg.AuthRefusalLogRate, "auth-refusal-log-rate", DefaultAuthRefusalLogRate, "refused-authentication log lines per second, bursts of 10; all are counted")
 	fs.DurationVar(&cfg.TokenReloadInterval, "token-reload-interval", DefaultTokenReloadInterval, "how often the token file is checked for changes; negative: on SIGHUP only")
 	fs.BoolVar(&cfg.ResolveAdminOnly, "resolve-admin-only", false, "reserve DedupeService.Resolve to admin identities")
@@ -440,7 +494,9 @@ func (c Config) validate() error {
 	for _, limit := range []struct {
 		flag string
 		v    int
-	}{{"-max-connections", c.MaxConnections}, {"-max-concurrent-streams", c.MaxConcurrentStreams}} {
+	}{{"-max-connections", c.MaxConnections}, {"-max-concurrent-streams", c.MaxConcurrentStreams},
+		{"-max-unauthenticated-connections", c.MaxUnauthenticatedConnections}, {"-max-unauthenticated-connections-per-ip", c.MaxUnauthenticatedConnectionsPerIP},
+		{"-max-unauthenticated-streams", c.MaxUnauthenticatedStreams}} {
 		if limit.v < 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive, got %d", limit.flag, limit.v))
 		}
@@ -449,7 +505,8 @@ func (c Config) validate() error {
 		flag string
 		v    time.Duration
 	}{{"-handshake-timeout", c.HandshakeTimeout}, {"-max-connection-idle", c.MaxConnectionIdle}, {"-max-connection-age", c.MaxConnectionAge},
-		{"-max-connection-age-grace", c.MaxConnectionAgeGrace}, {"-keepalive-min-time", c.KeepaliveMinTime}} {
+		{"-max-connection-age-grace", c.MaxConnectionAgeGrace}, {"-keepalive-min-time", c.KeepaliveMinTime},
+		{"-unauthenticated-timeout", c.UnauthenticatedTimeout}} {
 		if limit.v < 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive, got %s", limit.flag, limit.v))
 		}
