@@ -127,7 +127,9 @@ func (c *gatedConn) Close() error {
 }
 
 // listener wraps lis so the gate sees every connection it accepts.
-func (g *preauthGate) listener(lis net.Listener) net.Listener { return gatedListener{Listener: lis, g: g} }
+func (g *preauthGate) listener(lis net.Listener) net.Listener {
+	return gatedListener{Listener: lis, g: g}
+}
 
 type gatedListener struct {
 	net.Listener
