@@ -124,6 +124,16 @@ func (l *rateLimiters) allow(ns string) (time.Duration, bool) {
 	return max(r.DelayFrom(now), time.Millisecond), false
 }
 
+// rateKey names the Begin rate bucket of ctx's caller: its namespace, or,
+// for an agent a tool server forwarded (Caller.Agent), the pair, which no
+// namespace can spell (a namespace has no control character).
+func rateKey(ctx context.Context, ns string) string {
+	if c, _ := CallerFromContext(ctx); c.Agent != "" {
+		return ns + "\x00" + c.Agent
+	}
+	return ns
+}
+
 // formatRate writes a rate limit for ErrorInfo metadata.
 func formatRate(l rate.Limit) string { return strconv.FormatFloat(float64(l), 'g', -1, 64) + "/s" }
 

@@ -217,7 +217,7 @@ func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 		MaxOutcomeBytes:  s.opts.callerBytes,
 	}
 	// Last of the checks, so a malformed request spends no token.
-	if wait, ok := s.rates.allow(ns); !ok {
+	if wait, ok := s.rates.allow(rateKey(ctx, ns)); !ok {
 		s.opts.metrics.quota(QuotaRate)
 		return nil, quotaExceeded(QuotaRate, formatRate(s.rates.limit),
 			fmt.Sprintf("this caller is over its rate of %s Begins a second (-caller-begin-rate); retry after the delay", formatRate(s.rates.limit)), wait)

@@ -377,7 +377,7 @@ func securityOptions(cfg Config, logger *slog.Logger) ([]grpc.ServerOption, *aut
 		logger.Warn("no authentication configured (-tls-client-ca, -token-file): any local process may call the service; records are not namespaced by caller")
 		return opts, nil, nil
 	}
-	authCfg := auth.Config{AdminIdentities: cfg.AdminIdentities, Logger: logger, LogRate: cfg.AuthRefusalLogRate}
+	authCfg := auth.Config{AdminIdentities: cfg.AdminIdentities, Forwarders: cfg.AgentForwarders, Logger: logger, LogRate: cfg.AuthRefusalLogRate}
 	if cfg.ResolveAdminOnly {
 		authCfg.AdminMethods = []string{idemgatev1.DedupeService_Resolve_FullMethodName}
 	}

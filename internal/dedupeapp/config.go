@@ -131,6 +131,15 @@ type Config struct {
 	// AdminIdentities are the certificate identities allowed the admin RPCs.
 	// Defaults to none (IDEMGATE_ADMIN_IDENTITIES, comma-separated).
 	AdminIdentities []string
+	// AgentForwarders are the caller identities (token names or certificate
+	// identities: tool servers shared by several agents) whose forwarded end
+	// caller, the tenant their gate sends in the idemgate-agent-bin header,
+	// the service takes: their Begin rate (CallerBeginRate, CallerBeginBurst)
+	// then applies per agent, so one agent over its rate does not refuse its
+	// neighbours'. Records and their quotas stay the tool server's. Defaults
+	// to none: every caller has one rate (IDEMGATE_AGENT_FORWARDERS,
+	// comma-separated).
+	AgentForwarders []string
 	// InsecurePlaintext allows plaintext on an address that is not loopback.
 	// Defaults to false (IDEMGATE_INSECURE_PLAINTEXT).
 	InsecurePlaintext bool
@@ -362,6 +371,7 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 	fs.StringVar(&cfg.TokenFile, "token-file", "", "`file` of accepted bearer tokens, \"name client|admin secret\" per line")
 	fs.StringVar(&cfg.OutcomeKeysFile, "outcome-keys-file", "", "`file` of keys that encrypt stored outcomes, \"id base64-32-bytes\" per line, the last one sealing; reloaded on SIGHUP; empty stores outcomes as received")
 	admins := fs.String("admin-identities", "", "comma-separated certificate identities allowed the admin RPCs")
+	forwarders := fs.String("agent-forwarders", "", "comma-separated caller identities (token names, certificate identities) whose forwarded agent gets its own Begin rate")
 	fs.BoolVar(&cfg.InsecurePlaintext, "insecure-plaintext", false, "allow plaintext on an address that is not loopback")
 	fs.BoolVar(&cfg.Reflection, "reflection", false, "serve gRPC server reflection")
 	fs.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", "", "OpenTelemetry collector (OTLP/gRPC): `https://host:port` for TLS, http://host:port or host:port for plaintext; empty turns tracing off")
@@ -408,6 +418,11 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 	for _, id := range strings.Split(*admins, ",") {
 		if id = strings.TrimSpace(id); id != "" {
 			cfg.AdminIdentities = append(cfg.AdminIdentities, id)
+		}
+	}
+	for _, id := range strings.Split(*forwarders, ",") {
+		if id = strings.TrimSpace(id); id != "" {
+			cfg.AgentForwarders = append(cfg.AgentForwarders, id)
 		}
 	}
 	if err := cfg.LogLevel.UnmarshalText([]byte(strings.ToUpper(*level))); err != nil {
@@ -487,6 +502,9 @@ func (c Config) validate() error {
 	}
 	if c.UnknownRetention <= 0 {
 		errs = append(errs, fmt.Errorf("-unknown-retention must be positive, got %s", c.UnknownRetention))
+	}
+	if len(c.AgentForwarders) > 0 && !c.authConfigured() {
+		errs = append(errs, errors.New("-agent-forwarders needs -tls-client-ca or -token-file: without authentication no caller is a forwarder"))
 	}
 	if c.ResolveAdminOnly && !c.authConfigured() {
 		errs = append(errs, errors.New("-resolve-admin-only needs -tls-client-ca or -token-file: without authentication no caller is an admin"))

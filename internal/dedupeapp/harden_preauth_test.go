@@ -46,7 +46,8 @@ func dialH2From(t *testing.T, ip, addr string) *h2conn {
 // bigRequest opens stream id on path with the given headers and sends a gRPC
 // message header announcing length bytes, then part of them, never the
 // last: the server, if it reads the message, holds a buffer of length
-// bytes for the stream until it ends.
+// bytes for the stream until it ends. part stays within the stream's first
+// flow-control window (64 KiB).
 func (h *h2conn) bigRequest(t *testing.T, id uint32, path string, length, part int, extra ...[2]string) {
 	t.Helper()
 	var block bytes.Buffer
@@ -105,12 +106,14 @@ func (h *h2conn) statuses(t *testing.T, want int, limit time.Duration) map[uint3
 // stranger's megabyte is still incomplete, so it never buffers one.
 func TestUnauthenticatedCallIsRefusedBeforeItsMessage(t *testing.T) {
 	t.Parallel()
-	addr := stacktest.ServeApp(t, dedupeapp.Config{DataDir: t.TempDir(), TokenFile: tokenFile(t)})
+	// A long -unauthenticated-timeout: a slow machine must not close the
+	// stranger's connection before the test has sent everything.
+	addr := stacktest.ServeApp(t, dedupeapp.Config{DataDir: t.TempDir(), TokenFile: tokenFile(t), UnauthenticatedTimeout: time.Hour})
 	beginWith(t, addr, clientSecret)
 	const streams = 8
 	h := dialH2From(t, "127.0.0.2", addr)
 	for i := range uint32(streams) {
-		h.bigRequest(t, 2*i+1, idemgatev1.DedupeService_Begin_FullMethodName, 1<<20, 64<<10)
+		h.bigRequest(t, 2*i+1, idemgatev1.DedupeService_Begin_FullMethodName, 1<<20, 16<<10)
 	}
 	got := h.statuses(t, streams, time.Minute)
 	if len(got) != streams {
@@ -129,12 +132,12 @@ func TestUnauthenticatedCallIsRefusedBeforeItsMessage(t *testing.T) {
 // connections x streams x receive limit.
 func TestUnauthenticatedHealthStreamsPerConnectionAreCapped(t *testing.T) {
 	t.Parallel()
-	addr := stacktest.ServeApp(t, dedupeapp.Config{DataDir: t.TempDir(), TokenFile: tokenFile(t)})
+	addr := stacktest.ServeApp(t, dedupeapp.Config{DataDir: t.TempDir(), TokenFile: tokenFile(t), UnauthenticatedTimeout: time.Hour})
 	beginWith(t, addr, clientSecret)
 	const streams = 10
 	h := dialH2From(t, "127.0.0.2", addr)
 	for i := range uint32(streams) {
-		h.bigRequest(t, 2*i+1, "/grpc.health.v1.Health/Check", 1<<20, 64<<10)
+		h.bigRequest(t, 2*i+1, "/grpc.health.v1.Health/Check", 1<<20, 16<<10)
 	}
 	want := streams - dedupeapp.DefaultMaxUnauthenticatedStreams
 	got := h.statuses(t, want, time.Minute)
@@ -155,7 +158,8 @@ func TestUnauthenticatedHealthStreamsPerConnectionAreCapped(t *testing.T) {
 func TestUnauthenticatedConnectionsLeaveRoomForToolServers(t *testing.T) {
 	t.Parallel()
 	const maxConns = 8
-	addr := stacktest.ServeApp(t, dedupeapp.Config{DataDir: t.TempDir(), TokenFile: tokenFile(t), MaxConnections: maxConns})
+	// A long -unauthenticated-timeout: the caps alone must make room.
+	addr := stacktest.ServeApp(t, dedupeapp.Config{DataDir: t.TempDir(), TokenFile: tokenFile(t), MaxConnections: maxConns, UnauthenticatedTimeout: time.Hour})
 	beginWith(t, addr, clientSecret)
 	for range maxConns {
 		h := dialH2From(t, "127.0.0.2", addr)
