@@ -188,13 +188,14 @@ type Config struct {
 	// certificate); a new connection past it closes the oldest such
 	// connection of the address holding the most, so strangers can never
 	// fill MaxConnections and a tool server's new connection always gets
-	// in. Only with authentication configured. 0 takes the default of 64,
-	// at most half of MaxConnections (IDEMGATE_MAX_UNAUTHENTICATED_CONNECTIONS).
+	// in. Only with authentication configured. 0 takes the default of 64;
+	// more than half of MaxConnections is taken as half
+	// (IDEMGATE_MAX_UNAUTHENTICATED_CONNECTIONS).
 	MaxUnauthenticatedConnections int
 	// MaxUnauthenticatedConnectionsPerIP bounds those per client IP
 	// address: a new one past it closes the oldest of its address. 0 takes
-	// the default of 8, at most MaxUnauthenticatedConnections
-	// (IDEMGATE_MAX_UNAUTHENTICATED_CONNECTIONS_PER_IP).
+	// the default of 8; more than MaxUnauthenticatedConnections is taken as
+	// that (IDEMGATE_MAX_UNAUTHENTICATED_CONNECTIONS_PER_IP).
 	MaxUnauthenticatedConnectionsPerIP int
 	// MaxUnauthenticatedStreams bounds the calls open at once on a
 	// connection that has not authenticated: health checks, the only calls
@@ -286,12 +287,16 @@ func (c Config) withDefaults() Config {
 	if c.KeepaliveMinTime == 0 {
 		c.KeepaliveMinTime = DefaultKeepaliveMinTime
 	}
+	// Clamped, also when set (the flag's default is set): strangers must
+	// never hold the connection slots the callers that authenticate need.
 	if c.MaxUnauthenticatedConnections == 0 {
-		c.MaxUnauthenticatedConnections = max(1, min(DefaultMaxUnauthenticatedConnections, c.MaxConnections/2))
+		c.MaxUnauthenticatedConnections = DefaultMaxUnauthenticatedConnections
 	}
+	c.MaxUnauthenticatedConnections = max(1, min(c.MaxUnauthenticatedConnections, c.MaxConnections/2))
 	if c.MaxUnauthenticatedConnectionsPerIP == 0 {
-		c.MaxUnauthenticatedConnectionsPerIP = min(DefaultMaxUnauthenticatedConnectionsPerIP, c.MaxUnauthenticatedConnections)
+		c.MaxUnauthenticatedConnectionsPerIP = DefaultMaxUnauthenticatedConnectionsPerIP
 	}
+	c.MaxUnauthenticatedConnectionsPerIP = min(c.MaxUnauthenticatedConnectionsPerIP, c.MaxUnauthenticatedConnections)
 	if c.MaxUnauthenticatedStreams == 0 {
 		c.MaxUnauthenticatedStreams = DefaultMaxUnauthenticatedStreams
 	}
