@@ -295,8 +295,9 @@ func (d *Observer) Check(ctx context.Context, timeout time.Duration) error {
 // server, broken; not a quota refusal, which is one caller's), SERVING
 // otherwise; it starts NOT_SERVING until it knows.
 // It keeps the connection connecting when it falls idle, so a service that
-// went away is noticed without traffic, and re-checks a failing service
-// every 5s (Check), so health recovers without traffic too. Each
+// went away is noticed without traffic, checks each new connection once it
+// is ready (which also authenticates it at once), and re-checks a failing
+// service every 5s (Check), so health recovers without traffic too. Each
 // change is logged. Run it in its own goroutine.
 func (d *Observer) Watch(ctx context.Context, hs HealthSetter) {
 	states := make(chan struct{}, 1)
@@ -325,7 +326,20 @@ func (d *Observer) Watch(ctx context.Context, hs HealthSetter) {
 	recheck := time.NewTicker(dedupeRecheckInterval)
 	defer recheck.Stop()
 	var lastLine time.Time
+	wasReady := false
 	for {
+		if d.conn != nil {
+			// Each new connection is checked at once, without waiting for
+			// a gated call: it proves the credentials, and a Dedupe service
+			// closes a connection that has not authenticated soon after it
+			// opened (-unauthenticated-timeout), which would cut a quiet
+			// tool server's connection, and flap its health, again and again.
+			ready := d.conn.GetState() == connectivity.Ready
+			if ready && !wasReady {
+				_ = d.Check(ctx, DefaultDedupeTimeout)
+			}
+			wasReady = ready
+		}
 		if now := d.healthy(); now != serving {
 			serving = now
 			// A flapping service changes health often: a change within
