@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/idemgate/idemgate/internal/keys"
 )
 
 // Caller is who called the Dedupe service, as an authenticator established
@@ -17,7 +19,22 @@ type Caller struct {
 	Name string
 	// Admin allows the admin RPCs.
 	Admin bool
+	// Agent is the end caller a tool server named in AgentHeader, set only
+	// for a caller the authenticator lets forward it (auth.Config.Forwarders);
+	// empty otherwise. The Begin rate applies per (Name, Agent), so one agent
+	// behind a shared tool server cannot spend its neighbours' rate; records,
+	// their quotas and the waiters stay the tool server's (Name).
+	Agent string
 }
+
+// AgentHeader is the metadata key (binary, so any UTF-8 name travels) in
+// which a tool server's gate names the end caller, the gate's tenant, on its
+// Dedupe RPCs. The service reads it only from callers allowed to forward
+// (auth.Config.Forwarders) and ignores it from the others.
+const AgentHeader = keys.AgentHeader
+
+// MaxAgentBytes is the longest forwarded agent name accepted.
+const MaxAgentBytes = 1024
 
 type callerKey struct{}
 

@@ -144,6 +144,16 @@ func (l *rateLimiters) holds(ns string, n int) (time.Duration, bool) {
 	return max(time.Duration((float64(n)-tokens)/float64(l.limit)*float64(time.Second)), time.Millisecond), false
 }
 
+// rateKey names the Begin rate bucket of ctx's caller: its namespace, or,
+// for an agent a tool server forwarded (Caller.Agent), the pair, which no
+// namespace can spell (a namespace has no control character).
+func rateKey(ctx context.Context, ns string) string {
+	if c, _ := CallerFromContext(ctx); c.Agent != "" {
+		return ns + "\x00" + c.Agent
+	}
+	return ns
+}
+
 // formatRate writes a rate limit for ErrorInfo metadata.
 func formatRate(l rate.Limit) string { return strconv.FormatFloat(float64(l), 'g', -1, 64) + "/s" }
 

@@ -226,7 +226,7 @@ func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 		ResolveOnly:      s.opts.resolveOnly,
 	}
 	// Last of the checks, so a malformed request spends no token.
-	if wait, ok := s.rates.allow(ns, 1); !ok {
+	if wait, ok := s.rates.allow(rateKey(ctx, ns), 1); !ok {
 		s.opts.metrics.quota(QuotaRate)
 		return nil, quotaExceeded(QuotaRate, formatRate(s.rates.limit),
 			fmt.Sprintf("this caller is over its rate of %s Begins a second (-caller-begin-rate); retry after the delay", formatRate(s.rates.limit)), wait)
@@ -302,7 +302,7 @@ func (s *Server) finish(ctx context.Context, req *idemgatev1.FinishRequest) (*id
 		return nil, err
 	}
 	// The rates are checked before anything costs: the store, the cipher.
-	if err := s.allowFinish(ns, len(outcome.TypeURL)+len(outcome.Value)); err != nil {
+	if err := s.allowFinish(ctx, ns, len(outcome.TypeURL)+len(outcome.Value)); err != nil {
 		return nil, err
 	}
 	id := RecordID{Namespace: ns, Scope: req.GetScope(), Key: req.GetKey()}
@@ -366,9 +366,12 @@ func (s *Server) finish(ctx context.Context, req *idemgatev1.FinishRequest) (*id
 const FinishCheckBytes = 64 << 10
 
 // allowFinish takes a Finish's tokens from its caller's buckets: one Finish
-// and size outcome bytes.
-func (s *Server) allowFinish(ns string, size int) error {
-	if wait, ok := s.finishes.allow(ns, 1); !ok {
+// and size outcome bytes. The Finish bucket is the Begin bucket's twin, per
+// forwarded agent too (the gate names the agent on Finish as on Begin), so
+// Finishes that follow Begins let in pass; the outcome bytes stay the tool
+// server's.
+func (s *Server) allowFinish(ctx context.Context, ns string, size int) error {
+	if wait, ok := s.finishes.allow(rateKey(ctx, ns), 1); !ok {
 		s.opts.metrics.quota(QuotaRate)
 		return quotaExceeded(QuotaRate, formatRate(s.finishes.limit),
 			fmt.Sprintf("this caller is over its rate of %s Finishes a second (-caller-begin-rate, which limits Begins and Finishes alike); retry after the delay", formatRate(s.finishes.limit)), wait)

@@ -68,8 +68,12 @@ func (g *Gate) CheckDedupe(ctx context.Context) error {
 // connection (WithDedupeConn) is not ready or the service's last answer to
 // a gated call or a check was a failure (unreachable, refusing this tool
 // server, broken), SERVING otherwise; it starts NOT_SERVING until it knows.
-// It keeps the connection connecting when it falls idle, so a service that
-// went away is noticed without traffic, and re-checks a failing service
-// every 5s (CheckDedupe), so health recovers without traffic too. Each
+// A quota refusal (RESOURCE_EXHAUSTED) is logged but leaves health alone:
+// it is one caller's limit, and the service still serves the others. It
+// keeps the connection connecting when it falls idle, so a service that
+// went away is noticed without traffic, checks each new connection once it
+// is ready (CheckDedupe; this also authenticates the connection at once,
+// within the Dedupe service's -unauthenticated-timeout), and re-checks a
+// failing service every 5s, so health recovers without traffic too. Each
 // change is logged. Run it in its own goroutine.
 func (g *Gate) WatchDedupe(ctx context.Context, hs HealthSetter) { g.dedupe.Watch(ctx, hs) }

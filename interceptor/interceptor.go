@@ -281,6 +281,7 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 			Lease: m.policy.Lease, MaxWait: m.policy.MaxWait, OnLostOutcome: m.policy.OnLostOutcome, ExecutionTimeout: m.policy.ExecutionTimeout,
 			FinishAfterReply: m.policy.FinishAfterReply,
 		}, retention)}
+	c.Agent = tenant
 	if m.Reconcile != nil {
 		c.Reconcile = func(ctx context.Context) (gatecore.Resolution, error) { return c.reconcile(ctx, msg) }
 	}

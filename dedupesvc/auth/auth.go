@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
@@ -68,6 +69,14 @@ type Config struct {
 	// nothing: for a development set-up on loopback only. Defaults to empty:
 	// such callers get UNAUTHENTICATED.
 	Anonymous string
+	// Forwarders are the identities (token names, SPIFFE IDs or subjects)
+	// whose forwarded end caller (dedupesvc.AgentHeader, which a gate sends
+	// with its tenant) the service takes: their Begin rate then applies per
+	// agent (dedupesvc.Caller.Agent). The header is ignored from any other
+	// caller. List only tool servers you trust to name their agents
+	// truthfully: a forwarder may spread its calls over as many agents as it
+	// names. Defaults to none.
+	Forwarders []string
 	// AdminMethods are further full method names reserved to admins, such as
 	// "/idemgate.v1.DedupeService/Resolve". Defaults to none.
 	AdminMethods []string
@@ -96,14 +105,18 @@ const (
 	RefusalInvalidToken = "invalid_token"
 	// RefusalNotAdmin: an admin RPC from a caller without the admin right.
 	RefusalNotAdmin = "not_admin"
+	// RefusalInvalidAgent: a forwarder (Config.Forwarders) named an agent
+	// that is not UTF-8, holds a control character or is too long.
+	RefusalInvalidAgent = "invalid_agent"
 )
 
 // Authenticator establishes the caller of each call. It is also a
 // prometheus.Collector of idemgate_dedupe_auth_refusals_total{reason}.
 type Authenticator struct {
-	cfg    Config
-	admins map[string]bool
-	tokens atomic.Pointer[[]Token]
+	cfg        Config
+	admins     map[string]bool
+	forwarders map[string]bool
+	tokens     atomic.Pointer[[]Token]
 
 	refusals   *prometheus.CounterVec
 	logLimit   *rate.Limiter
@@ -132,20 +145,23 @@ func New(cfg Config) (*Authenticator, error) {
 			errs = append(errs, fmt.Errorf("anonymous identity %w", err))
 		}
 	}
-	a := &Authenticator{cfg: cfg, admins: map[string]bool{},
+	a := &Authenticator{cfg: cfg, admins: map[string]bool{}, forwarders: map[string]bool{},
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemgate_dedupe_auth_refusals_total",
-			Help: "Calls refused by authentication, by reason: missing_credentials, invalid_token, not_admin.",
+			Help: "Calls refused by authentication, by reason: missing_credentials, invalid_token, not_admin, invalid_agent.",
 		}, []string{"reason"}),
 		logLimit: rate.NewLimiter(rate.Limit(cfg.LogRate), LogBurst),
 	}
-	for _, reason := range []string{RefusalMissingCredentials, RefusalInvalidToken, RefusalNotAdmin} {
+	for _, reason := range []string{RefusalMissingCredentials, RefusalInvalidToken, RefusalNotAdmin, RefusalInvalidAgent} {
 		a.refusals.WithLabelValues(reason)
 	}
 	tokens := slices.Clone(cfg.Tokens)
 	a.tokens.Store(&tokens)
 	for _, id := range cfg.AdminIdentities {
 		a.admins[id] = true
+	}
+	for _, id := range cfg.Forwarders {
+		a.forwarders[id] = true
 	}
 	return a, errors.Join(errs...)
 }
@@ -270,6 +286,28 @@ func (a *Authenticator) StreamServerInterceptor() grpc.StreamServerInterceptor {
 	}
 }
 
+// Admit decides, before grpc-go creates a stream and reads any of its
+// message, whether the stream may start: ctx is a tap handle's
+// (grpc.InTapHandle), carrying the headers and the connection's peer. A
+// caller with a verified client certificate or a valid bearer token is
+// admitted, authenticated reporting true; a health check without
+// credentials is admitted unauthenticated, so probes work; any other call
+// without valid credentials is refused, counted and logged as the
+// interceptors refuse it, so a stranger's request costs no more than its
+// headers. The interceptors still run: they check admin rights and put the
+// caller in the context.
+func (a *Authenticator) Admit(ctx context.Context, method string) (authenticated bool, err error) {
+	_, reason, err := a.authenticate(ctx)
+	switch {
+	case err == nil:
+		return true, nil
+	case strings.HasPrefix(method, "/grpc.health.v1.Health/"):
+		return false, nil
+	default:
+		return false, a.refused(ctx, method, reason, "", err)
+	}
+}
+
 // Authenticate returns the caller of ctx's call, or UNAUTHENTICATED. It
 // neither counts nor logs a refusal; the interceptors do.
 func (a *Authenticator) Authenticate(ctx context.Context) (dedupesvc.Caller, error) {
@@ -279,16 +317,16 @@ func (a *Authenticator) Authenticate(ctx context.Context) (dedupesvc.Caller, err
 
 // authenticate is Authenticate with the refusal reason.
 func (a *Authenticator) authenticate(ctx context.Context) (dedupesvc.Caller, string, error) {
-	if name := identity.FromPeer(ctx); name != "" {
-		return dedupesvc.Caller{Name: name, Admin: a.admins[name]}, "", nil
-	}
 	md, _ := metadata.FromIncomingContext(ctx)
+	if name := identity.FromPeer(ctx); name != "" {
+		return a.withAgent(dedupesvc.Caller{Name: name, Admin: a.admins[name]}, md)
+	}
 	if values := md.Get("authorization"); len(values) > 0 {
 		secret, ok := strings.CutPrefix(values[0], "Bearer ")
 		if ok {
 			for _, t := range *a.tokens.Load() {
 				if subtle.ConstantTimeCompare([]byte(secret), []byte(t.Secret)) == 1 {
-					return dedupesvc.Caller{Name: t.Name, Admin: t.Admin}, "", nil
+					return a.withAgent(dedupesvc.Caller{Name: t.Name, Admin: t.Admin}, md)
 				}
 			}
 		}
@@ -300,6 +338,27 @@ func (a *Authenticator) authenticate(ctx context.Context) (dedupesvc.Caller, str
 	}
 	return dedupesvc.Caller{}, RefusalMissingCredentials, grpcerr.New(codes.Unauthenticated, ReasonUnauthenticated,
 		"the dedupe service needs a client certificate or an \"authorization: Bearer <token>\" header", nil, 0)
+}
+
+// withAgent adds the agent a forwarder names in md to c; from a caller that
+// is not a forwarder the header is ignored. A forwarded name that could blur
+// logs or limits (not UTF-8, a control character, too long) is refused.
+func (a *Authenticator) withAgent(c dedupesvc.Caller, md metadata.MD) (dedupesvc.Caller, string, error) {
+	if !a.forwarders[c.Name] {
+		return c, "", nil
+	}
+	values := md.Get(dedupesvc.AgentHeader)
+	if len(values) == 0 || values[0] == "" {
+		return c, "", nil
+	}
+	agent := values[0]
+	if len(agent) > dedupesvc.MaxAgentBytes || !utf8.ValidString(agent) || strings.ContainsFunc(agent, unicode.IsControl) {
+		return dedupesvc.Caller{}, RefusalInvalidAgent, grpcerr.New(codes.InvalidArgument, dedupesvc.ReasonInvalidRequest,
+			fmt.Sprintf("the forwarded agent (%s) must be UTF-8 without control characters, at most %d bytes", dedupesvc.AgentHeader, dedupesvc.MaxAgentBytes),
+			map[string]string{"field": dedupesvc.AgentHeader}, 0)
+	}
+	c.Agent = agent
+	return c, "", nil
 }
 
 // ReadTokens parses a token file: one token a line, "name role secret",

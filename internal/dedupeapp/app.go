@@ -188,7 +188,16 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 	if err != nil {
 		return err
 	}
+	// With authentication, strangers are bounded before they authenticate:
+	// calls without credentials are refused from their headers, and
+	// unauthenticated connections and health checks are capped below the
+	// limits of the callers that authenticate (preauthGate).
+	var gate *preauthGate
+	var taps []tap.ServerInHandle
 	if authenticator != nil {
+		gate = newPreauthGate(authenticator, cfg)
+		registry.MustRegister(gate)
+		taps = append(taps, gate.tapHandle)
 		registry.MustRegister(authenticator)
 		if cfg.TokenFile != "" {
 			svc.goBackground(func(background context.Context) {
@@ -218,8 +227,11 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 		stream = append(stream, authenticator.StreamServerInterceptor())
 	}
 	unary = append(unary, logging.UnaryServerInterceptor(grpcLogger(logger), logging.WithLevels(codeLevel)))
+	// grpc-go takes one tap handle: the checks made before a request is
+	// read run in it one after another, the first refusal winning.
+	taps = append(taps, finishTap(authenticator, svc.server))
 	grpcOpts = append(grpcOpts, grpc.ForceServerCodecV2(codec), grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...),
-		grpc.InTapHandle(finishTap(authenticator, svc.server)))
+		grpc.InTapHandle(chainTaps(taps)))
 	healthSrv := health.NewServer()
 	srv := grpc.NewServer(grpcOpts...)
 	service := svc.server
@@ -244,7 +256,11 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 	}
 
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(netutil.LimitListener(lis, cfg.MaxConnections)) }()
+	served := netutil.LimitListener(lis, cfg.MaxConnections)
+	if gate != nil {
+		served = gate.listener(served)
+	}
+	go func() { serveErr <- srv.Serve(served) }()
 	logger.Info("dedupe service serving", slog.String("address", lis.Addr().String()))
 
 	select {
@@ -319,6 +335,20 @@ func ServeMetrics(addr string, registry *prometheus.Registry, logger *slog.Logge
 	}, nil
 }
 
+// chainTaps runs taps in order, each with the context the one before it
+// returned, and stops at the first refusal.
+func chainTaps(taps []tap.ServerInHandle) tap.ServerInHandle {
+	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		for _, t := range taps {
+			var err error
+			if ctx, err = t(ctx, info); err != nil {
+				return ctx, err
+			}
+		}
+		return ctx, nil
+	}
+}
+
 // finishTap refuses a Finish as it arrives, before its request (up to a
 // megabyte) is read, when its caller is over its outcome byte rate
 // (Server.AdmitFinish). A call whose caller cannot be established is let
@@ -388,7 +418,7 @@ func securityOptions(cfg Config, logger *slog.Logger) ([]grpc.ServerOption, *aut
 		logger.Warn("no authentication configured (-tls-client-ca, -token-file): any local process may call the service; records are not namespaced by caller")
 		return opts, nil, nil
 	}
-	authCfg := auth.Config{AdminIdentities: cfg.AdminIdentities, Logger: logger, LogRate: cfg.AuthRefusalLogRate}
+	authCfg := auth.Config{AdminIdentities: cfg.AdminIdentities, Forwarders: cfg.AgentForwarders, Logger: logger, LogRate: cfg.AuthRefusalLogRate}
 	if cfg.ResolveAdminOnly {
 		authCfg.AdminMethods = []string{idemgatev1.DedupeService_Resolve_FullMethodName}
 	}

@@ -58,6 +58,12 @@ func TestParseConfig(t *testing.T) {
 	if err != nil || cfg.MaxConcurrentStreams != 8 || !cfg.ResolveAdminOnly || cfg.MaxConnectionIdle != time.Minute || cfg.ReplayFlushInterval != 250*time.Millisecond {
 		t.Fatalf("config %+v, %v: the limits' flags and environment not applied", cfg, err)
 	}
+	preauth := map[string]string{"IDEMGATE_TOKEN_FILE": "t", "IDEMGATE_AGENT_FORWARDERS": "tools-a, tools-b", "IDEMGATE_MAX_UNAUTHENTICATED_STREAMS": "3"}
+	cfg, err = dedupeapp.ParseConfig("dedupesvc", []string{"-unauthenticated-timeout", "30s", "-max-unauthenticated-connections", "16"}, func(k string) string { return preauth[k] }, io.Discard)
+	if err != nil || len(cfg.AgentForwarders) != 2 || cfg.AgentForwarders[1] != "tools-b" || cfg.MaxUnauthenticatedStreams != 3 ||
+		cfg.UnauthenticatedTimeout != 30*time.Second || cfg.MaxUnauthenticatedConnections != 16 || cfg.MaxUnauthenticatedConnectionsPerIP != dedupeapp.DefaultMaxUnauthenticatedConnectionsPerIP {
+		t.Fatalf("config %+v, %v: the pre-authentication limits' flags and environment not applied", cfg, err)
+	}
 
 	bad := []struct {
 		args []string
@@ -80,6 +86,10 @@ func TestParseConfig(t *testing.T) {
 		{[]string{"-max-concurrent-streams", "-1"}, nil, "-max-concurrent-streams must be positive"},
 		{nil, map[string]string{"IDEMGATE_AUTH_REFUSAL_LOG_RATE": "fast"}, "IDEMGATE_AUTH_REFUSAL_LOG_RATE"},
 		{[]string{"-replay-flush-interval", "-1s"}, nil, "-replay-flush-interval must be positive"},
+		{[]string{"-max-unauthenticated-streams", "-1"}, nil, "-max-unauthenticated-streams must be positive"},
+		{[]string{"-max-unauthenticated-connections-per-ip", "-1"}, nil, "-max-unauthenticated-connections-per-ip must be positive"},
+		{nil, map[string]string{"IDEMGATE_UNAUTHENTICATED_TIMEOUT": "-1s"}, "-unauthenticated-timeout must be positive"},
+		{[]string{"-agent-forwarders", "tools"}, nil, "-agent-forwarders needs"},
 	}
 	for _, tt := range bad {
 		_, err := dedupeapp.ParseConfig("dedupesvc", tt.args, func(k string) string { return tt.env[k] }, io.Discard)

@@ -24,7 +24,8 @@ import (
 // grpc-go turns whatever error Unmarshal returns into INTERNAL, so Unmarshal
 // succeeds with an empty message and notes the error; the interceptors,
 // first in their chains, take the note and refuse the call before anything
-// sees the message.
+// sees the message. Every note is taken by the interceptor of its call,
+// also when the call fails after the message was read, so none outlives it.
 type requestCodec struct {
 	encoding.CodecV2
 	malformed sync.Map // message pointer -> parse error
@@ -85,8 +86,15 @@ type checkedStream struct {
 }
 
 func (s checkedStream) RecvMsg(m any) error {
-	if err := s.ServerStream.RecvMsg(m); err != nil {
+	err := s.ServerStream.RecvMsg(m)
+	// The note goes whatever RecvMsg answers: for a request that is not a
+	// client stream grpc-go reads on after the one message, to see the
+	// request end, and a stream reset there fails RecvMsg after the codec
+	// noted a malformed message. Kept, the note and the message would stay
+	// for the life of the process.
+	refusal := s.codec.refusal(m)
+	if err != nil {
 		return err
 	}
-	return s.codec.refusal(m)
+	return refusal
 }

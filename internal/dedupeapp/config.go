@@ -144,6 +144,15 @@ type Config struct {
 	// AdminIdentities are the certificate identities allowed the admin RPCs.
 	// Defaults to none (IDEMGATE_ADMIN_IDENTITIES, comma-separated).
 	AdminIdentities []string
+	// AgentForwarders are the caller identities (token names or certificate
+	// identities: tool servers shared by several agents) whose forwarded end
+	// caller, the tenant their gate sends in the idemgate-agent-bin header,
+	// the service takes: their Begin rate (CallerBeginRate, CallerBeginBurst)
+	// then applies per agent, so one agent over its rate does not refuse its
+	// neighbours'. Records and their quotas stay the tool server's. Defaults
+	// to none: every caller has one rate (IDEMGATE_AGENT_FORWARDERS,
+	// comma-separated).
+	AgentForwarders []string
 	// InsecurePlaintext allows plaintext on an address that is not loopback.
 	// Defaults to false (IDEMGATE_INSECURE_PLAINTEXT).
 	InsecurePlaintext bool
@@ -187,6 +196,35 @@ type Config struct {
 	// (GOAWAY ENHANCE_YOUR_CALM). 0 takes the default of 10s
 	// (IDEMGATE_KEEPALIVE_MIN_TIME).
 	KeepaliveMinTime time.Duration
+	// MaxUnauthenticatedConnections bounds the connections open at once that
+	// have not authenticated (no call yet with a valid bearer token or client
+	// certificate); a new connection past it closes the oldest such
+	// connection of the address holding the most, so strangers can never
+	// fill MaxConnections and a tool server's new connection always gets
+	// in. Only with authentication configured. 0 takes the default of 64;
+	// more than half of MaxConnections is taken as half
+	// (IDEMGATE_MAX_UNAUTHENTICATED_CONNECTIONS).
+	MaxUnauthenticatedConnections int
+	// MaxUnauthenticatedConnectionsPerIP bounds those per client IP
+	// address: a new one past it closes the oldest of its address. 0 takes
+	// the default of 8; more than MaxUnauthenticatedConnections is taken as
+	// that (IDEMGATE_MAX_UNAUTHENTICATED_CONNECTIONS_PER_IP).
+	MaxUnauthenticatedConnectionsPerIP int
+	// MaxUnauthenticatedStreams bounds the calls open at once on a
+	// connection that has not authenticated: health checks, the only calls
+	// served without credentials (any other is refused from its headers,
+	// before its message is read). The excess is refused
+	// (RESOURCE_EXHAUSTED, DEDUPE_QUOTA_EXCEEDED, quota
+	// unauthenticated_streams). Strangers' messages buffered before
+	// authentication are at most MaxUnauthenticatedConnections x this x
+	// the receive limit (MaxOutcomeBytes + 64 KiB). 0 takes the default of
+	// 2 (IDEMGATE_MAX_UNAUTHENTICATED_STREAMS).
+	MaxUnauthenticatedStreams int
+	// UnauthenticatedTimeout closes a connection that has not authenticated
+	// this long after it was accepted, whatever it is doing (health
+	// watchers without credentials reconnect). 0 takes the default of 10s
+	// (IDEMGATE_UNAUTHENTICATED_TIMEOUT).
+	UnauthenticatedTimeout time.Duration
 	// AuthRefusalLogRate is how many refused-authentication log lines a
 	// second are written at most (bursts of 10); the rest are counted in the
 	// next line and in idemgate_dedupe_auth_refusals_total. 0 takes the
@@ -226,7 +264,13 @@ const (
 	DefaultMaxConnectionAgeGrace = 2 * time.Minute
 	DefaultKeepaliveMinTime      = 10 * time.Second
 	DefaultAuthRefusalLogRate    = 1.0
-	DefaultTokenReloadInterval   = 5 * time.Second
+	// DefaultMaxUnauthenticatedConnections and the three after it bound
+	// what callers that have not authenticated may hold (Config).
+	DefaultMaxUnauthenticatedConnections      = 64
+	DefaultMaxUnauthenticatedConnectionsPerIP = 8
+	DefaultMaxUnauthenticatedStreams          = 2
+	DefaultUnauthenticatedTimeout             = 10 * time.Second
+	DefaultTokenReloadInterval                = 5 * time.Second
 )
 
 // withDefaults fills the zero limits with their defaults, so a Config built
@@ -255,6 +299,22 @@ func (c Config) withDefaults() Config {
 	}
 	if c.KeepaliveMinTime == 0 {
 		c.KeepaliveMinTime = DefaultKeepaliveMinTime
+	}
+	// Clamped, also when set (the flag's default is set): strangers must
+	// never hold the connection slots the callers that authenticate need.
+	if c.MaxUnauthenticatedConnections == 0 {
+		c.MaxUnauthenticatedConnections = DefaultMaxUnauthenticatedConnections
+	}
+	c.MaxUnauthenticatedConnections = max(1, min(c.MaxUnauthenticatedConnections, c.MaxConnections/2))
+	if c.MaxUnauthenticatedConnectionsPerIP == 0 {
+		c.MaxUnauthenticatedConnectionsPerIP = DefaultMaxUnauthenticatedConnectionsPerIP
+	}
+	c.MaxUnauthenticatedConnectionsPerIP = min(c.MaxUnauthenticatedConnectionsPerIP, c.MaxUnauthenticatedConnections)
+	if c.MaxUnauthenticatedStreams == 0 {
+		c.MaxUnauthenticatedStreams = DefaultMaxUnauthenticatedStreams
+	}
+	if c.UnauthenticatedTimeout == 0 {
+		c.UnauthenticatedTimeout = DefaultUnauthenticatedTimeout
 	}
 	if c.AuthRefusalLogRate == 0 {
 		c.AuthRefusalLogRate = DefaultAuthRefusalLogRate
@@ -332,6 +392,7 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 	fs.StringVar(&cfg.OutcomeKeysFile, "outcome-keys-file", "", "`file` of keys that encrypt stored outcomes, \"id base64-32-bytes\" per line, the last one sealing; reloaded on SIGHUP; empty stores outcomes as received")
 	fs.BoolVar(&cfg.OutcomeAcceptPlaintext, "outcome-accept-plaintext", false, "with -outcome-keys-file, also replay stored outcomes that are not encrypted (written before encryption was turned on); off, they answer DEDUPE_OUTCOME_UNREADABLE")
 	admins := fs.String("admin-identities", "", "comma-separated certificate identities allowed the admin RPCs")
+	forwarders := fs.String("agent-forwarders", "", "comma-separated caller identities (token names, certificate identities) whose forwarded agent gets its own Begin rate")
 	fs.BoolVar(&cfg.InsecurePlaintext, "insecure-plaintext", false, "allow plaintext on an address that is not loopback")
 	fs.BoolVar(&cfg.Reflection, "reflection", false, "serve gRPC server reflection")
 	fs.StringVar(&cfg.OTLPEndpoint, "otlp-endpoint", "", "OpenTelemetry collector (OTLP/gRPC): `https://host:port` for TLS, http://host:port or host:port for plaintext; empty turns tracing off")
@@ -342,6 +403,14 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 	fs.DurationVar(&cfg.MaxConnectionAge, "max-connection-age", DefaultMaxConnectionAge, "close any connection this old, ±10%")
 	fs.DurationVar(&cfg.MaxConnectionAgeGrace, "max-connection-age-grace", DefaultMaxConnectionAgeGrace, "time calls on an aged connection get to finish")
 	fs.DurationVar(&cfg.KeepaliveMinTime, "keepalive-min-time", DefaultKeepaliveMinTime, "shortest client ping interval tolerated; faster pingers are disconnected")
+	fs.IntVar(&cfg.MaxUnauthenticatedConnections, "max-unauthenticated-connections", DefaultMaxUnauthenticatedConnections,
+		"connections open at once that have not authenticated, at most half of -max-connections; past it the oldest of the address holding the most is closed")
+	fs.IntVar(&cfg.MaxUnauthenticatedConnectionsPerIP, "max-unauthenticated-connections-per-ip", DefaultMaxUnauthenticatedConnectionsPerIP,
+		"of those, how many one client IP address may have; past it its oldest is closed")
+	fs.IntVar(&cfg.MaxUnauthenticatedStreams, "max-unauthenticated-streams", DefaultMaxUnauthenticatedStreams,
+		"health checks open at once on a connection that has not authenticated; the excess is refused (other calls need credentials, checked before their message is read)")
+	fs.DurationVar(&cfg.UnauthenticatedTimeout, "unauthenticated-timeout", DefaultUnauthenticatedTimeout,
+		"close a connection that has not authenticated this long after it was accepted")
 	fs.Float64Var(&cfg.AuthRefusalLogRate, "auth-refusal-log-rate", DefaultAuthRefusalLogRate, "refused-authentication log lines per second, bursts of 10; all are counted")
 	fs.DurationVar(&cfg.TokenReloadInterval, "token-reload-interval", DefaultTokenReloadInterval, "how often the token file is checked for changes; negative: on SIGHUP only")
 	fs.BoolVar(&cfg.ResolveAdminOnly, "resolve-admin-only", false, "reserve DedupeService.Resolve to admin identities")
@@ -370,6 +439,11 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 	for _, id := range strings.Split(*admins, ",") {
 		if id = strings.TrimSpace(id); id != "" {
 			cfg.AdminIdentities = append(cfg.AdminIdentities, id)
+		}
+	}
+	for _, id := range strings.Split(*forwarders, ",") {
+		if id = strings.TrimSpace(id); id != "" {
+			cfg.AgentForwarders = append(cfg.AgentForwarders, id)
 		}
 	}
 	if err := cfg.LogLevel.UnmarshalText([]byte(strings.ToUpper(*level))); err != nil {
@@ -453,13 +527,18 @@ func (c Config) validate() error {
 	if c.UnknownRetention <= 0 {
 		errs = append(errs, fmt.Errorf("-unknown-retention must be positive, got %s", c.UnknownRetention))
 	}
+	if len(c.AgentForwarders) > 0 && !c.authConfigured() {
+		errs = append(errs, errors.New("-agent-forwarders needs -tls-client-ca or -token-file: without authentication no caller is a forwarder"))
+	}
 	if c.ResolveAdminOnly && !c.authConfigured() {
 		errs = append(errs, errors.New("-resolve-admin-only needs -tls-client-ca or -token-file: without authentication no caller is an admin"))
 	}
 	for _, limit := range []struct {
 		flag string
 		v    int
-	}{{"-max-connections", c.MaxConnections}, {"-max-concurrent-streams", c.MaxConcurrentStreams}} {
+	}{{"-max-connections", c.MaxConnections}, {"-max-concurrent-streams", c.MaxConcurrentStreams},
+		{"-max-unauthenticated-connections", c.MaxUnauthenticatedConnections}, {"-max-unauthenticated-connections-per-ip", c.MaxUnauthenticatedConnectionsPerIP},
+		{"-max-unauthenticated-streams", c.MaxUnauthenticatedStreams}} {
 		if limit.v < 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive, got %d", limit.flag, limit.v))
 		}
@@ -468,7 +547,8 @@ func (c Config) validate() error {
 		flag string
 		v    time.Duration
 	}{{"-handshake-timeout", c.HandshakeTimeout}, {"-max-connection-idle", c.MaxConnectionIdle}, {"-max-connection-age", c.MaxConnectionAge},
-		{"-max-connection-age-grace", c.MaxConnectionAgeGrace}, {"-keepalive-min-time", c.KeepaliveMinTime}} {
+		{"-max-connection-age-grace", c.MaxConnectionAgeGrace}, {"-keepalive-min-time", c.KeepaliveMinTime},
+		{"-unauthenticated-timeout", c.UnauthenticatedTimeout}} {
 		if limit.v < 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive, got %s", limit.flag, limit.v))
 		}

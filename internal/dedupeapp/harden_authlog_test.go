@@ -34,8 +34,9 @@ func TestAuthRefusalsAreCountedAndLogged(t *testing.T) {
 	}
 
 	want := `
-# HELP idemgate_dedupe_auth_refusals_total Calls refused by authentication, by reason: missing_credentials, invalid_token, not_admin.
+# HELP idemgate_dedupe_auth_refusals_total Calls refused by authentication, by reason: missing_credentials, invalid_token, not_admin, invalid_agent.
 # TYPE idemgate_dedupe_auth_refusals_total counter
+idemgate_dedupe_auth_refusals_total{reason="invalid_agent"} 0
 idemgate_dedupe_auth_refusals_total{reason="invalid_token"} 100
 idemgate_dedupe_auth_refusals_total{reason="missing_credentials"} 1
 idemgate_dedupe_auth_refusals_total{reason="not_admin"} 3

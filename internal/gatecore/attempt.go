@@ -102,10 +102,10 @@ func (a *Attempt) Finish(outcome *anypb.Any, afterReply bool) (fenced bool) {
 			if firstSent.IsZero() {
 				firstSent = time.Now()
 			}
-			_, err := e.dedupe.Finish(ctx, req)
+			_, err := e.dedupe.Finish(c.withAgent(ctx), req)
 			if grpcerr.Reason(err) == reasonDedupeOutcomeTooLarge && req.GetOutcome().MessageName() != TooLargeName {
 				req.Outcome = e.boundedOutcome(ctx, c, outcome, 0)
-				_, err = e.dedupe.Finish(ctx, req)
+				_, err = e.dedupe.Finish(c.withAgent(ctx), req)
 			}
 			if err == nil && c.Stored != nil {
 				c.Stored(req.GetOutcome(), firstSent)

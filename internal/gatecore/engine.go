@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -20,6 +21,7 @@ import (
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/keys"
 )
 
 // Causes a gated handler's context can end with (context.Cause).
@@ -190,6 +192,11 @@ type Call struct {
 	Policy Policy
 	// Retention is how long the record is kept once completed.
 	Retention time.Duration
+	// Agent is the end caller the gate serves (its tenant), named to the
+	// Dedupe service on Begin and Finish (keys.AgentHeader) so a service
+	// that trusts this tool server applies its rates per agent. Empty sends
+	// nothing.
+	Agent string
 	// BeginRequest is the call's Begin.
 	BeginRequest *idemgatev1.BeginRequest
 	// Reconcile, when set, is asked what happened to an earlier attempt's
@@ -202,6 +209,14 @@ type Call struct {
 	// stored, never later, so the record expires Retention after that or
 	// later.
 	Stored func(outcome *anypb.Any, sent time.Time)
+}
+
+// withAgent is ctx naming c's agent to the Dedupe service.
+func (c *Call) withAgent(ctx context.Context) context.Context {
+	if c.Agent == "" {
+		return ctx
+	}
+	return metadata.AppendToOutgoingContext(ctx, keys.AgentHeader, c.Agent)
 }
 
 // NewCall returns the call that reserves key in scope for a request with
@@ -253,7 +268,7 @@ type Begun struct {
 // call with: IDEMPOTENCY_IN_FLIGHT, IDEMPOTENCY_KEY_REUSED, or the Dedupe
 // service's failure mapped (a lost answer is followed up in the background).
 func (e *Engine) Begin(ctx context.Context, c *Call) (Begun, error) {
-	beginCtx, cancel := context.WithTimeout(ctx, e.opts.DedupeTimeout+c.Policy.MaxWait)
+	beginCtx, cancel := context.WithTimeout(c.withAgent(ctx), e.opts.DedupeTimeout+c.Policy.MaxWait)
 	sent := time.Now()
 	begun, err := e.dedupe.Begin(beginCtx, c.BeginRequest)
 	cancel()

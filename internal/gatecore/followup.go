@@ -204,7 +204,7 @@ func (e *Engine) followUp() {
 // resendLostBegin re-sends lb's Begin and releases what it finds reserved,
 // within lb's deadline.
 func (e *Engine) resendLostBegin(ctx context.Context, lb *lostBegin) error {
-	callCtx, cancel := context.WithTimeout(ctx, e.opts.DedupeTimeout)
+	callCtx, cancel := context.WithTimeout(lb.c.withAgent(ctx), e.opts.DedupeTimeout)
 	res, err := e.dedupe.Begin(callCtx, lb.req)
 	cancel()
 	if reserved := res.GetReserved(); err == nil && reserved != nil {

@@ -60,7 +60,8 @@ type Observer struct {
 	now    func() time.Time
 
 	mu sync.Mutex
-	// failing: the last answer was a failure.
+	// failing: the last answer was a failure other than a quota refusal
+	// (RESOURCE_EXHAUSTED), which health follows.
 	failing bool
 	// logged: a failure line was written since the last recovery line.
 	logged bool
@@ -151,10 +152,14 @@ func dedupeFailed(err error) bool {
 // logged (Check reports its own).
 func (d *Observer) observe(rpc string, err error, log bool) {
 	failed := dedupeFailed(err)
+	// A quota refusal is logged as a failure but is an answer: the service
+	// is reachable and serves the others, often the other agents behind
+	// this tool server, so it leaves health alone.
+	down := failed && status.Code(err) != codes.ResourceExhausted
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if failed != d.failing {
-		d.failing = failed
+	if down != d.failing {
+		d.failing = down
 		select {
 		case d.changed <- struct{}{}:
 		default:
@@ -217,7 +222,8 @@ func dedupeHint(code codes.Code) string {
 
 // healthy reports whether gated calls can reach the Dedupe service now: the
 // connection, when known, is not failing, and the last answer was not a
-// failure.
+// failure; a quota refusal (RESOURCE_EXHAUSTED) is one caller's, not the
+// service's, and counts as an answer.
 func (d *Observer) healthy() bool {
 	d.mu.Lock()
 	failing := d.failing
@@ -286,10 +292,12 @@ func (d *Observer) Check(ctx context.Context, timeout time.Duration) error {
 // Dedupe service until ctx ends, then returns: NOT_SERVING while the
 // connection (NewObserver's) is not ready or the service's last answer to
 // a gated call or a check was a failure (unreachable, refusing this tool
-// server, broken), SERVING otherwise; it starts NOT_SERVING until it knows.
+// server, broken; not a quota refusal, which is one caller's), SERVING
+// otherwise; it starts NOT_SERVING until it knows.
 // It keeps the connection connecting when it falls idle, so a service that
-// went away is noticed without traffic, and re-checks a failing service
-// every 5s (Check), so health recovers without traffic too. Each
+// went away is noticed without traffic, checks each new connection once it
+// is ready (which also authenticates it at once), and re-checks a failing
+// service every 5s (Check), so health recovers without traffic too. Each
 // change is logged. Run it in its own goroutine.
 func (d *Observer) Watch(ctx context.Context, hs HealthSetter) {
 	states := make(chan struct{}, 1)
@@ -318,7 +326,20 @@ func (d *Observer) Watch(ctx context.Context, hs HealthSetter) {
 	recheck := time.NewTicker(dedupeRecheckInterval)
 	defer recheck.Stop()
 	var lastLine time.Time
+	wasReady := false
 	for {
+		if d.conn != nil {
+			// Each new connection is checked at once, without waiting for
+			// a gated call: it proves the credentials, and a Dedupe service
+			// closes a connection that has not authenticated soon after it
+			// opened (-unauthenticated-timeout), which would cut a quiet
+			// tool server's connection, and flap its health, again and again.
+			ready := d.conn.GetState() == connectivity.Ready
+			if ready && !wasReady {
+				_ = d.Check(ctx, DefaultDedupeTimeout)
+			}
+			wasReady = ready
+		}
 		if now := d.healthy(); now != serving {
 			serving = now
 			// A flapping service changes health often: a change within

@@ -60,3 +60,28 @@ func TestDedupeFailureLogIsRateLimited(t *testing.T) {
 		t.Errorf("recovery line %v, want failures=5", lines[3])
 	}
 }
+
+// A quota refusal (RESOURCE_EXHAUSTED) is the service answering one caller,
+// often one agent among many behind this tool server: it is logged, but the
+// tool server's health stays SERVING, so a load balancer does not take the
+// tool server out for every agent because one ran over its limit. An
+// unreachable service still turns health off, and an answer back on.
+func TestQuotaRefusalKeepsHealth(t *testing.T) {
+	var buf bytes.Buffer
+	d := NewObserver(nil, nil, slog.New(slog.NewJSONHandler(&buf, nil)), 0)
+	d.observe("Begin", status.Error(codes.ResourceExhausted, "over the rate"), true)
+	if !d.healthy() {
+		t.Fatal("one RESOURCE_EXHAUSTED refusal made the Dedupe service unhealthy")
+	}
+	if !strings.Contains(buf.String(), "ResourceExhausted") {
+		t.Errorf("the quota refusal is not logged:\n%s", buf.String())
+	}
+	d.observe("Begin", status.Error(codes.Unavailable, "connection refused"), true)
+	if d.healthy() {
+		t.Fatal("an UNAVAILABLE answer left the Dedupe service healthy")
+	}
+	d.observe("Begin", status.Error(codes.ResourceExhausted, "over the rate"), true)
+	if !d.healthy() {
+		t.Fatal("a quota refusal, an answer, did not make an unreachable service healthy again")
+	}
+}
