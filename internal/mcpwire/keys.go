@@ -372,12 +372,14 @@ func (b *byteBudget) read(r io.Reader, length int64) ([]byte, int64, error) {
 		held += bodyPiece
 		p := piecePool.Get().(*[]byte)
 		pieces = append(pieces, p)
-		n, err := io.ReadFull(r, *p)
+		n, err := fill(r, *p)
 		total += n
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		if err == io.EOF {
 			break
 		}
 		if err != nil {
+			// A chunked body cut before its last chunk (io.ErrUnexpectedEOF
+			// from net/http) is an error, not the end of the body.
 			return nil, held, err
 		}
 	}
@@ -391,4 +393,19 @@ func (b *byteBudget) read(r io.Reader, length int64) ([]byte, int64, error) {
 	// The pieces go back to the pool; the joined body stays held.
 	b.give(held)
 	return body, int64(total), nil
+}
+
+// fill reads into p until it is full or r fails, and returns r's error as
+// r gave it: io.ReadFull would turn an io.EOF after part of p into
+// io.ErrUnexpectedEOF, and so hide whether the body ended or was cut.
+func fill(r io.Reader, p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		m, err := r.Read(p[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
