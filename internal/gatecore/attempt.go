@@ -93,6 +93,12 @@ func (a *Attempt) Finish(outcome *anypb.Any, afterReply bool) (fenced bool) {
 	// clock, and the retry that answers must not date it later. (Attempts
 	// run one after another.)
 	var firstSent time.Time
+	// Answering before the outcome is stored is safe only while the lease
+	// is confirmed: lapsed, another attempt may take the key over and store
+	// another outcome, so the outcome is stored (or found refused) first.
+	if afterReply && a.lease.lapsed() {
+		afterReply = false
+	}
 	if !afterReply {
 		defer func(start time.Time) { e.Stage(c, StageFinish, time.Since(start)) }(time.Now())
 	}
@@ -334,24 +340,31 @@ func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseK
 	if budget.IsZero() {
 		budget = time.Now().Add(e.opts.FinishBudget)
 	}
+	// answerFenced: the caller must not get its own answer. Refused as
+	// fenced; or, with a lease lapsed unconfirmed, nothing stored (a
+	// rejection stores nothing either): another attempt's outcome may be
+	// what the key keeps.
+	answerFenced := func(r settled) bool {
+		return r == settledFenced || s.answers && r != settledStored && lease.lapsed()
+	}
 	unsettled := false
 	if !inBackground {
-		if settled, fenced := e.trySettle(detached, c, epoch, s); settled {
-			lease.stop()
-			return fenced
-		}
-		if s.answers && lease.lapsed() {
+		r := e.trySettle(detached, c, epoch, s)
+		if r == notSettled && s.answers && lease.lapsed() {
 			confirm := time.Now().Add(c.Policy.Lease)
 			if budget.Before(confirm) {
 				confirm = budget
 			}
-			if settled, fenced := e.retrySettle(ctx, c, epoch, s, confirm, false); settled {
-				lease.stop()
-				return fenced
+			r = e.retrySettle(ctx, c, epoch, s, confirm, false)
+			if r == notSettled {
+				unsettled = true
+				e.opts.Logger.WarnContext(ctx, "idemgate: the outcome could not be stored and the lease ran out unconfirmed; the caller is told to retry with its key rather than given an answer another attempt may have replaced",
+					slog.String("scope", c.Scope), slog.Int64("epoch", epoch))
 			}
-			unsettled = true
-			e.opts.Logger.WarnContext(ctx, "idemgate: the outcome could not be stored and the lease ran out unconfirmed; the caller is told to retry with its key rather than given an answer another attempt may have replaced",
-				slog.String("scope", c.Scope), slog.Int64("epoch", epoch))
+		}
+		if r != notSettled {
+			defer lease.stop()
+			return answerFenced(r)
 		}
 	}
 	if !e.startBackground() {
@@ -359,42 +372,57 @@ func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseK
 		// new joins the background, so the settlement is retried here,
 		// before the answer, as it would have been there.
 		defer lease.stop()
-		settled, fenced := e.retrySettle(detached, c, epoch, s, budget, inBackground)
-		if !settled {
+		r := e.retrySettle(detached, c, epoch, s, budget, inBackground)
+		if r == notSettled {
 			e.giveUp(ctx, c, epoch, s)
 		}
-		return fenced || unsettled
+		return unsettled || answerFenced(r)
 	}
 	go func() {
 		defer e.background.Done()
 		defer lease.stop()
-		if settled, _ := e.retrySettle(detached, c, epoch, s, budget, inBackground); !settled {
+		if e.retrySettle(detached, c, epoch, s, budget, inBackground) == notSettled {
 			e.giveUp(ctx, c, epoch, s)
 		}
 	}()
 	return unsettled
 }
 
+// settled is how a settlement's attempts ended.
+type settled int
+
+const (
+	// notSettled: no answer yet, or one that a retry may change.
+	notSettled settled = iota
+	// settledStored: the service took it.
+	settledStored
+	// settledFenced: refused, because another attempt or an operator
+	// holds or settled the key.
+	settledFenced
+	// settledRejected: refused for good for another reason (a
+	// misconfiguration); nothing was stored.
+	settledRejected
+)
+
 // retrySettle makes the settlement's attempts with backoff (with first, the
-// first of them at once) until it is settled, deadline passes, ctx or Close's context
-// (backgroundCtx) ends. It reports whether it was settled and whether an
-// attempt was refused because the attempt had been fenced.
-func (e *Engine) retrySettle(ctx context.Context, c *Call, epoch int64, s settlement, deadline time.Time, first bool) (settled, fenced bool) {
+// first of them at once) until it is settled, deadline passes, ctx or
+// Close's context (backgroundCtx) ends. It reports how it ended.
+func (e *Engine) retrySettle(ctx context.Context, c *Call, epoch int64, s settlement, deadline time.Time, first bool) settled {
 	bctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	defer context.AfterFunc(e.backgroundCtx, cancel)()
 	if first {
-		if settled, fenced := e.trySettle(bctx, c, epoch, s); settled {
-			return true, fenced
+		if r := e.trySettle(bctx, c, epoch, s); r != notSettled {
+			return r
 		}
 	}
 	for backoff := 100 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
 		if !time.Now().Add(backoff).Before(deadline) || !sleep(bctx, backoff) {
-			return false, false
+			return notSettled
 		}
 		e.Event(c, s.retryEvent)
-		if settled, fenced := e.trySettle(bctx, c, epoch, s); settled {
-			return true, fenced
+		if r := e.trySettle(bctx, c, epoch, s); r != notSettled {
+			return r
 		}
 	}
 }
@@ -423,21 +451,20 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// trySettle makes one attempt and reports whether the matter is settled:
-// done, or refused for good (fenced, or rejected), and whether it was
-// fenced.
-func (e *Engine) trySettle(ctx context.Context, c *Call, epoch int64, s settlement) (settled, fenced bool) {
+// trySettle makes one attempt and reports how it ended: stored, refused
+// for good (fenced, or rejected), or not settled (retry).
+func (e *Engine) trySettle(ctx context.Context, c *Call, epoch int64, s settlement) settled {
 	callCtx, cancel := context.WithTimeout(ctx, e.opts.OutcomeTimeout)
 	defer cancel()
 	err := s.call(callCtx)
 	switch status.Code(err) {
 	case codes.OK:
-		return true, false
+		return settledStored
 	case codes.FailedPrecondition:
 		e.Event(c, EventFenced)
 		e.opts.Logger.WarnContext(ctx, "idemgate: refused because the reservation had been taken over or settled by another attempt (its lease ran out, or an operator resolved it); what the other attempt did stands",
 			slog.String("rpc", s.rpc), slog.String("scope", c.Scope), slog.Int64("epoch", epoch))
-		return true, true
+		return settledFenced
 	case codes.ResourceExhausted:
 		if _, ok := grpcerr.RetryDelay(err); ok {
 			// Over the caller's rate at the Dedupe service (a Finish's
@@ -445,20 +472,20 @@ func (e *Engine) trySettle(ctx context.Context, c *Call, epoch int64, s settleme
 			// retried like an outage, within the budget.
 			e.opts.Logger.WarnContext(ctx, "idemgate: the Dedupe service is rate limiting this tool server; retrying",
 				slog.String("rpc", s.rpc), slog.String("scope", c.Scope), slog.Any("error", err))
-			return false, false
+			return notSettled
 		}
 		e.Event(c, s.failEvent)
 		e.opts.Logger.ErrorContext(ctx, "idemgate: the Dedupe service rejected this: "+s.lost,
 			slog.String("rpc", s.rpc), slog.String("scope", c.Scope), slog.Any("error", err))
-		return true, false
+		return settledRejected
 	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated:
 		e.Event(c, s.failEvent)
 		e.opts.Logger.ErrorContext(ctx, "idemgate: the Dedupe service rejected this: "+s.lost,
 			slog.String("rpc", s.rpc), slog.String("scope", c.Scope), slog.Any("error", err))
-		return true, false
+		return settledRejected
 	default:
 		e.opts.Logger.WarnContext(ctx, "idemgate: the Dedupe service could not take this; retrying",
 			slog.String("rpc", s.rpc), slog.String("scope", c.Scope), slog.Any("error", err))
-		return false, false
+		return notSettled
 	}
 }

@@ -80,6 +80,9 @@ func TestAnUnconfirmedLapsedLeaseIsAnsweredOnlyOnceStored(t *testing.T) {
 		{"lapsed, then stored", false, nil, time.Second, 1500 * time.Millisecond, false, true},
 		{"lapsed, then refused", false, status.Error(codes.FailedPrecondition, "taken over"), time.Second, 1500 * time.Millisecond, true, true},
 		{"lapsed, never answered", false, status.Error(codes.Unavailable, "cut off"), time.Second, 1500 * time.Millisecond, true, true},
+		// Rejected for good (a rotated credential, say): nothing stored, so
+		// another attempt's outcome may be what the key keeps.
+		{"lapsed, then rejected", false, status.Error(codes.PermissionDenied, "token rotated"), time.Second, 1500 * time.Millisecond, true, true},
 		// A long lease, finished at once: it cannot have lapsed.
 		{"confirmed", true, nil, time.Minute, 0, false, false},
 	} {
@@ -109,5 +112,63 @@ func TestAnUnconfirmedLapsedLeaseIsAnsweredOnlyOnceStored(t *testing.T) {
 				t.Errorf("Finishes = %d, want the failed one retried", n)
 			}
 		})
+	}
+}
+
+// partitioned is a holder cut off from the service (no renewal, no Finish
+// gets through) until takeoverAt, when another attempt has taken the key
+// over: from then on its Finish is refused as fenced.
+type partitioned struct {
+	idemgatev1.DedupeServiceClient
+	takeoverAt time.Time
+	refused    atomic.Int64
+}
+
+func (d *partitioned) Begin(context.Context, *idemgatev1.BeginRequest, ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
+	return &idemgatev1.BeginResponse{Result: &idemgatev1.BeginResponse_Reserved_{Reserved: &idemgatev1.BeginResponse_Reserved{Epoch: 1}}}, nil
+}
+
+func (d *partitioned) Heartbeat(context.Context, *idemgatev1.HeartbeatRequest, ...grpc.CallOption) (*idemgatev1.HeartbeatResponse, error) {
+	return nil, status.Error(codes.Unavailable, "cut off")
+}
+
+func (d *partitioned) Finish(context.Context, *idemgatev1.FinishRequest, ...grpc.CallOption) (*idemgatev1.FinishResponse, error) {
+	if time.Now().Before(d.takeoverAt) {
+		return nil, status.Error(codes.Unavailable, "cut off")
+	}
+	d.refused.Add(1)
+	return nil, status.Error(codes.FailedPrecondition, "taken over")
+}
+
+// FINISH_POLICY_AFTER_REPLY answers before the outcome is stored only while
+// the lease is confirmed: a holder whose lease lapsed unconfirmed stores
+// first, so a caller answered with its own response never finds another
+// attempt's outcome stored under the key.
+func TestAfterReplyWithALapsedLeaseStoresBeforeAnswering(t *testing.T) {
+	outcome, err := anypb.New(wrapperspb.String("charged"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lease = time.Second
+	d := &partitioned{}
+	e := gatecore.New(d, gatecore.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), FinishBudget: 5 * time.Second})
+	c := gatecore.NewCall("tool", "scope", "key-1", []byte("fp"),
+		gatecore.Policy{Lease: lease, MaxWait: time.Second, ExecutionTimeout: time.Hour, FinishAfterReply: true}, time.Hour)
+	begun, err := e.Begin(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.takeoverAt = time.Now().Add(lease + 200*time.Millisecond)
+	a := e.Start(context.Background(), c, begun)
+	// Past the takeover: waiting longer on a starved machine changes nothing.
+	time.Sleep(lease + 500*time.Millisecond)
+	fenced := a.Finish(outcome, true)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := e.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !fenced {
+		t.Errorf("answered with its own response, its Finish refused as fenced %d times: duplicates get another attempt's outcome", d.refused.Load())
 	}
 }
