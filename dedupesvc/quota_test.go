@@ -233,6 +233,31 @@ func TestFinishIsRateLimitedBeforeTheStore(t *testing.T) {
 		}
 	})
 
+	// A Begin reserves work whose outcome must be stored: while the caller's
+	// Finishes would be refused for their bytes, its Begins are refused as
+	// well, so no handler runs whose outcome cannot be stored within the
+	// interceptor's finish budget.
+	t.Run("Begins too, while Finishes could not store", func(t *testing.T) {
+		t.Parallel()
+		store := &fakeStore{begin: dedupesvc.BeginResult{State: dedupesvc.BeginReserved, Epoch: 1}}
+		srv := dedupesvc.NewServer(store, dedupesvc.WithCallerOutcomeRate(1, 1), dedupesvc.WithMaxOutcomeBytes(1000))
+		if _, err := srv.Begin(greedy, validBegin()); err != nil {
+			t.Fatalf("a Begin with the byte bucket full: %v", err)
+		}
+		if _, err := srv.Finish(greedy, validFinish(1000)); err != nil {
+			t.Fatal(err)
+		}
+		calls := store.calls
+		_, err := srv.Begin(greedy, validBegin())
+		wantRate(t, "a Begin while the caller's Finishes would be refused for their bytes", err)
+		if store.calls != calls {
+			t.Fatal("a Begin refused for the byte rate reached the store")
+		}
+		if _, err := srv.Begin(neighbour, validBegin()); err != nil {
+			t.Fatalf("another caller's Begin: %v", err)
+		}
+	})
+
 	t.Run("by outcome bytes", func(t *testing.T) {
 		t.Parallel()
 		store := &fakeStore{}

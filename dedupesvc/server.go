@@ -225,7 +225,14 @@ func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 		MaxOutcomeBytes:  s.opts.callerBytes,
 		ResolveOnly:      s.opts.resolveOnly,
 	}
-	// Last of the checks, so a malformed request spends no token.
+	// Last of the checks, so a malformed request spends no token. While the
+	// caller's Finishes would be refused for their bytes (AdmitFinish), a
+	// Begin is refused too, spending nothing: a handler let run now might
+	// not get its outcome stored within the interceptor's finish budget,
+	// which would lose it (or, under REEXECUTE, run it again).
+	if err := s.outcomeRoom(ns, "its Begins are refused, so no handler runs whose outcome could not be stored,"); err != nil {
+		return nil, err
+	}
 	if wait, ok := s.rates.allow(rateKey(ctx, ns), 1); !ok {
 		s.opts.metrics.quota(QuotaRate)
 		return nil, quotaExceeded(QuotaRate, formatRate(s.rates.limit),
@@ -398,13 +405,19 @@ func (s *Server) allowFinish(ctx context.Context, ns string, size int) error {
 // idemgate_dedupe_quota_exceeded_total, not in grpc_server_handled_total
 // (no handler runs).
 func (s *Server) AdmitFinish(caller string) error {
+	return s.outcomeRoom(caller, "its Finishes are refused as they arrive")
+}
+
+// outcomeRoom refuses, for its rate, a caller whose outcome byte bucket
+// holds less than the largest outcome; refused says what is refused.
+func (s *Server) outcomeRoom(caller, refused string) error {
 	wait, ok := s.outcomeBytes.holds(caller, s.opts.maxOutcome)
 	if ok {
 		return nil
 	}
 	s.opts.metrics.quota(QuotaRate)
 	return quotaExceeded(QuotaRate, formatRate(s.outcomeBytes.limit)+" bytes",
-		fmt.Sprintf("this caller is over its rate of %s outcome bytes a second (-caller-outcome-byte-rate): its Finishes are refused as they arrive until it has room for the largest outcome again; retry after the delay", formatRate(s.outcomeBytes.limit)), wait)
+		fmt.Sprintf("this caller is over its rate of %s outcome bytes a second (-caller-outcome-byte-rate): %s until it has room for the largest outcome again; retry after the delay", formatRate(s.outcomeBytes.limit), refused), wait)
 }
 
 // overQuotaMarker is what Finish stores in place of outcome when it would

@@ -5,10 +5,12 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
@@ -50,27 +52,51 @@ func TestQuotaExceededIsPreciseAndRetryable(t *testing.T) {
 func TestFinishOverTheByteRateIsRetriedAndStored(t *testing.T) {
 	t.Parallel()
 	// A bucket of 1,512 bytes (the largest outcome plus a type URL),
-	// refilled at 2,000 a second: the second 900-byte outcome waits for it.
+	// refilled at 60 a second. A Begin needs room for the largest outcome,
+	// so the two calls begin together, while the bucket is full: the first
+	// is held in its handler (3s, generous for a starved machine) while the
+	// second runs and finishes, and the first's 900-byte outcome then finds
+	// the bucket short and waits for it.
 	h := setupWith(t, stacktest.Config{DedupeOptions: []dedupesvc.Option{
-		dedupesvc.WithMaxOutcomeBytes(1000), dedupesvc.WithCallerOutcomeRate(2000, 0),
+		dedupesvc.WithMaxOutcomeBytes(1000), dedupesvc.WithCallerOutcomeRate(60, 0),
 	}})
-	req := &testingv1.MutateRequest{Payload: strings.Repeat("x", 900)}
-	first := shortLease(withKey("bytes-1"), h, req)
+	held := &testingv1.MutateRequest{Payload: strings.Repeat("x", 900), Delay: durationpb.New(3 * time.Second)}
+	req := &testingv1.MutateRequest{Payload: strings.Repeat("y", 900)}
+	firstDone := make(chan result, 1)
+	go func() { firstDone <- shortLease(withKey("bytes-1"), h, held) }()
+	<-h.svc.Started(held.GetPayload())
 	second := shortLease(withKey("bytes-2"), h, req)
+	first := <-firstDone
 	if first.err != nil || second.err != nil {
 		t.Fatalf("calls: %v, %v", first.err, second.err)
 	}
 	if err := h.Gate.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	again := shortLease(withKey("bytes-2"), h, req)
-	if again.err != nil || !again.replayed || !bytes.Equal(again.raw, second.raw) {
-		t.Fatalf("the duplicate of the call whose Finish was rate limited: %v replayed=%v; want its stored outcome", again.err, again.replayed)
+	// The duplicates may find the bucket short too (a Begin needs room for
+	// the largest outcome): they wait as its RetryInfo says, as a caller does.
+	for _, c := range []struct {
+		key   string
+		req   *testingv1.MutateRequest
+		first result
+	}{{"bytes-1", held, first}, {"bytes-2", req, second}} {
+		var again result
+		for deadline := time.Now().Add(time.Minute); ; {
+			again = shortLease(withKey(c.key), h, c.req)
+			d, ok := grpcerr.RetryDelay(again.err)
+			if status.Code(again.err) != codes.ResourceExhausted || !ok || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(d)
+		}
+		if again.err != nil || !again.replayed || !bytes.Equal(again.raw, c.first.raw) {
+			t.Fatalf("the duplicate of %s: %v replayed=%v; want its stored outcome", c.key, again.err, again.replayed)
+		}
 	}
 	if got := h.svc.Executions(); got != 2 {
 		t.Fatalf("%d executions, want 2", got)
 	}
-	if stats := h.Gate.Stats(); stats.OutcomesLost != 0 {
-		t.Fatalf("stats %+v; want nothing lost", stats)
+	if stats := h.Gate.Stats(); stats.OutcomesLost != 0 || stats.FinishRetries == 0 {
+		t.Fatalf("stats %+v; want a Finish retried for the byte rate and nothing lost", stats)
 	}
 }
