@@ -97,6 +97,11 @@ func (l HTTPLimits) Check(prefix string) error {
 	case l.MaxBufferedBytes < 0:
 		return fmt.Errorf("%smax-buffered-bytes must be positive, got %d", prefix, l.MaxBufferedBytes)
 	}
+	// A chunked body counts twice while its pieces are joined: a budget
+	// below that would answer 503 to the largest body for ever.
+	if d := l.WithDefaults(); d.MaxBufferedBytes < 2*d.MaxBodyBytes {
+		return fmt.Errorf("%smax-buffered-bytes (%d) must be at least twice %smax-body-bytes (%d): a chunked body is held twice while it is joined", prefix, d.MaxBufferedBytes, prefix, d.MaxBodyBytes)
+	}
 	return nil
 }
 

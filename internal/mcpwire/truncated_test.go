@@ -49,3 +49,18 @@ func TestATruncatedChunkedBodyIsNotServed(t *testing.T) {
 	default:
 	}
 }
+
+// A buffer budget below twice the body limit would refuse the largest
+// chunked body for ever (it is held twice while joined): refused at start.
+func TestABufferBudgetBelowTwoBodiesIsRefused(t *testing.T) {
+	t.Parallel()
+	if err := (mcpwire.HTTPLimits{MaxBodyBytes: 1 << 20, MaxBufferedBytes: 1 << 20}).Check("-"); err == nil {
+		t.Fatal("a budget of one body accepted")
+	}
+	if err := (mcpwire.HTTPLimits{MaxBodyBytes: 1 << 20, MaxBufferedBytes: 2 << 20}).Check("-"); err != nil {
+		t.Fatalf("a budget of two bodies: %v", err)
+	}
+	if err := (mcpwire.HTTPLimits{}).Check("-"); err != nil {
+		t.Fatalf("the defaults: %v", err)
+	}
+}
