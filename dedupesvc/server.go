@@ -364,7 +364,7 @@ func (s *Server) finish(ctx context.Context, req *idemgatev1.FinishRequest) (*id
 			slog.String("namespace", ns), slog.String("scope", params.Scope), slog.String("key", params.Key),
 			slog.Int("bytes", len(params.Outcome.Value)), slog.Int64("quota", params.MaxOutcomeBytes))
 	}
-	return &idemgatev1.FinishResponse{}, nil
+	return &idemgatev1.FinishResponse{OutcomeReplaced: replaced}, nil
 }
 
 // FinishCheckBytes is the outcome size from which Finish first asks a

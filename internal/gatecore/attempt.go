@@ -108,12 +108,14 @@ func (a *Attempt) Finish(outcome *anypb.Any, afterReply bool) (fenced bool) {
 			if firstSent.IsZero() {
 				firstSent = time.Now()
 			}
-			_, err := e.dedupe.Finish(c.withAgent(ctx), req)
+			res, err := e.dedupe.Finish(c.withAgent(ctx), req)
 			if grpcerr.Reason(err) == reasonDedupeOutcomeTooLarge && req.GetOutcome().MessageName() != TooLargeName {
 				req.Outcome = e.boundedOutcome(ctx, c, outcome, 0)
-				_, err = e.dedupe.Finish(c.withAgent(ctx), req)
+				res, err = e.dedupe.Finish(c.withAgent(ctx), req)
 			}
-			if err == nil && c.Stored != nil {
+			// An outcome the service replaced by the marker is not what
+			// duplicates get: nothing here may keep it.
+			if err == nil && c.Stored != nil && !res.GetOutcomeReplaced() {
 				c.Stored(req.GetOutcome(), firstSent)
 			}
 			return err

@@ -359,11 +359,19 @@ func (x *FinishRequest) GetOutcome() *anypb.Any {
 	return nil
 }
 
-// FinishResponse is empty: success means the outcome is stored.
+// FinishResponse: success means the outcome, or the marker that replaced
+// it, is stored.
 type FinishResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// outcome_replaced: the outcome would have taken the caller over its
+	// stored-bytes quota (-caller-max-bytes), so the ResultTooLarge marker
+	// was stored in its place and duplicates get IDEMPOTENCY_RESULT_TOO_LARGE.
+	// A gate keeps no copy of such an outcome (its replay cache). False from
+	// a service of an earlier version, and for a Finish retried after the
+	// store took the first one.
+	OutcomeReplaced bool `protobuf:"varint,1,opt,name=outcome_replaced,json=outcomeReplaced,proto3" json:"outcome_replaced,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *FinishResponse) Reset() {
@@ -394,6 +402,13 @@ func (x *FinishResponse) ProtoReflect() protoreflect.Message {
 // Deprecated: Use FinishResponse.ProtoReflect.Descriptor instead.
 func (*FinishResponse) Descriptor() ([]byte, []int) {
 	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *FinishResponse) GetOutcomeReplaced() bool {
+	if x != nil {
+		return x.OutcomeReplaced
+	}
+	return false
 }
 
 // ReleaseRequest gives a reservation up.
@@ -1185,8 +1200,9 @@ const file_idemgate_v1_dedupe_proto_rawDesc = "" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12#\n" +
 	"\rattempt_token\x18\x03 \x01(\tR\fattemptToken\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x03R\x05epoch\x12.\n" +
-	"\aoutcome\x18\x05 \x01(\v2\x14.google.protobuf.AnyR\aoutcome\"\x10\n" +
-	"\x0eFinishResponse\"\x9c\x01\n" +
+	"\aoutcome\x18\x05 \x01(\v2\x14.google.protobuf.AnyR\aoutcome\";\n" +
+	"\x0eFinishResponse\x12)\n" +
+	"\x10outcome_replaced\x18\x01 \x01(\bR\x0foutcomeReplaced\"\x9c\x01\n" +
 	"\x0eReleaseRequest\x12\x14\n" +
 	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12#\n" +

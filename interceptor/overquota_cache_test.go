@@ -1,0 +1,35 @@
+package interceptor_test
+
+import (
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
+	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
+)
+
+// An outcome the Dedupe service replaced by the ResultTooLarge marker (it
+// would have taken the caller over its stored-bytes quota) is not kept in
+// the gate's replay cache: a duplicate on this tool server gets what the
+// store keeps, IDEMPOTENCY_RESULT_TOO_LARGE, as one on any other does, not
+// the response the store never took.
+func TestAnOutcomeTheServiceReplacedIsNotCached(t *testing.T) {
+	t.Parallel()
+	h := setupWith(t, stacktest.Config{
+		GateOptions:   []interceptor.Option{interceptor.WithReplayCache(100, 1<<20)},
+		DedupeOptions: []dedupesvc.Option{dedupesvc.WithCallerQuota(0, 500)},
+	})
+	req := &testingv1.MutateRequest{Payload: strings.Repeat("x", 2000)}
+	if r := shortLease(withKey("over-quota"), h, req); r.err != nil {
+		t.Fatalf("the holder's call: %v, want its response", r.err)
+	}
+	r := shortLease(withKey("over-quota"), h, req)
+	wantStatus(t, r.err, codes.FailedPrecondition, interceptor.ReasonResultTooLarge)
+	if got := h.svc.Executions(); got != 1 {
+		t.Fatalf("%d executions, want 1", got)
+	}
+}
