@@ -32,7 +32,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"slices"
 	"strconv"
@@ -58,6 +57,7 @@ import (
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/loopback"
 	"github.com/idemgate/idemgate/internal/version"
 )
 
@@ -452,15 +452,7 @@ func isLoopback(target string) bool {
 		return true
 	}
 	target = strings.TrimPrefix(strings.TrimPrefix(target, "dns:///"), "passthrough:///")
-	host, _, err := net.SplitHostPort(target)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	return loopback.Address(target)
 }
 
 // quoted returns s in double quotes, escaped as safe escapes it, so that an

@@ -60,6 +60,7 @@ import (
 
 	dedupeauth "github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/internal/cliflag"
+	"github.com/idemgate/idemgate/internal/loopback"
 	"github.com/idemgate/idemgate/internal/mcpbridge"
 	"github.com/idemgate/idemgate/internal/mcpwire"
 	"github.com/idemgate/idemgate/internal/version"
@@ -165,7 +166,7 @@ func check(f flags) error {
 	if f.listen == "" && (f.callerTokenFile != "" || f.listenTLSCert != "") {
 		errs = append(errs, errors.New("-caller-token-file, -listen-tls-cert and -listen-tls-key need -listen: over stdio the bridge has one caller, the process that started it"))
 	}
-	if f.listen != "" && !isLoopback(f.listen) {
+	if f.listen != "" && !loopback.Address(f.listen) {
 		if f.callerTokenFile == "" {
 			errs = append(errs, fmt.Errorf("-listen %s is not a loopback address: configure -caller-token-file so HTTP callers authenticate (every call reaches the tool server under the bridge's own -token)", f.listen))
 		}
@@ -174,19 +175,6 @@ func check(f flags) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// isLoopback reports whether a listen address only accepts local callers.
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // readCallerTokens reads -caller-token-file: one "name secret" a line;

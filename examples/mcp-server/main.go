@@ -37,6 +37,7 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/loopback"
 	"github.com/idemgate/idemgate/mcpgate"
 )
 
@@ -63,7 +64,7 @@ func run(dedupeAddr, dedupeToken, dataDir, listen string, logger *slog.Logger) e
 	// left ungated by accident.
 	opts := []mcpgate.Option{mcpgate.WithStrict(), mcpgate.WithLogger(logger)}
 	if listen != "" {
-		if !isLoopback(listen) {
+		if !loopback.Address(listen) {
 			return fmt.Errorf("-listen %s is not a loopback address: this example authenticates no caller; serve it on 127.0.0.1, or put auth.RequireBearerToken (go-sdk) in front of its handler and drop WithSingleTenant", listen)
 		}
 		// Nobody authenticates over HTTP here: every caller on this machine
@@ -216,14 +217,4 @@ func newServer(l *ledger) *mcp.Server {
 		return nil, balanceOut{CustomerID: in.CustomerID, Charges: l.charges[in.CustomerID]}, nil
 	})
 	return server
-}
-
-// isLoopback reports whether a listen address only accepts local callers.
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return host == "localhost" || (ip != nil && ip.IsLoopback())
 }

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"strings"
 	"time"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/internal/cliflag"
+	"github.com/idemgate/idemgate/internal/loopback"
 	"github.com/idemgate/idemgate/internal/version"
 )
 
@@ -495,7 +495,7 @@ func (c Config) validate() error {
 	if c.TLSClientCA != "" && c.TLSCert == "" {
 		errs = append(errs, errors.New("-tls-client-ca needs -tls-cert and -tls-key: client certificates travel over TLS"))
 	}
-	if !isLoopback(c.Listen) {
+	if !loopback.Address(c.Listen) {
 		if c.TLSCert == "" && !c.InsecurePlaintext {
 			errs = append(errs, fmt.Errorf("-listen %s is not a loopback address: serve TLS (-tls-cert, -tls-key) or set -insecure-plaintext", c.Listen))
 		}
@@ -563,17 +563,4 @@ func (c Config) validate() error {
 		errs = append(errs, fmt.Errorf("-shutdown-timeout must be positive, got %s", c.ShutdownTimeout))
 	}
 	return errors.Join(errs...)
-}
-
-// isLoopback reports whether a listen address only accepts local callers.
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
