@@ -44,7 +44,9 @@ func TestTLSIdentitiesAsDocumented(t *testing.T) {
 	cmd := exec.Command("bash", "-euo", "pipefail", "-c", docBlock(t, "tls-certificates")+"\nwait\n")
 	cmd.Dir = work
 	cmd.Env = append(os.Environ(), "PATH="+dir+":"+os.Getenv("PATH"), "LISTEN="+listen, "DATABASE_URL=",
-		"IDEMGATE_DATA_DIR="+filepath.Join(dir, "data"), "IDEMGATE_METRICS_LISTEN=")
+		// An empty variable is as good as unset: a port of its own keeps the
+		// default 9464 free for anything else on the machine.
+		"IDEMGATE_DATA_DIR="+filepath.Join(dir, "data"), "IDEMGATE_METRICS_LISTEN="+stacktest.FreeAddr(t))
 	var log bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
