@@ -356,6 +356,9 @@ func patroniStore(st *Stack) {
 	if _, err := conn.Exec(ctx, "CREATE DATABASE chaos"); err != nil {
 		t.Fatalf("create database chaos: %v", err)
 	}
+	// The multi-host URL may reach a replica first, which must have the
+	// database too: pgx tries no further host after its FATAL.
+	st.Patroni.WaitDatabase(t, "chaos")
 	st.DatabaseURL = st.Patroni.URL("chaos")
 	t.Logf("%s", st.Patroni)
 }

@@ -166,6 +166,28 @@ func (p *Patroni) URL(database string) string {
 	return fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable&target_session_attrs=read-write", strings.Join(hosts, ","), database)
 }
 
+// WaitDatabase waits until every node has database: a replica that has not
+// replayed its CREATE DATABASE yet (only the synchronous standby has it when
+// the commit returns) refuses a connection to it with FATAL 3D000, and pgx
+// tries no further host of a multi-host URL after such an answer.
+func (p *Patroni) WaitDatabase(tb testing.TB, database string) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), patroniTimeout)
+	defer cancel()
+	for _, n := range p.nodes {
+		for {
+			_, err := queryString(ctx, p.NodeURL(n.name, database), "SELECT current_database()")
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				tb.Fatalf("pgtest: Patroni node %s has no database %s after %s: %v", n.name, database, patroniTimeout, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
 // NodeURL returns the URL of database on one node only.
 func (p *Patroni) NodeURL(name, database string) string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", p.node(name).pgPort, database)
