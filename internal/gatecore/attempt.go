@@ -160,10 +160,13 @@ type leaseKeeper struct {
 	// then on is the settlement racing it, and the settlement's own answer
 	// says whether the attempt was fenced.
 	settling atomic.Bool
-	// lease is the reservation's lease; renewedAt (Unix nanoseconds) is
-	// when the lease last started by the service's grant: no later than the
-	// Begin or the renewal it answered was sent.
+	// lease is the reservation's lease; renewedAt is when the lease last
+	// started by the service's grant (no later than the Begin or the renewal
+	// it answered was sent), as the time since heldSince. Offsets from one
+	// time.Time keep the monotonic clock: a wall-clock step cannot hide a
+	// lapse or fake one.
 	lease     time.Duration
+	heldSince time.Time
 	renewedAt atomic.Int64
 }
 
@@ -171,7 +174,7 @@ type leaseKeeper struct {
 // confirmed it: another attempt may have taken the key over without this
 // one hearing so.
 func (k *leaseKeeper) lapsed() bool {
-	return time.Since(time.Unix(0, k.renewedAt.Load())) >= k.lease
+	return time.Since(k.heldSince)-time.Duration(k.renewedAt.Load()) >= k.lease
 }
 
 // stop ends the renewals and waits for them; it may be called more than once.
@@ -195,8 +198,7 @@ const maxOutstandingRenewals = 4
 func (e *Engine) keepLease(ctx context.Context, c *Call, epoch int64, first time.Duration, heldSince time.Time, fenced func()) *leaseKeeper {
 	lease := c.Policy.Lease
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	k := &leaseKeeper{cancel: cancel, done: make(chan struct{}), lease: lease}
-	k.renewedAt.Store(heldSince.UnixNano())
+	k := &leaseKeeper{cancel: cancel, done: make(chan struct{}), lease: lease, heldSince: heldSince}
 	req := &idemgatev1.HeartbeatRequest{Scope: c.Scope, Key: c.Key, AttemptToken: c.Token, Epoch: epoch, Lease: durationpb.New(lease)}
 	go func() {
 		defer close(k.done)
@@ -235,7 +237,7 @@ func (e *Engine) keepLease(ctx context.Context, c *Call, epoch int64, first time
 				switch {
 				case err == nil:
 					// The lease runs from no later than the renewal was sent.
-					if t := r.sent.UnixNano(); t > k.renewedAt.Load() {
+					if t := int64(r.sent.Sub(k.heldSince)); t > k.renewedAt.Load() {
 						k.renewedAt.Store(t)
 					}
 					timer.Reset(lease / 3)
