@@ -35,7 +35,6 @@ package main
 
 import (
 	"context"
-	"crypto/subtle"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -51,7 +50,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -205,25 +203,6 @@ func readCallerTokens(file string) (map[string]string, error) {
 	return tokens, nil
 }
 
-// callerAuth wraps h so that only callers presenting one of tokens (secret
-// to name) reach it; others get 401. Every secret is compared, in constant
-// time.
-func callerAuth(tokens map[string]string, h http.Handler) http.Handler {
-	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
-		name := ""
-		for secret, n := range tokens {
-			if subtle.ConstantTimeCompare([]byte(secret), []byte(token)) == 1 {
-				name = n
-			}
-		}
-		if name == "" {
-			return nil, auth.ErrInvalidToken
-		}
-		return &auth.TokenInfo{UserID: name}, nil
-	}
-	return auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(h)
-}
-
 func run(f flags, logger *slog.Logger) error {
 	if f.target == "" {
 		return errors.New("-target is required")
@@ -306,7 +285,7 @@ func run(f flags, logger *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		handler = callerAuth(tokens, handler)
+		handler = mcpbridge.CallerAuth(tokens, handler)
 		logger.Info("HTTP callers authenticate with a bearer token", slog.Int("tokens", len(tokens)))
 	}
 	mux := http.NewServeMux()
