@@ -93,7 +93,8 @@ func TestNonLoopbackListenIsRefused(t *testing.T) {
 }
 
 // With -caller-token-file a caller without one of its tokens gets 401 and
-// reaches nothing; one with a token is served.
+// reaches nothing; one with a token is served, with keys of its own: bob's
+// call with alice's key runs rather than replaying hers.
 func TestCallerTokenFile(t *testing.T) {
 	t.Parallel()
 	tokens := filepath.Join(t.TempDir(), "callers")
@@ -114,9 +115,39 @@ func TestCallerTokenFile(t *testing.T) {
 			t.Errorf("token %q: %v, want 401", token, err)
 		}
 	}
-	res, err := charge(ctx, url, "s3cret-b", "k-1")
-	if err != nil || res.IsError {
-		t.Fatalf("bob: %v %+v", err, res)
+	for _, call := range []struct {
+		who, token string
+		replayed   bool
+	}{{"alice", "s3cret-a", false}, {"bob", "s3cret-b", false}, {"alice again", "s3cret-a", true}, {"bob again", "s3cret-b", true}} {
+		res, err := charge(ctx, url, call.token, "k-1")
+		if err != nil || res.IsError {
+			t.Fatalf("%s: %v %+v", call.who, err, res)
+		}
+		if got := res.Meta[mcpbridge.MetaReplayed] == true; got != call.replayed {
+			t.Errorf("%s with key k-1: replayed = %v, want %v (each caller's key is its own)", call.who, got, call.replayed)
+		}
+	}
+}
+
+// A caller name that could forge the separator of the stored key
+// (<name>/<key>), or is not a name at all, is refused at start, with its
+// line.
+func TestCallerTokenFileRefusesBadNames(t *testing.T) {
+	t.Parallel()
+	bin := proctest.Build(t, ".")
+	for _, name := range []string{"alice/x", "b:ob", strings.Repeat("n", 65), "café"} {
+		tokens := filepath.Join(t.TempDir(), "callers")
+		if err := os.WriteFile(tokens, []byte("# callers\nalice s3cret-a\n"+name+" s3cret-b\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command(bin, "-target", "127.0.0.1:1", "-plaintext", "-listen", "127.0.0.1:0", "-caller-token-file", tokens).CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+			t.Errorf("name %q: %v, want exit status 1\n%s", name, err, out)
+		}
+		if want := "-caller-token-file " + tokens + " line 3: caller name"; !strings.Contains(string(out), want) {
+			t.Errorf("name %q: output\n%s\nwant %q", name, out, want)
+		}
 	}
 }
 

@@ -15,7 +15,10 @@
 // never _meta.
 //
 // Over HTTP every caller's call reaches the tool server under the bridge's
-// own -token, so -listen on an address that is not loopback needs
+// own -token, so it forwards the key of a caller authenticated by
+// -caller-token-file as "<name>/<key>" (one caller's key never answers
+// another's call) and refuses such a caller's keyless calls to gated tools;
+// -listen on an address that is not loopback needs
 // -caller-token-file (each caller sends one of its bearer tokens) and
 // -listen-tls-cert and -listen-tls-key (or -listen-insecure-plaintext, for a
 // network that is trusted): the bridge refuses to start otherwise. The HTTP
@@ -35,7 +38,6 @@ package main
 
 import (
 	"context"
-	"crypto/subtle"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -51,7 +53,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -178,7 +179,10 @@ func check(f flags) error {
 }
 
 // readCallerTokens reads -caller-token-file: one "name secret" a line;
-// blank lines and lines starting with # are skipped.
+// blank lines and lines starting with # are skipped. A name must pass
+// mcpbridge.CheckCallerName (the bridge stores a caller's keys as
+// "<name>/<key>"); two secrets of one name are one caller, as while a
+// secret is rotated.
 func readCallerTokens(file string) (map[string]string, error) {
 	b, err := os.ReadFile(file)
 	if err != nil {
@@ -194,6 +198,9 @@ func readCallerTokens(file string) (map[string]string, error) {
 		if len(fields) != 2 {
 			return nil, fmt.Errorf("-caller-token-file %s line %d: want \"name secret\"", file, i+1)
 		}
+		if err := mcpbridge.CheckCallerName(fields[0]); err != nil {
+			return nil, fmt.Errorf("-caller-token-file %s line %d: %w", file, i+1, err)
+		}
 		if _, dup := tokens[fields[1]]; dup {
 			return nil, fmt.Errorf("-caller-token-file %s line %d: the secret of another line", file, i+1)
 		}
@@ -205,28 +212,16 @@ func readCallerTokens(file string) (map[string]string, error) {
 	return tokens, nil
 }
 
-// callerAuth wraps h so that only callers presenting one of tokens (secret
-// to name) reach it; others get 401. Every secret is compared, in constant
-// time.
-func callerAuth(tokens map[string]string, h http.Handler) http.Handler {
-	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
-		name := ""
-		for secret, n := range tokens {
-			if subtle.ConstantTimeCompare([]byte(secret), []byte(token)) == 1 {
-				name = n
-			}
-		}
-		if name == "" {
-			return nil, auth.ErrInvalidToken
-		}
-		return &auth.TokenInfo{UserID: name}, nil
-	}
-	return auth.RequireBearerToken(verify, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true})(h)
-}
-
 func run(f flags, logger *slog.Logger) error {
 	if f.target == "" {
 		return errors.New("-target is required")
+	}
+	var tokens map[string]string // secret -> caller name; read first, so a bad file fails before any connection
+	if f.callerTokenFile != "" {
+		var err error
+		if tokens, err = readCallerTokens(f.callerTokenFile); err != nil {
+			return err
+		}
 	}
 	logger.Info("idemgate-mcp starting", version.Attr())
 	var dial []grpc.DialOption
@@ -301,13 +296,9 @@ func run(f flags, logger *slog.Logger) error {
 	}
 	limits := f.limits().WithDefaults()
 	var handler http.Handler = mcpbridge.HTTPHandler(server, limits) // stateless: serves 2026-07-28 and earlier
-	if f.callerTokenFile != "" {
-		tokens, err := readCallerTokens(f.callerTokenFile)
-		if err != nil {
-			return err
-		}
-		handler = callerAuth(tokens, handler)
-		logger.Info("HTTP callers authenticate with a bearer token", slog.Int("tokens", len(tokens)))
+	if tokens != nil {
+		handler = mcpbridge.CallerAuth(tokens, handler)
+		logger.Info("HTTP callers authenticate with a bearer token; each caller's keys are forwarded as <name>/<key>", slog.Int("tokens", len(tokens)))
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", handler)

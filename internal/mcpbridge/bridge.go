@@ -245,7 +245,12 @@ type forwarder struct {
 func (f *forwarder) handler(md protoreflect.MethodDescriptor, keyArg string) mcp.ToolHandler {
 	fullMethod := "/" + string(md.Parent().FullName()) + "/" + string(md.Name())
 	structured := objectJSON(md.Output())
+	gated, kf := Classify(md) == Gated, keyField(md)
 	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		caller, err := callerOf(req)
+		if err != nil {
+			return mcpwire.ErrorResult(err), nil
+		}
 		key, hasKey, err := mcpwire.CallKey(req.Params.GetMeta())
 		if err != nil {
 			return mcpwire.ErrorResult(err), nil
@@ -264,6 +269,12 @@ func (f *forwarder) handler(md protoreflect.MethodDescriptor, keyArg string) mcp
 		if err := (protojson.UnmarshalOptions{Resolver: f.types}).Unmarshal(args, in); err != nil {
 			return mcpwire.ErrorResult(grpcerr.New(codes.InvalidArgument, ReasonArgumentsInvalid,
 				"the arguments are not a valid "+string(md.Input().FullName())+": "+err.Error(), nil, 0)), nil
+		}
+		if caller != "" {
+			// One tenant at the tool server's gate: the caller's own keys.
+			if key, hasKey, err = forCaller(caller, key, hasKey, in, kf, gated, keyArg); err != nil {
+				return mcpwire.ErrorResult(err), nil
+			}
 		}
 		ctx, cancel := context.WithTimeout(ctx, f.timeout)
 		defer cancel()

@@ -17,4 +17,12 @@
 // not know, so the second carrier reaches the bridge only through
 // WrapTransport (stdio) or HTTPMiddleware (streamable HTTP), which move it
 // into _meta before the SDK decodes the request.
+//
+// Callers authenticated by CallerAuth share the bridge's one identity at the
+// tool server, so its gate sees them as one tenant: the bridge forwards
+// such a caller's key as "<name>/<key>" (in the metadata, and in the
+// request's idempotency_key field when the call set it there) and refuses
+// its keyless calls to gated tools, so no caller is answered with another's
+// outcome. A call without a caller (stdio, HTTP without CallerAuth) is
+// forwarded as sent.
 package mcpbridge
