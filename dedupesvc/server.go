@@ -376,19 +376,33 @@ const FinishCheckBytes = 64 << 10
 // and size outcome bytes. The Finish bucket is the Begin bucket's twin, per
 // forwarded agent too (the gate names the agent on Finish as on Begin), so
 // Finishes that follow Begins let in pass; the outcome bytes stay the tool
-// server's.
+// server's. A refused Finish spends nothing: the Finish bucket is only
+// looked at until the bytes are taken, and the bytes go back if the Finish
+// token went to a concurrent Finish meanwhile (rare: holds said it was there).
 func (s *Server) allowFinish(ctx context.Context, ns string, size int) error {
-	if wait, ok := s.finishes.allow(rateKey(ctx, ns), 1); !ok {
-		s.opts.metrics.quota(QuotaRate)
-		return quotaExceeded(QuotaRate, formatRate(s.finishes.limit),
-			fmt.Sprintf("this caller is over its rate of %s Finishes a second (-caller-begin-rate, which limits Begins and Finishes alike); retry after the delay", formatRate(s.finishes.limit)), wait)
+	key := rateKey(ctx, ns)
+	if wait, ok := s.finishes.holds(key, 1); !ok {
+		return s.finishRateExceeded(wait)
 	}
-	if wait, ok := s.outcomeBytes.allow(ns, size); !ok {
+	refund, wait, ok := s.outcomeBytes.take(ns, size)
+	if !ok {
 		s.opts.metrics.quota(QuotaRate)
 		return quotaExceeded(QuotaRate, formatRate(s.outcomeBytes.limit)+" bytes",
 			fmt.Sprintf("this caller is over its rate of %s outcome bytes a second (-caller-outcome-byte-rate); retry after the delay", formatRate(s.outcomeBytes.limit)), wait)
 	}
+	if wait, ok := s.finishes.allow(key, 1); !ok {
+		refund()
+		return s.finishRateExceeded(wait)
+	}
 	return nil
+}
+
+// finishRateExceeded counts and returns the refusal of a Finish over its
+// caller's Finish rate, free again after wait.
+func (s *Server) finishRateExceeded(wait time.Duration) error {
+	s.opts.metrics.quota(QuotaRate)
+	return quotaExceeded(QuotaRate, formatRate(s.finishes.limit),
+		fmt.Sprintf("this caller is over its rate of %s Finishes a second (-caller-begin-rate, which limits Begins and Finishes alike); retry after the delay", formatRate(s.finishes.limit)), wait)
 }
 
 // AdmitFinish is the check a Finish of caller (its namespace) meets as it
