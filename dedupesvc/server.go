@@ -360,7 +360,7 @@ func (s *Server) finish(ctx context.Context, req *idemgatev1.FinishRequest) (*id
 	}
 	if replaced {
 		s.opts.metrics.quota(QuotaBytes)
-		s.opts.logger.WarnContext(ctx, "an outcome would have taken its caller over its stored-bytes quota (-caller-max-bytes): a ResultTooLarge marker is stored in its place; the holder's caller got its response, duplicates get IDEMPOTENCY_RESULT_TOO_LARGE and nothing runs again",
+		s.opts.logger.WarnContext(ctx, "an outcome would have taken its caller over its stored-bytes quota (-caller-max-bytes): a ResultTooLarge marker is stored in its place; the holder's caller got its response, duplicates get IDEMPOTENCY_RESULT_TOO_LARGE (cause stored_bytes_quota) and nothing runs again",
 			slog.String("namespace", ns), slog.String("scope", params.Scope), slog.String("key", params.Key),
 			slog.Int("bytes", len(params.Outcome.Value)), slog.Int64("quota", params.MaxOutcomeBytes))
 	}
@@ -436,12 +436,15 @@ func (s *Server) outcomeRoom(caller, refused string) error {
 
 // overQuotaMarker is what Finish stores in place of outcome when it would
 // take its caller over the stored-bytes quota: the ResultTooLarge marker an
-// interceptor stores for an outcome over the size limit, sealed like any
-// outcome, so every duplicate gets IDEMPOTENCY_RESULT_TOO_LARGE and nothing
-// runs twice. An outcome that is such a marker already stays itself.
+// interceptor stores for an outcome over the size limit, with the cause
+// RESULT_TOO_LARGE_CAUSE_STORED_BYTES_QUOTA, sealed like any outcome, so
+// every duplicate gets IDEMPOTENCY_RESULT_TOO_LARGE saying it was the quota,
+// and nothing runs twice. An outcome that is such a marker already stays
+// itself (its cause is the size limit).
 func (s *Server) overQuotaMarker(id RecordID, outcome Outcome) (Outcome, error) {
 	if outcome.TypeURL != resultTooLargeURL {
-		v, err := proto.MarshalOptions{Deterministic: true}.Marshal(&idemgatev1.ResultTooLarge{SizeBytes: int64(len(outcome.Value)), TypeUrl: outcome.TypeURL})
+		v, err := proto.MarshalOptions{Deterministic: true}.Marshal(&idemgatev1.ResultTooLarge{SizeBytes: int64(len(outcome.Value)), TypeUrl: outcome.TypeURL,
+			Cause: idemgatev1.ResultTooLargeCause_RESULT_TOO_LARGE_CAUSE_STORED_BYTES_QUOTA})
 		if err != nil {
 			return Outcome{}, status.Errorf(codes.Internal, "dedupesvc: marshal the over-quota marker: %v", err)
 		}

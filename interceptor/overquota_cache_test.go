@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
@@ -29,6 +30,10 @@ func TestAnOutcomeTheServiceReplacedIsNotCached(t *testing.T) {
 	}
 	r := shortLease(withKey("over-quota"), h, req)
 	wantStatus(t, r.err, codes.FailedPrecondition, interceptor.ReasonResultTooLarge)
+	// The duplicate is told why: the quota, not the size limit.
+	if msg := status.Convert(r.err).Message(); !strings.Contains(msg, "stored-outcome quota") || strings.Contains(msg, "over the size limit") {
+		t.Errorf("the duplicate's message %q; want it to name the stored-outcome quota, not the size limit", msg)
+	}
 	if got := h.svc.Executions(); got != 1 {
 		t.Fatalf("%d executions, want 1", got)
 	}
