@@ -114,10 +114,13 @@ func (a *Attempt) Finish(outcome *anypb.Any, afterReply bool) (fenced bool) {
 				res, err = e.dedupe.Finish(c.withAgent(ctx), req)
 			}
 			// An outcome the service replaced by the marker is not what
-			// duplicates get: nothing here may keep it.
+			// duplicates get: nothing here may keep it. Its log says why (the
+			// gate's own size marker, replaced by itself, was logged already).
 			if err == nil && res.GetOutcomeReplaced() {
-				e.opts.Logger.WarnContext(ctx, "idemgate: the Dedupe service stored a ResultTooLarge marker in place of the outcome: within the size limit, it would have taken this server over its stored-outcome quota (-caller-max-bytes); the caller got it, duplicates will get IDEMPOTENCY_RESULT_TOO_LARGE",
-					slog.String("scope", c.Scope), slog.Int("bytes", proto.Size(req.GetOutcome())))
+				if req.GetOutcome().MessageName() != TooLargeName {
+					e.opts.Logger.WarnContext(ctx, "idemgate: the Dedupe service stored a ResultTooLarge marker in place of the outcome: within the size limit, it would have taken this server over its stored-outcome quota (-caller-max-bytes); the caller got it, duplicates will get IDEMPOTENCY_RESULT_TOO_LARGE",
+						slog.String("scope", c.Scope), slog.Int("bytes", proto.Size(req.GetOutcome())))
+				}
 			} else if err == nil && c.Stored != nil {
 				c.Stored(req.GetOutcome(), firstSent)
 			}
