@@ -96,6 +96,43 @@ func (l *rateLimiters) allow(ns string, n int) (time.Duration, bool) {
 		return 0, true
 	}
 	now := time.Now()
+	lim := l.limiter(ns, now)
+	if lim.AllowN(now, n) {
+		return 0, true
+	}
+	return refusedFor(lim, now, n), false
+}
+
+// take is allow that can be undone: when it takes the tokens, refund puts
+// them back (as far as the bucket's later takers let it: see
+// rate.Reservation.CancelAt). refund is never nil.
+func (l *rateLimiters) take(ns string, n int) (refund func(), wait time.Duration, ok bool) {
+	if l.limit <= 0 {
+		return func() {}, 0, true
+	}
+	now := time.Now()
+	lim := l.limiter(ns, now)
+	r := lim.ReserveN(now, n)
+	if r.OK() && r.DelayFrom(now) == 0 {
+		return func() { r.CancelAt(now) }, 0, true
+	}
+	r.CancelAt(now)
+	return func() {}, refusedFor(lim, now, n), false
+}
+
+// refusedFor is how long until lim holds n tokens, as of now.
+func refusedFor(lim *rate.Limiter, now time.Time, n int) time.Duration {
+	r := lim.ReserveN(now, n)
+	defer r.CancelAt(now)
+	if !r.OK() {
+		return time.Second
+	}
+	return max(r.DelayFrom(now), time.Millisecond)
+}
+
+// limiter is ns's bucket, made (full) on first use. The map's lock is held
+// for the lookup only; the bucket has its own.
+func (l *rateLimiters) limiter(ns string, now time.Time) *rate.Limiter {
 	l.mu.Lock()
 	lim, ok := l.m[ns]
 	if !ok {
@@ -113,15 +150,7 @@ func (l *rateLimiters) allow(ns string, n int) (time.Duration, bool) {
 		l.m[ns] = lim
 	}
 	l.mu.Unlock()
-	if lim.AllowN(now, n) {
-		return 0, true
-	}
-	r := lim.ReserveN(now, n)
-	defer r.CancelAt(now)
-	if !r.OK() {
-		return time.Second, false
-	}
-	return max(r.DelayFrom(now), time.Millisecond), false
+	return lim
 }
 
 // holds reports whether ns's bucket holds n tokens now, without taking

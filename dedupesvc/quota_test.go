@@ -297,3 +297,35 @@ func TestLargeFinishOfAKeyNotHeldIsRefusedByACheck(t *testing.T) {
 		t.Fatalf("a small Finish = %v after %d checks; want it sent without a check", err, store.checks)
 	}
 }
+
+// TestFinishRefusedForItsBytesSpendsNoFinish: a Finish refused for its
+// caller's outcome-byte rate takes nothing from the caller's Finish-count
+// bucket, so the caller keeps every Finish it had before the refusals.
+func TestFinishRefusedForItsBytesSpendsNoFinish(t *testing.T) {
+	t.Parallel()
+	// Three Finishes a burst, next to none a second; the byte bucket holds
+	// one largest outcome plus MaxTypeURLBytes, refilling a byte a second.
+	srv := dedupesvc.NewServer(&fakeStore{}, dedupesvc.WithCallerRate(0.001, 3),
+		dedupesvc.WithCallerOutcomeRate(1, 1), dedupesvc.WithMaxOutcomeBytes(1000))
+	caller := dedupesvc.ContextWithCaller(context.Background(), dedupesvc.Caller{Name: "caller"})
+	if _, err := srv.Finish(caller, validFinish(1000)); err != nil {
+		t.Fatalf("the first Finish: %v", err)
+	}
+	// Two Finishes are left. Each of these is refused for its bytes.
+	for i := range 5 {
+		_, err := srv.Finish(caller, validFinish(1000))
+		if status.Code(err) != codes.ResourceExhausted || !strings.HasSuffix(errorInfo(t, err).GetMetadata()["limit"], " bytes") {
+			t.Fatalf("large Finish %d past the byte rate = %v; want it refused for its outcome bytes", i, err)
+		}
+	}
+	// Small outcomes fit in what the byte bucket has left.
+	for i := range 2 {
+		if _, err := srv.Finish(caller, validFinish(0)); err != nil {
+			t.Fatalf("small Finish %d of the two the caller had left before the byte refusals: %v", i, err)
+		}
+	}
+	_, err := srv.Finish(caller, validFinish(0))
+	if status.Code(err) != codes.ResourceExhausted || errorInfo(t, err).GetMetadata()["limit"] != "0.001/s" {
+		t.Fatalf("a Finish past the count burst = %v; want it refused for the Finish rate", err)
+	}
+}

@@ -360,7 +360,7 @@ func (s *Server) finish(ctx context.Context, req *idemgatev1.FinishRequest) (*id
 	}
 	if replaced {
 		s.opts.metrics.quota(QuotaBytes)
-		s.opts.logger.WarnContext(ctx, "an outcome would have taken its caller over its stored-bytes quota (-caller-max-bytes): a ResultTooLarge marker is stored in its place; the holder's caller got its response, duplicates get IDEMPOTENCY_RESULT_TOO_LARGE and nothing runs again",
+		s.opts.logger.WarnContext(ctx, "an outcome would have taken its caller over its stored-bytes quota (-caller-max-bytes): a ResultTooLarge marker is stored in its place; the holder's caller got its response, duplicates get IDEMPOTENCY_RESULT_TOO_LARGE (cause stored_bytes_quota) and nothing runs again",
 			slog.String("namespace", ns), slog.String("scope", params.Scope), slog.String("key", params.Key),
 			slog.Int("bytes", len(params.Outcome.Value)), slog.Int64("quota", params.MaxOutcomeBytes))
 	}
@@ -376,19 +376,33 @@ const FinishCheckBytes = 64 << 10
 // and size outcome bytes. The Finish bucket is the Begin bucket's twin, per
 // forwarded agent too (the gate names the agent on Finish as on Begin), so
 // Finishes that follow Begins let in pass; the outcome bytes stay the tool
-// server's.
+// server's. A refused Finish spends nothing: the Finish bucket is only
+// looked at until the bytes are taken, and the bytes go back if the Finish
+// token went to a concurrent Finish meanwhile (rare: holds said it was there).
 func (s *Server) allowFinish(ctx context.Context, ns string, size int) error {
-	if wait, ok := s.finishes.allow(rateKey(ctx, ns), 1); !ok {
-		s.opts.metrics.quota(QuotaRate)
-		return quotaExceeded(QuotaRate, formatRate(s.finishes.limit),
-			fmt.Sprintf("this caller is over its rate of %s Finishes a second (-caller-begin-rate, which limits Begins and Finishes alike); retry after the delay", formatRate(s.finishes.limit)), wait)
+	key := rateKey(ctx, ns)
+	if wait, ok := s.finishes.holds(key, 1); !ok {
+		return s.finishRateExceeded(wait)
 	}
-	if wait, ok := s.outcomeBytes.allow(ns, size); !ok {
+	refund, wait, ok := s.outcomeBytes.take(ns, size)
+	if !ok {
 		s.opts.metrics.quota(QuotaRate)
 		return quotaExceeded(QuotaRate, formatRate(s.outcomeBytes.limit)+" bytes",
 			fmt.Sprintf("this caller is over its rate of %s outcome bytes a second (-caller-outcome-byte-rate); retry after the delay", formatRate(s.outcomeBytes.limit)), wait)
 	}
+	if wait, ok := s.finishes.allow(key, 1); !ok {
+		refund()
+		return s.finishRateExceeded(wait)
+	}
 	return nil
+}
+
+// finishRateExceeded counts and returns the refusal of a Finish over its
+// caller's Finish rate, free again after wait.
+func (s *Server) finishRateExceeded(wait time.Duration) error {
+	s.opts.metrics.quota(QuotaRate)
+	return quotaExceeded(QuotaRate, formatRate(s.finishes.limit),
+		fmt.Sprintf("this caller is over its rate of %s Finishes a second (-caller-begin-rate, which limits Begins and Finishes alike); retry after the delay", formatRate(s.finishes.limit)), wait)
 }
 
 // AdmitFinish is the check a Finish of caller (its namespace) meets as it
@@ -422,12 +436,15 @@ func (s *Server) outcomeRoom(caller, refused string) error {
 
 // overQuotaMarker is what Finish stores in place of outcome when it would
 // take its caller over the stored-bytes quota: the ResultTooLarge marker an
-// interceptor stores for an outcome over the size limit, sealed like any
-// outcome, so every duplicate gets IDEMPOTENCY_RESULT_TOO_LARGE and nothing
-// runs twice. An outcome that is such a marker already stays itself.
+// interceptor stores for an outcome over the size limit, with the cause
+// RESULT_TOO_LARGE_CAUSE_STORED_BYTES_QUOTA, sealed like any outcome, so
+// every duplicate gets IDEMPOTENCY_RESULT_TOO_LARGE saying it was the quota,
+// and nothing runs twice. An outcome that is such a marker already stays
+// itself (its cause is the size limit).
 func (s *Server) overQuotaMarker(id RecordID, outcome Outcome) (Outcome, error) {
 	if outcome.TypeURL != resultTooLargeURL {
-		v, err := proto.MarshalOptions{Deterministic: true}.Marshal(&idemgatev1.ResultTooLarge{SizeBytes: int64(len(outcome.Value)), TypeUrl: outcome.TypeURL})
+		v, err := proto.MarshalOptions{Deterministic: true}.Marshal(&idemgatev1.ResultTooLarge{SizeBytes: int64(len(outcome.Value)), TypeUrl: outcome.TypeURL,
+			Cause: idemgatev1.ResultTooLargeCause_RESULT_TOO_LARGE_CAUSE_STORED_BYTES_QUOTA})
 		if err != nil {
 			return Outcome{}, status.Errorf(codes.Internal, "dedupesvc: marshal the over-quota marker: %v", err)
 		}

@@ -35,7 +35,8 @@ const (
 	// (FAIL_CLOSED) and nothing runs until it is resolved (500).
 	ReasonOutcomeUnknown = gatecore.ReasonOutcomeUnknown
 	// ReasonResultTooLarge: the action ran, but its response was over the
-	// stored limit and cannot be replayed (507).
+	// size limit, or the stored-bytes quota on the Dedupe service, and
+	// cannot be replayed (507; metadata "cause" says which).
 	ReasonResultTooLarge = gatecore.ReasonResultTooLarge
 	// ReasonStoreUnavailable: the Dedupe service is down; nothing ran
 	// (503, Retry-After).
@@ -75,7 +76,7 @@ type Problem struct {
 	// key helps, as the Retry-After header says; absent when it does not.
 	RetryAfter int `json:"retry_after,omitempty"`
 	// Metadata is the refusal's detail as the gRPC gate's ErrorInfo carries
-	// it (quota, size_bytes, key).
+	// it (quota, size_bytes, cause, key).
 	Metadata map[string]string `json:"metadata,omitempty"`
 }
 

@@ -32,10 +32,13 @@ const (
 	// on_lost_outcome is FAIL_CLOSED. FAILED_PRECONDITION; nothing runs until
 	// an operator resolves the record or a Reconciler settles it.
 	ReasonOutcomeUnknown = gatecore.ReasonOutcomeUnknown
-	// ReasonResultTooLarge: the action already ran, but its outcome was over
-	// the size limit (WithMaxOutcomeBytes) and only a marker was stored.
-	// FAILED_PRECONDITION; the handler did not run again. The ErrorInfo
-	// metadata "size_bytes" gives the outcome's size.
+	// ReasonResultTooLarge: the action already ran, but its outcome was not
+	// stored, only a marker: it was over the size limit (WithMaxOutcomeBytes),
+	// or it would have taken this server over its stored-bytes quota on the
+	// Dedupe service (-caller-max-bytes). FAILED_PRECONDITION; the handler
+	// did not run again. The ErrorInfo metadata "size_bytes" gives the
+	// outcome's size, "cause" which it was: "size_limit" or
+	// "stored_bytes_quota" (absent from gates of earlier versions).
 	ReasonResultTooLarge = gatecore.ReasonResultTooLarge
 	// ReasonStoreUnavailable: the Dedupe service could not be reached or
 	// failed. UNAVAILABLE with RetryInfo; the handler did not run (fail

@@ -81,7 +81,8 @@ const (
 	// was stored (FAIL_CLOSED); nothing runs until the record is resolved.
 	ReasonOutcomeUnknown = gatecore.ReasonOutcomeUnknown
 	// ReasonResultTooLarge: the action ran, but its result was over the
-	// size limit and cannot be replayed.
+	// size limit, or the stored-bytes quota on the Dedupe service, and
+	// cannot be replayed.
 	ReasonResultTooLarge = gatecore.ReasonResultTooLarge
 	// ReasonStoreUnavailable: the Dedupe service could not be reached; the
 	// tool did not run.

@@ -105,7 +105,8 @@ var (
 
 // printOutcome prints a stored outcome as the interceptor stored it: the
 // response metadata and result of a StoredOutcome, a final error's code,
-// message and details, the too-large marker, or the response as JSON. A
+// message and details, the too-large marker (and why: the size limit or the
+// stored-bytes quota), or the response as JSON. A
 // type the resolver does not know is printed as its type URL and base64.
 func printOutcome(out io.Writer, a *anypb.Any, resolver resolver, indent string) {
 	switch a.MessageName() {
@@ -149,8 +150,12 @@ func printOutcome(out io.Writer, a *anypb.Any, resolver resolver, indent string)
 			raw(out, a, indent, err)
 			return
 		}
-		fmt.Fprintf(out, "%snot stored: the response (%s, %d bytes) was over the size limit; duplicates get IDEMPOTENCY_RESULT_TOO_LARGE\n",
-			indent, safe(marker.GetTypeUrl()), marker.GetSizeBytes())
+		why := "was over the size limit"
+		if marker.GetCause() == idemgatev1.ResultTooLargeCause_RESULT_TOO_LARGE_CAUSE_STORED_BYTES_QUOTA {
+			why = "was within the size limit but would have taken its caller over its stored-outcome quota (-caller-max-bytes)"
+		}
+		fmt.Fprintf(out, "%snot stored: the response (%s, %d bytes) %s; duplicates get IDEMPOTENCY_RESULT_TOO_LARGE\n",
+			indent, safe(marker.GetTypeUrl()), marker.GetSizeBytes(), why)
 	default:
 		printMessage(out, a, resolver, indent)
 	}

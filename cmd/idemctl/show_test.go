@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/hex"
 	"strings"
 	"testing"
 
@@ -58,5 +59,41 @@ func TestShowEscapesBidiAndControlCharacters(t *testing.T) {
 	}
 	if !strings.Contains(text, "_é") {
 		t.Errorf("show escaped printable non-ASCII text in the JSON:\n%s", text)
+	}
+}
+
+// TestShowSaysWhyAnOutcomeWasNotStored: show tells a marker stored for the
+// stored-bytes quota from one for the size limit, and reads one an older
+// version stored (no cause) as the size limit, as it was.
+func TestShowSaysWhyAnOutcomeWasNotStored(t *testing.T) {
+	t.Parallel()
+	// ResultTooLarge{size_bytes: 2000, type_url: ...MutateResponse} as a
+	// gate before the cause field wrote it.
+	older, err := hex.DecodeString("08d00f1236747970652e676f6f676c65617069732e636f6d2f6964656d676174652e74657374696e672e76312e4d7574617465526573706f6e7365")
+	if err != nil {
+		t.Fatal(err)
+	}
+	quota, err := anypb.New(&idemgatev1.ResultTooLarge{SizeBytes: 2000, TypeUrl: "type.googleapis.com/x.R",
+		Cause: idemgatev1.ResultTooLargeCause_RESULT_TOO_LARGE_CAUSE_STORED_BYTES_QUOTA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resolver, err := typesResolver("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name          string
+		marker        *anypb.Any
+		want, notWant string
+	}{
+		{"written by an older version", &anypb.Any{TypeUrl: "type.googleapis.com/idemgate.v1.ResultTooLarge", Value: older}, "over the size limit", "quota"},
+		{"stored-bytes quota", quota, "stored-outcome quota (-caller-max-bytes)", "over the size limit"},
+	} {
+		var out bytes.Buffer
+		printOutcome(&out, tc.marker, resolver, "")
+		if text := out.String(); !strings.Contains(text, tc.want) || strings.Contains(text, tc.notWant) || !strings.Contains(text, "IDEMPOTENCY_RESULT_TOO_LARGE") {
+			t.Errorf("%s: show printed %q; want it to say %q and IDEMPOTENCY_RESULT_TOO_LARGE, not %q", tc.name, text, tc.want, tc.notWant)
+		}
 	}
 }

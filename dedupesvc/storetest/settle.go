@@ -71,6 +71,9 @@ func testFinishQuota(t *testing.T, newStore func(*testing.T) dedupesvc.Store) {
 	if marker.GetSizeBytes() != int64(len(over)) || marker.GetTypeUrl() != outA.TypeURL {
 		t.Fatalf("marker %v; want the size %d and type %s of the outcome it replaces", marker, len(over), outA.TypeURL)
 	}
+	if marker.GetCause() != idemgatev1.ResultTooLargeCause_RESULT_TOO_LARGE_CAUSE_STORED_BYTES_QUOTA {
+		t.Fatalf("marker cause %v; want %v: the outcome was within the size limit, over the quota", marker.GetCause(), idemgatev1.ResultTooLargeCause_RESULT_TOO_LARGE_CAUSE_STORED_BYTES_QUOTA)
+	}
 	if got := testutil.ToFloat64(metrics.QuotaCounter(dedupesvc.QuotaBytes)); got != 1 {
 		t.Fatalf("idemgate_dedupe_quota_exceeded_total{quota=bytes} = %v, want 1", got)
 	}

@@ -206,7 +206,9 @@ type Config struct {
 	// (IDEMGATE_MAX_UNAUTHENTICATED_CONNECTIONS).
 	MaxUnauthenticatedConnections int
 	// MaxUnauthenticatedConnectionsPerIP bounds those per client IP
-	// address: a new one past it closes the oldest of its address. 0 takes
+	// address, an IPv6 client's counted per /64 (one client holds a /64 at
+	// least and can rotate addresses in it): a new one past it closes the
+	// oldest of its address (or /64). 0 takes
 	// the default of 8; more than MaxUnauthenticatedConnections is taken as
 	// that (IDEMGATE_MAX_UNAUTHENTICATED_CONNECTIONS_PER_IP).
 	MaxUnauthenticatedConnectionsPerIP int
@@ -406,7 +408,7 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 	fs.IntVar(&cfg.MaxUnauthenticatedConnections, "max-unauthenticated-connections", DefaultMaxUnauthenticatedConnections,
 		"connections open at once that have not authenticated, at most half of -max-connections; past it the oldest of the address holding the most is closed")
 	fs.IntVar(&cfg.MaxUnauthenticatedConnectionsPerIP, "max-unauthenticated-connections-per-ip", DefaultMaxUnauthenticatedConnectionsPerIP,
-		"of those, how many one client IP address may have; past it its oldest is closed")
+		"of those, how many one client IP address may have (IPv6 counted per /64, which one client can rotate addresses in); past it its oldest is closed")
 	fs.IntVar(&cfg.MaxUnauthenticatedStreams, "max-unauthenticated-streams", DefaultMaxUnauthenticatedStreams,
 		"health checks open at once on a connection that has not authenticated; the excess is refused (other calls need credentials, checked before their message is read)")
 	fs.DurationVar(&cfg.UnauthenticatedTimeout, "unauthenticated-timeout", DefaultUnauthenticatedTimeout,

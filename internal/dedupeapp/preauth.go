@@ -3,6 +3,7 @@ package dedupeapp
 import (
 	"context"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -30,7 +31,8 @@ import (
 // checks, of which a connection that has not authenticated may hold
 // maxStreams. Its listener tracks each connection: one becomes
 // authenticated with its first authenticated call; until then it counts
-// against maxConns (and maxPerIP for its address), and a new connection
+// against maxConns (and maxPerIP for its address, an IPv6 one's /64:
+// ipGroup), and a new connection
 // past those closes the oldest unauthenticated one, of its own address
 // first, else of the address holding the most; and it is closed when it
 // has not authenticated within timeout.
@@ -45,7 +47,8 @@ type preauthGate struct {
 	// conns are the open connections by remote address, the peer address
 	// grpc-go gives the tap handle.
 	conns map[string]*gatedConn
-	// unauth are the unauthenticated connections of each IP, oldest first.
+	// unauth are the unauthenticated connections of each IP (IPv6: each
+	// /64; ipGroup), oldest first.
 	unauth  map[string][]*gatedConn
 	nUnauth int
 
@@ -108,7 +111,8 @@ type gatedConn struct {
 	net.Conn
 	g    *preauthGate
 	addr string
-	ip   string
+	// ip is its ipGroup: its IPv4 address, or its IPv6 /64.
+	ip string
 	// Under g.mu: authenticated, and the unauthenticated streams open.
 	authenticated bool
 	streams       int
@@ -147,7 +151,7 @@ func (l gatedListener) Accept() (net.Conn, error) {
 // admit registers a new, unauthenticated connection, closing the ones it
 // pushes over the caps.
 func (g *preauthGate) admit(raw net.Conn) *gatedConn {
-	c := &gatedConn{Conn: raw, g: g, addr: raw.RemoteAddr().String(), ip: hostOf(raw.RemoteAddr())}
+	c := &gatedConn{Conn: raw, g: g, addr: raw.RemoteAddr().String(), ip: ipGroup(raw.RemoteAddr())}
 	var evict []*gatedConn
 	g.mu.Lock()
 	g.conns[c.addr] = c
@@ -274,14 +278,29 @@ func (g *preauthGate) tapHandle(ctx context.Context, info *tap.Info) (context.Co
 	return ctx, nil
 }
 
-// hostOf is addr's IP address, or all of it when it has no port.
-func hostOf(addr net.Addr) string {
+// ipGroup is what the per-IP cap counts addr's connections under: an IPv4
+// address (also IPv4-mapped IPv6) as itself, and an IPv6 address by its /64
+// ("2001:db8::/64"), since one IPv6 client is given a /64 at least and can
+// rotate addresses in it. An address that is no IP (a Unix socket) counts
+// as itself.
+func ipGroup(addr net.Addr) string {
+	var ip netip.Addr
 	if tcp, ok := addr.(*net.TCPAddr); ok {
-		return tcp.IP.String()
-	}
-	host, _, err := net.SplitHostPort(addr.String())
-	if err != nil {
+		ip, _ = netip.AddrFromSlice(tcp.IP)
+		ip = ip.WithZone(tcp.Zone)
+	} else if ap, err := netip.ParseAddrPort(addr.String()); err == nil {
+		ip = ap.Addr()
+	} else {
 		return addr.String()
 	}
-	return host
+	ip = ip.Unmap()
+	if !ip.Is6() {
+		return ip.String()
+	}
+	// A zone (link-local) names another link: keep it apart.
+	prefix := netip.PrefixFrom(ip.WithZone(""), 64).Masked().String()
+	if zone := ip.Zone(); zone != "" {
+		return prefix + "%" + zone
+	}
+	return prefix
 }

@@ -114,8 +114,14 @@ func (a *Attempt) Finish(outcome *anypb.Any, afterReply bool) (fenced bool) {
 				res, err = e.dedupe.Finish(c.withAgent(ctx), req)
 			}
 			// An outcome the service replaced by the marker is not what
-			// duplicates get: nothing here may keep it.
-			if err == nil && c.Stored != nil && !res.GetOutcomeReplaced() {
+			// duplicates get: nothing here may keep it. Its log says why (the
+			// gate's own size marker, replaced by itself, was logged already).
+			if err == nil && res.GetOutcomeReplaced() {
+				if req.GetOutcome().MessageName() != TooLargeName {
+					e.opts.Logger.WarnContext(ctx, "idemgate: the Dedupe service stored a ResultTooLarge marker in place of the outcome: within the size limit, it would have taken this server over its stored-outcome quota (-caller-max-bytes); the caller got it, duplicates will get IDEMPOTENCY_RESULT_TOO_LARGE",
+						slog.String("scope", c.Scope), slog.Int("bytes", proto.Size(req.GetOutcome())))
+				}
+			} else if err == nil && c.Stored != nil {
 				c.Stored(req.GetOutcome(), firstSent)
 			}
 			return err
@@ -145,7 +151,8 @@ func (e *Engine) boundedOutcome(ctx context.Context, c *Call, outcome *anypb.Any
 	e.Event(c, EventResultTooLarge)
 	e.opts.Logger.WarnContext(ctx, "idemgate: the outcome is over the size limit (the Gate's, or the Dedupe service's when it is lower); the caller got it, duplicates will get IDEMPOTENCY_RESULT_TOO_LARGE",
 		slog.String("scope", c.Scope), slog.Int("bytes", size), slog.Int("gate_limit", e.opts.MaxOutcome))
-	marker, err := MarshalAny(&idemgatev1.ResultTooLarge{SizeBytes: int64(size), TypeUrl: e.opts.TypeURLOf(outcome)})
+	marker, err := MarshalAny(&idemgatev1.ResultTooLarge{SizeBytes: int64(size), TypeUrl: e.opts.TypeURLOf(outcome),
+		Cause: idemgatev1.ResultTooLargeCause_RESULT_TOO_LARGE_CAUSE_SIZE_LIMIT})
 	if err != nil {
 		return outcome // cannot happen for this message; the service will refuse the big one
 	}

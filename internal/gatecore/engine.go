@@ -411,20 +411,37 @@ func refused(err error) bool {
 }
 
 // TooLargeName is the full name of the marker stored in place of an outcome
-// over the size limit.
+// that was not stored: over the size limit, or over its caller's
+// stored-bytes quota.
 var TooLargeName = (&idemgatev1.ResultTooLarge{}).ProtoReflect().Descriptor().FullName()
 
 // TooLarge returns the IDEMPOTENCY_RESULT_TOO_LARGE refusal when a stored
-// outcome is the marker of one over the size limit, else nil.
+// outcome is the ResultTooLarge marker, else nil. The reason is the same
+// for either cause; the message and the ErrorInfo metadata "cause"
+// (TooLargeCause) say which it was.
 func TooLarge(outcome *anypb.Any) error {
 	if outcome.MessageName() != TooLargeName {
 		return nil
 	}
 	marker := &idemgatev1.ResultTooLarge{}
 	_ = proto.Unmarshal(outcome.GetValue(), marker)
-	return grpcerr.New(codes.FailedPrecondition, ReasonResultTooLarge,
-		fmt.Sprintf("this action already ran, but its outcome (%d bytes) was over the size limit and was not stored, so it cannot be replayed; the call was not run again", marker.GetSizeBytes()),
-		map[string]string{"size_bytes": strconv.FormatInt(marker.GetSizeBytes(), 10)}, 0)
+	msg := "this action already ran, but its outcome (%d bytes) was over the size limit and was not stored, so it cannot be replayed; the call was not run again"
+	if cause := TooLargeCause(marker); cause == "stored_bytes_quota" {
+		msg = "this action already ran, but its outcome (%d bytes), within the size limit, was not stored: it would have taken this server over its stored-outcome quota on the Dedupe service (-caller-max-bytes). It cannot be replayed; the call was not run again"
+	}
+	return grpcerr.New(codes.FailedPrecondition, ReasonResultTooLarge, fmt.Sprintf(msg, marker.GetSizeBytes()),
+		map[string]string{"size_bytes": strconv.FormatInt(marker.GetSizeBytes(), 10), "cause": TooLargeCause(marker)}, 0)
+}
+
+// TooLargeCause names why marker's outcome was not stored, as the
+// IDEMPOTENCY_RESULT_TOO_LARGE ErrorInfo metadata "cause" says it:
+// "stored_bytes_quota", or "size_limit" (also for a marker written before
+// the cause was recorded, and for a cause this version does not know).
+func TooLargeCause(marker *idemgatev1.ResultTooLarge) string {
+	if marker.GetCause() == idemgatev1.ResultTooLargeCause_RESULT_TOO_LARGE_CAUSE_STORED_BYTES_QUOTA {
+		return "stored_bytes_quota"
+	}
+	return "size_limit"
 }
 
 // MarshalAny packs m deterministically.

@@ -18,7 +18,8 @@ const (
 	// was stored (FAIL_CLOSED).
 	ReasonOutcomeUnknown = "IDEMPOTENCY_OUTCOME_UNKNOWN"
 	// ReasonResultTooLarge: the action ran, but its outcome was over the
-	// size limit and only a marker was stored.
+	// size limit or its caller's stored-bytes quota and only a marker was
+	// stored (TooLarge says which).
 	ReasonResultTooLarge = "IDEMPOTENCY_RESULT_TOO_LARGE"
 	// ReasonStoreUnavailable: the Dedupe service could not be reached.
 	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"

@@ -24,6 +24,66 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ResultTooLargeCause is why a response was replaced by the ResultTooLarge
+// marker.
+type ResultTooLargeCause int32
+
+const (
+	// RESULT_TOO_LARGE_CAUSE_UNSPECIFIED: a marker written before the cause
+	// was recorded; those were all for the size limit, and it reads as
+	// RESULT_TOO_LARGE_CAUSE_SIZE_LIMIT.
+	ResultTooLargeCause_RESULT_TOO_LARGE_CAUSE_UNSPECIFIED ResultTooLargeCause = 0
+	// RESULT_TOO_LARGE_CAUSE_SIZE_LIMIT: the response was over the largest
+	// outcome stored (the gate's WithMaxOutcomeBytes, or the Dedupe service's
+	// -max-outcome-bytes when lower).
+	ResultTooLargeCause_RESULT_TOO_LARGE_CAUSE_SIZE_LIMIT ResultTooLargeCause = 1
+	// RESULT_TOO_LARGE_CAUSE_STORED_BYTES_QUOTA: the response was within the
+	// size limit, but storing it would have taken its caller over its
+	// stored-bytes quota (the Dedupe service's -caller-max-bytes).
+	ResultTooLargeCause_RESULT_TOO_LARGE_CAUSE_STORED_BYTES_QUOTA ResultTooLargeCause = 2
+)
+
+// Enum value maps for ResultTooLargeCause.
+var (
+	ResultTooLargeCause_name = map[int32]string{
+		0: "RESULT_TOO_LARGE_CAUSE_UNSPECIFIED",
+		1: "RESULT_TOO_LARGE_CAUSE_SIZE_LIMIT",
+		2: "RESULT_TOO_LARGE_CAUSE_STORED_BYTES_QUOTA",
+	}
+	ResultTooLargeCause_value = map[string]int32{
+		"RESULT_TOO_LARGE_CAUSE_UNSPECIFIED":        0,
+		"RESULT_TOO_LARGE_CAUSE_SIZE_LIMIT":         1,
+		"RESULT_TOO_LARGE_CAUSE_STORED_BYTES_QUOTA": 2,
+	}
+)
+
+func (x ResultTooLargeCause) Enum() *ResultTooLargeCause {
+	p := new(ResultTooLargeCause)
+	*p = x
+	return p
+}
+
+func (x ResultTooLargeCause) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ResultTooLargeCause) Descriptor() protoreflect.EnumDescriptor {
+	return file_idemgate_v1_dedupe_proto_enumTypes[0].Descriptor()
+}
+
+func (ResultTooLargeCause) Type() protoreflect.EnumType {
+	return &file_idemgate_v1_dedupe_proto_enumTypes[0]
+}
+
+func (x ResultTooLargeCause) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ResultTooLargeCause.Descriptor instead.
+func (ResultTooLargeCause) EnumDescriptor() ([]byte, []int) {
+	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{0}
+}
+
 // BeginRequest asks to reserve one key.
 type BeginRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -805,16 +865,21 @@ func (*ResolveResponse) Descriptor() ([]byte, []int) {
 	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{9}
 }
 
-// ResultTooLarge is stored as the outcome in place of a response larger than
-// the configured limit: the first caller got the response, and every
-// duplicate gets FAILED_PRECONDITION (IDEMPOTENCY_RESULT_TOO_LARGE) instead
-// of running the side effect again.
+// ResultTooLarge is stored as the outcome in place of a response that was
+// not stored: one larger than the configured size limit (the gate's, or the
+// Dedupe service's), or one that would have taken its caller over its
+// stored-bytes quota (-caller-max-bytes). The first caller got the
+// response, and every duplicate gets FAILED_PRECONDITION
+// (IDEMPOTENCY_RESULT_TOO_LARGE) instead of running the side effect again.
 type ResultTooLarge struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// size_bytes is the serialized size of the response that was not stored.
 	SizeBytes int64 `protobuf:"varint,1,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	// type_url names the response's type.
-	TypeUrl       string `protobuf:"bytes,2,opt,name=type_url,json=typeUrl,proto3" json:"type_url,omitempty"`
+	TypeUrl string `protobuf:"bytes,2,opt,name=type_url,json=typeUrl,proto3" json:"type_url,omitempty"`
+	// cause is why the response was not stored. Unset in markers written
+	// before it existed, which were all for the size limit.
+	Cause         ResultTooLargeCause `protobuf:"varint,3,opt,name=cause,proto3,enum=idemgate.v1.ResultTooLargeCause" json:"cause,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -861,6 +926,13 @@ func (x *ResultTooLarge) GetTypeUrl() string {
 		return x.TypeUrl
 	}
 	return ""
+}
+
+func (x *ResultTooLarge) GetCause() ResultTooLargeCause {
+	if x != nil {
+		return x.Cause
+	}
+	return ResultTooLargeCause_RESULT_TOO_LARGE_CAUSE_UNSPECIFIED
 }
 
 // Reserved means the caller holds the key and runs the side effect.
@@ -1226,11 +1298,16 @@ const file_idemgate_v1_dedupe_proto_rawDesc = "" +
 	"\aReleaseB\f\n" +
 	"\n" +
 	"resolution\"\x11\n" +
-	"\x0fResolveResponse\"J\n" +
+	"\x0fResolveResponse\"\x82\x01\n" +
 	"\x0eResultTooLarge\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x01 \x01(\x03R\tsizeBytes\x12\x19\n" +
-	"\btype_url\x18\x02 \x01(\tR\atypeUrl2\x83\x03\n" +
+	"\btype_url\x18\x02 \x01(\tR\atypeUrl\x126\n" +
+	"\x05cause\x18\x03 \x01(\x0e2 .idemgate.v1.ResultTooLargeCauseR\x05cause*\x93\x01\n" +
+	"\x13ResultTooLargeCause\x12&\n" +
+	"\"RESULT_TOO_LARGE_CAUSE_UNSPECIFIED\x10\x00\x12%\n" +
+	"!RESULT_TOO_LARGE_CAUSE_SIZE_LIMIT\x10\x01\x12-\n" +
+	")RESULT_TOO_LARGE_CAUSE_STORED_BYTES_QUOTA\x10\x022\x83\x03\n" +
 	"\rDedupeService\x12C\n" +
 	"\x05Begin\x12\x19.idemgate.v1.BeginRequest\x1a\x1a.idemgate.v1.BeginResponse\"\x03\x90\x02\x02\x12F\n" +
 	"\x06Finish\x12\x1a.idemgate.v1.FinishRequest\x1a\x1b.idemgate.v1.FinishResponse\"\x03\x90\x02\x02\x12I\n" +
@@ -1250,66 +1327,69 @@ func file_idemgate_v1_dedupe_proto_rawDescGZIP() []byte {
 	return file_idemgate_v1_dedupe_proto_rawDescData
 }
 
+var file_idemgate_v1_dedupe_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_idemgate_v1_dedupe_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_idemgate_v1_dedupe_proto_goTypes = []any{
-	(*BeginRequest)(nil),                      // 0: idemgate.v1.BeginRequest
-	(*BeginResponse)(nil),                     // 1: idemgate.v1.BeginResponse
-	(*FinishRequest)(nil),                     // 2: idemgate.v1.FinishRequest
-	(*FinishResponse)(nil),                    // 3: idemgate.v1.FinishResponse
-	(*ReleaseRequest)(nil),                    // 4: idemgate.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),                   // 5: idemgate.v1.ReleaseResponse
-	(*HeartbeatRequest)(nil),                  // 6: idemgate.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),                 // 7: idemgate.v1.HeartbeatResponse
-	(*ResolveRequest)(nil),                    // 8: idemgate.v1.ResolveRequest
-	(*ResolveResponse)(nil),                   // 9: idemgate.v1.ResolveResponse
-	(*ResultTooLarge)(nil),                    // 10: idemgate.v1.ResultTooLarge
-	(*BeginResponse_Reserved)(nil),            // 11: idemgate.v1.BeginResponse.Reserved
-	(*BeginResponse_Completed)(nil),           // 12: idemgate.v1.BeginResponse.Completed
-	(*BeginResponse_InFlight)(nil),            // 13: idemgate.v1.BeginResponse.InFlight
-	(*BeginResponse_FingerprintMismatch)(nil), // 14: idemgate.v1.BeginResponse.FingerprintMismatch
-	(*BeginResponse_OutcomeUnknown)(nil),      // 15: idemgate.v1.BeginResponse.OutcomeUnknown
-	(*ResolveRequest_Release)(nil),            // 16: idemgate.v1.ResolveRequest.Release
-	(*durationpb.Duration)(nil),               // 17: google.protobuf.Duration
-	(LostOutcomePolicy)(0),                    // 18: idemgate.v1.LostOutcomePolicy
-	(*anypb.Any)(nil),                         // 19: google.protobuf.Any
-	(*timestamppb.Timestamp)(nil),             // 20: google.protobuf.Timestamp
+	(ResultTooLargeCause)(0),                  // 0: idemgate.v1.ResultTooLargeCause
+	(*BeginRequest)(nil),                      // 1: idemgate.v1.BeginRequest
+	(*BeginResponse)(nil),                     // 2: idemgate.v1.BeginResponse
+	(*FinishRequest)(nil),                     // 3: idemgate.v1.FinishRequest
+	(*FinishResponse)(nil),                    // 4: idemgate.v1.FinishResponse
+	(*ReleaseRequest)(nil),                    // 5: idemgate.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),                   // 6: idemgate.v1.ReleaseResponse
+	(*HeartbeatRequest)(nil),                  // 7: idemgate.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),                 // 8: idemgate.v1.HeartbeatResponse
+	(*ResolveRequest)(nil),                    // 9: idemgate.v1.ResolveRequest
+	(*ResolveResponse)(nil),                   // 10: idemgate.v1.ResolveResponse
+	(*ResultTooLarge)(nil),                    // 11: idemgate.v1.ResultTooLarge
+	(*BeginResponse_Reserved)(nil),            // 12: idemgate.v1.BeginResponse.Reserved
+	(*BeginResponse_Completed)(nil),           // 13: idemgate.v1.BeginResponse.Completed
+	(*BeginResponse_InFlight)(nil),            // 14: idemgate.v1.BeginResponse.InFlight
+	(*BeginResponse_FingerprintMismatch)(nil), // 15: idemgate.v1.BeginResponse.FingerprintMismatch
+	(*BeginResponse_OutcomeUnknown)(nil),      // 16: idemgate.v1.BeginResponse.OutcomeUnknown
+	(*ResolveRequest_Release)(nil),            // 17: idemgate.v1.ResolveRequest.Release
+	(*durationpb.Duration)(nil),               // 18: google.protobuf.Duration
+	(LostOutcomePolicy)(0),                    // 19: idemgate.v1.LostOutcomePolicy
+	(*anypb.Any)(nil),                         // 20: google.protobuf.Any
+	(*timestamppb.Timestamp)(nil),             // 21: google.protobuf.Timestamp
 }
 var file_idemgate_v1_dedupe_proto_depIdxs = []int32{
-	17, // 0: idemgate.v1.BeginRequest.lease:type_name -> google.protobuf.Duration
-	17, // 1: idemgate.v1.BeginRequest.retention:type_name -> google.protobuf.Duration
-	18, // 2: idemgate.v1.BeginRequest.on_lost_outcome:type_name -> idemgate.v1.LostOutcomePolicy
-	17, // 3: idemgate.v1.BeginRequest.max_wait:type_name -> google.protobuf.Duration
-	11, // 4: idemgate.v1.BeginResponse.reserved:type_name -> idemgate.v1.BeginResponse.Reserved
-	12, // 5: idemgate.v1.BeginResponse.completed:type_name -> idemgate.v1.BeginResponse.Completed
-	13, // 6: idemgate.v1.BeginResponse.in_flight:type_name -> idemgate.v1.BeginResponse.InFlight
-	14, // 7: idemgate.v1.BeginResponse.fingerprint_mismatch:type_name -> idemgate.v1.BeginResponse.FingerprintMismatch
-	15, // 8: idemgate.v1.BeginResponse.outcome_unknown:type_name -> idemgate.v1.BeginResponse.OutcomeUnknown
-	19, // 9: idemgate.v1.FinishRequest.outcome:type_name -> google.protobuf.Any
-	17, // 10: idemgate.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	20, // 11: idemgate.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	19, // 12: idemgate.v1.ResolveRequest.complete:type_name -> google.protobuf.Any
-	16, // 13: idemgate.v1.ResolveRequest.release:type_name -> idemgate.v1.ResolveRequest.Release
-	20, // 14: idemgate.v1.BeginResponse.Reserved.lease_expires_at:type_name -> google.protobuf.Timestamp
-	19, // 15: idemgate.v1.BeginResponse.Completed.outcome:type_name -> google.protobuf.Any
-	20, // 16: idemgate.v1.BeginResponse.Completed.completed_at:type_name -> google.protobuf.Timestamp
-	20, // 17: idemgate.v1.BeginResponse.Completed.expires_at:type_name -> google.protobuf.Timestamp
-	20, // 18: idemgate.v1.BeginResponse.InFlight.lease_expires_at:type_name -> google.protobuf.Timestamp
-	20, // 19: idemgate.v1.BeginResponse.OutcomeUnknown.lease_expired_at:type_name -> google.protobuf.Timestamp
-	0,  // 20: idemgate.v1.DedupeService.Begin:input_type -> idemgate.v1.BeginRequest
-	2,  // 21: idemgate.v1.DedupeService.Finish:input_type -> idemgate.v1.FinishRequest
-	4,  // 22: idemgate.v1.DedupeService.Release:input_type -> idemgate.v1.ReleaseRequest
-	6,  // 23: idemgate.v1.DedupeService.Heartbeat:input_type -> idemgate.v1.HeartbeatRequest
-	8,  // 24: idemgate.v1.DedupeService.Resolve:input_type -> idemgate.v1.ResolveRequest
-	1,  // 25: idemgate.v1.DedupeService.Begin:output_type -> idemgate.v1.BeginResponse
-	3,  // 26: idemgate.v1.DedupeService.Finish:output_type -> idemgate.v1.FinishResponse
-	5,  // 27: idemgate.v1.DedupeService.Release:output_type -> idemgate.v1.ReleaseResponse
-	7,  // 28: idemgate.v1.DedupeService.Heartbeat:output_type -> idemgate.v1.HeartbeatResponse
-	9,  // 29: idemgate.v1.DedupeService.Resolve:output_type -> idemgate.v1.ResolveResponse
-	25, // [25:30] is the sub-list for method output_type
-	20, // [20:25] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	18, // 0: idemgate.v1.BeginRequest.lease:type_name -> google.protobuf.Duration
+	18, // 1: idemgate.v1.BeginRequest.retention:type_name -> google.protobuf.Duration
+	19, // 2: idemgate.v1.BeginRequest.on_lost_outcome:type_name -> idemgate.v1.LostOutcomePolicy
+	18, // 3: idemgate.v1.BeginRequest.max_wait:type_name -> google.protobuf.Duration
+	12, // 4: idemgate.v1.BeginResponse.reserved:type_name -> idemgate.v1.BeginResponse.Reserved
+	13, // 5: idemgate.v1.BeginResponse.completed:type_name -> idemgate.v1.BeginResponse.Completed
+	14, // 6: idemgate.v1.BeginResponse.in_flight:type_name -> idemgate.v1.BeginResponse.InFlight
+	15, // 7: idemgate.v1.BeginResponse.fingerprint_mismatch:type_name -> idemgate.v1.BeginResponse.FingerprintMismatch
+	16, // 8: idemgate.v1.BeginResponse.outcome_unknown:type_name -> idemgate.v1.BeginResponse.OutcomeUnknown
+	20, // 9: idemgate.v1.FinishRequest.outcome:type_name -> google.protobuf.Any
+	18, // 10: idemgate.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	21, // 11: idemgate.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	20, // 12: idemgate.v1.ResolveRequest.complete:type_name -> google.protobuf.Any
+	17, // 13: idemgate.v1.ResolveRequest.release:type_name -> idemgate.v1.ResolveRequest.Release
+	0,  // 14: idemgate.v1.ResultTooLarge.cause:type_name -> idemgate.v1.ResultTooLargeCause
+	21, // 15: idemgate.v1.BeginResponse.Reserved.lease_expires_at:type_name -> google.protobuf.Timestamp
+	20, // 16: idemgate.v1.BeginResponse.Completed.outcome:type_name -> google.protobuf.Any
+	21, // 17: idemgate.v1.BeginResponse.Completed.completed_at:type_name -> google.protobuf.Timestamp
+	21, // 18: idemgate.v1.BeginResponse.Completed.expires_at:type_name -> google.protobuf.Timestamp
+	21, // 19: idemgate.v1.BeginResponse.InFlight.lease_expires_at:type_name -> google.protobuf.Timestamp
+	21, // 20: idemgate.v1.BeginResponse.OutcomeUnknown.lease_expired_at:type_name -> google.protobuf.Timestamp
+	1,  // 21: idemgate.v1.DedupeService.Begin:input_type -> idemgate.v1.BeginRequest
+	3,  // 22: idemgate.v1.DedupeService.Finish:input_type -> idemgate.v1.FinishRequest
+	5,  // 23: idemgate.v1.DedupeService.Release:input_type -> idemgate.v1.ReleaseRequest
+	7,  // 24: idemgate.v1.DedupeService.Heartbeat:input_type -> idemgate.v1.HeartbeatRequest
+	9,  // 25: idemgate.v1.DedupeService.Resolve:input_type -> idemgate.v1.ResolveRequest
+	2,  // 26: idemgate.v1.DedupeService.Begin:output_type -> idemgate.v1.BeginResponse
+	4,  // 27: idemgate.v1.DedupeService.Finish:output_type -> idemgate.v1.FinishResponse
+	6,  // 28: idemgate.v1.DedupeService.Release:output_type -> idemgate.v1.ReleaseResponse
+	8,  // 29: idemgate.v1.DedupeService.Heartbeat:output_type -> idemgate.v1.HeartbeatResponse
+	10, // 30: idemgate.v1.DedupeService.Resolve:output_type -> idemgate.v1.ResolveResponse
+	26, // [26:31] is the sub-list for method output_type
+	21, // [21:26] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_idemgate_v1_dedupe_proto_init() }
@@ -1334,13 +1414,14 @@ func file_idemgate_v1_dedupe_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idemgate_v1_dedupe_proto_rawDesc), len(file_idemgate_v1_dedupe_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_idemgate_v1_dedupe_proto_goTypes,
 		DependencyIndexes: file_idemgate_v1_dedupe_proto_depIdxs,
+		EnumInfos:         file_idemgate_v1_dedupe_proto_enumTypes,
 		MessageInfos:      file_idemgate_v1_dedupe_proto_msgTypes,
 	}.Build()
 	File_idemgate_v1_dedupe_proto = out.File
