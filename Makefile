@@ -59,6 +59,10 @@ LOADTEST_ROWS ?=
 # BUF_BREAKING_AGAINST is what `make lint` holds the protos to with buf breaking: by default the last
 # commit, so an uncommitted proto change that breaks wire or source compatibility fails lint.
 BUF_BREAKING_AGAINST ?= .git\#ref=HEAD
+# PROTO_RELEASED is the image of the protos as last released (v0.1.0; `make proto-release` writes it),
+# which `make lint` holds them to as well: in CI, on a clone of main, HEAD already holds a committed
+# change, so only the released image catches one that breaks the contract.
+PROTO_RELEASED := internal/protocontract/released.json
 # PROTOS_DIR is where `make protos-export` writes what a caller in another language needs.
 PROTOS_DIR ?= protos
 # FUZZ_TIME bounds each fuzz target's run in `make fuzz`: an execution count, not a duration, because
@@ -105,7 +109,7 @@ protos-export: $(BUF) ## Write the callers' protos to PROTOS_DIR: .proto sources
 	@echo "protos-export: $(PROTOS_DIR)/ has the .proto sources; $(PROTOS_DIR)/idemgate-callers.binpb is the FileDescriptorSet with google/rpc status and error_details"
 
 .PHONY: lint
-lint: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(PROTOC_GEN_CONNECT_GO) $(STATICCHECK) ## go vet, staticcheck, gofmt, buf lint, buf format, buf breaking against the last commit, and a check that gen/ is fresh.
+lint: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(PROTOC_GEN_CONNECT_GO) $(STATICCHECK) ## go vet, staticcheck, gofmt, buf lint, buf format, buf breaking against the last commit and the released protos (internal/protocontract), and a check that gen/ is fresh.
 	go vet -tags faults ./...
 	$(STATICCHECK) -tags faults ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); \
@@ -113,9 +117,14 @@ lint: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(PROTOC_GEN_CONNECT_GO) $(S
 	$(BUF) lint
 	$(BUF) format -d --exit-code
 	$(BUF) breaking --against '$(BUF_BREAKING_AGAINST)'
+	$(BUF) breaking --against $(PROTO_RELEASED)
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	  PATH=$(PLUGIN_PATH) $(BUF) generate --output "$$tmp" && \
 	  if ! diff -r gen "$$tmp/gen"; then echo "gen/ is stale: run make generate and commit it"; exit 1; fi
+
+.PHONY: proto-release
+proto-release: ## Freeze the protos as released (run when tagging a release): write the image make lint holds every later change to.
+	$(BUF) build --exclude-source-info -o $(PROTO_RELEASED)
 
 .PHONY: build
 build: $(BINS) ## Build every command into bin/ once; later make targets reuse it until a source changes.
