@@ -39,7 +39,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -64,6 +63,7 @@ import (
 	"github.com/idemgate/idemgate/internal/loopback"
 	"github.com/idemgate/idemgate/internal/mcpbridge"
 	"github.com/idemgate/idemgate/internal/mcpwire"
+	"github.com/idemgate/idemgate/internal/tlsfiles"
 	"github.com/idemgate/idemgate/internal/version"
 )
 
@@ -117,7 +117,7 @@ func parseFlags(args []string, getenv func(string) string, usage io.Writer) (fla
 	fs.StringVar(&f.services, "services", "", "comma-separated full `names` of the services to serve; default: all but grpc.*")
 	fs.StringVar(&f.listen, "listen", "", "serve streamable HTTP on this `address` at /mcp; default: stdio")
 	fs.BoolVar(&f.plaintext, "plaintext", false, "connect to the tool server without TLS (loopback only)")
-	fs.StringVar(&f.caFile, "tls-ca", "", "PEM `file` of the CAs that sign the tool server's certificate; default: the system's")
+	fs.StringVar(&f.caFile, "tls-ca", "", "PEM `file` of the CAs that sign the tool server's certificate, reread when it changes; default: the system's")
 	fs.StringVar(&f.serverName, "tls-server-name", "", "`name` to verify the tool server's certificate against; default: the target's host")
 	fs.StringVar(&f.token, "token", "", "bearer `token` sent to the tool server")
 	fs.DurationVar(&f.callTimeout, "call-timeout", 60*time.Second, "deadline of each forwarded call")
@@ -130,8 +130,8 @@ func parseFlags(args []string, getenv func(string) string, usage io.Writer) (fla
 	fs.IntVar(&f.maxConnections, "max-connections", mcpwire.DefaultMaxConnections, "HTTP connections served at once; more wait to be accepted")
 	fs.Int64Var(&f.maxBufferedBytes, "max-buffered-bytes", mcpwire.DefaultMaxBufferedBytes, "bytes of HTTP request bodies held at once, across requests; a body that would pass it gets 503")
 	fs.StringVar(&f.callerTokenFile, "caller-token-file", "", "`file` of the bearer tokens HTTP callers must send, \"name secret\" per line; required for a -listen address that is not loopback")
-	fs.StringVar(&f.listenTLSCert, "listen-tls-cert", "", "certificate `file` (PEM) of the HTTP listener; with -listen-tls-key, serves HTTPS")
-	fs.StringVar(&f.listenTLSKey, "listen-tls-key", "", "key `file` (PEM) of the HTTP listener")
+	fs.StringVar(&f.listenTLSCert, "listen-tls-cert", "", "certificate `file` (PEM) of the HTTP listener, reread when it changes; with -listen-tls-key, serves HTTPS")
+	fs.StringVar(&f.listenTLSKey, "listen-tls-key", "", "key `file` (PEM) of the HTTP listener, reread when it changes")
 	fs.BoolVar(&f.listenInsecurePlaintext, "listen-insecure-plaintext", false, "allow plain HTTP on a -listen address that is not loopback: the callers' tokens cross the network readable")
 	env := cliflag.Bind(fs, "IDEMGATE_MCP_", getenv, cliflag.WithName("token", "IDEMGATE_MCP_TARGET_TOKEN"))
 	showVersion := version.Flag(fs) // after Bind: no variable
@@ -229,17 +229,16 @@ func run(f flags, logger *slog.Logger) error {
 		dial = append(dial, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	} else {
 		cfg := &tls.Config{ServerName: f.serverName, MinVersion: tls.VersionTLS12}
+		creds := credentials.NewTLS(cfg)
 		if f.caFile != "" {
-			pem, err := os.ReadFile(f.caFile)
+			// Reread when it changes, for the connections made after.
+			roots, err := tlsfiles.NewCAPool("-tls-ca", f.caFile, tlsfiles.WithLogger(logger))
 			if err != nil {
-				return fmt.Errorf("-tls-ca: %w", err)
+				return err
 			}
-			cfg.RootCAs = x509.NewCertPool()
-			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-				return fmt.Errorf("-tls-ca: no certificate in %s", f.caFile)
-			}
+			creds = tlsfiles.ClientCredentials(cfg, roots)
 		}
-		dial = append(dial, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+		dial = append(dial, grpc.WithTransportCredentials(creds))
 	}
 	if f.token != "" {
 		dial = append(dial, grpc.WithPerRPCCredentials(dedupeauth.BearerToken(f.token, f.plaintext)))
@@ -300,6 +299,14 @@ func run(f flags, logger *slog.Logger) error {
 		handler = mcpbridge.CallerAuth(tokens, handler)
 		logger.Info("HTTP callers authenticate with a bearer token; each caller's keys are forwarded as <name>/<key>", slog.Int("tokens", len(tokens)))
 	}
+	var listenPair *tlsfiles.KeyPair
+	if f.listenTLSCert != "" {
+		// Reread when they change: a renewed certificate reaches the
+		// connections made after it, with no restart.
+		if listenPair, err = tlsfiles.NewKeyPair("-listen-tls-cert/-listen-tls-key", f.listenTLSCert, f.listenTLSKey, tlsfiles.WithLogger(logger)); err != nil {
+			return err
+		}
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/mcp", handler)
 	lis, err := net.Listen("tcp", f.listen)
@@ -316,9 +323,10 @@ func run(f flags, logger *slog.Logger) error {
 	}()
 	scheme := "http://"
 	serve := func() error { return srv.Serve(limits.Listener(lis)) }
-	if f.listenTLSCert != "" {
+	if listenPair != nil {
 		scheme = "https://"
-		serve = func() error { return srv.ServeTLS(limits.Listener(lis), f.listenTLSCert, f.listenTLSKey) }
+		srv.TLSConfig = &tls.Config{GetCertificate: listenPair.GetCertificate, MinVersion: tls.VersionTLS12}
+		serve = func() error { return srv.ServeTLS(limits.Listener(lis), "", "") }
 	}
 	logger.Info("serving MCP over streamable HTTP", slog.String("address", scheme+lis.Addr().String()+"/mcp"), slog.String("target", f.target),
 		slog.Int64("max_body_bytes", limits.MaxBodyBytes), slog.Duration("read_timeout", limits.ReadTimeout), slog.Int("max_connections", limits.MaxConnections), slog.Int64("max_buffered_bytes", limits.MaxBufferedBytes))

@@ -3,7 +3,6 @@ package dedupeapp
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -41,6 +40,7 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/tlsfiles"
 )
 
 // OpenPool connects to cfg.DatabaseURL with the configured pool size
@@ -184,7 +184,7 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 	registry := svc.registry
 	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
 	registry.MustRegister(grpcMetrics)
-	grpcOpts, authenticator, err := securityOptions(cfg, logger)
+	grpcOpts, authenticator, err := securityOptions(cfg, registry, logger)
 	if err != nil {
 		return err
 	}
@@ -392,27 +392,29 @@ func limitOptions(cfg Config) []grpc.ServerOption {
 // options (TLS credentials, verifying client certificates when a client CA
 // is given while still letting token callers in) and the authenticator,
 // which runs before the service sees a call; nil when callers do not
-// authenticate.
-func securityOptions(cfg Config, logger *slog.Logger) ([]grpc.ServerOption, *auth.Authenticator, error) {
+// authenticate. The certificate, key and client CAs are reread when they
+// change (tlsfiles), and the expiry of the certificate in force is a gauge
+// in registry.
+func securityOptions(cfg Config, registry prometheus.Registerer, logger *slog.Logger) ([]grpc.ServerOption, *auth.Authenticator, error) {
 	var opts []grpc.ServerOption
 	if cfg.TLSCert != "" {
-		cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+		pair, err := tlsfiles.NewKeyPair("-tls-cert/-tls-key", cfg.TLSCert, cfg.TLSKey, tlsfiles.WithLogger(logger))
 		if err != nil {
-			return nil, nil, fmt.Errorf("load -tls-cert/-tls-key: %w", err)
+			return nil, nil, err
 		}
-		tlsCfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "idemgate_tls_certificate_expiry_timestamp_seconds",
+			Help:        "notAfter of the TLS certificate in force, as a Unix time; a scrape rereads the files if they changed",
+			ConstLabels: prometheus.Labels{"certificate": "server"}},
+			func() float64 { return float64(pair.NotAfter().Unix()) }))
+		var clientCAs *tlsfiles.CAPool
+		base := &tls.Config{MinVersion: tls.VersionTLS12}
 		if cfg.TLSClientCA != "" {
-			pem, err := os.ReadFile(cfg.TLSClientCA)
-			if err != nil {
-				return nil, nil, fmt.Errorf("read -tls-client-ca: %w", err)
+			if clientCAs, err = tlsfiles.NewCAPool("-tls-client-ca", cfg.TLSClientCA, tlsfiles.WithLogger(logger)); err != nil {
+				return nil, nil, err
 			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, nil, fmt.Errorf("-tls-client-ca %s holds no PEM certificate", cfg.TLSClientCA)
-			}
-			tlsCfg.ClientCAs, tlsCfg.ClientAuth = pool, tls.VerifyClientCertIfGiven
+			base.ClientAuth = tls.VerifyClientCertIfGiven
 		}
-		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsCfg)))
+		opts = append(opts, grpc.Creds(credentials.NewTLS(tlsfiles.ServerConfig(base, pair, clientCAs))))
 	}
 	if !cfg.authConfigured() {
 		logger.Warn("no authentication configured (-tls-client-ca, -token-file): any local process may call the service; records are not namespaced by caller")

@@ -121,11 +121,13 @@ type Config struct {
 	MetricsListen string
 	// TLSCert and TLSKey are the server's certificate and key files; empty
 	// serves plaintext, which only a loopback address (or InsecurePlaintext)
-	// allows. Default to empty (IDEMGATE_TLS_CERT, IDEMGATE_TLS_KEY).
+	// allows. Reread when they change, for new connections (tlsfiles).
+	// Default to empty (IDEMGATE_TLS_CERT, IDEMGATE_TLS_KEY).
 	TLSCert, TLSKey string
 	// TLSClientCA is a PEM file of the CAs whose client certificates are
 	// accepted (mutual TLS); a caller is named by its certificate's SPIFFE
-	// ID, else its subject. Defaults to empty (IDEMGATE_TLS_CLIENT_CA).
+	// ID, else its subject. Reread when it changes, for new connections.
+	// Defaults to empty (IDEMGATE_TLS_CLIENT_CA).
 	TLSClientCA string
 	// TokenFile lists accepted bearer tokens, one "name client|admin secret"
 	// a line. Defaults to empty (IDEMGATE_TOKEN_FILE).
@@ -387,9 +389,9 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 	fs.IntVar(&cfg.MaxWaiters, "max-waiters", dedupesvc.DefaultMaxWaiters, "Begins that may wait for in-flight outcomes at once; past it they answer in_flight at once")
 	fs.IntVar(&cfg.CallerMaxWaiters, "caller-max-waiters", dedupesvc.DefaultMaxCallerWaiters, "of those, how many one caller may have")
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "127.0.0.1:9464", "HTTP `address` of the Prometheus /metrics endpoint; empty turns it off")
-	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "server certificate `file` (PEM); empty serves plaintext, loopback only")
-	fs.StringVar(&cfg.TLSKey, "tls-key", "", "server key `file` (PEM)")
-	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "CA `file` (PEM) of accepted client certificates: mutual TLS")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "server certificate `file` (PEM), reread when it changes; empty serves plaintext, loopback only")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "server key `file` (PEM), reread when it changes")
+	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "CA `file` (PEM) of accepted client certificates: mutual TLS; reread when it changes")
 	fs.StringVar(&cfg.TokenFile, "token-file", "", "`file` of accepted bearer tokens, \"name client|admin secret\" per line")
 	fs.StringVar(&cfg.OutcomeKeysFile, "outcome-keys-file", "", "`file` of keys that encrypt stored outcomes, \"id base64-32-bytes\" per line, the last one sealing; reloaded on SIGHUP; empty stores outcomes as received")
 	fs.BoolVar(&cfg.OutcomeAcceptPlaintext, "outcome-accept-plaintext", false, "with -outcome-keys-file, also replay stored outcomes that are not encrypted (written before encryption was turned on); off, they answer DEDUPE_OUTCOME_UNREADABLE")
