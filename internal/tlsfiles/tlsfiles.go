@@ -57,9 +57,13 @@ type files[T any] struct {
 	attrs func(T) []any // what a reload logs
 	o     options
 
-	cur       atomic.Pointer[loaded[T]]
-	nextCheck atomic.Int64 // Unix nanoseconds
-	mu        sync.Mutex   // one check at a time; guards failed
+	cur atomic.Pointer[loaded[T]]
+	// nextCheck is when the files are next checked, as the time since
+	// loadedAt: offsets from one time.Time keep the monotonic clock, so a
+	// wall-clock step back cannot stop the checks.
+	loadedAt  time.Time
+	nextCheck atomic.Int64
+	mu        sync.Mutex // one check at a time; guards failed
 	failed    [sha256.Size]byte
 }
 
@@ -80,7 +84,8 @@ func (f *files[T]) load() error {
 		return fmt.Errorf("%s: %w", strings.Join(f.paths, ", "), err)
 	}
 	f.cur.Store(&loaded[T]{digest, v})
-	f.nextCheck.Store(f.o.now().Add(f.o.interval).UnixNano())
+	f.loadedAt = f.o.now()
+	f.nextCheck.Store(int64(f.o.interval))
 	f.o.logger.Info(f.what+" loaded", append([]any{slog.String("path", strings.Join(f.paths, ","))}, f.attrs(v)...)...)
 	return nil
 }
@@ -88,9 +93,9 @@ func (f *files[T]) load() error {
 // get returns what is in force, first checking the files if the interval
 // has passed. A handshake that finds another checking does not wait for it.
 func (f *files[T]) get() T {
-	now := f.o.now()
-	if now.UnixNano() >= f.nextCheck.Load() && f.mu.TryLock() {
-		f.nextCheck.Store(now.Add(f.o.interval).UnixNano())
+	since := f.o.now().Sub(f.loadedAt)
+	if int64(since) >= f.nextCheck.Load() && f.mu.TryLock() {
+		f.nextCheck.Store(int64(since + f.o.interval))
 		f.check()
 		f.mu.Unlock()
 	}
