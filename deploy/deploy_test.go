@@ -3,6 +3,8 @@ package deploy_test
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -23,7 +25,7 @@ import (
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
@@ -62,8 +64,8 @@ func TestAlertRules(t *testing.T) {
 }
 
 // Every metric the rules and the dashboard name is exported by a running
-// Dedupe service (on PostgreSQL, with tokens, so the pool and the
-// authentication metrics are there) or by a gate registered with
+// Dedupe service (on PostgreSQL, with TLS and tokens, so the pool, the
+// certificate's expiry and the authentication metrics are there) or by a gate registered with
 // WithRegisterer, after a few calls: an execution, a replay and a refusal.
 func TestNamedMetricsAreExported(t *testing.T) {
 	t.Parallel()
@@ -259,11 +261,20 @@ func exportedMetrics(t *testing.T) map[string]string {
 	if err := os.WriteFile(tokens, []byte("payments client "+secret+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := dedupeapp.Config{DatabaseURL: pgtest.SchemaURL(t), MigrateOnStart: true, MetricsListen: stacktest.FreeAddr(t), TokenFile: tokens}
+	ca, caKey := newCA(t)
+	serverCert, serverKey := leaf(t, ca, caKey, "dedupe.internal", x509.ExtKeyUsageServerAuth)
+	certFile, keyFile := filepath.Join(t.TempDir(), "tls-cert"), filepath.Join(t.TempDir(), "tls-key")
+	writePEM(t, certFile, "CERTIFICATE", serverCert)
+	writePEM(t, keyFile, "PRIVATE KEY", serverKey)
+	cfg := dedupeapp.Config{DatabaseURL: pgtest.SchemaURL(t), MigrateOnStart: true, MetricsListen: stacktest.FreeAddr(t), TokenFile: tokens,
+		TLSCert: certFile, TLSKey: keyFile}
 	dedupeAddr := stacktest.ServeApp(t, cfg)
+	roots := x509.NewCertPool()
+	roots.AddCert(ca)
+	serverTLS := grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: "dedupe.internal", MinVersion: tls.VersionTLS12}))
 
-	dedupeConn, err := grpc.NewClient(dedupeAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithPerRPCCredentials(auth.BearerToken(secret, true)), grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+	dedupeConn, err := grpc.NewClient(dedupeAddr, serverTLS,
+		grpc.WithPerRPCCredentials(auth.BearerToken(secret, false)), grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +313,7 @@ func exportedMetrics(t *testing.T) map[string]string {
 		t.Fatalf("keyless call: %v, want InvalidArgument", err)
 	}
 	// A stranger's call to the Dedupe service: an authentication refusal.
-	stranger, err := grpc.NewClient(dedupeAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	stranger, err := grpc.NewClient(dedupeAddr, serverTLS)
 	if err != nil {
 		t.Fatal(err)
 	}
