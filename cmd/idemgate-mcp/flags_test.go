@@ -78,3 +78,25 @@ func TestParseFlagsChecksTheListener(t *testing.T) {
 		}
 	}
 }
+
+// The client certificate reads IDEMGATE_MCP_TLS_CERT and
+// IDEMGATE_MCP_TLS_KEY; its files go together, and not with -plaintext.
+func TestParseFlagsChecksTheClientCertificate(t *testing.T) {
+	env := map[string]string{"IDEMGATE_MCP_TARGET": "127.0.0.1:50052", "IDEMGATE_MCP_TLS_CERT": "bridge.crt", "IDEMGATE_MCP_TLS_KEY": "bridge.key"}
+	if f, err := parseFlags(nil, func(k string) string { return env[k] }, io.Discard); err != nil || f.certFile != "bridge.crt" || f.keyFile != "bridge.key" {
+		t.Errorf("from the environment: %+v, %v; want bridge.crt and bridge.key", f, err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-tls-cert", "c.pem"}, "-tls-cert and -tls-key go together"},
+		{[]string{"-tls-key", "k.pem"}, "-tls-cert and -tls-key go together"},
+		{[]string{"-plaintext", "-tls-cert", "c.pem", "-tls-key", "k.pem"}, "not with -plaintext"},
+		{[]string{"-plaintext", "-tls-key", "k.pem"}, "not with -plaintext"},
+	} {
+		if _, err := parseFlags(tc.args, func(string) string { return "" }, io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}

@@ -29,6 +29,10 @@
 // (256 MiB of bodies held at once; past it a body gets 503). It is
 // stateless, so it keeps no sessions to expire.
 //
+// To a tool server that requires mutual TLS the bridge presents -tls-cert
+// and -tls-key (reread when they change), and that tool server's gate
+// names the bridge's tenant by the certificate.
+//
 // Every flag also reads an environment variable, IDEMGATE_MCP_ and its name
 // (IDEMGATE_MCP_TARGET, IDEMGATE_MCP_LISTEN, ...; -token reads
 // IDEMGATE_MCP_TARGET_TOKEN); the flag wins. idemgate-mcp -h lists them.
@@ -54,7 +58,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
@@ -71,6 +74,7 @@ type flags struct {
 	target, descriptorSet, services, listen string
 	plaintext                               bool
 	caFile, serverName                      string
+	certFile, keyFile                       string // the bridge's client certificate
 	token                                   string
 	callTimeout                             time.Duration
 	keyArgument, keyArgumentTools           string
@@ -119,6 +123,8 @@ func parseFlags(args []string, getenv func(string) string, usage io.Writer) (fla
 	fs.BoolVar(&f.plaintext, "plaintext", false, "connect to the tool server without TLS (loopback only)")
 	fs.StringVar(&f.caFile, "tls-ca", "", "PEM `file` of the CAs that sign the tool server's certificate, reread when it changes; default: the system's")
 	fs.StringVar(&f.serverName, "tls-server-name", "", "`name` to verify the tool server's certificate against; default: the target's host")
+	fs.StringVar(&f.certFile, "tls-cert", "", "client certificate `file` (PEM) presented to the tool server, reread when it changes; with -tls-key; default: none")
+	fs.StringVar(&f.keyFile, "tls-key", "", "key `file` (PEM) of -tls-cert, reread when it changes")
 	fs.StringVar(&f.token, "token", "", "bearer `token` sent to the tool server")
 	fs.DurationVar(&f.callTimeout, "call-timeout", 60*time.Second, "deadline of each forwarded call")
 	fs.StringVar(&f.keyArgument, "key-argument", "", "add a required key argument of this `name` (such as "+mcpbridge.DefaultKeyArgument+") to every gated tool, for hosts that never set _meta; default: none")
@@ -160,6 +166,12 @@ func check(f flags) error {
 	var errs []error
 	if err := f.limits().Check("-"); err != nil {
 		errs = append(errs, err)
+	}
+	if (f.certFile == "") != (f.keyFile == "") {
+		errs = append(errs, errors.New("-tls-cert and -tls-key go together"))
+	}
+	if f.plaintext && (f.certFile != "" || f.keyFile != "") {
+		errs = append(errs, errors.New("-tls-cert and -tls-key are a client certificate for TLS to the tool server: not with -plaintext"))
 	}
 	if (f.listenTLSCert == "") != (f.listenTLSKey == "") {
 		errs = append(errs, errors.New("-listen-tls-cert and -listen-tls-key go together"))
@@ -224,21 +236,31 @@ func run(f flags, logger *slog.Logger) error {
 		}
 	}
 	logger.Info("idemgate-mcp starting", version.Attr())
+	var pair *tlsfiles.KeyPair // the client certificate, read before any connection
+	if f.certFile != "" {
+		// Reread when they change: a renewed certificate is presented on
+		// the next connection to the tool server, with no restart.
+		var err error
+		if pair, err = tlsfiles.NewKeyPair("-tls-cert/-tls-key", f.certFile, f.keyFile, tlsfiles.WithLogger(logger)); err != nil {
+			return err
+		}
+	}
 	var dial []grpc.DialOption
 	if f.plaintext {
 		dial = append(dial, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	} else {
-		cfg := &tls.Config{ServerName: f.serverName, MinVersion: tls.VersionTLS12}
-		creds := credentials.NewTLS(cfg)
+		var roots *tlsfiles.CAPool // nil: the system's
 		if f.caFile != "" {
 			// Reread when it changes, for the connections made after.
-			roots, err := tlsfiles.NewCAPool("-tls-ca", f.caFile, tlsfiles.WithLogger(logger))
-			if err != nil {
+			var err error
+			if roots, err = tlsfiles.NewCAPool("-tls-ca", f.caFile, tlsfiles.WithLogger(logger)); err != nil {
 				return err
 			}
-			creds = tlsfiles.ClientCredentials(cfg, roots)
 		}
-		dial = append(dial, grpc.WithTransportCredentials(creds))
+		// With a client certificate, mutual TLS: the tool server's gate
+		// names the bridge's tenant by it (interceptor.PeerTenant).
+		cfg := &tls.Config{ServerName: f.serverName, MinVersion: tls.VersionTLS12}
+		dial = append(dial, grpc.WithTransportCredentials(newToolCreds(cfg, roots, pair)))
 	}
 	if f.token != "" {
 		dial = append(dial, grpc.WithPerRPCCredentials(dedupeauth.BearerToken(f.token, f.plaintext)))
