@@ -247,6 +247,9 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 	if sc.Transport != "" && sc.Transport != TransportGRPC {
 		args = append(args, "-transport", sc.Transport)
 	}
+	if w.AmbiguousFailClosed > 0 {
+		args = append(args, "-ambiguous-fail-closed", strconv.Itoa(w.AmbiguousFailClosed*scale))
+	}
 	if w.LateMetadata > 0 {
 		var ledgers []string
 		for _, tool := range st.Tools {
@@ -304,6 +307,7 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 	holders := append([]HolderFault(nil), st.holderFaults...)
 	st.mu.Unlock()
 	report := Check(sc.Name, s.seed, attempts, entries, torn, windows, holders, sc.Rules)
+	report.RequireReasons(sc.MustSee...)
 	_ = os.WriteFile(filepath.Join(dir, "report.txt"), []byte(report.String()), 0o644)
 	s.mu.Lock()
 	s.reports = append(s.reports, report)
