@@ -15,6 +15,14 @@ import (
 // the checker judges the wire, not the library's constant.
 const reasonOutcomeUnknown = "IDEMPOTENCY_OUTCOME_UNKNOWN"
 
+// The gates' refusals that show a fault reached the callers, spelled out as
+// reasonOutcomeUnknown is: the store away (a Begin that could not be
+// answered), and a duplicate that waited max_wait for a live holder.
+const (
+	reasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"
+	reasonInFlight         = "IDEMPOTENCY_IN_FLIGHT"
+)
+
 // Outage is a window in which the scenario held the store away: no Begin can
 // be answered in it, so no handler may start in it.
 type Outage struct {
@@ -115,6 +123,9 @@ type Report struct {
 	// with the caller gone, MissingMetadata (a violation) those actions
 	// with an OK answer that lacks it (latemeta.go).
 	LateMetadataActions, GaveUp, LateMetadataRuns, MissingMetadata int
+	// Reasons counts the tries answered with each gate reason (the
+	// ErrorInfo's, or the problem's over HTTP), whatever the transport.
+	Reasons map[string]int
 	// Rules are the rules applied.
 	Rules Rules
 	// Violations describes each violation, one line each.
@@ -145,6 +156,7 @@ func (r *Report) String() string {
 	fmt.Fprintf(&b, "  REEXECUTE re-runs %d (%s), takeover divergences %d (%s), attempts while the store was away %d, torn ledger lines %d\n",
 		r.Reruns, allowed(r.Rules.RerunAllowed, "holder faults", "allowed only after a handler error"),
 		r.DivergentTakeovers, allowed(r.Rules.HolderCutOff, "holder cut off from the store", "never allowed"), r.AttemptsDuringOutage, r.TornLedgerLines)
+	fmt.Fprintf(&b, "  answers %s %d, %s %d\n", reasonStoreUnavailable, r.Reasons[reasonStoreUnavailable], reasonInFlight, r.Reasons[reasonInFlight])
 	b.WriteString(r.metadataLine())
 	const shown = 20
 	for i, v := range r.Violations {
@@ -173,7 +185,7 @@ type actionFacts struct {
 
 // Check judges one scenario's history against its ledger.
 func Check(scenario string, seed uint64, history []Attempt, ledger []LedgerEntry, torn int, outages []Outage, holders []HolderFault, rules Rules) *Report {
-	r := &Report{Scenario: scenario, Seed: seed, Attempts: len(history), TornLedgerLines: torn, Rules: rules}
+	r := &Report{Scenario: scenario, Seed: seed, Attempts: len(history), TornLedgerLines: torn, Rules: rules, Reasons: map[string]int{}}
 	facts := map[string]*actionFacts{}
 	get := func(key string) *actionFacts {
 		f, ok := facts[key]
@@ -187,6 +199,9 @@ func Check(scenario string, seed uint64, history []Attempt, ledger []LedgerEntry
 		f := get(a.Key)
 		f.attempts = append(f.attempts, a)
 		f.reexecute = a.Method == testingv1.ChaosService_ChargeReexecute_FullMethodName
+		if a.Reason != "" {
+			r.Reasons[a.Reason]++
+		}
 		for _, o := range outages {
 			if a.Start.Before(o.End) && a.End.After(o.Start) {
 				r.AttemptsDuringOutage++
@@ -235,6 +250,17 @@ func Check(scenario string, seed uint64, history []Attempt, ledger []LedgerEntry
 	}
 	r.checkMetadataCoverage()
 	return r
+}
+
+// RequireReasons fails a run none of whose callers was answered with one
+// of reasons: the scenario's fault never reached them, so the run tested
+// nothing of it (a fault skipped, or a path the transport never takes).
+func (r *Report) RequireReasons(reasons ...string) {
+	for _, reason := range reasons {
+		if r.Reasons[reason] == 0 {
+			r.violate("no caller was answered %s: the fault never reached the callers, so the run did not test it", reason)
+		}
+	}
 }
 
 func (r *Report) violate(format string, args ...any) {

@@ -212,3 +212,26 @@ func TestReadLedgerCountsATornLastLine(t *testing.T) {
 		t.Fatal("ReadLedger accepted a corrupt line before the last")
 	}
 }
+
+// TestRequireReasons holds a scenario to the refusals its fault must cause:
+// a run whose callers never saw one did not test the fault, and fails.
+func TestRequireReasons(t *testing.T) {
+	t.Parallel()
+	refused := Attempt{Key: "k", Action: "k", Method: failClosed, Attempt: 1, Try: 1, Start: t0, End: t0.Add(time.Millisecond),
+		Code: "Unavailable", Reason: reasonStoreUnavailable}
+	history := []Attempt{refused, ok("k", failClosed, 0, "r1", false), ok("k", failClosed, 1, "r1", true)}
+	ledger := run("k", failClosed, "tool0", "r1", t0, "")
+
+	r := Check("saw it", 7, history, ledger, 0, nil, nil, Rules{})
+	r.RequireReasons(reasonStoreUnavailable)
+	if r.Failed() || r.Reasons[reasonStoreUnavailable] != 1 {
+		t.Errorf("a run whose callers saw %s: Failed() = %t, Reasons = %v; report:\n%s", reasonStoreUnavailable, r.Failed(), r.Reasons, r)
+	}
+
+	r = Check("never saw it", 7, history[1:], ledger, 0, nil, nil, Rules{})
+	r.RequireReasons(reasonStoreUnavailable, reasonInFlight)
+	if !r.Failed() || len(r.Violations) != 2 {
+		t.Errorf("a run whose callers saw neither %s nor %s: Failed() = %t, %d violations, want 2; report:\n%s",
+			reasonStoreUnavailable, reasonInFlight, r.Failed(), len(r.Violations), r)
+	}
+}

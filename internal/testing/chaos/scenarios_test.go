@@ -35,6 +35,12 @@ type Workload struct {
 	// Actions is how many actions a short run sends (ten times as many with
 	// -chaos.long); 0 means 30.
 	Actions int
+	// AmbiguousFailClosed is the least number of FAIL_CLOSED actions that
+	// fail ambiguously (ten times as many with -chaos.long), whatever the
+	// draw: chaos-workload -ambiguous-fail-closed. With at least one, a
+	// gate that releases keys after an ambiguous failure shows a duplicate
+	// in every seed (IDEMGATE_CHAOS_BROKEN_GATE=1). 0 means the draw alone.
+	AmbiguousFailClosed int
 	// LateMetadata is the fraction of actions whose callers give up once
 	// the side effect started, before the handler sets its response
 	// metadata (LateMetadataSuffix); 0 means none.
@@ -83,6 +89,10 @@ type Scenario struct {
 	// (-connect-listen, -transport connect). Setup's caller-side proxies
 	// apply to gRPC only.
 	Transport string
+	// MustSee are gate reasons (ErrorInfo's, or the problem's over HTTP)
+	// the fault must make callers see at least once, or the run did not
+	// test it (Report.RequireReasons); none by default.
+	MustSee []string
 }
 
 // standard is the traffic of the core scenarios: spread over long enough
@@ -181,6 +191,12 @@ func replicaFaults() func(*Stack, <-chan struct{}) error {
 	}
 }
 
+// storeAwayReasons are what callers must see when the store goes away
+// (the Dedupe service or PostgreSQL down, or a tool server cut off from its
+// replica) for longer than a Begin waits: new calls refused, the store
+// unavailable.
+var storeAwayReasons = []string{reasonStoreUnavailable}
+
 // holderFaults are the rules of scenarios that kill or stall a holder.
 var holderFaults = Rules{RerunAllowed: true, HolderFaults: true}
 
@@ -195,6 +211,13 @@ var holderCutOff = Rules{RerunAllowed: true, HolderFaults: true, HolderCutOff: t
 // after the callers gave up. Spread is set per scenario, to outlast its
 // faults.
 var networked = Workload{Reexecute: 0.5, Pause: 0.6, Ambiguous: 0.05, TryTimeout: 5 * time.Second, Actions: 40}
+
+// breakable is w with an ambiguous FAIL_CLOSED action in every seed, so
+// the scenario fails under a broken gate whatever the seed.
+func breakable(w Workload) Workload {
+	w.AmbiguousFailClosed = 1
+	return w
+}
 
 // spreadOver is w spread over d.
 func spreadOver(w Workload, d time.Duration) Workload {
@@ -410,12 +433,12 @@ func scenarios() []Scenario {
 			Scenario{Name: store + "/tool-stopped-past-lease", Store: store, Tools: 2, Workload: stalled, Outages: 2,
 				Fault: stallToolPastLease(), Rules: holderFaults},
 			Scenario{Name: store + "/dedupe-killed", Store: store, Workload: standard, Outages: 2,
-				Fault: killDedupeAtPausePoint},
+				Fault: killDedupeAtPausePoint, MustSee: storeAwayReasons},
 		)
 	}
-	return append(list,
+	list = append(list,
 		Scenario{Name: StorePostgres + "/postgres-crashed", Store: StorePostgres, OwnCluster: true, Workload: standard, Outages: 2,
-			Fault: crashPostgresAtPausePoint},
+			Fault: crashPostgresAtPausePoint, MustSee: storeAwayReasons},
 		restartScenario(),
 		// Killing the second replica cuts its tool server's holders off from
 		// a store that stays up for the other one, which takes over after
@@ -429,7 +452,7 @@ func scenarios() []Scenario {
 		// A holder is cut off from its Dedupe replica, loses its answers or
 		// gets them late, while its duplicates reach the other tool server.
 		Scenario{Name: StorePostgres + "/network-dedupe-side", Store: StorePostgres, Tools: 2, Workload: spreadOver(networked, 60*time.Second), Outages: 5,
-			Setup: proxyDedupe, Fault: networkFaults(true, dedupeSideFaults()), Rules: holderCutOff},
+			Setup: proxyDedupe, Fault: networkFaults(true, dedupeSideFaults()), Rules: holderCutOff, MustSee: storeAwayReasons},
 		// The store fails over: no acknowledged reservation or outcome may
 		// be lost, so the strict rules hold.
 		Scenario{Name: StorePostgres + "/postgres-failover", Store: StorePostgres, Workload: standard, Outages: 1,
@@ -456,7 +479,7 @@ func scenarios() []Scenario {
 		// The Dedupe service killed past the lease under the HTTP gate, as
 		// dedupe-killed: the strict rules.
 		Scenario{Name: StorePostgres + "/http-dedupe-killed", Store: StorePostgres, Transport: TransportHTTP, Workload: standard, Outages: 2,
-			Fault: killDedupeAtPausePoint},
+			Fault: killDedupeAtPausePoint, MustSee: storeAwayReasons},
 		// The HTTP handler marks every failure retryable (the broken
 		// layer's counterpart), so the gate releases the key after an
 		// ambiguous failure: the checker must see duplicates.
@@ -468,5 +491,21 @@ func scenarios() []Scenario {
 		// A Connect interceptor inside the gate marks every handler error
 		// retryable: the checker must see duplicates.
 		Scenario{Name: StorePostgres + "/connect-broken-gate", Store: StorePostgres, Transport: TransportConnect, Workload: Workload{Ambiguous: 0.3}, Broken: true, ExpectViolations: true},
+		// The Dedupe service killed past the lease under the Connect gate,
+		// as dedupe-killed: the strict rules.
+		Scenario{Name: StorePostgres + "/connect-dedupe-killed", Store: StorePostgres, Transport: TransportConnect, Workload: breakable(standard), Outages: 2,
+			Fault: killDedupeAtPausePoint, MustSee: storeAwayReasons},
 	)
+	// The store outage and the partition through the HTTP and Connect
+	// gates: the gRPC scenarios' faults and rules, the callers on the other
+	// transport.
+	for _, transport := range []string{TransportHTTP, TransportConnect} {
+		list = append(list,
+			Scenario{Name: StorePostgres + "/" + transport + "-postgres-crashed", Store: StorePostgres, OwnCluster: true, Transport: transport, Workload: breakable(standard), Outages: 2,
+				Fault: crashPostgresAtPausePoint, MustSee: storeAwayReasons},
+			Scenario{Name: StorePostgres + "/" + transport + "-network-dedupe-side", Store: StorePostgres, Tools: 2, Transport: transport, Workload: breakable(spreadOver(networked, 60*time.Second)), Outages: 5,
+				Setup: proxyDedupe, Fault: networkFaults(true, dedupeSideFaults()), Rules: holderCutOff, MustSee: storeAwayReasons},
+		)
+	}
+	return list
 }

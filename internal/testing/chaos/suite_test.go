@@ -7,6 +7,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -23,7 +25,6 @@ import (
 	"github.com/idemgate/idemgate/internal/testing/netfault"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 	"github.com/idemgate/idemgate/internal/testing/proctest"
-	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
 var (
@@ -189,16 +190,16 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 		t.Fatalf("scenario %s: unknown store %q", sc.Name, sc.Store)
 	}
 	for i := range max(1, sc.Replicas) {
-		st.Dedupes = append(st.Dedupes, &Member{Name: fmt.Sprintf("dedupe%d", i), Addr: stacktest.FreeAddr(t)})
+		st.Dedupes = append(st.Dedupes, &Member{Name: fmt.Sprintf("dedupe%d", i), Addr: listenAddr(t)})
 	}
 	for i := range max(1, sc.Tools) {
-		st.Tools = append(st.Tools, &Member{Name: fmt.Sprintf("tool%d", i), Addr: stacktest.FreeAddr(t),
+		st.Tools = append(st.Tools, &Member{Name: fmt.Sprintf("tool%d", i), Addr: listenAddr(t),
 			DedupeAddr: st.Dedupes[i%len(st.Dedupes)].Addr, Ledger: filepath.Join(dir, fmt.Sprintf("ledger-tool%d.jsonl", i))})
 		switch sc.Transport {
 		case TransportHTTP:
-			st.Tools[i].HTTPAddr = stacktest.FreeAddr(t)
+			st.Tools[i].HTTPAddr = listenAddr(t)
 		case TransportConnect:
-			st.Tools[i].ConnectAddr = stacktest.FreeAddr(t)
+			st.Tools[i].ConnectAddr = listenAddr(t)
 		}
 	}
 	if sc.Setup != nil {
@@ -246,6 +247,9 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 		"-reexecute", fmt.Sprint(w.Reexecute), "-pause", fmt.Sprint(w.Pause), "-ambiguous", fmt.Sprint(w.Ambiguous), "-try-timeout", w.TryTimeout.String()}
 	if sc.Transport != "" && sc.Transport != TransportGRPC {
 		args = append(args, "-transport", sc.Transport)
+	}
+	if w.AmbiguousFailClosed > 0 {
+		args = append(args, "-ambiguous-fail-closed", strconv.Itoa(w.AmbiguousFailClosed*scale))
 	}
 	if w.LateMetadata > 0 {
 		var ledgers []string
@@ -304,6 +308,7 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 	holders := append([]HolderFault(nil), st.holderFaults...)
 	st.mu.Unlock()
 	report := Check(sc.Name, s.seed, attempts, entries, torn, windows, holders, sc.Rules)
+	report.RequireReasons(sc.MustSee...)
 	_ = os.WriteFile(filepath.Join(dir, "report.txt"), []byte(report.String()), 0o644)
 	s.mu.Lock()
 	s.reports = append(s.reports, report)
@@ -608,4 +613,60 @@ func (st *Stack) CrashPostgres(d time.Duration) {
 	upAt := time.Now()
 	st.Cluster.Start(st.t)
 	st.outage("PostgreSQL stopped -m immediate", downAt, upAt)
+}
+
+// listenPorts hands out the suite's listen ports: each once per run, from a
+// random point below the ephemeral range, so a port between its pick and
+// its process's bind is not taken by an outgoing connection (which draw
+// from that range), and two suites on one machine rarely meet.
+var listenPorts struct {
+	sync.Mutex
+	next int
+}
+
+// minListenPort is the lowest port listenAddr hands out.
+const minListenPort = 10000
+
+// listenAddr returns a loopback address on a port below the ephemeral range
+// that nothing listens on now, each once per run.
+func listenAddr(t *testing.T) string {
+	t.Helper()
+	lo := ephemeralLow()
+	listenPorts.Lock()
+	defer listenPorts.Unlock()
+	if listenPorts.next == 0 {
+		listenPorts.next = minListenPort + rand.IntN(max(1, (lo-minListenPort)/2))
+	}
+	for ; listenPorts.next < lo; listenPorts.next++ {
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(listenPorts.next))
+		lis, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue // in use: another suite's, or a service's
+		}
+		_ = lis.Close()
+		listenPorts.next++
+		return addr
+	}
+	t.Fatalf("no free port left between %d and %d", minListenPort, lo)
+	return ""
+}
+
+// ephemeralLow is the lowest port of the kernel's range for outgoing
+// connections (Linux's default, 32768, when it cannot be read or leaves no
+// room below).
+func ephemeralLow() int {
+	const linuxDefault = 32768
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return linuxDefault
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return linuxDefault
+	}
+	lo, err := strconv.Atoi(f[0])
+	if err != nil || lo <= minListenPort+1000 {
+		return linuxDefault
+	}
+	return lo
 }

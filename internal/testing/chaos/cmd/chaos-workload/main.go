@@ -5,6 +5,7 @@
 //
 //	chaos-workload -targets ADDR[,ADDR] -history FILE -seed N [-actions 30] [-callers 3]
 //	               [-late-metadata 0.5 -ledgers FILE[,FILE]] [-transport grpc|http|connect]
+//	               [-ambiguous-fail-closed N]
 //
 // The layers, outermost first: an application loop with its own deadline per
 // action, retrying UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED and
@@ -14,7 +15,8 @@
 // attaches keys is chained before the retry interceptor, so every retry
 // reuses the action's key. Which actions are REEXECUTE, stall at the tool's
 // pause point ("-p" in the key) or fail ambiguously ("-a") follows from the
-// seed alone. So does which set their response metadata only after their
+// seed alone (-ambiguous-fail-closed tops up the FAIL_CLOSED ambiguous
+// ones the draw gave, drawing nothing). So does which set their response metadata only after their
 // caller gave up (chaos.LateMetadataSuffix): every caller of such an action
 // gives up on its first try as soon as the side effect is in one of the
 // tool servers' -ledgers, and the history keeps each answer's x-chaos-
@@ -77,21 +79,24 @@ const toolServiceConfig = `{
 }`
 
 type config struct {
-	targets        []string
-	history        string
-	seed           uint64
-	actions        int
-	callers        int
-	spread         time.Duration
-	concurrency    int
-	reexecute      float64
-	pause          float64
-	ambiguous      float64
-	actionDeadline time.Duration
-	tryTimeout     time.Duration
-	lateMetadata   float64
-	ledgers        []string
-	transport      string
+	targets     []string
+	history     string
+	seed        uint64
+	actions     int
+	callers     int
+	spread      time.Duration
+	concurrency int
+	reexecute   float64
+	pause       float64
+	ambiguous   float64
+	// ambiguousFailClosed is the least number of FAIL_CLOSED actions that
+	// fail ambiguously (plan).
+	ambiguousFailClosed int
+	actionDeadline      time.Duration
+	tryTimeout          time.Duration
+	lateMetadata        float64
+	ledgers             []string
+	transport           string
 }
 
 func main() {
@@ -106,6 +111,7 @@ func main() {
 	flag.Float64Var(&c.reexecute, "reexecute", 0.3, "fraction of actions sent to ChargeReexecute instead of Charge")
 	flag.Float64Var(&c.pause, "pause", 0.15, `fraction of actions whose key ends in "-p": the tool stalls them at its pause point`)
 	flag.Float64Var(&c.ambiguous, "ambiguous", 0, `fraction of actions whose key ends in "-a": the tool fails them ambiguously once`)
+	flag.IntVar(&c.ambiguousFailClosed, "ambiguous-fail-closed", 0, `at least this many FAIL_CLOSED actions fail ambiguously: when -ambiguous drew fewer, more non-pausing Charge actions get "-a", so a gate that releases keys after an ambiguous failure runs one twice in every seed`)
 	flag.DurationVar(&c.actionDeadline, "action-deadline", 90*time.Second, "each caller's deadline for its action, across all its retries")
 	flag.DurationVar(&c.tryTimeout, "try-timeout", 10*time.Second, "the retry interceptor's timeout per try")
 	flag.Float64Var(&c.lateMetadata, "late-metadata", 0, `fraction of actions whose key ends in "-m": their callers give up on the first try once the side effect is in a ledger, before the handler sets its metadata`)
@@ -155,7 +161,46 @@ func plan(c config) []action {
 		}
 		actions[i] = a
 	}
+	ensureAmbiguousFailClosed(actions, c.ambiguousFailClosed)
 	return actions
+}
+
+// ambiguousFailClosedKey reports whether a is a FAIL_CLOSED action that
+// fails ambiguously.
+func ambiguousFailClosedKey(a action) bool {
+	return a.method == testingv1.ChaosService_Charge_FullMethodName && strings.Contains(a.key, "-a")
+}
+
+// ensureAmbiguousFailClosed makes FAIL_CLOSED actions ambiguous until at
+// least n are: the k-th missing one the first eligible from k/(missing+1)
+// of the way through (wrapping), so they spread over the run; non-pausing
+// ones first, as a pausing one's ambiguous first run does not pause. It
+// draws nothing: the plan's other choices stay as the seed made them.
+func ensureAmbiguousFailClosed(actions []action, n int) {
+	have := 0
+	for _, a := range actions {
+		if ambiguousFailClosedKey(a) {
+			have++
+		}
+	}
+	missing := n - have
+	eligible := func(a action, pausing bool) bool {
+		return a.method == testingv1.ChaosService_Charge_FullMethodName && !strings.Contains(a.key, "-a") &&
+			!strings.HasSuffix(a.key, chaos.LateMetadataSuffix) && (pausing || !strings.Contains(a.key, "-p"))
+	}
+	for k := 1; k <= missing; k++ {
+		from := k * len(actions) / (missing + 1)
+	find:
+		for _, pausing := range []bool{false, true} {
+			for j := range actions {
+				a := &actions[(from+j)%len(actions)]
+				if eligible(*a, pausing) {
+					a.key += "-a"
+					break find
+				}
+			}
+		}
+	}
 }
 
 func run(ctx context.Context, c config) error {
