@@ -45,7 +45,7 @@ func wantNotReserved(t *testing.T, hs *harness, client testingv1connect.TestServ
 // and the handler ran.
 func TestGzipBombRefusedBeforeDecoding(t *testing.T) {
 	hs := setup(t, nil)
-	bomb := connectbomb.Gzip(64 << 20)
+	bomb := connectbomb.Gzip(64<<20, nil)
 	for _, p := range protocols {
 		t.Run(p.name, func(t *testing.T) {
 			key := "bomb-" + p.name

@@ -127,7 +127,7 @@ func TestPaymentsServerConnectRefusesGzipBombs(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
-	bomb := connectbomb.Gzip(256 << 20)
+	bomb := connectbomb.Gzip(256<<20, connectbomb.ChargeAmount)
 	protocols := [][]connect.ClientOption{nil, {connect.WithGRPC()}, {connect.WithGRPCWeb()}, nil}
 	errs := make([]error, len(protocols))
 	var wg sync.WaitGroup

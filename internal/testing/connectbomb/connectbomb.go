@@ -17,9 +17,9 @@ import (
 
 // Gzip returns the gzip of a protobuf message whose field 1, a string (the
 // payload of testing.v1.MutateRequest, the customer_id of
-// payments.v1.ChargeCardRequest), holds n bytes of 'a'. 256 MiB compress to
-// about 260 KB.
-func Gzip(n int) []byte {
+// payments.v1.ChargeCardRequest), holds n bytes of 'a', followed by the
+// encoded fields in tail (nil for none). 256 MiB compress to about 260 KB.
+func Gzip(n int, tail []byte) []byte {
 	var buf bytes.Buffer
 	zw, _ := gzip.NewWriterLevel(&buf, gzip.BestCompression)
 	head := binary.AppendUvarint([]byte{0x0a}, uint64(n)) // field 1, length-delimited
@@ -28,9 +28,14 @@ func Gzip(n int) []byte {
 	for left := n; left > 0; left -= len(chunk) {
 		_, _ = zw.Write(chunk[:min(left, len(chunk))])
 	}
+	_, _ = zw.Write(tail)
 	_ = zw.Close()
 	return buf.Bytes()
 }
+
+// ChargeAmount encodes payments.v1.ChargeCardRequest's amount_cents (field
+// 2, a varint) of 100 cents, so a bomb with this tail is a valid charge.
+var ChargeAmount = []byte{0x10, 100}
 
 // ClientOptions make a connect-go client send bomb, whatever the request, as
 // its gzip-compressed message: it registers a "gzip" compressor that writes
