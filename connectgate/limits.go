@@ -46,8 +46,9 @@ const envelopePrefix = 5
 // such as authentication, run before it), then the gate's limits, which
 // connect-go applies while it reads the request, before any interceptor
 // sees it: connect.WithReadMaxBytes and a gzip decompressor that stops at
-// WithMaxRequestBytes (connect-go's own would inflate the rest of a
-// compressed bomb only to discard it), and connect.WithSendMaxBytes of
+// WithMaxRequestBytes with the gate's refusal (connect-go's own refuses
+// without a reason, after inflating the rest of a bomb to count it), and
+// connect.WithSendMaxBytes of
 // WithMaxResponseBytes. A WithReadMaxBytes, WithSendMaxBytes or gzip
 // WithCompression in extra is overridden: set the limits on the Gate.
 // Interceptor alone carries no limit, because connect-go's interceptors only
