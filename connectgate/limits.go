@@ -48,8 +48,7 @@ const envelopePrefix = 5
 // sees it: connect.WithReadMaxBytes and a gzip decompressor that stops at
 // WithMaxRequestBytes with the gate's refusal (connect-go's own refuses
 // without a reason, after inflating the rest of a bomb to count it), and
-// connect.WithSendMaxBytes of
-// WithMaxResponseBytes. A WithReadMaxBytes, WithSendMaxBytes or gzip
+// connect.WithSendMaxBytes of WithMaxResponseBytes. A WithReadMaxBytes, WithSendMaxBytes or gzip
 // WithCompression in extra is overridden: set the limits on the Gate.
 // Interceptor alone carries no limit, because connect-go's interceptors only
 // see decoded messages: mount with HandlerOptions and HTTPMiddleware.
@@ -78,8 +77,9 @@ func (g *Gate) HandlerOptions(extra ...connect.HandlerOption) []connect.HandlerO
 // (connect.ErrorWriter). Without it connect-go reads an over-size body to
 // its end to discard it. Client- and bidi-streaming procedures (known to
 // the gate's descriptor registry, WithFiles) pass unbounded: their limit is
-// per message, from HandlerOptions. Wrap the handler built with
-// HandlerOptions:
+// per message, from HandlerOptions; they are told by the request's URL
+// path, so mount the handler at the path its constructor returns. Wrap the
+// handler built with HandlerOptions:
 //
 //	path, h := paymentsv1connect.NewPaymentsServiceHandler(svc, gate.HandlerOptions()...)
 //	mux.Handle(path, gate.HTTPMiddleware(h))
