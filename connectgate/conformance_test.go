@@ -66,8 +66,8 @@ func newConformanceGate(t *testing.T, cfg gatetest.Config, clientOpts ...connect
 		t.Fatalf("connectgate.New: %v", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(testingv1connect.NewConformanceServiceHandler(conformanceHandler{handle: cfg.Handler},
-		connect.WithInterceptors(gate.Interceptor())))
+	path, service := testingv1connect.NewConformanceServiceHandler(conformanceHandler{handle: cfg.Handler}, gate.HandlerOptions()...)
+	mux.Handle(path, gate.HTTPMiddleware(service))
 	srv := httptest.NewUnstartedServer(mux)
 	srv.Config.Protocols = new(http.Protocols)
 	srv.Config.Protocols.SetHTTP1(true)

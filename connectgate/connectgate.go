@@ -53,6 +53,7 @@ type Gate struct {
 	methods map[string]*protogate.Method
 	opts    options
 	metrics *metrics
+	limitsState
 }
 
 // New resolves the policy of every method in the descriptor registry (see
@@ -68,6 +69,9 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 	o := defaultOptions
 	for _, opt := range opts {
 		opt(&o)
+	}
+	if o.maxRequest <= 0 || o.maxResponse <= 0 {
+		return nil, fmt.Errorf("idemgate: connectgate.New: WithMaxRequestBytes (%d) and WithMaxResponseBytes (%d) must be positive", o.maxRequest, o.maxResponse)
 	}
 	// A response replays as its generated type when the binary links it in
 	// (the interceptor's default registry), else as a dynamicpb message of
@@ -131,9 +135,20 @@ func (g *Gate) Policy(procedure string) interceptor.Policy {
 // it does nothing, and streams pass through: a streaming method marked
 // mutating makes New fail, because a stream's outcome is not one message to
 // store and replay.
-func (g *Gate) Interceptor() connect.Interceptor { return gateInterceptor{g} }
+//
+// Interceptor alone carries no request or response size limit: connect-go
+// decodes (and decompresses) a request before any interceptor sees it. Build
+// the handler with HandlerOptions, which includes this interceptor, and wrap
+// it in HTTPMiddleware; a gate whose interceptor runs without them logs a
+// warning once.
+func (g *Gate) Interceptor() connect.Interceptor { return gateInterceptor{g: g} }
 
-type gateInterceptor struct{ g *Gate }
+// gateInterceptor is the gate's interceptor; limited when it came with the
+// gate's limits (HandlerOptions).
+type gateInterceptor struct {
+	g       *Gate
+	limited bool
+}
 
 func (i gateInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
@@ -141,6 +156,12 @@ func (i gateInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		m, ok := i.g.methods[spec.Procedure]
 		if !ok || spec.IsClient {
 			return next(ctx, req)
+		}
+		if !i.limited {
+			i.g.unlimited.Do(func() {
+				i.g.opts.logger.WarnContext(ctx, "idemgate: a gated Connect handler was built with Gate.Interceptor alone, so its requests have no size limit before they are decoded; build it with Gate.HandlerOptions and wrap it in Gate.HTTPMiddleware",
+					slog.String("procedure", spec.Procedure))
+			})
 		}
 		return i.g.gate(ctx, req, m, next)
 	}

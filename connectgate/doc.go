@@ -9,11 +9,21 @@
 //	  option (idemgate.v1.policy) = {mutating: true};
 //	}
 //
-// then build a Gate on a client of the Dedupe service and add its
-// interceptor to the generated handler:
+// then build a Gate on a client of the Dedupe service, build the generated
+// handler with its HandlerOptions and wrap it in its HTTPMiddleware:
 //
 //	gate, err := connectgate.New(idemgatev1.NewDedupeServiceClient(conn))
-//	path, h := paymentsv1connect.NewPaymentsServiceHandler(svc, connect.WithInterceptors(gate.Interceptor()))
+//	path, h := paymentsv1connect.NewPaymentsServiceHandler(svc, gate.HandlerOptions()...)
+//	mux.Handle(path, gate.HTTPMiddleware(h))
+//
+// HandlerOptions holds the gate's interceptor and its limits; Interceptor
+// alone carries none, because connect-go reads, inflates and decodes a
+// request before any interceptor sees it. A request message over
+// WithMaxRequestBytes (4 MiB, grpc-go's default), as sent or as inflated, is
+// refused while it is read, before it is decoded, with
+// CodeResourceExhausted and ReasonRequestTooLarge: the key is not reserved
+// and the handler does not run. A response over WithMaxResponseBytes (4
+// MiB) is not sent (connect.WithSendMaxBytes).
 //
 // Everything but the carrier is the interceptor's (internal/protogate and
 // internal/gatecore): the policies read from the same descriptors, the key

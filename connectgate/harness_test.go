@@ -170,7 +170,8 @@ func setup(t *testing.T, h *handler, opts ...connectgate.Option) *harness {
 		t.Fatalf("connectgate.New: %v", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(testingv1connect.NewTestServiceHandler(h, connect.WithInterceptors(gate.Interceptor())))
+	path, service := testingv1connect.NewTestServiceHandler(h, gate.HandlerOptions()...)
+	mux.Handle(path, gate.HTTPMiddleware(service))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

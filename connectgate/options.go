@@ -34,6 +34,9 @@ type options struct {
 	finishBudget   time.Duration
 	reconcilers    map[string]interceptor.Reconciler
 	maxOutcome     int
+	// maxRequest and maxResponse: see WithMaxRequestBytes and
+	// WithMaxResponseBytes.
+	maxRequest, maxResponse int
 	// replayEntries and replayBytes bound the replay cache; 0 turns it off.
 	replayEntries, replayBytes int
 	replayTTL                  time.Duration
@@ -53,6 +56,8 @@ var defaultOptions = options{
 	outcomeTimeout: 5 * time.Second,
 	finishBudget:   time.Minute,
 	maxOutcome:     interceptor.DefaultMaxOutcomeBytes,
+	maxRequest:     DefaultMaxRequestBytes,
+	maxResponse:    DefaultMaxResponseBytes,
 	replayTTL:      interceptor.DefaultReplayCacheTTL,
 	dedupeLogEvery: interceptor.DefaultDedupeFailureLogInterval,
 }
@@ -107,6 +112,27 @@ func WithFinishRetryBudget(d time.Duration) Option {
 // Defaults to interceptor.DefaultMaxOutcomeBytes.
 func WithMaxOutcomeBytes(n int) Option {
 	return func(o *options) { o.maxOutcome = n }
+}
+
+// WithMaxRequestBytes sets the largest request message a handler mounted
+// with HandlerOptions and HTTPMiddleware reads: as sent (compressed or not)
+// and once decompressed. A larger one is refused before it is decoded, with
+// CodeResourceExhausted (ReasonRequestTooLarge): the key is not reserved
+// and the handler does not run. New fails when n is not positive. Defaults
+// to DefaultMaxRequestBytes, 4 MiB.
+func WithMaxRequestBytes(n int) Option {
+	return func(o *options) { o.maxRequest = n }
+}
+
+// WithMaxResponseBytes sets the largest response message a handler mounted
+// with HandlerOptions sends (connect.WithSendMaxBytes): a larger one fails
+// with connect-go's CodeResourceExhausted instead of being buffered whole
+// for the client. The outcome of a gated call is stored before it is sent,
+// so keep it at or above WithMaxOutcomeBytes for replays to be sendable.
+// New fails when n is not positive. Defaults to DefaultMaxResponseBytes,
+// 4 MiB.
+func WithMaxResponseBytes(n int) Option {
+	return func(o *options) { o.maxResponse = n }
 }
 
 // WithReconciler registers the Reconciler of one gated procedure

@@ -39,11 +39,13 @@ func serveConnect(ctx context.Context, cfg config, svc *payments.Server, dedupe 
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle(paymentsv1connect.NewPaymentsServiceHandler(payments.ConnectHandler{Server: svc},
+	// The gate's limits (4 MiB a request message, compressed or inflated, as
+	// the gRPC listener's; 4 MiB a response) hold before a request is decoded.
+	path, handler := paymentsv1connect.NewPaymentsServiceHandler(payments.ConnectHandler{Server: svc}, gate.HandlerOptions(
 		connect.WithRecover(func(context.Context, connect.Spec, http.Header, any) error {
 			return connect.NewError(connect.CodeInternal, errors.New("the handler panicked")) // a lost outcome; the gate re-panics it
-		}),
-		connect.WithInterceptors(gate.Interceptor())))
+		}))...)
+	mux.Handle(path, gate.HTTPMiddleware(handler))
 	lis, err := net.Listen("tcp", cfg.connectListen)
 	if err != nil {
 		return nil, fmt.Errorf("-connect-listen %s: %w", cfg.connectListen, err)

@@ -2,20 +2,28 @@ package main_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/idemgate/idemgate/connectgate"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	"github.com/idemgate/idemgate/gen/examples/payments/v1/paymentsv1connect"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
+	"github.com/idemgate/idemgate/internal/testing/connectbomb"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 	"github.com/idemgate/idemgate/internal/testing/proctest"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
@@ -100,4 +108,92 @@ func h2cClient(t *testing.T) *http.Client {
 	c := &http.Client{Transport: &http.Transport{Protocols: protocols}}
 	t.Cleanup(c.CloseIdleConnections)
 	return c
+}
+
+// payments-server's Connect listener refuses a request that inflates past 4
+// MiB (gRPC's limit) before it decodes it: four gzip bodies of about 260 KB
+// sent at once, each a 256 MiB customer_id, over the Connect, gRPC and
+// gRPC-Web protocols, get RESOURCE_EXHAUSTED and
+// IDEMPOTENCY_REQUEST_TOO_LARGE; no charge ran under their keys (a small
+// charge with each key runs, not a replay nor IDEMPOTENCY_KEY_REUSED); and
+// the process's peak resident memory stays under 200 MB. Before the limits
+// the four inflated to 256 MiB fields each and charged (3,272 MB peak).
+func TestPaymentsServerConnectRefusesGzipBombs(t *testing.T) {
+	dedupeAddr := stacktest.ServeApp(t, dedupeapp.Config{DatabaseURL: pgtest.SchemaURL(t)})
+	grpcAddr, connectAddr := stacktest.FreeAddr(t), stacktest.FreeAddr(t)
+	tool := proctest.Start(t, proctest.Build(t, "github.com/idemgate/idemgate/cmd/payments-server"),
+		[]string{"-listen", grpcAddr, "-dedupe", dedupeAddr, "-connect-listen", connectAddr, "-metrics-listen="}, nil)
+	tool.WaitTCP(t, connectAddr, 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	bomb := connectbomb.Gzip(256<<20, connectbomb.ChargeAmount)
+	protocols := [][]connect.ClientOption{nil, {connect.WithGRPC()}, {connect.WithGRPCWeb()}, nil}
+	errs := make([]error, len(protocols))
+	var wg sync.WaitGroup
+	for i, opts := range protocols {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			client := paymentsv1connect.NewPaymentsServiceClient(h2cClient(t), "http://"+connectAddr, append(connectbomb.ClientOptions(bomb), opts...)...)
+			req := connect.NewRequest(&paymentsv1.ChargeCardRequest{CustomerId: "cust_bomb", AmountCents: 100})
+			req.Header().Set("Idempotency-Key", fmt.Sprintf("bomb-%d", i))
+			_, errs[i] = client.ChargeCard(ctx, req)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		var ce *connect.Error
+		if !errors.As(err, &ce) || ce.Code() != connect.CodeResourceExhausted || reasonsOf(ce) != connectgate.ReasonRequestTooLarge {
+			t.Fatalf("bomb %d: %v, want RESOURCE_EXHAUSTED with IDEMPOTENCY_REQUEST_TOO_LARGE\npayments-server log:\n%s", i, err, tool.Log())
+		}
+	}
+	hwm := peakRSS(t, tool.Pid())
+	t.Logf("payments-server VmHWM after %d bombs: %d MB", len(protocols), hwm>>20)
+	if hwm > 200<<20 {
+		t.Errorf("payments-server's peak resident memory %d MB after %d bombs, want under 200 MB", hwm>>20, len(protocols))
+	}
+	client := paymentsv1connect.NewPaymentsServiceClient(h2cClient(t), "http://"+connectAddr)
+	for i := range protocols {
+		req := connect.NewRequest(&paymentsv1.ChargeCardRequest{CustomerId: "cust_bomb", AmountCents: 100})
+		req.Header().Set("Idempotency-Key", fmt.Sprintf("bomb-%d", i))
+		resp, err := client.ChargeCard(ctx, req)
+		if err != nil || resp.Header().Get("Idempotency-Replayed") != "" {
+			t.Fatalf("a small charge with bomb %d's key: %v (headers %v), want it charged now, not a replay", i, err, resp)
+		}
+	}
+}
+
+// reasonsOf is the reasons of a connect error's ErrorInfo details, joined
+// by commas.
+func reasonsOf(ce *connect.Error) string {
+	var reasons []string
+	for _, d := range ce.Details() {
+		if v, err := d.Value(); err == nil {
+			if info, ok := v.(*errdetails.ErrorInfo); ok {
+				reasons = append(reasons, info.GetReason())
+			}
+		}
+	}
+	return strings.Join(reasons, ",")
+}
+
+// peakRSS is a process's peak resident memory (VmHWM), in bytes.
+func peakRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatalf("read the process's status: %v", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatalf("VmHWM %q: %v", v, err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatalf("no VmHWM in /proc/%d/status", pid)
+	return 0
 }

@@ -12,8 +12,9 @@ import (
 )
 
 // ConnectHandler serves a Server over Connect (and gRPC and gRPC-Web through
-// connect-go): paymentsv1connect.PaymentsServiceHandler, to register with
-// connectgate's interceptor. Its errors are the Server's, as Connect errors
+// connect-go): paymentsv1connect.PaymentsServiceHandler, to build with
+// connectgate's Gate.HandlerOptions (its interceptor and limits) and wrap in
+// its Gate.HTTPMiddleware, as payments-server does. Its errors are the Server's, as Connect errors
 // of the same code and message.
 type ConnectHandler struct {
 	paymentsv1connect.UnimplementedPaymentsServiceHandler

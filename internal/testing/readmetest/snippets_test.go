@@ -14,7 +14,6 @@ import (
 	"os"
 	"time"
 
-	"connectrpc.com/connect"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/retry"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -113,7 +112,9 @@ func connectServer(dedupeConn *grpc.ClientConn, mux *http.ServeMux, svc payments
 	if err != nil {
 		return err
 	}
-	mux.Handle(paymentsv1connect.NewPaymentsServiceHandler(svc, connect.WithInterceptors(gate.Interceptor())))
+	// The gate's interceptor and its limits, which hold before a request is decoded.
+	path, handler := paymentsv1connect.NewPaymentsServiceHandler(svc, gate.HandlerOptions()...)
+	mux.Handle(path, gate.HTTPMiddleware(handler))
 	// README:end
 	return nil
 }

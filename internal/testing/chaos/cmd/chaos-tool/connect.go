@@ -35,16 +35,16 @@ func serveConnect(addr string, dedupe idemgatev1.DedupeServiceClient, conn *grpc
 	if err != nil {
 		return nil, err
 	}
-	interceptors := []connect.Interceptor{gate.Interceptor()}
+	// The gate's interceptor and limits, then (inner) the breaking layer.
+	handlerOpts := gate.HandlerOptions(connect.WithRecover(func(context.Context, connect.Spec, http.Header, any) error {
+		return connect.NewError(connect.CodeInternal, errors.New("the handler panicked"))
+	}))
 	if broken {
-		interceptors = append(interceptors, breakConnect{})
+		handlerOpts = append(handlerOpts, connect.WithInterceptors(breakConnect{}))
 	}
-	handlerOpts := []connect.HandlerOption{connect.WithInterceptors(interceptors...)}
 	mux := http.NewServeMux()
-	mux.Handle(testingv1connect.NewChaosServiceHandler(connectServer{s}, append(handlerOpts,
-		connect.WithRecover(func(context.Context, connect.Spec, http.Header, any) error {
-			return connect.NewError(connect.CodeInternal, errors.New("the handler panicked"))
-		}))...))
+	path, handler := testingv1connect.NewChaosServiceHandler(connectServer{s}, handlerOpts...)
+	mux.Handle(path, gate.HTTPMiddleware(handler))
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
