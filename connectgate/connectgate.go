@@ -73,6 +73,11 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 	if o.maxRequest <= 0 || o.maxResponse <= 0 {
 		return nil, fmt.Errorf("idemgate: connectgate.New: WithMaxRequestBytes (%d) and WithMaxResponseBytes (%d) must be positive", o.maxRequest, o.maxResponse)
 	}
+	if o.maxOutcome > o.maxResponse {
+		// A response stored within the outcome limit but over the send
+		// limit would be refused to every duplicate it is replayed to.
+		return nil, fmt.Errorf("idemgate: connectgate.New: WithMaxOutcomeBytes (%d) is over WithMaxResponseBytes (%d): a stored response that large could never be sent again; lower the first or raise the second", o.maxOutcome, o.maxResponse)
+	}
 	// A response replays as its generated type when the binary links it in
 	// (the interceptor's default registry), else as a dynamicpb message of
 	// the method's output descriptor (see the package doc).

@@ -166,6 +166,12 @@ func TestLimitsMustBePositive(t *testing.T) {
 			t.Fatal("New with a limit that is not positive: nil error")
 		}
 	}
+	// An outcome stored within WithMaxOutcomeBytes but over the response
+	// limit could never be sent to a duplicate: refused, naming both.
+	_, err := connectgate.New(hs.stack.Dedupe, connectgate.WithMaxOutcomeBytes(2<<20), connectgate.WithMaxResponseBytes(1<<20))
+	if err == nil || !strings.Contains(err.Error(), "WithMaxOutcomeBytes") || !strings.Contains(err.Error(), "WithMaxResponseBytes") {
+		t.Fatalf("New with the outcome limit over the response limit: %v, want an error naming both options", err)
+	}
 }
 
 // A gate whose interceptor runs without HandlerOptions (Interceptor alone,

@@ -108,7 +108,9 @@ func WithFinishRetryBudget(d time.Duration) Option {
 
 // WithMaxOutcomeBytes sets the largest serialized outcome stored for
 // replay; a larger one is answered to its caller and stored as a marker, so
-// duplicates get CodeFailedPrecondition (IDEMPOTENCY_RESULT_TOO_LARGE).
+// duplicates get CodeFailedPrecondition (IDEMPOTENCY_RESULT_TOO_LARGE). New
+// fails when it is over WithMaxResponseBytes, which could never send such an
+// outcome again.
 // Defaults to interceptor.DefaultMaxOutcomeBytes.
 func WithMaxOutcomeBytes(n int) Option {
 	return func(o *options) { o.maxOutcome = n }
