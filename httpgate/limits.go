@@ -55,9 +55,7 @@ func (l ServerLimits) internal() httplimits.Limits {
 		*d = max(*d, 0)
 	}
 	in.MaxConnections, in.MaxConnectionsPerIP = max(in.MaxConnections, 0), max(in.MaxConnectionsPerIP, 0)
-	in = in.WithDefaults()
-	in.MaxConnectionsPerIP = min(in.MaxConnectionsPerIP, in.MaxConnections)
-	return in
+	return in.WithDefaults()
 }
 
 // Server returns an http.Server serving h with l's timeouts, and a

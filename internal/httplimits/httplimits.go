@@ -42,7 +42,8 @@ type Limits struct {
 	// MaxConnectionsPerIP bounds the connections of one client address (an
 	// IPv6 one's /64) at once. A connection past it closes that client's
 	// oldest idle keep-alive connection; when none is idle, the new
-	// connection is closed. Defaults to DefaultMaxConnectionsPerIP.
+	// connection is closed. Defaults to DefaultMaxConnectionsPerIP; at most
+	// MaxConnections.
 	MaxConnectionsPerIP int
 }
 
@@ -77,14 +78,15 @@ func (l Limits) WithDefaults() Limits {
 		l.MaxConnections = DefaultMaxConnections
 	}
 	if l.MaxConnectionsPerIP == 0 {
-		l.MaxConnectionsPerIP = min(DefaultMaxConnectionsPerIP, l.MaxConnections)
+		l.MaxConnectionsPerIP = DefaultMaxConnectionsPerIP
 	}
+	// One client may hold them all, no more.
+	l.MaxConnectionsPerIP = min(l.MaxConnectionsPerIP, l.MaxConnections)
 	return l
 }
 
-// Check refuses a negative limit, and a per-IP cap above the total, naming
-// each by the flag that sets it (prefix and the flag's name, such as
-// "-read-timeout").
+// Check refuses a negative limit, naming it by the flag that sets it
+// (prefix and the flag's name, such as "-read-timeout").
 func (l Limits) Check(prefix string) error {
 	switch {
 	case l.ReadHeaderTimeout < 0:
@@ -99,9 +101,6 @@ func (l Limits) Check(prefix string) error {
 		return fmt.Errorf("%smax-connections must be positive, got %d", prefix, l.MaxConnections)
 	case l.MaxConnectionsPerIP < 0:
 		return fmt.Errorf("%smax-connections-per-ip must be positive, got %d", prefix, l.MaxConnectionsPerIP)
-	}
-	if d := l.WithDefaults(); d.MaxConnectionsPerIP > d.MaxConnections {
-		return fmt.Errorf("%smax-connections-per-ip (%d) must not pass %smax-connections (%d)", prefix, d.MaxConnectionsPerIP, prefix, d.MaxConnections)
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 )
 
 // Dial connects to addr from the source IP src ("" for any), with a
@@ -237,4 +238,46 @@ func Neighbour(ctx context.Context, d time.Duration, do func(ctx context.Context
 		slowest = max(slowest, time.Since(start))
 	}
 	return ok, failed, slowest
+}
+
+// WaitAnswering waits, for at most timeout, until the server has started
+// answering on every one of the pool's connections (bytes wait unread in
+// its receive buffer), reading nothing.
+func (p *Pool) WaitAnswering(timeout time.Duration) error {
+	p.mu.Lock()
+	conns := append([]net.Conn(nil), p.conns...)
+	p.mu.Unlock()
+	deadline := time.Now().Add(timeout)
+	for i, c := range conns {
+		sc, ok := c.(syscall.Conn)
+		if !ok {
+			return errors.New("not a syscall.Conn")
+		}
+		raw, err := sc.SyscallConn()
+		if err != nil {
+			return err
+		}
+		for {
+			n := 0
+			_ = raw.Control(func(fd uintptr) { n, _ = ioctlInt(fd, syscall.TIOCINQ) })
+			if n > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("connection %d: no answer within %s", i, timeout)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// ioctlInt is ioctl(fd, req, &n): FIONREAD (TIOCINQ) on a socket.
+func ioctlInt(fd uintptr, req uintptr) (int, error) {
+	var n int32
+	_, _, errno := syscall.Syscall(syscall.SYS_IOCTL, fd, req, uintptr(unsafe.Pointer(&n)))
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
 }
