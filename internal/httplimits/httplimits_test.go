@@ -180,3 +180,44 @@ func TestCheck(t *testing.T) {
 		t.Errorf("a total under the per-IP cap: %v, per IP %d; want it the total", l.Check("-"), l.WithDefaults().MaxConnectionsPerIP)
 	}
 }
+
+// An Accept waiting for a slot at the total cap returns when the listener
+// closes, so a server shuts down with every connection busy.
+func TestCloseEndsAWaitForASlot(t *testing.T) {
+	t.Parallel()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := httplimits.Limits{MaxConnections: 1}.Listener(lis)
+	// Two clients: the second is within its own share, past the total.
+	for _, src := range []string{"127.0.0.1", "127.0.0.2"} {
+		c, err := httpattack.Dial(context.Background(), src, lis.Addr().String(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	busy, err := l.Accept() // never idle: no Server reports it
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	accepted := make(chan error, 1)
+	go func() {
+		_, err := l.Accept()
+		accepted <- err
+	}()
+	// Let Accept take the second connection and wait for a slot (were it
+	// slower, Close would still end it: the test cannot fail for that).
+	time.Sleep(100 * time.Millisecond)
+	_ = l.Close()
+	select {
+	case err := <-accepted:
+		if err == nil {
+			t.Fatal("Accept past the cap returned a connection")
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Accept still waits a minute after Close")
+	}
+}

@@ -19,10 +19,19 @@ type listener struct {
 	// freed is closed and replaced when a connection closes or turns idle,
 	// waking an Accept waiting for a slot.
 	freed chan struct{}
+	// done is closed by Close, ending a wait for a slot.
+	done      chan struct{}
+	closeOnce sync.Once
 }
 
 func newListener(lis net.Listener, max, perIP int) *listener {
-	return &listener{Listener: lis, max: max, perIP: perIP, byIP: map[string][]*conn{}, freed: make(chan struct{})}
+	return &listener{Listener: lis, max: max, perIP: perIP, byIP: map[string][]*conn{}, freed: make(chan struct{}), done: make(chan struct{})}
+}
+
+// Close implements net.Listener; an Accept waiting for a slot returns.
+func (l *listener) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
+	return l.Listener.Close()
 }
 
 // conn is a connection the listener holds.
@@ -55,14 +64,19 @@ func (l *listener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if c := l.admit(raw); c != nil {
+		c, err := l.admit(raw)
+		if err != nil {
+			return nil, err
+		}
+		if c != nil {
 			return c, nil
 		}
 	}
 }
 
-// admit returns raw tracked, or nil when it was refused (closed).
-func (l *listener) admit(raw net.Conn) *conn {
+// admit returns raw tracked, or nil when it was refused (closed), or
+// net.ErrClosed when the listener closed while it waited for a slot.
+func (l *listener) admit(raw net.Conn) (*conn, error) {
 	c := &conn{Conn: raw, l: l, ip: IPGroup(raw.RemoteAddr())}
 	l.mu.Lock()
 	for {
@@ -72,7 +86,7 @@ func (l *listener) admit(raw net.Conn) *conn {
 			if evict = oldestIdle(l.byIP[c.ip]); evict == nil {
 				l.mu.Unlock()
 				_ = raw.Close()
-				return nil
+				return nil, nil
 			}
 		case l.n >= l.max:
 			// The client holding the most gives way.
@@ -85,7 +99,12 @@ func (l *listener) admit(raw net.Conn) *conn {
 				// Every connection is busy: wait for one to close or idle.
 				freed := l.freed
 				l.mu.Unlock()
-				<-freed
+				select {
+				case <-freed:
+				case <-l.done:
+					_ = raw.Close()
+					return nil, net.ErrClosed
+				}
 				l.mu.Lock()
 				continue
 			}
@@ -100,7 +119,7 @@ func (l *listener) admit(raw net.Conn) *conn {
 		l.byIP[c.ip] = append(l.byIP[c.ip], c)
 		l.n++
 		l.mu.Unlock()
-		return c
+		return c, nil
 	}
 }
 
