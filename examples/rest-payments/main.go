@@ -156,7 +156,7 @@ func authenticate(tokens map[string]string, next http.Handler) http.Handler {
 		name := tokenfile.Lookup(tokens, tokenfile.Bearer(r))
 		if name == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="rest-payments"`)
-			problem(w, http.StatusUnauthorized, "Unauthenticated", "send Authorization: Bearer <token>, one of the tokens in the server's -caller-token-file")
+			problem(w, http.StatusUnauthorized, "Unauthenticated", "send an Authorization: Bearer header with one of the tokens in the server's -caller-token-file")
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, name)))
