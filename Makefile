@@ -252,8 +252,8 @@ run-mcp-server: ## Serve the native Go MCP server gated by mcpgate (examples/mcp
 	go run ./examples/mcp-server -dedupe 127.0.0.1:50051 -listen 127.0.0.1:8081
 
 .PHONY: run-rest
-run-rest: ## Serve the REST payments API gated by httpgate (examples/rest-payments) on 127.0.0.1:8090, OpenAPI at /openapi.yaml; needs make run.
-	go run ./examples/rest-payments -dedupe 127.0.0.1:50051 -listen 127.0.0.1:8090
+run-rest: ## Serve the REST payments API gated by httpgate (examples/rest-payments) on 127.0.0.1:8090, OpenAPI at /openapi.yaml, callers alice and bob (examples/rest-payments/tokens.txt); needs make run.
+	go run ./examples/rest-payments -dedupe 127.0.0.1:50051 -listen 127.0.0.1:8090 -caller-token-file examples/rest-payments/tokens.txt
 
 # NPM_DIRS hold the Node packages the MCP and polyglot tests run (package-lock.json committed).
 NPM_DIRS := internal/testing/mcptest/node internal/testing/mcptest/inspector examples/mcp-typescript-agent examples/typescript

@@ -10,7 +10,12 @@
 //		httpgate.WithRoute("POST /charges", httpgate.RoutePolicy{Retention: 24 * time.Hour}))
 //	...
 //	defer gate.Close(ctx)
-//	http.ListenAndServe(addr, gate.Handler(mux))
+//	limits := httpgate.ServerLimits{} // timeouts, connection caps in total and per client
+//	srv := limits.Server(gate.Handler(mux))
+//	err = srv.Serve(limits.Listener(lis))
+//
+// Serve it as above: ServerLimits bounds what slow, idle or never-reading
+// clients cost the server, as every HTTP listener of this project does.
 //
 // The protocol is the gRPC interceptor's, through the same core
 // (internal/gatecore): Begin, lease renewal while the handler runs, Finish

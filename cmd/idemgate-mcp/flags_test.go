@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemgate/idemgate/internal/httplimits"
 )
 
 // Every flag reads a variable by cliflag's rule, prefix IDEMGATE_MCP_
@@ -22,7 +24,8 @@ func TestParseFlagsReadsTheEnvironment(t *testing.T) {
 	f, err := parseFlags([]string{"-services", "b.S"}, func(k string) string { return env[k] }, io.Discard)
 	want := flags{target: "127.0.0.1:50052", token: "s3cret", listen: "127.0.0.1:8080", plaintext: true, callTimeout: 5 * time.Second,
 		descriptorSet: "p.binpb", services: "b.S", caFile: "ca.pem", serverName: "tool", keyArgument: "idempotency_key", keyArgumentTools: "a.S.M",
-		maxBodyBytes: 4 << 20, readHeaderTimeout: 10 * time.Second, readTimeout: 30 * time.Second, idleTimeout: 2 * time.Minute, maxConnections: 512, maxBufferedBytes: 256 << 20}
+		maxBodyBytes: 4 << 20, maxBufferedBytes: 256 << 20,
+		http: httplimits.Limits{ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxConnections: 512, MaxConnectionsPerIP: 64}}
 	if err != nil || f != want {
 		t.Errorf("parseFlags = %+v, %v; want %+v", f, err, want)
 	}

@@ -25,9 +25,12 @@
 // server bounds what a caller can cost it: -max-body-bytes (4 MiB, the MCP
 // SDK's limit; a longer body gets 413 before it is read),
 // -read-header-timeout (10s), -read-timeout (30s: a body trickled slower is
-// cut), -idle-timeout (2m), -max-connections (512) and -max-buffered-bytes
-// (256 MiB of bodies held at once; past it a body gets 503). It is
-// stateless, so it keeps no sessions to expire.
+// cut), -write-timeout (30s: a caller that reads nothing of its answer this
+// long is dropped), -idle-timeout (2m), -max-connections (512),
+// -max-connections-per-ip (64; past it the caller's idle connections are
+// closed first, then its new ones) and -max-buffered-bytes (256 MiB of
+// bodies held at once; past it a body gets 503). It is stateless, so it
+// keeps no sessions to expire.
 //
 // To a tool server that requires mutual TLS the bridge presents -tls-cert
 // and -tls-key (reread when they change), and that tool server's gate
@@ -63,10 +66,12 @@ import (
 
 	dedupeauth "github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/internal/cliflag"
+	"github.com/idemgate/idemgate/internal/httplimits"
 	"github.com/idemgate/idemgate/internal/loopback"
 	"github.com/idemgate/idemgate/internal/mcpbridge"
 	"github.com/idemgate/idemgate/internal/mcpwire"
 	"github.com/idemgate/idemgate/internal/tlsfiles"
+	"github.com/idemgate/idemgate/internal/tokenfile"
 	"github.com/idemgate/idemgate/internal/version"
 )
 
@@ -80,8 +85,7 @@ type flags struct {
 	keyArgument, keyArgumentTools           string
 	// The HTTP listener's (-listen) limits and its callers' authentication.
 	maxBodyBytes, maxBufferedBytes               int64
-	readHeaderTimeout, readTimeout, idleTimeout  time.Duration
-	maxConnections                               int
+	http                                         httplimits.Limits
 	callerTokenFile, listenTLSCert, listenTLSKey string
 	listenInsecurePlaintext                      bool
 }
@@ -130,10 +134,7 @@ func parseFlags(args []string, getenv func(string) string, usage io.Writer) (fla
 	fs.StringVar(&f.keyArgument, "key-argument", "", "add a required key argument of this `name` (such as "+mcpbridge.DefaultKeyArgument+") to every gated tool, for hosts that never set _meta; default: none")
 	fs.StringVar(&f.keyArgumentTools, "key-argument-tools", "", "comma-separated full `names` of the gated tools that get -key-argument; default: every gated tool")
 	fs.Int64Var(&f.maxBodyBytes, "max-body-bytes", mcpwire.DefaultMaxBodyBytes, "largest HTTP request body; a longer one gets 413, before it is read when its Content-Length says so")
-	fs.DurationVar(&f.readHeaderTimeout, "read-header-timeout", mcpwire.DefaultReadHeaderTimeout, "bound on reading an HTTP request's headers")
-	fs.DurationVar(&f.readTimeout, "read-timeout", mcpwire.DefaultReadTimeout, "bound on reading a whole HTTP request, body included; a slower one is cut")
-	fs.DurationVar(&f.idleTimeout, "idle-timeout", mcpwire.DefaultIdleTimeout, "close an HTTP keep-alive connection idle this long")
-	fs.IntVar(&f.maxConnections, "max-connections", mcpwire.DefaultMaxConnections, "HTTP connections served at once; more wait to be accepted")
+	f.http.RegisterFlags(fs)
 	fs.Int64Var(&f.maxBufferedBytes, "max-buffered-bytes", mcpwire.DefaultMaxBufferedBytes, "bytes of HTTP request bodies held at once, across requests; a body that would pass it gets 503")
 	fs.StringVar(&f.callerTokenFile, "caller-token-file", "", "`file` of the bearer tokens HTTP callers must send, \"name secret\" per line; required for a -listen address that is not loopback")
 	fs.StringVar(&f.listenTLSCert, "listen-tls-cert", "", "certificate `file` (PEM) of the HTTP listener, reread when it changes; with -listen-tls-key, serves HTTPS")
@@ -155,8 +156,7 @@ func parseFlags(args []string, getenv func(string) string, usage io.Writer) (fla
 
 // limits is the HTTP listener's limits.
 func (f flags) limits() mcpwire.HTTPLimits {
-	return mcpwire.HTTPLimits{MaxBodyBytes: f.maxBodyBytes, ReadHeaderTimeout: f.readHeaderTimeout, ReadTimeout: f.readTimeout,
-		IdleTimeout: f.idleTimeout, MaxConnections: f.maxConnections, MaxBufferedBytes: f.maxBufferedBytes}
+	return mcpwire.HTTPLimits{Limits: f.http, MaxBodyBytes: f.maxBodyBytes, MaxBufferedBytes: f.maxBufferedBytes}
 }
 
 // check refuses flags that do not go together, and a -listen address
@@ -190,38 +190,11 @@ func check(f flags) error {
 	return errors.Join(errs...)
 }
 
-// readCallerTokens reads -caller-token-file: one "name secret" a line;
-// blank lines and lines starting with # are skipped. A name must pass
-// mcpbridge.CheckCallerName (the bridge stores a caller's keys as
-// "<name>/<key>"); two secrets of one name are one caller, as while a
-// secret is rotated.
+// readCallerTokens reads -caller-token-file: one "name secret" a line
+// (tokenfile.Read); a name must pass mcpbridge.CheckCallerName (the bridge
+// stores a caller's keys as "<name>/<key>").
 func readCallerTokens(file string) (map[string]string, error) {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("-caller-token-file: %w", err)
-	}
-	tokens := map[string]string{} // secret -> name
-	for i, line := range strings.Split(string(b), "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		fields := strings.Fields(line)
-		if len(fields) != 2 {
-			return nil, fmt.Errorf("-caller-token-file %s line %d: want \"name secret\"", file, i+1)
-		}
-		if err := mcpbridge.CheckCallerName(fields[0]); err != nil {
-			return nil, fmt.Errorf("-caller-token-file %s line %d: %w", file, i+1, err)
-		}
-		if _, dup := tokens[fields[1]]; dup {
-			return nil, fmt.Errorf("-caller-token-file %s line %d: the secret of another line", file, i+1)
-		}
-		tokens[fields[1]] = fields[0]
-	}
-	if len(tokens) == 0 {
-		return nil, fmt.Errorf("-caller-token-file %s lists no token", file)
-	}
-	return tokens, nil
+	return tokenfile.Read("-caller-token-file", file, mcpbridge.CheckCallerName)
 }
 
 func run(f flags, logger *slog.Logger) error {
@@ -351,7 +324,7 @@ func run(f flags, logger *slog.Logger) error {
 		serve = func() error { return srv.ServeTLS(limits.Listener(lis), "", "") }
 	}
 	logger.Info("serving MCP over streamable HTTP", slog.String("address", scheme+lis.Addr().String()+"/mcp"), slog.String("target", f.target),
-		slog.Int64("max_body_bytes", limits.MaxBodyBytes), slog.Duration("read_timeout", limits.ReadTimeout), slog.Int("max_connections", limits.MaxConnections), slog.Int64("max_buffered_bytes", limits.MaxBufferedBytes))
+		slog.Int64("max_body_bytes", limits.MaxBodyBytes), slog.Duration("read_timeout", limits.ReadTimeout), slog.Int("max_connections", limits.MaxConnections), slog.Int("max_connections_per_ip", limits.MaxConnectionsPerIP), slog.Duration("write_timeout", limits.WriteTimeout), slog.Int64("max_buffered_bytes", limits.MaxBufferedBytes))
 	if err := serve(); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}

@@ -53,9 +53,13 @@ func serveConnect(ctx context.Context, cfg config, svc *payments.Server, dedupe 
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true) // plaintext for this loopback example; use TLS between machines
-	srv := &http.Server{Handler: mux, Protocols: protocols, ReadHeaderTimeout: 10 * time.Second}
+	// Timeouts and connection caps, in total and per client address, so
+	// slow, idle or never-reading clients cannot take the descriptors this
+	// process shares with the gRPC tool server (-read-timeout and the rest).
+	srv := cfg.http.Server(mux)
+	srv.Protocols = protocols
 	go func() {
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(cfg.http.Listener(lis)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			logger.Error("the Connect listener failed", slog.Any("error", err))
 		}
 	}()

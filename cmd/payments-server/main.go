@@ -38,6 +38,10 @@
 // With -connect-listen it also serves the service over Connect, gRPC and
 // gRPC-Web (HTTP/1.1 and h2c) on that address, gated by connectgate on the
 // same Dedupe service and ledger: one key is one charge on either listener.
+// That listener takes
+// -read-header-timeout (10s), -read-timeout (30s), -write-timeout (30s, each
+// write of an answer once it starts), -idle-timeout (2m), -max-connections
+// (512) and -max-connections-per-ip (64; an IPv6 client by its /64).
 // Every flag also reads an environment variable; payments-server -h lists
 // them. payments-server -version prints the version and the commit it was
 // built from.
@@ -78,6 +82,7 @@ import (
 	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
+	"github.com/idemgate/idemgate/internal/httplimits"
 	"github.com/idemgate/idemgate/internal/version"
 )
 
@@ -100,6 +105,9 @@ type config struct {
 	// connectListen is where the service is also served over Connect,
 	// gRPC and gRPC-Web (h2c), gated by connectgate; "" serves none.
 	connectListen string
+	// http bounds the -connect-listen HTTP listener's connections:
+	// -read-timeout, -max-connections-per-ip and the rest.
+	http httplimits.Limits
 	// inProcess, set by -dedupe in-process, configures the Dedupe service
 	// this process runs itself; nil calls the one at dedupeAddr.
 	inProcess *dedupeapp.Config
@@ -158,6 +166,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 	fs.StringVar(&cfg.connectListen, "connect-listen", "",
 		"also serve the payments service over Connect, gRPC and gRPC-Web (HTTP/1.1 and h2c) at http://`address`, gated by connectgate on the same Dedupe service; "+
 			"empty, the default, serves none")
+	cfg.http.RegisterFlags(fs)
 	env := cliflag.Bind(fs, "PAYMENTS_", getenv,
 		cliflag.WithName("dedupe", "IDEMGATE_DEDUPE_ADDR"),
 		cliflag.WithName("dedupe-token", "IDEMGATE_DEDUPE_TOKEN"))
@@ -188,6 +197,9 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 		cfg.inProcess = &dcfg
 	case len(rest) > 0:
 		return config{}, fmt.Errorf("unexpected argument %q: arguments after the flags are dedupesvc flags, for -dedupe %s only", rest[0], inProcessDedupe)
+	}
+	if err := cfg.http.Check("-"); err != nil {
+		return config{}, err
 	}
 	switch {
 	case cfg.replayCacheEntries < 0:

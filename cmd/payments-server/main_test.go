@@ -21,18 +21,23 @@ import (
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/httplimits"
 )
 
 func getenvFrom(env map[string]string) func(string) string {
 	return func(k string) string { return env[k] }
 }
 
+// defaultHTTP is the Connect listener's limits by default, as documented.
+var defaultHTTP = httplimits.Limits{ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second,
+	IdleTimeout: 2 * time.Minute, MaxConnections: 512, MaxConnectionsPerIP: 64}
+
 func TestParseConfigDefaults(t *testing.T) {
 	cfg, err := parseConfig(nil, getenvFrom(nil), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := config{listen: "127.0.0.1:50052", dedupeAddr: "127.0.0.1:50051", replayCacheBytes: 64 << 20}
+	want := config{listen: "127.0.0.1:50052", dedupeAddr: "127.0.0.1:50051", replayCacheBytes: 64 << 20, http: defaultHTTP}
 	if cfg != want {
 		t.Errorf("defaults = %+v, want %+v", cfg, want)
 	}
@@ -107,7 +112,7 @@ func TestParseConfigOtherFlagsKeepTheirEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := config{listen: "127.0.0.1:6000", dedupeAddr: "127.0.0.1:6001", token: "tok", reflection: true, replayCacheBytes: 64 << 20}
+	want := config{listen: "127.0.0.1:6000", dedupeAddr: "127.0.0.1:6001", token: "tok", reflection: true, replayCacheBytes: 64 << 20, http: defaultHTTP}
 	if cfg != want {
 		t.Errorf("config = %+v, want %+v", cfg, want)
 	}

@@ -28,7 +28,6 @@ import (
 
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -36,6 +35,7 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/httpgate"
 	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/loopback"
 	"github.com/idemgate/idemgate/mcpgate"
@@ -46,16 +46,18 @@ func main() {
 	dedupeToken := flag.String("dedupe-token", os.Getenv("IDEMGATE_DEDUPE_TOKEN"), "bearer `token` for the Dedupe service (env IDEMGATE_DEDUPE_TOKEN)")
 	dataDir := flag.String("data-dir", "", "run a Dedupe service in this process on the embedded store in this `directory`, instead of -dedupe")
 	listen := flag.String("listen", "", "serve streamable HTTP on this `address` at /mcp; default: stdio")
+	var limits httpgate.ServerLimits // -read-timeout, -max-connections-per-ip and the rest
+	limits.RegisterFlags(flag.CommandLine)
 	flag.Parse()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(*dedupeAddr, *dedupeToken, *dataDir, *listen, logger); err != nil {
+	if err := run(*dedupeAddr, *dedupeToken, *dataDir, *listen, limits, logger); err != nil {
 		logger.Error("mcp-server failed", slog.Any("error", err))
 		os.Exit(1)
 	}
 	logger.Info("stopped")
 }
 
-func run(dedupeAddr, dedupeToken, dataDir, listen string, logger *slog.Logger) error {
+func run(dedupeAddr, dedupeToken, dataDir, listen string, limits httpgate.ServerLimits, logger *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -123,9 +125,10 @@ func run(dedupeAddr, dedupeToken, dataDir, listen string, logger *slog.Logger) e
 	if err != nil {
 		return err
 	}
-	// Bound what a caller costs: a slow or idle connection is closed, and
-	// at most 512 are served at once (HTTPHandler bounds each body at 4 MiB).
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	// Bound what a caller costs: a slow, idle or never-reading connection
+	// is closed, and at most 512 are held at once, 64 per client address
+	// (HTTPHandler bounds each body at 4 MiB).
+	srv := limits.Server(mux)
 	go func() {
 		<-ctx.Done()
 		logger.Info("stopping on a signal: no new requests, waiting up to 10s for the requests in flight")
@@ -134,7 +137,7 @@ func run(dedupeAddr, dedupeToken, dataDir, listen string, logger *slog.Logger) e
 		_ = srv.Shutdown(shutdown)
 	}()
 	logger.Info("serving MCP over streamable HTTP", slog.String("address", "http://"+lis.Addr().String()+"/mcp"))
-	if err := srv.Serve(netutil.LimitListener(lis, 512)); !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Serve(limits.Listener(lis)); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil

@@ -3,8 +3,16 @@
 // replays its response, byte for byte, to every retry; GET /charges/{id}
 // is safe and never gated. Its OpenAPI 3.1 document is at /openapi.yaml.
 //
-//	go run ./examples/rest-payments -dedupe 127.0.0.1:50051 -listen 127.0.0.1:8090   # make run first
-//	go run ./examples/rest-payments -data-dir /tmp/rest-dedupe                        # embedded store in process
+// Every call but GET /openapi.yaml authenticates with a bearer token from
+// -caller-token-file ("name secret" a line); the token's name is the
+// caller's tenant: its keys and charges are its own, so another caller
+// sending its key and body gets a charge of its own, never its answer. A
+// call without a valid token gets 401 problem+json. The listener is bounded
+// as the library's httpgate.ServerLimits defaults are (-read-timeout,
+// -write-timeout, -max-connections-per-ip and the rest).
+//
+//	go run ./examples/rest-payments -caller-token-file examples/rest-payments/tokens.txt -dedupe 127.0.0.1:50051   # make run first
+//	go run ./examples/rest-payments -caller-token-file examples/rest-payments/tokens.txt -data-dir /tmp/rest-dedupe # embedded store
 package main
 
 import (
@@ -31,6 +39,7 @@ import (
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/httpgate"
 	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/tokenfile"
 )
 
 //go:embed openapi.yaml
@@ -40,16 +49,26 @@ func main() {
 	dedupeAddr := flag.String("dedupe", "127.0.0.1:50051", "gRPC `address` of the Dedupe service (plaintext, loopback)")
 	dataDir := flag.String("data-dir", "", "run a Dedupe service in this process on the embedded store in this `directory`, instead of -dedupe")
 	listen := flag.String("listen", "127.0.0.1:8090", "serve HTTP on this `address`")
+	tokenFile := flag.String("caller-token-file", "", "`file` of the callers' bearer tokens, \"name secret\" a line; each name is a tenant; required")
+	var limits httpgate.ServerLimits
+	limits.RegisterFlags(flag.CommandLine)
 	flag.Parse()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(*dedupeAddr, *dataDir, *listen, logger); err != nil {
+	if err := run(*dedupeAddr, *dataDir, *listen, *tokenFile, limits, logger); err != nil {
 		logger.Error("rest-payments failed", slog.Any("error", err))
 		os.Exit(1)
 	}
 	logger.Info("stopped")
 }
 
-func run(dedupeAddr, dataDir, listen string, logger *slog.Logger) error {
+func run(dedupeAddr, dataDir, listen, tokenFile string, limits httpgate.ServerLimits, logger *slog.Logger) error {
+	if tokenFile == "" {
+		return errors.New("-caller-token-file is required: without it anyone who learns a caller's key and body would be replayed that caller's charge")
+	}
+	tokens, err := tokenfile.Read("-caller-token-file", tokenFile, nil)
+	if err != nil {
+		return err
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var dedupe idemgatev1.DedupeServiceClient
@@ -85,7 +104,9 @@ func run(dedupeAddr, dataDir, listen string, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: gate.Handler(newAPI(&provider{}).mux()), ReadHeaderTimeout: 10 * time.Second}
+	// Slow, idle or never-reading clients are cut, and one client address
+	// holds at most its share of the connections.
+	srv := limits.Server(newAPI(&provider{}).handler(gate, tokens))
 	logger.Info("rest-payments: serving", slog.String("addr", lis.Addr().String()), slog.String("openapi", "http://"+lis.Addr().String()+"/openapi.yaml"))
 	go func() {
 		<-ctx.Done()
@@ -94,7 +115,7 @@ func run(dedupeAddr, dataDir, listen string, logger *slog.Logger) error {
 		defer cancel()
 		_ = srv.Shutdown(shutdown)
 	}()
-	if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Serve(limits.Listener(lis)); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -105,10 +126,50 @@ func run(dedupeAddr, dataDir, listen string, logger *slog.Logger) error {
 // newGate gates POST /charges (as openapi.yaml declares with its
 // Idempotency-Key parameter): a charge is replayed for 24h; a declined card
 // (402) is the charge's outcome too, so a retry never tries the card again.
+// Each caller is its own tenant (callerOf), so its keys are its own.
 func newGate(dedupe idemgatev1.DedupeServiceClient, opts ...httpgate.Option) (*httpgate.Gate, error) {
 	return httpgate.New(dedupe, "rest-payments", append([]httpgate.Option{
 		httpgate.WithRoute("POST /charges", httpgate.RoutePolicy{Retention: 24 * time.Hour, ReplayClientErrors: true}),
+		httpgate.WithTenant(func(r *http.Request) (string, error) {
+			if name := callerOf(r); name != "" {
+				return name, nil
+			}
+			return "", errors.New("no authenticated caller")
+		}),
 	}, opts...)...)
+}
+
+type callerKey struct{}
+
+// callerOf is the name of r's authenticated caller, "" when none.
+func callerOf(r *http.Request) string {
+	name, _ := r.Context().Value(callerKey{}).(string)
+	return name
+}
+
+// authenticate lets through only a request with one of tokens (secret to
+// caller name) as "Authorization: Bearer <secret>", its caller's name in
+// its context; others get 401 problem+json. The gate runs after it, so a
+// caller's keys are looked up in its own tenant.
+func authenticate(tokens map[string]string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		name := tokenfile.Lookup(tokens, tokenfile.Bearer(r))
+		if name == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="rest-payments"`)
+			problem(w, http.StatusUnauthorized, "Unauthenticated", "send an Authorization: Bearer header with one of the tokens in the server's -caller-token-file")
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, name)))
+	})
+}
+
+// handler is the served API: /openapi.yaml to anyone, the rest to
+// authenticated callers through gate.
+func (a *api) handler(gate *httpgate.Gate, tokens map[string]string) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /openapi.yaml", a.mux())
+	mux.Handle("/", authenticate(tokens, gate.Handler(a.mux())))
+	return mux
 }
 
 // provider is the fake card processor: it honours its context and keeps the
@@ -119,6 +180,8 @@ type provider struct {
 }
 
 type charge struct {
+	// owner is the caller that made it; only it reads it back.
+	owner    string
 	ID       string `json:"id"`
 	Customer string `json:"customer"`
 	Amount   int64  `json:"amount"`
@@ -180,7 +243,7 @@ func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
 		problem(w, http.StatusBadRequest, "Invalid charge", "send a JSON body with customer, a positive amount in minor units, and currency")
 		return
 	}
-	c, err := a.p.charge(r.Context(), charge{Customer: in.Customer, Amount: in.Amount, Currency: in.Currency})
+	c, err := a.p.charge(r.Context(), charge{owner: callerOf(r), Customer: in.Customer, Amount: in.Amount, Currency: in.Currency})
 	switch {
 	case errors.Is(err, errDeclined):
 		problem(w, http.StatusPaymentRequired, "Card declined", "the card was declined; use a new Idempotency-Key for a new attempt")
@@ -200,7 +263,7 @@ func (a *api) createCharge(w http.ResponseWriter, r *http.Request) {
 
 func (a *api) getCharge(w http.ResponseWriter, r *http.Request) {
 	c, ok := a.p.get(r.PathValue("id"))
-	if !ok {
+	if !ok || c.owner != callerOf(r) {
 		problem(w, http.StatusNotFound, "No such charge", "no charge has this id")
 		return
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -96,7 +97,7 @@ func TestOpenAPIDeclaresTheRoutesAsGated(t *testing.T) {
 			if !declaresKey {
 				continue
 			}
-			for _, status := range []int{400, 409, 413, 422, 429, 500, 503} {
+			for _, status := range []int{400, 401, 409, 413, 422, 429, 500, 503} {
 				resp, ok := op.Responses[strconv.Itoa(status)]
 				if _, problem := resp.Content[httpgate.ProblemContentType]; !ok || !problem {
 					t.Errorf("%s %s does not declare the %d problem the gate answers", method, path, status)
@@ -118,31 +119,51 @@ func dedupe(t *testing.T) idemgatev1.DedupeServiceClient {
 	return idemgatev1.NewDedupeServiceClient(stacktest.Serve(t, srv, grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig)))
 }
 
-func TestAChargeRunsOncePerKey(t *testing.T) {
+var testTokens = map[string]string{"alice-secret": "alice", "bob-secret": "bob"}
+
+// serve serves the API on a gate with testTokens' callers.
+func serve(t *testing.T, p *provider) *httptest.Server {
+	t.Helper()
 	gate, err := newGate(dedupe(t), httpgate.WithLogger(quiet()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &provider{}
-	srv := httptest.NewServer(gate.Handler(newAPI(p).mux()))
+	srv := httptest.NewServer(newAPI(p).handler(gate, testTokens))
 	t.Cleanup(func() {
 		srv.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		_ = gate.Close(ctx)
 	})
-	charge := func(key, body string) (*http.Response, []byte) {
-		t.Helper()
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/charges", strings.NewReader(body))
+	return srv
+}
+
+// call sends method url with token (none when "") and, for a body, key.
+func call(t *testing.T, method, url, token, key, body string) (*http.Response, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set(httpgate.KeyHeader, key)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp, b
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, b
+}
+
+func TestAChargeRunsOncePerKey(t *testing.T) {
+	p := &provider{}
+	srv := serve(t, p)
+	charge := func(key, body string) (*http.Response, []byte) {
+		t.Helper()
+		return call(t, http.MethodPost, srv.URL+"/charges", "alice-secret", key, body)
 	}
 	first, body1 := charge(`"ord-1"`, `{"customer":"cus_1","amount":1999,"currency":"usd"}`)
 	second, body2 := charge(`"ord-1"`, `{"currency":"usd","amount":1999,"customer":"cus_1"}`)
@@ -157,13 +178,44 @@ func TestAChargeRunsOncePerKey(t *testing.T) {
 	if declined1.StatusCode != http.StatusPaymentRequired || declined2.Header.Get(httpgate.ReplayedHeader) != "true" || !bytes.Equal(d1, d2) {
 		t.Fatalf("declined: %d then %d %v", declined1.StatusCode, declined2.StatusCode, declined2.Header)
 	}
-	resp, err := http.Get(srv.URL + "/openapi.yaml")
-	if err != nil {
-		t.Fatal(err)
+	resp, served := call(t, http.MethodGet, srv.URL+"/openapi.yaml", "", "", "")
+	if resp.StatusCode != http.StatusOK || !bytes.Equal(served, openAPI) {
+		t.Fatal("/openapi.yaml is not the document, served without a token")
 	}
-	served, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !bytes.Equal(served, openAPI) {
-		t.Fatal("/openapi.yaml is not the document")
+}
+
+// Each caller is its own tenant: bob sending alice's key and body gets a
+// charge of his own, not hers replayed, and cannot read hers; a call
+// without a valid token gets 401 problem+json and charges nothing.
+func TestCallersAreTenants(t *testing.T) {
+	p := &provider{}
+	srv := serve(t, p)
+	body := `{"customer":"cus_1","amount":1999,"currency":"usd"}`
+	alice, aliceBody := call(t, http.MethodPost, srv.URL+"/charges", "alice-secret", `"ord-1"`, body)
+	bob, bobBody := call(t, http.MethodPost, srv.URL+"/charges", "bob-secret", `"ord-1"`, body)
+	if alice.StatusCode != http.StatusCreated || bob.StatusCode != http.StatusCreated || bob.Header.Get(httpgate.ReplayedHeader) == "true" || bytes.Equal(aliceBody, bobBody) {
+		t.Fatalf("alice %d %s; bob with her key and body %d %v %s: want a charge of his own", alice.StatusCode, aliceBody, bob.StatusCode, bob.Header, bobBody)
+	}
+	if len(p.charges) != 2 {
+		t.Fatalf("charges = %d, want 2", len(p.charges))
+	}
+	if resp, b := call(t, http.MethodGet, srv.URL+alice.Header.Get("Location"), "bob-secret", "", ""); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("bob reading alice's charge: %d %s, want 404", resp.StatusCode, b)
+	}
+	if resp, b := call(t, http.MethodGet, srv.URL+alice.Header.Get("Location"), "alice-secret", "", ""); resp.StatusCode != http.StatusOK {
+		t.Errorf("alice reading her charge: %d %s, want 200", resp.StatusCode, b)
+	}
+	for _, token := range []string{"", "wrong", "alice-secretx"} {
+		for _, r := range []struct{ method, path, body string }{{http.MethodPost, "/charges", body}, {http.MethodGet, alice.Header.Get("Location"), ""}} {
+			resp, b := call(t, r.method, srv.URL+r.path, token, `"ord-9"`, r.body)
+			var pr httpgate.Problem
+			if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("Content-Type") != httpgate.ProblemContentType ||
+				!strings.HasPrefix(resp.Header.Get("WWW-Authenticate"), "Bearer") || json.Unmarshal(b, &pr) != nil || pr.Status != http.StatusUnauthorized {
+				t.Errorf("%s %s with token %q: %d %v %s, want 401 problem+json", r.method, r.path, token, resp.StatusCode, resp.Header, b)
+			}
+		}
+	}
+	if len(p.charges) != 2 {
+		t.Fatalf("charges = %d after unauthenticated calls, want 2", len(p.charges))
 	}
 }

@@ -13,7 +13,7 @@ import (
 func TestInterruptIsLogged(t *testing.T) {
 	t.Parallel()
 	addr := stacktest.FreeAddr(t)
-	p := proctest.Start(t, proctest.Build(t, "."), []string{"-listen", addr, "-data-dir", t.TempDir()}, nil)
+	p := proctest.Start(t, proctest.Build(t, "."), []string{"-listen", addr, "-data-dir", t.TempDir(), "-caller-token-file", "tokens.txt"}, nil)
 	p.WaitTCP(t, addr, 2*time.Minute)
 	p.WantCleanInterrupt(t, "msg=\"stopping", "msg=stopped")
 }

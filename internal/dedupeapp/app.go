@@ -40,6 +40,7 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/httplimits"
 	"github.com/idemgate/idemgate/internal/tlsfiles"
 )
 
@@ -321,9 +322,12 @@ func ServeMetrics(addr string, registry *prometheus.Registry, logger *slog.Logge
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
-	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	// The HTTP listeners' defaults (timeouts, 512 connections, 64 per
+	// client address): a scraper needs one.
+	limits := httplimits.Limits{ReadHeaderTimeout: 5 * time.Second}
+	httpSrv := limits.Server(mux)
 	go func() {
-		if err := httpSrv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := httpSrv.Serve(limits.Listener(lis)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			logger.Error("metrics endpoint failed", slog.Any("error", err))
 		}
 	}()

@@ -3,7 +3,6 @@ package dedupeapp
 import (
 	"context"
 	"net"
-	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/httplimits"
 )
 
 // What a caller holds before it authenticates. grpc-go reads a whole
@@ -278,29 +278,7 @@ func (g *preauthGate) tapHandle(ctx context.Context, info *tap.Info) (context.Co
 	return ctx, nil
 }
 
-// ipGroup is what the per-IP cap counts addr's connections under: an IPv4
-// address (also IPv4-mapped IPv6) as itself, and an IPv6 address by its /64
-// ("2001:db8::/64"), since one IPv6 client is given a /64 at least and can
-// rotate addresses in it. An address that is no IP (a Unix socket) counts
-// as itself.
-func ipGroup(addr net.Addr) string {
-	var ip netip.Addr
-	if tcp, ok := addr.(*net.TCPAddr); ok {
-		ip, _ = netip.AddrFromSlice(tcp.IP)
-		ip = ip.WithZone(tcp.Zone)
-	} else if ap, err := netip.ParseAddrPort(addr.String()); err == nil {
-		ip = ap.Addr()
-	} else {
-		return addr.String()
-	}
-	ip = ip.Unmap()
-	if !ip.Is6() {
-		return ip.String()
-	}
-	// A zone (link-local) names another link: keep it apart.
-	prefix := netip.PrefixFrom(ip.WithZone(""), 64).Masked().String()
-	if zone := ip.Zone(); zone != "" {
-		return prefix + "%" + zone
-	}
-	return prefix
-}
+// ipGroup is what the per-IP cap counts addr's connections under: its
+// IPv4 address, or its IPv6 /64 (httplimits.IPGroup, which the HTTP
+// listeners' per-IP caps count by too).
+var ipGroup = httplimits.IPGroup

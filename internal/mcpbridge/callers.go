@@ -2,7 +2,6 @@ package mcpbridge
 
 import (
 	"context"
-	"crypto/subtle"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -19,6 +18,7 @@ import (
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/keys"
 	"github.com/idemgate/idemgate/internal/mcpwire"
+	"github.com/idemgate/idemgate/internal/tokenfile"
 )
 
 // Several HTTP callers authenticated by CallerAuth share one bridge, and
@@ -60,12 +60,7 @@ func CheckCallerName(name string) error {
 // keys. idemgate-mcp -caller-token-file serves its callers through it.
 func CallerAuth(tokens map[string]string, h http.Handler) http.Handler {
 	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
-		name := ""
-		for secret, n := range tokens {
-			if subtle.ConstantTimeCompare([]byte(secret), []byte(token)) == 1 {
-				name = n
-			}
-		}
+		name := tokenfile.Lookup(tokens, token)
 		if name == "" {
 			return nil, auth.ErrInvalidToken
 		}

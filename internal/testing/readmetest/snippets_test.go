@@ -102,7 +102,13 @@ func httpServer(ctx context.Context, conn *grpc.ClientConn, mux *http.ServeMux, 
 		return err
 	}
 	defer gate.Close(ctx)
-	return http.ListenAndServe(addr, gate.Handler(mux))
+	// Timeouts, and connection caps in total and per client address: the defaults.
+	limits := httpgate.ServerLimits{}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	return limits.Server(gate.Handler(mux)).Serve(limits.Listener(lis))
 	// README:end
 }
 

@@ -1,0 +1,43 @@
+package main_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemgate/idemgate/gen/examples/payments/v1/paymentsv1connect"
+	"github.com/idemgate/idemgate/internal/testing/httpattack"
+	"github.com/idemgate/idemgate/internal/testing/proctest"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
+)
+
+// Slowloris on the Connect listener from one address, with more
+// connections than the process has descriptors (which it shares with the
+// gRPC tool server), each trickling a body: another client's charge over
+// Connect is still served.
+func TestConnectSlowlorisDoesNotStopACharge(t *testing.T) {
+	t.Parallel()
+	grpcAddr, connectAddr := stacktest.FreeAddr(t), stacktest.FreeAddr(t)
+	prog, args := httpattack.WithFileLimit(160, proctest.Build(t, "."), "-listen", grpcAddr, "-connect-listen", connectAddr,
+		"-metrics-listen=", "-dedupe", "in-process", "--", "-data-dir", t.TempDir(), "-metrics-listen=")
+	p := proctest.Start(t, prog, args, []string{"DATABASE_URL="})
+	p.WaitTCP(t, connectAddr, 2*time.Minute)
+	head := httpattack.Request(http.MethodPost, paymentsv1connect.PaymentsServiceChargeCardProcedure, connectAddr,
+		[]string{"Content-Type: application/json", "Idempotency-Key: slow", "Content-Length: 1000000"}, nil)
+	a := httpattack.Slowloris(context.Background(), "127.0.0.1", connectAddr, 300, head, 10*time.Second)
+	defer a.Close()
+	req, _ := http.NewRequest(http.MethodPost, "http://"+connectAddr+paymentsv1connect.PaymentsServiceChargeCardProcedure,
+		strings.NewReader(`{"customerId":"c","amountCents":5}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "legit-1")
+	resp, err := httpattack.Client("127.0.0.2", 2*time.Minute).Do(req)
+	if err != nil {
+		t.Fatalf("a charge beside %d slowloris connections: %v", a.Opened.Load(), err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("a charge beside the slowloris: %s, want 200", resp.Status)
+	}
+}

@@ -1,0 +1,211 @@
+package httplimits
+
+import (
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+)
+
+// listener caps the connections it holds, in total and per IPGroup.
+type listener struct {
+	net.Listener
+	max, perIP int
+
+	mu sync.Mutex
+	// byIP are each client's open connections, oldest first.
+	byIP map[string][]*conn
+	n    int
+	// freed is closed and replaced when a connection closes or turns idle,
+	// waking an Accept waiting for a slot.
+	freed chan struct{}
+	// done is closed by Close, ending a wait for a slot.
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+func newListener(lis net.Listener, max, perIP int) *listener {
+	return &listener{Listener: lis, max: max, perIP: perIP, byIP: map[string][]*conn{}, freed: make(chan struct{}), done: make(chan struct{})}
+}
+
+// Close implements net.Listener; an Accept waiting for a slot returns.
+func (l *listener) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+// conn is a connection the listener holds.
+type conn struct {
+	net.Conn
+	l  *listener
+	ip string
+	// idle is under l.mu: the server reports it between requests.
+	idle      bool
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Close implements net.Conn: the listener forgets the connection.
+func (c *conn) Close() error {
+	c.closeOnce.Do(func() {
+		c.l.forget(c)
+		c.closeErr = c.Conn.Close()
+	})
+	return c.closeErr
+}
+
+// Accept accepts the next connection within the caps: one past its
+// client's share closes that client's oldest idle connection, or is closed
+// itself when none is idle; one past the total closes the oldest idle
+// connection of the client holding the most, or waits for a slot.
+func (l *listener) Accept() (net.Conn, error) {
+	for {
+		raw, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		c, err := l.admit(raw)
+		if err != nil {
+			return nil, err
+		}
+		if c != nil {
+			return c, nil
+		}
+	}
+}
+
+// admit returns raw tracked, or nil when it was refused (closed), or
+// net.ErrClosed when the listener closed while it waited for a slot.
+func (l *listener) admit(raw net.Conn) (*conn, error) {
+	c := &conn{Conn: raw, l: l, ip: IPGroup(raw.RemoteAddr())}
+	l.mu.Lock()
+	for {
+		var evict *conn
+		switch {
+		case len(l.byIP[c.ip]) >= l.perIP:
+			if evict = oldestIdle(l.byIP[c.ip]); evict == nil {
+				l.mu.Unlock()
+				_ = raw.Close()
+				return nil, nil
+			}
+		case l.n >= l.max:
+			// The client holding the most gives way.
+			for _, list := range l.byIP {
+				if o := oldestIdle(list); o != nil && (evict == nil || len(list) > len(l.byIP[evict.ip])) {
+					evict = o
+				}
+			}
+			if evict == nil {
+				// Every connection is busy: wait for one to close or idle.
+				freed := l.freed
+				l.mu.Unlock()
+				select {
+				case <-freed:
+				case <-l.done:
+					_ = raw.Close()
+					return nil, net.ErrClosed
+				}
+				l.mu.Lock()
+				continue
+			}
+		}
+		if evict != nil {
+			l.dropLocked(evict)
+			l.mu.Unlock()
+			_ = evict.Close()
+			l.mu.Lock()
+			continue
+		}
+		l.byIP[c.ip] = append(l.byIP[c.ip], c)
+		l.n++
+		l.mu.Unlock()
+		return c, nil
+	}
+}
+
+func oldestIdle(list []*conn) *conn {
+	for _, c := range list {
+		if c.idle {
+			return c
+		}
+	}
+	return nil
+}
+
+// dropLocked stops counting c, waking a waiting Accept.
+func (l *listener) dropLocked(c *conn) {
+	list := l.byIP[c.ip]
+	for i, o := range list {
+		if o == c {
+			list = append(list[:i:i], list[i+1:]...)
+			l.n--
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(l.byIP, c.ip)
+	} else {
+		l.byIP[c.ip] = list
+	}
+	l.wakeLocked()
+}
+
+func (l *listener) wakeLocked() {
+	close(l.freed)
+	l.freed = make(chan struct{})
+}
+
+func (l *listener) forget(c *conn) {
+	l.mu.Lock()
+	l.dropLocked(c)
+	l.mu.Unlock()
+}
+
+// connState is the Server's ConnState hook: it marks the listener's
+// connections idle between requests (HTTP/2: with no stream open).
+func connState(nc net.Conn, state http.ConnState) {
+	for {
+		if c, ok := nc.(*conn); ok {
+			c.l.mu.Lock()
+			c.idle = state == http.StateIdle
+			if c.idle {
+				c.l.wakeLocked()
+			}
+			c.l.mu.Unlock()
+			return
+		}
+		// A TLS connection wraps the listener's.
+		u, ok := nc.(interface{ NetConn() net.Conn })
+		if !ok {
+			return
+		}
+		nc = u.NetConn()
+	}
+}
+
+// IPGroup is what a per-IP cap counts addr's connections under: an IPv4
+// address (also IPv4-mapped IPv6) as itself, and an IPv6 address by its /64
+// ("2001:db8::/64"), since one IPv6 client is given a /64 at least and can
+// rotate addresses in it. An address that is no IP (a Unix socket) counts
+// as itself.
+func IPGroup(addr net.Addr) string {
+	var ip netip.Addr
+	if tcp, ok := addr.(*net.TCPAddr); ok {
+		ip, _ = netip.AddrFromSlice(tcp.IP)
+		ip = ip.WithZone(tcp.Zone)
+	} else if ap, err := netip.ParseAddrPort(addr.String()); err == nil {
+		ip = ap.Addr()
+	} else {
+		return addr.String()
+	}
+	ip = ip.Unmap()
+	if !ip.Is6() {
+		return ip.String()
+	}
+	// A zone (link-local) names another link: keep it apart.
+	prefix := netip.PrefixFrom(ip.WithZone(""), 64).Masked().String()
+	if zone := ip.Zone(); zone != "" {
+		return prefix + "%" + zone
+	}
+	return prefix
+}
