@@ -679,7 +679,7 @@ func (s *sink) flush() {
 
 // writeTo writes the canonical form, c.size bytes, to w.
 func (c *canonical) writeTo(w io.Writer) {
-	s := &sink{w: w, buf: make([]byte, 0, 4096)}
+	s := &sink{w: w, buf: make([]byte, 0, min(4096, c.size))}
 	c.emit(s, skipSpace(c.body, 0))
 	s.flush()
 }
