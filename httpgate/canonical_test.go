@@ -35,6 +35,8 @@ var canonicalCorpus = []string{
 	strings.Repeat(`{"a":`, 65) + "1" + strings.Repeat("}", 65), strings.Repeat(`{"a":`, 65) + "{}" + strings.Repeat("}", 65),
 	"\xff", `"` + "\xed\xa0\x80" + `"`, `{"a":"b"}` + "\x00",
 	`{"z":{"y":[{"x":1,"w":2},{}],"v":"\u00e9"},"a":[]}`,
+	`{"/":1,"\/":2}`, `{"\u0022":1,"\"":2}`, `{"\u005c":1,"\\":2}`, `{"a\"b":1,"a":2,"a\u0000":3}`,
+	`{"\uD83D\uDE00":1,"\ud83d\ude00":2}`, `{"😀":1,"\ud83d\ude00":2}`, `{"\ud83d\ude00x":1,"😀":2,"\uffff":3}`,
 }
 
 // canonicalOf is the new canonical form of body, or its error.
