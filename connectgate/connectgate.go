@@ -23,6 +23,7 @@ import (
 	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/protogate"
+	"github.com/idemgate/idemgate/internal/replayfields"
 )
 
 // Header names the gate reads and writes: the interceptor's metadata names,
@@ -78,6 +79,7 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 		// limit would be refused to every duplicate it is replayed to.
 		return nil, fmt.Errorf("idemgate: connectgate.New: WithMaxOutcomeBytes (%d) is over WithMaxResponseBytes (%d): a stored response that large could never be sent again; lower the first or raise the second", o.maxOutcome, o.maxResponse)
 	}
+	o.perCaller = replayfields.New(o.perCallerNames...)
 	// A response replays as its generated type when the binary links it in
 	// (the interceptor's default registry), else as a dynamicpb message of
 	// the method's output descriptor (see the package doc).
@@ -280,8 +282,8 @@ func (c *call) Replay(_ context.Context, s gatecore.Stored) (any, error, bool) {
 		ce := connectError(r.Err)
 		// A unary handler's error sends its metadata as headers, whatever
 		// the protocol: the stored trailer goes there too.
-		setStored(ce.Meta(), r.Header)
-		setStored(ce.Meta(), r.Trailer)
+		setStored(ce.Meta(), r.Header, c.g.replayable)
+		setStored(ce.Meta(), r.Trailer, c.g.replayable)
 		return nil, ce, true
 	}
 	if r.Response == nil {
@@ -289,8 +291,8 @@ func (c *call) Replay(_ context.Context, s gatecore.Stored) (any, error, bool) {
 			"the stored outcome decoded as no message; the call was not run again", nil, 0), false
 	}
 	resp := connect.NewResponse(&replayedMessage{r.Response})
-	setStored(resp.Header(), r.Header)
-	setStored(resp.Trailer(), r.Trailer)
+	setStored(resp.Header(), r.Header, c.g.replayable)
+	setStored(resp.Trailer(), r.Trailer, c.g.replayable)
 	return resp, nil, true
 }
 
@@ -342,7 +344,7 @@ func (c *call) run(hctx context.Context, a *gatecore.Attempt) gatecore.Ran {
 			return gatecore.Ran{Verdict: verdict, Answer: resp, Err: unwrapped, Code: grpcerr.CodeName(st.Code()), Message: st.Message()}
 		}
 		result, err := gatecore.MarshalAny(st.Proto())
-		outcome, err := protogate.Wrap(result, err, header, trailer, replayableKey)
+		outcome, err := protogate.Wrap(result, err, header, trailer, c.g.replayable)
 		if err != nil {
 			c.g.opts.logger.ErrorContext(hctx, "idemgate: could not serialize a final error to store it; releasing instead", slog.String("scope", c.Scope), slog.Any("error", err))
 			return gatecore.Ran{Verdict: gatecore.VerdictNotRun, Answer: resp, Err: unwrapped}
@@ -352,9 +354,10 @@ func (c *call) run(hctx context.Context, a *gatecore.Attempt) gatecore.Ran {
 		answer := connectError(status.FromProto(st.Proto()).Err())
 		if ce != nil {
 			// Only what the stored copy keeps, so the first caller and its
-			// duplicates get the same metadata.
+			// duplicates get the same metadata, and the per-caller fields,
+			// which only the first caller gets.
 			for k, vs := range ce.Meta() {
-				if replayableKey(strings.ToLower(k)) {
+				if lower := strings.ToLower(k); c.g.replayable(lower) || c.g.opts.perCaller.PerCaller(lower) {
 					for _, v := range vs {
 						answer.Meta().Add(k, v)
 					}
@@ -370,7 +373,7 @@ func (c *call) run(hctx context.Context, a *gatecore.Attempt) gatecore.Ran {
 	recordAdded(&header, resp.Header(), nil)
 	recordAdded(&trailer, resp.Trailer(), nil)
 	result, err := gatecore.MarshalAny(respMsg)
-	outcome, err := protogate.Wrap(result, err, header, trailer, replayableKey)
+	outcome, err := protogate.Wrap(result, err, header, trailer, c.g.replayable)
 	if err != nil {
 		return gatecore.Ran{Verdict: gatecore.VerdictLost, Answer: resp, Why: "could not serialize the response to store it", Attrs: []slog.Attr{slog.Any("error", err)}}
 	}
@@ -471,9 +474,14 @@ func recordAdded(md *protogate.Metadata, h, before http.Header) {
 }
 
 // setStored sets stored metadata on h, "-bin" values encoded as HTTP
-// carries them.
-func setStored(h http.Header, md protogate.Metadata) {
+// carries them, and only the keys keep holds: a record stored before a key
+// became per-caller (or was named by WithPerCallerHeaders) replays without
+// it.
+func setStored(h http.Header, md protogate.Metadata, keep func(string) bool) {
 	for k, vs := range md {
+		if !keep(k) {
+			continue
+		}
 		for _, v := range vs {
 			if strings.HasSuffix(k, "-bin") {
 				v = connect.EncodeBinaryHeader([]byte(v))
@@ -483,15 +491,16 @@ func setStored(h http.Header, md protogate.Metadata) {
 	}
 }
 
-// replayableKey reports whether a handler's response header (lowercase) is
+// replayable reports whether a handler's response header (lowercase) is
 // stored and replayed: what the interceptor replays (protogate.ReplayableKey),
-// less what HTTP and the Connect protocol own.
-func replayableKey(k string) bool {
-	if !protogate.ReplayableKey(k, ReplayedHeader, KeyDerivedHeader, ExpiresAtHeader, OriginalTimeHeader) || strings.HasPrefix(k, "connect-") {
+// less what HTTP and the Connect protocol own and the per-caller fields
+// (internal/replayfields, with WithPerCallerHeaders').
+func (g *Gate) replayable(k string) bool {
+	if !protogate.ReplayableKey(k, ReplayedHeader, KeyDerivedHeader, ExpiresAtHeader, OriginalTimeHeader) || strings.HasPrefix(k, "connect-") || !g.opts.perCaller.Stored(k) {
 		return false
 	}
 	switch k {
-	case "content-length", "content-encoding", "accept-encoding", "transfer-encoding", "connection", "date", "host", "trailer", "keep-alive", "upgrade":
+	case "content-encoding", "accept-encoding", "host":
 		return false
 	}
 	return true

@@ -23,6 +23,7 @@ import (
 	"github.com/idemgate/idemgate/connectgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/gen/idemgate/testing/v1/testingv1connect"
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 	"github.com/idemgate/idemgate/internal/testing/testsvc"
@@ -160,12 +161,23 @@ type harness struct {
 
 func setup(t *testing.T, h *handler, opts ...connectgate.Option) *harness {
 	t.Helper()
+	return setupWrapped(t, h, nil, opts...)
+}
+
+// setupWrapped is setup with the gate's Dedupe client wrapped by wrap
+// (nil: not wrapped), for a test that reads or rewrites what is stored.
+func setupWrapped(t *testing.T, h *handler, wrap func(idemgatev1.DedupeServiceClient) idemgatev1.DedupeServiceClient, opts ...connectgate.Option) *harness {
+	t.Helper()
 	grpcSvc := &testsvc.Server{}
 	stack := stacktest.Start(t, func(s *grpc.Server) { testingv1.RegisterTestServiceServer(s, grpcSvc) }, stacktest.Config{})
 	if h == nil {
 		h = &handler{}
 	}
-	gate, err := connectgate.New(stack.Dedupe, opts...)
+	var dedupe idemgatev1.DedupeServiceClient = stack.Dedupe
+	if wrap != nil {
+		dedupe = wrap(dedupe)
+	}
+	gate, err := connectgate.New(dedupe, opts...)
 	if err != nil {
 		t.Fatalf("connectgate.New: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/replayfields"
 )
 
 // TenantFunc returns the tenant of a call, which namespaces its keys so two
@@ -44,6 +45,10 @@ type options struct {
 	dedupeConn     *grpc.ClientConn
 	dedupeLogEvery time.Duration
 	registerer     prometheus.Registerer
+	// perCallerNames are WithPerCallerHeaders'; perCaller is their rule,
+	// made by New.
+	perCallerNames []string
+	perCaller      replayfields.Rule
 }
 
 var defaultOptions = options{
@@ -200,4 +205,17 @@ func WithDedupeFailureLogInterval(d time.Duration) Option {
 // metrics.
 func WithRegisterer(reg prometheus.Registerer) Option {
 	return func(o *options) { o.registerer = reg }
+}
+
+// WithPerCallerHeaders names more response headers (case-insensitive) that
+// belong to one caller, such as X-Caller: the handler's caller gets them,
+// they are never stored, and a replay never carries them (not even from a
+// record stored before they were named). Set-Cookie, Set-Cookie2,
+// Authorization-Info, Proxy-Authentication-Info and every Access-Control-*
+// header are per-caller always (docs/gating.md, "Response fields stored and
+// replayed"). Defaults to none beyond those; calls add up. Give the
+// interceptor the same names (interceptor.WithPerCallerMetadata) when one
+// key is used over both.
+func WithPerCallerHeaders(names ...string) Option {
+	return func(o *options) { o.perCallerNames = append(o.perCallerNames, names...) }
 }

@@ -64,6 +64,8 @@
 // already ended. The response is buffered whole: Flush does nothing until
 // the handler returns, and Hijack is not offered, so a gated route cannot
 // stream. Stored headers leave out the hop-by-hop fields, Date,
-// Content-Length, Trailer and Set-Cookie (see HttpResponse in
-// proto/idemgate/v1/outcome.proto).
+// Content-Length and Trailer, and the per-caller fields (Set-Cookie,
+// Authorization-Info, Access-Control-*, those of WithPerCallerHeaders),
+// which only the first caller gets (docs/gating.md, "Response fields
+// stored and replayed").
 package httpgate

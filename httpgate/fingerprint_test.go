@@ -77,6 +77,10 @@ func TestFingerprintKeepsWhatCanonicalFormWouldLose(t *testing.T) {
 		{`{"amount":0.10000000000000001}`, `{"amount":0.1}`},
 		{`{"note":"\ud800"}`, `{"note":"\ud801"}`},
 		{`{"note":"\ud800"}`, `{"note":"\ufffd"}`},
+		// Member names too (issue 30 item 9).
+		{`{"\ud800":1}`, `{"\udc00":1}`},
+		{`{"\ud800":1}`, `{"\ufffd":1}`},
+		{`{"a":{"x\udbff":1}}`, `{"a":{"x\ud800":1}}`},
 	} {
 		if bytes.Equal(httpgate.Fingerprint(r, "POST /transfers", nil, []byte(pair[0])), httpgate.Fingerprint(r, "POST /transfers", nil, []byte(pair[1]))) {
 			t.Errorf("%s and %s fingerprint the same", pair[0], pair[1])

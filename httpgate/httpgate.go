@@ -20,6 +20,7 @@ import (
 	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/keys"
+	"github.com/idemgate/idemgate/internal/replayfields"
 )
 
 // Header fields the gate reads and writes (the gRPC gate's metadata names,
@@ -84,6 +85,7 @@ func New(dedupe idemgatev1.DedupeServiceClient, api string, opts ...Option) (*Ga
 	for _, opt := range opts {
 		opt(&o)
 	}
+	o.perCaller = replayfields.New(o.perCallerNames...)
 	if o.tenant == nil {
 		return nil, errors.New("httpgate: WithTenant was given nil")
 	}
@@ -356,7 +358,7 @@ func (c *call) Replay(_ context.Context, s gatecore.Stored) (any, error, bool) {
 			fmt.Sprintf("the stored HTTP response does not decode: %v; the request was not run again", err), nil, 0), false
 	}
 	c.header.Set(ReplayedHeader, "true")
-	return &answer{resp: resp, gate: c.header}, nil, true
+	return &answer{resp: resp, gate: c.header, rule: c.g.opts.perCaller}, nil, true
 }
 
 var httpResponseName = (&idemgatev1.HttpResponse{}).ProtoReflect().Descriptor().FullName()
@@ -382,8 +384,8 @@ func (c *call) Run(ctx context.Context, _ *gatecore.Attempt) gatecore.Ran {
 	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(c.body)), nil }
 	c.next.ServeHTTP(rec, req)
 	status := rec.statusCode()
-	resp := &idemgatev1.HttpResponse{Status: int32(status), Headers: storedHeaders(rec.header), Body: rec.body.Bytes()}
-	ans := &answer{resp: resp, gate: c.header, cookies: rec.header.Values("Set-Cookie")}
+	resp := &idemgatev1.HttpResponse{Status: int32(status), Headers: storedHeaders(rec.header, c.g.opts.perCaller), Body: rec.body.Bytes()}
+	ans := &answer{resp: resp, gate: c.header, perCaller: perCaller(rec.header, c.g.opts.perCaller), rule: c.g.opts.perCaller}
 	verdict := rec.mark
 	if verdict == 0 {
 		p := c.route.policy

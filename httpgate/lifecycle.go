@@ -8,6 +8,7 @@ import (
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate/internal/replayfields"
 )
 
 // Close waits until every outcome and release still being retried in the
@@ -74,7 +75,7 @@ const (
 // and replayed to the request and its duplicates, as if the handler had
 // written it (the headers filtered as a handler's are).
 func ResolvedResponse(status int, header http.Header, body []byte) Resolution {
-	return Resolution{kind: resolvedResponse, resp: &idemgatev1.HttpResponse{Status: int32(status), Headers: storedHeaders(header), Body: body}}
+	return Resolution{kind: resolvedResponse, resp: &idemgatev1.HttpResponse{Status: int32(status), Headers: storedHeaders(header, replayfields.Rule{}), Body: body}}
 }
 
 // ResolvedNotRun says the side effect did not happen: the record is
@@ -96,7 +97,15 @@ func (c *call) reconcile(ctx context.Context, key string) (gatecore.Resolution, 
 		if res.resp.GetStatus() < 200 || res.resp.GetStatus() > 999 {
 			return gatecore.StillUnknown(), gatecore.BadResolution(fmt.Errorf("the reconciler answered the status %d", res.resp.GetStatus()))
 		}
-		outcome, err := gatecore.MarshalAny(res.resp)
+		// The gate's own per-caller fields (WithPerCallerHeaders) are not
+		// stored either; a copy, as the reconciler may answer one value twice.
+		resp := &idemgatev1.HttpResponse{Status: res.resp.GetStatus(), Body: res.resp.GetBody()}
+		for _, hh := range res.resp.GetHeaders() {
+			if stored(hh.GetName(), c.g.opts.perCaller) {
+				resp.Headers = append(resp.Headers, hh)
+			}
+		}
+		outcome, err := gatecore.MarshalAny(resp)
 		if err != nil {
 			return gatecore.StillUnknown(), gatecore.BadResolution(fmt.Errorf("serialize the reconciler's response: %w", err))
 		}

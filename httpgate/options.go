@@ -11,6 +11,7 @@ import (
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate/internal/replayfields"
 )
 
 // Defaults of a RoutePolicy's zero fields.
@@ -126,6 +127,10 @@ type options struct {
 	dedupeConn                 *grpc.ClientConn
 	// dedupeLogEvery is WithDedupeFailureLogInterval's.
 	dedupeLogEvery time.Duration
+	// perCallerNames are WithPerCallerHeaders'; perCaller is their rule,
+	// made by New.
+	perCallerNames []string
+	perCaller      replayfields.Rule
 }
 
 type routeRule struct {
@@ -254,4 +259,15 @@ func WithDedupeConn(conn *grpc.ClientConn) Option { return func(o *options) { o.
 // DefaultDedupeFailureLogInterval, 10s.
 func WithDedupeFailureLogInterval(d time.Duration) Option {
 	return func(o *options) { o.dedupeLogEvery = d }
+}
+
+// WithPerCallerHeaders names more response header fields (case-insensitive)
+// that belong to one caller, such as X-Caller: a gated handler's caller gets
+// them, they are never stored, and a replay never carries them (not even
+// from a record stored before they were named). Set-Cookie, Set-Cookie2,
+// Authorization-Info, Proxy-Authentication-Info and every Access-Control-*
+// field are per-caller always (docs/gating.md, "Response fields stored and
+// replayed"). Defaults to none beyond those; calls add up.
+func WithPerCallerHeaders(names ...string) Option {
+	return func(o *options) { o.perCallerNames = append(o.perCallerNames, names...) }
 }

@@ -10,6 +10,7 @@ import (
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate/internal/replayfields"
 )
 
 // recorder is the ResponseWriter a gated handler writes to: it captures the
@@ -98,27 +99,15 @@ func markWriter(w http.ResponseWriter, v gatecore.Verdict) bool {
 	return false
 }
 
-// notStored are the response fields never stored nor replayed: the
-// hop-by-hop ones (RFC 9110 7.6.1), which describe one connection; Date,
-// which the replay's own connection sends fresh (the original's time is in
-// Idempotency-Original-Time); Content-Length, set from the body; Trailer,
-// as trailers are not captured; and Set-Cookie, because a cookie is a
-// credential of one session that must not sit in the Dedupe store nor be
-// handed out again when the session it named may be gone (the first
-// caller still gets it).
-var notStored = map[string]bool{
-	"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Transfer-Encoding": true,
-	"Upgrade": true, "Te": true, "Trailer": true, "Date": true, "Content-Length": true, "Set-Cookie": true,
-}
-
 // storedHeaders returns the handler's response header fields as stored:
-// canonical names sorted, without the fields of notStored, the gate's own
-// and the names that are not valid tokens (net/http would drop them).
-func storedHeaders(h http.Header) []*idemgatev1.HttpHeader {
+// canonical names sorted, only those rule stores (not per-caller, not of
+// the connection: internal/replayfields), without the gate's own and the
+// names that are not valid tokens (net/http would drop them).
+func storedHeaders(h http.Header, rule replayfields.Rule) []*idemgatev1.HttpHeader {
 	var out []*idemgatev1.HttpHeader
 	for name, values := range h {
 		canonical := http.CanonicalHeaderKey(name)
-		if notStored[canonical] || strings.HasPrefix(canonical, "Idempotency-") || strings.HasPrefix(name, http.TrailerPrefix) || !validName(name) || len(values) == 0 {
+		if !stored(canonical, rule) || strings.HasPrefix(name, http.TrailerPrefix) || !validName(name) || len(values) == 0 {
 			continue
 		}
 		hh := &idemgatev1.HttpHeader{Name: canonical}
@@ -128,6 +117,27 @@ func storedHeaders(h http.Header) []*idemgatev1.HttpHeader {
 		out = append(out, hh)
 	}
 	slices.SortFunc(out, func(a, b *idemgatev1.HttpHeader) int { return strings.Compare(a.GetName(), b.GetName()) })
+	return out
+}
+
+// stored reports whether a response field is stored and replayed: rule's
+// verdict, less the gate's own Idempotency-* fields.
+func stored(name string, rule replayfields.Rule) bool {
+	return rule.Stored(name) && !strings.HasPrefix(http.CanonicalHeaderKey(name), "Idempotency-")
+}
+
+// perCaller returns the per-caller fields of a handler's response, which
+// its own caller gets and no duplicate does.
+func perCaller(h http.Header, rule replayfields.Rule) http.Header {
+	var out http.Header
+	for name, values := range h {
+		if len(values) > 0 && validName(name) && rule.PerCaller(name) {
+			if out == nil {
+				out = http.Header{}
+			}
+			out[http.CanonicalHeaderKey(name)] = values
+		}
+	}
 	return out
 }
 
@@ -152,9 +162,12 @@ type answer struct {
 	resp *idemgatev1.HttpResponse
 	// gate holds the gate's headers (Idempotency-Replayed, ...).
 	gate http.Header
-	// cookies are the Set-Cookie values of a first execution: its caller
-	// gets them, duplicates never do (they are not stored).
-	cookies []string
+	// perCaller are the per-caller fields of a first execution (Set-Cookie,
+	// ...): its caller gets them, duplicates never do (they are not stored).
+	perCaller http.Header
+	// rule is the gate's: a stored field it no longer stores (a record
+	// written before the field became per-caller) is not replayed.
+	rule replayfields.Rule
 }
 
 // write sends a as the response: the stored status, headers and body, the
@@ -162,6 +175,9 @@ type answer struct {
 func (a *answer) write(w http.ResponseWriter) {
 	h := w.Header()
 	for _, hh := range a.resp.GetHeaders() {
+		if !stored(hh.GetName(), a.rule) {
+			continue
+		}
 		values := make([]string, len(hh.GetValues()))
 		for i, v := range hh.GetValues() {
 			values[i] = string(v)
@@ -171,8 +187,8 @@ func (a *answer) write(w http.ResponseWriter) {
 	for name, values := range a.gate {
 		h[name] = values
 	}
-	if len(a.cookies) > 0 {
-		h["Set-Cookie"] = a.cookies
+	for name, values := range a.perCaller {
+		h[name] = values
 	}
 	body := a.resp.GetBody()
 	status := int(a.resp.GetStatus())

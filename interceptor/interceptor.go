@@ -21,6 +21,7 @@ import (
 	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/protogate"
+	"github.com/idemgate/idemgate/internal/replayfields"
 )
 
 // Metadata names the interceptor reads and writes.
@@ -102,6 +103,7 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
+	o.perCaller = replayfields.New(o.perCallerNames...)
 	r, err := resolvePolicies(o.files, o.types, o.reconcilers)
 	if err != nil {
 		return nil, err
@@ -308,7 +310,7 @@ func (c *call) Committed(ctx context.Context, expiresAt time.Time) {
 // metadata it sets,
 // and what its answer means (classify).
 func (c *call) Run(hctx context.Context, _ *gatecore.Attempt) gatecore.Ran {
-	handlerCtx, recorded := recordMetadata(hctx, c.ctx)
+	handlerCtx, recorded := recordMetadata(hctx, c.ctx, c.g.replayable)
 	resp, handlerErr := c.handler(handlerCtx, c.req)
 	if handlerErr != nil {
 		verdict, st, unwrapped := c.method.classify(handlerErr)

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idemgate/idemgate/internal/protogate"
+	"github.com/idemgate/idemgate/internal/replayfields"
 )
 
 // A duplicate must see what the first caller saw, response metadata
@@ -50,18 +51,21 @@ type metadataRecorder struct {
 	// headerSent: the handler sent the header (SendHeader), so gRPC
 	// refuses any further header.
 	headerSent bool
+	// keep says which keys are stored (the gate's replayable); nil:
+	// replayableKey.
+	keep func(string) bool
 }
 
 // recordMetadata returns ctx with a recorder in place of the stream of the
 // call whose context is caller, and the recorder. Without a stream in ctx
 // (a call not made through a gRPC server) it returns ctx unchanged and a nil
 // recorder, which records nothing.
-func recordMetadata(ctx, caller context.Context) (context.Context, *metadataRecorder) {
+func recordMetadata(ctx, caller context.Context, keep func(string) bool) (context.Context, *metadataRecorder) {
 	stream := grpc.ServerTransportStreamFromContext(ctx)
 	if stream == nil {
 		return ctx, nil
 	}
-	r := &metadataRecorder{ServerTransportStream: stream, caller: caller}
+	r := &metadataRecorder{ServerTransportStream: stream, caller: caller, keep: keep}
 	return grpc.NewContextWithServerTransportStream(ctx, r), r
 }
 
@@ -172,7 +176,11 @@ func (r *metadataRecorder) wrap(result *anypb.Any, err error) (*anypb.Any, error
 	r.mu.Lock()
 	header, trailer := protogate.Metadata(r.header), protogate.Metadata(r.trailer)
 	r.mu.Unlock()
-	return protogate.Wrap(result, nil, header, trailer, replayableKey)
+	keep := r.keep
+	if keep == nil {
+		keep = replayableKey
+	}
+	return protogate.Wrap(result, nil, header, trailer, keep)
 }
 
 // replayableKey reports whether a handler's metadata key is replayed. The
@@ -181,7 +189,28 @@ func (r *metadataRecorder) wrap(result *anypb.Any, err error) (*anypb.Any, error
 // itself), content-type, te and user-agent; gRPC drops or overwrites what a
 // handler sets there. The interceptor sets its own headers on every replay.
 func replayableKey(k string) bool {
-	return protogate.ReplayableKey(k, ReplayedHeader, KeyDerivedHeader, ExpiresAtHeader, OriginalTimeHeader)
+	return protogate.ReplayableKey(k, ReplayedHeader, KeyDerivedHeader, ExpiresAtHeader, OriginalTimeHeader) && (replayfields.Rule{}).Stored(k)
+}
+
+// replayable is replayableKey less the keys of WithPerCallerMetadata: the
+// per-caller fields (internal/replayfields) are never stored nor replayed.
+func (g *Gate) replayable(k string) bool {
+	return replayableKey(k) && g.opts.perCaller.Stored(k)
+}
+
+// kept is md with only the keys keep holds: a record stored before a key
+// became per-caller replays without it.
+func kept(md metadata.MD, keep func(string) bool) metadata.MD {
+	var out metadata.MD
+	for k, vs := range md {
+		if keep(k) {
+			if out == nil {
+				out = metadata.MD{}
+			}
+			out[k] = vs
+		}
+	}
+	return out
 }
 
 // replayedMetadata is the header and trailer a stored outcome replays.
@@ -193,10 +222,10 @@ type replayedMetadata struct {
 // response. It cannot fail the replay: the outcome is what matters, and a
 // stream that refuses metadata is logged.
 func (g *Gate) replayMetadata(ctx context.Context, md replayedMetadata) {
-	if err := grpc.SetHeader(ctx, md.header); err != nil {
+	if err := grpc.SetHeader(ctx, kept(md.header, g.replayable)); err != nil {
 		g.metadataRefused(ctx, "idemgate: could not replay the stored header", slog.Any("error", err))
 	}
-	if err := grpc.SetTrailer(ctx, md.trailer); err != nil {
+	if err := grpc.SetTrailer(ctx, kept(md.trailer, g.replayable)); err != nil {
 		g.metadataRefused(ctx, "idemgate: could not replay the stored trailer", slog.Any("error", err))
 	}
 }

@@ -54,7 +54,7 @@ func TestMetadataRecorderRecordsWhatTheHandlerSet(t *testing.T) {
 	stream := &fakeStream{}
 	ctx := grpc.NewContextWithServerTransportStream(context.Background(), stream)
 	_ = grpc.SetHeader(ctx, metadata.Pairs(KeyDerivedHeader, "true")) // before the recorder: not recorded
-	ctx, rec := recordMetadata(ctx, context.Background())
+	ctx, rec := recordMetadata(ctx, context.Background(), nil)
 
 	md := metadata.Pairs("x-b", "1", "grpc-custom", "no", "content-type", "no", ReplayedHeader, "no")
 	md["X-Upper"] = []string{"u"}
@@ -94,11 +94,11 @@ func TestMetadataRecorderRecordsWhatTheHandlerSet(t *testing.T) {
 func TestMetadataRecorderLeavesABareResult(t *testing.T) {
 	result, _ := anypb.New(&idemgatev1.ResultTooLarge{SizeBytes: 1})
 	var none *metadataRecorder
-	ctx, rec := recordMetadata(context.Background(), context.Background())
+	ctx, rec := recordMetadata(context.Background(), context.Background(), nil)
 	if rec != nil || grpc.ServerTransportStreamFromContext(ctx) != nil {
 		t.Fatal("a context without a stream got a recorder")
 	}
-	_, empty := recordMetadata(grpc.NewContextWithServerTransportStream(context.Background(), &fakeStream{}), context.Background())
+	_, empty := recordMetadata(grpc.NewContextWithServerTransportStream(context.Background(), &fakeStream{}), context.Background(), nil)
 	for _, r := range []*metadataRecorder{none, empty} {
 		if got, err := r.wrap(result, nil); err != nil || got != result {
 			t.Fatalf("wrap = %v, %v; want the result itself", got, err)
@@ -119,7 +119,7 @@ func TestMetadataRecorderDoesNotRecordWhatTheStreamRefusedTheCaller(t *testing.T
 	if err := grpc.SendHeader(ctx, metadata.Pairs("x-outer", "sent")); err != nil { // outside the gate
 		t.Fatal(err)
 	}
-	ctx, rec := recordMetadata(ctx, context.Background()) // the caller stays
+	ctx, rec := recordMetadata(ctx, context.Background(), nil) // the caller stays
 	if err := grpc.SetHeader(ctx, metadata.Pairs("x-late", "refused")); err == nil {
 		t.Fatal("SetHeader after the header was sent succeeded; the fake must refuse it")
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemgate/idemgate/internal/identity"
+	"github.com/idemgate/idemgate/internal/replayfields"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/reflect/protoregistry"
@@ -47,6 +48,10 @@ type options struct {
 	// dedupeConn and dedupeLogEvery: see dedupeconn.go.
 	dedupeConn     *grpc.ClientConn
 	dedupeLogEvery time.Duration
+	// perCallerNames are WithPerCallerMetadata's; perCaller is their rule,
+	// made by New.
+	perCallerNames []string
+	perCaller      replayfields.Rule
 }
 
 var defaultOptions = options{
@@ -215,4 +220,17 @@ func WithReplayCache(maxEntries, maxBytes int) Option {
 // either. Defaults to DefaultReplayCacheTTL, 1m.
 func WithReplayCacheTTL(d time.Duration) Option {
 	return func(o *options) { o.replayTTL = d }
+}
+
+// WithPerCallerMetadata names more response metadata keys (case-insensitive)
+// that belong to one caller, such as x-caller: the handler's caller gets
+// them, they are never stored, and a replay never carries them (not even
+// from a record stored before they were named). set-cookie, set-cookie2,
+// authorization-info, proxy-authentication-info and every access-control-*
+// key are per-caller always, as in httpgate and connectgate (docs/gating.md,
+// "Response fields stored and replayed"). Defaults to none beyond those;
+// calls add up. Give connectgate.WithPerCallerHeaders the same names when
+// one key is used over both.
+func WithPerCallerMetadata(keys ...string) Option {
+	return func(o *options) { o.perCallerNames = append(o.perCallerNames, keys...) }
 }

@@ -38,8 +38,8 @@ type StoredOutcome struct {
 	// header is the response header metadata the handler set with
 	// grpc.SetHeader or grpc.SendHeader, one entry per key, keys sorted.
 	// Transport and reserved keys (":"-prefixed, "grpc-"-prefixed,
-	// content-type, te, user-agent) and the interceptor's own headers are
-	// left out.
+	// content-type, te, user-agent), the interceptor's own headers and the
+	// per-caller keys (set-cookie, access-control-*, ...) are left out.
 	Header []*MetadataEntry `protobuf:"bytes,2,rep,name=header,proto3" json:"header,omitempty"`
 	// trailer is the trailer metadata the handler set with grpc.SetTrailer,
 	// one entry per key, keys sorted, with the same keys left out as header.
@@ -168,8 +168,9 @@ type HttpResponse struct {
 	// canonical form and sorted, values in the order set. Left out: the
 	// hop-by-hop fields (Connection, Keep-Alive, Proxy-Connection,
 	// Transfer-Encoding, Upgrade, TE, Trailer), Date, Content-Length (the
-	// replay sends the body's own length), Set-Cookie, and the gate's own
-	// Idempotency-* fields.
+	// replay sends the body's own length), the per-caller fields (Set-Cookie,
+	// Authorization-Info, Access-Control-*, ...: docs/gating.md, "Response
+	// fields stored and replayed"), and the gate's own Idempotency-* fields.
 	Headers []*HttpHeader `protobuf:"bytes,2,rep,name=headers,proto3" json:"headers,omitempty"`
 	// body is the response body, byte for byte.
 	Body          []byte `protobuf:"bytes,3,opt,name=body,proto3" json:"body,omitempty"`
