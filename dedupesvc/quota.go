@@ -31,9 +31,12 @@ const (
 	// too many Begins wait already (WithMaxWaiters); answered in_flight at
 	// once, counted here.
 	QuotaWaiters = "waiters"
+	// QuotaFinishesInFlight: a Finish arrived while its caller's Finishes
+	// already held WithMaxFinishBytesInFlight; refused from its headers.
+	QuotaFinishesInFlight = "finish_bytes_in_flight"
 )
 
-var allQuotas = []string{QuotaRate, QuotaRecords, QuotaBytes, QuotaRetention, QuotaWaiters}
+var allQuotas = []string{QuotaRate, QuotaRecords, QuotaBytes, QuotaRetention, QuotaWaiters, QuotaFinishesInFlight}
 
 // ErrQuotaExceeded is what a *QuotaError matches with errors.Is.
 var ErrQuotaExceeded = errors.New("dedupesvc: quota exceeded")
