@@ -187,3 +187,54 @@ func TestDeclaredFinishBytesAreTakenAsTheyArrive(t *testing.T) {
 		t.Fatalf("%d of 12 incomplete Finishes declaring 1 MiB against a 4 MiB bucket refused from their headers (%v), want 8", refused, got)
 	}
 }
+
+// headersOf reads frames from h until the response headers of a stream
+// arrive, or fails.
+func headersOf(t *testing.T, h *h2conn) {
+	t.Helper()
+	_ = h.SetReadDeadline(time.Now().Add(time.Minute))
+	for {
+		f, err := h.fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("a stranger's Health.Watch was not answered: %v", err)
+		}
+		if _, ok := f.(*http2.HeadersFrame); ok {
+			return
+		}
+	}
+}
+
+// A tool server's connection that has not sent its first call yet is not
+// evicted while connections that showed themselves as strangers (a
+// Health.Watch without credentials) remain, even from the same address
+// (one host, or a NAT or proxy in front of both): before the fix the
+// per-IP cap closed the oldest connection of the address, the tool
+// server's, whose Begin then failed UNAVAILABLE (issue 30, item 5).
+func TestToolServerConnectionOutlivesStrangersOfItsAddress(t *testing.T) {
+	t.Parallel()
+	const perIP = 4
+	addr := stacktest.ServeApp(t, dedupeapp.Config{DataDir: t.TempDir(), TokenFile: tokenFile(t), UnauthenticatedTimeout: time.Hour,
+		MaxUnauthenticatedConnectionsPerIP: perIP})
+	beginWith(t, addr, clientSecret)
+	tool := dialH2From(t, "127.0.0.5", addr) // connected, no call yet
+	for range perIP {
+		h := dialH2From(t, "127.0.0.5", addr)
+		h.watch(t, 1)
+		headersOf(t, h) // accepted and admitted by now
+	}
+	// The tool server's first call: a Health.Check with its token.
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/grpc.health.v1.Health/Check"},
+		{":authority", "dedupe"}, {"content-type", "application/grpc"}, {"te", "trailers"}, {"authorization", "Bearer " + clientSecret}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	if err := tool.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block.Bytes(), EndHeaders: true}); err != nil {
+		t.Fatalf("the tool server's connection was closed: %v", err)
+	}
+	_ = tool.fr.WriteData(1, true, []byte{0, 0, 0, 0, 0})
+	got := tool.statuses(t, 1, time.Minute)
+	if code, ok := got[1]; !ok || code != codes.OK {
+		t.Fatalf("the tool server's first call on a connection opened before %d strangers' from its address: %v, want OK (closed as a stranger's)", perIP, got)
+	}
+}
