@@ -34,6 +34,7 @@ type options struct {
 	replays          *ReplayRecorder
 	outcomeRate      float64
 	outcomeBurst     int
+	finishInFlight   int
 	resolveOnly      bool
 	plaintextOK      bool
 }
@@ -53,6 +54,27 @@ var defaultOptions = options{
 	maxCallerWaiters: DefaultMaxCallerWaiters,
 	outcomeRate:      DefaultCallerOutcomeRate,
 	outcomeBurst:     DefaultCallerOutcomeBurst,
+	finishInFlight:   DefaultMaxFinishBytesInFlight,
+}
+
+// DefaultMaxFinishBytesInFlight is how many outcome bytes each caller's
+// Finishes may hold in the service at once (WithMaxFinishBytesInFlight):
+// 32 MiB, 32 of the largest outcomes by default.
+const DefaultMaxFinishBytesInFlight = 32 << 20
+
+// WithMaxFinishBytesInFlight bounds the outcome bytes one caller's Finishes
+// hold in the service at once, from the arrival of their headers to the end
+// of the call, each counted at the size its gate declares
+// (OutcomeBytesHeader), or at WithMaxOutcomeBytes when it declares none.
+// AdmitFinishCall refuses a Finish past it from its headers, before its
+// message is read: RESOURCE_EXHAUSTED, DEDUPE_QUOTA_EXCEEDED, quota
+// "finish_bytes_in_flight", with RetryInfo. So a caller's flood of Finishes
+// costs the service at most this much memory, and each caller's reading of
+// messages, decoding and storing is bounded alike, whoever floods. At least
+// the largest outcome; 0 is no limit. Defaults to
+// DefaultMaxFinishBytesInFlight.
+func WithMaxFinishBytesInFlight(n int) Option {
+	return func(o *options) { o.finishInFlight = n }
 }
 
 // Defaults of the per-caller limits; see WithCallerRate, WithCallerQuota and

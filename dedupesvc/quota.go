@@ -31,9 +31,12 @@ const (
 	// too many Begins wait already (WithMaxWaiters); answered in_flight at
 	// once, counted here.
 	QuotaWaiters = "waiters"
+	// QuotaFinishesInFlight: a Finish arrived while its caller's Finishes
+	// already held WithMaxFinishBytesInFlight; refused from its headers.
+	QuotaFinishesInFlight = "finish_bytes_in_flight"
 )
 
-var allQuotas = []string{QuotaRate, QuotaRecords, QuotaBytes, QuotaRetention, QuotaWaiters}
+var allQuotas = []string{QuotaRate, QuotaRecords, QuotaBytes, QuotaRetention, QuotaWaiters, QuotaFinishesInFlight}
 
 // ErrQuotaExceeded is what a *QuotaError matches with errors.Is.
 var ErrQuotaExceeded = errors.New("dedupesvc: quota exceeded")
@@ -186,10 +189,11 @@ func rateKey(ctx context.Context, ns string) string {
 // formatRate writes a rate limit for ErrorInfo metadata.
 func formatRate(l rate.Limit) string { return strconv.FormatFloat(float64(l), 'g', -1, 64) + "/s" }
 
-// UsageCompactor is a Store whose usage totals, which Begin checks the
-// quotas against, trail its writes until compacted (pgstore: the triggers
-// append changes, and compaction adds them up off the reserving
-// transaction, so no Begin waits on a shared counter). Run
+// UsageCompactor is a Store whose usage totals trail its writes until
+// compacted (pgstore: the triggers append changes, and compaction adds them
+// up off the reserving transaction, so no Begin waits on a shared counter;
+// a Begin adds the changes not yet compacted to the totals, and Finish's
+// bytes check reads the totals alone). Run
 // RunUsageCompaction beside every Dedupe service on such a store.
 type UsageCompactor interface {
 	// CompactUsage adds the changes recorded since the last compaction to
@@ -199,8 +203,10 @@ type UsageCompactor interface {
 }
 
 // DefaultUsageCompactionInterval is how often RunUsageCompaction compacts
-// by default: a caller may overshoot a quota by what it reserves in about
-// this long (at most its Begin rate, WithCallerRate, times this).
+// by default. A Begin counts the changes not yet compacted too (pgstore:
+// MaxQuotaOvershoot bounds what it misses), so this bounds how many it
+// reads, and the totals' lag behind the rows, not the records quota's
+// overshoot.
 const DefaultUsageCompactionInterval = time.Second
 
 // RunUsageCompaction compacts c's usage every interval (at least 10ms;

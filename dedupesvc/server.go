@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -54,6 +55,10 @@ type Server struct {
 	// the Begin rate and by the bytes of their outcomes.
 	finishes, outcomeBytes rateLimiters
 	keys                   keyWaits
+	// finishing is each caller's Finish bytes in flight
+	// (AdmitFinishCall), under finishingMu.
+	finishingMu sync.Mutex
+	finishing   map[string]int
 }
 
 type waitCounters struct {
@@ -84,7 +89,7 @@ func NewServer(store Store, opts ...Option) *Server {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	srv := &Server{store: store, opts: o}
+	srv := &Server{store: store, opts: o, finishing: map[string]int{}}
 	srv.rates.limit, srv.rates.burst = rate.Limit(o.callerRate), o.callerBurst
 	srv.finishes.limit, srv.finishes.burst = rate.Limit(o.callerRate), o.callerBurst
 	// Every accepted outcome must fit in a full bucket, or it could never
@@ -379,12 +384,28 @@ const FinishCheckBytes = 64 << 10
 // server's. A refused Finish spends nothing: the Finish bucket is only
 // looked at until the bytes are taken, and the bytes go back if the Finish
 // token went to a concurrent Finish meanwhile (rare: holds said it was there).
+//
+// A Finish whose size its gate declared had those bytes taken as it arrived
+// (AdmitFinishCall): they pay for it, and an outcome larger than declared
+// is refused INVALID_ARGUMENT (DEDUPE_REQUEST_INVALID, field outcome).
 func (s *Server) allowFinish(ctx context.Context, ns string, size int) error {
 	key := rateKey(ctx, ns)
 	if wait, ok := s.finishes.holds(key, 1); !ok {
 		return s.finishRateExceeded(wait)
 	}
-	refund, wait, ok := s.outcomeBytes.take(ns, size)
+	var (
+		refund func()
+		wait   time.Duration
+		ok     bool
+	)
+	if g, _ := ctx.Value(finishGrantKey{}).(*finishGrant); g != nil && g.declared >= 0 {
+		if size > g.declared {
+			return invalid("outcome", fmt.Sprintf("the outcome is %d bytes, more than the %d its gate declared in %s", size, g.declared, OutcomeBytesHeader))
+		}
+		refund, ok = g.refund, true
+	} else {
+		refund, wait, ok = s.outcomeBytes.take(ns, size)
+	}
 	if !ok {
 		s.opts.metrics.quota(QuotaRate)
 		return quotaExceeded(QuotaRate, formatRate(s.outcomeBytes.limit)+" bytes",
@@ -420,6 +441,101 @@ func (s *Server) finishRateExceeded(wait time.Duration) error {
 // (no handler runs).
 func (s *Server) AdmitFinish(caller string) error {
 	return s.outcomeRoom(caller, "its Finishes are refused as they arrive")
+}
+
+// OutcomeBytesHeader is the metadata key in which a gate declares the size
+// of a Finish's outcome (type URL plus value bytes, in decimal), so that
+// AdmitFinishCall can charge it before the message is read. Optional: a
+// Finish without it (older gates) is admitted as AdmitFinish admits it.
+const OutcomeBytesHeader = keys.OutcomeBytesHeader
+
+// finishGrantKey keys the context value AdmitFinishCall leaves for Finish.
+type finishGrantKey struct{}
+
+// finishGrant is what a Finish was granted as it arrived: declared outcome
+// bytes (-1: none declared) taken from its caller's bucket, given back by
+// refund.
+type finishGrant struct {
+	declared int
+	refund   func()
+}
+
+// AdmitFinishCall is the check a Finish of caller (its namespace) meets as
+// it arrives, before its request is read (cmd/dedupesvc installs it in the
+// gRPC InTapHandle, whose ctx ends with the call); declared is the outcome
+// size its gate sent in OutcomeBytesHeader, or -1 when it sent none. It
+// refuses RESOURCE_EXHAUSTED, DEDUPE_QUOTA_EXCEEDED, with RetryInfo:
+//   - (quota finish_bytes_in_flight) when the caller's Finishes in flight
+//     hold WithMaxFinishBytesInFlight already, each counted at its declared
+//     size, or at the largest outcome (WithMaxOutcomeBytes) when undeclared;
+//   - (quota rate) when the caller's outcome-byte bucket
+//     (WithCallerOutcomeRate) cannot give the declared size, which it then
+//     takes, so concurrent Finishes cannot all pass one look at the bucket
+//     (Finish charges nothing more, and refuses an outcome over its
+//     declared size); an undeclared Finish meets AdmitFinish instead.
+//
+// The returned context carries the grant to Finish, and gives the in-flight
+// bytes back when ctx ends.
+func (s *Server) AdmitFinishCall(ctx context.Context, caller string, declared int) (context.Context, error) {
+	largest := s.opts.maxOutcome + MaxTypeURLBytes
+	charge := largest
+	if declared >= 0 {
+		charge = min(declared, largest)
+	}
+	release, err := s.holdFinishBytes(caller, charge)
+	if err != nil {
+		return ctx, err
+	}
+	var grant *finishGrant
+	if declared < 0 {
+		err = s.AdmitFinish(caller)
+	} else if refund, wait, ok := s.outcomeBytes.take(caller, charge); ok {
+		grant = &finishGrant{declared: declared, refund: refund}
+	} else {
+		s.opts.metrics.quota(QuotaRate)
+		err = quotaExceeded(QuotaRate, formatRate(s.outcomeBytes.limit)+" bytes",
+			fmt.Sprintf("this caller is over its rate of %s outcome bytes a second (-caller-outcome-byte-rate): its Finish of %d declared bytes is refused as it arrives; retry after the delay", formatRate(s.outcomeBytes.limit), declared), wait)
+	}
+	if err != nil {
+		// grpc-go does not end a stream's context when its tap handle
+		// refuses it: given back now.
+		release()
+		return ctx, err
+	}
+	context.AfterFunc(ctx, release)
+	if grant != nil {
+		ctx = context.WithValue(ctx, finishGrantKey{}, grant)
+	}
+	return ctx, nil
+}
+
+// holdFinishBytes adds n to caller's Finish bytes in flight, or refuses
+// when they would pass WithMaxFinishBytesInFlight; release gives them back.
+func (s *Server) holdFinishBytes(caller string, n int) (release func(), err error) {
+	limit := s.opts.finishInFlight
+	if limit <= 0 {
+		return func() {}, nil
+	}
+	limit = max(limit, s.opts.maxOutcome+MaxTypeURLBytes)
+	s.finishingMu.Lock()
+	defer s.finishingMu.Unlock()
+	held := s.finishing[caller]
+	if held+n > limit {
+		s.opts.metrics.quota(QuotaFinishesInFlight)
+		return nil, quotaExceeded(QuotaFinishesInFlight, strconv.Itoa(limit),
+			fmt.Sprintf("this caller's Finishes in flight hold %d of its %d outcome bytes (-max-finish-bytes-in-flight); retry after the delay", held, limit), 10*time.Millisecond)
+	}
+	s.finishing[caller] = held + n
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.finishingMu.Lock()
+			if s.finishing[caller] -= n; s.finishing[caller] <= 0 {
+				delete(s.finishing, caller)
+			}
+			s.finishingMu.Unlock()
+		})
+	}, nil
 }
 
 // outcomeRoom refuses, for its rate, a caller whose outcome byte bucket

@@ -578,8 +578,8 @@ WITH existing AS (
     WHERE r.namespace = $7 AND r.scope = $1 AND r.idempotency_key = $2
 ), usage AS (
     SELECT coalesce(sum(records), 0)::bigint AS records, coalesce(sum(outcome_bytes), 0)::bigint AS bytes
-    FROM idemgate_namespace_usage
-    WHERE namespace = $7 AND ($8::bigint > 0 OR $9::bigint > 0) AND NOT EXISTS (SELECT 1 FROM existing)
+    FROM (` + namespaceUsage("$7") + `) AS u
+    WHERE ($8::bigint > 0 OR $9::bigint > 0) AND NOT EXISTS (SELECT 1 FROM existing)
 ), reserved AS (
     INSERT INTO idemgate_records AS r (
         namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
@@ -612,12 +612,39 @@ SET state = 'unknown',
 WHERE namespace = $5 AND scope = $1 AND idempotency_key = $2 AND epoch = $3
   AND state = 'in_flight' AND ` + leaseEnd("r") + ` <= now()`
 
-// usageSQL sums a namespace's usage rows, as compacted (CompactUsage) from
-// the changes the triggers append (migrations 005 and 010): one row once
-// migrated, however many records the namespace holds.
-const usageSQL = `
+// namespaceUsage selects the usage rows of the namespace ns (a parameter)
+// that a quota is checked against: its totals as compacted (CompactUsage),
+// one row once migrated however many records it holds, and the changes the
+// triggers appended since (migrations 005, 010 and 011), about one
+// compaction interval's worth, through their namespace index. A compaction
+// moves changes into the totals in one transaction, so one statement's
+// snapshot sees each change once; what it cannot see are reservations
+// committing at the same moment (MaxQuotaOvershoot).
+func namespaceUsage(ns string) string {
+	return `SELECT records, outcome_bytes FROM idemgate_namespace_usage WHERE namespace = ` + ns + `
+    UNION ALL
+    SELECT records, outcome_bytes FROM idemgate_usage_changes WHERE namespace = ` + ns
+}
+
+// usageSQL sums a namespace's usage (namespaceUsage).
+var usageSQL = `
 SELECT coalesce(sum(records), 0)::bigint, coalesce(sum(outcome_bytes), 0)::bigint
-FROM idemgate_namespace_usage WHERE namespace = $1`
+FROM (` + namespaceUsage("$1") + `) AS u`
+
+// MaxQuotaOvershoot bounds by how many records one replica's Begins may
+// take a caller past its records quota (BeginParams.MaxRecords): a Begin
+// counts the caller's compacted totals and its changes not yet compacted,
+// all that has committed, so only reservations committing at the same
+// moment are missed, and those are at most the statements in flight at
+// once: Writers x MaxBatch with group commit (128 by default; a batch's
+// statements see each other), else the pool's MaxConns. Across replicas
+// the bounds add up.
+func (s *Store) MaxQuotaOvershoot() int {
+	if s.group != nil {
+		return max(s.commit.Writers, 1) * s.commit.MaxBatch
+	}
+	return int(s.pool.Config().MaxConns)
+}
 
 // Begin implements dedupesvc.Store, through dedupesvc.RunBegin: it reads
 // first, so a duplicate costs one read and no commit; only a free key is

@@ -286,15 +286,17 @@ func TestUpgradeFoldsUsageShards(t *testing.T) {
 	if m := migratedBefore(c, t, pool, 10); m.Version != 10 {
 		t.Fatal("no migration 010")
 	}
-	// Writes from several connections land in several shards.
-	old := pgstore.New(pool, pgstore.WithGroupCommit(pgstore.GroupCommit{MaxBatch: 1}))
+	// Writes from several connections land in several shards. Plain
+	// INSERTs, as the previous version reserved: this version's Begin reads
+	// the changes table of 010.
 	var wg sync.WaitGroup
 	for w := range 8 {
 		wg.Go(func() {
 			for k := range 5 {
-				bp := begin("t")
-				bp.Namespace, bp.Key = fmt.Sprint("ns-", w%2), fmt.Sprintf("w%d-k%d", w, k)
-				if _, err := old.Begin(c, bp); err != nil {
+				if _, err := pool.Exec(c, `INSERT INTO idemgate_records (namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
+					retention_ms, lease_ms, lease_expires_at, expires_at)
+					VALUES ($1, '/pkg.S/M', $2, '\x00'::bytea, 'in_flight', 't', 1, 3600000, 60000, now() + interval '1 minute', now() + interval '1 hour')`,
+					fmt.Sprint("ns-", w%2), fmt.Sprintf("w%d-k%d", w, k)); err != nil {
 					t.Error(err)
 				}
 			}
@@ -366,4 +368,92 @@ func TestCompactionSkipsARoundAnotherReplicaHolds(t *testing.T) {
 	if n := compact(t, s); n != 1 {
 		t.Fatalf("the next round moved %d changes, want the 1 left", n)
 	}
+}
+
+// TestUsageEqualsRowsOverEveryPath runs, concurrently in two namespaces,
+// every write that changes usage (reserve, Finish, Finish over the bytes
+// quota replaced by its marker, Release and a Begin over the released key,
+// takeover of an expired outcome, sweep, forget) while a compaction runs
+// beside them; once compacted, the totals equal count(*) and the sum of
+// octet_length(outcome_value) over the rows, namespace by namespace.
+func TestUsageEqualsRowsOverEveryPath(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	s := pgstore.New(pool)
+	c, cancel := context.WithCancel(ctx)
+	var compacting sync.WaitGroup
+	compacting.Go(func() { dedupesvc.RunUsageCompaction(c, s, 10*time.Millisecond, nil) })
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			ns := fmt.Sprint("ns-", w%2)
+			for k := range 12 {
+				bp := begin(fmt.Sprintf("t-%d-%d", w, k))
+				bp.Namespace, bp.Key = ns, fmt.Sprintf("w%d-k%d", w, k)
+				bp.MaxOutcomeBytes = 1 << 20
+				if k%3 == 0 {
+					bp.Lease, bp.Retention = dedupesvc.MinLease, dedupesvc.MinLease
+				}
+				res, err := s.Begin(ctx, bp)
+				if err != nil || res.State != dedupesvc.BeginReserved {
+					t.Errorf("Begin = %+v, %v", res, err)
+					return
+				}
+				fp := dedupesvc.FinishParams{Namespace: ns, Scope: bp.Scope, Key: bp.Key, AttemptToken: bp.AttemptToken, Epoch: res.Epoch,
+					Outcome: dedupesvc.Outcome{TypeURL: "type.googleapis.com/test.A", Value: make([]byte, 1000*(k+1))}}
+				switch k % 4 {
+				case 0, 1:
+					err = s.Finish(ctx, fp)
+				case 2:
+					// Over a small bytes quota: the marker is stored instead.
+					fp.MaxOutcomeBytes = 1
+					marker := dedupesvc.Outcome{TypeURL: "type.googleapis.com/test.Marker", Value: []byte("marker")}
+					fp.OverQuota = &marker
+					_, err = s.FinishWithinQuota(ctx, fp)
+				case 3:
+					err = s.Release(ctx, dedupesvc.ReleaseParams{Namespace: ns, Scope: bp.Scope, Key: bp.Key, AttemptToken: bp.AttemptToken, Epoch: res.Epoch})
+					if err == nil {
+						again := bp
+						again.AttemptToken += "-again"
+						_, err = s.Begin(ctx, again)
+					}
+				}
+				if err != nil {
+					t.Errorf("key %s: %v", bp.Key, err)
+					return
+				}
+				if k%5 == 4 {
+					if _, err := s.ForgetRecord(ctx, dedupesvc.ForgetParams{ID: dedupesvc.RecordID{Namespace: ns, Scope: bp.Scope, Key: bp.Key}, Force: true}); err != nil {
+						t.Errorf("forget %s: %v", bp.Key, err)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	// The short records expire: some are taken over, the rest swept.
+	time.Sleep(dedupesvc.MinLease + 100*time.Millisecond)
+	for w := range 8 {
+		bp := begin("t-takeover")
+		bp.Namespace, bp.Key, bp.OnLostOutcome = fmt.Sprint("ns-", w%2), fmt.Sprintf("w%d-k0", w), dedupesvc.Reexecute
+		bp.Lease, bp.Retention = dedupesvc.MinLease, dedupesvc.MinLease
+		if _, err := s.Begin(ctx, bp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(dedupesvc.MinLease + 100*time.Millisecond)
+	for {
+		n, _, err := s.DeleteExpired(ctx, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+	}
+	cancel()
+	compacting.Wait()
+	compactAll(t, pool, s)
+	wantUsage(t, "after every path, compacted", pool)
 }

@@ -61,6 +61,7 @@ func RunWithNotifier(t *testing.T, newStore func(t *testing.T) dedupesvc.Store, 
 	t.Run("ServiceNamespaces", func(t *testing.T) { testServiceNamespaces(t, newStore) })
 	t.Run("ServiceQuotas", func(t *testing.T) { testServiceQuotas(t, newStore) })
 	t.Run("FinishQuota", func(t *testing.T) { testFinishQuota(t, newStore) })
+	t.Run("RecordsQuotaConcurrent", func(t *testing.T) { testRecordsQuotaConcurrent(t, newStore) })
 	t.Run("ResolveOnly", func(t *testing.T) { testResolveOnly(t, newStore) })
 	// Not parallel: it measures a neighbour's throughput.
 	t.Run("ServiceWaiters", func(t *testing.T) { testServiceWaiters(t, newStore, notifier) })

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -354,8 +355,10 @@ func chainTaps(taps []tap.ServerInHandle) tap.ServerInHandle {
 }
 
 // finishTap refuses a Finish as it arrives, before its request (up to a
-// megabyte) is read, when its caller is over its outcome byte rate
-// (Server.AdmitFinish). A call whose caller cannot be established is let
+// megabyte) is read, when its caller's Finishes in flight or its outcome
+// byte rate cannot take it (Server.AdmitFinishCall), at the size its gate
+// declares (dedupesvc.OutcomeBytesHeader) or, undeclared or not a number,
+// at the largest outcome. A call whose caller cannot be established is let
 // through: authentication refuses, counts and logs it.
 func finishTap(a *auth.Authenticator, srv *dedupesvc.Server) tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
@@ -370,7 +373,13 @@ func finishTap(a *auth.Authenticator, srv *dedupesvc.Server) tap.ServerInHandle 
 			}
 			name = caller.Name
 		}
-		return ctx, srv.AdmitFinish(name)
+		declared := -1
+		if v := info.Header.Get(dedupesvc.OutcomeBytesHeader); len(v) == 1 {
+			if n, err := strconv.Atoi(v[0]); err == nil && n >= 0 {
+				declared = n
+			}
+		}
+		return srv.AdmitFinishCall(ctx, name, declared)
 	}
 }
 

@@ -102,6 +102,14 @@ type Config struct {
 	// MaxOutcomeBytes when lower. Defaults to 33554432
 	// (IDEMGATE_CALLER_OUTCOME_BYTE_BURST).
 	CallerOutcomeByteBurst int
+	// MaxFinishBytesInFlight bounds the outcome bytes one caller's
+	// Finishes hold in the service at once, each counted as it arrives at
+	// the size its gate declares, or at MaxOutcomeBytes; past it a Finish
+	// is refused from its headers, before its message is read
+	// (dedupesvc.WithMaxFinishBytesInFlight). Raised to MaxOutcomeBytes
+	// when lower; 0 (also in a Config built in Go) is the default, 33554432,
+	// 32 MiB (IDEMGATE_MAX_FINISH_BYTES_IN_FLIGHT).
+	MaxFinishBytesInFlight int
 	// CallerMaxRecords is each caller's stored records; 0 is no limit.
 	// Defaults to 1000000 (IDEMGATE_CALLER_MAX_RECORDS).
 	CallerMaxRecords int64
@@ -383,6 +391,7 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 	fs.IntVar(&cfg.CallerBeginBurst, "caller-begin-burst", dedupesvc.DefaultCallerBurst, "Begins each caller may make at once above its rate")
 	fs.Float64Var(&cfg.CallerOutcomeByteRate, "caller-outcome-byte-rate", dedupesvc.DefaultCallerOutcomeRate, "outcome bytes a second each caller's Finishes may carry; 0 is no limit")
 	fs.IntVar(&cfg.CallerOutcomeByteBurst, "caller-outcome-byte-burst", dedupesvc.DefaultCallerOutcomeBurst, "outcome bytes each caller's Finishes may carry at once above that rate (at least -max-outcome-bytes)")
+	fs.IntVar(&cfg.MaxFinishBytesInFlight, "max-finish-bytes-in-flight", dedupesvc.DefaultMaxFinishBytesInFlight, "outcome bytes each caller's Finishes may hold in the service at once; past it they are refused before they are read")
 	fs.Int64Var(&cfg.CallerMaxRecords, "caller-max-records", dedupesvc.DefaultCallerRecords, "records each caller may keep stored; 0 is no limit")
 	fs.Int64Var(&cfg.CallerMaxBytes, "caller-max-bytes", dedupesvc.DefaultCallerBytes, "outcome bytes each caller may keep stored; 0 is no limit")
 	fs.DurationVar(&cfg.MaxRetention, "max-retention", dedupesvc.DefaultMaxRetention, "longest retention a Begin may ask for; longer is refused")
@@ -509,6 +518,9 @@ func (c Config) validate() error {
 	}
 	if _, err := otlpExporterOptions(c.OTLPEndpoint); err != nil {
 		errs = append(errs, err)
+	}
+	if c.MaxFinishBytesInFlight < 0 {
+		return errors.New("-max-finish-bytes-in-flight must not be negative")
 	}
 	if c.CallerOutcomeByteRate < 0 || c.CallerOutcomeByteBurst < 0 {
 		errs = append(errs, errors.New("-caller-outcome-byte-rate and -caller-outcome-byte-burst must be 0 (no limit) or more"))

@@ -34,8 +34,9 @@ import (
 // against maxConns (and maxPerIP for its address, an IPv6 one's /64:
 // ipGroup), and a new connection
 // past those closes the oldest unauthenticated one, of its own address
-// first, else of the address holding the most; and it is closed when it
-// has not authenticated within timeout.
+// first, else of the address holding the most, preferring in either one
+// that made a call without credentials (victimLocked); and it is closed
+// when it has not authenticated within timeout.
 type preauthGate struct {
 	authn      *auth.Authenticator
 	maxConns   int
@@ -113,9 +114,12 @@ type gatedConn struct {
 	addr string
 	// ip is its ipGroup: its IPv4 address, or its IPv6 /64.
 	ip string
-	// Under g.mu: authenticated, and the unauthenticated streams open.
+	// Under g.mu: authenticated, the unauthenticated streams open, and
+	// whether it made a call without credentials (a health check) while
+	// unauthenticated: eviction picks such connections first.
 	authenticated bool
 	streams       int
+	stranger      bool
 	timer         *time.Timer
 	closeOnce     sync.Once
 	closeErr      error
@@ -157,9 +161,10 @@ func (g *preauthGate) admit(raw net.Conn) *gatedConn {
 	g.conns[c.addr] = c
 	g.unauth[c.ip] = append(g.unauth[c.ip], c)
 	g.nUnauth++
-	if len(g.unauth[c.ip]) > g.maxPerIP {
-		evict = append(evict, g.unauth[c.ip][0])
-		g.dropLocked(g.unauth[c.ip][0])
+	if list := g.unauth[c.ip]; len(list) > g.maxPerIP {
+		victim := victimLocked(list, c)
+		evict = append(evict, victim)
+		g.dropLocked(victim)
 	}
 	if g.nUnauth > g.maxConns {
 		// The address holding the most gives way; among equals, the one
@@ -174,6 +179,7 @@ func (g *preauthGate) admit(raw net.Conn) *gatedConn {
 			}
 		}
 		if victim != nil {
+			victim = victimLocked(g.unauth[victim.ip], c)
 			evict = append(evict, victim)
 			g.dropLocked(victim)
 		}
@@ -185,6 +191,25 @@ func (g *preauthGate) admit(raw net.Conn) *gatedConn {
 		_ = v.Close()
 	}
 	return c
+}
+
+// victimLocked is the connection of list (one address's unauthenticated
+// connections, oldest first, more than one) to close for the newcomer: the
+// oldest that made a call without credentials (a stranger by its own
+// word), else the oldest other than the newcomer. A tool server's
+// connection that has not sent its first call yet is then closed only when
+// its address holds no stranger's: a tool server sharing an address with
+// strangers (one host, a NAT, a proxy) keeps its new connection.
+func victimLocked(list []*gatedConn, newcomer *gatedConn) *gatedConn {
+	for _, o := range list {
+		if o.stranger && o != newcomer {
+			return o
+		}
+	}
+	if list[0] == newcomer {
+		return list[1]
+	}
+	return list[0]
 }
 
 // dropLocked takes c out of the unauthenticated connections.
@@ -268,6 +293,7 @@ func (g *preauthGate) tapHandle(ctx context.Context, info *tap.Info) (context.Co
 			map[string]string{"quota": "unauthenticated_streams", "limit": strconv.Itoa(g.maxStreams)}, time.Second)
 	}
 	c.streams++
+	c.stranger = true
 	// grpc-go cancels a stream's context when the stream ends, however it
 	// ends.
 	context.AfterFunc(ctx, func() {

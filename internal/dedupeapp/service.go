@@ -1,6 +1,7 @@
 package dedupeapp
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -62,6 +63,7 @@ func openService(ctx context.Context, cfg Config, logger *slog.Logger) (_ *servi
 		dedupesvc.WithCallerRate(cfg.CallerBeginRate, cfg.CallerBeginBurst),
 		dedupesvc.WithCallerQuota(cfg.CallerMaxRecords, cfg.CallerMaxBytes),
 		dedupesvc.WithCallerOutcomeRate(cfg.CallerOutcomeByteRate, cfg.CallerOutcomeByteBurst),
+		dedupesvc.WithMaxFinishBytesInFlight(cmp.Or(cfg.MaxFinishBytesInFlight, dedupesvc.DefaultMaxFinishBytesInFlight)),
 		// Under -resolve-admin-only only Resolve settles an unknown record:
 		// not the late Finish or Release of the attempt that lost it.
 		dedupesvc.WithResolveOnlySettlesUnknown(cfg.ResolveAdminOnly),

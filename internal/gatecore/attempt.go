@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -16,6 +18,7 @@ import (
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/keys"
 )
 
 // Attempt is a reservation whose handler runs: its lease is renewed from
@@ -108,10 +111,10 @@ func (a *Attempt) Finish(outcome *anypb.Any, afterReply bool) (fenced bool) {
 			if firstSent.IsZero() {
 				firstSent = time.Now()
 			}
-			res, err := e.dedupe.Finish(c.withAgent(ctx), req)
+			res, err := e.dedupe.Finish(withOutcomeBytes(c.withAgent(ctx), req), req)
 			if grpcerr.Reason(err) == reasonDedupeOutcomeTooLarge && req.GetOutcome().MessageName() != TooLargeName {
 				req.Outcome = e.boundedOutcome(ctx, c, outcome, 0)
-				res, err = e.dedupe.Finish(c.withAgent(ctx), req)
+				res, err = e.dedupe.Finish(withOutcomeBytes(c.withAgent(ctx), req), req)
 			}
 			// An outcome the service replaced by the marker is not what
 			// duplicates get: nothing here may keep it. Its log says why (the
@@ -499,4 +502,13 @@ func (e *Engine) trySettle(ctx context.Context, c *Call, epoch int64, s settleme
 			slog.String("rpc", s.rpc), slog.String("scope", c.Scope), slog.Any("error", err))
 		return notSettled
 	}
+}
+
+// withOutcomeBytes is ctx declaring the size of req's outcome to the Dedupe
+// service (keys.OutcomeBytesHeader), which then charges its caller's
+// outcome-byte budget from the headers and may refuse the Finish before
+// reading its message.
+func withOutcomeBytes(ctx context.Context, req *idemgatev1.FinishRequest) context.Context {
+	o := req.GetOutcome()
+	return metadata.AppendToOutgoingContext(ctx, keys.OutcomeBytesHeader, strconv.Itoa(len(o.GetTypeUrl())+len(o.GetValue())))
 }
