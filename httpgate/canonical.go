@@ -451,7 +451,7 @@ func scanNumber(b []byte, i int) (int, bool) {
 // (9007199254740993, 0.10000000000000001) or overflows: canonicalising
 // would lose the difference.
 func formatNumber(out, text []byte) ([]byte, bool) {
-	if len(text) <= 16 && bytes.IndexAny(text, ".eE") < 0 {
+	if len(text) <= 16 && !bytes.ContainsAny(text, ".eE") {
 		// An integer of at most 15 digits is exactly a double and prints
 		// as itself; -0 prints as 0.
 		if digits := len(text) - bytes.IndexByte(text, '-') - 1; digits <= 15 {
