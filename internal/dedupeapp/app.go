@@ -41,6 +41,7 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/httplimits"
 	"github.com/idemgate/idemgate/internal/tlsfiles"
 )
@@ -379,9 +380,24 @@ func finishTap(a *auth.Authenticator, srv *dedupesvc.Server) tap.ServerInHandle 
 				declared = n
 			}
 		}
-		return srv.AdmitFinishCall(ctx, name, declared)
+		ctx, err := srv.AdmitFinishCall(ctx, name, declared)
+		if delay, ok := grpcerr.RetryDelay(err); ok {
+			// A tap handle runs on its connection's reader: holding the
+			// refusal for its retry delay stops reading that connection,
+			// so a caller that ignores the delay is slowed by TCP itself
+			// instead of costing the service a refused stream (and the
+			// data it already sent) each time. Other connections are read
+			// on their own goroutines.
+			time.Sleep(min(delay, maxFinishRefusalHold))
+		}
+		return ctx, err
 	}
 }
+
+// maxFinishRefusalHold bounds how long a refused Finish holds its
+// connection's reader (finishTap): long enough to pace a caller that ignores
+// RetryInfo, short enough for its other calls and keepalive pings.
+const maxFinishRefusalHold = 100 * time.Millisecond
 
 // limitOptions bound what one connection, and one idle or slow client, can
 // hold: calls per connection, the handshake, idle and old connections, and

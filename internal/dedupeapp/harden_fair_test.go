@@ -6,10 +6,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,9 +21,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
+	"github.com/idemgate/idemgate/internal/keys"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
@@ -236,5 +243,69 @@ func TestToolServerConnectionOutlivesStrangersOfItsAddress(t *testing.T) {
 	got := tool.statuses(t, 1, time.Minute)
 	if code, ok := got[1]; !ok || code != codes.OK {
 		t.Fatalf("the tool server's first call on a connection opened before %d strangers' from its address: %v, want OK (closed as a stranger's)", perIP, got)
+	}
+}
+
+// A caller that ignores RetryInfo and keeps sending Finishes its outcome
+// byte rate cannot take is paced by its own connection: each refusal holds
+// that connection's reader for the retry delay (at most 100ms here), so
+// over any stretch its refusals number at most one per hold, plus the calls
+// already in flight, however fast it sends; before the fix a refusal came
+// back at once and a flood of them cost the service each stream and the data
+// it carried (a neighbour kept 14% of its Begins; issue 30, item 4). A
+// neighbour on its own connection is answered meanwhile.
+func TestRefusedFinishesArePacedByTheirConnection(t *testing.T) {
+	// A rate of 1 KiB/s: once the burst is spent, each declared 64 KiB
+	// Finish is a minute short, so its delay is the hold's cap.
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	writeTokens(t, tokens, "payments client "+clientSecret+"\nneighbour client neighbour-secret-0123456789\n")
+	addr := stacktest.ServeApp(t, dedupeapp.Config{DataDir: t.TempDir(), TokenFile: tokens,
+		CallerOutcomeByteRate: 1024, CallerOutcomeByteBurst: 1, MaxOutcomeBytes: 1 << 20})
+	conn := dial(t, addr, withToken(clientSecret))
+	ctx := callCtx(t)
+	flood := idemgatev1.NewDedupeServiceClient(conn)
+	outcome := &anypb.Any{TypeUrl: "type.googleapis.com/flood.V", Value: make([]byte, 64<<10)}
+	declared := strconv.Itoa(len(outcome.TypeUrl) + len(outcome.Value))
+	const senders = 4
+	var refused, other atomic.Int64
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	start := time.Now()
+	for s := range senders {
+		wg.Go(func() {
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, err := flood.Finish(metadata.AppendToOutgoingContext(ctx, keys.OutcomeBytesHeader, declared), &idemgatev1.FinishRequest{Scope: "/x.S/M", Key: fmt.Sprintf("f%d-%d", s, n), AttemptToken: "a", Epoch: 1, Outcome: outcome})
+				if status.Code(err) == codes.ResourceExhausted {
+					refused.Add(1)
+				} else {
+					other.Add(1)
+				}
+			}
+		})
+	}
+	// The neighbour, another caller on its own connection, is answered
+	// while the flood's connection is held.
+	neighbour := idemgatev1.NewDedupeServiceClient(dial(t, addr, withToken("neighbour-secret-0123456789")))
+	for i := range 5 {
+		if _, err := neighbour.Begin(callCtx(t), beginRequest("neighbour-"+strconv.Itoa(i))); err != nil {
+			t.Fatalf("neighbour's Begin %d during the flood: %v", i, err)
+		}
+	}
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+	elapsed := time.Since(start)
+	// The holds run one after another on the connection's reader.
+	if most := int64(elapsed/(100*time.Millisecond)) + senders; refused.Load() > most {
+		t.Fatalf("%d Finishes refused in %s on one connection (%d otherwise answered): more than one per 100ms hold plus the %d in flight (%d); the refusals are not paced",
+			refused.Load(), elapsed.Round(time.Millisecond), other.Load(), senders, most)
+	}
+	if refused.Load() == 0 {
+		t.Fatalf("no Finish refused for its byte rate (%d otherwise answered): the test sends within the rate", other.Load())
 	}
 }

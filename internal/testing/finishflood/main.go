@@ -46,6 +46,11 @@ func main() {
 	duration := flag.Duration("duration", 10*time.Second, "how long to measure")
 	declare := flag.Bool("declare", true, "send idemgate-outcome-bytes, as a gate does")
 	floodAddr := flag.String("flood-only", "", "internal: flood the service at this address until killed")
+	// On one machine the flood's own client competes for the cores the
+	// service and the neighbour use, which a real attacker on another
+	// machine does not: run the tool under taskset -c 0 and the flood with
+	// -flood-cpus 1 to keep them apart.
+	floodCPUs := flag.String("flood-cpus", "", "run the flood's process under taskset -c with this CPU list")
 	flag.Parse()
 	if *floodAddr != "" {
 		flood(*floodAddr, *flooders, *size, *declare)
@@ -92,7 +97,11 @@ func main() {
 	// do not slow the neighbour's client.
 	var fl *exec.Cmd
 	if *flooders > 0 {
-		fl = exec.Command(os.Args[0], "-flood-only", addr, "-flooders", strconv.Itoa(*flooders), "-size", strconv.Itoa(*size), "-declare="+strconv.FormatBool(*declare))
+		args := []string{os.Args[0], "-flood-only", addr, "-flooders", strconv.Itoa(*flooders), "-size", strconv.Itoa(*size), "-declare=" + strconv.FormatBool(*declare)}
+		if *floodCPUs != "" {
+			args = append([]string{"taskset", "-c", *floodCPUs}, args...)
+		}
+		fl = exec.Command(args[0], args[1:]...)
 		fl.Stdout = os.Stdout
 		if err := fl.Start(); err != nil {
 			log.Fatal(err)
@@ -126,8 +135,8 @@ func main() {
 		}
 		return lat[min(len(lat)-1, int(float64(len(lat))*p))]
 	}
-	fmt.Printf("flooders=%d declare=%v size=%d duration=%s: neighbour Begins %d ok %d failed, p50 %s p99 %s max %s; dedupesvc CPU %.2fs in %s (%.0f%%), peak RSS %s\n",
-		*flooders, *declare, *size, *duration, len(lat), failed, pct(0.50).Round(10*time.Microsecond), pct(0.99).Round(10*time.Microsecond), pct(1).Round(10*time.Microsecond),
+	fmt.Printf("flood-cpus=%q flooders=%d declare=%v size=%d duration=%s: neighbour Begins %d ok %d failed, p50 %s p99 %s max %s; dedupesvc CPU %.2fs in %s (%.0f%%), peak RSS %s\n",
+		*floodCPUs, *flooders, *declare, *size, *duration, len(lat), failed, pct(0.50).Round(10*time.Microsecond), pct(0.99).Round(10*time.Microsecond), pct(1).Round(10*time.Microsecond),
 		cpu1-cpu0, *duration, 100*(cpu1-cpu0)/duration.Seconds(), hwm)
 }
 
