@@ -145,7 +145,7 @@ func TestRequestOverLimitRefusedBeforeDecoding(t *testing.T) {
 // client accepts it) is not sent: the caller gets connect-go's
 // RESOURCE_EXHAUSTED instead of the response buffered whole.
 func TestResponseOverLimitNotSent(t *testing.T) {
-	hs := setup(t, nil, connectgate.WithMaxResponseBytes(1<<10))
+	hs := setup(t, nil, connectgate.WithMaxResponseBytes(1<<10), connectgate.WithMaxOutcomeBytes(1<<10))
 	for _, p := range protocols {
 		t.Run(p.name, func(t *testing.T) {
 			// Not accepting gzip, so the response is sent as large as it is.
