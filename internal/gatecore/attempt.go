@@ -328,17 +328,22 @@ type settlement struct {
 // lease is renewed all along. Once Close has begun they are made here
 // instead, before the caller's answer, until Close's context ends.
 //
-// A lease the service has not confirmed for a whole lease may have been
-// taken over, and another attempt's outcome stored in place of this one:
-// then the retries are made before the answer, for up to a lease (less if
-// the caller gives up first), and an attempt whose outcome is still not
-// stored answers as fenced, so its caller's retry gets whatever the key
-// keeps. The service grants a holder a full lease once it is back from an
-// outage, so a store outage alone still costs the holder nothing.
+// A Finish that answers the caller (answers) is stored before the answer:
+// a holder cut off after answering may lose its key to another attempt
+// (REEXECUTE) that stores another outcome, and the caller's answer would
+// name an execution the key never replays. So the retries are made before
+// the answer, the lease renewed meanwhile, for up to a lease (less when the
+// finish retry budget ends or the caller gives up first), and an attempt
+// whose outcome is still not stored answers as fenced, so its caller's
+// retry gets whatever the key keeps; the retries then go on in the
+// background within the budget. The service grants a holder a full lease
+// once it is back from an outage, so a store outage alone still costs the
+// holder nothing once the store is back within that lease.
 //
 // It reports whether the caller must get the fenced answer: an attempt made
-// before the answer was refused because the attempt had been fenced, or the
-// lease had lapsed unconfirmed and the outcome is not stored yet.
+// before the answer was refused because the attempt had been fenced, the
+// outcome is not stored within the bound, or (rejected for good) the lease
+// had lapsed unconfirmed.
 //
 // With inBackground even the first attempt runs in the background: settle
 // returns at once, reporting false, and the lease is renewed until the
@@ -361,15 +366,18 @@ func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseK
 	unsettled := false
 	if !inBackground {
 		r := e.trySettle(detached, c, epoch, s)
-		if r == notSettled && s.answers && lease.lapsed() {
-			confirm := time.Now().Add(c.Policy.Lease)
-			if budget.Before(confirm) {
-				confirm = budget
+		if r == notSettled && s.answers {
+			// The caller is answered only with an outcome the store took:
+			// retried here, the lease renewed meanwhile, for up to a lease
+			// (within the budget and the caller's own deadline).
+			bound := time.Now().Add(c.Policy.Lease)
+			if budget.Before(bound) {
+				bound = budget
 			}
-			r = e.retrySettle(ctx, c, epoch, s, confirm, false)
+			r = e.retrySettle(ctx, c, epoch, s, bound, false)
 			if r == notSettled {
 				unsettled = true
-				e.opts.Logger.WarnContext(ctx, "idemgate: the outcome could not be stored and the lease ran out unconfirmed; the caller is told to retry with its key rather than given an answer another attempt may have replaced",
+				e.opts.Logger.WarnContext(ctx, "idemgate: the outcome could not be stored within a lease; the caller is told to retry with its key rather than given an answer the key may never keep (retries go on in the background)",
 					slog.String("scope", c.Scope), slog.Int64("epoch", epoch))
 			}
 		}

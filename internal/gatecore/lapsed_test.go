@@ -58,8 +58,8 @@ func (d *cutOffDedupe) Finish(context.Context, *idemgatev1.FinishRequest, ...grp
 // the caller gets its answer (a store outage longer than the lease costs
 // the holder nothing); refused, or still unanswered after a lease, the
 // caller gets the fenced answer and its retry gets whatever is stored.
-// With a lease still confirmed, a failed first Finish is retried in the
-// background behind the answer, as before.
+// With a lease still confirmed the failed Finish is retried before the
+// answer too (TestAConfirmedLeaseIsAnsweredOnlyOnceStored).
 func TestAnUnconfirmedLapsedLeaseIsAnsweredOnlyOnceStored(t *testing.T) {
 	outcome, err := anypb.New(wrapperspb.String("charged"))
 	if err != nil {
@@ -84,7 +84,7 @@ func TestAnUnconfirmedLapsedLeaseIsAnsweredOnlyOnceStored(t *testing.T) {
 		// another attempt's outcome may be what the key keeps.
 		{"lapsed, then rejected", false, status.Error(codes.PermissionDenied, "token rotated"), time.Second, 1500 * time.Millisecond, true, true},
 		// A long lease, finished at once: it cannot have lapsed.
-		{"confirmed", true, nil, time.Minute, 0, false, false},
+		{"confirmed", true, nil, time.Minute, 0, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := &cutOffDedupe{renew: tc.renew, later: tc.later}
@@ -170,5 +170,104 @@ func TestAfterReplyWithALapsedLeaseStoresBeforeAnswering(t *testing.T) {
 	}
 	if !fenced {
 		t.Errorf("answered with its own response, its Finish refused as fenced %d times: duplicates get another attempt's outcome", d.refused.Load())
+	}
+}
+
+// flakyFinish reserves and renews every lease; its Finishes fail
+// UNAVAILABLE until storeAfterRenewals renewals have been confirmed (never
+// when negative), as a holder whose first Finish is lost while its lease is
+// still confirmed sees it.
+type flakyFinish struct {
+	idemgatev1.DedupeServiceClient
+	storeAfterRenewals, renewals, finishes atomic.Int64
+	stored                                 atomic.Bool
+}
+
+func (d *flakyFinish) Begin(context.Context, *idemgatev1.BeginRequest, ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
+	return &idemgatev1.BeginResponse{Result: &idemgatev1.BeginResponse_Reserved_{Reserved: &idemgatev1.BeginResponse_Reserved{Epoch: 1}}}, nil
+}
+
+func (d *flakyFinish) Heartbeat(context.Context, *idemgatev1.HeartbeatRequest, ...grpc.CallOption) (*idemgatev1.HeartbeatResponse, error) {
+	d.renewals.Add(1)
+	return &idemgatev1.HeartbeatResponse{}, nil
+}
+
+func (d *flakyFinish) Finish(context.Context, *idemgatev1.FinishRequest, ...grpc.CallOption) (*idemgatev1.FinishResponse, error) {
+	d.finishes.Add(1)
+	if n := d.storeAfterRenewals.Load(); n < 0 || d.renewals.Load() < n {
+		return nil, status.Error(codes.Unavailable, "lost")
+	}
+	d.stored.Store(true)
+	return &idemgatev1.FinishResponse{}, nil
+}
+
+// A holder whose lease is still confirmed when its first Finish fails must
+// not answer its caller with an outcome the store has not taken (issue 31):
+// cut off afterwards past its lease, another attempt may take the key over
+// (REEXECUTE) and the caller's answer would name an execution the key never
+// replays. It retries before answering, renewing its lease all along: once
+// stored the caller gets its response; still not stored after the bound (a
+// lease, within the finish retry budget and the caller's own deadline) the
+// caller gets the retryable fenced answer (IDEMPOTENCY_IN_FLIGHT), and the
+// retries go on in the background.
+func TestAConfirmedLeaseIsAnsweredOnlyOnceStored(t *testing.T) {
+	outcome, err := anypb.New(wrapperspb.String("charged"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		// storeAfterRenewals: the Finish is stored only once this many
+		// renewals were confirmed, so storing it before the answer takes
+		// renewals while the caller waits; negative, never.
+		storeAfterRenewals int64
+		lease              time.Duration
+		// callerGone: the caller's context has ended by the Finish.
+		callerGone bool
+		wantFenced bool
+	}{
+		{"stored on a retry while renewing", 1, 10 * time.Second, false, false},
+		{"never stored within a lease", -1, 2 * time.Second, false, true},
+		{"the caller gave up", 1 << 62, time.Minute, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &flakyFinish{}
+			d.storeAfterRenewals.Store(tc.storeAfterRenewals)
+			e := gatecore.New(d, gatecore.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), FinishBudget: time.Minute})
+			c := gatecore.NewCall("tool", "scope", "key-1", []byte("fp"),
+				gatecore.Policy{Lease: tc.lease, MaxWait: time.Second, ExecutionTimeout: time.Hour}, time.Hour)
+			begun, err := e.Begin(context.Background(), c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancelCaller := context.WithCancel(context.Background())
+			defer cancelCaller()
+			a := e.Start(ctx, c, begun)
+			if tc.callerGone {
+				cancelCaller()
+			}
+			fenced := a.Finish(outcome, false)
+			if fenced != tc.wantFenced {
+				t.Errorf("Finish reported fenced = %v, want %v (Finishes %d, renewals %d)", fenced, tc.wantFenced, d.finishes.Load(), d.renewals.Load())
+			}
+			if !fenced && !d.stored.Load() {
+				t.Errorf("the caller got its own answer with its outcome not stored (Finishes %d)", d.finishes.Load())
+			}
+			if tc.storeAfterRenewals < 0 && d.finishes.Load() < 2 {
+				t.Errorf("Finishes before the answer = %d, want the failed one retried before answering", d.finishes.Load())
+			}
+			if tc.callerGone {
+				d.storeAfterRenewals.Store(0) // the store is back: the background retry lands
+			}
+			closeCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if tc.storeAfterRenewals < 0 {
+				cancel() // never stored: stop the background retries
+			}
+			_ = e.Close(closeCtx)
+			if tc.callerGone && !d.stored.Load() {
+				t.Errorf("the caller gave up and the outcome was never stored (Finishes %d)", d.finishes.Load())
+			}
+		})
 	}
 }
