@@ -28,6 +28,9 @@ type Attempt struct {
 	ctx, hctx context.Context
 	cancel    func()
 	lease     *leaseKeeper
+	// unstored: Finish reported fenced because the outcome was not stored
+	// within its bound, not because another attempt took the key.
+	unstored bool
 }
 
 // Start begins running a reservation Begin made. The handler's context
@@ -78,7 +81,8 @@ func (a *Attempt) Fenced() bool { return errors.Is(context.Cause(a.hctx), ErrFen
 // by a ResultTooLarge marker, so a duplicate never runs the side effect again
 // for want of a stored outcome. It reports whether the store refused the
 // outcome at once because the attempt had been fenced: its caller must then
-// get AnswerFenced, not this attempt's answer.
+// get AnswerFenced (AnswerUnstored when the outcome was not stored within
+// a lease), not this attempt's answer.
 //
 // With afterReply it returns at once, reporting false, and stores the
 // outcome in the background (FINISH_POLICY_AFTER_REPLY), the lease renewed
@@ -102,7 +106,7 @@ func (a *Attempt) Finish(outcome *anypb.Any, afterReply bool) (fenced bool) {
 	if !afterReply {
 		defer func(start time.Time) { e.Stage(c, StageFinish, time.Since(start)) }(time.Now())
 	}
-	return e.settle(a.ctx, c, a.epoch, a.lease, settlement{
+	fenced, a.unstored = e.settle(a.ctx, c, a.epoch, a.lease, settlement{
 		rpc: "Finish",
 		call: func(ctx context.Context) error {
 			if firstSent.IsZero() {
@@ -131,6 +135,7 @@ func (a *Attempt) Finish(outcome *anypb.Any, afterReply bool) (fenced bool) {
 		lost:       "the side effect ran and the caller got its response, but the outcome could not be stored",
 		answers:    true,
 	}, afterReply)
+	return fenced
 }
 
 // Release gives the reservation up after a handler error, so a retry runs;
@@ -286,7 +291,7 @@ func (e *Engine) releaseBy(ctx context.Context, c *Call, epoch int64, unknown bo
 		// into a live reservation: no renewal may be under way when it goes.
 		lease.stop()
 	}
-	_ = e.settle(ctx, c, epoch, lease, settlement{
+	_, _ = e.settle(ctx, c, epoch, lease, settlement{
 		rpc: "Release",
 		call: func(ctx context.Context) error {
 			_, err := e.dedupe.Release(ctx, req)
@@ -342,14 +347,14 @@ type settlement struct {
 //
 // It reports whether the caller must get the fenced answer: an attempt made
 // before the answer was refused because the attempt had been fenced, the
-// outcome is not stored within the bound, or (rejected for good) the lease
-// had lapsed unconfirmed.
+// outcome is not stored within the bound (unstored, too), or (rejected for
+// good) the lease had lapsed unconfirmed.
 //
 // With inBackground even the first attempt runs in the background: settle
 // returns at once, reporting false, and the lease is renewed until the
 // matter is settled or given up, as for the retries (once Close has begun,
 // all of them are made before the answer).
-func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseKeeper, s settlement, inBackground bool) (fenced bool) {
+func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseKeeper, s settlement, inBackground bool) (fenced, unstored bool) {
 	lease.settling.Store(true)
 	detached := context.WithoutCancel(ctx)
 	budget := s.deadline
@@ -383,7 +388,7 @@ func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseK
 		}
 		if r != notSettled {
 			defer lease.stop()
-			return answerFenced(r)
+			return answerFenced(r), false
 		}
 	}
 	if !e.startBackground() {
@@ -395,7 +400,10 @@ func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseK
 		if r == notSettled {
 			e.giveUp(ctx, c, epoch, s)
 		}
-		return unsettled || answerFenced(r)
+		if r == settledStored {
+			return false, false
+		}
+		return unsettled || answerFenced(r), unsettled && r != settledFenced
 	}
 	go func() {
 		defer e.background.Done()
@@ -404,7 +412,7 @@ func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseK
 			e.giveUp(ctx, c, epoch, s)
 		}
 	}()
-	return unsettled
+	return unsettled, unsettled
 }
 
 // settled is how a settlement's attempts ended.

@@ -239,6 +239,9 @@ func (e *Engine) run(ctx context.Context, c *Call, t Transport, begun Begun) (an
 		// answer no duplicate will see.
 		expires := time.Now().Add(c.Retention)
 		if fenced := a.Finish(ran.Outcome, c.Policy.FinishAfterReply && !a.Fenced()); fenced {
+			if a.unstored {
+				return nil, e.AnswerUnstored()
+			}
 			return nil, e.AnswerFenced()
 		}
 		t.Committed(ctx, expires)
