@@ -561,8 +561,11 @@ func testUnstoredNotAnswered(t *testing.T, e *env) {
 	hd := e.hooks.holdFinish("k")
 	ctx, cancel := context.WithTimeout(context.Background(), settleWithin)
 	defer cancel()
+	sent := time.Now()
 	first := checked(t, MethodCharge, await(t, "the call", async(t, ctx, c, MethodCharge, "k", charge("a", 100, succeed))))
+	waited := time.Since(sent)
 	_, attempts := hd.letThrough()
+	t.Logf("the caller waited %v for its answer (%d Finish attempts): %v", waited, attempts, first)
 	wantRefusal(t, "a call whose outcome was never stored", first, codes.Aborted, reasonInFlight)
 	if first.RetryAfter <= 0 {
 		t.Fatalf("IDEMPOTENCY_IN_FLIGHT without RetryInfo: %v", first)
