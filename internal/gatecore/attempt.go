@@ -189,6 +189,13 @@ func (k *leaseKeeper) lapsed() bool {
 	return time.Since(k.heldSince)-time.Duration(k.renewedAt.Load()) >= k.lease
 }
 
+// confirmed records a renewal the service granted, sent at sent.
+func (k *leaseKeeper) confirmed(sent time.Time) {
+	t := int64(sent.Sub(k.heldSince))
+	for old := k.renewedAt.Load(); t > old && !k.renewedAt.CompareAndSwap(old, t); old = k.renewedAt.Load() {
+	}
+}
+
 // stop ends the renewals and waits for them; it may be called more than once.
 func (k *leaseKeeper) stop() {
 	k.cancel()
@@ -249,9 +256,7 @@ func (e *Engine) keepLease(ctx context.Context, c *Call, epoch int64, first time
 				switch {
 				case err == nil:
 					// The lease runs from no later than the renewal was sent.
-					if t := int64(r.sent.Sub(k.heldSince)); t > k.renewedAt.Load() {
-						k.renewedAt.Store(t)
-					}
+					k.confirmed(r.sent)
 					timer.Reset(lease / 3)
 				case kctx.Err() != nil:
 					return

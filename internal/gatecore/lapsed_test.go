@@ -16,6 +16,7 @@ import (
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate/internal/grpcerr"
 )
 
 // cutOffDedupe reserves, then renews no lease (heartbeats UNAVAILABLE
@@ -267,6 +268,69 @@ func TestAConfirmedLeaseIsAnsweredOnlyOnceStored(t *testing.T) {
 			_ = e.Close(closeCtx)
 			if tc.callerGone && !d.stored.Load() {
 				t.Errorf("the caller gave up and the outcome was never stored (Finishes %d)", d.finishes.Load())
+			}
+		})
+	}
+}
+
+// slowBegin answers Begin Reserved only after took (a slow store, or a
+// long wait, as the gate sees it), and Heartbeat with renewal.
+type slowBegin struct {
+	idemgatev1.DedupeServiceClient
+	took    time.Duration
+	renewal error
+}
+
+func (d *slowBegin) Begin(context.Context, *idemgatev1.BeginRequest, ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
+	time.Sleep(d.took)
+	return &idemgatev1.BeginResponse{Result: &idemgatev1.BeginResponse_Reserved_{Reserved: &idemgatev1.BeginResponse_Reserved{Epoch: 1}}}, nil
+}
+
+func (d *slowBegin) Heartbeat(context.Context, *idemgatev1.HeartbeatRequest, ...grpc.CallOption) (*idemgatev1.HeartbeatResponse, error) {
+	return &idemgatev1.HeartbeatResponse{}, d.renewal
+}
+
+func (d *slowBegin) Finish(context.Context, *idemgatev1.FinishRequest, ...grpc.CallOption) (*idemgatev1.FinishResponse, error) {
+	return &idemgatev1.FinishResponse{}, nil
+}
+
+func (d *slowBegin) Release(context.Context, *idemgatev1.ReleaseRequest, ...grpc.CallOption) (*idemgatev1.ReleaseResponse, error) {
+	return &idemgatev1.ReleaseResponse{}, nil
+}
+
+// A Begin answered a whole lease after it was sent may have reserved the
+// key early and lost it since (issue 31: the Begin's deadline, the Dedupe
+// timeout plus max_wait, may outlast the lease): the handler runs only
+// once a renewal confirms the reservation; refused, the caller gets the
+// fenced answer and nothing runs.
+func TestABeginAnsweredAfterItsLeaseRunsOnlyOnceConfirmed(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		renewal  error
+		wantRuns int64
+	}{
+		{"taken over meanwhile", status.Error(codes.FailedPrecondition, "taken over"), 0},
+		{"still held", nil, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const lease = time.Second
+			d := &slowBegin{took: lease + 300*time.Millisecond, renewal: tc.renewal}
+			e := gatecore.New(d, gatecore.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			defer func() { _ = e.Close(context.Background()) }()
+			tr := &stringTransport{ran: func(context.Context) gatecore.Ran {
+				return gatecore.Ran{Verdict: gatecore.VerdictOutcome, Answer: "charged", Outcome: outcomeOf(t, "charged")}
+			}}
+			c := gatecore.NewCall("tool", "scope", "key-1", []byte("fp"),
+				gatecore.Policy{Lease: lease, MaxWait: 10 * time.Second, ExecutionTimeout: time.Minute}, time.Hour)
+			_, _, err := e.Gate(context.Background(), c, tr, time.Now())
+			if got := tr.runs.Load(); got != tc.wantRuns {
+				t.Fatalf("the handler ran %d times, want %d (answer %v)", got, tc.wantRuns, err)
+			}
+			if tc.wantRuns == 0 && grpcerr.Reason(err) != gatecore.ReasonInFlight {
+				t.Errorf("answered %v, want IDEMPOTENCY_IN_FLIGHT", err)
+			}
+			if tc.wantRuns == 1 && err != nil {
+				t.Errorf("answered %v, want the handler's answer", err)
 			}
 		})
 	}
