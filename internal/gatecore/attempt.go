@@ -351,9 +351,9 @@ type settlement struct {
 // holder nothing once the store is back within that lease.
 //
 // It reports whether the caller must get the fenced answer: an attempt made
-// before the answer was refused because the attempt had been fenced, the
-// outcome is not stored within the bound (unstored, too), or (rejected for
-// good) the lease had lapsed unconfirmed.
+// before the answer was refused because the attempt had been fenced, or the
+// outcome was not stored within the bound or was rejected for good (then
+// unstored, too).
 //
 // With inBackground even the first attempt runs in the background: settle
 // returns at once, reporting false, and the lease is renewed until the
@@ -393,6 +393,9 @@ func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseK
 		}
 		if r != notSettled {
 			defer lease.stop()
+			if s.answers && r == settledRejected {
+				return true, true // nothing stored: the caller is not answered with it either
+			}
 			return answerFenced(r), false
 		}
 	}
@@ -408,7 +411,8 @@ func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseK
 		if r == settledStored {
 			return false, false
 		}
-		return unsettled || answerFenced(r), unsettled && r != settledFenced
+		rejected := s.answers && r == settledRejected
+		return unsettled || rejected || answerFenced(r), (unsettled || rejected) && r != settledFenced
 	}
 	go func() {
 		defer e.background.Done()

@@ -182,6 +182,8 @@ type flakyFinish struct {
 	idemgatev1.DedupeServiceClient
 	storeAfterRenewals, renewals, finishes atomic.Int64
 	stored                                 atomic.Bool
+	// rejected, when set, answers every Finish: refused for good.
+	rejected error
 }
 
 func (d *flakyFinish) Begin(context.Context, *idemgatev1.BeginRequest, ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
@@ -195,6 +197,9 @@ func (d *flakyFinish) Heartbeat(context.Context, *idemgatev1.HeartbeatRequest, .
 
 func (d *flakyFinish) Finish(context.Context, *idemgatev1.FinishRequest, ...grpc.CallOption) (*idemgatev1.FinishResponse, error) {
 	d.finishes.Add(1)
+	if d.rejected != nil {
+		return nil, d.rejected
+	}
 	if n := d.storeAfterRenewals.Load(); n < 0 || d.renewals.Load() < n {
 		return nil, status.Error(codes.Unavailable, "lost")
 	}
@@ -226,13 +231,18 @@ func TestAConfirmedLeaseIsAnsweredOnlyOnceStored(t *testing.T) {
 		// callerGone: the caller's context has ended by the Finish.
 		callerGone bool
 		wantFenced bool
+		// rejected: every Finish is refused for good (a rotated
+		// credential): nothing is stored, so the caller is not answered
+		// with it either.
+		rejected error
 	}{
-		{"stored on a retry while renewing", 1, 10 * time.Second, false, false},
-		{"never stored within a lease", -1, 2 * time.Second, false, true},
-		{"the caller gave up", 1 << 62, time.Minute, true, true},
+		{"stored on a retry while renewing", 1, 10 * time.Second, false, false, nil},
+		{"never stored within a lease", -1, 2 * time.Second, false, true, nil},
+		{"the caller gave up", 1 << 62, time.Minute, true, true, nil},
+		{"rejected for good", 0, time.Minute, false, true, status.Error(codes.PermissionDenied, "token rotated")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := &flakyFinish{}
+			d := &flakyFinish{rejected: tc.rejected}
 			d.storeAfterRenewals.Store(tc.storeAfterRenewals)
 			e := gatecore.New(d, gatecore.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), FinishBudget: time.Minute})
 			c := gatecore.NewCall("tool", "scope", "key-1", []byte("fp"),
