@@ -29,7 +29,8 @@ const DefaultDedupeFailureLogInterval = gatecore.DefaultDedupeFailureLogInterval
 // waiting out grpc-go's reconnect backoff, which grows to two minutes: a
 // holder renews its lease within the one-lease grace a restarted Dedupe
 // service grants it. Defaults to none: the lines name no target, WatchDedupe
-// goes by the RPCs' answers alone, and reconnects keep the dial's backoff.
+// goes by the RPCs' answers alone, reconnects keep the dial's backoff, and
+// New logs a warning saying so.
 func WithDedupeConn(conn *grpc.ClientConn) Option {
 	return func(o *options) { o.dedupeConn = conn }
 }

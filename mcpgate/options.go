@@ -266,8 +266,8 @@ func WithReplayCacheTTL(d time.Duration) Option {
 // within the one-lease grace a restarted Dedupe service grants it. Pass it
 // whenever that client is a *grpc.ClientConn's: the log lines about failing
 // Dedupe RPCs then name its target, and WatchDedupe follows its state.
-// Defaults to none: reconnects keep the dial's backoff, and WatchDedupe goes
-// by the RPCs' answers alone.
+// Defaults to none: reconnects keep the dial's backoff, WatchDedupe goes by
+// the RPCs' answers alone, and New logs a warning saying so.
 func WithDedupeConn(conn *grpc.ClientConn) Option {
 	return func(o *options) { o.dedupeConn = conn }
 }

@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
@@ -161,7 +162,38 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 		pool.Close()
 		return backend{}, fmt.Errorf("mark the store resumed: %w; is the schema migrated? run dedupesvc migrate, or serve with -migrate-on-start=true", err)
 	}
+	warmPool(ctx, pool, logger)
 	return b, nil
+}
+
+// warmPool opens every connection of pool before the service says SERVING:
+// opened on demand, a fresh replica's first burst of Begins waits for a
+// pool's worth of connection setups at once (over 500ms under load). A
+// database that refuses some (max_connections) is logged, not fatal: the
+// rest open on demand, as before.
+func warmPool(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	size := int(pool.Config().MaxConns)
+	conns := make([]*pgxpool.Conn, size)
+	errs := make([]error, size)
+	var wg sync.WaitGroup
+	// Held until all are acquired, so each Acquire opens its own.
+	for i := range size {
+		wg.Go(func() { conns[i], errs[i] = pool.Acquire(ctx) })
+	}
+	wg.Wait()
+	opened := 0
+	for _, c := range conns {
+		if c != nil {
+			opened++
+			c.Release()
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		logger.Warn("could not open the whole database pool before serving; the rest open on demand",
+			slog.Int("opened", opened), slog.Int("size", size), slog.Any("error", err))
+	}
 }
 
 // redactedURL drops the password from a database URL for logging.

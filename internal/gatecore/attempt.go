@@ -31,6 +31,9 @@ type Attempt struct {
 	ctx, hctx context.Context
 	cancel    func()
 	lease     *leaseKeeper
+	// unstored: Finish reported fenced because the outcome was not stored
+	// within its bound, not because another attempt took the key.
+	unstored bool
 }
 
 // Start begins running a reservation Begin made. The handler's context
@@ -81,7 +84,8 @@ func (a *Attempt) Fenced() bool { return errors.Is(context.Cause(a.hctx), ErrFen
 // by a ResultTooLarge marker, so a duplicate never runs the side effect again
 // for want of a stored outcome. It reports whether the store refused the
 // outcome at once because the attempt had been fenced: its caller must then
-// get AnswerFenced, not this attempt's answer.
+// get AnswerFenced (AnswerUnstored when the outcome was not stored within
+// a lease), not this attempt's answer.
 //
 // With afterReply it returns at once, reporting false, and stores the
 // outcome in the background (FINISH_POLICY_AFTER_REPLY), the lease renewed
@@ -105,7 +109,7 @@ func (a *Attempt) Finish(outcome *anypb.Any, afterReply bool) (fenced bool) {
 	if !afterReply {
 		defer func(start time.Time) { e.Stage(c, StageFinish, time.Since(start)) }(time.Now())
 	}
-	return e.settle(a.ctx, c, a.epoch, a.lease, settlement{
+	fenced, a.unstored = e.settle(a.ctx, c, a.epoch, a.lease, settlement{
 		rpc: "Finish",
 		call: func(ctx context.Context) error {
 			if firstSent.IsZero() {
@@ -134,6 +138,7 @@ func (a *Attempt) Finish(outcome *anypb.Any, afterReply bool) (fenced bool) {
 		lost:       "the side effect ran and the caller got its response, but the outcome could not be stored",
 		answers:    true,
 	}, afterReply)
+	return fenced
 }
 
 // Release gives the reservation up after a handler error, so a retry runs;
@@ -185,6 +190,13 @@ type leaseKeeper struct {
 // one hearing so.
 func (k *leaseKeeper) lapsed() bool {
 	return time.Since(k.heldSince)-time.Duration(k.renewedAt.Load()) >= k.lease
+}
+
+// confirmed records a renewal the service granted, sent at sent.
+func (k *leaseKeeper) confirmed(sent time.Time) {
+	t := int64(sent.Sub(k.heldSince))
+	for old := k.renewedAt.Load(); t > old && !k.renewedAt.CompareAndSwap(old, t); old = k.renewedAt.Load() {
+	}
 }
 
 // stop ends the renewals and waits for them; it may be called more than once.
@@ -247,9 +259,7 @@ func (e *Engine) keepLease(ctx context.Context, c *Call, epoch int64, first time
 				switch {
 				case err == nil:
 					// The lease runs from no later than the renewal was sent.
-					if t := int64(r.sent.Sub(k.heldSince)); t > k.renewedAt.Load() {
-						k.renewedAt.Store(t)
-					}
+					k.confirmed(r.sent)
 					timer.Reset(lease / 3)
 				case kctx.Err() != nil:
 					return
@@ -289,7 +299,7 @@ func (e *Engine) releaseBy(ctx context.Context, c *Call, epoch int64, unknown bo
 		// into a live reservation: no renewal may be under way when it goes.
 		lease.stop()
 	}
-	_ = e.settle(ctx, c, epoch, lease, settlement{
+	_, _ = e.settle(ctx, c, epoch, lease, settlement{
 		rpc: "Release",
 		call: func(ctx context.Context) error {
 			_, err := e.dedupe.Release(ctx, req)
@@ -331,23 +341,28 @@ type settlement struct {
 // lease is renewed all along. Once Close has begun they are made here
 // instead, before the caller's answer, until Close's context ends.
 //
-// A lease the service has not confirmed for a whole lease may have been
-// taken over, and another attempt's outcome stored in place of this one:
-// then the retries are made before the answer, for up to a lease (less if
-// the caller gives up first), and an attempt whose outcome is still not
-// stored answers as fenced, so its caller's retry gets whatever the key
-// keeps. The service grants a holder a full lease once it is back from an
-// outage, so a store outage alone still costs the holder nothing.
+// A Finish that answers the caller (answers) is stored before the answer:
+// a holder cut off after answering may lose its key to another attempt
+// (REEXECUTE) that stores another outcome, and the caller's answer would
+// name an execution the key never replays. So the retries are made before
+// the answer, the lease renewed meanwhile, for up to a lease (less when the
+// finish retry budget ends or the caller gives up first), and an attempt
+// whose outcome is still not stored answers as fenced, so its caller's
+// retry gets whatever the key keeps; the retries then go on in the
+// background within the budget. The service grants a holder a full lease
+// once it is back from an outage, so a store outage alone still costs the
+// holder nothing once the store is back within that lease.
 //
 // It reports whether the caller must get the fenced answer: an attempt made
 // before the answer was refused because the attempt had been fenced, or the
-// lease had lapsed unconfirmed and the outcome is not stored yet.
+// outcome was not stored within the bound or was rejected for good (then
+// unstored, too).
 //
 // With inBackground even the first attempt runs in the background: settle
 // returns at once, reporting false, and the lease is renewed until the
 // matter is settled or given up, as for the retries (once Close has begun,
 // all of them are made before the answer).
-func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseKeeper, s settlement, inBackground bool) (fenced bool) {
+func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseKeeper, s settlement, inBackground bool) (fenced, unstored bool) {
 	lease.settling.Store(true)
 	detached := context.WithoutCancel(ctx)
 	budget := s.deadline
@@ -364,21 +379,27 @@ func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseK
 	unsettled := false
 	if !inBackground {
 		r := e.trySettle(detached, c, epoch, s)
-		if r == notSettled && s.answers && lease.lapsed() {
-			confirm := time.Now().Add(c.Policy.Lease)
-			if budget.Before(confirm) {
-				confirm = budget
+		if r == notSettled && s.answers {
+			// The caller is answered only with an outcome the store took:
+			// retried here, the lease renewed meanwhile, for up to a lease
+			// (within the budget and the caller's own deadline).
+			bound := time.Now().Add(c.Policy.Lease)
+			if budget.Before(bound) {
+				bound = budget
 			}
-			r = e.retrySettle(ctx, c, epoch, s, confirm, false)
+			r = e.retrySettle(ctx, c, epoch, s, bound, false)
 			if r == notSettled {
 				unsettled = true
-				e.opts.Logger.WarnContext(ctx, "idemgate: the outcome could not be stored and the lease ran out unconfirmed; the caller is told to retry with its key rather than given an answer another attempt may have replaced",
+				e.opts.Logger.WarnContext(ctx, "idemgate: the outcome could not be stored within a lease; the caller is told to retry with its key rather than given an answer the key may never keep (retries go on in the background)",
 					slog.String("scope", c.Scope), slog.Int64("epoch", epoch))
 			}
 		}
 		if r != notSettled {
 			defer lease.stop()
-			return answerFenced(r)
+			if s.answers && r == settledRejected {
+				return true, true // nothing stored: the caller is not answered with it either
+			}
+			return answerFenced(r), false
 		}
 	}
 	if !e.startBackground() {
@@ -390,7 +411,11 @@ func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseK
 		if r == notSettled {
 			e.giveUp(ctx, c, epoch, s)
 		}
-		return unsettled || answerFenced(r)
+		if r == settledStored {
+			return false, false
+		}
+		rejected := s.answers && r == settledRejected
+		return unsettled || rejected || answerFenced(r), (unsettled || rejected) && r != settledFenced
 	}
 	go func() {
 		defer e.background.Done()
@@ -399,7 +424,7 @@ func (e *Engine) settle(ctx context.Context, c *Call, epoch int64, lease *leaseK
 			e.giveUp(ctx, c, epoch, s)
 		}
 	}()
-	return unsettled
+	return unsettled, unsettled
 }
 
 // settled is how a settlement's attempts ended.

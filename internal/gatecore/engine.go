@@ -341,6 +341,20 @@ func (e *Engine) AnswerFenced() error {
 		nil, e.opts.InFlightRetry)
 }
 
+// AnswerUnstored is the answer for the caller of a holder whose outcome the
+// Dedupe service did not take within a lease of retries (less when the
+// finish retry budget or the caller's deadline ends first), or rejected for
+// good: it is never answered with an outcome the key may not keep.
+// IDEMPOTENCY_IN_FLIGHT, as the key stays held while the retries go on in
+// the background: its retry gets the outcome once stored, or what the
+// key's on_lost_outcome policy gives if it never is.
+func (e *Engine) AnswerUnstored() error {
+	return grpcerr.New(codes.Aborted, ReasonInFlight,
+		"the call ran, but its outcome was not stored, so it is not answered with a response duplicates might never see; "+
+			"retry with the same key to get what the key keeps",
+		nil, e.opts.InFlightRetry)
+}
+
 // Resolve settles an outcome-unknown record with a reconciler's answer. A
 // record already settled or gone counts as settled: the next Begin replays
 // or reserves. It counts the reconciliation.

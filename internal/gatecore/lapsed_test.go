@@ -16,6 +16,7 @@ import (
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate/internal/grpcerr"
 )
 
 // cutOffDedupe reserves, then renews no lease (heartbeats UNAVAILABLE
@@ -58,8 +59,8 @@ func (d *cutOffDedupe) Finish(context.Context, *idemgatev1.FinishRequest, ...grp
 // the caller gets its answer (a store outage longer than the lease costs
 // the holder nothing); refused, or still unanswered after a lease, the
 // caller gets the fenced answer and its retry gets whatever is stored.
-// With a lease still confirmed, a failed first Finish is retried in the
-// background behind the answer, as before.
+// With a lease still confirmed the failed Finish is retried before the
+// answer too (TestAConfirmedLeaseIsAnsweredOnlyOnceStored).
 func TestAnUnconfirmedLapsedLeaseIsAnsweredOnlyOnceStored(t *testing.T) {
 	outcome, err := anypb.New(wrapperspb.String("charged"))
 	if err != nil {
@@ -84,7 +85,7 @@ func TestAnUnconfirmedLapsedLeaseIsAnsweredOnlyOnceStored(t *testing.T) {
 		// another attempt's outcome may be what the key keeps.
 		{"lapsed, then rejected", false, status.Error(codes.PermissionDenied, "token rotated"), time.Second, 1500 * time.Millisecond, true, true},
 		// A long lease, finished at once: it cannot have lapsed.
-		{"confirmed", true, nil, time.Minute, 0, false, false},
+		{"confirmed", true, nil, time.Minute, 0, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := &cutOffDedupe{renew: tc.renew, later: tc.later}
@@ -170,5 +171,177 @@ func TestAfterReplyWithALapsedLeaseStoresBeforeAnswering(t *testing.T) {
 	}
 	if !fenced {
 		t.Errorf("answered with its own response, its Finish refused as fenced %d times: duplicates get another attempt's outcome", d.refused.Load())
+	}
+}
+
+// flakyFinish reserves and renews every lease; its Finishes fail
+// UNAVAILABLE until storeAfterRenewals renewals have been confirmed (never
+// when negative), as a holder whose first Finish is lost while its lease is
+// still confirmed sees it.
+type flakyFinish struct {
+	idemgatev1.DedupeServiceClient
+	storeAfterRenewals, renewals, finishes atomic.Int64
+	stored                                 atomic.Bool
+	// rejected, when set, answers every Finish: refused for good.
+	rejected error
+}
+
+func (d *flakyFinish) Begin(context.Context, *idemgatev1.BeginRequest, ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
+	return &idemgatev1.BeginResponse{Result: &idemgatev1.BeginResponse_Reserved_{Reserved: &idemgatev1.BeginResponse_Reserved{Epoch: 1}}}, nil
+}
+
+func (d *flakyFinish) Heartbeat(context.Context, *idemgatev1.HeartbeatRequest, ...grpc.CallOption) (*idemgatev1.HeartbeatResponse, error) {
+	d.renewals.Add(1)
+	return &idemgatev1.HeartbeatResponse{}, nil
+}
+
+func (d *flakyFinish) Finish(context.Context, *idemgatev1.FinishRequest, ...grpc.CallOption) (*idemgatev1.FinishResponse, error) {
+	d.finishes.Add(1)
+	if d.rejected != nil {
+		return nil, d.rejected
+	}
+	if n := d.storeAfterRenewals.Load(); n < 0 || d.renewals.Load() < n {
+		return nil, status.Error(codes.Unavailable, "lost")
+	}
+	d.stored.Store(true)
+	return &idemgatev1.FinishResponse{}, nil
+}
+
+// A holder whose lease is still confirmed when its first Finish fails must
+// not answer its caller with an outcome the store has not taken (issue 31):
+// cut off afterwards past its lease, another attempt may take the key over
+// (REEXECUTE) and the caller's answer would name an execution the key never
+// replays. It retries before answering, renewing its lease all along: once
+// stored the caller gets its response; still not stored after the bound (a
+// lease, within the finish retry budget and the caller's own deadline) the
+// caller gets the retryable fenced answer (IDEMPOTENCY_IN_FLIGHT), and the
+// retries go on in the background.
+func TestAConfirmedLeaseIsAnsweredOnlyOnceStored(t *testing.T) {
+	outcome, err := anypb.New(wrapperspb.String("charged"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		// storeAfterRenewals: the Finish is stored only once this many
+		// renewals were confirmed, so storing it before the answer takes
+		// renewals while the caller waits; negative, never.
+		storeAfterRenewals int64
+		lease              time.Duration
+		// callerGone: the caller's context has ended by the Finish.
+		callerGone bool
+		wantFenced bool
+		// rejected: every Finish is refused for good (a rotated
+		// credential): nothing is stored, so the caller is not answered
+		// with it either.
+		rejected error
+	}{
+		{"stored on a retry while renewing", 1, 10 * time.Second, false, false, nil},
+		{"never stored within a lease", -1, 2 * time.Second, false, true, nil},
+		{"the caller gave up", 1 << 62, time.Minute, true, true, nil},
+		{"rejected for good", 0, time.Minute, false, true, status.Error(codes.PermissionDenied, "token rotated")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &flakyFinish{rejected: tc.rejected}
+			d.storeAfterRenewals.Store(tc.storeAfterRenewals)
+			e := gatecore.New(d, gatecore.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), FinishBudget: time.Minute})
+			c := gatecore.NewCall("tool", "scope", "key-1", []byte("fp"),
+				gatecore.Policy{Lease: tc.lease, MaxWait: time.Second, ExecutionTimeout: time.Hour}, time.Hour)
+			begun, err := e.Begin(context.Background(), c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancelCaller := context.WithCancel(context.Background())
+			defer cancelCaller()
+			a := e.Start(ctx, c, begun)
+			if tc.callerGone {
+				cancelCaller()
+			}
+			fenced := a.Finish(outcome, false)
+			if fenced != tc.wantFenced {
+				t.Errorf("Finish reported fenced = %v, want %v (Finishes %d, renewals %d)", fenced, tc.wantFenced, d.finishes.Load(), d.renewals.Load())
+			}
+			if !fenced && !d.stored.Load() {
+				t.Errorf("the caller got its own answer with its outcome not stored (Finishes %d)", d.finishes.Load())
+			}
+			if tc.storeAfterRenewals < 0 && d.finishes.Load() < 2 {
+				t.Errorf("Finishes before the answer = %d, want the failed one retried before answering", d.finishes.Load())
+			}
+			if tc.callerGone {
+				d.storeAfterRenewals.Store(0) // the store is back: the background retry lands
+			}
+			closeCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if tc.storeAfterRenewals < 0 {
+				cancel() // never stored: stop the background retries
+			}
+			_ = e.Close(closeCtx)
+			if tc.callerGone && !d.stored.Load() {
+				t.Errorf("the caller gave up and the outcome was never stored (Finishes %d)", d.finishes.Load())
+			}
+		})
+	}
+}
+
+// slowBegin answers Begin Reserved only after took (a slow store, or a
+// long wait, as the gate sees it), and Heartbeat with renewal.
+type slowBegin struct {
+	idemgatev1.DedupeServiceClient
+	took    time.Duration
+	renewal error
+}
+
+func (d *slowBegin) Begin(context.Context, *idemgatev1.BeginRequest, ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
+	time.Sleep(d.took)
+	return &idemgatev1.BeginResponse{Result: &idemgatev1.BeginResponse_Reserved_{Reserved: &idemgatev1.BeginResponse_Reserved{Epoch: 1}}}, nil
+}
+
+func (d *slowBegin) Heartbeat(context.Context, *idemgatev1.HeartbeatRequest, ...grpc.CallOption) (*idemgatev1.HeartbeatResponse, error) {
+	return &idemgatev1.HeartbeatResponse{}, d.renewal
+}
+
+func (d *slowBegin) Finish(context.Context, *idemgatev1.FinishRequest, ...grpc.CallOption) (*idemgatev1.FinishResponse, error) {
+	return &idemgatev1.FinishResponse{}, nil
+}
+
+func (d *slowBegin) Release(context.Context, *idemgatev1.ReleaseRequest, ...grpc.CallOption) (*idemgatev1.ReleaseResponse, error) {
+	return &idemgatev1.ReleaseResponse{}, nil
+}
+
+// A Begin answered a whole lease after it was sent may have reserved the
+// key early and lost it since (issue 31: the Begin's deadline, the Dedupe
+// timeout plus max_wait, may outlast the lease): the handler runs only
+// once a renewal confirms the reservation; refused, the caller gets the
+// fenced answer and nothing runs.
+func TestABeginAnsweredAfterItsLeaseRunsOnlyOnceConfirmed(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		renewal  error
+		wantRuns int64
+	}{
+		{"taken over meanwhile", status.Error(codes.FailedPrecondition, "taken over"), 0},
+		{"still held", nil, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const lease = time.Second
+			d := &slowBegin{took: lease + 300*time.Millisecond, renewal: tc.renewal}
+			e := gatecore.New(d, gatecore.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			defer func() { _ = e.Close(context.Background()) }()
+			tr := &stringTransport{ran: func(context.Context) gatecore.Ran {
+				return gatecore.Ran{Verdict: gatecore.VerdictOutcome, Answer: "charged", Outcome: outcomeOf(t, "charged")}
+			}}
+			c := gatecore.NewCall("tool", "scope", "key-1", []byte("fp"),
+				gatecore.Policy{Lease: lease, MaxWait: 10 * time.Second, ExecutionTimeout: time.Minute}, time.Hour)
+			_, _, err := e.Gate(context.Background(), c, tr, time.Now())
+			if got := tr.runs.Load(); got != tc.wantRuns {
+				t.Fatalf("the handler ran %d times, want %d (answer %v)", got, tc.wantRuns, err)
+			}
+			if tc.wantRuns == 0 && grpcerr.Reason(err) != gatecore.ReasonInFlight {
+				t.Errorf("answered %v, want IDEMPOTENCY_IN_FLIGHT", err)
+			}
+			if tc.wantRuns == 1 && err != nil {
+				t.Errorf("answered %v, want the handler's answer", err)
+			}
+		})
 	}
 }

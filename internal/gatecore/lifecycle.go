@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 )
@@ -221,6 +222,11 @@ func (e *Engine) reconcile(ctx context.Context, c *Call) (settled bool, err erro
 // verdict says.
 func (e *Engine) run(ctx context.Context, c *Call, t Transport, begun Begun) (any, error) {
 	a := e.Start(ctx, c, begun)
+	if a.lease.lapsed() {
+		if err := e.confirmLease(ctx, c, a); err != nil {
+			return nil, err
+		}
+	}
 	defer func() {
 		if p := recover(); p != nil {
 			a.Lost("the handler panicked", slog.Any("panic", p))
@@ -239,6 +245,9 @@ func (e *Engine) run(ctx context.Context, c *Call, t Transport, begun Begun) (an
 		// answer no duplicate will see.
 		expires := time.Now().Add(c.Retention)
 		if fenced := a.Finish(ran.Outcome, c.Policy.FinishAfterReply && !a.Fenced()); fenced {
+			if a.unstored {
+				return nil, e.AnswerUnstored()
+			}
 			return nil, e.AnswerFenced()
 		}
 		t.Committed(ctx, expires)
@@ -262,5 +271,34 @@ func (e *Engine) run(ctx context.Context, c *Call, t Transport, begun Begun) (an
 	default:
 		a.Lost("the front end gave no verdict on the handler's answer")
 		return nil, status.Errorf(codes.Internal, "idemgate: no verdict on the handler's answer (%d)", ran.Verdict)
+	}
+}
+
+// confirmLease renews the reservation of a Begin answered a whole lease or
+// more after it was sent, before its handler runs: the Begin's deadline
+// (the Dedupe timeout plus max_wait) may outlast the lease, and the gate
+// cannot tell a reservation made early in a slow Begin, which may have run
+// out and been taken over since, from one made at the end of a long wait.
+// Refused, the caller gets the fenced answer; unanswered, the reservation
+// is released and the caller gets the Dedupe service's failure. Either way
+// nothing ran.
+func (e *Engine) confirmLease(ctx context.Context, c *Call, a *Attempt) error {
+	hctx, cancel := context.WithTimeout(ctx, e.opts.DedupeTimeout)
+	defer cancel()
+	sent := time.Now()
+	_, err := e.dedupe.Heartbeat(hctx, &idemgatev1.HeartbeatRequest{Scope: c.Scope, Key: c.Key, AttemptToken: c.Token, Epoch: a.epoch,
+		Lease: durationpb.New(c.Policy.Lease)})
+	switch {
+	case err == nil:
+		a.lease.confirmed(sent)
+		return nil
+	case status.Code(err) == codes.FailedPrecondition:
+		a.Abandon()
+		e.opts.Logger.WarnContext(ctx, "idemgate: the Begin was answered after its lease ran out and the reservation had been taken over or settled meanwhile; the handler did not run",
+			slog.String("scope", c.Scope), slog.Int64("epoch", a.epoch))
+		return e.AnswerFenced()
+	default:
+		a.Release(false)
+		return e.BeginError(ctx, err)
 	}
 }

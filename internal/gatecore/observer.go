@@ -82,13 +82,20 @@ type Observer struct {
 // connection client uses; nil when unknown) the log lines name its target,
 // Watch follows its connectivity, and an UNAVAILABLE answer makes it
 // reconnect at once instead of after grpc-go's reconnect backoff
-// (Reconnecting).
+// (Reconnecting). Without conn it logs a warning: the gate cannot then
+// hurry a reconnect, and it is not refused because a client need not be a
+// network one (in-process, wrapped) and every gate built so far would break.
 func NewObserver(client idemgatev1.DedupeServiceClient, conn *grpc.ClientConn, logger *slog.Logger, logEvery time.Duration) *Observer {
 	if conn != nil {
 		client = Reconnecting(client, conn)
 	}
 	if logger == nil {
 		logger = slog.Default()
+	}
+	if conn == nil {
+		logger.Warn("idemgate: the gate was built without WithDedupeConn: after a Dedupe service restart or a dropped connection, its client waits out grpc-go's reconnect backoff (up to two minutes), " +
+			"longer than a lease, so a live holder cannot renew in time and its key may be handed to a duplicate (REEXECUTE) or marked outcome-unknown (FAIL_CLOSED); " +
+			"pass the connection the Dedupe client uses with WithDedupeConn")
 	}
 	d := &Observer{DedupeServiceClient: client, conn: conn, logger: logger, every: logEvery, now: time.Now, changed: make(chan struct{}, 1)}
 	if d.every <= 0 {

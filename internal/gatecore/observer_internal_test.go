@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -18,6 +20,7 @@ import (
 func TestDedupeFailureLogIsRateLimited(t *testing.T) {
 	var buf bytes.Buffer
 	d := NewObserver(nil, nil, slog.New(slog.NewJSONHandler(&buf, nil)), 0)
+	buf.Reset() // the start-up warning (no connection) is not counted here
 	clock := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	d.now = func() time.Time { return clock }
 	down := status.Error(codes.Unavailable, "connection refused")
@@ -69,6 +72,7 @@ func TestDedupeFailureLogIsRateLimited(t *testing.T) {
 func TestQuotaRefusalKeepsHealth(t *testing.T) {
 	var buf bytes.Buffer
 	d := NewObserver(nil, nil, slog.New(slog.NewJSONHandler(&buf, nil)), 0)
+	buf.Reset() // the start-up warning (no connection) is not counted here
 	d.observe("Begin", status.Error(codes.ResourceExhausted, "over the rate"), true)
 	if !d.healthy() {
 		t.Fatal("one RESOURCE_EXHAUSTED refusal made the Dedupe service unhealthy")
@@ -83,5 +87,33 @@ func TestQuotaRefusalKeepsHealth(t *testing.T) {
 	d.observe("Begin", status.Error(codes.ResourceExhausted, "over the rate"), true)
 	if !d.healthy() {
 		t.Fatal("a quota refusal, an answer, did not make an unreachable service healthy again")
+	}
+}
+
+// A gate whose Dedupe client comes without its connection keeps grpc-go's
+// reconnect backoff, up to two minutes: after a Dedupe service restart a
+// live holder cannot renew within the lease it is granted, and its key is
+// handed away (issue 31). New says so, loudly, once; with the connection
+// it says nothing.
+func TestAnObserverWithoutItsConnectionWarns(t *testing.T) {
+	var buf bytes.Buffer
+	NewObserver(nil, nil, slog.New(slog.NewJSONHandler(&buf, nil)), 0)
+	var rec map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &rec); err != nil {
+		t.Fatalf("want one JSON log line, got %q: %v", buf.String(), err)
+	}
+	if rec["level"] != slog.LevelWarn.String() || !strings.Contains(rec["msg"].(string), "WithDedupeConn") {
+		t.Errorf("logged %v, want a warning naming WithDedupeConn", rec)
+	}
+
+	conn, err := grpc.NewClient("passthrough:///dedupe.invalid:1", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	buf.Reset()
+	NewObserver(nil, conn, slog.New(slog.NewJSONHandler(&buf, nil)), 0)
+	if buf.Len() != 0 {
+		t.Errorf("with its connection it logged %q, want nothing", buf.String())
 	}
 }

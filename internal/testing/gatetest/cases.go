@@ -55,6 +55,7 @@ func Run(t *testing.T, newGate NewGate) {
 		{"OutcomeUnknownFailClosed", testUnknownFailClosed},
 		{"OutcomeUnknownReexecute", testUnknownReexecute},
 		{"AfterReply", testAfterReply},
+		{"UnstoredOutcomeNotAnswered", testUnstoredNotAnswered},
 		{"ReplayCache", testReplayCache},
 		{"DedupeServiceDown", testDedupeDown},
 	}
@@ -546,6 +547,34 @@ func testAfterReply(t *testing.T, e *env) {
 	again := settle(t, c, MethodChargeAfterReply, "k", charge("a", 100, succeed))
 	wantResponse(t, "the duplicate", again, true)
 	wantSameBytes(t, "the duplicate", first, again)
+	wantRuns(t, e, "a", 1)
+}
+
+// testUnstoredNotAnswered: under FINISH_POLICY_BEFORE_REPLY a caller whose
+// Finish the Dedupe service does not answer (held) is not answered with its
+// response: the gate retries the Finish before answering, for at most a
+// Finish attempt plus a lease, then refuses IDEMPOTENCY_IN_FLIGHT with
+// RetryInfo. Once the Finish gets through, a retry replays the stored
+// outcome; one execution.
+func testUnstoredNotAnswered(t *testing.T, e *env) {
+	c, _ := e.gate(false)
+	hd := e.hooks.holdFinish("k")
+	ctx, cancel := context.WithTimeout(context.Background(), settleWithin)
+	defer cancel()
+	sent := time.Now()
+	first := checked(t, MethodCharge, await(t, "the call", async(t, ctx, c, MethodCharge, "k", charge("a", 100, succeed))))
+	waited := time.Since(sent)
+	_, attempts := hd.letThrough()
+	t.Logf("the caller waited %v for its answer (%d Finish attempts): %v", waited, attempts, first)
+	wantRefusal(t, "a call whose outcome was never stored", first, codes.Aborted, reasonInFlight)
+	if first.RetryAfter <= 0 {
+		t.Fatalf("IDEMPOTENCY_IN_FLIGHT without RetryInfo: %v", first)
+	}
+	if attempts < 2 {
+		t.Fatalf("%d Finish attempts before the answer, want the failed one retried first", attempts)
+	}
+	again := settle(t, c, MethodCharge, "k", charge("a", 100, succeed))
+	wantResponse(t, "the retry", again, true)
 	wantRuns(t, e, "a", 1)
 }
 
