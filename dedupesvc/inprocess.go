@@ -36,6 +36,10 @@ func NewInProcessClient(srv *Server) idemgatev1.DedupeServiceClient {
 
 type inProcessClient struct{ srv *Server }
 
+// InProcess reports true: a gate given this client has no connection to
+// name with WithDedupeConn, and does not warn of one missing.
+func (inProcessClient) InProcess() bool { return true }
+
 // invoke runs one method the way a network call would reach it.
 func invoke[Req, Resp proto.Message](ctx context.Context, req Req, method func(context.Context, Req) (Resp, error)) (Resp, error) {
 	var zero Resp

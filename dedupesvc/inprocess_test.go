@@ -64,3 +64,12 @@ func TestInProcessClient(t *testing.T) {
 		t.Errorf("Heartbeat on a canceled context = %v, want CANCELED", err)
 	}
 }
+
+// The in-process client says so, so a gate given it does not warn that it
+// lacks WithDedupeConn (gatecore.NewObserver).
+func TestInProcessClientSaysSo(t *testing.T) {
+	c, ok := dedupesvc.NewInProcessClient(nil).(interface{ InProcess() bool })
+	if !ok || !c.InProcess() {
+		t.Fatal("NewInProcessClient's client has no InProcess method reporting true: every gate on it warns of a missing WithDedupeConn")
+	}
+}

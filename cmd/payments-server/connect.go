@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/grpc"
 
 	"github.com/idemgate/idemgate/connectgate"
 	"github.com/idemgate/idemgate/examples/payments"
@@ -19,11 +20,17 @@ import (
 )
 
 // serveConnect serves svc over Connect, gRPC and gRPC-Web (HTTP/1.1 and
-// h2c) on cfg.connectListen, gated by connectgate on dedupe with the
-// policies the gRPC gate has (so one key names one charge over either
-// listener), until ctx ends. stop shuts the server down and closes its gate.
-func serveConnect(ctx context.Context, cfg config, svc *payments.Server, dedupe idemgatev1.DedupeServiceClient, logger *slog.Logger) (stop func(), err error) {
+// h2c) on cfg.connectListen, gated by connectgate on dedupe (over conn, as
+// the gRPC gate's, or nil in-process) with the policies the gRPC gate has
+// (so one key names one charge over either listener), until ctx ends. stop
+// shuts the server down and closes its gate.
+func serveConnect(ctx context.Context, cfg config, svc *payments.Server, dedupe idemgatev1.DedupeServiceClient, conn *grpc.ClientConn, logger *slog.Logger) (stop func(), err error) {
 	opts := []connectgate.Option{connectgate.WithLogger(logger)}
+	if conn != nil {
+		// Like the gRPC gate: an UNAVAILABLE answer reconnects at once,
+		// so a live holder renews its lease after a Dedupe restart.
+		opts = append(opts, connectgate.WithDedupeConn(conn))
+	}
 	if cfg.replayCacheEntries > 0 {
 		opts = append(opts, connectgate.WithReplayCache(cfg.replayCacheEntries, cfg.replayCacheBytes))
 	}

@@ -99,6 +99,11 @@ func TestPaymentsServerOverConnect(t *testing.T) {
 	if err != nil || balance.GetCharges() != 1 {
 		t.Fatalf("GetBalance: %v, %v; want 1 charge for one key", balance, err)
 	}
+	// Both gates follow the one Dedupe connection (WithDedupeConn), so
+	// neither waits out a reconnect backoff after a Dedupe restart.
+	if strings.Contains(tool.Log(), "without WithDedupeConn") {
+		t.Fatalf("a gate of payments-server was built without WithDedupeConn:\n%s", tool.Log())
+	}
 }
 
 // h2cClient speaks HTTP/2 without TLS, as gRPC needs.

@@ -319,7 +319,7 @@ func run(cfg config, logger *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		return serve(cfg, gate, embedded.Client(), logger)
+		return serve(cfg, gate, embedded.Client(), nil, logger)
 	}
 	// Plaintext is for this loopback example only; use TLS between machines.
 	dial := []grpc.DialOption{
@@ -344,13 +344,13 @@ func run(cfg config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	return serve(cfg, gate, idemgatev1.NewDedupeServiceClient(conn), logger)
+	return serve(cfg, gate, idemgatev1.NewDedupeServiceClient(conn), conn, logger)
 }
 
 // serve serves the payments service gated by gate on cfg.listen (and over
-// Connect on cfg.connectListen, gated through dedupe) until SIGINT or
-// SIGTERM, then closes the gate.
-func serve(cfg config, gate *interceptor.Gate, dedupe idemgatev1.DedupeServiceClient, logger *slog.Logger) error {
+// Connect on cfg.connectListen, gated through dedupe on conn, nil for the
+// service in this process) until SIGINT or SIGTERM, then closes the gate.
+func serve(cfg config, gate *interceptor.Gate, dedupe idemgatev1.DedupeServiceClient, conn *grpc.ClientConn, logger *slog.Logger) error {
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		recovery.UnaryServerInterceptor(), // a panicking handler is a lost outcome; the gate re-panics it
 		gate.UnaryServerInterceptor(),
@@ -389,7 +389,7 @@ func serve(cfg config, gate *interceptor.Gate, dedupe idemgatev1.DedupeServiceCl
 	cancelCheck()
 	go gate.WatchDedupe(ctx, healthSrv)
 	if cfg.connectListen != "" {
-		stopConnect, err := serveConnect(ctx, cfg, svc, dedupe, logger)
+		stopConnect, err := serveConnect(ctx, cfg, svc, dedupe, conn, logger)
 		if err != nil {
 			return err
 		}

@@ -82,7 +82,9 @@ type Observer struct {
 // connection client uses; nil when unknown) the log lines name its target,
 // Watch follows its connectivity, and an UNAVAILABLE answer makes it
 // reconnect at once instead of after grpc-go's reconnect backoff
-// (Reconnecting). Without conn it logs a warning: the gate cannot then
+// (Reconnecting). Without conn, unless client says it calls the service
+// in this process (an InProcess() bool method reporting true, as
+// dedupesvc.NewInProcessClient's does), it logs a warning: the gate cannot then
 // hurry a reconnect, and it is not refused because a client need not be a
 // network one (in-process, wrapped) and every gate built so far would break.
 func NewObserver(client idemgatev1.DedupeServiceClient, conn *grpc.ClientConn, logger *slog.Logger, logEvery time.Duration) *Observer {
@@ -92,7 +94,7 @@ func NewObserver(client idemgatev1.DedupeServiceClient, conn *grpc.ClientConn, l
 	if logger == nil {
 		logger = slog.Default()
 	}
-	if conn == nil {
+	if ip, ok := client.(interface{ InProcess() bool }); conn == nil && !(ok && ip.InProcess()) {
 		logger.Warn("idemgate: the gate was built without WithDedupeConn: after a Dedupe service restart or a dropped connection, its client waits out grpc-go's reconnect backoff (up to two minutes), " +
 			"longer than a lease, so a live holder cannot renew in time and its key may be handed to a duplicate (REEXECUTE) or marked outcome-unknown (FAIL_CLOSED); " +
 			"pass the connection the Dedupe client uses with WithDedupeConn")

@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 )
 
 // While one failure goes on, a line is logged once per interval, counting
@@ -116,4 +118,18 @@ func TestAnObserverWithoutItsConnectionWarns(t *testing.T) {
 	if buf.Len() != 0 {
 		t.Errorf("with its connection it logged %q, want nothing", buf.String())
 	}
+
+	// A client that calls the service in this process has no connection
+	// to reconnect: nothing to warn of.
+	buf.Reset()
+	NewObserver(inProcessClient{}, nil, slog.New(slog.NewJSONHandler(&buf, nil)), 0)
+	if buf.Len() != 0 {
+		t.Errorf("with an in-process client it logged %q, want nothing", buf.String())
+	}
 }
+
+// inProcessClient is a Dedupe client that says it calls the service in
+// this process, as dedupesvc.NewInProcessClient's does.
+type inProcessClient struct{ idemgatev1.DedupeServiceClient }
+
+func (inProcessClient) InProcess() bool { return true }
