@@ -223,8 +223,9 @@ func WithProblemTypeBase(base string) Option { return func(o *options) { o.probl
 // in_flight), idemgate_httpgate_events_total{route,event} (fenced,
 // finish_retry, outcome_lost, ...; the same events as Stats) and
 // idemgate_httpgate_stage_seconds{route,stage} (prepare, begin, handler,
-// finish). route is the matched pattern, never the raw path. Defaults to
-// none.
+// finish) and idemgate_httpgate_replay_age_seconds{route} (the age of each
+// replayed outcome). route is the matched pattern, never the raw path.
+// Defaults to none.
 func WithRegisterer(reg prometheus.Registerer) Option {
 	return func(o *options) { o.registerer = reg }
 }
