@@ -43,7 +43,8 @@ GO_SOURCES := $(shell find . -path ./.git -prune -o -path ./$(BIN_DIR) -prune -o
 FIRST_BUILD := on an empty build cache this compiles every dependency first, modernc.org/sqlite (SQLite translated to Go) above all: see docs/development.md "How long the first build takes"
 # SEED seeds `make chaos` (the workload and the fault schedule); empty picks one from the clock,
 # printed so the run can be reproduced. LONG=1 runs ten times the actions and outages. CHAOS_RUN
-# selects scenarios by name, as go test -run does for subtests (e.g. CHAOS_RUN=sqlite/, or
+# selects scenarios by name, as go test -run does for subtests but each level anchored at its
+# start, so a name matches only from its beginning (e.g. CHAOS_RUN=sqlite/, or
 # CHAOS_RUN=postgres/http- for the HTTP gate's, postgres/connect- for the Connect gate's).
 SEED ?=
 LONG ?=
@@ -213,7 +214,7 @@ $(MODEL_HOLE_TARGETS): model-hole-%:
 .PHONY: chaos
 chaos: ## Run the chaos suite: real binaries, a throwaway PostgreSQL, seeded faults, a checker (SEED=n, LONG=1, CHAOS_RUN=re).
 	@echo 'make chaos: builds dedupesvc, chaos-tool and chaos-workload; $(FIRST_BUILD)'
-	go test -count=1 -v -run '^TestChaos$$/$(CHAOS_RUN)' -parallel 4 -timeout $(if $(LONG),180m,20m) ./internal/testing/chaos/ \
+	go test -count=1 -v -run '^TestChaos$$/$(subst /,/^,^$(CHAOS_RUN))' -parallel 4 -timeout $(if $(LONG),180m,20m) ./internal/testing/chaos/ \
 	  -chaos -chaos.seed=$(or $(SEED),0) $(if $(LONG),-chaos.long)
 
 .PHONY: bench
