@@ -131,7 +131,9 @@ type logRecorder struct {
 	warnings []string
 }
 
-func (r *logRecorder) Enabled(_ context.Context, level slog.Level) bool { return level >= slog.LevelWarn }
+func (r *logRecorder) Enabled(_ context.Context, level slog.Level) bool {
+	return level >= slog.LevelWarn
+}
 func (r *logRecorder) Handle(_ context.Context, rec slog.Record) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
