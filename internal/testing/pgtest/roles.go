@@ -33,6 +33,23 @@ type Roles struct {
 // log in without a password (the local server trusts loopback).
 func NewRoles(tb testing.TB) Roles {
 	tb.Helper()
+	r := NewEmptyRoles(tb)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	owner := r.DirectPool(tb, r.Owner, r.Schema)
+	if _, err := pgstore.Migrate(ctx, owner); err != nil {
+		tb.Fatalf("pgtest: migrate as %s: %v", r.Owner, err)
+	}
+	if _, err := pgstore.GrantRuntimeRole(ctx, owner, r.Runtime); err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	return r
+}
+
+// NewEmptyRoles is NewRoles without the migrations and the grants: the
+// owner's schema is empty and the runtime role may not use it.
+func NewEmptyRoles(tb testing.TB) Roles {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	admin, err := pgx.Connect(ctx, URL())
@@ -60,14 +77,21 @@ func NewRoles(tb testing.TB) Roles {
 	if _, err := admin.Exec(ctx, "ALTER ROLE "+r.Runtime+" SET search_path = "+schema); err != nil {
 		tb.Fatalf("pgtest: set the runtime role's search_path: %v", err)
 	}
-	owner := r.DirectPool(tb, r.Owner, schema)
-	if _, err := pgstore.Migrate(ctx, owner); err != nil {
-		tb.Fatalf("pgtest: migrate as %s: %v", r.Owner, err)
-	}
-	if _, err := pgstore.GrantRuntimeRole(ctx, owner, r.Runtime); err != nil {
-		tb.Fatalf("pgtest: %v", err)
-	}
 	return r
+}
+
+// OwnerURL returns the URL of the shared server's database as the owner,
+// selecting the schema (search_path).
+func (r Roles) OwnerURL(tb testing.TB) string {
+	tb.Helper()
+	u, err := url.Parse(userURL(tb, URL(), r.Owner))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", r.Schema)
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 // RuntimeURL returns the URL of the shared server's database as the runtime
