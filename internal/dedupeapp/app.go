@@ -221,7 +221,7 @@ func checkPooler(ctx context.Context, pool *pgxpool.Pool, databaseURL string, lo
 			slog.String("default_query_exec_mode", mode.String()))
 		return nil
 	}
-	return fmt.Errorf("-database-url (DATABASE_URL): a connection pooler (PgBouncer?) is between the service and PostgreSQL, and pgx's default statement cache " +
+	return errors.New("-database-url (DATABASE_URL): a connection pooler (PgBouncer?) is between the service and PostgreSQL, and pgx's default statement cache " +
 		"breaks under transaction pooling (prepared statements land on server connections other clients use): add default_query_exec_mode=exec to the URL " +
 		"(or default_query_exec_mode=cache_statement if the pooler pools sessions), and give the NOTIFY listener a direct URL (-listen-database-url); see docs/operating.md")
 }
