@@ -213,3 +213,44 @@ func TestListenerOnADirectConnectionBehindPgBouncer(t *testing.T) {
 		t.Fatal("no notification within a minute")
 	}
 }
+
+// TestConnectionsToADemotedPrimaryAreDropped: after a failover that moves a
+// DNS name, the pool's connections may still reach the old primary, now a
+// read-only standby, which refuses every write (SQLSTATE 25006) and would
+// go on refusing until each connection reached its maximum lifetime. The
+// store drops the pool's connections at the first such refusal, so the next
+// statement connects anew (and, with target_session_attrs=read-write, only
+// to a writable server). Modelled with the runtime role: its sessions are
+// read-only while the pool opens its connections, writable afterwards.
+func TestConnectionsToADemotedPrimaryAreDropped(t *testing.T) {
+	t.Parallel()
+	roles := pgtest.NewRoles(t)
+	admin := openPool(t, pgtest.URL())
+	if _, err := admin.Exec(ctx, "ALTER ROLE "+roles.Runtime+" SET default_transaction_read_only = on"); err != nil {
+		t.Fatal(err)
+	}
+	pool := openPool(t, roles.RuntimeURL(t))
+	conns := make([]*pgxpool.Conn, pool.Config().MaxConns)
+	for i := range conns { // every connection the pool may hold, opened read-only
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+	if _, err := admin.Exec(ctx, "ALTER ROLE "+roles.Runtime+" RESET default_transaction_read_only"); err != nil {
+		t.Fatal(err)
+	}
+	s := pgstore.New(pool, pgstore.WithChannel(roles.Schema))
+	_, err := s.Begin(ctx, begin("t1"))
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "25006" {
+		t.Fatalf("Begin on a read-only connection: %v, want read_only_sql_transaction (25006)", err)
+	}
+	if res, err := s.Begin(ctx, begin("t1")); err != nil || res.State != dedupesvc.BeginReserved {
+		t.Fatalf("the Begin after a read-only refusal = %+v, %v; want reserved on a fresh connection", res, err)
+	}
+}
