@@ -2,14 +2,17 @@ package dedupeapp_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -22,6 +25,7 @@ import (
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
+	"github.com/idemgate/idemgate/internal/testing/certtest"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
@@ -169,5 +173,57 @@ func TestServeRefusesASchemaMissingMigrations(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "dedupesvc migrate") || !strings.Contains(err.Error(), "owner") || !strings.Contains(err.Error(), last.Name) {
 			t.Errorf("Serve as the runtime role (-migrate-on-start=%v) on a schema missing %s: %v; want a refusal saying to run dedupesvc migrate as the owner", migrateOnStart, last.Name, err)
 		}
+	}
+}
+
+// TestServeWithVerifyFull: the service on a PostgreSQL that serves TLS, its
+// URL saying sslmode=verify-full with the server's CA (sslrootcert): it
+// starts, migrates and answers over TLS; given another CA, it refuses to
+// start with the certificate error.
+func TestServeWithVerifyFull(t *testing.T) {
+	t.Parallel()
+	cluster := pgtest.NewCluster(t)
+	ca := certtest.NewCA(t, "db-ca")
+	server := ca.Server(t, "localhost", time.Hour)
+	cluster.EnableTLS(t, server.CertPEM, server.KeyPEM)
+	dir := t.TempDir()
+	caFile, otherCAFile := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "other-ca.pem")
+	certtest.Write(t, caFile, ca.PEM)
+	certtest.Write(t, otherCAFile, certtest.NewCA(t, "other-ca").PEM)
+	verifyFull := func(rootCert string) string {
+		return fmt.Sprintf("postgres://postgres@localhost:%d/postgres?sslmode=verify-full&sslrootcert=%s", cluster.Port(), url.QueryEscape(rootCert))
+	}
+	// The reload that turns ssl on takes effect asynchronously.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		conn, err := pgx.Connect(context.Background(), verifyFull(caFile))
+		if err == nil {
+			_ = conn.Close(context.Background())
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no verify-full connection within a minute: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	addr, stop := stacktest.StartApp(t, dedupeapp.Config{DatabaseURL: verifyFull(caFile), MigrateOnStart: true, Notify: true})
+	if _, err := healthpb.NewHealthClient(dial(t, addr)).Check(callCtx(t), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatalf("Serve with sslmode=verify-full: health check: %v", err)
+	}
+	admin, err := pgx.Connect(context.Background(), cluster.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	var tlsConns int
+	if err := admin.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_ssl WHERE ssl").Scan(&tlsConns); err != nil || tlsConns == 0 {
+		t.Fatalf("connections over TLS while the service runs: %d (%v), want its pool's", tlsConns, err)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Serve with sslmode=verify-full: %v", err)
+	}
+	if err := serveErrOn(t, dedupeapp.Config{DatabaseURL: verifyFull(otherCAFile), MigrateOnStart: true, Notify: true}); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Fatalf("Serve with verify-full and another CA: %v; want a refusal naming the certificate", err)
 	}
 }
