@@ -129,7 +129,7 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 	if err != nil {
 		return backend{}, err
 	}
-	if err := checkPooler(ctx, pool, cfg.DatabaseURL, logger); err != nil {
+	if err := checkPooler(ctx, pool, cfg, logger); err != nil {
 		pool.Close()
 		return backend{}, err
 	}
@@ -195,12 +195,18 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 // pooler (PgBouncer) with pgx's default statement cache: under transaction
 // pooling its named prepared statements land on server connections other
 // clients then use, and statements fail with "prepared statement
-// stmtcache_... already exists" or "does not exist". A pooler shows itself
-// by announcing a process id at connection (its own cancel key) other than
-// the server's pg_backend_pid(). A URL that chooses its
+// stmtcache_... already exists" or "does not exist". A URL that chooses its
 // default_query_exec_mode is trusted: exec (or cache_describe) for
-// transaction pooling, cache_statement for session pooling.
-func checkPooler(ctx context.Context, pool *pgxpool.Pool, databaseURL string, logger *slog.Logger) error {
+// transaction pooling, cache_statement for session pooling. It also refuses
+// a NOTIFY listener that would connect through the pooler: under
+// transaction pooling its LISTEN stays on a server connection other
+// clients then use, its notifications reach them (pgx keeps them in each
+// connection's memory) and never the listener; -listen-database-url says
+// where it may listen. A pooler shows itself by announcing a process id at
+// connection (its own cancel key) other than the server's
+// pg_backend_pid().
+func checkPooler(ctx context.Context, pool *pgxpool.Pool, cfg Config, logger *slog.Logger) error {
+	databaseURL := cfg.DatabaseURL
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("-database-url (DATABASE_URL): %w", err)
@@ -217,6 +223,11 @@ func checkPooler(ctx context.Context, pool *pgxpool.Pool, databaseURL string, lo
 	}
 	mode := pool.Config().ConnConfig.DefaultQueryExecMode
 	if urlSetsExecMode(databaseURL) {
+		if cfg.Notify && cfg.ListenDatabaseURL == "" {
+			return errors.New("-database-url (DATABASE_URL): a connection pooler (PgBouncer?) is between the service and PostgreSQL, and the NOTIFY listener " +
+				"needs a session of its own, which transaction pooling does not give: set -listen-database-url to a direct URL " +
+				"(or to this one if the pooler pools sessions), or turn notifications off with -notify=false; see docs/operating.md")
+		}
 		logger.Info("a connection pooler is between the service and PostgreSQL; using the query mode the database URL sets",
 			slog.String("default_query_exec_mode", mode.String()))
 		return nil

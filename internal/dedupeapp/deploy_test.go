@@ -138,6 +138,8 @@ func TestGateThroughPgBouncerAsRuntimeRole(t *testing.T) {
 // default statement cache fails as soon as two clients share a server
 // connection (prepared statement "stmtcache_..." already exists / does not
 // exist); the service refuses to start, saying which URL parameter to add.
+// With it, it refuses to LISTEN through the pooler, saying to set
+// -listen-database-url or -notify=false; with -notify=false it starts.
 func TestServeRefusesAPoolerWithTheStatementCache(t *testing.T) {
 	t.Parallel()
 	bouncer := pgtest.NewBouncer(t)
@@ -146,8 +148,22 @@ func TestServeRefusesAPoolerWithTheStatementCache(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "default_query_exec_mode=exec") {
 		t.Fatalf("Serve through PgBouncer with pgx's statement cache: %v; want a refusal naming default_query_exec_mode=exec", err)
 	}
+	// With the query mode, the listener must not LISTEN through the pooler.
+	execMode := bouncer.URL(roles.Runtime, sharedDatabase(t), url.Values{"default_query_exec_mode": {"exec"}})
+	err = serveErrOn(t, dedupeapp.Config{DatabaseURL: execMode, MigrateOnStart: true, Notify: true})
+	if err == nil || !strings.Contains(err.Error(), "-listen-database-url") || !strings.Contains(err.Error(), "-notify=false") {
+		t.Fatalf("Serve through PgBouncer with the listener on it too: %v; want a refusal naming -listen-database-url and -notify=false", err)
+	}
+	// Without notifications it starts: waiters poll.
+	addr, stop := stacktest.StartApp(t, dedupeapp.Config{DatabaseURL: execMode, MigrateOnStart: true, Notify: false})
+	if _, err := healthpb.NewHealthClient(dial(t, addr)).Check(callCtx(t), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatalf("Serve through PgBouncer with -notify=false: health check: %v", err)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Serve through PgBouncer with -notify=false: %v", err)
+	}
 	// The same server directly: no pooler, no refusal (the URL says nothing).
-	addr, stop := stacktest.StartApp(t, dedupeapp.Config{DatabaseURL: roles.RuntimeURL(t), MigrateOnStart: true, Notify: true})
+	addr, stop = stacktest.StartApp(t, dedupeapp.Config{DatabaseURL: roles.RuntimeURL(t), MigrateOnStart: true, Notify: true})
 	if _, err := healthpb.NewHealthClient(dial(t, addr)).Check(callCtx(t), &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatalf("Serve directly as the runtime role: health check: %v", err)
 	}
