@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
+	"github.com/idemgate/idemgate/internal/testing/pgtest"
 )
 
 // runCLI runs the command line with DATABASE_URL unset (the embedded store)
@@ -104,4 +105,26 @@ func TestMigrateStatusIsReadOnly(t *testing.T) {
 			}
 		}
 	})
+}
+
+// migrate -grant-runtime-role, run by the schema's owner, leaves a runtime
+// role that can serve and cannot change the schema.
+func TestMigrateGrantsTheRuntimeRole(t *testing.T) {
+	roles := pgtest.NewEmptyRoles(t)
+	code, stdout, stderr := runCLI(t, "migrate", "-database-url", roles.OwnerURL(t), "-grant-runtime-role", roles.Runtime)
+	if code != 0 || !strings.Contains(stdout, "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE "+roles.Schema+".idemgate_records TO "+`"`+roles.Runtime+`"`) {
+		t.Fatalf("migrate -grant-runtime-role exited %d:\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	t.Logf("migrate -grant-runtime-role %s granted:\n%s", roles.Runtime, stdout)
+	runtime := roles.DirectPool(t, roles.Runtime, "")
+	ctx := context.Background()
+	if _, err := runtime.Exec(ctx, "SELECT resumed_at FROM idemgate_store_state"); err != nil {
+		t.Fatalf("the runtime role reads the store: %v", err)
+	}
+	if _, err := runtime.Exec(ctx, "CREATE TABLE idemgate_extra (id int)"); err == nil {
+		t.Fatal("the runtime role created a table")
+	}
+	if code, _, stderr := runCLI(t, "-database-url", roles.OwnerURL(t), "-grant-runtime-role", roles.Runtime); code != 2 || !strings.Contains(stderr, "for the migrate command") {
+		t.Fatalf("serving with -grant-runtime-role exited %d (%s), want 2 and a refusal", code, stderr)
+	}
 }

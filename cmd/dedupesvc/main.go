@@ -3,7 +3,7 @@
 // the data directory, which needs no set-up.
 //
 //	dedupesvc [flags]                 serve (migrating first unless -migrate-on-start=false)
-//	dedupesvc [flags] migrate         apply pending migrations and exit
+//	dedupesvc [flags] migrate         apply pending migrations and exit (-grant-runtime-role NAME: and grant NAME what serving needs)
 //	dedupesvc [flags] migrate status  list migrations and whether each is applied, changing nothing
 //	dedupesvc [flags] create-database create the PostgreSQL database -database-url names, if missing
 //
@@ -40,7 +40,8 @@ func main() {
 
 // synopsis is what -h prints above the flags.
 const synopsis = `  dedupesvc [flags]                 serve the Dedupe service (migrating first unless -migrate-on-start=false)
-  dedupesvc [flags] migrate         apply pending migrations and exit
+  dedupesvc [flags] migrate         apply pending migrations and exit (-grant-runtime-role NAME: then grant
+                                    that role what the service needs at run time, printing each GRANT)
   dedupesvc [flags] migrate status  list the migrations and whether each is applied; changes nothing
                                     (on the embedded store it opens the file read-only and never creates it)
   dedupesvc [flags] create-database create the PostgreSQL database -database-url names unless it exists
@@ -68,6 +69,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "", "migrate", "migrate status", "create-database":
 	default:
 		fmt.Fprintf(stderr, "dedupesvc: unknown command %q; the commands are migrate, migrate status and create-database, or none to serve (dedupesvc -h)\n", command)
+		return 2
+	}
+	if cfg.GrantRuntimeRole != "" && (command != "migrate" || cfg.DatabaseURL == "") {
+		fmt.Fprintln(stderr, "dedupesvc: -grant-runtime-role (IDEMGATE_GRANT_RUNTIME_ROLE) is for the migrate command on PostgreSQL (-database-url)")
 		return 2
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
@@ -140,6 +145,15 @@ func migrate(ctx context.Context, cfg dedupeapp.Config, logger *slog.Logger, sho
 		return err
 	}
 	logger.Info("migrations applied", slog.Any("applied", applied))
+	if cfg.GrantRuntimeRole != "" {
+		granted, err := pgstore.GrantRuntimeRole(ctx, pool, cfg.GrantRuntimeRole)
+		if err != nil {
+			return fmt.Errorf("-grant-runtime-role %s: %w", cfg.GrantRuntimeRole, err)
+		}
+		for _, stmt := range granted {
+			fmt.Fprintln(stdout, stmt)
+		}
+	}
 	return nil
 }
 

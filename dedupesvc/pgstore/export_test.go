@@ -1,6 +1,9 @@
 package pgstore
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // QueuedForTest returns how many statements wait for the group commit.
 func (s *Store) QueuedForTest() int { return s.group.Queued() }
@@ -25,3 +28,6 @@ var DeleteExpiredSQLForTest = deleteExpiredSQL
 
 // FinishSQLForTest is s's Finish statement (with its NOTIFY when on).
 func (s *Store) FinishSQLForTest() string { return s.finishSQL }
+
+// ProbeEveryForTest sets how long l's probe may take before it warns.
+func ProbeEveryForTest(l *Listener, d time.Duration) { l.probeEvery = d }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgate/idemgate/migrations"
@@ -31,8 +33,27 @@ CREATE TABLE IF NOT EXISTS idemgate_schema_migrations (
 
 // Migrate applies every embedded migration the database lacks, each in its
 // own transaction together with its version row, and returns the names of
-// those it applied. It is safe to run from several processes at once.
+// those it applied. It is safe to run from several processes at once. When
+// none is missing it only reads the migrations table, so a runtime role that
+// may not run DDL (GrantRuntimeRole) can call it; when some are missing and
+// the role may not apply them, the error says to run them as the schema's
+// owner.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
+	pending, err := Pending(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	if len(pending) == 0 {
+		return nil, nil
+	}
+	applied, err := migrate(ctx, pool)
+	if err != nil && isInsufficientPrivilege(err) {
+		return applied, fmt.Errorf("%w; this role may not change the schema: run `dedupesvc migrate` as the schema's owner (pending: %s), then start the service again", err, strings.Join(pending, ", "))
+	}
+	return applied, err
+}
+
+func migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 	all, err := Migrations()
 	if err != nil {
 		return nil, err
@@ -54,6 +75,29 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 		}
 	}
 	return applied, nil
+}
+
+// Pending returns the names of the embedded migrations the database lacks,
+// in order, reading the migrations table only; all of them when it has none.
+func Pending(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
+	status, err := Status(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
+	var pending []string
+	for _, m := range status {
+		if !m.Applied {
+			pending = append(pending, m.Name)
+		}
+	}
+	return pending, nil
+}
+
+// isInsufficientPrivilege reports a statement refused for the role's lack
+// of a privilege (SQLSTATE 42501).
+func isInsufficientPrivilege(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42501"
 }
 
 func applyOne(ctx context.Context, pool *pgxpool.Pool, m Migration) (bool, error) {

@@ -414,15 +414,33 @@ func (s *Store) resume(ctx context.Context) error {
 }
 
 // noted returns err, first setting the cut-off flag when err says the
-// database could not be reached.
+// database could not be reached, or that the connection reached a server
+// that may no longer be written (a primary demoted by a failover that moved
+// its DNS name): then it also drops the pool's connections, which would
+// otherwise refuse every write until their maximum lifetime, so the next
+// statement connects anew (to a writable server, given
+// target_session_attrs=read-write), and holders get the resume's grace for
+// the renewals refused meanwhile.
 func (s *Store) noted(ctx context.Context, err error) error {
-	if err != nil && unreachable(ctx, err) {
+	readOnly := err != nil && readOnlyServer(err)
+	if readOnly {
+		s.pool.Reset()
+	}
+	if readOnly || err != nil && unreachable(ctx, err) {
 		s.resumeMu.Lock()
 		s.cutGen++
 		s.cutOff.Store(true)
 		s.resumeMu.Unlock()
 	}
 	return err
+}
+
+// readOnlyServer reports whether err is a write refused because the server
+// is read-only (SQLSTATE 25006, read_only_sql_transaction): a standby, or a
+// primary that a failover demoted under the connection.
+func readOnlyServer(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "25006"
 }
 
 // unreachable reports whether err means the database could not be reached or

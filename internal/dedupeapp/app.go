@@ -19,6 +19,8 @@ import (
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -127,13 +129,27 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 	if err != nil {
 		return backend{}, err
 	}
+	if err := checkPooler(ctx, pool, cfg, logger); err != nil {
+		pool.Close()
+		return backend{}, err
+	}
 	if cfg.MigrateOnStart {
+		// Current, it runs no DDL: a runtime role may start with it on.
 		applied, err := pgstore.Migrate(ctx, pool)
 		if err != nil {
 			pool.Close()
 			return backend{}, fmt.Errorf("migrate (-migrate-on-start): %w", err)
 		}
 		logger.Info("migrations applied", slog.Any("applied", applied))
+	} else {
+		pending, err := pgstore.Pending(ctx, pool)
+		if err == nil && len(pending) > 0 {
+			err = fmt.Errorf("the schema lacks migrations %s: run `dedupesvc migrate` as the schema's owner (or serve with -migrate-on-start=true as a role that may change the schema)", strings.Join(pending, ", "))
+		}
+		if err != nil {
+			pool.Close()
+			return backend{}, err
+		}
 	}
 	b := backend{close: pool.Close, pool: pool}
 	// Half the pool writes batches at most, so the other half stays free for
@@ -149,7 +165,16 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 	storeOpts := []pgstore.Option{pgstore.WithGroupCommit(gc)}
 	if cfg.Notify {
 		b.store = pgstore.New(pool, storeOpts...)
-		listener := pgstore.NewListener(pool, pgstore.DefaultChannel, logger)
+		var listenOpts []pgstore.ListenerOption
+		if cfg.ListenDatabaseURL != "" {
+			listenConfig, err := pgx.ParseConfig(cfg.ListenDatabaseURL)
+			if err != nil {
+				pool.Close()
+				return backend{}, fmt.Errorf("-listen-database-url: not a PostgreSQL URL: %w", err)
+			}
+			listenOpts = append(listenOpts, pgstore.ListenOn(listenConfig))
+		}
+		listener := pgstore.NewListener(pool, pgstore.DefaultChannel, logger, listenOpts...)
 		b.notifier, b.run = listener, listener.Run
 	} else {
 		b.store = pgstore.New(pool, append(storeOpts, pgstore.WithoutNotify())...)
@@ -164,6 +189,63 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 	}
 	warmPool(ctx, pool, logger)
 	return b, nil
+}
+
+// checkPooler refuses a pool that reaches PostgreSQL through a connection
+// pooler (PgBouncer) with pgx's default statement cache: under transaction
+// pooling its named prepared statements land on server connections other
+// clients then use, and statements fail with "prepared statement
+// stmtcache_... already exists" or "does not exist". A URL that chooses its
+// default_query_exec_mode is trusted: exec (or cache_describe) for
+// transaction pooling, cache_statement for session pooling. It also refuses
+// a NOTIFY listener that would connect through the pooler: under
+// transaction pooling its LISTEN stays on a server connection other
+// clients then use, its notifications reach them (pgx keeps them in each
+// connection's memory) and never the listener; -listen-database-url says
+// where it may listen. A pooler shows itself by announcing a process id at
+// connection (its own cancel key) other than the server's
+// pg_backend_pid().
+func checkPooler(ctx context.Context, pool *pgxpool.Pool, cfg Config, logger *slog.Logger) error {
+	databaseURL := cfg.DatabaseURL
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("-database-url (DATABASE_URL): %w", err)
+	}
+	defer conn.Release()
+	var backendPID uint32
+	// The simple protocol prepares nothing, so the check itself works
+	// through any pooler.
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&backendPID); err != nil {
+		return fmt.Errorf("-database-url (DATABASE_URL): %w", err)
+	}
+	if backendPID == conn.Conn().PgConn().PID() {
+		return nil
+	}
+	mode := pool.Config().ConnConfig.DefaultQueryExecMode
+	if urlSetsExecMode(databaseURL) {
+		if cfg.Notify && cfg.ListenDatabaseURL == "" {
+			return errors.New("-database-url (DATABASE_URL): a connection pooler (PgBouncer?) is between the service and PostgreSQL, and the NOTIFY listener " +
+				"needs a session of its own, which transaction pooling does not give: set -listen-database-url to a direct URL " +
+				"(or to this one if the pooler pools sessions), or turn notifications off with -notify=false; see docs/operating.md")
+		}
+		logger.Info("a connection pooler is between the service and PostgreSQL; using the query mode the database URL sets",
+			slog.String("default_query_exec_mode", mode.String()))
+		return nil
+	}
+	return errors.New("-database-url (DATABASE_URL): a connection pooler (PgBouncer?) is between the service and PostgreSQL, and pgx's default statement cache " +
+		"breaks under transaction pooling (prepared statements land on server connections other clients use): add default_query_exec_mode=exec to the URL " +
+		"(or default_query_exec_mode=cache_statement if the pooler pools sessions), and give the NOTIFY listener a direct URL (-listen-database-url); see docs/operating.md")
+}
+
+// urlSetsExecMode reports whether the database URL (or key=value string)
+// chooses pgx's default_query_exec_mode.
+func urlSetsExecMode(databaseURL string) bool {
+	cfg, err := pgconn.ParseConfig(databaseURL)
+	if err != nil {
+		return false
+	}
+	_, ok := cfg.RuntimeParams["default_query_exec_mode"]
+	return ok
 }
 
 // warmPool opens every connection of pool before the service says SERVING:

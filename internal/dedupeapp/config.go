@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemgate/idemgate/dedupesvc"
@@ -77,6 +78,18 @@ type Config struct {
 	// waiting duplicate wakes at once; off, waiters only poll (CockroachDB has
 	// no NOTIFY). Defaults to true (IDEMGATE_NOTIFY).
 	Notify bool
+	// ListenDatabaseURL is where the NOTIFY listener connects when it must
+	// not go where DatabaseURL goes: a direct PostgreSQL URL when
+	// DatabaseURL is a PgBouncer in transaction pooling mode, through which
+	// no notification arrives (docs/operating.md). Empty connects like the
+	// pool. Defaults to empty (IDEMGATE_LISTEN_DATABASE_URL).
+	ListenDatabaseURL string
+	// GrantRuntimeRole, for the migrate command only, names a role to grant
+	// what the service needs at run time once the migrations are applied
+	// (pgstore.GrantRuntimeRole): the service can then run as that role,
+	// which may not change the schema. Defaults to empty
+	// (IDEMGATE_GRANT_RUNTIME_ROLE).
+	GrantRuntimeRole string
 	// PollInterval is how often a waiting duplicate re-reads its record.
 	// Defaults to 200ms (IDEMGATE_POLL_INTERVAL).
 	PollInterval time.Duration
@@ -384,6 +397,8 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 	fs.IntVar(&cfg.SweepBatch, "sweep-batch", 1000, "expired records deleted per statement")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "time in-flight calls get to finish on SIGTERM")
 	fs.BoolVar(&cfg.Notify, "notify", true, "wake waiting duplicates with LISTEN/NOTIFY; off, they only poll")
+	fs.StringVar(&cfg.ListenDatabaseURL, "listen-database-url", "", "PostgreSQL `URL` the NOTIFY listener connects to, when -database-url is a PgBouncer in transaction pooling mode (a direct URL); empty connects like -database-url")
+	fs.StringVar(&cfg.GrantRuntimeRole, "grant-runtime-role", "", "migrate only: after migrating, grant `role` what the service needs at run time and nothing more (docs/operating.md)")
 	fs.DurationVar(&cfg.PollInterval, "poll-interval", 200*time.Millisecond, "how often a waiting duplicate re-reads its record")
 	fs.DurationVar(&cfg.UnknownRetention, "unknown-retention", 7*24*time.Hour, "how long an unresolved outcome-unknown record blocks its key")
 	fs.IntVar(&cfg.MaxOutcomeBytes, "max-outcome-bytes", 1<<20, "largest stored outcome, in bytes")
@@ -483,6 +498,13 @@ func (c Config) validate() error {
 	}
 	if c.Listen == "" {
 		errs = append(errs, errors.New("-listen must not be empty"))
+	}
+	if c.ListenDatabaseURL != "" {
+		if c.DatabaseURL == "" {
+			errs = append(errs, errors.New("-listen-database-url needs -database-url: the embedded store has no NOTIFY"))
+		} else if _, err := pgx.ParseConfig(c.ListenDatabaseURL); err != nil {
+			errs = append(errs, fmt.Errorf("-listen-database-url: not a PostgreSQL URL: %w", err))
+		}
 	}
 	if c.MaxConns < 0 {
 		errs = append(errs, fmt.Errorf("-db-max-conns must be 0 or more, got %d", c.MaxConns))

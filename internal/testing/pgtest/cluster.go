@@ -334,3 +334,33 @@ func unavailable(tb testing.TB, msg string) {
 	}
 	tb.Skip(msg)
 }
+
+// EnableTLS installs certPEM and keyPEM as the server's certificate and key
+// and turns ssl on (a reload), so clients may connect with sslmode=require
+// or verify-full; plaintext connections are still accepted.
+func (c *Cluster) EnableTLS(tb testing.TB, certPEM, keyPEM []byte) {
+	tb.Helper()
+	for name, data := range map[string][]byte{"server.crt": certPEM, "server.key": keyPEM} {
+		path := filepath.Join(c.dataDir(), name)
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			tb.Fatalf("pgtest: %v", err)
+		}
+		if c.asPostgres {
+			if err := chownTree(path, "postgres"); err != nil {
+				tb.Fatalf("pgtest: %v", err)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	defer conn.Close(ctx)
+	for _, stmt := range []string{"ALTER SYSTEM SET ssl = on", "SELECT pg_reload_conf()"} {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			tb.Fatalf("pgtest: %s: %v", stmt, err)
+		}
+	}
+}

@@ -123,6 +123,7 @@ func reapSchemas(tb testing.TB, conn *pgx.Conn, prefix string) {
 		tb.Logf("pgtest: listing leftover schemas: %v", err)
 		return
 	}
+	defer reapRoles(ctx, tb, conn, prefix)
 	for _, name := range names {
 		pid, ok := ownerPID(prefix, name)
 		if !ok || pid == os.Getpid() || !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
@@ -139,6 +140,35 @@ func reapSchemas(tb testing.TB, conn *pgx.Conn, prefix string) {
 		} else {
 			tb.Logf("%s", msg)
 		}
+	}
+}
+
+// reapRoles drops the roles NewRoles made (named after their schema) whose
+// test process exited without dropping them; roles are cluster-wide, so
+// they would outlive every database.
+func reapRoles(ctx context.Context, tb testing.TB, conn *pgx.Conn, prefix string) {
+	rows, err := conn.Query(ctx, "SELECT rolname FROM pg_roles WHERE starts_with(rolname, $1)", prefix)
+	if err != nil {
+		tb.Logf("pgtest: listing leftover roles: %v", err)
+		return
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		tb.Logf("pgtest: listing leftover roles: %v", err)
+		return
+	}
+	for _, name := range names {
+		pid, ok := ownerPID(prefix, name)
+		if !ok || pid == os.Getpid() || !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+			continue
+		}
+		role := pgx.Identifier{name}.Sanitize()
+		_, _ = conn.Exec(ctx, "DROP OWNED BY "+role)
+		if _, err := conn.Exec(ctx, "DROP ROLE IF EXISTS "+role); err != nil {
+			tb.Logf("pgtest: dropping role %s left by exited test process %d: %v", name, pid, err)
+			continue
+		}
+		tb.Logf("pgtest: dropped role %s, left by test process %d, which exited before its cleanups ran", name, pid)
 	}
 }
 
