@@ -66,16 +66,26 @@ type Rules struct {
 	// IDEMPOTENCY_IN_FLIGHT, not its own response, so this alone allows no
 	// caller a response other than the stored one.
 	RerunAllowed bool
-	// HolderCutOff: a holder may be cut off from the store after its
-	// handler returned. Its caller then gets the real response while Finish
-	// is retried in the background (docs/failure-semantics.md), and a REEXECUTE taker may store
-	// another once the lease runs out: callers of one action may see two.
-	// And a Begin that reserved the key but whose answer was cut off holds
-	// the key, unknowingly, until its lease runs out: a FAIL_CLOSED duplicate
-	// then gets outcome-unknown for an action no handler ran, until the
+	// HolderCutOff: a holder may be cut off from the store (a recorded
+	// outage for its tool server). Its caller is still answered only with
+	// an outcome the store took (docs/failure-semantics.md), so callers of
+	// one action never get two different OKs under any rule. But a Begin
+	// that reserved the key but whose answer was cut off holds the key,
+	// unknowingly, until its lease runs out: a FAIL_CLOSED duplicate then
+	// gets outcome-unknown for an action no handler ran, until the
 	// attempt's re-sent Begin takes the record back. That is allowed for an
-	// action with a try that overlapped an outage.
+	// action with a try that overlapped an outage. And without
+	// HolderFaults, an outcome-unknown answer for an action whose handler
+	// ran is allowed only where a run's tool server was cut off after the
+	// run started and before the answer (its lease ran out unrenewed),
+	// counted in Report.UnknownsAfterCutOff.
 	HolderCutOff bool
+	// CutOffRerunAllowed: a REEXECUTE action may run again where the
+	// earlier run's tool server was cut off from the store (a recorded
+	// outage for it) when the re-run started: its lease ran out unrenewed.
+	// Counted in Report.RerunsAfterCutOff; any other re-run is a violation
+	// unless RerunAllowed or a handler error allows it.
+	CutOffRerunAllowed bool
 	// HolderFaults: a holder may die or stall, so an outcome-unknown answer
 	// is legitimate for any action whose handler started, and for one no
 	// handler ran whose try was at a tool server when it was killed or
@@ -109,11 +119,18 @@ type Report struct {
 	// no handler run whose try was at a tool server when it was killed or
 	// stopped (allowed under Rules.HolderFaults).
 	UnknownsAtHolderFault int
-	// Reruns counts REEXECUTE re-runs, allowed only under Rules.RerunAllowed
-	// or after a handler error; DivergentTakeovers the REEXECUTE actions whose
-	// callers got two different OK responses, allowed only under
-	// Rules.HolderCutOff. Violations otherwise.
-	Reruns, DivergentTakeovers int
+	// Reruns counts REEXECUTE re-runs, allowed only under Rules.RerunAllowed,
+	// after a handler error, or (RerunsAfterCutOff, also counted in Reruns)
+	// under Rules.CutOffRerunAllowed where the earlier run's tool server was
+	// cut off; violations otherwise. UnkeptAnswers counts the REEXECUTE
+	// actions whose callers got two different OK responses: at least one of
+	// them names an execution the key never keeps (replays). Never allowed;
+	// a FAIL_CLOSED action's are counted in NonIdentical.
+	Reruns, RerunsAfterCutOff, UnkeptAnswers int
+	// UnknownsAfterCutOff counts the actions answered outcome-unknown whose
+	// handler ran on a tool server cut off from the store after the run
+	// started and before the answer (allowed under Rules.HolderCutOff).
+	UnknownsAfterCutOff int
 	// AttemptsDuringOutage counts tries that overlapped an outage (not a
 	// violation); TornLedgerLines the ledger lines cut short by a SIGKILL.
 	AttemptsDuringOutage, TornLedgerLines int
@@ -130,6 +147,8 @@ type Report struct {
 	Rules Rules
 	// Violations describes each violation, one line each.
 	Violations []string
+	// outages are the windows Check was given.
+	outages []Outage
 }
 
 // Failed reports whether any guarantee was violated.
@@ -153,9 +172,15 @@ func (r *Report) String() string {
 		r.Actions, r.Attempts, r.Executions, r.OK, r.Replayed, r.Unknown, r.UnknownsAtHolderFault, r.Unsettled)
 	fmt.Fprintf(&b, "  duplicates %d, lost outcomes %d, phantom responses %d, non-identical replays %d, false unknowns %d, executions while the store was away %d\n",
 		r.Duplicates, r.LostOutcomes, r.Phantoms, r.NonIdentical, r.FalseUnknowns, r.ExecutionsDuringOutage)
-	fmt.Fprintf(&b, "  REEXECUTE re-runs %d (%s), takeover divergences %d (%s), attempts while the store was away %d, torn ledger lines %d\n",
-		r.Reruns, allowed(r.Rules.RerunAllowed, "holder faults", "allowed only after a handler error"),
-		r.DivergentTakeovers, allowed(r.Rules.HolderCutOff, "holder cut off from the store", "never allowed"), r.AttemptsDuringOutage, r.TornLedgerLines)
+	reruns := allowed(r.Rules.RerunAllowed, "holder faults", "allowed only after a handler error")
+	if r.Rules.CutOffRerunAllowed {
+		reruns = fmt.Sprintf("%d after the holder was cut off past its lease, allowed; others only after a handler error", r.RerunsAfterCutOff)
+	}
+	fmt.Fprintf(&b, "  REEXECUTE re-runs %d (%s), answers the key never keeps %d (never allowed), attempts while the store was away %d, torn ledger lines %d\n",
+		r.Reruns, reruns, r.UnkeptAnswers, r.AttemptsDuringOutage, r.TornLedgerLines)
+	if r.Rules.HolderCutOff && !r.Rules.HolderFaults {
+		fmt.Fprintf(&b, "  outcome-unknown answers for a holder cut off past its lease %d (allowed)\n", r.UnknownsAfterCutOff)
+	}
 	fmt.Fprintf(&b, "  answers %s %d, %s %d\n", reasonStoreUnavailable, r.Reasons[reasonStoreUnavailable], reasonInFlight, r.Reasons[reasonInFlight])
 	b.WriteString(r.metadataLine())
 	const shown = 20
@@ -185,7 +210,7 @@ type actionFacts struct {
 
 // Check judges one scenario's history against its ledger.
 func Check(scenario string, seed uint64, history []Attempt, ledger []LedgerEntry, torn int, outages []Outage, holders []HolderFault, rules Rules) *Report {
-	r := &Report{Scenario: scenario, Seed: seed, Attempts: len(history), TornLedgerLines: torn, Rules: rules, Reasons: map[string]int{}}
+	r := &Report{Scenario: scenario, Seed: seed, Attempts: len(history), TornLedgerLines: torn, Rules: rules, Reasons: map[string]int{}, outages: outages}
 	facts := map[string]*actionFacts{}
 	get := func(key string) *actionFacts {
 		f, ok := facts[key]
@@ -282,6 +307,9 @@ func (r *Report) checkAction(key string, f *actionFacts) {
 			// A holder fault, or a run that ended in an error, which
 			// REEXECUTE releases for a re-run.
 			r.Reruns += n - 1
+		case r.Rules.CutOffRerunAllowed && r.rerunsAfterCutOff(f.effects):
+			r.Reruns += n - 1
+			r.RerunsAfterCutOff += n - 1
 		default:
 			r.Reruns += n - 1
 			r.violate("%s: REEXECUTE action re-run %d times with no holder fault to allow it: %s", key, n-1, strings.Join(servers, "; "))
@@ -326,10 +354,12 @@ func (r *Report) checkAction(key string, f *actionFacts) {
 		r.NonIdentical++
 		r.violate("%s: callers got %d different OK responses (%d different replays)", key, len(okBodies), len(replayBodies))
 	case len(okBodies) > 1:
-		r.DivergentTakeovers++
-		if !r.Rules.HolderCutOff {
-			r.violate("%s: REEXECUTE callers got %d different OK responses, and no holder was cut off from the store to allow it", key, len(okBodies))
+		r.UnkeptAnswers++
+		kept := "no replay seen"
+		if len(replayBodies) == 1 {
+			kept = fmt.Sprintf("it replays %q", replayBodies[0])
 		}
+		r.violate("%s: REEXECUTE callers got %d different OK responses, so a caller was answered with an outcome the key never keeps (%s)", key, len(okBodies), kept)
 	}
 	r.checkUnknowns(key, f)
 	r.checkMetadata(key, f)
@@ -362,10 +392,65 @@ func (r *Report) checkUnknowns(key string, f *actionFacts) {
 	if r.Rules.HolderFaults {
 		return
 	}
+	if r.Rules.HolderCutOff && r.cutOffWhileHolding(f.starts, unknown.End) {
+		r.UnknownsAfterCutOff++
+		return
+	}
 	if len(f.ends) == len(f.starts) && !endedInError(f.ends) {
 		r.FalseUnknowns++
 		r.violate("%s: caller %d got %s (attempt %d) though every run of it ended cleanly and no holder was harmed", key, unknown.Caller, reasonOutcomeUnknown, unknown.Attempt)
 	}
+}
+
+// cutOffMargin is how long after a cut-off ends a takeover still counts
+// as caused by it: the taker's Begin may have been decided just before
+// the heal and its handler started a moment later on a starved scheduler.
+const cutOffMargin = 2 * time.Second
+
+// cutOff reports whether server was cut off from the store (a recorded
+// outage for it, not one of every server) at some time in [from, to], the
+// outage's end stretched by cutOffMargin.
+func (r *Report) cutOff(server string, from, to time.Time) bool {
+	for _, o := range r.outages {
+		if len(o.Servers) > 0 && o.covers(server) && !o.Start.After(to) && o.End.Add(cutOffMargin).After(from) {
+			return true
+		}
+	}
+	return false
+}
+
+// rerunsAfterCutOff reports whether every re-run in effects (in ledger
+// order, by time) started while an earlier run's tool server was cut off
+// from the store, after that run started: the earlier holder's lease ran
+// out unrenewed, which is what lets REEXECUTE take it over.
+func (r *Report) rerunsAfterCutOff(effects []LedgerEntry) bool {
+	runs := slices.Clone(effects)
+	slices.SortFunc(runs, func(a, b LedgerEntry) int { return a.Time.Compare(b.Time) })
+	for i := 1; i < len(runs); i++ {
+		ok := false
+		for _, earlier := range runs[:i] {
+			if r.cutOff(earlier.Server, runs[i].Time, runs[i].Time) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// cutOffWhileHolding reports whether a run in starts was on a tool server
+// that was cut off from the store after the run started and before until
+// (an outcome-unknown answer's end).
+func (r *Report) cutOffWhileHolding(starts []LedgerEntry, until time.Time) bool {
+	for _, s := range starts {
+		if r.cutOff(s.Server, s.Time, until) {
+			return true
+		}
+	}
+	return false
 }
 
 func endedInError(ends []LedgerEntry) bool {

@@ -45,6 +45,10 @@ type Workload struct {
 	// the side effect started, before the handler sets its response
 	// metadata (LateMetadataSuffix); 0 means none.
 	LateMetadata float64
+	// DuplicatesAfter starts each action's first caller alone and the
+	// others this long after it (chaos-workload -duplicates-after); 0 starts
+	// them together.
+	DuplicatesAfter time.Duration
 }
 
 // Scenario is one fault against one topology, with the rules its faults
@@ -77,6 +81,11 @@ type Scenario struct {
 	Setup func(*Stack)
 	// Fault injects one outage; done closes when the workload has ended.
 	Fault func(st *Stack, done <-chan struct{}) error
+	// Background, when set, runs beside the workload from its start until
+	// it returns after done closes: faults set off by what the processes do
+	// rather than at a pause point. The scenario is checked once it
+	// returned; an error fails it.
+	Background func(st *Stack, done <-chan struct{}) error
 	// Rules are what the faults make legitimate.
 	Rules Rules
 	// Broken turns on chaos-tool's broken layer; ExpectViolations makes the
@@ -440,6 +449,11 @@ func scenarios() []Scenario {
 		Scenario{Name: StorePostgres + "/postgres-crashed", Store: StorePostgres, OwnCluster: true, Workload: standard, Outages: 2,
 			Fault: crashPostgresAtPausePoint, MustSee: storeAwayReasons},
 		restartScenario(),
+	)
+	// A holder's first Finish lost, then the holder cut off past its lease
+	// (issue 31 item 1).
+	list = append(list, firstFinishLostScenarios()...)
+	list = append(list,
 		// Killing the second replica cuts its tool server's holders off from
 		// a store that stays up for the other one, which takes over after
 		// the lease (docs/failure-semantics.md, "When the store goes away").

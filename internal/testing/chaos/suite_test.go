@@ -251,6 +251,9 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 	if w.AmbiguousFailClosed > 0 {
 		args = append(args, "-ambiguous-fail-closed", strconv.Itoa(w.AmbiguousFailClosed*scale))
 	}
+	if w.DuplicatesAfter > 0 {
+		args = append(args, "-duplicates-after", w.DuplicatesAfter.String())
+	}
 	if w.LateMetadata > 0 {
 		var ledgers []string
 		for _, tool := range st.Tools {
@@ -263,6 +266,12 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 	st.keepLog(workload, "workload")
 	done := make(chan struct{})
 	go func() { _ = workload.Wait(time.Hour); close(done) }()
+	background := make(chan error, 1)
+	if sc.Background != nil {
+		go func() { background <- sc.Background(st, done) }()
+	} else {
+		background <- nil
+	}
 
 	for i := 0; i < outages && sc.Fault != nil; i++ {
 		if !st.sleep(time.Second) {
@@ -288,6 +297,9 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 	}
 	if err := workload.Wait(0); err != nil {
 		t.Fatalf("the workload failed: %v\n%s", err, workload.Log())
+	}
+	if err := <-background; err != nil {
+		t.Fatalf("%s: %v", sc.Name, err)
 	}
 	t.Logf("workload done in %s", time.Since(start).Round(time.Second))
 

@@ -40,6 +40,15 @@
  * reservation) and the sweeper, epochs from a store-wide source, the gate's replay-cache stamp
  * for a Finish retried after a lost answer, Invariant 4 as a state invariant, and 5-7.
  *
+ * Issue 31 added the caller's answer (answer[], Invariant 8): a holder answers its caller OK only
+ * once its Finish is acknowledged (gatecore settle retries a failed Finish before the answer, its
+ * lease renewed, for at most a lease, then refuses it with ABORTED IDEMPOTENCY_IN_FLIGHT while
+ * the retries go on: see settle_finish); a fenced Finish refuses it too. -DHOLE_FIRST_FINISH_ANSWERS puts the old settle back: a holder whose lease was
+ * still confirmed when its first Finish failed answered OK at once, and SPIN finds the caller
+ * holding an outcome the key never keeps: the holder answers during an outage, then stalls past
+ * its lease, and its record is swept (REEXECUTE) or resolved by an operator, so its own outcome
+ * is never stored.
+ *
  * Abstracted away: fingerprints (one request per key), response metadata, max_wait waiting
  * (a duplicate answered in flight just returns), reconcilers (operator Resolve stands for them),
  * more than one replica (one cut-off flag and one store-wide resumed tick), NOTIFY, outcome
@@ -86,11 +95,16 @@ byte failures;   /* holders that crashed or stalled without storing an outcome, 
 byte firstoutc;  /* the first outcome stored: every later replay must be it */
 byte maxep;      /* the highest epoch a reservation got */
 byte ctime;      /* when the store completed the record, until its holder hears (Invariant 7) */
+byte answer[NA]; /* what the holder answered its caller: ANS_NONE, ANS_OK (its own outcome) or ANS_REFUSED */
 bool started[NA], ran[NA], stored[NA], crashed[NA], paused[NA], mayrun[NA];
 bool keeping[NA];  /* keepLease runs for this attempt */
 bool pending[NA];  /* a lost Begin answer is being followed up */
 byte myep[NA];
 byte finished;     /* attempts that are done or dead */
+
+#define ANS_NONE    0
+#define ANS_OK      1
+#define ANS_REFUSED 2
 
 /* Budgets for the nondeterministic faults. */
 byte lostreplies, crashes, pauses, outages, resolves;
@@ -286,16 +300,29 @@ inline release(me, unknown, res) {
 #define STAMP(s) if :: s == 0 -> s = now + 1 :: else -> skip fi
 #endif
 
-/* Settle: gatecore settle/trySettle; the lease is renewed until it returns. */
+/* Settle: gatecore settle/trySettle; the lease is renewed until it returns. The caller is
+ * answered OK (its own outcome) once a Finish is acknowledged, IDEMPOTENCY_IN_FLIGHT when it is
+ * fenced. While the Finish fails, settle's bound (a lease) may run out first, refusing the caller
+ * with IDEMPOTENCY_IN_FLIGHT (AnswerUnstored) while the retries go on: not a step of its own here,
+ * as a refused caller holds no outcome and the store sees nothing of it; answering every holder
+ * OK once stored, however late, checks a superset of the callers Invariant 8 is about, and
+ * costs almost nothing (the REEXECUTE search: 23.1 million states before issue 31, 23.3 million
+ * after, 30.7 million with the refusal as a step of its own). */
+#define ANSWER(me, ans) if :: answer[me] == ANS_NONE -> answer[me] = ans :: else -> skip fi
 inline settle_finish(me) {
 	do
 	:: atomic { !WAITMARK -> STAMP(sent); finish(me, r); LOSE_REPLY(r, ERR);
 		if
 		:: r == OK -> assert(outc == me+1);  /* Invariant 2: an acknowledged Finish stored this attempt's outcome */
 			assert(sent - 1 <= ctime);  /* Invariant 7 */
-			ctime = 0; sent = 0
-		:: r == NOTHELD -> sent = 0
-		:: else -> skip
+			ctime = 0; sent = 0; ANSWER(me, ANS_OK)
+		:: r == NOTHELD -> sent = 0; ANSWER(me, ANS_REFUSED)
+		:: else ->
+#ifdef HOLE_FIRST_FINISH_ANSWERS
+			/* the old settle: a lease still confirmed (not yet run out) answered at once */
+			if :: MINE(me) && !EXPIRED -> ANSWER(me, ANS_OK) :: else -> skip fi;
+#endif
+			skip
 		fi };
 		if
 		:: r == OK -> STORED(me); break
@@ -386,15 +413,22 @@ dead:
 	atomic { a = 0; r = 0; retryable = false; retried = false; sent = 0; myep[me] = 0; finished++ }
 }
 
+/* Invariant 8: a caller answered OK got the outcome the key keeps: no other outcome is ever
+ * stored (at every step), and, once every attempt is done, its own was (Check). */
+#define ANSWER_KEPT(i) (answer[i] != ANS_OK || firstoutc == 0 || firstoutc == (i)+1)
+#define ANSWER_STORED(i) (answer[i] != ANS_OK || firstoutc == (i)+1)
+
 /* Invariant 3b: once every attempt is done, a record left outcome-unknown blocks its key
  * until an operator acts; that must never happen to a holder that never ran its handler. */
 proctype Check() {
-end:	(finished == NA) -> assert(st != UNKNOWN || started[tok-1] || crashed[tok-1] || paused[tok-1])
+end:	(finished == NA) -> assert(st != UNKNOWN || started[tok-1] || crashed[tok-1] || paused[tok-1]);
+	assert(ANSWER_STORED(0) && ANSWER_STORED(1))  /* Invariant 8, at the end */
 }
 
 /* Invariant 4 as a state invariant: once an outcome is stored the record keeps it (completed,
- * the first outcome) at every step, whether or not a Begin comes to look. */
-#define KEPT (firstoutc == 0 || (st == COMPLETED && outc == firstoutc))
+ * the first outcome) at every step, whether or not a Begin comes to look; with Invariant 8's
+ * step part. */
+#define KEPT ((firstoutc == 0 || (st == COMPLETED && outc == firstoutc)) && ANSWER_KEPT(0) && ANSWER_KEPT(1))
 proctype Kept() {
 end:	atomic { !KEPT -> assert(KEPT) }
 }

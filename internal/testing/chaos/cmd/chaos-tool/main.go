@@ -7,6 +7,7 @@
 //	           [-latency 20ms] [-pause-keys RE -pause-for 3s] [-ambiguous-keys RE]
 //	           [-late-metadata-keys RE -late-metadata-wait 15s]
 //	           [-default-backoff] [-http-listen ADDR] [-connect-listen ADDR]
+//	           [-drop-first-finish DIR -drop-first-finish-after 200ms]
 //
 // A key matching -pause-keys makes the handler stall for -pause-for between
 // its side effect and its return, where the suite kills or stops the process.
@@ -17,6 +18,15 @@
 // most -late-metadata-wait), then set a response header and trailer
 // (chaos.ChargeIDHeader, chaos.ResponseTrailer) and return: metadata set
 // after the caller left, which every replay must still carry.
+//
+// With -drop-first-finish DIR, the first Finish of each key among the tool
+// servers sharing DIR is dropped: never sent, so the store never sees it,
+// and failed UNAVAILABLE no sooner than -drop-first-finish-after past this
+// process's Begin of the key. The tool server publishes a chaos.DropClaim
+// file in DIR and waits (at most 5s) for the suite's acknowledgement before
+// it fails the Finish, so the suite cuts it off from the Dedupe service
+// before the gate can retry: a holder whose first Finish fails, then is cut
+// off past its lease.
 //
 // It reconnects to a restarted Dedupe service within a second; with
 // -default-backoff it dials as docs/gating.md shows instead: grpc-go's default
@@ -100,6 +110,8 @@ func main() {
 	defaultBackoff := flag.Bool("default-backoff", false, "dial the Dedupe service as docs/gating.md shows: grpc-go's default reconnect backoff, and WithDedupeConn")
 	flag.StringVar(&httpListen, "http-listen", "", "also serve ChaosService over HTTP, gated by httpgate, on this `address`")
 	flag.StringVar(&connectListen, "connect-listen", "", "also serve ChaosService over Connect (HTTP/1.1 and h2c), gated by connectgate, on this `address`")
+	flag.StringVar(&dropFinish.dir, "drop-first-finish", "", "drop the first Finish of each key among the tool servers sharing this `directory` (never sent, failed UNAVAILABLE), once the suite acknowledged it")
+	flag.DurationVar(&dropFinish.after, "drop-first-finish-after", 200*time.Millisecond, "a dropped Finish fails no sooner than this long after its key's Begin")
 	flag.Parse()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err := run(*listen, *dedupe, *ledgerPath, *name, *latency, *pauseKeys, *pauseFor, *ambiguousKeys, *defaultBackoff, logger); err != nil {
@@ -138,6 +150,9 @@ func run(listen, dedupeAddr, ledgerPath, name string, latency time.Duration, pau
 		// Reconnect to a restarted Dedupe service within a second, not the
 		// default backoff's two minutes.
 		dial = append(dial, grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, MaxDelay: time.Second}, MinConnectTimeout: 5 * time.Second}))
+	}
+	if dropFinish.dir != "" {
+		dial = append(dial, grpc.WithChainUnaryInterceptor(newFinishDropper(dropFinish.dir, name, dropFinish.after, logger).intercept))
 	}
 	conn, err := grpc.NewClient(dedupeAddr, dial...)
 	if err != nil {
@@ -348,6 +363,12 @@ func (s *server) execute(ctx context.Context, req *testingv1.ChargeRequest, x ex
 	}
 	s.record(entry, chaos.EventEnd)
 	return resp, body, nil
+}
+
+// dropFinish is the -drop-first-finish flags.
+var dropFinish struct {
+	dir   string
+	after time.Duration
 }
 
 // late is the -late-metadata-* flags.

@@ -5,7 +5,7 @@
 //
 //	chaos-workload -targets ADDR[,ADDR] -history FILE -seed N [-actions 30] [-callers 3]
 //	               [-late-metadata 0.5 -ledgers FILE[,FILE]] [-transport grpc|http|connect]
-//	               [-ambiguous-fail-closed N]
+//	               [-ambiguous-fail-closed N] [-duplicates-after D]
 //
 // The layers, outermost first: an application loop with its own deadline per
 // action, retrying UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED and
@@ -21,6 +21,11 @@
 // gives up on its first try as soon as the side effect is in one of the
 // tool servers' -ledgers, and the history keeps each answer's x-chaos-
 // header and trailer.
+//
+// With -duplicates-after D, an action's first caller (to target i mod n for
+// action i) starts alone, and the others (caller k to target i+k mod n)
+// start D later: duplicates that arrive after the first caller's holder
+// was cut off past its lease.
 //
 // With -transport http the targets are chaos-tool -http-listen addresses,
 // and every caller goes through net/http instead (http.go): the same
@@ -97,6 +102,8 @@ type config struct {
 	lateMetadata        float64
 	ledgers             []string
 	transport           string
+	// duplicatesAfter delays every caller of an action but the first.
+	duplicatesAfter time.Duration
 }
 
 func main() {
@@ -116,6 +123,7 @@ func main() {
 	flag.DurationVar(&c.tryTimeout, "try-timeout", 10*time.Second, "the retry interceptor's timeout per try")
 	flag.Float64Var(&c.lateMetadata, "late-metadata", 0, `fraction of actions whose key ends in "-m": their callers give up on the first try once the side effect is in a ledger, before the handler sets its metadata`)
 	ledgers := flag.String("ledgers", "", "comma-separated ledger `files` of the tool servers, watched for -late-metadata actions' side effects")
+	flag.DurationVar(&c.duplicatesAfter, "duplicates-after", 0, "every caller of an action but the first (which goes to target i mod n for action i) starts this long after the action")
 	flag.StringVar(&c.transport, "transport", chaos.TransportGRPC, "how callers reach the targets: grpc, http (chaos-tool -http-listen addresses) or connect (-connect-listen addresses)")
 	flag.Parse()
 	if c.transport != chaos.TransportGRPC && c.transport != chaos.TransportHTTP && c.transport != chaos.TransportConnect {
@@ -287,6 +295,13 @@ func run(ctx context.Context, c config) error {
 			go func() {
 				defer wg.Done()
 				defer callers.Done()
+				if k > 0 && c.duplicatesAfter > 0 {
+					select {
+					case <-time.After(c.duplicatesAfter):
+					case <-ctx.Done():
+						return
+					}
+				}
 				switch {
 				case httpClients != nil:
 					httpClients[(i+k)%len(httpClients)].callAction(ctx, c, a, k)
