@@ -143,8 +143,10 @@ func (g *Gate) Policy(procedure string) interceptor.Policy {
 // mutating makes New fail, because a stream's outcome is not one message to
 // store and replay.
 //
-// Interceptor alone carries no request or response size limit: connect-go
-// decodes (and decompresses) a request before any interceptor sees it. Build
+// Interceptor alone carries no request or response size limit (connect-go
+// decodes and decompresses a request before any interceptor sees it) and
+// no deterministic codec (a response's map is encoded in Go's random order,
+// on the first answer and on each replay). Build
 // the handler with HandlerOptions, which includes this interceptor, and wrap
 // it in HTTPMiddleware; a gate whose interceptor runs without them logs a
 // warning once.
@@ -166,7 +168,7 @@ func (i gateInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		}
 		if !i.limited {
 			i.g.unlimited.Do(func() {
-				i.g.opts.logger.WarnContext(ctx, "idemgate: a gated Connect handler was built with Gate.Interceptor alone, so its requests have no size limit before they are decoded; build it with Gate.HandlerOptions and wrap it in Gate.HTTPMiddleware",
+				i.g.opts.logger.WarnContext(ctx, "idemgate: a gated Connect handler was built with Gate.Interceptor alone, so its requests have no size limit before they are decoded and a map in its responses may be encoded in another order on each replay; build it with Gate.HandlerOptions and wrap it in Gate.HTTPMiddleware",
 					slog.String("procedure", spec.Procedure))
 			})
 		}

@@ -54,9 +54,12 @@
 // proto.Message, which the codecs encode by reflection) with the response's
 // headers and trailers, so no generated Go type is needed to answer; an
 // interceptor outside the gate that type-asserts a generated response type
-// sees the wrapper on replays (read it through proto.Message instead). A
-// dynamicpb message encodes its fields in no fixed order: a replay of a type
-// the binary lacks is the same message, not always the same bytes.
+// sees the wrapper on replays (read it through proto.Message instead).
+// HandlerOptions' codecs encode deterministically (map fields in key order,
+// JSON compacted), so a first answer and its replays carry the same bytes.
+// A dynamicpb message is encoded in a fixed order too, but one that may put
+// a oneof's fields after the generated type's: a replay of a type the binary
+// lacks is the same message, not always the same bytes.
 //
 // Streaming procedures pass through ungated; a streaming method marked
 // mutating makes New fail, as it makes interceptor.New fail.

@@ -37,6 +37,7 @@ func ExampleNew() {
 		log.Fatal(err) // a misconfigured policy, named
 	}
 	srv := grpc.NewServer(
+		gate.ServerCodec(), // a replay's bytes are the first answer's, map fields included
 		grpc.ChainUnaryInterceptor(gate.UnaryServerInterceptor()),
 		grpc.ChainStreamInterceptor(gate.StreamServerInterceptor()),
 	)

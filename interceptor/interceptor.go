@@ -87,6 +87,8 @@ type Gate struct {
 	services     map[string]bool
 	opts         options
 	metrics      *metrics
+	// codec is what the Gate knows of the server's codec (ServerCodec).
+	codec codecCheck
 }
 
 // New resolves the policy of every method in the descriptor registry (see
@@ -214,6 +216,7 @@ func (g *Gate) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		if !ok {
 			return handler(ctx, req)
 		}
+		g.checkCodec(info.FullMethod, m)
 		var outcome string
 		resp, err := g.gate(ctx, req, info.FullMethod, m, handler, &outcome)
 		g.countCall(info.FullMethod, outcome, err)

@@ -96,6 +96,8 @@ func (p Policy) String() string { return protogate.Policy(p).String() }
 type gatedMethod struct {
 	*protogate.Method
 	policy Policy
+	// mapped: its response can hold a map field (Gate.checkCodec).
+	mapped bool
 }
 
 // fingerprint hashes the request as the Dedupe service compares it.
@@ -119,7 +121,7 @@ func resolvePolicies(files *protoregistry.Files, types *protoregistry.Types, rec
 	}
 	gated := make(map[string]*gatedMethod, len(r.Gated))
 	for name, m := range r.Gated {
-		gated[name] = &gatedMethod{Method: m, policy: Policy(m.Policy)}
+		gated[name] = &gatedMethod{Method: m, policy: Policy(m.Policy), mapped: protogate.HasMap(m.Output.Descriptor())}
 	}
 	return resolved{gated: gated, unclassified: r.Unclassified, services: r.Services}, nil
 }

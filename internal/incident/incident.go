@@ -423,14 +423,16 @@ func runScenario(ctx context.Context, cfg Config, plan []order, name string, new
 	// ran. Inside the handler: a slow provider answer, after the side
 	// effect ran.
 	chain := []grpc.UnaryServerInterceptor{nw.serve, stall(cfg.stall), loseResponse}
+	var serverOpts []grpc.ServerOption
 	if newGate != nil {
 		gate, err := newGate()
 		if err != nil {
 			return Scenario{}, err
 		}
 		chain = append(chain, gate.UnaryServerInterceptor())
+		serverOpts = append(serverOpts, gate.ServerCodec())
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
+	srv := grpc.NewServer(append(serverOpts, grpc.ChainUnaryInterceptor(chain...))...)
 	paymentsv1.RegisterPaymentsServiceServer(srv, &payments.Server{Ledger: ledger, Provider: nw.provider})
 	conn, stop, err := serve(srv)
 	if err != nil {

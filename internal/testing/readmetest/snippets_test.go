@@ -69,11 +69,13 @@ func grpcServer(ctx context.Context, creds credentials.TransportCredentials, ten
 	if err != nil {
 		return err // a policy misconfiguration, reported at start-up
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
-		recovery.UnaryServerInterceptor(), // outermost: the gate re-panics a handler's panic
-		authInterceptor,                   // so the tenant function can trust the identity
-		gate.UnaryServerInterceptor(),     // then the gate
-	))
+	srv := grpc.NewServer(
+		gate.ServerCodec(), // encodes map fields in key order: a replay's bytes are the first answer's
+		grpc.ChainUnaryInterceptor(
+			recovery.UnaryServerInterceptor(), // outermost: the gate re-panics a handler's panic
+			authInterceptor,                   // so the tenant function can trust the identity
+			gate.UnaryServerInterceptor(),     // then the gate
+		))
 	paymentsv1.RegisterPaymentsServiceServer(srv, impl)
 	if err := gate.CheckServer(srv); err != nil {
 		return err // a served method nobody classified

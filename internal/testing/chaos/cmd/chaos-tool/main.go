@@ -160,7 +160,7 @@ func run(listen, dedupeAddr, ledgerPath, name string, latency time.Duration, pau
 		logger.Warn("the broken layer is on: every handler error (and every HTTP handler failure) is marked retryable, so ambiguous failures run again")
 		chain = append(chain, breakGate)
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
+	srv := grpc.NewServer(gate.ServerCodec(), grpc.ChainUnaryInterceptor(chain...))
 	chaosServer := &server{
 		name: name, pid: os.Getpid(), ledger: ledger, latency: latency,
 		pause: pause, pauseFor: pauseFor, ambiguous: ambiguous, failed: map[string]bool{}, logger: logger,
