@@ -30,15 +30,15 @@
 // from the Idempotency-Key header or the request's key field, the
 // fingerprint, the scope (the policy's action, or the procedure
 // "/pkg.Service/Method", which is the gRPC full method name, then "|" and
-// the tenant), what a handler error means (interceptor.FinalError and the
-// other marks work here), reconcilers (interceptor.Reconciler), the replay
+// the tenant), what a handler error means (idemgate.FinalError and the
+// other marks work here), reconcilers (idemgate.Reconciler), the replay
 // cache, the error reasons, and the response headers (idempotency-replayed,
 // idempotency-original-time, idempotency-expires-at,
 // idempotency-key-derived). So a key used over gRPC against the
 // interceptor and over Connect against this gate, on one Dedupe service and
 // with one tenant, names one action: whichever comes second replays the
 // first's outcome. The handler's context carries the call as under the
-// interceptor: interceptor.KeyFromContext, DownstreamKeyFromContext and
+// interceptor: idemgate.KeyFromContext, DownstreamKeyFromContext and
 // FencingTokenFromContext read it.
 //
 // Every refusal is a *connect.Error with the code the interceptor would

@@ -26,7 +26,8 @@ const DefaultMaxRequestBytes = 4 << 20
 
 // DefaultMaxResponseBytes is the largest response message a handler mounted
 // with Gate.HandlerOptions sends: 4 MiB. It is above
-// interceptor.DefaultMaxOutcomeBytes, so every stored outcome can be replayed.
+// the default outcome limit (1 MiB, WithMaxOutcomeBytes), so every stored
+// outcome can be replayed.
 const DefaultMaxResponseBytes = 4 << 20
 
 // ReasonRequestTooLarge: the request message, as sent or once decompressed,

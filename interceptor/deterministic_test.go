@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/testing/mapsvc"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
@@ -45,7 +46,7 @@ func TestFirstAnswerAndReplaysOfAMapAreByteIdentical(t *testing.T) {
 		if len(resp.GetFields()) != mapsvc.Entries {
 			t.Fatalf("response has %d entries, want %d", len(resp.GetFields()), mapsvc.Entries)
 		}
-		return codec.bytesOf(resp), len(header.Get(interceptor.ReplayedHeader)) == 1
+		return codec.bytesOf(resp), len(header.Get(idemgate.ReplayedHeader)) == 1
 	}
 	first, replayed := call()
 	if replayed {

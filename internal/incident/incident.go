@@ -36,6 +36,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
@@ -608,7 +609,7 @@ func (rt *runtime) send(ctx context.Context, key string, at attempt, call func(c
 	ctx, cancel := context.WithTimeout(ctx, rt.cfg.CallDeadline)
 	defer cancel()
 	id := strconv.FormatInt(rt.attempts.Add(1), 10)
-	ctx = metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, key, attemptHeader, id,
+	ctx = metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, key, attemptHeader, id,
 		slowHeader, strconv.FormatBool(at.slow), lostHeader, strconv.FormatBool(at.lost))
 	var timedOut atomic.Bool
 	if at.slow {

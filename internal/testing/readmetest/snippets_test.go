@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/connectgate"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	"github.com/idemgate/idemgate/gen/examples/payments/v1/paymentsv1connect"
@@ -236,15 +237,15 @@ func reconciler(dedupe idemgatev1.DedupeServiceClient, provider chargeProvider) 
 	// README:begin
 	gate, err := interceptor.New(dedupe, interceptor.WithReconciler(
 		paymentsv1.PaymentsService_ChargeCard_FullMethodName,
-		func(ctx context.Context, key string, req proto.Message) (interceptor.Resolution, error) {
+		func(ctx context.Context, key string, req proto.Message) (idemgate.Resolution, error) {
 			charge, found, err := provider.FindChargeByIdempotencyKey(ctx, key)
 			switch {
 			case err != nil:
-				return interceptor.StillUnknown(), err
+				return idemgate.StillUnknown(), err
 			case found:
-				return interceptor.ResolvedResponse(&paymentsv1.ChargeCardResponse{ChargeId: charge.ID /* ... */}), nil
+				return idemgate.ResolvedResponse(&paymentsv1.ChargeCardResponse{ChargeId: charge.ID /* ... */}), nil
 			default:
-				return interceptor.ResolvedNotRun(), nil // the next step runs the handler
+				return idemgate.ResolvedNotRun(), nil // the next step runs the handler
 			}
 		}))
 	// README:end
