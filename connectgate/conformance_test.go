@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/connectgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/gen/idemgate/testing/v1/testingv1connect"
@@ -110,11 +111,11 @@ func (h conformanceHandler) serve(ctx context.Context, method string, req *conne
 	ce := connect.NewError(connect.Code(f.Code), errors.New(f.Message))
 	switch f.Kind {
 	case gatetest.Retryable:
-		return nil, interceptor.RetryableError(ce)
+		return nil, idemgate.RetryableError(ce)
 	case gatetest.Final:
-		return nil, interceptor.FinalError(ce)
+		return nil, idemgate.FinalError(ce)
 	case gatetest.OutcomeUnknown:
-		return nil, interceptor.OutcomeUnknownError(ce)
+		return nil, idemgate.OutcomeUnknownError(ce)
 	}
 	return nil, ce
 }

@@ -18,8 +18,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/idemgate/idemgate"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/protogate"
@@ -30,18 +30,18 @@ import (
 // which HTTP spells case-insensitively (Idempotency-Key).
 const (
 	// KeyHeader is the request header that carries the idempotency key.
-	KeyHeader = interceptor.KeyHeader
+	KeyHeader = idemgate.KeyHeader
 	// ReplayedHeader is set to "true" on an answer from a stored outcome.
-	ReplayedHeader = interceptor.ReplayedHeader
+	ReplayedHeader = idemgate.ReplayedHeader
 	// KeyDerivedHeader is set to "true" when a keyless call was
 	// deduplicated on its fingerprint (KEYLESS_POLICY_FINGERPRINT).
-	KeyDerivedHeader = interceptor.KeyDerivedHeader
+	KeyDerivedHeader = idemgate.KeyDerivedHeader
 	// ExpiresAtHeader, an RFC 3339 UTC time, says until when the outcome is
-	// replayed (interceptor.ExpiresAtHeader says how it is counted).
-	ExpiresAtHeader = interceptor.ExpiresAtHeader
+	// replayed (idemgate.ExpiresAtHeader says how it is counted).
+	ExpiresAtHeader = idemgate.ExpiresAtHeader
 	// OriginalTimeHeader, an RFC 3339 UTC time, says when a replayed
 	// outcome was stored.
-	OriginalTimeHeader = interceptor.OriginalTimeHeader
+	OriginalTimeHeader = idemgate.OriginalTimeHeader
 )
 
 // Gate holds the resolved policies of every procedure and a client of the
@@ -107,11 +107,11 @@ func (g *Gate) CheckDedupe(ctx context.Context) error {
 	return g.dedupe.Check(ctx, g.opts.dedupeTimeout)
 }
 
-// WatchDedupe keeps hs's status for interceptor.DedupeHealthService in step
+// WatchDedupe keeps hs's status for idemgate.DedupeHealthService in step
 // with the Dedupe service until ctx ends, as interceptor.Gate.WatchDedupe
 // does. A server that runs both gates on one Dedupe connection needs only
 // one of them watched.
-func (g *Gate) WatchDedupe(ctx context.Context, hs interceptor.HealthSetter) { g.dedupe.Watch(ctx, hs) }
+func (g *Gate) WatchDedupe(ctx context.Context, hs idemgate.HealthSetter) { g.dedupe.Watch(ctx, hs) }
 
 // Close waits until every outcome still being retried in the background,
 // and every FINISH_POLICY_AFTER_REPLY outcome not yet stored, is settled or
@@ -127,11 +127,11 @@ func (g *Gate) Stats() Stats { return g.engine.Stats() }
 
 // Policy returns the resolved policy of a procedure ("/pkg.Service/Method");
 // one it does not gate reports Gated false.
-func (g *Gate) Policy(procedure string) interceptor.Policy {
+func (g *Gate) Policy(procedure string) idemgate.Policy {
 	if m, ok := g.methods[procedure]; ok {
-		return interceptor.Policy(m.Policy)
+		return idemgate.Policy(m.Policy)
 	}
-	return interceptor.Policy{}
+	return idemgate.Policy{}
 }
 
 // Interceptor returns the connect.Interceptor that gates unary procedures
@@ -143,8 +143,10 @@ func (g *Gate) Policy(procedure string) interceptor.Policy {
 // mutating makes New fail, because a stream's outcome is not one message to
 // store and replay.
 //
-// Interceptor alone carries no request or response size limit: connect-go
-// decodes (and decompresses) a request before any interceptor sees it. Build
+// Interceptor alone carries no request or response size limit (connect-go
+// decodes and decompresses a request before any interceptor sees it) and
+// no deterministic codec (a response's map is encoded in Go's random order,
+// on the first answer and on each replay). Build
 // the handler with HandlerOptions, which includes this interceptor, and wrap
 // it in HTTPMiddleware; a gate whose interceptor runs without them logs a
 // warning once.
@@ -166,7 +168,7 @@ func (i gateInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		}
 		if !i.limited {
 			i.g.unlimited.Do(func() {
-				i.g.opts.logger.WarnContext(ctx, "idemgate: a gated Connect handler was built with Gate.Interceptor alone, so its requests have no size limit before they are decoded; build it with Gate.HandlerOptions and wrap it in Gate.HTTPMiddleware",
+				i.g.opts.logger.WarnContext(ctx, "idemgate: a gated Connect handler was built with Gate.Interceptor alone, so its requests have no size limit before they are decoded and a map in its responses may be encoded in another order on each replay; build it with Gate.HandlerOptions and wrap it in Gate.HTTPMiddleware",
 					slog.String("procedure", spec.Procedure))
 			})
 		}

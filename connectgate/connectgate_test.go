@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/connectgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/gen/idemgate/testing/v1/testingv1connect"
@@ -149,19 +150,19 @@ func TestKeyMissingAndReused(t *testing.T) {
 		t.Run(p.name, func(t *testing.T) {
 			client := hs.client(p.opts...)
 			_, err := client.Mutate(ctx, keyed("", &testingv1.MutateRequest{Payload: "x"}))
-			wantError(t, err, connect.CodeInvalidArgument, interceptor.ReasonKeyMissing)
+			wantError(t, err, connect.CodeInvalidArgument, idemgate.ReasonKeyMissing)
 			key := "reused-" + p.name
 			if _, err := client.Mutate(ctx, keyed(key, &testingv1.MutateRequest{Payload: "first"})); err != nil {
 				t.Fatal(err)
 			}
 			_, err = client.Mutate(ctx, keyed(key, &testingv1.MutateRequest{Payload: "other"}))
-			wantError(t, err, connect.CodeFailedPrecondition, interceptor.ReasonKeyReused)
+			wantError(t, err, connect.CodeFailedPrecondition, idemgate.ReasonKeyReused)
 			// The key field carries the key as well as the header.
 			if _, err := client.Mutate(ctx, keyed("", &testingv1.MutateRequest{Payload: "field", RequestId: "field-" + p.name})); err != nil {
 				t.Fatalf("a key in request_id: %v", err)
 			}
 			_, err = client.Mutate(ctx, keyed("header-"+p.name, &testingv1.MutateRequest{Payload: "field", RequestId: "field-other"}))
-			wantError(t, err, connect.CodeInvalidArgument, interceptor.ReasonKeyConflict)
+			wantError(t, err, connect.CodeInvalidArgument, idemgate.ReasonKeyConflict)
 		})
 	}
 	if n := hs.h.executions.Load(); n != int64(2*len(protocols)) {
@@ -254,7 +255,7 @@ func TestDedupeDownFailsClosed(t *testing.T) {
 	}
 	for _, p := range protocols {
 		_, err := hs.client(p.opts...).MutateNoWait(testCtx(t), keyed("down-"+p.name, &testingv1.MutateRequest{Payload: "down"}))
-		if retry := wantError(t, err, connect.CodeUnavailable, interceptor.ReasonStoreUnavailable); retry.GetRetryDelay() == nil {
+		if retry := wantError(t, err, connect.CodeUnavailable, idemgate.ReasonStoreUnavailable); retry.GetRetryDelay() == nil {
 			t.Fatalf("%s: no RetryInfo on %v", p.name, err)
 		}
 	}
@@ -354,7 +355,7 @@ func TestOneKeyAcrossGRPCAndConnect(t *testing.T) {
 	grpcClient := testingv1.NewTestServiceClient(hs.stack.Tool)
 	msg := &testingv1.MutateRequest{Payload: "cross"}
 
-	fromGRPC, err := grpcClient.Mutate(metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, "cross-1"), msg)
+	fromGRPC, err := grpcClient.Mutate(metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, "cross-1"), msg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -371,7 +372,7 @@ func TestOneKeyAcrossGRPCAndConnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	var header metadata.MD
-	overGRPC, err := grpcClient.Mutate(metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, "cross-2"), msg, grpcHeader(&header))
+	overGRPC, err := grpcClient.Mutate(metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, "cross-2"), msg, grpcHeader(&header))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,7 +380,7 @@ func TestOneKeyAcrossGRPCAndConnect(t *testing.T) {
 		t.Fatalf("over gRPC %v (%d gRPC executions), want the Connect outcome %v replayed", overGRPC, hs.grpcSvc.Executions(), fromConnect.Msg)
 	}
 	// And a key reused across transports with another request is refused.
-	_, err = grpcClient.Mutate(metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, "cross-2"), &testingv1.MutateRequest{Payload: "other"})
+	_, err = grpcClient.Mutate(metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, "cross-2"), &testingv1.MutateRequest{Payload: "other"})
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("reused across transports: %v, want FAILED_PRECONDITION", err)
 	}

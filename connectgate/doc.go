@@ -30,15 +30,15 @@
 // from the Idempotency-Key header or the request's key field, the
 // fingerprint, the scope (the policy's action, or the procedure
 // "/pkg.Service/Method", which is the gRPC full method name, then "|" and
-// the tenant), what a handler error means (interceptor.FinalError and the
-// other marks work here), reconcilers (interceptor.Reconciler), the replay
+// the tenant), what a handler error means (idemgate.FinalError and the
+// other marks work here), reconcilers (idemgate.Reconciler), the replay
 // cache, the error reasons, and the response headers (idempotency-replayed,
 // idempotency-original-time, idempotency-expires-at,
 // idempotency-key-derived). So a key used over gRPC against the
 // interceptor and over Connect against this gate, on one Dedupe service and
 // with one tenant, names one action: whichever comes second replays the
 // first's outcome. The handler's context carries the call as under the
-// interceptor: interceptor.KeyFromContext, DownstreamKeyFromContext and
+// interceptor: idemgate.KeyFromContext, DownstreamKeyFromContext and
 // FencingTokenFromContext read it.
 //
 // Every refusal is a *connect.Error with the code the interceptor would
@@ -54,9 +54,12 @@
 // proto.Message, which the codecs encode by reflection) with the response's
 // headers and trailers, so no generated Go type is needed to answer; an
 // interceptor outside the gate that type-asserts a generated response type
-// sees the wrapper on replays (read it through proto.Message instead). A
-// dynamicpb message encodes its fields in no fixed order: a replay of a type
-// the binary lacks is the same message, not always the same bytes.
+// sees the wrapper on replays (read it through proto.Message instead).
+// HandlerOptions' codecs encode deterministically (map fields in key order,
+// JSON compacted), so a first answer and its replays carry the same bytes.
+// A dynamicpb message is encoded in a fixed order too, but one that may put
+// a oneof's fields after the generated type's: a replay of a type the binary
+// lacks is the same message, not always the same bytes.
 //
 // Streaming procedures pass through ungated; a streaming method marked
 // mutating makes New fail, as it makes interceptor.New fail.

@@ -20,11 +20,11 @@ import (
 	"google.golang.org/protobuf/types/descriptorpb"
 	_ "google.golang.org/protobuf/types/known/emptypb"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/connectgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/gen/idemgate/testing/v1/testingv1connect"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 	"github.com/idemgate/idemgate/internal/testing/testsvc"
 )
@@ -95,13 +95,13 @@ func (h *handler) handle(ctx context.Context, req *connect.Request[testingv1.Mut
 			ce.Meta().Add(p.GetKey(), string(p.GetValue()))
 		}
 		if req.Msg.GetFailMark() == testingv1.ErrorMark_ERROR_MARK_FINAL {
-			return nil, interceptor.FinalError(ce)
+			return nil, idemgate.FinalError(ce)
 		}
 		return nil, ce
 	}
-	key, _ := interceptor.KeyFromContext(ctx)
-	downstream, _ := interceptor.DownstreamKeyFromContext(ctx)
-	token, _ := interceptor.FencingTokenFromContext(ctx)
+	key, _ := idemgate.KeyFromContext(ctx)
+	downstream, _ := idemgate.DownstreamKeyFromContext(ctx)
+	token, _ := idemgate.FencingTokenFromContext(ctx)
 	resp := connect.NewResponse(&testingv1.MutateResponse{Payload: req.Msg.GetPayload(), Execution: n, Key: key, Epoch: token.Epoch, DownstreamKey: downstream})
 	for _, p := range req.Msg.GetSetHeader() {
 		resp.Header().Add(p.GetKey(), string(p.GetValue()))

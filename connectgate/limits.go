@@ -26,7 +26,8 @@ const DefaultMaxRequestBytes = 4 << 20
 
 // DefaultMaxResponseBytes is the largest response message a handler mounted
 // with Gate.HandlerOptions sends: 4 MiB. It is above
-// interceptor.DefaultMaxOutcomeBytes, so every stored outcome can be replayed.
+// the default outcome limit (1 MiB, WithMaxOutcomeBytes), so every stored
+// outcome can be replayed.
 const DefaultMaxResponseBytes = 4 << 20
 
 // ReasonRequestTooLarge: the request message, as sent or once decompressed,
@@ -42,19 +43,29 @@ const ReasonRequestTooLarge = "IDEMPOTENCY_REQUEST_TOO_LARGE"
 const envelopePrefix = 5
 
 // HandlerOptions returns the connect.HandlerOptions to build a generated
-// handler with: extra, then the gate's interceptor (so interceptors in extra,
-// such as authentication, run before it), then the gate's limits, which
-// connect-go applies while it reads the request, before any interceptor
-// sees it: connect.WithReadMaxBytes and a gzip decompressor that stops at
-// WithMaxRequestBytes with the gate's refusal (connect-go's own refuses
-// without a reason, after inflating the rest of a bomb to count it), and
-// connect.WithSendMaxBytes of WithMaxResponseBytes. A WithReadMaxBytes, WithSendMaxBytes or gzip
-// WithCompression in extra is overridden: set the limits on the Gate.
-// Interceptor alone carries no limit, because connect-go's interceptors only
-// see decoded messages: mount with HandlerOptions and HTTPMiddleware.
+// handler with: the gate's deterministic codecs, then extra, then the gate's
+// interceptor (so interceptors in extra, such as authentication, run before
+// it), then the gate's limits.
+//
+// The codecs encode a response the same way every time, so a first answer
+// and its replays carry the same bytes: binary protobuf (also what the gRPC
+// and gRPC-Web protocols send) with map fields in key order, where
+// connect-go's own codec writes a map in Go's random order, and protojson
+// compacted, as its spacing varies between builds. A connect.WithCodec in
+// extra replaces the gate's of its name: make yours deterministic too.
+//
+// The limits are applied by connect-go while it reads the request, before
+// any interceptor sees it: connect.WithReadMaxBytes and a gzip decompressor
+// that stops at WithMaxRequestBytes with the gate's refusal (connect-go's
+// own refuses without a reason, after inflating the rest of a bomb to count
+// it), and connect.WithSendMaxBytes of WithMaxResponseBytes. A
+// WithReadMaxBytes, WithSendMaxBytes or gzip WithCompression in extra is
+// overridden: set the limits on the Gate. Interceptor alone carries no
+// limit and no codec, because connect-go's interceptors only see decoded
+// messages: mount with HandlerOptions and HTTPMiddleware.
 func (g *Gate) HandlerOptions(extra ...connect.HandlerOption) []connect.HandlerOption {
 	limit := g.opts.maxRequest
-	return append(append([]connect.HandlerOption{}, extra...),
+	return append(append(codecOptions(), extra...),
 		connect.WithInterceptors(gateInterceptor{g: g, limited: true}),
 		connect.WithReadMaxBytes(limit),
 		connect.WithSendMaxBytes(g.opts.maxResponse),

@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/gatemetrics"
 	"github.com/idemgate/idemgate/internal/grpcerr"
@@ -35,7 +35,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idemgate_connectgate_stage_seconds",
 			Help:    "Where a gated Connect call's time goes, by procedure and stage: prepare (key, tenant, fingerprint), begin (the Dedupe round trip), handler (with the gate's encoding of its answer), finish (storing the outcome before the reply).",
-			Buckets: interceptor.StageBuckets,
+			Buckets: idemgate.StageBuckets,
 		}, []string{"procedure", "stage"}),
 	}
 	// A second Gate on one registry shares the first one's collectors.
@@ -90,8 +90,8 @@ func (m *metrics) call(procedure string, result gatecore.Result, verdict gatecor
 // refusals are the gate's reasons, the values of the outcome label besides
 // executed, released, replayed and refused.
 var refusals = map[string]bool{
-	interceptor.ReasonKeyMissing: true, interceptor.ReasonKeyInvalid: true, interceptor.ReasonKeyConflict: true,
-	interceptor.ReasonKeyReused: true, interceptor.ReasonInFlight: true, interceptor.ReasonOutcomeUnknown: true,
-	interceptor.ReasonResultTooLarge: true, interceptor.ReasonStoreUnavailable: true, interceptor.ReasonStoreRejected: true,
-	interceptor.ReasonOutcomeTypeMismatch: true, interceptor.ReasonQuotaExceeded: true,
+	idemgate.ReasonKeyMissing: true, idemgate.ReasonKeyInvalid: true, idemgate.ReasonKeyConflict: true,
+	idemgate.ReasonKeyReused: true, idemgate.ReasonInFlight: true, idemgate.ReasonOutcomeUnknown: true,
+	idemgate.ReasonResultTooLarge: true, idemgate.ReasonStoreUnavailable: true, idemgate.ReasonStoreRejected: true,
+	idemgate.ReasonOutcomeTypeMismatch: true, idemgate.ReasonQuotaExceeded: true,
 }

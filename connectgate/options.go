@@ -9,7 +9,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
-	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate"
+	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/replayfields"
 )
 
@@ -33,7 +34,7 @@ type options struct {
 	storeRetry     time.Duration
 	outcomeTimeout time.Duration
 	finishBudget   time.Duration
-	reconcilers    map[string]interceptor.Reconciler
+	reconcilers    map[string]idemgate.Reconciler
 	maxOutcome     int
 	// maxRequest and maxResponse: see WithMaxRequestBytes and
 	// WithMaxResponseBytes.
@@ -60,11 +61,11 @@ var defaultOptions = options{
 	storeRetry:     time.Second,
 	outcomeTimeout: 5 * time.Second,
 	finishBudget:   time.Minute,
-	maxOutcome:     interceptor.DefaultMaxOutcomeBytes,
+	maxOutcome:     gatecore.DefaultMaxOutcomeBytes,
 	maxRequest:     DefaultMaxRequestBytes,
 	maxResponse:    DefaultMaxResponseBytes,
-	replayTTL:      interceptor.DefaultReplayCacheTTL,
-	dedupeLogEvery: interceptor.DefaultDedupeFailureLogInterval,
+	replayTTL:      gatecore.DefaultReplayCacheTTL,
+	dedupeLogEvery: gatecore.DefaultDedupeFailureLogInterval,
 }
 
 // Option configures New.
@@ -116,7 +117,7 @@ func WithFinishRetryBudget(d time.Duration) Option {
 // duplicates get CodeFailedPrecondition (IDEMPOTENCY_RESULT_TOO_LARGE). New
 // fails when it is over WithMaxResponseBytes, which could never send such an
 // outcome again.
-// Defaults to interceptor.DefaultMaxOutcomeBytes.
+// Defaults to 1 MiB (interceptor.DefaultMaxOutcomeBytes).
 func WithMaxOutcomeBytes(n int) Option {
 	return func(o *options) { o.maxOutcome = n }
 }
@@ -145,10 +146,10 @@ func WithMaxResponseBytes(n int) Option {
 // WithReconciler registers the Reconciler of one gated procedure
 // ("/pkg.Service/Method"); the interceptor's reconcilers are the same type.
 // New fails when the procedure is not gated. Defaults to none.
-func WithReconciler(procedure string, r interceptor.Reconciler) Option {
+func WithReconciler(procedure string, r idemgate.Reconciler) Option {
 	return func(o *options) {
 		if o.reconcilers == nil {
-			o.reconcilers = map[string]interceptor.Reconciler{}
+			o.reconcilers = map[string]idemgate.Reconciler{}
 		}
 		o.reconcilers[procedure] = r
 	}
@@ -173,7 +174,7 @@ func WithReplayCache(maxEntries, maxBytes int) Option {
 }
 
 // WithReplayCacheTTL bounds how long an outcome is served from the replay
-// cache. Defaults to interceptor.DefaultReplayCacheTTL, 1m.
+// cache. Defaults to 1m (interceptor.DefaultReplayCacheTTL).
 func WithReplayCacheTTL(d time.Duration) Option {
 	return func(o *options) { o.replayTTL = d }
 }
@@ -188,7 +189,7 @@ func WithDedupeConn(conn *grpc.ClientConn) Option {
 
 // WithDedupeFailureLogInterval sets how often at most a failing Dedupe RPC
 // is logged while the same failure goes on. Defaults to
-// interceptor.DefaultDedupeFailureLogInterval, 10s.
+// 10s (interceptor.DefaultDedupeFailureLogInterval).
 func WithDedupeFailureLogInterval(d time.Duration) Option {
 	return func(o *options) { o.dedupeLogEvery = d }
 }
@@ -200,7 +201,7 @@ func WithDedupeFailureLogInterval(d time.Duration) Option {
 // idemgate_connectgate_events_total{procedure,event} (fenced, finish_retry,
 // outcome_lost, replay_cache_hit, ...; the same events as Stats) and the
 // histogram idemgate_connectgate_stage_seconds{procedure,stage} (prepare,
-// begin, handler, finish; buckets interceptor.StageBuckets). A second Gate
+// begin, handler, finish; buckets idemgate.StageBuckets). A second Gate
 // on one registry shares the first one's collectors. Defaults to none: no
 // metrics.
 func WithRegisterer(reg prometheus.Registerer) Option {

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/examples/payments"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
@@ -292,7 +293,7 @@ func exportedMetrics(t *testing.T) map[string]string {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	keyed := metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, "metrics-test-order-1")
+	keyed := metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, "metrics-test-order-1")
 	req := &paymentsv1.ChargeCardRequest{CustomerId: "cust_1", AmountCents: 100}
 	for range 2 { // executed, then replayed (from the replay cache)
 		if _, err := client.ChargeCard(keyed, req, grpc.WaitForReady(true)); err != nil {

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
@@ -93,7 +94,7 @@ func TestToolServerReachesSeveralReplicas(t *testing.T) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		ctx = metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, key)
+		ctx = metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, key)
 		for attempt := 0; ; attempt++ {
 			res, err := client.Mutate(ctx, &testingv1.MutateRequest{Payload: key})
 			if err == nil {

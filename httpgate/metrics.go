@@ -1,13 +1,12 @@
 package httpgate
 
 import (
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/gatemetrics"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/idemgate/idemgate/interceptor"
 )
 
 // metrics are the Prometheus collectors of WithRegisterer; nil without a
@@ -33,12 +32,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idemgate_httpgate_stage_seconds",
 			Help:    "Where a gated request's time goes, by route pattern and stage: prepare (key, body, fingerprint), begin (the Dedupe round trip), handler (with the gate's encoding of its answer), finish (storing the outcome before the reply).",
-			Buckets: interceptor.StageBuckets,
+			Buckets: idemgate.StageBuckets,
 		}, []string{"route", "stage"}),
 		age: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idemgate_httpgate_replay_age_seconds",
 			Help:    "Age of each outcome answered from storage instead of running the handler: seconds since it was stored, by route pattern.",
-			Buckets: interceptor.ReplayAgeBuckets,
+			Buckets: idemgate.ReplayAgeBuckets,
 		}, []string{"route"}),
 	}
 	var err error

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
@@ -80,7 +81,7 @@ func (h *harness) afterReply(ctx context.Context, req *testingv1.MutateRequest, 
 		call = h.client.MutateAfterReplyReexecute
 	}
 	resp, err := call(ctx, req, grpc.Header(&header.MD))
-	r := result{resp: resp, err: err, replayed: len(header.Get(interceptor.ReplayedHeader)) == 1, header: header.MD}
+	r := result{resp: resp, err: err, replayed: len(header.Get(idemgate.ReplayedHeader)) == 1, header: header.MD}
 	if resp != nil {
 		r.raw = h.codec.bytesOf(resp)
 	}
@@ -111,8 +112,8 @@ func TestAfterReplyAnswersBeforeTheOutcomeIsStored(t *testing.T) {
 	if n := fault.returned.Load(); n != 0 {
 		t.Fatalf("the caller was answered after %d Finish attempts came back; FINISH_POLICY_AFTER_REPLY answers before the outcome is stored", n)
 	}
-	if got := first.header.Get(interceptor.ExpiresAtHeader); len(got) != 1 {
-		t.Fatalf("%s = %q on an answer given before the store, want the expected expiry", interceptor.ExpiresAtHeader, got)
+	if got := first.header.Get(idemgate.ExpiresAtHeader); len(got) != 1 {
+		t.Fatalf("%s = %q on an answer given before the store, want the expected expiry", idemgate.ExpiresAtHeader, got)
 	}
 	firstReexec := h.afterReply(withKey("after-reply-abort"), abortReq, true)
 	if firstReexec.err != nil || fault.returned.Load() != 0 {
@@ -122,7 +123,7 @@ func TestAfterReplyAnswersBeforeTheOutcomeIsStored(t *testing.T) {
 	// Before the store: a duplicate that may not wait is told the call is
 	// in flight, and a REEXECUTE duplicate does not take the key over.
 	dup := h.afterReply(withKey("after-reply-abort"), abortReq, true)
-	wantStatus(t, dup.err, codes.Aborted, interceptor.ReasonInFlight)
+	wantStatus(t, dup.err, codes.Aborted, idemgate.ReasonInFlight)
 
 	// A duplicate that may wait waits for the outcome and gets it.
 	for len(fault.begins) > 0 {
@@ -215,7 +216,7 @@ func TestAfterReplyFinishThatNeverLands(t *testing.T) {
 	t.Run("fail closed: the outcome is unknown", func(t *testing.T) {
 		t.Parallel()
 		r := retryUntilSettled(t, func() result { return h.afterReply(withKey("never-lands-closed"), closedReq, false) })
-		wantStatus(t, r.err, codes.FailedPrecondition, interceptor.ReasonOutcomeUnknown)
+		wantStatus(t, r.err, codes.FailedPrecondition, idemgate.ReasonOutcomeUnknown)
 	})
 	t.Run("reexecute: the side effect runs again", func(t *testing.T) {
 		t.Parallel()
@@ -295,7 +296,7 @@ func TestCloseDrainsAfterReplyFinishes(t *testing.T) {
 			t.Fatalf("OutcomesLost = %d after Close cut a pending Finish off, want 1", lost)
 		}
 		r := retryUntilSettled(t, func() result { return h.afterReply(withKey("close-cuts"), req, false) })
-		wantStatus(t, r.err, codes.FailedPrecondition, interceptor.ReasonOutcomeUnknown)
+		wantStatus(t, r.err, codes.FailedPrecondition, idemgate.ReasonOutcomeUnknown)
 		if n := h.svc.Executions(); n != 1 {
 			t.Fatalf("%d executions, want 1", n)
 		}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
@@ -78,7 +79,7 @@ func TestAnAnsweredCallWhoseOutcomeWasNeverStored(t *testing.T) {
 			call := tc.method(h.client)
 			req := &testingv1.MutateRequest{Payload: "charge"}
 			first, err := call(withKey(key), req)
-			wantStatus(t, err, codes.Aborted, interceptor.ReasonInFlight)
+			wantStatus(t, err, codes.Aborted, idemgate.ReasonInFlight)
 			time.Sleep(pastLease)
 			var header metadata.MD
 			var again *testingv1.MutateResponse
@@ -88,13 +89,13 @@ func TestAnAnsweredCallWhoseOutcomeWasNeverStored(t *testing.T) {
 				return result{err: err}
 			})
 			if !tc.rerun {
-				wantStatus(t, r.err, codes.FailedPrecondition, interceptor.ReasonOutcomeUnknown)
+				wantStatus(t, r.err, codes.FailedPrecondition, idemgate.ReasonOutcomeUnknown)
 				if n := h.svc.Executions(); n != 1 {
 					t.Fatalf("%d executions, want 1: FAIL_CLOSED never runs an answered call again", n)
 				}
 				return
 			}
-			if r.err != nil || len(header.Get(interceptor.ReplayedHeader)) != 0 {
+			if r.err != nil || len(header.Get(idemgate.ReplayedHeader)) != 0 {
 				t.Fatalf("retry: %v (header %v), want a fresh run", r.err, header)
 			}
 			if n := h.svc.Executions(); n != 2 || again.GetEpoch() <= first.GetEpoch() {

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
@@ -105,7 +106,7 @@ func benchmarkFreshKeyOn(b *testing.B, call func(context.Context, *testingv1.Mut
 	for _, c := range concurrencies {
 		b.Run(fmt.Sprintf("c=%d", c), func(b *testing.B) {
 			parallel(b, c, func(n int64) error {
-				ctx := metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, fmt.Sprintf("%s-%s-%d-%d", prefix, run, c, n))
+				ctx := metadata.AppendToOutgoingContext(context.Background(), idemgate.KeyHeader, fmt.Sprintf("%s-%s-%d-%d", prefix, run, c, n))
 				_, err := call(ctx, req)
 				return err
 			})
@@ -119,7 +120,7 @@ func BenchmarkGatedReplay(b *testing.B) {
 
 func benchmarkReplay(b *testing.B, h *harness, key string) {
 	req := &testingv1.MutateRequest{Payload: "charge"}
-	ctx := metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, key)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), idemgate.KeyHeader, key)
 	if _, err := h.client.Mutate(ctx, req); err != nil {
 		b.Fatal(err)
 	}
@@ -181,7 +182,7 @@ func BenchmarkPoolSize(b *testing.B) {
 		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) {
 			h := setupWith(b, bench(stacktest.Config{PoolMaxConns: conns}))
 			parallel(b, 64, func(n int64) error {
-				ctx := metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, fmt.Sprintf("pool-%s-%d-%d", run, conns, n))
+				ctx := metadata.AppendToOutgoingContext(context.Background(), idemgate.KeyHeader, fmt.Sprintf("pool-%s-%d-%d", run, conns, n))
 				_, err := h.client.Mutate(ctx, req)
 				return err
 			})

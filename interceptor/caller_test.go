@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/descriptorpb"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
@@ -34,7 +35,7 @@ type lossyNetwork struct {
 func (l *lossyNetwork) intercept(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	l.mu.Lock()
-	l.keys = append(l.keys, strings.Join(md.Get(interceptor.KeyHeader), ","))
+	l.keys = append(l.keys, strings.Join(md.Get(idemgate.KeyHeader), ","))
 	lose := len(l.keys) <= l.failures
 	l.mu.Unlock()
 	if !lose {
@@ -171,7 +172,7 @@ func TestRetriesReuseTheKey(t *testing.T) {
 		}
 		h := setupWith(t, stacktest.Config{ToolDial: []grpc.DialOption{grpc.WithChainUnaryInterceptor(plain.UnaryClientInterceptor())}})
 		_, err = h.client.Mutate(context.Background(), &testingv1.MutateRequest{})
-		wantStatus(t, err, codes.InvalidArgument, interceptor.ReasonKeyMissing)
+		wantStatus(t, err, codes.InvalidArgument, idemgate.ReasonKeyMissing)
 	})
 }
 
@@ -193,7 +194,7 @@ func TestKeyInTheRequest(t *testing.T) {
 		}
 	}
 	r := h.mutate(withKey("other-key"), req)
-	wantStatus(t, r.err, codes.InvalidArgument, interceptor.ReasonKeyConflict)
+	wantStatus(t, r.err, codes.InvalidArgument, idemgate.ReasonKeyConflict)
 	if h.svc.Executions() != 1 {
 		t.Fatalf("handler ran %d times, want 1", h.svc.Executions())
 	}
@@ -209,7 +210,7 @@ func TestKeylessFingerprintWindow(t *testing.T) {
 	}
 	req := &testingv1.MutateRequest{Payload: "send receipt"}
 	first, header, err := call(req)
-	if err != nil || header.Get(interceptor.KeyDerivedHeader)[0] != "true" {
+	if err != nil || header.Get(idemgate.KeyDerivedHeader)[0] != "true" {
 		t.Fatalf("keyless call: %v, header %v; want it run under a derived key", err, header)
 	}
 	second, header, err := call(req)
@@ -229,7 +230,7 @@ func TestKeylessFingerprintWindow(t *testing.T) {
 	}
 	// A method that rejects keyless calls still does.
 	_, err = h.client.Mutate(context.Background(), req)
-	wantStatus(t, err, codes.InvalidArgument, interceptor.ReasonKeyMissing)
+	wantStatus(t, err, codes.InvalidArgument, idemgate.ReasonKeyMissing)
 }
 
 func TestFingerprintIgnoresExcludedFieldsAndMapOrder(t *testing.T) {
@@ -258,7 +259,7 @@ func TestFingerprintIgnoresExcludedFieldsAndMapOrder(t *testing.T) {
 		}
 	}
 	changed := &testingv1.MutateRequest{Payload: "charge", ClientTimestamp: "x", Meta: &testingv1.Meta{TraceId: "trace-1", Note: "changed"}, Labels: base.Labels}
-	wantStatus(t, h.mutate(withKey("fp"), changed).err, codes.FailedPrecondition, interceptor.ReasonKeyReused)
+	wantStatus(t, h.mutate(withKey("fp"), changed).err, codes.FailedPrecondition, idemgate.ReasonKeyReused)
 	if h.svc.Executions() != 1 {
 		t.Fatalf("handler ran %d times, want 1", h.svc.Executions())
 	}

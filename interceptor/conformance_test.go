@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
@@ -44,7 +45,7 @@ func newConformanceGate(t *testing.T, cfg gatetest.Config) gatetest.Client {
 	if err != nil {
 		t.Fatalf("interceptor.New: %v", err)
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(gate.UnaryServerInterceptor()))
+	srv := grpc.NewServer(gate.ServerCodec(), grpc.ChainUnaryInterceptor(gate.UnaryServerInterceptor()))
 	testingv1.RegisterConformanceServiceServer(srv, conformanceServer{handle: cfg.Handler})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -83,11 +84,11 @@ func (s conformanceServer) serve(ctx context.Context, method string, req *testin
 	err = status.Error(f.Code, f.Message)
 	switch f.Kind {
 	case gatetest.Retryable:
-		return nil, interceptor.RetryableError(err)
+		return nil, idemgate.RetryableError(err)
 	case gatetest.Final:
-		return nil, interceptor.FinalError(err)
+		return nil, idemgate.FinalError(err)
 	case gatetest.OutcomeUnknown:
-		return nil, interceptor.OutcomeUnknownError(err)
+		return nil, idemgate.OutcomeUnknownError(err)
 	}
 	return nil, err
 }
@@ -125,12 +126,12 @@ type conformanceClient struct {
 
 func (c conformanceClient) Call(ctx context.Context, method, key string, req *testingv1.ConformanceRequest) gatetest.Answer {
 	if key != "" {
-		ctx = metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, key)
+		ctx = metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, key)
 	}
 	var header metadata.MD
 	resp := &testingv1.ConformanceResponse{}
 	err := c.conn.Invoke(ctx, "/"+testingv1.ConformanceService_ServiceDesc.ServiceName+"/"+method, req, resp, grpc.Header(&header))
-	a := gatetest.Answer{Replayed: len(header.Get(interceptor.ReplayedHeader)) == 1 && header.Get(interceptor.ReplayedHeader)[0] == "true"}
+	a := gatetest.Answer{Replayed: len(header.Get(idemgate.ReplayedHeader)) == 1 && header.Get(idemgate.ReplayedHeader)[0] == "true"}
 	if err != nil {
 		a.Err, a.Code, a.Reason = err, status.Code(err), grpcerr.Reason(err)
 		a.RetryAfter, _ = grpcerr.RetryDelay(err)

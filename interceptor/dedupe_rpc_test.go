@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/emptypb"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
@@ -102,7 +103,7 @@ func TestStoredOutcomeOfAnotherTypeIsNotRerun(t *testing.T) {
 	}
 
 	r := h.mutate(withKey("k-8"), req)
-	wantStatus(t, r.err, codes.Internal, interceptor.ReasonOutcomeTypeMismatch)
+	wantStatus(t, r.err, codes.Internal, idemgate.ReasonOutcomeTypeMismatch)
 	if h.svc.Executions() != 0 {
 		t.Fatal("the handler ran again for a key with a stored outcome")
 	}
@@ -159,8 +160,8 @@ func TestNewRejectsInconsistentPolicies(t *testing.T) {
 		t.Parallel()
 		files := filesWith(t, method("Get", false, descriptorpb.MethodOptions_NO_SIDE_EFFECTS, nil))
 		_, err := interceptor.New(idemgatev1.NewDedupeServiceClient(nil), interceptor.WithFiles(files),
-			interceptor.WithReconciler("/bad.v1.BadService/Get", func(context.Context, string, proto.Message) (interceptor.Resolution, error) {
-				return interceptor.StillUnknown(), nil
+			interceptor.WithReconciler("/bad.v1.BadService/Get", func(context.Context, string, proto.Message) (idemgate.Resolution, error) {
+				return idemgate.StillUnknown(), nil
 			}))
 		if err == nil || !strings.Contains(err.Error(), "/bad.v1.BadService/Get, which is not a gated method") {
 			t.Fatalf("New: %v, want the reconciler refused", err)

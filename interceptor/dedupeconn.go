@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/gatecore"
 )
 
@@ -14,9 +15,11 @@ import (
 // every gated call and logs nothing, and its own health looks fine.
 
 // DedupeHealthService is the service name under which WatchDedupe reports
-// the Dedupe service's health on the tool server's gRPC health service:
-// SERVING while gated calls can reach it, NOT_SERVING while they cannot.
-const DedupeHealthService = gatecore.DedupeHealthService
+// the Dedupe service's health on the tool server's gRPC health service.
+//
+// Deprecated: use idemgate.DedupeHealthService, its home shared by every
+// gate.
+const DedupeHealthService = idemgate.DedupeHealthService
 
 // DefaultDedupeFailureLogInterval is how often at most a Dedupe RPC failure
 // is logged while the failure stays the same (WithDedupeFailureLogInterval).
@@ -46,7 +49,9 @@ func WithDedupeFailureLogInterval(d time.Duration) Option {
 
 // HealthSetter is the part of *health.Server (google.golang.org/grpc/health)
 // WatchDedupe uses.
-type HealthSetter = gatecore.HealthSetter
+//
+// Deprecated: use idemgate.HealthSetter, its home shared by every gate.
+type HealthSetter = idemgate.HealthSetter
 
 // CheckDedupe asks the Dedupe service whether it serves this tool server,
 // for a start-up check: it renews the lease of a record that never exists
@@ -77,4 +82,4 @@ func (g *Gate) CheckDedupe(ctx context.Context) error {
 // within the Dedupe service's -unauthenticated-timeout), and re-checks a
 // failing service every 5s, so health recovers without traffic too. Each
 // change is logged. Run it in its own goroutine.
-func (g *Gate) WatchDedupe(ctx context.Context, hs HealthSetter) { g.dedupe.Watch(ctx, hs) }
+func (g *Gate) WatchDedupe(ctx context.Context, hs idemgate.HealthSetter) { g.dedupe.Watch(ctx, hs) }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
@@ -157,7 +158,7 @@ func TestUnreachableDedupeIsLogged(t *testing.T) {
 	tool := gatedTool(t, gate)
 	for _, key := range []string{"k1", "k2", "k3"} {
 		_, err := tool.Mutate(withKey(key), &testingv1.MutateRequest{Payload: "charge"})
-		wantStatus(t, err, codes.Unavailable, interceptor.ReasonStoreUnavailable)
+		wantStatus(t, err, codes.Unavailable, idemgate.ReasonStoreUnavailable)
 	}
 	lines := logs.lines(t, failedLine)
 	if len(lines) != 1 {
@@ -170,7 +171,7 @@ func TestUnreachableDedupeIsLogged(t *testing.T) {
 	}
 
 	err = gate.CheckDedupe(context.Background())
-	wantStatus(t, err, codes.Unavailable, interceptor.ReasonStoreUnavailable)
+	wantStatus(t, err, codes.Unavailable, idemgate.ReasonStoreUnavailable)
 	if info := errorInfo(t, err); info.GetMetadata()["dedupe"] != addr || info.GetMetadata()["dedupe_code"] != "Unavailable" {
 		t.Errorf("CheckDedupe ErrorInfo metadata %v, want dedupe=%s and dedupe_code=Unavailable", info.GetMetadata(), addr)
 	}
@@ -196,13 +197,13 @@ func TestRefusingDedupeIsLogged(t *testing.T) {
 			t.Cleanup(func() { gate.Close(context.Background()) })
 
 			err = gate.CheckDedupe(context.Background())
-			wantStatus(t, err, codes.Internal, interceptor.ReasonStoreRejected)
+			wantStatus(t, err, codes.Internal, idemgate.ReasonStoreRejected)
 			if info := errorInfo(t, err); info.GetMetadata()["dedupe_code"] != code.String() || !strings.Contains(status.Convert(err).Message(), "not one this service accepts") {
 				t.Errorf("CheckDedupe: %v (metadata %v), want the service's code and message", err, info.GetMetadata())
 			}
 
 			_, err = gatedTool(t, gate).Mutate(withKey("k1"), &testingv1.MutateRequest{Payload: "charge"})
-			wantStatus(t, err, codes.Internal, interceptor.ReasonStoreRejected)
+			wantStatus(t, err, codes.Internal, idemgate.ReasonStoreRejected)
 			lines := logs.lines(t, failedLine)
 			if len(lines) != 1 {
 				t.Fatalf("%d failure lines, want 1:\n%s", len(lines), logs.String())
@@ -224,12 +225,12 @@ func waitHealth(t *testing.T, hs *health.Server, want healthpb.HealthCheckRespon
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
-		resp, err := hs.Check(context.Background(), &healthpb.HealthCheckRequest{Service: interceptor.DedupeHealthService})
+		resp, err := hs.Check(context.Background(), &healthpb.HealthCheckRequest{Service: idemgate.DedupeHealthService})
 		if err == nil && resp.GetStatus() == want {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("health of %s = %v, %v; want %v", interceptor.DedupeHealthService, resp.GetStatus(), err, want)
+			t.Fatalf("health of %s = %v, %v; want %v", idemgate.DedupeHealthService, resp.GetStatus(), err, want)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

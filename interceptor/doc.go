@@ -14,7 +14,7 @@
 //	conn, _ := grpc.NewClient(dedupeAddr, grpc.WithTransportCredentials(...),
 //		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
 //	gate, err := interceptor.New(idemgatev1.NewDedupeServiceClient(conn))
-//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(gate.UnaryServerInterceptor()))
+//	srv := grpc.NewServer(gate.ServerCodec(), grpc.ChainUnaryInterceptor(gate.UnaryServerInterceptor()))
 //
 // For a gated call the interceptor reads the key from the "idempotency-key"
 // metadata, reserves it with the Dedupe service (Begin), runs the handler
@@ -32,7 +32,12 @@
 // wait for it, and Close waits for it too); an outcome that then never
 // lands was answered "ok" anyway, and goes down on_lost_outcome like any
 // lost outcome. Every refusal is a status error with one
-// google.rpc.ErrorInfo whose reason is one of the Reason constants.
+// google.rpc.ErrorInfo whose reason is one of package idemgate's Reason
+// constants.
+//
+// The names every gate shares (metadata names, reasons, context accessors,
+// error marks, reconcilers, Policy) live in package idemgate; this
+// package's names of them are deprecated aliases.
 //
 // A duplicate also gets the response metadata the handler set: what it
 // passed to grpc.SetHeader, grpc.SendHeader and grpc.SetTrailer is stored
@@ -54,18 +59,20 @@
 // cancellation or deadline (the method's execution_timeout bounds it
 // instead), so a caller that gives up after the side effect started never
 // causes a second run: the outcome is stored and its retry replays it. The
-// context ends early with ErrFenced when the attempt loses its reservation.
-// DownstreamKeyFromContext is the key to hand a downstream provider, and
-// FencingTokenFromContext the token for a conditional write.
+// context ends early with idemgate.ErrFenced when the attempt loses its
+// reservation. idemgate.DownstreamKeyFromContext is the key to hand a
+// downstream provider, and idemgate.FencingTokenFromContext the token for a
+// conditional write.
 //
 // From Begin until the outcome is stored or released, the reservation's
 // lease is renewed; if the tool server dies mid-call, the method's
 // on_lost_outcome decides what the next call finds (FAIL_CLOSED by default:
 // IDEMPOTENCY_OUTCOME_UNKNOWN until the record is resolved, or a Reconciler
-// settles it). A handler error is final (replay_codes, FinalError: stored and
-// replayed), leaves the outcome unknown (context errors, DEADLINE_EXCEEDED,
-// CANCELLED, unknown_codes, OutcomeUnknownError: never frees a FAIL_CLOSED
-// key), or otherwise releases the key so a retry runs again.
+// settles it). A handler error is final (replay_codes, idemgate.FinalError:
+// stored and replayed), leaves the outcome unknown (context errors,
+// DEADLINE_EXCEEDED, CANCELLED, unknown_codes, idemgate.OutcomeUnknownError:
+// never frees a FAIL_CLOSED key), or otherwise releases the key so a retry
+// runs again.
 //
 // On the client side, NewCaller's UnaryClientInterceptor attaches the key
 // from WithKey (or mints one) to gated calls; chain it before any retrying

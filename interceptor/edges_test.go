@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
@@ -51,7 +52,7 @@ func TestCallerThatGivesUpDoesNotRunTwice(t *testing.T) {
 		"reexecute": func(ctx context.Context, req *testingv1.MutateRequest) result {
 			var header grpcHeader
 			resp, err := h.client.MutateReexecute(ctx, req, grpc.Header(&header.MD))
-			return result{resp: resp, err: err, replayed: len(header.Get(interceptor.ReplayedHeader)) == 1}
+			return result{resp: resp, err: err, replayed: len(header.Get(idemgate.ReplayedHeader)) == 1}
 		},
 	}
 	var wg sync.WaitGroup
@@ -96,14 +97,14 @@ func TestExecutionTimeoutLeavesTheOutcomeUnknown(t *testing.T) {
 	h := setup(t)
 	req := &testingv1.MutateRequest{Payload: "slow provider", Delay: durationpb.New(30 * time.Second)}
 	_, err := h.client.MutateBounded(withKey("bounded"), req)
-	wantStatus(t, err, codes.FailedPrecondition, interceptor.ReasonOutcomeUnknown)
-	if cause := h.svc.LastCause(); !errors.Is(cause, interceptor.ErrExecutionTimeout) {
+	wantStatus(t, err, codes.FailedPrecondition, idemgate.ReasonOutcomeUnknown)
+	if cause := h.svc.LastCause(); !errors.Is(cause, idemgate.ErrExecutionTimeout) {
 		t.Errorf("handler context ended with %v, want ErrExecutionTimeout", cause)
 	}
 	// The handler cannot tell whether the provider acted: the key is not
 	// freed, every retry is told so, and nothing runs again.
 	_, err = h.client.MutateBounded(withKey("bounded"), req)
-	wantStatus(t, err, codes.FailedPrecondition, interceptor.ReasonOutcomeUnknown)
+	wantStatus(t, err, codes.FailedPrecondition, idemgate.ReasonOutcomeUnknown)
 	if got := h.svc.Executions(); got != 1 {
 		t.Fatalf("%d executions, want 1", got)
 	}
@@ -166,7 +167,7 @@ func TestLeaseRenewedWhileFinishIsSlow(t *testing.T) {
 			// Past the 1s lease, while the first call's Finish is held up.
 			time.Sleep(2 * time.Second)
 			_, err := tc.call(withKey(key), req)
-			wantStatus(t, err, codes.Aborted, interceptor.ReasonInFlight)
+			wantStatus(t, err, codes.Aborted, idemgate.ReasonInFlight)
 			if err := <-firstDone; err != nil {
 				t.Fatalf("first call: %v", err)
 			}
@@ -203,7 +204,7 @@ func TestHungHeartbeatsDoNotCostTheLease(t *testing.T) {
 	// leave if each waited for the one before it.
 	time.Sleep(1300 * time.Millisecond)
 	_, err := h.client.MutateReexecute(withKey("hung-hb"), req)
-	wantStatus(t, err, codes.Aborted, interceptor.ReasonInFlight)
+	wantStatus(t, err, codes.Aborted, idemgate.ReasonInFlight)
 	if err := <-firstDone; err != nil {
 		t.Fatalf("first call: %v", err)
 	}
@@ -230,7 +231,7 @@ func TestLostBeginReplyDoesNotStrandTheKey(t *testing.T) {
 	h := setupWith(t, stacktest.Config{DedupeClientInterceptor: loseBeginReply("lost-begin")})
 	req := &testingv1.MutateRequest{Payload: "charge"}
 	r := shortLease(withKey("lost-begin"), h, req)
-	wantStatus(t, r.err, codes.Unavailable, interceptor.ReasonStoreUnavailable)
+	wantStatus(t, r.err, codes.Unavailable, idemgate.ReasonStoreUnavailable)
 	if h.svc.Executions() != 0 {
 		t.Fatal("the handler ran although Begin's answer was lost")
 	}
@@ -256,7 +257,7 @@ func TestOutcomeOverTheServiceLimitStoresTheMarker(t *testing.T) {
 	}
 	time.Sleep(pastLease)
 	_, err := h.client.MutateReexecute(withKey("too-big"), req)
-	wantStatus(t, err, codes.FailedPrecondition, interceptor.ReasonResultTooLarge)
+	wantStatus(t, err, codes.FailedPrecondition, idemgate.ReasonResultTooLarge)
 	if got := h.svc.Executions(); got != 1 {
 		t.Fatalf("%d executions: an outcome the service refused as too large was re-run", got)
 	}
@@ -300,7 +301,7 @@ func TestFencedHandlerIsTold(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the fenced holder's handler was not cancelled")
 	}
-	if cause := h.svc.LastCause(); !errors.Is(cause, interceptor.ErrFenced) {
+	if cause := h.svc.LastCause(); !errors.Is(cause, idemgate.ErrFenced) {
 		t.Fatalf("the holder's context ended with %v, want ErrFenced", cause)
 	}
 	if got := h.Gate.Stats().Fenced; got < 1 {
@@ -346,7 +347,7 @@ func TestRenamedMethodKeepsItsAction(t *testing.T) {
 	}
 	var header grpcHeader
 	again, err := h.client.MutateRenamed(withKey("renamed"), req, grpc.Header(&header.MD))
-	if err != nil || again.GetExecution() != first.resp.GetExecution() || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+	if err != nil || again.GetExecution() != first.resp.GetExecution() || len(header.Get(idemgate.ReplayedHeader)) != 1 {
 		t.Fatalf("renamed method: %v %v, want the record of the old name replayed", again, err)
 	}
 	if h.svc.Executions() != 1 {
@@ -397,7 +398,7 @@ func TestCloseStopsBackgroundRetries(t *testing.T) {
 	})
 	// Never stored: the caller is told to retry once a lease of retries
 	// before its answer has passed; the rest go on in the background.
-	if r := h.mutate(withKey("close"), &testingv1.MutateRequest{}); grpcerr.Reason(r.err) != interceptor.ReasonInFlight {
+	if r := h.mutate(withKey("close"), &testingv1.MutateRequest{}); grpcerr.Reason(r.err) != idemgate.ReasonInFlight {
 		t.Fatalf("%v, want IDEMPOTENCY_IN_FLIGHT", r.err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
@@ -438,7 +439,7 @@ func TestStaleFinishAfterResolveIsFenced(t *testing.T) {
 	// The holder's caller does not get the response the store refused: it
 	// is told to retry, and its retry gets what the store holds.
 	holder := <-done
-	wantStatus(t, holder.err, codes.Aborted, interceptor.ReasonInFlight)
+	wantStatus(t, holder.err, codes.Aborted, idemgate.ReasonInFlight)
 	if got := h.Gate.Stats().Fenced; got < 1 {
 		t.Fatalf("Fenced = %d: the stale Finish was not refused", got)
 	}
@@ -485,11 +486,11 @@ func TestLateFollowUpOfALostBeginFreesTheKey(t *testing.T) {
 		GateOptions:             []interceptor.Option{interceptor.WithDedupeTimeout(30 * time.Second)},
 	})
 	req := &testingv1.MutateRequest{Payload: "charge"}
-	wantStatus(t, shortLease(withKey("late-follow-up"), h, req).err, codes.Unavailable, interceptor.ReasonStoreUnavailable)
+	wantStatus(t, shortLease(withKey("late-follow-up"), h, req).err, codes.Unavailable, idemgate.ReasonStoreUnavailable)
 	// The follow-up is held past the lease: a duplicate finds the lease run
 	// out and, under FAIL_CLOSED, the record marked outcome-unknown.
 	time.Sleep(pastLease)
-	wantStatus(t, shortLease(withKey("late-follow-up"), h, req).err, codes.FailedPrecondition, interceptor.ReasonOutcomeUnknown)
+	wantStatus(t, shortLease(withKey("late-follow-up"), h, req).err, codes.FailedPrecondition, idemgate.ReasonOutcomeUnknown)
 	// The holder never ran its handler: its late follow-up takes the record
 	// back and releases it, so the key is not blocked for days.
 	close(release)
@@ -499,7 +500,7 @@ func TestLateFollowUpOfALostBeginFreesTheKey(t *testing.T) {
 		// Unknown until the follow-up takes the record back, in flight until
 		// it has released it.
 		reason := grpcerr.Reason(r.err)
-		if reason != interceptor.ReasonOutcomeUnknown && reason != interceptor.ReasonInFlight || time.Now().After(deadline) {
+		if reason != idemgate.ReasonOutcomeUnknown && reason != idemgate.ReasonInFlight || time.Now().After(deadline) {
 			break
 		}
 	}
@@ -540,7 +541,7 @@ func TestSlowBeginAnswerIsRenewedAtOnce(t *testing.T) {
 	// waited a third of the lease before its first renewal has lost it.
 	time.Sleep(4150 * time.Millisecond)
 	_, err := h.client.MutateHeldReexecute(withKey("slow-begin"), req)
-	wantStatus(t, err, codes.Aborted, interceptor.ReasonInFlight)
+	wantStatus(t, err, codes.Aborted, idemgate.ReasonInFlight)
 	if err := <-firstDone; err != nil {
 		t.Fatalf("first call: %v", err)
 	}
@@ -559,7 +560,7 @@ func TestUnreadableOutcomeIsNotRetriedAsAnOutage(t *testing.T) {
 	}
 	h := setupWith(t, stacktest.Config{DedupeClientInterceptor: unreadable})
 	r := h.mutate(withKey("sealed"), &testingv1.MutateRequest{})
-	wantStatus(t, r.err, codes.Internal, interceptor.ReasonStoreRejected)
+	wantStatus(t, r.err, codes.Internal, idemgate.ReasonStoreRejected)
 	if h.svc.Executions() != 0 || h.Gate.Stats().LostBegins != 0 {
 		t.Fatalf("%d executions, %d lost Begins: an unreadable outcome must neither run the handler nor be taken for a lost answer", h.svc.Executions(), h.Gate.Stats().LostBegins)
 	}

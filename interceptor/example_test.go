@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemgate/idemgate"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
@@ -37,6 +38,7 @@ func ExampleNew() {
 		log.Fatal(err) // a misconfigured policy, named
 	}
 	srv := grpc.NewServer(
+		gate.ServerCodec(), // a replay's bytes are the first answer's, map fields included
 		grpc.ChainUnaryInterceptor(gate.UnaryServerInterceptor()),
 		grpc.ChainStreamInterceptor(gate.StreamServerInterceptor()),
 	)
@@ -139,7 +141,7 @@ func ExampleWithMintedKeys() {
 // the action up; it is not unique across tenants and methods.
 func ExampleKeyFromContext() {
 	handler := func(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
-		key, _ := interceptor.KeyFromContext(ctx)
+		key, _ := idemgate.KeyFromContext(ctx)
 		return &testingv1.MutateResponse{Key: key}, nil
 	}
 	_ = handler
@@ -157,7 +159,7 @@ func ExampleDownstreamKeyFromContext() {
 	}
 	handler := func(p provider) func(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
 		return func(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
-			key, _ := interceptor.DownstreamKeyFromContext(ctx)
+			key, _ := idemgate.DownstreamKeyFromContext(ctx)
 			id, err := p.Charge(ctx, key, 1299)
 			if err != nil {
 				return nil, err
@@ -174,11 +176,11 @@ func ExampleDownstreamKeyFromContext() {
 // as soon as the interceptor learns of it.
 func ExampleFencingTokenFromContext() {
 	handler := func(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
-		token, _ := interceptor.FencingTokenFromContext(ctx)
+		token, _ := idemgate.FencingTokenFromContext(ctx)
 		// UPDATE ledger SET ..., epoch = $epoch WHERE id = $id AND epoch <= $epoch
 		_ = token.Epoch
-		if errors.Is(context.Cause(ctx), interceptor.ErrFenced) {
-			return nil, interceptor.OutcomeUnknownError(context.Cause(ctx))
+		if errors.Is(context.Cause(ctx), idemgate.ErrFenced) {
+			return nil, idemgate.OutcomeUnknownError(context.Cause(ctx))
 		}
 		return &testingv1.MutateResponse{}, nil
 	}
@@ -189,7 +191,7 @@ func ExampleFencingTokenFromContext() {
 // tell whether the charge happened; it says so, and the key is never freed
 // for a second charge.
 func ExampleOutcomeUnknownError() {
-	err := interceptor.OutcomeUnknownError(status.Error(codes.Unavailable, "connection reset after the request was sent"))
+	err := idemgate.OutcomeUnknownError(status.Error(codes.Unavailable, "connection reset after the request was sent"))
 	fmt.Println(status.Code(err))
 	// Output: Unavailable
 }
@@ -199,10 +201,10 @@ func ExampleFinalError() {
 	charge := func(declined bool) error {
 		if declined {
 			// The provider decided: replay this to every retry, never charge again.
-			return interceptor.FinalError(status.Error(codes.FailedPrecondition, "card declined"))
+			return idemgate.FinalError(status.Error(codes.FailedPrecondition, "card declined"))
 		}
 		// The provider was unreachable: nothing happened, a retry may run.
-		return interceptor.RetryableError(status.Error(codes.Unavailable, "provider unreachable"))
+		return idemgate.RetryableError(status.Error(codes.Unavailable, "provider unreachable"))
 	}
 	fmt.Println(status.Code(charge(true)), status.Code(charge(false)))
 	// Output: FailedPrecondition Unavailable
@@ -211,18 +213,18 @@ func ExampleFinalError() {
 // A reconciler settles a lost outcome by asking the system that knows.
 func ExampleWithReconciler() {
 	lookup := func(ctx context.Context, key string) (chargeID string, found bool, err error) { return "", false, nil }
-	reconcile := func(ctx context.Context, key string, req proto.Message) (interceptor.Resolution, error) {
+	reconcile := func(ctx context.Context, key string, req proto.Message) (idemgate.Resolution, error) {
 		id, found, err := lookup(ctx, key)
 		switch {
 		case err != nil:
-			return interceptor.StillUnknown(), err
+			return idemgate.StillUnknown(), err
 		case found:
 			charge := req.(*paymentsv1.ChargeCardRequest)
-			return interceptor.ResolvedResponse(&paymentsv1.ChargeCardResponse{
+			return idemgate.ResolvedResponse(&paymentsv1.ChargeCardResponse{
 				ChargeId: id, CustomerId: charge.GetCustomerId(), AmountCents: charge.GetAmountCents(),
 			}), nil
 		default:
-			return interceptor.ResolvedNotRun(), nil
+			return idemgate.ResolvedNotRun(), nil
 		}
 	}
 	_, err := interceptor.New(idemgatev1.NewDedupeServiceClient(nil),
@@ -248,7 +250,7 @@ func ExampleWithTenant() {
 
 // IsReplayed reads the response header a replay carries.
 func ExampleIsReplayed() {
-	fmt.Println(interceptor.IsReplayed(metadata.Pairs(interceptor.ReplayedHeader, "true")))
+	fmt.Println(interceptor.IsReplayed(metadata.Pairs(idemgate.ReplayedHeader, "true")))
 	// Output: true
 }
 

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
@@ -41,7 +42,7 @@ func failWhile(fullMethod string, failing func() bool) grpc.UnaryClientIntercept
 
 // crash reserves key for method as a tool server would, then never finishes,
 // as if the process died mid-call.
-func (h *harness) crash(t *testing.T, fullMethod, key string, req *testingv1.MutateRequest, policy interceptor.Policy) {
+func (h *harness) crash(t *testing.T, fullMethod, key string, req *testingv1.MutateRequest, policy idemgate.Policy) {
 	t.Helper()
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
 	if err != nil {
@@ -61,7 +62,7 @@ func shortLease(ctx context.Context, h *harness, req *testingv1.MutateRequest) r
 	var header []string
 	md := grpcHeader{}
 	resp, err := h.client.MutateShortLease(ctx, req, grpc.Header(&md.MD))
-	header = md.Get(interceptor.ReplayedHeader)
+	header = md.Get(idemgate.ReplayedHeader)
 	r := result{resp: resp, err: err, replayed: len(header) == 1 && header[0] == "true"}
 	if resp != nil {
 		r.raw = h.codec.bytesOf(resp)
@@ -81,12 +82,12 @@ func TestLostOutcomeFailsClosedUntilResolved(t *testing.T) {
 		time.Sleep(pastLease)
 
 		r := shortLease(withKey("killed"), h, req)
-		wantStatus(t, r.err, codes.FailedPrecondition, interceptor.ReasonOutcomeUnknown)
+		wantStatus(t, r.err, codes.FailedPrecondition, idemgate.ReasonOutcomeUnknown)
 		if h.svc.Executions() != 0 {
 			t.Fatal("the handler ran for a key whose outcome is unknown")
 		}
 		// Asked again, still unknown: it never silently runs.
-		wantStatus(t, shortLease(withKey("killed"), h, req).err, codes.FailedPrecondition, interceptor.ReasonOutcomeUnknown)
+		wantStatus(t, shortLease(withKey("killed"), h, req).err, codes.FailedPrecondition, idemgate.ReasonOutcomeUnknown)
 
 		found, _ := anypb.New(&testingv1.MutateResponse{Payload: "charge A, as the provider recorded it"})
 		if _, err := h.Dedupe.Resolve(context.Background(), &idemgatev1.ResolveRequest{
@@ -111,7 +112,7 @@ func TestLostOutcomeFailsClosedUntilResolved(t *testing.T) {
 		}
 		before := h.svc.Executions()
 		time.Sleep(pastLease)
-		wantStatus(t, shortLease(withKey("panicked"), h, req).err, codes.FailedPrecondition, interceptor.ReasonOutcomeUnknown)
+		wantStatus(t, shortLease(withKey("panicked"), h, req).err, codes.FailedPrecondition, idemgate.ReasonOutcomeUnknown)
 		if h.svc.Executions() != before {
 			t.Fatal("the handler ran again after a panic")
 		}
@@ -124,8 +125,8 @@ func TestLostOutcomeFailsClosedUntilResolved(t *testing.T) {
 			t.Fatal(err)
 		}
 		ok := shortLease(withKey("panicked"), h, &testingv1.MutateRequest{Payload: "charge B"})
-		wantStatus(t, ok.err, codes.FailedPrecondition, interceptor.ReasonKeyReused) // another request: still refused
-		shortLease(withKey("panicked"), h, req)                                      // the same request runs (and panics) again
+		wantStatus(t, ok.err, codes.FailedPrecondition, idemgate.ReasonKeyReused) // another request: still refused
+		shortLease(withKey("panicked"), h, req)                                   // the same request runs (and panics) again
 		if h.svc.Executions() != before+1 {
 			t.Fatalf("after Resolve(release) the handler ran %d more times, want 1", h.svc.Executions()-before)
 		}
@@ -151,15 +152,15 @@ func TestReconcilerAnswersLostOutcomes(t *testing.T) {
 	t.Parallel()
 	method := testingv1.TestService_MutateShortLease_FullMethodName
 	var asked atomic.Int64
-	reconciler := func(_ context.Context, key string, req proto.Message) (interceptor.Resolution, error) {
+	reconciler := func(_ context.Context, key string, req proto.Message) (idemgate.Resolution, error) {
 		asked.Add(1)
 		switch key {
 		case "provider-has-it":
-			return interceptor.ResolvedResponse(&testingv1.MutateResponse{Payload: "found at the provider: " + req.(*testingv1.MutateRequest).GetPayload(), Key: key}), nil
+			return idemgate.ResolvedResponse(&testingv1.MutateResponse{Payload: "found at the provider: " + req.(*testingv1.MutateRequest).GetPayload(), Key: key}), nil
 		case "provider-never-saw-it":
-			return interceptor.ResolvedNotRun(), nil
+			return idemgate.ResolvedNotRun(), nil
 		default:
-			return interceptor.StillUnknown(), nil
+			return idemgate.StillUnknown(), nil
 		}
 	}
 	h := setup(t, interceptor.WithReconciler(method, reconciler))
@@ -187,7 +188,7 @@ func TestReconcilerAnswersLostOutcomes(t *testing.T) {
 		t.Fatalf("reconciled as not run: %v %v replayed=%v, want a fresh run", r.resp, r.err, r.replayed)
 	}
 
-	wantStatus(t, shortLease(withKey("provider-unsure"), h, req).err, codes.FailedPrecondition, interceptor.ReasonOutcomeUnknown)
+	wantStatus(t, shortLease(withKey("provider-unsure"), h, req).err, codes.FailedPrecondition, idemgate.ReasonOutcomeUnknown)
 	if got := asked.Load(); got != 3 {
 		t.Errorf("reconciler asked %d times, want 3 (a settled record is never asked about again)", got)
 	}
@@ -216,7 +217,7 @@ func TestReexecuteLetsExactlyOneTakerRun(t *testing.T) {
 		t.Fatalf("%d of 32 takers ran the handler, want exactly 1", got)
 	}
 	for i, err := range errs {
-		if err != nil && grpcerr.Reason(err) != interceptor.ReasonInFlight {
+		if err != nil && grpcerr.Reason(err) != idemgate.ReasonInFlight {
 			t.Errorf("taker %d: %v, want the response or IDEMPOTENCY_IN_FLIGHT", i, err)
 		}
 	}
@@ -244,7 +245,7 @@ func TestFencedOwnerCannotOverwriteTheNewerOutcome(t *testing.T) {
 	}
 	// The first owner's Finish was refused, so its caller does not get the
 	// response nobody else will see: it is told to retry.
-	wantStatus(t, <-firstDone, codes.Aborted, interceptor.ReasonInFlight)
+	wantStatus(t, <-firstDone, codes.Aborted, idemgate.ReasonInFlight)
 	if err := h.Gate.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +273,7 @@ func TestHeartbeatsKeepASlowHandler(t *testing.T) {
 		if err == nil {
 			t.Fatal("a duplicate got an answer while the original still ran")
 		}
-		wantStatus(t, err, codes.Aborted, interceptor.ReasonInFlight)
+		wantStatus(t, err, codes.Aborted, idemgate.ReasonInFlight)
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -323,7 +324,7 @@ func TestDuplicateWaitsForTheOriginal(t *testing.T) {
 			if raw := h.codec.bytesOf(resp); !bytes.Equal(raw, original.raw) {
 				t.Fatalf("the duplicate got %x, want the original's bytes %x", raw, original.raw)
 			}
-			if v := header.Get(interceptor.ReplayedHeader); len(v) != 1 || v[0] != "true" {
+			if v := header.Get(idemgate.ReplayedHeader); len(v) != 1 || v[0] != "true" {
 				t.Error("the waited-for response is not marked replayed")
 			}
 			if got := h.svc.Executions(); got != 1 {
@@ -346,7 +347,7 @@ func TestDuplicateWaitsForTheOriginal(t *testing.T) {
 		go h.mutate(withKey("too-slow"), req)
 		time.Sleep(300 * time.Millisecond)
 		r := h.mutate(withKey("too-slow"), req)
-		wantStatus(t, r.err, codes.Aborted, interceptor.ReasonInFlight)
+		wantStatus(t, r.err, codes.Aborted, idemgate.ReasonInFlight)
 		if _, ok := grpcerr.RetryDelay(r.err); !ok {
 			t.Error("ABORTED without RetryInfo")
 		}
@@ -409,14 +410,14 @@ func TestOutcomeThatCannotBeStoredGoesUnknown(t *testing.T) {
 	r := shortLease(withKey("unstored"), h, req)
 	// Not stored within the budget (1s, the lease): told to retry, never
 	// answered with an outcome the key does not keep.
-	wantStatus(t, r.err, codes.Aborted, interceptor.ReasonInFlight)
+	wantStatus(t, r.err, codes.Aborted, idemgate.ReasonInFlight)
 	if err := h.Gate.Close(context.Background()); err != nil { // the background retries give up
 		t.Fatal(err)
 	}
 	storeDown.Store(false)
 	time.Sleep(pastLease)
 
-	wantStatus(t, shortLease(withKey("unstored"), h, req).err, codes.FailedPrecondition, interceptor.ReasonOutcomeUnknown)
+	wantStatus(t, shortLease(withKey("unstored"), h, req).err, codes.FailedPrecondition, idemgate.ReasonOutcomeUnknown)
 	if got := h.svc.Executions(); got != 1 {
 		t.Fatalf("handler ran %d times, want 1: never silently re-run", got)
 	}
@@ -461,10 +462,10 @@ func TestFinishRetriesKeepTheReservation(t *testing.T) {
 	req := &testingv1.MutateRequest{Payload: "charge"}
 	finishDown.Store(true)
 	_, err := h.client.MutateReexecute(withKey("retrying"), req)
-	wantStatus(t, err, codes.Aborted, interceptor.ReasonInFlight)
+	wantStatus(t, err, codes.Aborted, idemgate.ReasonInFlight)
 	time.Sleep(2 * pastLease)
 	_, err = h.client.MutateReexecute(withKey("retrying"), req)
-	wantStatus(t, err, codes.Aborted, interceptor.ReasonInFlight)
+	wantStatus(t, err, codes.Aborted, idemgate.ReasonInFlight)
 
 	finishDown.Store(false)
 	if err := h.Gate.Close(context.Background()); err != nil { // the background retry stores it
@@ -472,7 +473,7 @@ func TestFinishRetriesKeepTheReservation(t *testing.T) {
 	}
 	var header grpcHeader
 	replay, err := h.client.MutateReexecute(withKey("retrying"), req, grpc.Header(&header.MD))
-	if err != nil || replay.GetExecution() != 1 || header.Get(interceptor.ReplayedHeader) == nil {
+	if err != nil || replay.GetExecution() != 1 || header.Get(idemgate.ReplayedHeader) == nil {
 		t.Fatalf("after the outcome was stored: %v, %v; want the first execution's response replayed", replay, err)
 	}
 	if got := h.svc.Executions(); got != 1 {
@@ -492,7 +493,7 @@ func TestReleaseRetriedInBackground(t *testing.T) {
 	releaseDown.Store(true)
 	wantStatus(t, shortLease(withKey("releasing"), h, req).err, codes.Unavailable, "")
 	time.Sleep(2 * pastLease) // past the 1s lease: only renewals keep the key from going unknown
-	wantStatus(t, shortLease(withKey("releasing"), h, req).err, codes.Aborted, interceptor.ReasonInFlight)
+	wantStatus(t, shortLease(withKey("releasing"), h, req).err, codes.Aborted, idemgate.ReasonInFlight)
 
 	releaseDown.Store(false)
 	if err := h.Gate.Close(context.Background()); err != nil { // the background retry releases it
@@ -522,7 +523,7 @@ func TestHeartbeatsRideOutAFlakyStore(t *testing.T) {
 	for range 2 {
 		time.Sleep(pastLease)
 		_, err := h.client.MutateReexecute(withKey("flaky-heartbeats"), req)
-		wantStatus(t, err, codes.Aborted, interceptor.ReasonInFlight)
+		wantStatus(t, err, codes.Aborted, idemgate.ReasonInFlight)
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)

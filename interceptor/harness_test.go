@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/grpcerr"
@@ -48,7 +49,7 @@ func (h *harness) register(s *grpc.Server) { testingv1.RegisterTestServiceServer
 func withKey(key string) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	_ = cancel // the timeout bounds a hung test; it ends with the test process
-	return metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, key)
+	return metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, key)
 }
 
 // call makes one call and returns the response, its raw wire bytes and
@@ -65,7 +66,7 @@ type result struct {
 func (h *harness) mutate(ctx context.Context, req *testingv1.MutateRequest) result {
 	var header metadata.MD
 	resp, err := h.client.Mutate(ctx, req, grpc.Header(&header))
-	r := result{resp: resp, err: err, replayed: len(header.Get(interceptor.ReplayedHeader)) == 1 && header.Get(interceptor.ReplayedHeader)[0] == "true", header: header}
+	r := result{resp: resp, err: err, replayed: len(header.Get(idemgate.ReplayedHeader)) == 1 && header.Get(idemgate.ReplayedHeader)[0] == "true", header: header}
 	if resp != nil {
 		r.raw = h.codec.bytesOf(resp)
 	}

@@ -11,8 +11,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 	"github.com/idemgate/idemgate/internal/testing/testsvc"
 )
@@ -46,7 +46,7 @@ func TestInProcessDedupeClient(t *testing.T) {
 				t.Fatalf("duplicate: err=%v replayed=%v bytes=%x, want replayed %x", again.err, again.replayed, again.raw, first.raw)
 			}
 			reused := h.mutate(withKey("in-process-1"), &testingv1.MutateRequest{Payload: "charge 9999"})
-			wantStatus(t, reused.err, codes.FailedPrecondition, interceptor.ReasonKeyReused)
+			wantStatus(t, reused.err, codes.FailedPrecondition, idemgate.ReasonKeyReused)
 
 			slow := &testingv1.MutateRequest{Payload: "slow", Delay: durationpb.New(300 * time.Millisecond)}
 			results := make([]result, 8)

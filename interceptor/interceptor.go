@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/idemgate/idemgate"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/grpcerr"
@@ -26,30 +27,16 @@ import (
 
 // Metadata names the interceptor reads and writes.
 const (
-	// KeyHeader is the request metadata that carries the idempotency key.
-	KeyHeader = "idempotency-key"
-	// ReplayedHeader is the response header set to "true" when the response
-	// is a stored outcome replayed instead of a fresh execution.
-	ReplayedHeader = "idempotency-replayed"
-	// KeyDerivedHeader is the response header set to "true" when a keyless
-	// call was deduplicated on its fingerprint (KEYLESS_POLICY_FINGERPRINT).
-	KeyDerivedHeader = "idempotency-key-derived"
-	// ExpiresAtHeader is the response header, an RFC 3339 UTC time, until
-	// which the outcome is replayed to duplicates: on a replay the record's
-	// expires_at as the Dedupe service holds it; on a first execution the
-	// time this process sent its outcome to be stored (or, under
-	// FINISH_POLICY_AFTER_REPLY, answered) plus the method's retention, by
-	// this process's clock. The service counts the retention from when it
-	// stored the outcome, a moment later, so the record lives at least that
-	// long once stored. A trailer instead when the handler already sent the
-	// response headers.
-	ExpiresAtHeader = "idempotency-expires-at"
-	// OriginalTimeHeader is the response header, an RFC 3339 UTC time, that
-	// every answer from a stored outcome carries (a replay, from the Dedupe
-	// service or the replay cache): when that outcome was stored, the
-	// record's completed_at (from a replay cache entry this process filled
-	// with its own Finish: when it sent that Finish).
-	OriginalTimeHeader = "idempotency-original-time"
+	// Deprecated: use idemgate.KeyHeader, its home shared by every gate.
+	KeyHeader = idemgate.KeyHeader
+	// Deprecated: use idemgate.ReplayedHeader, its home shared by every gate.
+	ReplayedHeader = idemgate.ReplayedHeader
+	// Deprecated: use idemgate.KeyDerivedHeader, its home shared by every gate.
+	KeyDerivedHeader = idemgate.KeyDerivedHeader
+	// Deprecated: use idemgate.ExpiresAtHeader, its home shared by every gate.
+	ExpiresAtHeader = idemgate.ExpiresAtHeader
+	// Deprecated: use idemgate.OriginalTimeHeader, its home shared by every gate.
+	OriginalTimeHeader = idemgate.OriginalTimeHeader
 )
 
 // DedupeServiceConfig is a gRPC service config for the client connection to
@@ -87,6 +74,8 @@ type Gate struct {
 	services     map[string]bool
 	opts         options
 	metrics      *metrics
+	// codec is what the Gate knows of the server's codec (ServerCodec).
+	codec codecCheck
 }
 
 // New resolves the policy of every method in the descriptor registry (see
@@ -196,11 +185,11 @@ func (g *Gate) Close(ctx context.Context) error { return g.engine.Close(ctx) }
 
 // Policy returns the resolved policy of a full method name
 // ("/pkg.Service/Method"); a method it does not gate reports Gated false.
-func (g *Gate) Policy(fullMethod string) Policy {
+func (g *Gate) Policy(fullMethod string) idemgate.Policy {
 	if m, ok := g.methods[fullMethod]; ok {
 		return m.policy
 	}
-	return Policy{}
+	return idemgate.Policy{}
 }
 
 // UnaryServerInterceptor returns the server interceptor that gates unary
@@ -214,6 +203,7 @@ func (g *Gate) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		if !ok {
 			return handler(ctx, req)
 		}
+		g.checkCodec(info.FullMethod, m)
 		var outcome string
 		resp, err := g.gate(ctx, req, info.FullMethod, m, handler, &outcome)
 		g.countCall(info.FullMethod, outcome, err)

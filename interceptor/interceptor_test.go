@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/grpcerr"
@@ -52,7 +53,7 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 				t.Errorf("caller %d got response bytes %x, want %x", i, r.raw, first)
 			}
 		case status.Code(r.err) == codes.Aborted:
-			wantStatus(t, r.err, codes.Aborted, interceptor.ReasonInFlight)
+			wantStatus(t, r.err, codes.Aborted, idemgate.ReasonInFlight)
 			if d, ok := grpcerr.RetryDelay(r.err); !ok || d <= 0 {
 				t.Errorf("caller %d: ABORTED without a RetryInfo delay", i)
 			}
@@ -113,7 +114,7 @@ func TestKeyReusedWithAnotherRequestIsRefused(t *testing.T) {
 		t.Fatal(r.err)
 	}
 	r := h.mutate(withKey("k-2"), &testingv1.MutateRequest{Payload: "amount 999"})
-	wantStatus(t, r.err, codes.FailedPrecondition, interceptor.ReasonKeyReused)
+	wantStatus(t, r.err, codes.FailedPrecondition, idemgate.ReasonKeyReused)
 	if got := h.svc.Executions(); got != 1 {
 		t.Fatalf("handler ran %d times, want 1", got)
 	}
@@ -127,10 +128,10 @@ func TestBadKeysAreRefusedBeforeAnyDedupeCall(t *testing.T) {
 		md     metadata.MD
 		reason string
 	}{
-		{"missing", metadata.MD{}, interceptor.ReasonKeyMissing},
-		{"empty", metadata.Pairs(interceptor.KeyHeader, ""), interceptor.ReasonKeyInvalid},
-		{"over 255 bytes", metadata.Pairs(interceptor.KeyHeader, strings.Repeat("k", 256)), interceptor.ReasonKeyInvalid},
-		{"two different values", metadata.Pairs(interceptor.KeyHeader, "a", interceptor.KeyHeader, "b"), interceptor.ReasonKeyInvalid},
+		{"missing", metadata.MD{}, idemgate.ReasonKeyMissing},
+		{"empty", metadata.Pairs(idemgate.KeyHeader, ""), idemgate.ReasonKeyInvalid},
+		{"over 255 bytes", metadata.Pairs(idemgate.KeyHeader, strings.Repeat("k", 256)), idemgate.ReasonKeyInvalid},
+		{"two different values", metadata.Pairs(idemgate.KeyHeader, "a", idemgate.KeyHeader, "b"), idemgate.ReasonKeyInvalid},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -143,11 +144,11 @@ func TestBadKeysAreRefusedBeforeAnyDedupeCall(t *testing.T) {
 	// So do keys with edge spaces, which HTTP/2 forbids and proxies may
 	// trim: " order-1" must not be a second action beside "order-1".
 	for _, key := range []string{"tab\there", "caf\u00e9", "nul\x00", " order-1", "order-1 ", " ", "   "} {
-		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(interceptor.KeyHeader, key))
+		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(idemgate.KeyHeader, key))
 		_, err := h.Gate.UnaryServerInterceptor()(ctx, &testingv1.MutateRequest{}, mutateInfo, func(ctx context.Context, req any) (any, error) {
 			return h.svc.Mutate(ctx, req.(*testingv1.MutateRequest))
 		})
-		wantStatus(t, err, codes.InvalidArgument, interceptor.ReasonKeyInvalid)
+		wantStatus(t, err, codes.InvalidArgument, idemgate.ReasonKeyInvalid)
 	}
 	// A key of exactly 255 bytes is fine.
 	if r := h.mutate(withKey(strings.Repeat("k", 255)), &testingv1.MutateRequest{}); r.err != nil {
@@ -190,7 +191,7 @@ func TestDedupeServiceDownFailsClosed(t *testing.T) {
 	h.DedupeServer.Stop()
 
 	r := h.mutate(withKey("k-3"), &testingv1.MutateRequest{Payload: "x"})
-	wantStatus(t, r.err, codes.Unavailable, interceptor.ReasonStoreUnavailable)
+	wantStatus(t, r.err, codes.Unavailable, idemgate.ReasonStoreUnavailable)
 	if _, ok := grpcerr.RetryDelay(r.err); !ok {
 		t.Error("UNAVAILABLE without RetryInfo")
 	}
@@ -314,7 +315,7 @@ func TestOutcomeOverTheLimitIsNotRunTwice(t *testing.T) {
 		t.Fatalf("the first caller: %v, want its whole response", first.err)
 	}
 	r := h.mutate(withKey("big"), req)
-	wantStatus(t, r.err, codes.FailedPrecondition, interceptor.ReasonResultTooLarge)
+	wantStatus(t, r.err, codes.FailedPrecondition, idemgate.ReasonResultTooLarge)
 	if h.svc.Executions() != 1 || h.Gate.Stats().TooLarge != 1 {
 		t.Fatalf("executions %d, too-large count %d; want 1 and 1", h.svc.Executions(), h.Gate.Stats().TooLarge)
 	}

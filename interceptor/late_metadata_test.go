@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
@@ -42,7 +43,7 @@ type lateCall struct {
 
 func (s *lateMetadataServer) call(ctx context.Context) *lateCall {
 	md, _ := metadata.FromIncomingContext(ctx)
-	return s.callFor(md.Get(interceptor.KeyHeader)[0])
+	return s.callFor(md.Get(idemgate.KeyHeader)[0])
 }
 
 func (s *lateMetadataServer) callFor(key string) *lateCall {
@@ -126,7 +127,7 @@ func giveUp(t *testing.T, how string) gaveUp {
 	// machine) is tried again, longer, under another key.
 	for deadline := 2 * time.Second; g.key == ""; deadline *= 2 {
 		k := how + "-" + deadline.String()
-		ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, k))
+		ctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), idemgate.KeyHeader, k))
 		if how == "deadline" {
 			ctx, cancel = context.WithTimeout(ctx, deadline)
 		}
@@ -173,7 +174,7 @@ func TestMetadataSetAfterTheCallerGaveUpIsReplayed(t *testing.T) {
 			h := &harness{codec: g.codec}
 			var first observed
 			for i := range 2 {
-				ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, g.key), 30*time.Second)
+				ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), idemgate.KeyHeader, g.key), 30*time.Second)
 				o := h.observe(ctx, g.client.Mutate, g.req)
 				cancel()
 				if o.err != nil || !replayedOnce(o.header) {

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
@@ -49,8 +50,8 @@ func (h *harness) observe(ctx context.Context, call rpc, req *testingv1.MutateRe
 func handlerSet(md metadata.MD) metadata.MD {
 	out := metadata.MD{}
 	for k, v := range md {
-		if strings.HasPrefix(k, "grpc-") || k == "content-type" || k == interceptor.ReplayedHeader || k == interceptor.KeyDerivedHeader ||
-			k == interceptor.ExpiresAtHeader || k == interceptor.OriginalTimeHeader {
+		if strings.HasPrefix(k, "grpc-") || k == "content-type" || k == idemgate.ReplayedHeader || k == idemgate.KeyDerivedHeader ||
+			k == idemgate.ExpiresAtHeader || k == idemgate.OriginalTimeHeader {
 			continue
 		}
 		out[k] = v
@@ -91,7 +92,7 @@ func wantHandlerMetadata(t *testing.T, what string, o observed) {
 }
 
 func replayedOnce(md metadata.MD) bool {
-	return slices.Equal(md.Get(interceptor.ReplayedHeader), []string{"true"})
+	return slices.Equal(md.Get(idemgate.ReplayedHeader), []string{"true"})
 }
 
 // storedOutcome reads the outcome stored for key as another attempt's Begin
@@ -163,7 +164,7 @@ func TestReplayCarriesHandlerMetadata(t *testing.T) {
 					t.Fatal(again.err)
 				}
 				if !replayedOnce(again.header) {
-					t.Errorf("duplicate header %s = %q, want one \"true\"", interceptor.ReplayedHeader, again.header.Get(interceptor.ReplayedHeader))
+					t.Errorf("duplicate header %s = %q, want one \"true\"", idemgate.ReplayedHeader, again.header.Get(idemgate.ReplayedHeader))
 				}
 				if !bytes.Equal(again.raw, first.raw) {
 					t.Errorf("replay bytes %x, want %x", again.raw, first.raw)
@@ -207,7 +208,7 @@ func TestReplayedFinalErrorCarriesMetadata(t *testing.T) {
 				t.Errorf("replayed error %v, want the byte-identical %v", again.err, first.err)
 			}
 			if !replayedOnce(again.header) {
-				t.Errorf("duplicate header %s = %q, want one \"true\"", interceptor.ReplayedHeader, again.header.Get(interceptor.ReplayedHeader))
+				t.Errorf("duplicate header %s = %q, want one \"true\"", idemgate.ReplayedHeader, again.header.Get(idemgate.ReplayedHeader))
 			}
 			wantHandlerMetadata(t, "duplicate", again)
 			if ran := h.svc.Executions() - before; ran != 1 {
@@ -298,8 +299,8 @@ func TestStoredOutcomeHoldsOnlyHandlerMetadata(t *testing.T) {
 	if again.err != nil || !bytes.Equal(again.raw, first.raw) {
 		t.Fatalf("duplicate: %v, bytes %x, want %x", again.err, again.raw, first.raw)
 	}
-	if !replayedOnce(again.header) || !slices.Equal(again.header.Get(interceptor.KeyDerivedHeader), []string{"true"}) {
-		t.Errorf("duplicate header %q, want one %s and one %s", map[string][]string(again.header), interceptor.ReplayedHeader, interceptor.KeyDerivedHeader)
+	if !replayedOnce(again.header) || !slices.Equal(again.header.Get(idemgate.KeyDerivedHeader), []string{"true"}) {
+		t.Errorf("duplicate header %q, want one %s and one %s", map[string][]string(again.header), idemgate.ReplayedHeader, idemgate.KeyDerivedHeader)
 	}
 	if got, want := handlerSet(again.header), (metadata.MD{"x-a": {"1"}, "x-b": {"2", "1"}}); !reflect.DeepEqual(got, want) {
 		t.Errorf("duplicate header %q, want %q", map[string][]string(got), map[string][]string(want))
@@ -337,7 +338,7 @@ func TestOutcomeLimitCountsMetadata(t *testing.T) {
 		t.Fatalf("first call: %v, header %q; want the response and its header", first.err, map[string][]string(first.header))
 	}
 	again := h.observe(withKey("big-meta"), h.client.Mutate, req)
-	wantStatus(t, again.err, codes.FailedPrecondition, interceptor.ReasonResultTooLarge)
+	wantStatus(t, again.err, codes.FailedPrecondition, idemgate.ReasonResultTooLarge)
 	if got := handlerSet(again.header); len(got) != 0 {
 		t.Errorf("a too-large outcome replayed header %q, want none", map[string][]string(got))
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/interceptor"
@@ -25,12 +26,12 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 		DedupeMetrics: dedupeMetrics,
 	})
 	req := &testingv1.MutateRequest{Payload: "charge"}
-	h.mutate(withKey("m-1"), req)                                                                    // executed
-	h.mutate(withKey("m-1"), req)                                                                    // replayed
-	h.mutate(withKey("m-1"), req)                                                                    // replayed
-	h.mutate(withKey("m-1"), &testingv1.MutateRequest{Payload: "other"})                             // key_reused
-	h.mutate(context.Background(), req)                                                              // key_missing
-	h.mutate(metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, ""), req) // key_invalid
+	h.mutate(withKey("m-1"), req)                                                                 // executed
+	h.mutate(withKey("m-1"), req)                                                                 // replayed
+	h.mutate(withKey("m-1"), req)                                                                 // replayed
+	h.mutate(withKey("m-1"), &testingv1.MutateRequest{Payload: "other"})                          // key_reused
+	h.mutate(context.Background(), req)                                                           // key_missing
+	h.mutate(metadata.AppendToOutgoingContext(context.Background(), idemgate.KeyHeader, ""), req) // key_invalid
 	big := &testingv1.MutateRequest{Payload: strings.Repeat("x", 2000)}
 	h.mutate(withKey("m-2"), big)                   // executed, and a result_too_large event
 	h.mutate(withKey("m-2"), big)                   // result_too_large

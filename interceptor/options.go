@@ -7,6 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemgate/idemgate"
+	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/identity"
 	"github.com/idemgate/idemgate/internal/replayfields"
 
@@ -71,7 +73,7 @@ var defaultOptions = options{
 
 // DefaultMaxOutcomeBytes is the largest serialized outcome stored for replay
 // by default: 1 MiB, the Dedupe service's default limit.
-const DefaultMaxOutcomeBytes = 1 << 20
+const DefaultMaxOutcomeBytes = gatecore.DefaultMaxOutcomeBytes
 
 // Option configures New.
 type Option func(*options)
@@ -171,7 +173,7 @@ func WithStrict(services ...string) Option {
 // WithReconciler registers the Reconciler of one gated method, by full
 // method name ("/pkg.Service/Method"). New fails when the method is not
 // gated. Defaults to none: a lost outcome answers IDEMPOTENCY_OUTCOME_UNKNOWN.
-func WithReconciler(fullMethod string, r Reconciler) Option {
+func WithReconciler(fullMethod string, r idemgate.Reconciler) Option {
 	return func(o *options) {
 		if o.reconcilers == nil {
 			o.reconcilers = map[string]Reconciler{}

@@ -4,89 +4,59 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/gatecore"
-	"github.com/idemgate/idemgate/internal/protogate"
 )
 
 // FinalError marks a handler error as the action's final outcome, whatever
-// the method's replay_codes say: it is stored and replayed, details and all,
-// to every duplicate. Return it when the side effect was decided (a card
-// declined by the provider) and running again must not happen.
-func FinalError(err error) error {
-	return gatecore.MarkFinal(err)
-}
-
-// RetryableError marks a handler error as not an outcome, whatever the
-// method's replay_codes and unknown_codes say: the key is released and a
-// retry runs again. Return it only when the side effect certainly did not
-// happen (the provider refused the request before acting on it).
+// the method's replay_codes say.
 //
-// An unmarked error whose code is in neither replay_codes nor the unknown
-// class (see OutcomeUnknownError) is treated the same way: by default
-// UNKNOWN (a plain Go error), INTERNAL, UNAVAILABLE, INVALID_ARGUMENT and the
-// rest release the key. If your provider client reports a failure after it
-// sent the request with one of those, wrap it in OutcomeUnknownError or list
-// its code in unknown_codes.
-func RetryableError(err error) error {
-	return gatecore.MarkRetryable(err)
-}
+// Deprecated: use idemgate.FinalError, its home shared by every gate.
+func FinalError(err error) error { return idemgate.FinalError(err) }
+
+// RetryableError marks a handler error as not an outcome: the key is
+// released and a retry runs again.
+//
+// Deprecated: use idemgate.RetryableError, its home shared by every gate.
+func RetryableError(err error) error { return idemgate.RetryableError(err) }
 
 // OutcomeUnknownError marks a handler error as leaving the side effect's
-// outcome unknown, whatever its code: the provider's client timed out or
-// lost its connection after sending the request. The key is never freed by
-// it: under FAIL_CLOSED the record becomes outcome-unknown at once and the
-// caller, and every duplicate, gets FAILED_PRECONDITION
-// (IDEMPOTENCY_OUTCOME_UNKNOWN) until the record is resolved or a Reconciler
-// settles it; under REEXECUTE the key is freed for the next call, as after a
-// lost lease. Errors that wrap context.DeadlineExceeded or context.Canceled,
-// and errors with the codes DEADLINE_EXCEEDED, CANCELLED or the method's
-// unknown_codes, are treated so without the mark.
-func OutcomeUnknownError(err error) error {
-	return gatecore.MarkOutcomeUnknown(err)
-}
-
-// Reconciler is asked, when a call finds that an earlier attempt's outcome
-// was lost (its lease ran out mid-call), what really happened: a payment
-// provider can be asked whether a charge with this key exists. req is the
-// call's request. An error leaves the outcome unknown: the caller gets
-// IDEMPOTENCY_OUTCOME_UNKNOWN. A ResolvedResponse of a type other than the
-// method's response leaves it unknown too, and the caller gets INTERNAL (a
-// bug in the reconciler, logged). Its type is
+// outcome unknown, whatever its code.
 //
-//	func(ctx context.Context, key string, req proto.Message) (Resolution, error)
-//
-// shared with connectgate (WithReconciler there), so one reconciler serves a
-// method over gRPC and over Connect.
-type Reconciler = protogate.Reconciler
+// Deprecated: use idemgate.OutcomeUnknownError, its home shared by every
+// gate.
+func OutcomeUnknownError(err error) error { return idemgate.OutcomeUnknownError(err) }
 
-// Resolution is a Reconciler's answer; build it with ResolvedResponse,
-// ResolvedError, ResolvedNotRun or StillUnknown. It is connectgate's too, so
-// one Reconciler serves a method over gRPC and over Connect.
-type Resolution = protogate.Resolution
+// Reconciler is asked what really happened to a lost outcome.
+//
+// Deprecated: use idemgate.Reconciler, its home shared by every gate.
+type Reconciler = idemgate.Reconciler
+
+// Resolution is a Reconciler's answer.
+//
+// Deprecated: use idemgate.Resolution, its home shared by every gate.
+type Resolution = idemgate.Resolution
 
 // ResolvedResponse says the side effect happened and resp is what the method
-// would have returned. It is stored and replayed like a response.
-func ResolvedResponse(resp proto.Message) Resolution {
-	return protogate.ResolvedResponse(resp)
-}
+// would have returned.
+//
+// Deprecated: use idemgate.ResolvedResponse, its home shared by every gate.
+func ResolvedResponse(resp proto.Message) Resolution { return idemgate.ResolvedResponse(resp) }
 
-// ResolvedError says the action ended with a final error, which is stored and
-// replayed like a response.
-func ResolvedError(err error) Resolution {
-	return protogate.ResolvedError(err)
-}
+// ResolvedError says the action ended with a final error.
+//
+// Deprecated: use idemgate.ResolvedError, its home shared by every gate.
+func ResolvedError(err error) Resolution { return idemgate.ResolvedError(err) }
 
-// ResolvedNotRun says the side effect did not happen: the record is released
-// and the call runs the handler.
-func ResolvedNotRun() Resolution {
-	return protogate.ResolvedNotRun()
-}
+// ResolvedNotRun says the side effect did not happen.
+//
+// Deprecated: use idemgate.ResolvedNotRun, its home shared by every gate.
+func ResolvedNotRun() Resolution { return idemgate.ResolvedNotRun() }
 
-// StillUnknown says the reconciler cannot tell; the caller gets
-// IDEMPOTENCY_OUTCOME_UNKNOWN.
-func StillUnknown() Resolution {
-	return protogate.StillUnknown()
-}
+// StillUnknown says the reconciler cannot tell.
+//
+// Deprecated: use idemgate.StillUnknown, its home shared by every gate.
+func StillUnknown() Resolution { return idemgate.StillUnknown() }
 
 // classify decides what a handler error means (protogate's Classify, on
 // its gRPC status).

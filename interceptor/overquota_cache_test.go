@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/interceptor"
@@ -37,7 +38,7 @@ func TestAnOutcomeTheServiceReplacedIsNotCached(t *testing.T) {
 		t.Errorf("the gate logged %q; want the replacement logged, naming the stored-outcome quota", text)
 	}
 	r := shortLease(withKey("over-quota"), h, req)
-	wantStatus(t, r.err, codes.FailedPrecondition, interceptor.ReasonResultTooLarge)
+	wantStatus(t, r.err, codes.FailedPrecondition, idemgate.ReasonResultTooLarge)
 	// The duplicate is told why: the quota, not the size limit.
 	if msg := status.Convert(r.err).Message(); !strings.Contains(msg, "stored-outcome quota") || strings.Contains(msg, "over the size limit") {
 		t.Errorf("the duplicate's message %q; want it to name the stored-outcome quota, not the size limit", msg)

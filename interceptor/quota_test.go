@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
@@ -31,7 +31,7 @@ func TestQuotaExceededIsPreciseAndRetryable(t *testing.T) {
 		t.Fatalf("first call: %v", r.err)
 	}
 	r := shortLease(withKey("quota-2"), h, req)
-	wantStatus(t, r.err, codes.ResourceExhausted, interceptor.ReasonQuotaExceeded)
+	wantStatus(t, r.err, codes.ResourceExhausted, idemgate.ReasonQuotaExceeded)
 	if d, ok := grpcerr.RetryDelay(r.err); !ok || d <= 0 {
 		t.Fatalf("RetryInfo = %v, %v; want the Dedupe service's delay", d, ok)
 	}
@@ -69,7 +69,7 @@ func TestFinishOverTheByteRateIsRetriedAndStored(t *testing.T) {
 	<-h.svc.Started(held.GetPayload())
 	second := shortLease(withKey("bytes-2"), h, req)
 	first := <-firstDone
-	if first.err != nil && grpcerr.Reason(first.err) != interceptor.ReasonInFlight || second.err != nil {
+	if first.err != nil && grpcerr.Reason(first.err) != idemgate.ReasonInFlight || second.err != nil {
 		t.Fatalf("calls: %v, %v; want the second answered, the first answered or told to retry", first.err, second.err)
 	}
 	if err := h.Gate.Close(context.Background()); err != nil {

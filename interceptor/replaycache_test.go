@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
@@ -44,7 +45,7 @@ func TestReplayCacheAnswersWithoutDedupeCalls(t *testing.T) {
 		if raw := h.codec.bytesOf(resp); !bytes.Equal(raw, first.raw) {
 			t.Fatalf("cached replay bytes %x, want %x", raw, first.raw)
 		}
-		if got := header.Get(interceptor.ReplayedHeader); len(got) != 1 || got[0] != "true" {
+		if got := header.Get(idemgate.ReplayedHeader); len(got) != 1 || got[0] != "true" {
 			t.Errorf("replayed header = %q, want true", got)
 		}
 		if got := header.Get("x-receipt"); len(got) != 1 || got[0] != "r-1" {
@@ -64,7 +65,7 @@ func TestReplayCacheAnswersWithoutDedupeCalls(t *testing.T) {
 	// Another request under the key still reaches the service, which
 	// refuses it.
 	reused := h.mutate(withKey("cached-1"), &testingv1.MutateRequest{Payload: "charge 9999"})
-	wantStatus(t, reused.err, codes.FailedPrecondition, interceptor.ReasonKeyReused)
+	wantStatus(t, reused.err, codes.FailedPrecondition, idemgate.ReasonKeyReused)
 	if rpcs.Load() == before {
 		t.Error("a request with another fingerprint was answered without asking the Dedupe service")
 	}

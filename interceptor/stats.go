@@ -1,12 +1,13 @@
 package interceptor
 
 import (
-	"github.com/idemgate/idemgate/internal/gatemetrics"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemgate/idemgate"
+	"github.com/idemgate/idemgate/internal/gatemetrics"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 )
 
@@ -83,15 +84,16 @@ type metrics struct {
 }
 
 // StageBuckets are the upper bounds, in seconds, of
-// idemgate_interceptor_stage_seconds: from a fingerprint's microseconds to
-// a slow handler.
-var StageBuckets = []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1, 2.5, 10}
+// idemgate_interceptor_stage_seconds.
+//
+// Deprecated: use idemgate.StageBuckets, its home shared by every gate.
+var StageBuckets = idemgate.StageBuckets
 
 // ReplayAgeBuckets are the upper bounds, in seconds, of
-// idemgate_interceptor_replay_age_seconds: from a duplicate that raced its
-// original (10ms) to one a week later, past the longest retention the
-// Dedupe service allows by default.
-var ReplayAgeBuckets = []float64{0.01, 0.1, 1, 10, 60, 300, 1800, 3600, 6 * 3600, 24 * 3600, 7 * 24 * 3600}
+// idemgate_interceptor_replay_age_seconds.
+//
+// Deprecated: use idemgate.ReplayAgeBuckets, its home shared by every gate.
+var ReplayAgeBuckets = idemgate.ReplayAgeBuckets
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {

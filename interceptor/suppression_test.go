@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
@@ -105,12 +106,12 @@ func TestEveryGatedAnswerSaysWhenItsKeyExpires(t *testing.T) {
 	}
 	// First execution: the Finish's send time plus the retention, by the
 	// tool server's clock; the store counts from a moment later.
-	estimate := headerTime(t, first.header, interceptor.ExpiresAtHeader)
+	estimate := headerTime(t, first.header, idemgate.ExpiresAtHeader)
 	if estimate.Before(before.Add(retention).Truncate(time.Microsecond)) || estimate.After(after.Add(retention)) {
 		t.Fatalf("first answer expires at %v, want retention (%v) after the call, between %v and %v", estimate, retention, before.Add(retention), after.Add(retention))
 	}
-	if got := first.header.Get(interceptor.OriginalTimeHeader); len(got) != 0 {
-		t.Fatalf("a first execution carries %s = %q; only suppressed runs do", interceptor.OriginalTimeHeader, got)
+	if got := first.header.Get(idemgate.OriginalTimeHeader); len(got) != 0 {
+		t.Fatalf("a first execution carries %s = %q; only suppressed runs do", idemgate.OriginalTimeHeader, got)
 	}
 
 	record := h.storedRecord(t, mutate, "expires-1", req)
@@ -121,10 +122,10 @@ func TestEveryGatedAnswerSaysWhenItsKeyExpires(t *testing.T) {
 	if dup.err != nil || !dup.replayed {
 		t.Fatalf("duplicate: %v replayed=%v", dup.err, dup.replayed)
 	}
-	if got := headerTime(t, dup.header, interceptor.ExpiresAtHeader); !got.Equal(record.GetExpiresAt().AsTime()) {
+	if got := headerTime(t, dup.header, idemgate.ExpiresAtHeader); !got.Equal(record.GetExpiresAt().AsTime()) {
 		t.Errorf("replay expires at %v, want the record's %v", got, record.GetExpiresAt().AsTime())
 	}
-	if got := headerTime(t, dup.header, interceptor.OriginalTimeHeader); !got.Equal(record.GetCompletedAt().AsTime()) {
+	if got := headerTime(t, dup.header, idemgate.OriginalTimeHeader); !got.Equal(record.GetCompletedAt().AsTime()) {
 		t.Errorf("replay's original time %v, want the record's completed_at %v", got, record.GetCompletedAt().AsTime())
 	}
 
@@ -135,17 +136,17 @@ func TestEveryGatedAnswerSaysWhenItsKeyExpires(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("first failing call: %v", err)
 	}
-	headerTime(t, header, interceptor.ExpiresAtHeader)
+	headerTime(t, header, idemgate.ExpiresAtHeader)
 	header = nil
 	_, err = h.client.MutateReplayErrors(withKey("expires-2"), failing, grpc.Header(&header))
-	if status.Code(err) != codes.InvalidArgument || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+	if status.Code(err) != codes.InvalidArgument || len(header.Get(idemgate.ReplayedHeader)) != 1 {
 		t.Fatalf("replayed failing call: %v, header %v", err, header)
 	}
 	errRecord := h.storedRecord(t, testingv1.TestService_MutateReplayErrors_FullMethodName, "expires-2", failing)
-	if got := headerTime(t, header, interceptor.OriginalTimeHeader); !got.Equal(errRecord.GetCompletedAt().AsTime()) {
+	if got := headerTime(t, header, idemgate.OriginalTimeHeader); !got.Equal(errRecord.GetCompletedAt().AsTime()) {
 		t.Errorf("replayed error's original time %v, want %v", got, errRecord.GetCompletedAt().AsTime())
 	}
-	headerTime(t, header, interceptor.ExpiresAtHeader)
+	headerTime(t, header, idemgate.ExpiresAtHeader)
 
 	// A handler that sent its headers itself leaves the trailer as the
 	// only place for the expiry.
@@ -154,10 +155,10 @@ func TestEveryGatedAnswerSaysWhenItsKeyExpires(t *testing.T) {
 	if _, err := h.client.Mutate(withKey("expires-3"), sent, grpc.Header(&sentHeader), grpc.Trailer(&sentTrailer)); err != nil {
 		t.Fatal(err)
 	}
-	if len(sentHeader.Get(interceptor.ExpiresAtHeader)) != 0 {
+	if len(sentHeader.Get(idemgate.ExpiresAtHeader)) != 0 {
 		t.Fatalf("expiry in a header the handler had already sent: %v", sentHeader)
 	}
-	headerTime(t, sentTrailer, interceptor.ExpiresAtHeader)
+	headerTime(t, sentTrailer, idemgate.ExpiresAtHeader)
 
 	ages := replayAges(t, reg)
 	if ages[mutate] != 1 || ages[testingv1.TestService_MutateReplayErrors_FullMethodName] != 1 {
@@ -188,10 +189,10 @@ func TestCachedReplayCarriesTheSameHeaders(t *testing.T) {
 		if i == 1 && rpcs.Load() != before {
 			t.Fatal("the second duplicate was not answered from the replay cache")
 		}
-		if got := headerTime(t, header, interceptor.OriginalTimeHeader); !got.Equal(record.GetCompletedAt().AsTime()) {
+		if got := headerTime(t, header, idemgate.OriginalTimeHeader); !got.Equal(record.GetCompletedAt().AsTime()) {
 			t.Errorf("duplicate %d: original time %v, want %v", i, got, record.GetCompletedAt().AsTime())
 		}
-		if got := headerTime(t, header, interceptor.ExpiresAtHeader); !got.Equal(record.GetExpiresAt().AsTime()) {
+		if got := headerTime(t, header, idemgate.ExpiresAtHeader); !got.Equal(record.GetExpiresAt().AsTime()) {
 			t.Errorf("duplicate %d: expires at %v, want %v", i, got, record.GetExpiresAt().AsTime())
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/interceptor"
 )
@@ -23,7 +24,7 @@ func verifiedPeer(spiffeID, key string) context.Context {
 	ctx := peer.NewContext(context.Background(), &peer.Peer{AuthInfo: credentials.TLSInfo{
 		State: tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{cert}}},
 	}})
-	return metadata.NewIncomingContext(ctx, metadata.Pairs(interceptor.KeyHeader, key))
+	return metadata.NewIncomingContext(ctx, metadata.Pairs(idemgate.KeyHeader, key))
 }
 
 // By default the tenant is the caller's verified identity: tenant A reusing

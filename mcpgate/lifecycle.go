@@ -4,7 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -124,25 +124,25 @@ func (g *Gate) WatchDedupe(ctx context.Context, hs HealthSetter) { g.dedupe.Watc
 // interceptor's functions of the same names. A handler gets its request's
 // context (for httpgate r.Context(), for mcpgate the tool's ctx).
 
-// FencingToken names one reservation of one key (interceptor.FencingToken).
-type FencingToken = interceptor.FencingToken
+// FencingToken names one reservation of one key (idemgate.FencingToken).
+type FencingToken = idemgate.FencingToken
 
 // KeyFromContext returns the idempotency key of the gated call ctx belongs
 // to, as the caller sent it (or derived it from the fingerprint); false
 // outside a gated call. Hand DownstreamKeyFromContext's to a downstream
 // API instead.
-func KeyFromContext(ctx context.Context) (string, bool) { return interceptor.KeyFromContext(ctx) }
+func KeyFromContext(ctx context.Context) (string, bool) { return idemgate.KeyFromContext(ctx) }
 
 // DownstreamKeyFromContext returns the key to hand on to a downstream API
 // that dedupes on one: the same for every attempt at one action, different
 // for other scopes and tenants; false outside a gated call.
 func DownstreamKeyFromContext(ctx context.Context) (string, bool) {
-	return interceptor.DownstreamKeyFromContext(ctx)
+	return idemgate.DownstreamKeyFromContext(ctx)
 }
 
 // FencingTokenFromContext returns the reservation a gated handler runs
 // under, for a downstream system that supports conditional writes; false
 // outside a gated call.
 func FencingTokenFromContext(ctx context.Context) (FencingToken, bool) {
-	return interceptor.FencingTokenFromContext(ctx)
+	return idemgate.FencingTokenFromContext(ctx)
 }

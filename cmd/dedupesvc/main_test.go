@@ -19,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/examples/payments"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
@@ -60,7 +61,7 @@ func TestBinaryServesFromTheEmbeddedStore(t *testing.T) {
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(gate.UnaryServerInterceptor()))
 	paymentsv1.RegisterPaymentsServiceServer(srv, &payments.Server{Ledger: ledger})
 	client := paymentsv1.NewPaymentsServiceClient(stacktest.Serve(t, srv))
-	keyed := metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, "order-8842")
+	keyed := metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, "order-8842")
 	req := &paymentsv1.ChargeCardRequest{CustomerId: "cust_17", AmountCents: 4200}
 	first, err := client.ChargeCard(keyed, req)
 	if err != nil {

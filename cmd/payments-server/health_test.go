@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemgate/idemgate"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/testing/proctest"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
@@ -59,13 +59,13 @@ func TestPaymentsServerReportsItsDedupeService(t *testing.T) {
 	waitFor(t, "the start-up check's warning", tool, func() bool {
 		return strings.Contains(tool.Log(), "does not serve this tool server yet")
 	})
-	if got := healthOf(interceptor.DedupeHealthService); got != healthpb.HealthCheckResponse_NOT_SERVING {
+	if got := healthOf(idemgate.DedupeHealthService); got != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Errorf("idemgate.dedupe = %v without a Dedupe service, want NOT_SERVING", got)
 	}
 	if got := healthOf(""); got != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("the server's health = %v, want SERVING", got)
 	}
-	keyed := metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, "order-1")
+	keyed := metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, "order-1")
 	_, err = paymentsv1.NewPaymentsServiceClient(conn).ChargeCard(keyed, &paymentsv1.ChargeCardRequest{CustomerId: "cust_1", AmountCents: 100})
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("ChargeCard without a Dedupe service: %v, want UNAVAILABLE", err)
@@ -83,7 +83,7 @@ func TestPaymentsServerReportsItsDedupeService(t *testing.T) {
 	dedupe := proctest.Start(t, proctest.Build(t, "github.com/idemgate/idemgate/cmd/dedupesvc"),
 		[]string{"-listen", dedupeAddr, "-data-dir", filepath.Join(t.TempDir(), "data"), "-metrics-listen", ""}, []string{"DATABASE_URL="})
 	waitFor(t, "idemgate.dedupe SERVING", tool, func() bool {
-		return healthOf(interceptor.DedupeHealthService) == healthpb.HealthCheckResponse_SERVING
+		return healthOf(idemgate.DedupeHealthService) == healthpb.HealthCheckResponse_SERVING
 	})
 	if _, err := paymentsv1.NewPaymentsServiceClient(conn).ChargeCard(keyed, &paymentsv1.ChargeCardRequest{CustomerId: "cust_1", AmountCents: 100}, grpc.WaitForReady(true)); err != nil {
 		t.Fatalf("ChargeCard with the Dedupe service up: %v", err)
@@ -93,6 +93,6 @@ func TestPaymentsServerReportsItsDedupeService(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "idemgate.dedupe NOT_SERVING", tool, func() bool {
-		return healthOf(interceptor.DedupeHealthService) == healthpb.HealthCheckResponse_NOT_SERVING
+		return healthOf(idemgate.DedupeHealthService) == healthpb.HealthCheckResponse_NOT_SERVING
 	})
 }

@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/idemgate/idemgate"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/testing/proctest"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
@@ -27,7 +27,7 @@ func TestPaymentsServerWithTheDedupeServiceInProcess(t *testing.T) {
 	dataDir := filepath.Join(t.TempDir(), "data")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	keyed := metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, "order-in-process")
+	keyed := metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, "order-in-process")
 	var first string
 	for run := range 2 {
 		addr := stacktest.FreeAddr(t)

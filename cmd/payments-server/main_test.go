@@ -17,10 +17,10 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/examples/payments"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/httplimits"
 )
 
@@ -256,7 +256,7 @@ func TestFinishAfterReplyAnswersBeforeTheOutcomeIsStored(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer conn.Close()
-			ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, "held-finish"), time.Minute)
+			ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), idemgate.KeyHeader, "held-finish"), time.Minute)
 			defer cancel()
 			answered := make(chan error, 1)
 			go func() {

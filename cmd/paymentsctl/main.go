@@ -21,8 +21,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemgate/idemgate"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/version"
 )
@@ -66,11 +66,11 @@ func main() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if *key != "" {
-		ctx = metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, *key)
+		ctx = metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, *key)
 	}
 	var header metadata.MD
 	replayed := func() bool {
-		v := header.Get(interceptor.ReplayedHeader)
+		v := header.Get(idemgate.ReplayedHeader)
 		return len(v) == 1 && v[0] == "true"
 	}
 

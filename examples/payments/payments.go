@@ -18,8 +18,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemgate/idemgate"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
-	"github.com/idemgate/idemgate/interceptor"
 )
 
 // Ledger records every executed charge and receipt. Its zero value is ready.
@@ -46,7 +46,7 @@ type Charge struct {
 	// AmountCents is the charged amount.
 	AmountCents int64
 	// IdempotencyKey is the key the charge was sent to the provider under:
-	// interceptor.DownstreamKeyFromContext, the same for every attempt at
+	// idemgate.DownstreamKeyFromContext, the same for every attempt at
 	// the action and unique per tenant and method.
 	IdempotencyKey string
 }
@@ -138,7 +138,7 @@ func (s *Server) ChargeCard(ctx context.Context, req *paymentsv1.ChargeCardReque
 		return nil, status.Error(codes.InvalidArgument, "customer_id is required and amount_cents must be positive")
 	}
 	// The key a payment provider dedupes on: unique per tenant and method.
-	key, _ := interceptor.DownstreamKeyFromContext(ctx)
+	key, _ := idemgate.DownstreamKeyFromContext(ctx)
 	if err := reachProvider(ctx); err != nil {
 		return nil, err
 	}

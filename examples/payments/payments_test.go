@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/examples/payments"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
@@ -27,7 +27,7 @@ func setup(t *testing.T) (paymentsv1.PaymentsServiceClient, *payments.Ledger, *s
 }
 
 func key(k string) context.Context {
-	return metadata.AppendToOutgoingContext(context.Background(), interceptor.KeyHeader, k)
+	return metadata.AppendToOutgoingContext(context.Background(), idemgate.KeyHeader, k)
 }
 
 // The essay's incident: the client timed out after the charge succeeded and
@@ -46,8 +46,8 @@ func TestRetriedChargeChargesOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !proto.Equal(first, second) || header.Get(interceptor.ReplayedHeader)[0] != "true" {
-		t.Fatalf("retry got %v (replayed %v), want the replay of %v", second, header.Get(interceptor.ReplayedHeader), first)
+	if !proto.Equal(first, second) || header.Get(idemgate.ReplayedHeader)[0] != "true" {
+		t.Fatalf("retry got %v (replayed %v), want the replay of %v", second, header.Get(idemgate.ReplayedHeader), first)
 	}
 	charges := ledger.Charges()
 	if len(charges) != 1 || !strings.HasPrefix(charges[0].IdempotencyKey, "idg_") {

@@ -7,7 +7,7 @@ import (
 )
 
 // CallInfo is what a gated handler's context (Attempt.Context) carries,
-// whatever gate ran it, so interceptor.KeyFromContext, httpgate's and
+// whatever gate ran it, so idemgate.KeyFromContext, httpgate's and
 // mcpgate's read it alike.
 type CallInfo struct {
 	// Key is the idempotency key as the caller sent it.

@@ -7,7 +7,7 @@ import (
 )
 
 // A handler marks its error to say what it means for the record, whatever
-// its code; every front end re-exports these (interceptor.FinalError,
+// its code; every front end re-exports these (idemgate.FinalError,
 // mcpgate.FinalError, ...).
 
 // markedError carries a handler's decision on what its error means. It

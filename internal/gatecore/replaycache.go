@@ -20,6 +20,10 @@ const ReplayCacheClockMargin = 5 * time.Second
 // default (the interceptor's WithReplayCacheTTL, mcpgate's WithReplayCache).
 const DefaultReplayCacheTTL = time.Minute
 
+// DefaultMaxOutcomeBytes is the largest serialized outcome a gate stores for
+// replay by default: 1 MiB, the Dedupe service's default limit.
+const DefaultMaxOutcomeBytes = 1 << 20
+
 // replayEntryOverhead approximates an entry's memory beyond its bytes (the
 // map slot, the list element, the Any and the entry itself), so many tiny
 // outcomes still count against maxBytes.

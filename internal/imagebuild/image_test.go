@@ -29,6 +29,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/examples/payments"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
@@ -258,7 +259,7 @@ func TestImageRunsAgainstPostgreSQL(t *testing.T) {
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(gate.UnaryServerInterceptor()))
 	paymentsv1.RegisterPaymentsServiceServer(srv, &payments.Server{Ledger: ledger})
 	client := paymentsv1.NewPaymentsServiceClient(stacktest.Serve(t, srv))
-	keyed := metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, "order-image-1")
+	keyed := metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, "order-image-1")
 	req := &paymentsv1.ChargeCardRequest{CustomerId: "cust_22", AmountCents: 2200}
 	first, err := client.ChargeCard(keyed, req)
 	if err != nil {

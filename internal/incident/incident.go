@@ -36,6 +36,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
@@ -423,14 +424,16 @@ func runScenario(ctx context.Context, cfg Config, plan []order, name string, new
 	// ran. Inside the handler: a slow provider answer, after the side
 	// effect ran.
 	chain := []grpc.UnaryServerInterceptor{nw.serve, stall(cfg.stall), loseResponse}
+	var serverOpts []grpc.ServerOption
 	if newGate != nil {
 		gate, err := newGate()
 		if err != nil {
 			return Scenario{}, err
 		}
 		chain = append(chain, gate.UnaryServerInterceptor())
+		serverOpts = append(serverOpts, gate.ServerCodec())
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
+	srv := grpc.NewServer(append(serverOpts, grpc.ChainUnaryInterceptor(chain...))...)
 	paymentsv1.RegisterPaymentsServiceServer(srv, &payments.Server{Ledger: ledger, Provider: nw.provider})
 	conn, stop, err := serve(srv)
 	if err != nil {
@@ -606,7 +609,7 @@ func (rt *runtime) send(ctx context.Context, key string, at attempt, call func(c
 	ctx, cancel := context.WithTimeout(ctx, rt.cfg.CallDeadline)
 	defer cancel()
 	id := strconv.FormatInt(rt.attempts.Add(1), 10)
-	ctx = metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, key, attemptHeader, id,
+	ctx = metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, key, attemptHeader, id,
 		slowHeader, strconv.FormatBool(at.slow), lostHeader, strconv.FormatBool(at.lost))
 	var timedOut atomic.Bool
 	if at.slow {

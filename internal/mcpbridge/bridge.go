@@ -21,7 +21,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/dynamicpb"
 
-	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/mcpwire"
 )
@@ -279,13 +279,13 @@ func (f *forwarder) handler(md protoreflect.MethodDescriptor, keyArg string) mcp
 		ctx, cancel := context.WithTimeout(ctx, f.timeout)
 		defer cancel()
 		if hasKey {
-			ctx = metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, key)
+			ctx = metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, key)
 		}
 		out := dynamicpb.NewMessage(md.Output())
 		var header metadata.MD
 		if err := f.conn.Invoke(ctx, fullMethod, in, out, grpc.Header(&header)); err != nil {
 			f.logger.Info("tool call failed", slog.String("method", fullMethod), slog.Any("error", err))
-			if grpcerr.Reason(err) == interceptor.ReasonKeyMissing {
+			if grpcerr.Reason(err) == idemgate.ReasonKeyMissing {
 				// The tool server names its gRPC carrier; the MCP client
 				// has its own.
 				err = mcpwire.ReplaceMessage(err, mcpwire.KeyMissingMessage(keyArgNames(keyArg)...))
@@ -300,8 +300,8 @@ func (f *forwarder) handler(md protoreflect.MethodDescriptor, keyArg string) mcp
 		if structured {
 			res.StructuredContent = json.RawMessage(js)
 		}
-		meta := mcp.Meta{MetaReplayed: headerTrue(header, interceptor.ReplayedHeader)}
-		if headerTrue(header, interceptor.KeyDerivedHeader) {
+		meta := mcp.Meta{MetaReplayed: headerTrue(header, idemgate.ReplayedHeader)}
+		if headerTrue(header, idemgate.KeyDerivedHeader) {
 			meta[MetaKeyDerived] = true
 		}
 		res.SetMeta(meta)
@@ -320,7 +320,7 @@ func argumentKey(key string, hasKey bool, args json.RawMessage, name string) (st
 	case !hasArg:
 		return key, hasKey, rest, nil
 	case hasKey && argKey != key:
-		return "", false, nil, grpcerr.New(codes.InvalidArgument, interceptor.ReasonKeyConflict,
+		return "", false, nil, grpcerr.New(codes.InvalidArgument, idemgate.ReasonKeyConflict,
 			fmt.Sprintf("%s and the argument %s carry different idempotency keys; send one, or the same in both", mcpwire.CallKeyCarriers, name),
 			map[string]string{"field": name}, 0)
 	}

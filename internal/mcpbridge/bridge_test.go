@@ -18,9 +18,9 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/examples/payments"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/mcpbridge"
 	"github.com/idemgate/idemgate/internal/mcpwire"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
@@ -148,8 +148,8 @@ func TestCallerGivesUpThenRetriesWithTheSameKey(t *testing.T) {
 		if !res.IsError || e["advice"] != mcpbridge.AdviceRetrySameKey {
 			t.Fatalf("call %d while the charge runs = %+v, want an error with advice %s", i, e, mcpbridge.AdviceRetrySameKey)
 		}
-		if c := e["code"]; c != "DEADLINE_EXCEEDED" && e["reason"] != interceptor.ReasonInFlight {
-			t.Errorf("call %d: code %v reason %v, want DEADLINE_EXCEEDED or %s", i, c, e["reason"], interceptor.ReasonInFlight)
+		if c := e["code"]; c != "DEADLINE_EXCEEDED" && e["reason"] != idemgate.ReasonInFlight {
+			t.Errorf("call %d: code %v reason %v, want DEADLINE_EXCEEDED or %s", i, c, e["reason"], idemgate.ReasonInFlight)
 		}
 		select {
 		case <-started:
@@ -194,10 +194,10 @@ func TestKeyCarriers(t *testing.T) {
 		meta   mcp.Meta
 		reason string
 	}{
-		{"a key that is not a string", mcp.Meta{mcpbridge.MetaKey: 42}, interceptor.ReasonKeyInvalid},
-		{"a key with a control character", mcp.Meta{mcpbridge.MetaKey: "a\nb"}, interceptor.ReasonKeyInvalid},
-		{"two carriers with different keys", mcp.Meta{mcpbridge.MetaKey: "a", "io.idemgate/sep3182-idempotency-key": "b"}, interceptor.ReasonKeyConflict},
-		{"an empty key", mcp.Meta{mcpbridge.MetaKey: ""}, interceptor.ReasonKeyInvalid},
+		{"a key that is not a string", mcp.Meta{mcpbridge.MetaKey: 42}, idemgate.ReasonKeyInvalid},
+		{"a key with a control character", mcp.Meta{mcpbridge.MetaKey: "a\nb"}, idemgate.ReasonKeyInvalid},
+		{"two carriers with different keys", mcp.Meta{mcpbridge.MetaKey: "a", "io.idemgate/sep3182-idempotency-key": "b"}, idemgate.ReasonKeyConflict},
+		{"an empty key", mcp.Meta{mcpbridge.MetaKey: ""}, idemgate.ReasonKeyInvalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := call(tc.meta)
@@ -270,8 +270,8 @@ func TestKeyMissingNamesTheMCPCarrier(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := errMeta(res)
-	if !res.IsError || e["reason"] != interceptor.ReasonKeyMissing || e["advice"] != mcpbridge.AdviceFixRequest || e["domain"] == nil {
-		t.Fatalf("result = %+v, want %s with advice %s", e, interceptor.ReasonKeyMissing, mcpbridge.AdviceFixRequest)
+	if !res.IsError || e["reason"] != idemgate.ReasonKeyMissing || e["advice"] != mcpbridge.AdviceFixRequest || e["domain"] == nil {
+		t.Fatalf("result = %+v, want %s with advice %s", e, idemgate.ReasonKeyMissing, mcpbridge.AdviceFixRequest)
 	}
 	text := res.Content[0].(*mcp.TextContent).Text
 	msg, _ := e["message"].(string)

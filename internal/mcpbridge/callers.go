@@ -13,8 +13,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/descriptorpb"
 
+	"github.com/idemgate/idemgate"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/keys"
 	"github.com/idemgate/idemgate/internal/mcpwire"
@@ -93,12 +93,12 @@ func callerKey(caller, key string) (string, error) {
 	limit := keys.MaxBytes - len(prefix)
 	meta := map[string]string{"maxKeyBytes": strconv.Itoa(limit)}
 	if len(key) > limit {
-		return "", grpcerr.New(codes.InvalidArgument, interceptor.ReasonKeyInvalid,
+		return "", grpcerr.New(codes.InvalidArgument, idemgate.ReasonKeyInvalid,
 			fmt.Sprintf("the idempotency key is %d bytes long; this bridge stores a caller's key as %s<key>, so %s's keys may be at most %d bytes (%d with the prefix): use a shorter key, such as a UUID",
 				len(key), prefix, caller, limit, keys.MaxBytes), meta, 0)
 	}
 	if err := keys.Validate(key); err != nil {
-		return "", grpcerr.New(codes.InvalidArgument, interceptor.ReasonKeyInvalid,
+		return "", grpcerr.New(codes.InvalidArgument, idemgate.ReasonKeyInvalid,
 			fmt.Sprintf("the idempotency key %s: use 1 to %d bytes of printable ASCII without leading or trailing spaces, such as a UUID", err, limit), meta, 0)
 	}
 	return prefix + key, nil
@@ -135,7 +135,7 @@ func forCaller(caller string, key string, hasKey bool, in protoreflect.Message, 
 	if kf != nil {
 		if v := in.Get(kf).String(); v != "" {
 			if hasKey && v != key {
-				return "", false, grpcerr.New(codes.InvalidArgument, interceptor.ReasonKeyConflict,
+				return "", false, grpcerr.New(codes.InvalidArgument, idemgate.ReasonKeyConflict,
 					fmt.Sprintf("%s and the argument %s carry different idempotency keys; send one, or the same in both", mcpwire.CallKeyCarriers, kf.JSONName()),
 					map[string]string{"field": kf.JSONName()}, 0)
 			}
@@ -146,7 +146,7 @@ func forCaller(caller string, key string, hasKey bool, in protoreflect.Message, 
 		if !gated {
 			return "", false, nil
 		}
-		return "", false, grpcerr.New(codes.InvalidArgument, interceptor.ReasonKeyMissing,
+		return "", false, grpcerr.New(codes.InvalidArgument, idemgate.ReasonKeyMissing,
 			mcpwire.KeyMissingMessage(keyArgNames(keyArg)...)+keylessShared, nil, 0)
 	}
 	forwarded, err := callerKey(caller, key)

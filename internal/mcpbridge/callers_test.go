@@ -10,10 +10,10 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/grpc"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/examples/payments"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/mcpbridge"
 	"github.com/idemgate/idemgate/internal/mcpwire"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
@@ -177,7 +177,7 @@ func TestCallersOwnTheKeyField(t *testing.T) {
 	}
 	// The field and _meta must agree, as at the gate.
 	res, _ := alice.call(t, mutateTool, args, mcp.Meta{mcpbridge.MetaKey: "req-2"})
-	if e := errMeta(res); !res.IsError || e["reason"] != interceptor.ReasonKeyConflict || e["advice"] != mcpbridge.AdviceFixRequest {
+	if e := errMeta(res); !res.IsError || e["reason"] != idemgate.ReasonKeyConflict || e["advice"] != mcpbridge.AdviceFixRequest {
 		t.Errorf("_meta and requestId with different keys: %+v", res)
 	}
 }
@@ -193,8 +193,8 @@ func TestCallersKeylessCallsAreRefused(t *testing.T) {
 	for name, who := range map[string]*caller{"alice": alice, "bob": bob} {
 		res, _ := who.call(t, keylessTool, args, nil)
 		e := errMeta(res)
-		if !res.IsError || e["reason"] != interceptor.ReasonKeyMissing || e["advice"] != mcpbridge.AdviceFixRequest {
-			t.Fatalf("%s's keyless call = %s %v, want %s with advice %s", name, text(res), res.Meta, interceptor.ReasonKeyMissing, mcpbridge.AdviceFixRequest)
+		if !res.IsError || e["reason"] != idemgate.ReasonKeyMissing || e["advice"] != mcpbridge.AdviceFixRequest {
+			t.Fatalf("%s's keyless call = %s %v, want %s with advice %s", name, text(res), res.Meta, idemgate.ReasonKeyMissing, mcpbridge.AdviceFixRequest)
 		}
 		for _, s := range []string{`_meta["` + mcpbridge.MetaKey + `"]`, "shared by several callers"} {
 			if !strings.Contains(text(res), s) {
@@ -230,8 +230,8 @@ func TestCallersKeyLimit(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			res, _ := alice.call(t, mutateTool, args, mcp.Meta{mcpbridge.MetaKey: tc.key})
 			e := errMeta(res)
-			if !res.IsError || e["reason"] != interceptor.ReasonKeyInvalid || e["advice"] != mcpbridge.AdviceFixRequest || !strings.Contains(text(res), tc.want) {
-				t.Errorf("key %q = %s %v, want %s (%s) saying %q", tc.key, text(res), res.Meta, interceptor.ReasonKeyInvalid, mcpbridge.AdviceFixRequest, tc.want)
+			if !res.IsError || e["reason"] != idemgate.ReasonKeyInvalid || e["advice"] != mcpbridge.AdviceFixRequest || !strings.Contains(text(res), tc.want) {
+				t.Errorf("key %q = %s %v, want %s (%s) saying %q", tc.key, text(res), res.Meta, idemgate.ReasonKeyInvalid, mcpbridge.AdviceFixRequest, tc.want)
 			}
 		})
 	}

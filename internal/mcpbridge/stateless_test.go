@@ -18,9 +18,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/examples/payments"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/mcpbridge"
 	"github.com/idemgate/idemgate/internal/mcpwire"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
@@ -138,8 +138,8 @@ func TestStatelessHTTPAtEachProtocolVersion(t *testing.T) {
 				t.Fatal(err)
 			}
 			e := errMeta(res)
-			if !res.IsError || e["reason"] != interceptor.ReasonKeyMissing || e["advice"] != mcpbridge.AdviceFixRequest {
-				t.Fatalf("keyless = %+v, want %s with advice %s", res, interceptor.ReasonKeyMissing, mcpbridge.AdviceFixRequest)
+			if !res.IsError || e["reason"] != idemgate.ReasonKeyMissing || e["advice"] != mcpbridge.AdviceFixRequest {
+				t.Fatalf("keyless = %+v, want %s with advice %s", res, idemgate.ReasonKeyMissing, mcpbridge.AdviceFixRequest)
 			}
 			text := res.Content[0].(*mcp.TextContent).Text
 			for _, s := range []string{"IDEMPOTENCY_KEY_MISSING", "needs an idempotency key", `_meta["` + mcpbridge.MetaKey + `"]`, "(fix_request)"} {

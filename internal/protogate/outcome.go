@@ -19,11 +19,11 @@ import (
 )
 
 // Reconciler is asked, when a call finds that an earlier attempt's outcome
-// was lost, what really happened (interceptor.Reconciler documents it).
+// was lost, what really happened (idemgate.Reconciler documents it).
 type Reconciler func(ctx context.Context, key string, req proto.Message) (Resolution, error)
 
 // Resolution is a Reconciler's answer; its constructors are
-// interceptor.ResolvedResponse and the rest.
+// idemgate.ResolvedResponse and the rest.
 type Resolution struct {
 	kind     resolutionKind
 	response proto.Message

@@ -56,7 +56,7 @@ const (
 	MaxActionBytes = 255
 )
 
-// Policy is the resolved idemgate policy of one method; interceptor.Policy
+// Policy is the resolved idemgate policy of one method; idemgate.Policy
 // is the same struct, converted.
 type Policy struct {
 	// Gated reports whether calls are deduplicated: the method is marked

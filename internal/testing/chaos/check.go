@@ -11,7 +11,7 @@ import (
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 )
 
-// reasonOutcomeUnknown is interceptor.ReasonOutcomeUnknown, spelled out so
+// reasonOutcomeUnknown is idemgate.ReasonOutcomeUnknown, spelled out so
 // the checker judges the wire, not the library's constant.
 const reasonOutcomeUnknown = "IDEMPOTENCY_OUTCOME_UNKNOWN"
 

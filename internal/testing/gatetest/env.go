@@ -15,11 +15,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/testing/netfault"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 )
@@ -230,7 +230,7 @@ func (l *ledger) handle(ctx context.Context, method string, req *testingv1.Confo
 	e.started <- n
 	defer func() { e.ended <- ctx.Err() }()
 	msg := fmt.Sprintf("%s: execution %d of %q failed on request", method, n, req.GetLabel())
-	if _, ok := interceptor.FencingTokenFromContext(ctx); !ok {
+	if _, ok := idemgate.FencingTokenFromContext(ctx); !ok {
 		// Every gate's handler runs on the attempt's context, which carries
 		// the call: a downstream write needs its fencing token.
 		return nil, &Failure{Kind: Retryable, Code: codes.Internal, Message: msg + ": the handler's context does not carry the gated call (FencingTokenFromContext)"}

@@ -120,13 +120,13 @@ const (
 	// Unmarked leaves the decision to the method's policy (replay_codes).
 	Unmarked FailureKind = iota
 	// Retryable marks the side effect as not having happened: the key is
-	// released (interceptor.RetryableError).
+	// released (idemgate.RetryableError).
 	Retryable
 	// Final marks the error as the action's outcome, stored and replayed
-	// (interceptor.FinalError).
+	// (idemgate.FinalError).
 	Final
 	// OutcomeUnknown marks the side effect as possibly done
-	// (interceptor.OutcomeUnknownError).
+	// (idemgate.OutcomeUnknownError).
 	OutcomeUnknown
 )
 

@@ -27,8 +27,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/idemgate/idemgate"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
-	"github.com/idemgate/idemgate/interceptor"
 )
 
 // config is the load test's settings, from flags and the environment.
@@ -504,7 +504,7 @@ func (lt *loadtest) startPayments(ctx context.Context, name, paymentsBin, dedupe
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		callCtx = metadata.AppendToOutgoingContext(callCtx, interceptor.KeyHeader, "loadtest-ready-"+rand.Text())
+		callCtx = metadata.AppendToOutgoingContext(callCtx, idemgate.KeyHeader, "loadtest-ready-"+rand.Text())
 		_, err = client.ChargeCard(callCtx, &paymentsv1.ChargeCardRequest{CustomerId: "cust_ready", AmountCents: 1})
 		cancel()
 		if err == nil {
@@ -589,7 +589,7 @@ func (lt *loadtest) warmUp(ctx context.Context) error {
 }
 
 // freshKey is ghz metadata giving every call its own idempotency key.
-var freshKey = fmt.Sprintf(`{%q:"{{.UUID}}"}`, interceptor.KeyHeader)
+var freshKey = fmt.Sprintf(`{%q:"{{.UUID}}"}`, idemgate.KeyHeader)
 
 func chargeData(customer string) string {
 	return fmt.Sprintf(`{"customer_id":%q,"amount_cents":100}`, customer)
@@ -728,7 +728,7 @@ func (lt *loadtest) replay(ctx context.Context, name, target string, cached bool
 	}
 	defer conn.Close()
 	client := paymentsv1.NewPaymentsServiceClient(conn)
-	callCtx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, key), 30*time.Second)
+	callCtx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, key), 30*time.Second)
 	defer cancel()
 	if _, err := client.ChargeCard(callCtx, &paymentsv1.ChargeCardRequest{CustomerId: customer, AmountCents: 100}); err != nil {
 		return sample{}, fmt.Errorf("the first call: %w", err)
@@ -737,7 +737,7 @@ func (lt *loadtest) replay(ctx context.Context, name, target string, cached bool
 	if err != nil {
 		return sample{}, err
 	}
-	s, err := lt.ghz(ctx, name, target, "ChargeCard", 1, fmt.Sprintf(`{%q:%q}`, interceptor.KeyHeader, key), chargeData(customer), dur...)
+	s, err := lt.ghz(ctx, name, target, "ChargeCard", 1, fmt.Sprintf(`{%q:%q}`, idemgate.KeyHeader, key), chargeData(customer), dur...)
 	if err != nil {
 		return sample{}, err
 	}

@@ -11,8 +11,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/mcpbridge"
 	"github.com/idemgate/idemgate/internal/testing/chaos"
 	"github.com/idemgate/idemgate/internal/testing/proctest"
@@ -195,8 +195,8 @@ func TestToolKilledAfterItsSideEffect(t *testing.T) {
 
 	res, retried := retryUntil(t, session, failClosedTool, "kill-closed")
 	t.Logf("FAIL_CLOSED: retried on %v", retried)
-	if !res.IsError || errorField(res, "reason") != interceptor.ReasonOutcomeUnknown || errorField(res, "advice") != mcpbridge.AdviceEscalate {
-		t.Errorf("FAIL_CLOSED retry = %s %+v, want %s with advice %s", text(res), res.Meta, interceptor.ReasonOutcomeUnknown, mcpbridge.AdviceEscalate)
+	if !res.IsError || errorField(res, "reason") != idemgate.ReasonOutcomeUnknown || errorField(res, "advice") != mcpbridge.AdviceEscalate {
+		t.Errorf("FAIL_CLOSED retry = %s %+v, want %s with advice %s", text(res), res.Meta, idemgate.ReasonOutcomeUnknown, mcpbridge.AdviceEscalate)
 	}
 	if n := s.effects(t, "kill-closed"); n != 1 {
 		t.Errorf("FAIL_CLOSED side effects = %d, want 1", n)

@@ -14,7 +14,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/mcpbridge"
 )
 
@@ -192,7 +192,7 @@ func TestGoSDKClient(t *testing.T) {
 					if res.IsError {
 						// A duplicate that outwaited max_wait gets IN_FLIGHT; its
 						// retry gets the outcome.
-						if reason(res) != interceptor.ReasonInFlight {
+						if reason(res) != idemgate.ReasonInFlight {
 							t.Errorf("concurrent duplicate: %s", text(res))
 						}
 						continue
@@ -211,8 +211,8 @@ func TestGoSDKClient(t *testing.T) {
 			t.Run("a key reused with other arguments is refused", func(t *testing.T) {
 				call(t, session, chargeTool, "order-3-"+tr.name, map[string]any{"customerId": cust, "amountCents": 100})
 				res := call(t, session, chargeTool, "order-3-"+tr.name, map[string]any{"customerId": cust, "amountCents": 999})
-				if !res.IsError || reason(res) != interceptor.ReasonKeyReused {
-					t.Errorf("reuse = %s (meta %v), want %s", text(res), res.Meta, interceptor.ReasonKeyReused)
+				if !res.IsError || reason(res) != idemgate.ReasonKeyReused {
+					t.Errorf("reuse = %s (meta %v), want %s", text(res), res.Meta, idemgate.ReasonKeyReused)
 				}
 				if e := res.Meta[mcpbridge.MetaError].(map[string]any); e["code"] != "FAILED_PRECONDITION" || e["advice"] != mcpbridge.AdviceEscalate {
 					t.Errorf("error meta = %v", e)
@@ -221,8 +221,8 @@ func TestGoSDKClient(t *testing.T) {
 
 			t.Run("a keyless call to a gated tool is refused with the reason", func(t *testing.T) {
 				res := call(t, session, chargeTool, "", map[string]any{"customerId": cust, "amountCents": 100})
-				if !res.IsError || reason(res) != interceptor.ReasonKeyMissing {
-					t.Errorf("keyless = %s, want %s", text(res), interceptor.ReasonKeyMissing)
+				if !res.IsError || reason(res) != idemgate.ReasonKeyMissing {
+					t.Errorf("keyless = %s, want %s", text(res), idemgate.ReasonKeyMissing)
 				}
 			})
 

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/mcpbridge"
 	"github.com/idemgate/idemgate/internal/testing/proctest"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
@@ -143,7 +143,7 @@ func TestTypeScriptV2Client2026(t *testing.T) {
 				ids := map[any]bool{}
 				for _, r := range out.Concurrent {
 					if r.IsError {
-						if r.reason() != interceptor.ReasonInFlight {
+						if r.reason() != idemgate.ReasonInFlight {
 							t.Errorf("concurrent duplicate: %s", r.text())
 						}
 						continue
@@ -153,12 +153,12 @@ func TestTypeScriptV2Client2026(t *testing.T) {
 				if len(ids) != 1 {
 					t.Errorf("concurrent duplicates got charges %v, want one", ids)
 				}
-				if !out.Reuse.IsError || out.Reuse.reason() != interceptor.ReasonKeyReused {
-					t.Errorf("reuse = %+v, want %s", out.Reuse, interceptor.ReasonKeyReused)
+				if !out.Reuse.IsError || out.Reuse.reason() != idemgate.ReasonKeyReused {
+					t.Errorf("reuse = %+v, want %s", out.Reuse, idemgate.ReasonKeyReused)
 				}
 				e, _ := out.Keyless.Meta[mcpbridge.MetaError].(map[string]any)
-				if !out.Keyless.IsError || out.Keyless.reason() != interceptor.ReasonKeyMissing || e["advice"] != mcpbridge.AdviceFixRequest {
-					t.Errorf("keyless = %+v, want %s with advice %s", out.Keyless, interceptor.ReasonKeyMissing, mcpbridge.AdviceFixRequest)
+				if !out.Keyless.IsError || out.Keyless.reason() != idemgate.ReasonKeyMissing || e["advice"] != mcpbridge.AdviceFixRequest {
+					t.Errorf("keyless = %+v, want %s with advice %s", out.Keyless, idemgate.ReasonKeyMissing, mcpbridge.AdviceFixRequest)
 				}
 				for _, s := range []string{"IDEMPOTENCY_KEY_MISSING", "needs an idempotency key", `_meta["` + mcpbridge.MetaKey + `"]`, "(fix_request)"} {
 					if !strings.Contains(out.Keyless.text(), s) {

@@ -9,7 +9,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/mcpbridge"
 )
 
@@ -135,7 +135,7 @@ func TestTypeScriptSDKClient(t *testing.T) {
 			ids := map[any]bool{}
 			for _, r := range out.Concurrent {
 				if r.IsError {
-					if r.reason() != interceptor.ReasonInFlight {
+					if r.reason() != idemgate.ReasonInFlight {
 						t.Errorf("concurrent duplicate: %s", r.text())
 					}
 					continue
@@ -145,11 +145,11 @@ func TestTypeScriptSDKClient(t *testing.T) {
 			if len(ids) != 1 {
 				t.Errorf("concurrent duplicates got charges %v, want one", ids)
 			}
-			if !out.Reuse.IsError || out.Reuse.reason() != interceptor.ReasonKeyReused {
-				t.Errorf("reuse = %+v, want %s", out.Reuse, interceptor.ReasonKeyReused)
+			if !out.Reuse.IsError || out.Reuse.reason() != idemgate.ReasonKeyReused {
+				t.Errorf("reuse = %+v, want %s", out.Reuse, idemgate.ReasonKeyReused)
 			}
-			if !out.Keyless.IsError || out.Keyless.reason() != interceptor.ReasonKeyMissing {
-				t.Errorf("keyless = %+v, want %s", out.Keyless, interceptor.ReasonKeyMissing)
+			if !out.Keyless.IsError || out.Keyless.reason() != idemgate.ReasonKeyMissing {
+				t.Errorf("keyless = %+v, want %s", out.Keyless, idemgate.ReasonKeyMissing)
 			}
 			// SEP-3182's parameter: the TypeScript SDK sends extra params, and
 			// the bridge's carriers hand them to the handler.

@@ -21,7 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/mcpbridge"
 	"github.com/idemgate/idemgate/internal/testing/proctest"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
@@ -451,8 +451,8 @@ func checkAgentAt(t *testing.T, stdout *bytes.Buffer, conversation, chargeKey, r
 	if receiptKey != "" && (receipt.Key != receiptKey || receipt.IsError || receipt.Replayed) {
 		t.Errorf("receipt = %+v, want a run under %s", receipt, receiptKey)
 	}
-	if !reused.IsError || reused.Reason != interceptor.ReasonKeyReused || reused.Advice != mcpbridge.AdviceEscalate {
-		t.Errorf("key reused = %+v, want %s with advice %s", reused, interceptor.ReasonKeyReused, mcpbridge.AdviceEscalate)
+	if !reused.IsError || reused.Reason != idemgate.ReasonKeyReused || reused.Advice != mcpbridge.AdviceEscalate {
+		t.Errorf("key reused = %+v, want %s with advice %s", reused, idemgate.ReasonKeyReused, mcpbridge.AdviceEscalate)
 	}
 	receipts, hasReceipts := balance.Structured["receipts"]
 	if balance.Key != "" || balance.IsError || !wantInt(balance.Structured["charges"], 1) ||

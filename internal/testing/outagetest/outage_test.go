@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
@@ -133,8 +134,8 @@ func TestStoreOutageLongerThanTheLeaseCostsTheHolderNothing(t *testing.T) {
 				if err != nil {
 					t.Fatalf("first call: %v", err)
 				}
-				if status.Code(duplicate) != codes.Aborted || grpcerr.Reason(duplicate) != interceptor.ReasonInFlight {
-					t.Fatalf("duplicate right after the store came back: %v; want ABORTED %s, the holder was alive", duplicate, interceptor.ReasonInFlight)
+				if status.Code(duplicate) != codes.Aborted || grpcerr.Reason(duplicate) != idemgate.ReasonInFlight {
+					t.Fatalf("duplicate right after the store came back: %v; want ABORTED %s, the holder was alive", duplicate, idemgate.ReasonInFlight)
 				}
 				var header metadata.MD
 				var again *testingv1.MutateResponse
@@ -144,7 +145,7 @@ func TestStoreOutageLongerThanTheLeaseCostsTheHolderNothing(t *testing.T) {
 						break
 					}
 				}
-				if err != nil || again.GetExecution() != resp.GetExecution() || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+				if err != nil || again.GetExecution() != resp.GetExecution() || len(header.Get(idemgate.ReplayedHeader)) != 1 {
 					t.Fatalf("duplicate after the Finish: %v %v, want the first outcome replayed", again, err)
 				}
 				if got := svc.Executions(); got != 1 {
@@ -162,7 +163,7 @@ func answerOnceBack(t *testing.T, call func() error) error {
 	deadline := time.Now().Add(patience)
 	for {
 		err := call()
-		if grpcerr.Reason(err) != interceptor.ReasonStoreUnavailable || time.Now().After(deadline) {
+		if grpcerr.Reason(err) != idemgate.ReasonStoreUnavailable || time.Now().After(deadline) {
 			return err
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -201,5 +202,5 @@ func gatedTool(t *testing.T, addr string, svc *testsvc.Server, hook grpc.UnaryCl
 func withKey(key string) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), patience)
 	_ = cancel // bounds a hung test; it ends with the test process
-	return metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, key)
+	return metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, key)
 }

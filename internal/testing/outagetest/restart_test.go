@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
@@ -111,8 +112,8 @@ func TestRestartWithTheDefaultReconnectBackoffKeepsTheHolder(t *testing.T) {
 			if got := svc.executions.Load(); got != 1 {
 				t.Fatalf("a duplicate after the restart's grace ran the action again (%d executions, answer %v); the holder was alive", got, dup)
 			}
-			if status.Code(dup) != codes.Aborted || grpcerr.Reason(dup) != interceptor.ReasonInFlight {
-				t.Fatalf("duplicate after the restart's grace: %v (%s); want ABORTED %s, the holder was alive", dup, grpcerr.Reason(dup), interceptor.ReasonInFlight)
+			if status.Code(dup) != codes.Aborted || grpcerr.Reason(dup) != idemgate.ReasonInFlight {
+				t.Fatalf("duplicate after the restart's grace: %v (%s); want ABORTED %s, the holder was alive", dup, grpcerr.Reason(dup), idemgate.ReasonInFlight)
 			}
 
 			svc.releaseHolder()
@@ -134,7 +135,7 @@ func TestRestartWithTheDefaultReconnectBackoffKeepsTheHolder(t *testing.T) {
 					}
 				}
 				got, _ := proto.Marshal(again)
-				if err != nil || string(got) != string(want) || len(header.Get(interceptor.ReplayedHeader)) != 1 {
+				if err != nil || string(got) != string(want) || len(header.Get(idemgate.ReplayedHeader)) != 1 {
 					t.Fatalf("duplicate after the holder's Finish: %v %v (header %v), want %v replayed", again, err, header, first.resp)
 				}
 			}
@@ -167,7 +168,7 @@ func (s *holdingCharges) ChargeReexecute(ctx context.Context, req *testingv1.Cha
 
 func (s *holdingCharges) charge(ctx context.Context, req *testingv1.ChargeRequest) (*testingv1.ChargeResponse, error) {
 	n := s.executions.Add(1)
-	token, _ := interceptor.FencingTokenFromContext(ctx)
+	token, _ := idemgate.FencingTokenFromContext(ctx)
 	if n == 1 {
 		close(s.started)
 		select {

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/connectgate"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	"github.com/idemgate/idemgate/gen/examples/payments/v1/paymentsv1connect"
@@ -69,11 +70,13 @@ func grpcServer(ctx context.Context, creds credentials.TransportCredentials, ten
 	if err != nil {
 		return err // a policy misconfiguration, reported at start-up
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
-		recovery.UnaryServerInterceptor(), // outermost: the gate re-panics a handler's panic
-		authInterceptor,                   // so the tenant function can trust the identity
-		gate.UnaryServerInterceptor(),     // then the gate
-	))
+	srv := grpc.NewServer(
+		gate.ServerCodec(), // encodes map fields in key order: a replay's bytes are the first answer's
+		grpc.ChainUnaryInterceptor(
+			recovery.UnaryServerInterceptor(), // outermost: the gate re-panics a handler's panic
+			authInterceptor,                   // so the tenant function can trust the identity
+			gate.UnaryServerInterceptor(),     // then the gate
+		))
 	paymentsv1.RegisterPaymentsServiceServer(srv, impl)
 	if err := gate.CheckServer(srv); err != nil {
 		return err // a served method nobody classified
@@ -234,15 +237,15 @@ func reconciler(dedupe idemgatev1.DedupeServiceClient, provider chargeProvider) 
 	// README:begin
 	gate, err := interceptor.New(dedupe, interceptor.WithReconciler(
 		paymentsv1.PaymentsService_ChargeCard_FullMethodName,
-		func(ctx context.Context, key string, req proto.Message) (interceptor.Resolution, error) {
+		func(ctx context.Context, key string, req proto.Message) (idemgate.Resolution, error) {
 			charge, found, err := provider.FindChargeByIdempotencyKey(ctx, key)
 			switch {
 			case err != nil:
-				return interceptor.StillUnknown(), err
+				return idemgate.StillUnknown(), err
 			case found:
-				return interceptor.ResolvedResponse(&paymentsv1.ChargeCardResponse{ChargeId: charge.ID /* ... */}), nil
+				return idemgate.ResolvedResponse(&paymentsv1.ChargeCardResponse{ChargeId: charge.ID /* ... */}), nil
 			default:
-				return interceptor.ResolvedNotRun(), nil // the next step runs the handler
+				return idemgate.ResolvedNotRun(), nil // the next step runs the handler
 			}
 		}))
 	// README:end

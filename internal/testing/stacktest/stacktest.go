@@ -50,6 +50,10 @@ type Config struct {
 	// Dedupe gRPC server still serves Stack.Dedupe's connection.
 	// DedupeClientInterceptor does not apply to the in-process client.
 	InProcessDedupe bool
+	// DefaultCodec builds the tool server with grpc-go's default codec
+	// instead of the gate's deterministic one (Gate.ServerCodec), as a
+	// server built without it is.
+	DefaultCodec bool
 	// PoolMaxConns, when set, sizes the Dedupe service's connection pool;
 	// 0 keeps pgtest's 16.
 	PoolMaxConns int32
@@ -186,7 +190,11 @@ func (s *Stack) tool(tb testing.TB, dedupe idemgatev1.DedupeServiceClient, regis
 		_ = gate.Close(ctx)
 	})
 	chain := append(append([]grpc.UnaryServerInterceptor{}, cfg.ToolInterceptors...), gate.UnaryServerInterceptor())
-	toolSrv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...), grpc.ChainStreamInterceptor(gate.StreamServerInterceptor()))
+	serverOpts := []grpc.ServerOption{grpc.ChainUnaryInterceptor(chain...), grpc.ChainStreamInterceptor(gate.StreamServerInterceptor())}
+	if !cfg.DefaultCodec {
+		serverOpts = append(serverOpts, gate.ServerCodec())
+	}
+	toolSrv := grpc.NewServer(serverOpts...)
 	register(toolSrv)
 	return gate, Serve(tb, toolSrv, cfg.ToolDial...)
 }

@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
-	"github.com/idemgate/idemgate/interceptor"
 )
 
 // Server counts executions per method; every method behaves the same.
@@ -100,9 +100,9 @@ func (s *Server) handle(ctx context.Context, req *testingv1.MutateRequest) (*tes
 	if c := req.GetFailCode(); c != 0 {
 		return nil, requestedError(req, n)
 	}
-	key, _ := interceptor.KeyFromContext(ctx)
-	downstream, _ := interceptor.DownstreamKeyFromContext(ctx)
-	token, _ := interceptor.FencingTokenFromContext(ctx)
+	key, _ := idemgate.KeyFromContext(ctx)
+	downstream, _ := idemgate.DownstreamKeyFromContext(ctx)
+	token, _ := idemgate.FencingTokenFromContext(ctx)
 	return &testingv1.MutateResponse{Payload: req.GetPayload(), Execution: n, Key: key, Epoch: token.Epoch, DownstreamKey: downstream}, nil
 }
 
@@ -140,9 +140,9 @@ func requestedError(req *testingv1.MutateRequest, execution int64) error {
 	}
 	switch req.GetFailMark() {
 	case testingv1.ErrorMark_ERROR_MARK_FINAL:
-		return interceptor.FinalError(st.Err())
+		return idemgate.FinalError(st.Err())
 	case testingv1.ErrorMark_ERROR_MARK_RETRYABLE:
-		return interceptor.RetryableError(st.Err())
+		return idemgate.RetryableError(st.Err())
 	default:
 		return st.Err()
 	}

@@ -11,11 +11,11 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/grpc"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/connectgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/gen/idemgate/testing/v1/testingv1connect"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
-	"github.com/idemgate/idemgate/interceptor"
 )
 
 // connectListen is the -connect-listen flag.
@@ -71,7 +71,7 @@ func serveConnect(addr string, dedupe idemgatev1.DedupeServiceClient, conn *grpc
 
 // connectServer is the ChaosService as a Connect handler: the gRPC
 // handler's logic, its key, fencing token and downstream key read from the
-// context connectgate gives it (interceptor.KeyFromContext and the rest),
+// context connectgate gives it (idemgate.KeyFromContext and the rest),
 // its errors as *connect.Error.
 type connectServer struct{ s *server }
 
@@ -84,9 +84,9 @@ func (c connectServer) ChargeReexecute(ctx context.Context, req *connect.Request
 }
 
 func (c connectServer) charge(ctx context.Context, req *testingv1.ChargeRequest, method string) (*connect.Response[testingv1.ChargeResponse], error) {
-	key, _ := interceptor.KeyFromContext(ctx)
-	token, _ := interceptor.FencingTokenFromContext(ctx)
-	downstream, _ := interceptor.DownstreamKeyFromContext(ctx)
+	key, _ := idemgate.KeyFromContext(ctx)
+	token, _ := idemgate.FencingTokenFromContext(ctx)
+	downstream, _ := idemgate.DownstreamKeyFromContext(ctx)
 	resp, _, err := c.s.execute(ctx, req, execution{key: key, method: method, epoch: token.Epoch, downstream: downstream})
 	switch {
 	case err == nil:
@@ -110,7 +110,7 @@ func (breakConnect) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		resp, err := next(ctx, req)
 		if err != nil {
-			return resp, interceptor.RetryableError(err)
+			return resp, idemgate.RetryableError(err)
 		}
 		return resp, nil
 	}

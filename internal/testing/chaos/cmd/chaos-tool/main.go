@@ -87,6 +87,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
@@ -175,7 +176,7 @@ func run(listen, dedupeAddr, ledgerPath, name string, latency time.Duration, pau
 		logger.Warn("the broken layer is on: every handler error (and every HTTP handler failure) is marked retryable, so ambiguous failures run again")
 		chain = append(chain, breakGate)
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
+	srv := grpc.NewServer(gate.ServerCodec(), grpc.ChainUnaryInterceptor(chain...))
 	chaosServer := &server{
 		name: name, pid: os.Getpid(), ledger: ledger, latency: latency,
 		pause: pause, pauseFor: pauseFor, ambiguous: ambiguous, failed: map[string]bool{}, logger: logger,
@@ -243,7 +244,7 @@ func compile(expr string) (*regexp.Regexp, error) {
 func breakGate(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	resp, err := handler(ctx, req)
 	if err != nil {
-		return resp, interceptor.RetryableError(err)
+		return resp, idemgate.RetryableError(err)
 	}
 	return resp, nil
 }
@@ -278,9 +279,9 @@ func (s *server) ChargeReexecute(ctx context.Context, req *testingv1.ChargeReque
 }
 
 func (s *server) charge(ctx context.Context, req *testingv1.ChargeRequest, method string) (*testingv1.ChargeResponse, error) {
-	key, _ := interceptor.KeyFromContext(ctx)
-	token, _ := interceptor.FencingTokenFromContext(ctx)
-	downstream, _ := interceptor.DownstreamKeyFromContext(ctx)
+	key, _ := idemgate.KeyFromContext(ctx)
+	token, _ := idemgate.FencingTokenFromContext(ctx)
+	downstream, _ := idemgate.DownstreamKeyFromContext(ctx)
 	resp, _, err := s.execute(ctx, req, execution{key: key, method: method, epoch: token.Epoch, downstream: downstream, lateMetadata: true})
 	switch {
 	case errors.Is(err, errAmbiguous):

@@ -15,9 +15,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/gen/idemgate/testing/v1/testingv1connect"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/testing/chaos"
 )
 
@@ -95,7 +95,7 @@ func (cc *connectCaller) try(ctx context.Context, a action, callerID, attempt, t
 	tctx, cancel := context.WithTimeout(ctx, cc.tryTimeout)
 	defer cancel()
 	req := connect.NewRequest(msg)
-	req.Header().Set(interceptor.KeyHeader, a.key)
+	req.Header().Set(idemgate.KeyHeader, a.key)
 	var resp *connect.Response[testingv1.ChargeResponse]
 	var err error
 	if a.method == testingv1.ChaosService_ChargeReexecute_FullMethodName {
@@ -120,7 +120,7 @@ func (cc *connectCaller) try(ctx context.Context, a action, callerID, attempt, t
 		}
 	} else {
 		rec.Response = cc.codec.take(resp.Msg)
-		rec.Replayed = resp.Header().Get(interceptor.ReplayedHeader) == "true"
+		rec.Replayed = resp.Header().Get(idemgate.ReplayedHeader) == "true"
 	}
 	if err == nil && rec.Response == nil {
 		code = codes.Internal // the codec saw no body: record no OK it cannot prove
