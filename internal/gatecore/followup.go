@@ -57,6 +57,9 @@ type followUps struct {
 	mu      sync.Mutex
 	queue   lostBeginQueue
 	pending map[lostBeginID]*lostBegin // queued or being re-sent
+	// keys counts the pending ones per key, so a duplicate's answer looks
+	// for its key's only when there is one.
+	keys    map[lostBeginKey]int
 	running bool
 	// wake cuts the follow-up's backoff short: the service answered one of
 	// the Gate's Begins, or a duplicate waits on a lost Begin's key.
@@ -65,6 +68,20 @@ type followUps struct {
 
 // lostBeginID names one attempt: its lost Begins are re-sent as one.
 type lostBeginID struct{ scope, key, token string }
+
+// lostBeginKey names a record.
+type lostBeginKey struct{ scope, key string }
+
+// forget drops lb from the pending ones; f.mu is held.
+func (f *followUps) forget(lb *lostBegin) {
+	delete(f.pending, lb.id)
+	k := lostBeginKey{lb.id.scope, lb.id.key}
+	if f.keys[k] <= 1 {
+		delete(f.keys, k)
+		return
+	}
+	f.keys[k]--
+}
 
 // lostBegin is one attempt whose Begin's answer never arrived.
 type lostBegin struct {
@@ -178,11 +195,13 @@ func (e *Engine) followUpLostBegin(ctx context.Context, c *Call, sent time.Time)
 	req.MaxWait = durationpb.New(0)
 	if f.pending == nil {
 		f.pending = map[lostBeginID]*lostBegin{}
+		f.keys = map[lostBeginKey]int{}
 	}
 	lease := c.BeginRequest.GetLease().AsDuration()
 	lb := &lostBegin{id: id, ctx: context.WithoutCancel(ctx), c: c, req: req, deadline: deadline,
 		leaseEnds: sent.Add(lease), lease: lease, index: -1}
 	f.pending[id] = lb
+	f.keys[lostBeginKey{c.Scope, c.Key}]++
 	heap.Push(&f.queue, lb)
 }
 
@@ -202,6 +221,10 @@ func (e *Engine) lostBeginHolds(scope, key string) bool {
 	f := &e.followUps
 	f.mu.Lock()
 	found := false
+	if f.keys[lostBeginKey{scope, key}] == 0 {
+		f.mu.Unlock()
+		return false
+	}
 	for id, lb := range f.pending {
 		if id.scope != scope || id.key != key {
 			continue
@@ -344,7 +367,7 @@ func (e *Engine) nextFollowUp(last bool) *lostBegin {
 			lb.inFlight = true
 			return lb
 		}
-		delete(f.pending, lb.id)
+		f.forget(lb)
 		e.logLostFollowUp(lb, "the retry budget ran out")
 	}
 	if last {
@@ -405,14 +428,14 @@ func (e *Engine) doneFollowUp(lb *lostBegin) {
 		heap.Push(&f.queue, lb)
 		return
 	}
-	delete(f.pending, lb.id)
+	f.forget(lb)
 }
 
 // lostFollowUp gives lb up.
 func (e *Engine) lostFollowUp(lb *lostBegin, why string) {
 	f := &e.followUps
 	f.mu.Lock()
-	delete(f.pending, lb.id)
+	f.forget(lb)
 	f.mu.Unlock()
 	e.logLostFollowUp(lb, why)
 }
@@ -423,7 +446,7 @@ func (e *Engine) dropFollowUps(why string) {
 	f := &e.followUps
 	f.mu.Lock()
 	queue := f.queue
-	f.queue, f.pending, f.running = nil, nil, false
+	f.queue, f.pending, f.keys, f.running = nil, nil, nil, false
 	f.mu.Unlock()
 	for _, lb := range queue {
 		e.logLostFollowUp(lb, why)
