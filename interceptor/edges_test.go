@@ -487,9 +487,11 @@ func TestLateFollowUpOfALostBeginFreesTheKey(t *testing.T) {
 	req := &testingv1.MutateRequest{Payload: "charge"}
 	wantStatus(t, shortLease(withKey("late-follow-up"), h, req).err, codes.Unavailable, interceptor.ReasonStoreUnavailable)
 	// The follow-up is held past the lease: a duplicate finds the lease run
-	// out and, under FAIL_CLOSED, the record marked outcome-unknown.
+	// out and, under FAIL_CLOSED, the record marked outcome-unknown; through
+	// this gate, which knows its lost Begin never ran, it is told in flight
+	// (issue 31 item 2), not outcome-unknown.
 	time.Sleep(pastLease)
-	wantStatus(t, shortLease(withKey("late-follow-up"), h, req).err, codes.FailedPrecondition, interceptor.ReasonOutcomeUnknown)
+	wantStatus(t, shortLease(withKey("late-follow-up"), h, req).err, codes.Aborted, interceptor.ReasonInFlight)
 	// The holder never ran its handler: its late follow-up takes the record
 	// back and releases it, so the key is not blocked for days.
 	close(release)
