@@ -291,7 +291,6 @@ func (e *Engine) Begin(ctx context.Context, c *Call) (Begun, error) {
 		return Begun{Kind: Completed, Outcome: result.Completed.GetOutcome(),
 			CompletedAt: timeOf(result.Completed.GetCompletedAt()), ExpiresAt: timeOf(result.Completed.GetExpiresAt())}, nil
 	case *idemgatev1.BeginResponse_InFlight_:
-		e.lostBeginHolds(c.Scope, c.Key)
 		return Begun{}, grpcerr.New(codes.Aborted, ReasonInFlight,
 			"another call with this idempotency key is still running; retry with the same key to get its outcome",
 			nil, e.opts.InFlightRetry)

@@ -62,7 +62,7 @@ type followUps struct {
 	keys    map[lostBeginKey]int
 	running bool
 	// wake cuts the follow-up's backoff short: the service answered one of
-	// the Gate's Begins, or a duplicate waits on a lost Begin's key.
+	// the Gate's Begins.
 	wake chan struct{}
 }
 
@@ -100,7 +100,8 @@ type lostBegin struct {
 	leaseEnds time.Time
 	// lease is its Begin's lease.
 	lease time.Duration
-	// wanted: a duplicate of its key waits on it, so it goes first.
+	// wanted: a duplicate of its key was told the key is outcome-unknown,
+	// so it goes first.
 	wanted bool
 	// failedUp: its last re-send failed while others got answers, so once
 	// in line it lets the next go first, and one that keeps failing does
@@ -215,8 +216,10 @@ func (e *Engine) wakeFollowUp() {
 
 // lostBeginHolds reports whether a Begin of key in scope sent by this Gate
 // was lost and is still to be followed up, and puts it first in line: a
-// duplicate that finds the key held, or outcome-unknown, waits on a
-// reservation whose handler never ran, which the follow-up releases.
+// duplicate that finds the key outcome-unknown may be waiting on a
+// reservation whose handler never ran, which the follow-up releases. (One
+// that finds it in flight need not: its lease still runs, and the line's
+// order by lease deadline reaches it in time.)
 func (e *Engine) lostBeginHolds(scope, key string) bool {
 	f := &e.followUps
 	f.mu.Lock()
