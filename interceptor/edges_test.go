@@ -488,9 +488,11 @@ func TestLateFollowUpOfALostBeginFreesTheKey(t *testing.T) {
 	req := &testingv1.MutateRequest{Payload: "charge"}
 	wantStatus(t, shortLease(withKey("late-follow-up"), h, req).err, codes.Unavailable, idemgate.ReasonStoreUnavailable)
 	// The follow-up is held past the lease: a duplicate finds the lease run
-	// out and, under FAIL_CLOSED, the record marked outcome-unknown.
+	// out and, under FAIL_CLOSED, the record marked outcome-unknown; through
+	// this gate, which knows its lost Begin never ran, it is told in flight
+	// (issue 31 item 2), not outcome-unknown.
 	time.Sleep(pastLease)
-	wantStatus(t, shortLease(withKey("late-follow-up"), h, req).err, codes.FailedPrecondition, idemgate.ReasonOutcomeUnknown)
+	wantStatus(t, shortLease(withKey("late-follow-up"), h, req).err, codes.Aborted, idemgate.ReasonInFlight)
 	// The holder never ran its handler: its late follow-up takes the record
 	// back and releases it, so the key is not blocked for days.
 	close(release)

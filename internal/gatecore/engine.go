@@ -122,7 +122,8 @@ type Engine struct {
 func New(dedupe idemgatev1.DedupeServiceClient, opts Options) *Engine {
 	opts.defaults()
 	ctx, stop := context.WithCancel(context.Background())
-	return &Engine{dedupe: dedupe, opts: opts, backgroundCtx: ctx, stopBackground: stop}
+	return &Engine{dedupe: dedupe, opts: opts, backgroundCtx: ctx, stopBackground: stop,
+		followUps: followUps{wake: make(chan struct{}, 1)}}
 }
 
 // Close waits until every settlement still retried in the background, and
@@ -277,10 +278,12 @@ func (e *Engine) Begin(ctx context.Context, c *Call) (Begun, error) {
 		if !refused(err) {
 			// The reservation may have been made and only its answer lost:
 			// make sure it does not outlive this call.
-			e.followUpLostBegin(ctx, c)
+			e.followUpLostBegin(ctx, c, sent)
 		}
 		return Begun{}, e.BeginError(ctx, err)
 	}
+	// The service answers: lost Begins waiting out a backoff go now.
+	e.wakeFollowUp()
 	switch result := begun.GetResult().(type) {
 	case *idemgatev1.BeginResponse_Reserved_:
 		return Begun{Kind: Reserved, Epoch: result.Reserved.GetEpoch(), BeginTook: time.Since(sent)}, nil
@@ -296,6 +299,15 @@ func (e *Engine) Begin(ctx context.Context, c *Call) (Begun, error) {
 			"this idempotency key was first used with a different request; use a new key for a new action",
 			nil, 0)
 	case *idemgatev1.BeginResponse_OutcomeUnknown_:
+		if e.lostBeginHolds(c.Scope, c.Key) {
+			// This Gate lost a Begin of the key whose follow-up has not yet
+			// got through: that attempt's handler never ran, and its
+			// follow-up (now first in line) takes the record back and
+			// releases it.
+			return Begun{}, grpcerr.New(codes.Aborted, ReasonInFlight,
+				"an earlier call with this idempotency key reserved it but never ran (its reservation's answer was lost), and this server is releasing it; retry with the same key",
+				nil, e.opts.InFlightRetry)
+		}
 		return Begun{Kind: Unknown}, OutcomeUnknown(c.Key)
 	default:
 		return Begun{}, grpcerr.New(codes.Internal, ReasonStoreRejected,
@@ -312,11 +324,15 @@ func timeOf(ts *timestamppb.Timestamp) time.Time {
 	return ts.AsTime()
 }
 
-// OutcomeUnknown is the refusal of a call whose key's outcome was lost.
+// OutcomeUnknown is the refusal of a call whose key's outcome was lost. The
+// store cannot tell a holder that died from an attempt whose reservation's
+// answer was lost before its handler ran, so the text names both ways the
+// record is settled: resolved, or taken back by that attempt's late Begin.
 func OutcomeUnknown(key string) error {
 	return grpcerr.New(codes.FailedPrecondition, ReasonOutcomeUnknown,
 		"an earlier attempt with this idempotency key stopped before its outcome was stored, so its side effect may or may not have happened; "+
-			"it will not run again until an operator resolves the record (idemctl, or the Dedupe service's Resolve)",
+			"it will not run again until the record is resolved (idemctl, the Dedupe service's Resolve, or the tool's reconciler), "+
+			"or, if that attempt never ran because its reservation's answer was lost, until its tool server reaches the Dedupe service again and releases the key",
 		map[string]string{"key": key}, 0)
 }
 

@@ -1,6 +1,7 @@
 package gatecore
 
 import (
+	"container/heap"
 	"context"
 	"log/slog"
 	"math/rand/v2"
@@ -20,18 +21,26 @@ import (
 // The follow-ups' schedule. While the Dedupe service does not answer, one
 // re-sent Begin is in flight at a time and the next waits a backoff shared
 // by all of them (from followUpMinBackoff, doubling up to
-// followUpMaxBackoff, each wait jittered down to half), so an outage costs
-// one Begin per backoff step, however many Begins it lost (plus the at most
-// followUpInFlight in flight when it began). Once the service answers, up
-// to followUpInFlight are in flight at once, at most followUpRate a second:
-// a slow service or a crowd of lost Begins that reserved nothing (callers
-// that gave up waiting as duplicates) cannot hold up one that did for long,
-// and the rate is a fortieth of the service's default per-caller rate
-// (10,000/s), so the follow-ups cannot use up the callers' quota.
+// followUpMaxBackoff or a quarter of the shortest lease waiting, whichever
+// is less, each wait jittered down to half), so an outage costs one Begin
+// per backoff step, however many Begins it lost (plus the at most
+// followUpInFlight in flight when it began), and the follow-ups learn the
+// service answers again within a quarter lease (sooner when one of the
+// Gate's own Begins is answered). Once the service answers, up to
+// followUpInFlight are in flight at once, at most followUpRate a second,
+// the one whose lease runs out first first: the rate is a fortieth of the
+// service's default per-caller rate (10,000/s), so the follow-ups cannot
+// use up the callers' quota, and it re-sends a full queue
+// (maxLostBeginFollowUps) in about 4s, within three quarters of the
+// default lease (10s); followUpInFlight keeps that rate while a
+// recovering service takes up to a quarter second per Begin and its
+// Release, so a slow service or a crowd of lost Begins that reserved
+// nothing (callers that gave up waiting as duplicates) cannot hold up one
+// that did.
 const (
 	followUpMinBackoff = 50 * time.Millisecond
 	followUpMaxBackoff = 5 * time.Second
-	followUpInFlight   = 8
+	followUpInFlight   = 64
 	followUpRate       = 250
 	followUpBurst      = 25
 )
@@ -41,17 +50,38 @@ const (
 // was made, runs down its lease.
 const maxLostBeginFollowUps = 1024
 
-// followUps are the lost Begins waiting to be re-sent, in line, and
-// whether the goroutine that re-sends them (followUp) runs.
+// followUps are the lost Begins waiting to be re-sent, in line by when
+// their leases run out, and whether the goroutine that re-sends them
+// (followUp) runs.
 type followUps struct {
 	mu      sync.Mutex
-	queue   []*lostBegin
+	queue   lostBeginQueue
 	pending map[lostBeginID]*lostBegin // queued or being re-sent
+	// keys counts the pending ones per key, so a duplicate's answer looks
+	// for its key's only when there is one.
+	keys    map[lostBeginKey]int
 	running bool
+	// wake cuts the follow-up's backoff short: the service answered one of
+	// the Gate's Begins.
+	wake chan struct{}
 }
 
 // lostBeginID names one attempt: its lost Begins are re-sent as one.
 type lostBeginID struct{ scope, key, token string }
+
+// lostBeginKey names a record.
+type lostBeginKey struct{ scope, key string }
+
+// forget drops lb from the pending ones; f.mu is held.
+func (f *followUps) forget(lb *lostBegin) {
+	delete(f.pending, lb.id)
+	k := lostBeginKey{lb.id.scope, lb.id.key}
+	if f.keys[k] <= 1 {
+		delete(f.keys, k)
+		return
+	}
+	f.keys[k]--
+}
 
 // lostBegin is one attempt whose Begin's answer never arrived.
 type lostBegin struct {
@@ -63,10 +93,59 @@ type lostBegin struct {
 	// deadline ends its follow-up, release included: the finish retry
 	// budget after its last loss.
 	deadline time.Time
+	// leaseEnds is the earliest its reservation, if made, can run out: its
+	// first lost Begin's sending plus its lease (the store may have
+	// granted more after an outage, never less). It is re-sent before those
+	// whose leases run out later, unless due marks it wanted now.
+	leaseEnds time.Time
+	// lease is its Begin's lease.
+	lease time.Duration
+	// wanted: a duplicate of its key was told the key is outcome-unknown,
+	// so it goes first.
+	wanted bool
+	// failedUp: its last re-send failed while others got answers, so once
+	// in line it lets the next go first, and one that keeps failing does
+	// not hold the others up.
+	failedUp bool
+	// index is its place in the queue, -1 when not queued.
+	index int
 	// inFlight: its re-sent Begin is on its way. again: it was lost once
 	// more meanwhile, and that Begin may reach the service after the re-sent
 	// one (and after its Release), so it is re-sent once more after.
 	inFlight, again bool
+}
+
+// lostBeginQueue is a heap of the lost Begins waiting, the one wanted by a
+// duplicate first, then by when their leases run out (container/heap).
+type lostBeginQueue []*lostBegin
+
+func (q lostBeginQueue) Len() int { return len(q) }
+
+func (q lostBeginQueue) Less(i, j int) bool {
+	if q[i].wanted != q[j].wanted {
+		return q[i].wanted
+	}
+	return q[i].leaseEnds.Before(q[j].leaseEnds)
+}
+
+func (q lostBeginQueue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].index, q[j].index = i, j
+}
+
+func (q *lostBeginQueue) Push(x any) {
+	lb := x.(*lostBegin)
+	lb.index = len(*q)
+	*q = append(*q, lb)
+}
+
+func (q *lostBeginQueue) Pop() any {
+	old := *q
+	lb := old[len(old)-1]
+	old[len(old)-1] = nil
+	lb.index = -1
+	*q = old[:len(old)-1]
+	return lb
 }
 
 // followUpLostBegin runs after a Begin whose answer never arrived: the
@@ -75,8 +154,9 @@ type lostBegin struct {
 // token) to be re-sent by followUp until an answer arrives or the finish
 // retry budget runs out; what the answer shows reserved is released. Once
 // Close began, it only logs the loss: Close must not wait for a budget that
-// starts after it.
-func (e *Engine) followUpLostBegin(ctx context.Context, c *Call) {
+// starts after it. sent is when the lost Begin was sent: its reservation,
+// if made, lasts at least its lease from then.
+func (e *Engine) followUpLostBegin(ctx context.Context, c *Call, sent time.Time) {
 	e.Event(c, EventBeginLost)
 	f := &e.followUps
 	id := lostBeginID{c.Scope, c.Key, c.Token}
@@ -85,7 +165,9 @@ func (e *Engine) followUpLostBegin(ctx context.Context, c *Call) {
 	defer f.mu.Unlock()
 	if lb, ok := f.pending[id]; ok {
 		// Queued, its re-sent Begin goes after this one and finds what
-		// either made; in flight, it may not, so it goes again after.
+		// either made; in flight, it may not, so it goes again after. Its
+		// place in line stays that of the first loss: the earliest its
+		// reservation can run out.
 		lb.again = lb.again || lb.inFlight
 		lb.deadline = deadline
 		return
@@ -114,10 +196,55 @@ func (e *Engine) followUpLostBegin(ctx context.Context, c *Call) {
 	req.MaxWait = durationpb.New(0)
 	if f.pending == nil {
 		f.pending = map[lostBeginID]*lostBegin{}
+		f.keys = map[lostBeginKey]int{}
 	}
-	lb := &lostBegin{id: id, ctx: context.WithoutCancel(ctx), c: c, req: req, deadline: deadline}
+	lease := c.BeginRequest.GetLease().AsDuration()
+	lb := &lostBegin{id: id, ctx: context.WithoutCancel(ctx), c: c, req: req, deadline: deadline,
+		leaseEnds: sent.Add(lease), lease: lease, index: -1}
 	f.pending[id] = lb
-	f.queue = append(f.queue, lb)
+	f.keys[lostBeginKey{c.Scope, c.Key}]++
+	heap.Push(&f.queue, lb)
+}
+
+// wakeFollowUp cuts the follow-up's backoff short, if it waits.
+func (e *Engine) wakeFollowUp() {
+	select {
+	case e.followUps.wake <- struct{}{}:
+	default:
+	}
+}
+
+// lostBeginHolds reports whether a Begin of key in scope sent by this Gate
+// was lost and is still to be followed up, and puts it first in line: a
+// duplicate that finds the key outcome-unknown may be waiting on a
+// reservation whose handler never ran, which the follow-up releases. (One
+// that finds it in flight need not: its lease still runs, and the line's
+// order by lease deadline reaches it in time.)
+func (e *Engine) lostBeginHolds(scope, key string) bool {
+	f := &e.followUps
+	f.mu.Lock()
+	found := false
+	if f.keys[lostBeginKey{scope, key}] == 0 {
+		f.mu.Unlock()
+		return false
+	}
+	for id, lb := range f.pending {
+		if id.scope != scope || id.key != key {
+			continue
+		}
+		found = true
+		if !lb.wanted {
+			lb.wanted = true
+			if lb.index >= 0 {
+				heap.Fix(&f.queue, lb.index)
+			}
+		}
+	}
+	f.mu.Unlock()
+	if found {
+		e.wakeFollowUp()
+	}
+	return found
 }
 
 // followUpResult is what one re-sent Begin found.
@@ -144,8 +271,11 @@ func (e *Engine) followUp() {
 	up, backoff := false, followUpMinBackoff
 	for {
 		for ctx.Err() == nil && (up && inFlight < followUpInFlight || !up && inFlight == 0) {
-			if !up && !sleep(ctx, backoff/2+rand.N(backoff/2+1)) {
-				break
+			if !up {
+				wait := min(backoff, e.followUpBackoffCap())
+				if !e.sleepOrWake(ctx, wait/2+rand.N(wait/2+1)) {
+					break
+				}
 			}
 			lb := e.nextFollowUp(inFlight == 0)
 			if lb == nil {
@@ -153,7 +283,7 @@ func (e *Engine) followUp() {
 				break
 			}
 			if limit.Wait(ctx) != nil {
-				e.requeueFollowUp(lb)
+				e.requeueFollowUp(lb, false)
 				break
 			}
 			inFlight++
@@ -183,10 +313,11 @@ func (e *Engine) followUp() {
 			e.lostFollowUp(r.lb, status.Convert(r.err).Message())
 			up, backoff = true, 0
 		default:
-			// Not answered (or over the quota): it goes last in line (one
-			// that keeps failing must not hold the others up), and the next
-			// one waits the next backoff step once those in flight are back.
-			e.requeueFollowUp(r.lb)
+			// Not answered (or over the quota): it goes back in line, behind
+			// the next if others got answers (one that keeps failing must
+			// not hold the others up), and the next one waits the next
+			// backoff step once those in flight are back.
+			e.requeueFollowUp(r.lb, r.sentUp && up)
 			switch {
 			case !r.sentUp:
 				backoff = min(max(2*backoff, followUpMinBackoff), followUpMaxBackoff)
@@ -220,19 +351,26 @@ func (e *Engine) resendLostBegin(ctx context.Context, lb *lostBegin) error {
 // nextFollowUp takes the first lost Begin in line still within its budget
 // (giving up those past it) and marks it in flight, or returns nil when
 // none is left; with last (none in flight) the goroutine must then stop.
+// First in line is one a duplicate waits on, then the one whose lease runs
+// out first, unless it failed while others got answers: that one lets the
+// next go first, once.
 func (e *Engine) nextFollowUp(last bool) *lostBegin {
 	f := &e.followUps
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for len(f.queue) > 0 {
-		lb := f.queue[0]
-		f.queue[0] = nil
-		f.queue = f.queue[1:]
+	for f.queue.Len() > 0 {
+		lb := heap.Pop(&f.queue).(*lostBegin)
+		if lb.failedUp && f.queue.Len() > 0 {
+			lb.failedUp = false
+			next := heap.Pop(&f.queue).(*lostBegin)
+			heap.Push(&f.queue, lb)
+			lb = next
+		}
 		if time.Now().Before(lb.deadline) {
 			lb.inFlight = true
 			return lb
 		}
-		delete(f.pending, lb.id)
+		f.forget(lb)
 		e.logLostFollowUp(lb, "the retry budget ran out")
 	}
 	if last {
@@ -241,13 +379,45 @@ func (e *Engine) nextFollowUp(last bool) *lostBegin {
 	return nil
 }
 
-// requeueFollowUp puts lb back, last in line.
-func (e *Engine) requeueFollowUp(lb *lostBegin) {
+// followUpBackoffCap is the longest backoff step while the service does
+// not answer: followUpMaxBackoff, or a quarter of the shortest lease
+// waiting if less (at least followUpMinBackoff), so the follow-ups find the
+// service back well within the lease it grants once back.
+func (e *Engine) followUpBackoffCap() time.Duration {
+	f := &e.followUps
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	limit := time.Duration(followUpMaxBackoff)
+	for _, lb := range f.queue {
+		limit = min(limit, lb.lease/4)
+	}
+	return max(limit, followUpMinBackoff)
+}
+
+// sleepOrWake waits d, less when wakeFollowUp is called; false when ctx
+// ended.
+func (e *Engine) sleepOrWake(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-e.followUps.wake:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// requeueFollowUp puts lb back in line; failedUp says its re-send failed
+// while others got answers.
+func (e *Engine) requeueFollowUp(lb *lostBegin, failedUp bool) {
 	f := &e.followUps
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	lb.inFlight, lb.again = false, false
-	f.queue = append(f.queue, lb)
+	lb.failedUp = failedUp
+	heap.Push(&f.queue, lb)
 }
 
 // doneFollowUp forgets lb, followed up, unless it was lost again while in
@@ -258,17 +428,17 @@ func (e *Engine) doneFollowUp(lb *lostBegin) {
 	defer f.mu.Unlock()
 	if lb.again {
 		lb.inFlight, lb.again = false, false
-		f.queue = append(f.queue, lb)
+		heap.Push(&f.queue, lb)
 		return
 	}
-	delete(f.pending, lb.id)
+	f.forget(lb)
 }
 
 // lostFollowUp gives lb up.
 func (e *Engine) lostFollowUp(lb *lostBegin, why string) {
 	f := &e.followUps
 	f.mu.Lock()
-	delete(f.pending, lb.id)
+	f.forget(lb)
 	f.mu.Unlock()
 	e.logLostFollowUp(lb, why)
 }
@@ -279,7 +449,7 @@ func (e *Engine) dropFollowUps(why string) {
 	f := &e.followUps
 	f.mu.Lock()
 	queue := f.queue
-	f.queue, f.pending, f.running = nil, nil, false
+	f.queue, f.pending, f.keys, f.running = nil, nil, nil, false
 	f.mu.Unlock()
 	for _, lb := range queue {
 		e.logLostFollowUp(lb, why)

@@ -207,7 +207,8 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 // must not starve the one lost Begin that did reserve: once the service
 // answers, follow-ups are re-sent several at a time, so the real one is
 // released within its budget (one at a time it would come up only after
-// decoys × slow = 32s, over twice its budget; eight at a time after 4s).
+// decoys × slow = 32s, over twice its budget; 64 at a time after about
+// one slow answer).
 func TestLostBeginFollowUpsDrainConcurrentlyOnceTheServiceAnswers(t *testing.T) {
 	const decoys, slow, budget = 64, 500 * time.Millisecond, 12 * time.Second
 	d := &crowdDedupe{DedupeServiceClient: embeddedDedupe(t), slow: slow}

@@ -41,6 +41,9 @@ type Workload struct {
 	// gate that releases keys after an ambiguous failure shows a duplicate
 	// in every seed (IDEMGATE_CHAOS_BROKEN_GATE=1). 0 means the draw alone.
 	AmbiguousFailClosed int
+	// Concurrency is the most actions in progress at once
+	// (chaos-workload -concurrency); 0 means the workload's default, 24.
+	Concurrency int
 	// LateMetadata is the fraction of actions whose callers give up once
 	// the side effect started, before the handler sets its response
 	// metadata (LateMetadataSuffix); 0 means none.
@@ -178,6 +181,34 @@ func crashPostgresAtPausePoint(st *Stack, done <-chan struct{}) error {
 		return skipped(st, err)
 	}
 	st.CrashPostgres(lease + 2*time.Second)
+	st.sleep(recovery)
+	return nil
+}
+
+// lostBeginsAcrossSlowRecovery loses many Begins across a slow store
+// recovery (issue 31 item 2): the first tool server's Dedupe replies are
+// dropped for 2s (its Begins reserve keys whose answers never come back),
+// then PostgreSQL stops -m immediate for longer than the lease, while every
+// try at either tool server queues another lost Begin for follow-up (the
+// service answers UNAVAILABLE, which cannot rule out a reservation), and
+// the first tool server's replies come a quarter second late until a lease
+// after the store is back. Each reservation whose answer was lost must be
+// released within the lease the store grants once back: a duplicate
+// through the other tool server never gets IDEMPOTENCY_OUTCOME_UNKNOWN for
+// a handler that never ran, under the strict rules.
+func lostBeginsAcrossSlowRecovery(st *Stack, done <-chan struct{}) error {
+	m := st.Tools[0]
+	start := time.Now()
+	m.DedupeProxy.DropReplies()
+	st.T().Logf("%s: Dedupe replies dropped for 2s", m.Name)
+	st.sleep(2 * time.Second)
+	m.DedupeProxy.Heal()
+	m.DedupeProxy.Latency(250 * time.Millisecond)
+	st.outage(m.Name+": Dedupe replies dropped", start, time.Now(), m.Name)
+	st.CrashPostgres(lease + 4*time.Second)
+	st.sleep(lease)
+	m.DedupeProxy.Heal()
+	st.T().Logf("%s: Dedupe replies on time again", m.Name)
 	st.sleep(recovery)
 	return nil
 }
@@ -449,6 +480,12 @@ func scenarios() []Scenario {
 		Scenario{Name: StorePostgres + "/postgres-crashed", Store: StorePostgres, OwnCluster: true, Workload: standard, Outages: 2,
 			Fault: crashPostgresAtPausePoint, MustSee: storeAwayReasons},
 		restartScenario(),
+		// Hundreds of lost Begins queued for follow-up across a PostgreSQL
+		// crash longer than the lease and a slow recovery; the strict
+		// rules: no outcome-unknown for a key whose handler never ran.
+		Scenario{Name: StorePostgres + "/lost-begins-slow-recovery", Store: StorePostgres, OwnCluster: true, Tools: 2,
+			Workload: Workload{Reexecute: 0.3, TryTimeout: 5 * time.Second, Spread: 12 * time.Second, Actions: 150, Concurrency: 96}, Outages: 1,
+			Setup: proxyDedupe, Fault: lostBeginsAcrossSlowRecovery, MustSee: storeAwayReasons},
 	)
 	// A holder's first Finish lost, then the holder cut off past its lease
 	// (issue 31 item 1).

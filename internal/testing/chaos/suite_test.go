@@ -248,6 +248,9 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 	if sc.Transport != "" && sc.Transport != TransportGRPC {
 		args = append(args, "-transport", sc.Transport)
 	}
+	if w.Concurrency > 0 {
+		args = append(args, "-concurrency", strconv.Itoa(w.Concurrency))
+	}
 	if w.AmbiguousFailClosed > 0 {
 		args = append(args, "-ambiguous-fail-closed", strconv.Itoa(w.AmbiguousFailClosed*scale))
 	}
