@@ -347,7 +347,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 // service's method in this process (dedupesvc.NewInProcessClient), without
 // authentication, so the records are in the empty namespace and the
 // caller limits hold for the whole process. A call after Close fails
-// (UNAVAILABLE or an error of the closed store).
+// UNAVAILABLE: its store is closed.
 func (s *Service) Client() idemgatev1.DedupeServiceClient { return s.app.Client() }
 
 // Close stops the service; call it after the gates' Close, whose last

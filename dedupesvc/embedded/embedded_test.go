@@ -182,6 +182,9 @@ func TestCloseStopsTheBackgroundWork(t *testing.T) {
 		}
 	}
 	svc.Close() // a second Close returns at once
+	if _, err := begin("t3"); status.Code(err) != codes.Unavailable {
+		t.Errorf("Begin after Close: %v, want UNAVAILABLE", err)
+	}
 }
 
 // Every setting Start refuses is named by its field, and all are reported
