@@ -36,11 +36,16 @@ TEST_PACKAGES ?= ./...
 BIN_DIR ?= bin
 # CMDS are the commands under cmd/ that `make build` builds.
 CMDS := dedupesvc idemctl idemgate-mcp incident-replay payments-server paymentsctl
-BINS := $(addprefix $(BIN_DIR)/,$(CMDS))
+# EXAMPLE_CMDS are the example servers under examples/ that `make build` builds too, so that
+# `make run-rest` and `make run-mcp-server` run what it built and fetch no module it did not.
+EXAMPLE_CMDS := rest-payments mcp-server
+BINS := $(addprefix $(BIN_DIR)/,$(CMDS) $(EXAMPLE_CMDS))
 # GO_SOURCES are what the binaries are built from: make rebuilds them only when one changes.
 GO_SOURCES := $(shell find . -path ./.git -prune -o -path ./$(BIN_DIR) -prune -o \( -name '*.go' -o -name '*.sql' \) -print) go.mod go.sum
 # FIRST_BUILD is printed before anything that may compile every dependency.
 FIRST_BUILD := on an empty build cache this compiles every dependency first, modernc.org/sqlite (SQLite translated to Go) above all: see docs/development.md "How long the first build takes"
+# REST_FLAGS are more flags for `make run-rest` (examples/rest-payments), e.g. -charge-delay 10s.
+REST_FLAGS ?=
 # SEED seeds `make chaos` (the workload and the fault schedule); empty picks one from the clock,
 # printed so the run can be reproduced. LONG=1 runs ten times the actions and outages. CHAOS_RUN
 # selects scenarios by name, as go test -run does for subtests but each level anchored at its
@@ -145,8 +150,8 @@ VERSION_LDFLAGS = -X $(VERSION_PKG).version=$(VERSION) \
 # One go build for every command: they share the compile, and make skips it while bin/ is newer
 # than every source (so after a commit that changes no source, -version names the commit built).
 $(BINS) &: $(GO_SOURCES)
-	@echo 'make: building $(CMDS) into $(BIN_DIR)/; $(FIRST_BUILD)'
-	go build -ldflags '$(VERSION_LDFLAGS)' -o $(BIN_DIR)/ $(addprefix ./cmd/,$(CMDS))
+	@echo 'make: building $(CMDS) $(EXAMPLE_CMDS) into $(BIN_DIR)/; $(FIRST_BUILD)'
+	go build -ldflags '$(VERSION_LDFLAGS)' -o $(BIN_DIR)/ $(addprefix ./cmd/,$(CMDS)) $(addprefix ./examples/,$(EXAMPLE_CMDS))
 
 .PHONY: image
 image: ## Build the dedupesvc container image without an engine into bin/dedupesvc-image.tar, for docker load or podman load.
@@ -249,12 +254,12 @@ run-mcp: $(BIN_DIR)/idemgate-mcp ## Serve the example payments tool server (make
 	$(BIN_DIR)/idemgate-mcp -target 127.0.0.1:50052 -plaintext -descriptor-set $(BIN_DIR)/payments.binpb -listen 127.0.0.1:8080
 
 .PHONY: run-mcp-server
-run-mcp-server: ## Serve the native Go MCP server gated by mcpgate (examples/mcp-server), streamable HTTP on 127.0.0.1:8081/mcp; needs make run.
-	go run ./examples/mcp-server -dedupe 127.0.0.1:50051 -listen 127.0.0.1:8081
+run-mcp-server: $(BIN_DIR)/mcp-server ## Serve the native Go MCP server gated by mcpgate (examples/mcp-server), streamable HTTP on 127.0.0.1:8081/mcp; needs make run.
+	$(BIN_DIR)/mcp-server -dedupe 127.0.0.1:50051 -listen 127.0.0.1:8081
 
 .PHONY: run-rest
-run-rest: ## Serve the REST payments API gated by httpgate (examples/rest-payments) on 127.0.0.1:8090, OpenAPI at /openapi.yaml, callers alice and bob (examples/rest-payments/tokens.txt); needs make run.
-	go run ./examples/rest-payments -dedupe 127.0.0.1:50051 -listen 127.0.0.1:8090 -caller-token-file examples/rest-payments/tokens.txt
+run-rest: $(BIN_DIR)/rest-payments ## Serve the REST payments API gated by httpgate (examples/rest-payments) on 127.0.0.1:8090, OpenAPI at /openapi.yaml, callers alice and bob (examples/rest-payments/tokens.txt); needs make run. REST_FLAGS adds flags, e.g. REST_FLAGS='-charge-delay 10s' to see a concurrent duplicate's 409.
+	$(BIN_DIR)/rest-payments -dedupe 127.0.0.1:50051 -listen 127.0.0.1:8090 -caller-token-file examples/rest-payments/tokens.txt $(REST_FLAGS)
 
 # NPM_DIRS hold the Node packages the MCP and polyglot tests run (package-lock.json committed).
 NPM_DIRS := internal/testing/mcptest/node internal/testing/mcptest/inspector examples/mcp-typescript-agent examples/typescript

@@ -10,8 +10,9 @@
 // ([Forgetter]).
 //
 // The service is a thin, validating layer over a [Store]; the PostgreSQL
-// implementation lives in dedupesvc/pgstore. Run it with cmd/dedupesvc, or
-// embed it:
+// implementation lives in dedupesvc/pgstore. Run it with cmd/dedupesvc; run
+// it inside a tool server, with dedupesvc's store, migrations, sweeper and
+// defaults, with dedupesvc/embedded; or assemble it yourself:
 //
 //	store := pgstore.New(pool)
 //	srv := grpc.NewServer()

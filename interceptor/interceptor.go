@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -71,9 +72,11 @@ type Gate struct {
 	methods map[string]*gatedMethod
 	// unclassified and services are what CheckServer compares a server with.
 	unclassified []string
-	services     map[string]bool
-	opts         options
-	metrics      *metrics
+	// unclassifiedOnce logs each unclassified method at its first call.
+	unclassifiedOnce map[string]*sync.Once
+	services         map[string]bool
+	opts             options
+	metrics          *metrics
 	// codec is what the Gate knows of the server's codec (ServerCodec).
 	codec codecCheck
 }
@@ -106,8 +109,14 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 			return nil, fmt.Errorf("idemgate: strict mode: %d methods are neither marked mutating nor declared safe with idempotency_level "+
 				"(NO_SIDE_EFFECTS or IDEMPOTENT); classify each: %s", len(refused), strings.Join(refused, ", "))
 		}
-		o.logger.Info("idemgate: these methods are neither marked mutating nor declared safe with idempotency_level, so they are not gated; "+
-			"classify them, or use WithStrict to refuse such methods", slog.Any("methods", r.unclassified))
+	}
+	// Not logged here: the descriptors hold every service the binary links
+	// (an OpenTelemetry exporter's TraceService among them), most of which
+	// it never serves. A served one is named by CheckServer, or logged at
+	// its first call (noteUnclassified).
+	unclassifiedOnce := make(map[string]*sync.Once, len(r.unclassified))
+	for _, m := range r.unclassified {
+		unclassifiedOnce[m] = new(sync.Once)
 	}
 	observed := gatecore.NewObserver(dedupe, o.dedupeConn, o.logger, o.dedupeLogEvery) // logs failing Dedupe RPCs, for health too
 	engine := gatecore.New(observed, gatecore.Options{
@@ -116,7 +125,8 @@ func New(dedupe idemgatev1.DedupeServiceClient, opts ...Option) (*Gate, error) {
 		InFlightRetry: o.inFlightRetry, StoreRetry: o.storeRetry, MaxOutcome: o.maxOutcome, TypeURLOf: resultTypeURL,
 		OnEvent: metrics.event, OnStage: metrics.stage,
 	})
-	return &Gate{dedupe: observed, engine: engine, methods: r.gated, unclassified: r.unclassified, services: r.services, opts: o, metrics: metrics}, nil
+	return &Gate{dedupe: observed, engine: engine, methods: r.gated, unclassified: r.unclassified, unclassifiedOnce: unclassifiedOnce,
+		services: r.services, opts: o, metrics: metrics}, nil
 }
 
 // ServiceInfoProvider lists the services registered on a gRPC server;
@@ -201,6 +211,7 @@ func (g *Gate) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		m, ok := g.methods[info.FullMethod]
 		if !ok {
+			g.noteUnclassified(info.FullMethod)
 			return handler(ctx, req)
 		}
 		g.checkCodec(info.FullMethod, m)
@@ -208,6 +219,17 @@ func (g *Gate) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		resp, err := g.gate(ctx, req, info.FullMethod, m, handler, &outcome)
 		g.countCall(info.FullMethod, outcome, err)
 		return resp, err
+	}
+}
+
+// noteUnclassified logs, at its first call, a served method no policy
+// decides: it runs ungated.
+func (g *Gate) noteUnclassified(fullMethod string) {
+	if once, ok := g.unclassifiedOnce[fullMethod]; ok {
+		once.Do(func() {
+			g.opts.logger.Info("idemgate: this method is neither marked mutating nor declared safe with idempotency_level, so it is not gated; "+
+				"classify it, or use WithStrict (and CheckServer) to refuse such methods", slog.String("method", fullMethod))
+		})
 	}
 }
 

@@ -20,13 +20,15 @@
 // call to the Dedupe service.
 //
 // With -dedupe in-process it runs the Dedupe service itself, inside this
-// process, and the gate calls it in-process (dedupesvc.NewInProcessClient:
-// no network hop, no authentication). That service is dedupesvc's, and is
-// configured as dedupesvc is: by the dedupesvc flags after "--" (and by
-// their environment variables, DATABASE_URL, IDEMGATE_CALLER_BEGIN_RATE and
-// the rest), the embedded SQLite store in -data-dir when no -database-url
-// is set; the flags of dedupesvc's gRPC server (-tls-*, -token-file, ...)
-// are refused. payments-server -dedupe in-process -- -h lists them.
+// process, and the gate calls it in-process (dedupesvc/embedded, the public
+// package an adopter's tool server uses too: no network hop, no
+// authentication). That service is dedupesvc's, and is configured as
+// dedupesvc is: by the dedupesvc flags after "--" (embedded.ParseFlags; and
+// by their environment variables, DATABASE_URL, IDEMGATE_CALLER_BEGIN_RATE
+// and the rest), the embedded SQLite store in -data-dir when no
+// -database-url is set; the flags of dedupesvc's gRPC server (-tls-*,
+// -token-file, ...) are refused. payments-server -dedupe in-process -- -h
+// lists them.
 //
 // With -finish-after-reply ChargeCard answers its caller before its outcome
 // is stored (finish: FINISH_POLICY_AFTER_REPLY), and the Finish runs right
@@ -76,6 +78,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/idemgate/idemgate/dedupesvc/auth"
+	"github.com/idemgate/idemgate/dedupesvc/embedded"
 	"github.com/idemgate/idemgate/examples/payments"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
@@ -110,7 +113,7 @@ type config struct {
 	http httplimits.Limits
 	// inProcess, set by -dedupe in-process, configures the Dedupe service
 	// this process runs itself; nil calls the one at dedupeAddr.
-	inProcess *dedupeapp.Config
+	inProcess *embedded.Config
 	// registry, set by run when metricsListen is, holds the gate's metrics.
 	registry *prometheus.Registry
 }
@@ -187,7 +190,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 		if cfg.token != "" {
 			return config{}, errors.New("-dedupe-token is set, but -dedupe in-process has no Dedupe service to send it to: its only caller is this process")
 		}
-		dcfg, err := dedupeapp.ParseConfig("payments-server -dedupe in-process --", rest, getenv, usage)
+		dcfg, err := embedded.ParseFlags("payments-server -dedupe in-process --", rest, getenv, usage)
 		if err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				return config{}, err
@@ -309,17 +312,18 @@ func run(cfg config, logger *slog.Logger) error {
 		defer stop()
 	}
 	if cfg.inProcess != nil {
-		dedupeLogger := logger.With(slog.String("dedupe", inProcessDedupe))
-		embedded, err := dedupeapp.Embed(context.Background(), *cfg.inProcess, dedupeLogger)
+		dcfg := *cfg.inProcess
+		dcfg.Logger = dcfg.Logger.With(slog.String("dedupe", inProcessDedupe))
+		svc, err := embedded.Start(context.Background(), dcfg)
 		if err != nil {
 			return fmt.Errorf("-dedupe %s: %w", inProcessDedupe, err)
 		}
-		defer embedded.Close() // after gate.Close, deferred later: its Finishes go here
-		gate, err := newGate(cfg, embedded.Client(), interceptor.WithLogger(logger))
+		defer svc.Close() // after gate.Close, deferred later: its Finishes go here
+		gate, err := newGate(cfg, svc.Client(), interceptor.WithLogger(logger))
 		if err != nil {
 			return err
 		}
-		return serve(cfg, gate, embedded.Client(), nil, logger)
+		return serve(cfg, gate, svc.Client(), nil, logger)
 	}
 	// Plaintext is for this loopback example only; use TLS between machines.
 	dial := []grpc.DialOption{

@@ -343,6 +343,7 @@ func TestParseConfigDedupeInProcess(t *testing.T) {
 		{"dedupesvc flags without in-process", []string{"-dedupe", "127.0.0.1:1", "--", "-data-dir", "/tmp/x"}, nil, `unexpected argument "-data-dir"`},
 		{"a token for no service", []string{"-dedupe", "in-process", "-dedupe-token", "tok"}, nil, "-dedupe-token"},
 		{"an unknown dedupesvc flag", []string{"-dedupe", "in-process", "--", "-no-such-flag"}, nil, "-no-such-flag"},
+		{"a flag of dedupesvc's gRPC server", []string{"-dedupe", "in-process", "--", "-token-file", "/x"}, nil, "-token-file is set, but an embedded Dedupe service"},
 		{"a bad dedupesvc variable", []string{"-dedupe", "in-process"}, map[string]string{"IDEMGATE_CALLER_BEGIN_BURST": "lots"}, "IDEMGATE_CALLER_BEGIN_BURST"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -14,6 +14,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base32"
 	"errors"
 	"flag"
 	"fmt"
@@ -22,6 +24,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -31,9 +34,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/auth"
-	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
+	"github.com/idemgate/idemgate/dedupesvc/embedded"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/httpgate"
 	"github.com/idemgate/idemgate/interceptor"
@@ -75,12 +77,13 @@ func run(dedupeAddr, dedupeToken, dataDir, listen string, limits httpgate.Server
 		opts = append(opts, mcpgate.WithSingleTenant())
 	}
 	if dataDir != "" {
-		store, err := sqlitestore.Open(ctx, dataDir)
+		// The Dedupe service inside this process, as dedupesvc runs it.
+		svc, err := embedded.Start(ctx, embedded.Config{DataDir: dataDir, Logger: logger})
 		if err != nil {
 			return err
 		}
-		defer store.Close()
-		dedupe = dedupesvc.NewInProcessClient(dedupesvc.NewServer(store, dedupesvc.WithNotifier(store), dedupesvc.WithLogger(logger)))
+		defer svc.Close() // after gate.Close, deferred below
+		dedupe = svc.Client()
 	} else {
 		dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig)}
 		if dedupeToken != "" {
@@ -148,6 +151,9 @@ type ledger struct {
 	mu      sync.Mutex
 	charges map[string]int64 // customer -> charges
 	n       int
+	// prefix, drawn once, makes this process's charge ids its own: the
+	// Dedupe service replays a charge id across restarts of this server.
+	prefix string
 }
 
 // charge is the side effect. Like a real provider client it sends nothing
@@ -162,16 +168,19 @@ func (l *ledger) charge(ctx context.Context, in chargeIn) (chargeOut, error) {
 	defer l.mu.Unlock()
 	if l.charges == nil {
 		l.charges = map[string]int64{}
+		var b [5]byte
+		_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+		l.prefix = strings.ToLower(base32.StdEncoding.EncodeToString(b[:]))
 	}
 	l.n++
 	l.charges[in.CustomerID]++
-	return chargeOut{ChargeID: fmt.Sprintf("ch_%06d", l.n), CustomerID: in.CustomerID, AmountCents: in.AmountCents}, nil
+	return chargeOut{ChargeID: fmt.Sprintf("ch_%s_%06d", l.prefix, l.n), CustomerID: in.CustomerID, AmountCents: in.AmountCents}, nil
 }
 
 type chargeIn struct {
 	CustomerID  string `json:"customerId" jsonschema:"the customer to charge"`
 	AmountCents int64  `json:"amountCents" jsonschema:"the amount, in cents"`
-	OrderID     string `json:"orderId,omitempty" jsonschema:"the order; also the idempotency key when _meta carries none"`
+	OrderID     string `json:"orderId,omitempty" jsonschema:"the idempotency key of this charge: a fresh unique id (a new UUID) for each charge you intend to make, reused only to retry that same charge; never a customer id or another charge's id"`
 	Note        string `json:"note,omitempty" jsonschema:"free text, not part of the action (left out of the fingerprint)"`
 }
 
@@ -196,13 +205,18 @@ func newServer(l *ledger) *mcp.Server {
 	if err != nil {
 		panic(err)
 	}
-	// The order id carries the key, and the note is not part of the action.
-	schema.Properties["orderId"].Extra = map[string]any{mcpgate.SchemaKey: true}
+	// The order id carries the key, mirrored at 2026-07-28 into the
+	// Mcp-Param-Idempotency-Key header (SEP-2243's x-mcp-header, which the
+	// SDK checks against the argument), and the note is not part of the
+	// action.
+	schema.Properties["orderId"].Extra = map[string]any{mcpgate.SchemaKey: true, "x-mcp-header": "Idempotency-Key"}
 	schema.Properties["note"].Extra = map[string]any{mcpgate.SchemaExclude: true}
 	destructive := true
 	mcp.AddTool(server, &mcp.Tool{
-		Name:        "charge_card",
-		Description: "Charges a card. Runs once per idempotency key: send it as orderId (or in _meta[\"" + mcpgate.MetaKey + "\"]), one key per order, the same key again on every retry or repeat of that charge.",
+		Name: "charge_card",
+		Description: "Charges a card. Runs once per idempotency key: send it as orderId (or in _meta[\"" + mcpgate.MetaKey + "\"]), " +
+			"a fresh unique id for each charge you intend to make, the same id again only to retry that same charge. " +
+			"A second charge sent with a used id is not made: it gets the first charge's result.",
 		InputSchema: schema,
 		// Not read-only, not idempotent by itself: gated.
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: &destructive},

@@ -11,13 +11,31 @@
 // as the library's httpgate.ServerLimits defaults are (-read-timeout,
 // -write-timeout, -max-connections-per-ip and the rest).
 //
+// Charge ids carry a random prefix drawn at start ("ch_k7q2m4xa_000001"):
+// the Dedupe service replays a charge's Location for its retention, across
+// restarts of this server, so a new process must never hand the same id to
+// another charge.
+//
+// -charge-delay makes every charge take that long at the processor, to show
+// what a duplicate sent while the original runs gets: it waits up to the
+// route's MaxWait (3s) for the original's answer, then 409
+// IDEMPOTENCY_IN_FLIGHT with Retry-After.
+//
+// On SIGINT or SIGTERM it stops taking requests and gives the requests in
+// flight, then the outcomes still being stored, -shutdown-timeout (10s) in
+// all; an outcome not stored by then (the Dedupe service unreachable) is
+// logged as lost, its key left to the Dedupe service's lease, and the
+// server exits 0.
+//
 //	go run ./examples/rest-payments -caller-token-file examples/rest-payments/tokens.txt -dedupe 127.0.0.1:50051   # make run first
 //	go run ./examples/rest-payments -caller-token-file examples/rest-payments/tokens.txt -data-dir /tmp/rest-dedupe # embedded store
 package main
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/base32"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -27,6 +45,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -34,8 +53,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/idemgate/idemgate/dedupesvc"
-	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
+	"github.com/idemgate/idemgate/dedupesvc/embedded"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/httpgate"
 	"github.com/idemgate/idemgate/interceptor"
@@ -50,18 +68,29 @@ func main() {
 	dataDir := flag.String("data-dir", "", "run a Dedupe service in this process on the embedded store in this `directory`, instead of -dedupe")
 	listen := flag.String("listen", "127.0.0.1:8090", "serve HTTP on this `address`")
 	tokenFile := flag.String("caller-token-file", "", "`file` of the callers' bearer tokens, \"name secret\" a line; each name is a tenant; required")
+	var o options
+	flag.DurationVar(&o.chargeDelay, "charge-delay", 0, "every charge takes this `long` at the processor, to show a concurrent duplicate's 409 (it waits up to 3s first); 0, the default, charges at once")
+	flag.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGINT or SIGTERM, how `long` the requests in flight and the outcomes still being stored get in all; outcomes not stored by then are logged as lost")
 	var limits httpgate.ServerLimits
 	limits.RegisterFlags(flag.CommandLine)
 	flag.Parse()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(*dedupeAddr, *dataDir, *listen, *tokenFile, limits, logger); err != nil {
+	if err := run(*dedupeAddr, *dataDir, *listen, *tokenFile, o, limits, logger); err != nil {
 		logger.Error("rest-payments failed", slog.Any("error", err))
 		os.Exit(1)
 	}
 	logger.Info("stopped")
 }
 
-func run(dedupeAddr, dataDir, listen, tokenFile string, limits httpgate.ServerLimits, logger *slog.Logger) error {
+// options are the example's own settings.
+type options struct {
+	// chargeDelay is how long each charge takes (-charge-delay).
+	chargeDelay time.Duration
+	// shutdownTimeout bounds the stop on a signal (-shutdown-timeout).
+	shutdownTimeout time.Duration
+}
+
+func run(dedupeAddr, dataDir, listen, tokenFile string, o options, limits httpgate.ServerLimits, logger *slog.Logger) error {
 	if tokenFile == "" {
 		return errors.New("-caller-token-file is required: without it anyone who learns a caller's key and body would be replayed that caller's charge")
 	}
@@ -74,12 +103,13 @@ func run(dedupeAddr, dataDir, listen, tokenFile string, limits httpgate.ServerLi
 	var dedupe idemgatev1.DedupeServiceClient
 	opts := []httpgate.Option{httpgate.WithLogger(logger)}
 	if dataDir != "" {
-		store, err := sqlitestore.Open(ctx, dataDir)
+		// The Dedupe service inside this process, as dedupesvc runs it.
+		svc, err := embedded.Start(ctx, embedded.Config{DataDir: dataDir, Logger: logger})
 		if err != nil {
 			return err
 		}
-		defer store.Close()
-		dedupe = dedupesvc.NewInProcessClient(dedupesvc.NewServer(store, dedupesvc.WithNotifier(store), dedupesvc.WithLogger(logger)))
+		defer svc.Close() // after gate.Close below
+		dedupe = svc.Client()
 	} else {
 		conn, err := grpc.NewClient(dedupeAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
@@ -106,21 +136,33 @@ func run(dedupeAddr, dataDir, listen, tokenFile string, limits httpgate.ServerLi
 	}
 	// Slow, idle or never-reading clients are cut, and one client address
 	// holds at most its share of the connections.
-	srv := limits.Server(newAPI(&provider{}).handler(gate, tokens))
+	srv := limits.Server(newAPI(&provider{delay: o.chargeDelay}).handler(gate, tokens))
 	logger.Info("rest-payments: serving", slog.String("addr", lis.Addr().String()), slog.String("openapi", "http://"+lis.Addr().String()+"/openapi.yaml"))
+	// One deadline for the whole stop, from the signal on.
+	var stopCtx context.Context
+	shutDown := make(chan struct{})
 	go func() {
 		<-ctx.Done()
-		logger.Info("stopping on a signal: no new requests, waiting up to 10s for the requests in flight")
-		shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdown)
+		logger.Info("stopping on a signal: no new requests; the requests in flight, then the outcomes still being stored, get -shutdown-timeout in all",
+			slog.Duration("shutdown_timeout", o.shutdownTimeout))
+		var cancel context.CancelFunc
+		stopCtx, cancel = context.WithTimeout(context.Background(), o.shutdownTimeout)
+		_ = cancel // the deadline ends it, with the process
+		_ = srv.Shutdown(stopCtx)
+		close(shutDown)
 	}()
 	if err := srv.Serve(limits.Listener(lis)); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
-	closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	return gate.Close(closeCtx)
+	<-shutDown // Serve returns as Shutdown starts; the requests in flight end here
+	if err := gate.Close(stopCtx); err != nil {
+		// The Dedupe service did not take them in time: their keys stay
+		// reserved until their leases end, then the next retry runs the
+		// charge again unless the route says otherwise. Nothing more this
+		// process can do; waiting longer would only delay the restart.
+		logger.Error("outcomes lost at shutdown: not stored within -shutdown-timeout", slog.Any("error", err))
+	}
+	return nil
 }
 
 // newGate gates POST /charges (as openapi.yaml declares with its
@@ -175,8 +217,15 @@ func (a *api) handler(gate *httpgate.Gate, tokens map[string]string) http.Handle
 // provider is the fake card processor: it honours its context and keeps the
 // charges it made.
 type provider struct {
+	// delay is how long each charge takes (-charge-delay).
+	delay time.Duration
+	// wait, when set (tests), is waited on in place of delay.
+	wait func(context.Context) error
+
 	mu      sync.Mutex
 	charges map[string]charge
+	// prefix, drawn once, makes this process's charge ids its own.
+	prefix string
 }
 
 type charge struct {
@@ -192,7 +241,7 @@ type charge struct {
 var errDeclined = errors.New("card declined")
 
 func (p *provider) charge(ctx context.Context, c charge) (charge, error) {
-	if err := ctx.Err(); err != nil {
+	if err := p.processing(ctx); err != nil {
 		return charge{}, err
 	}
 	p.mu.Lock()
@@ -202,10 +251,30 @@ func (p *provider) charge(ctx context.Context, c charge) (charge, error) {
 	}
 	if p.charges == nil {
 		p.charges = map[string]charge{}
+		var b [5]byte
+		_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+		p.prefix = strings.ToLower(base32.StdEncoding.EncodeToString(b[:]))
 	}
-	c.ID, c.Status = fmt.Sprintf("ch_%06d", len(p.charges)+1), "succeeded"
+	c.ID, c.Status = fmt.Sprintf("ch_%s_%06d", p.prefix, len(p.charges)+1), "succeeded"
 	p.charges[c.ID] = c
 	return c, nil
+}
+
+// processing is the processor's time on a charge: delay, or wait; it ends
+// early, with ctx's error, when ctx does.
+func (p *provider) processing(ctx context.Context) error {
+	if p.wait != nil {
+		return p.wait(ctx)
+	}
+	if p.delay > 0 {
+		t := time.NewTimer(p.delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+	}
+	return ctx.Err()
 }
 
 func (p *provider) get(id string) (charge, bool) {

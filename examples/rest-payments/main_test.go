@@ -219,3 +219,87 @@ func TestCallersAreTenants(t *testing.T) {
 		t.Fatalf("charges = %d after unauthenticated calls, want 2", len(p.charges))
 	}
 }
+
+// After a restart (a new provider on the same Dedupe store) a replay's
+// Location still names the replayed charge: the new process's first charge
+// does not get the id of the old process's first charge, so reading the
+// replayed Location never shows another customer's charge.
+func TestChargeIDsSurviveARestart(t *testing.T) {
+	client := dedupe(t)
+	serveOn := func(p *provider) *httptest.Server {
+		gate, err := newGate(client, httpgate.WithLogger(quiet()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(newAPI(p).handler(gate, testTokens))
+		t.Cleanup(func() {
+			srv.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_ = gate.Close(ctx)
+		})
+		return srv
+	}
+	before := serveOn(&provider{})
+	first, _ := call(t, http.MethodPost, before.URL+"/charges", "alice-secret", `"ord-1"`, `{"customer":"cus_1","amount":1999,"currency":"usd"}`)
+	if first.StatusCode != http.StatusCreated {
+		t.Fatalf("first charge: %d", first.StatusCode)
+	}
+	before.Close()
+
+	after := serveOn(&provider{}) // the restarted process: a new ledger
+	other, _ := call(t, http.MethodPost, after.URL+"/charges", "alice-secret", `"ord-2"`, `{"customer":"cus_2","amount":5,"currency":"usd"}`)
+	replay, _ := call(t, http.MethodPost, after.URL+"/charges", "alice-secret", `"ord-1"`, `{"customer":"cus_1","amount":1999,"currency":"usd"}`)
+	if other.StatusCode != http.StatusCreated || replay.Header.Get(httpgate.ReplayedHeader) != "true" {
+		t.Fatalf("after the restart: a new charge %d, the replay %d %v", other.StatusCode, replay.StatusCode, replay.Header)
+	}
+	if replay.Header.Get("Location") == other.Header.Get("Location") {
+		t.Fatalf("the replayed charge's Location %s is the new process's charge of cus_2", replay.Header.Get("Location"))
+	}
+	resp, b := call(t, http.MethodGet, after.URL+replay.Header.Get("Location"), "alice-secret", "", "")
+	if resp.StatusCode == http.StatusOK && strings.Contains(string(b), "cus_2") {
+		t.Errorf("the replayed Location %s reads %s: another customer's charge", replay.Header.Get("Location"), b)
+	}
+}
+
+// A duplicate sent while the original charge runs waits up to the route's
+// MaxWait, then gets 409 IDEMPOTENCY_IN_FLIGHT with Retry-After; once the
+// original ends, the same request is replayed. -charge-delay shows this
+// by hand; here the charge is held until the 409 came.
+func TestConcurrentDuplicateGets409(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	p := &provider{wait: func(ctx context.Context) error {
+		close(started)
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return ctx.Err()
+	}}
+	srv := serve(t, p)
+	body := `{"customer":"cus_1","amount":1999,"currency":"usd"}`
+	type answer struct {
+		resp *http.Response
+		body []byte
+	}
+	original := make(chan answer, 1)
+	go func() {
+		resp, b := call(t, http.MethodPost, srv.URL+"/charges", "alice-secret", `"ord-slow"`, body)
+		original <- answer{resp, b}
+	}()
+	<-started
+	dup, dupBody := call(t, http.MethodPost, srv.URL+"/charges", "alice-secret", `"ord-slow"`, body)
+	close(release)
+	var pr httpgate.Problem
+	if dup.StatusCode != http.StatusConflict || dup.Header.Get("Retry-After") == "" || json.Unmarshal(dupBody, &pr) != nil || pr.Reason != "IDEMPOTENCY_IN_FLIGHT" {
+		t.Errorf("the duplicate while the charge runs: %d %v %s, want 409 IDEMPOTENCY_IN_FLIGHT with Retry-After", dup.StatusCode, dup.Header, dupBody)
+	}
+	first := <-original
+	again, againBody := call(t, http.MethodPost, srv.URL+"/charges", "alice-secret", `"ord-slow"`, body)
+	if first.resp.StatusCode != http.StatusCreated || again.Header.Get(httpgate.ReplayedHeader) != "true" || !bytes.Equal(first.body, againBody) {
+		t.Errorf("the original %d %s, the retry after it %d %v %s: want 201 and its replay", first.resp.StatusCode, first.body, again.StatusCode, again.Header, againBody)
+	}
+	if len(p.charges) != 1 {
+		t.Errorf("%d charges, want 1", len(p.charges))
+	}
+}

@@ -54,7 +54,7 @@ import (
 func OpenPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("-database-url: not a PostgreSQL URL: %w", err)
+		return nil, fmt.Errorf("%s: not a PostgreSQL URL: %w", cfg.name("database-url"), err)
 	}
 	pcfg.MaxConns = DefaultDBMaxConns
 	if cfg.MaxConns > 0 {
@@ -62,13 +62,13 @@ func OpenPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, fmt.Errorf("-database-url (DATABASE_URL): open database pool: %w", err)
+		return nil, fmt.Errorf("%s: open database pool: %w", cfg.nameEnv("database-url", "DATABASE_URL"), err)
 	}
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("-database-url (DATABASE_URL): connect to %s@%s:%d/%s: %w", pcfg.ConnConfig.User, pcfg.ConnConfig.Host, pcfg.ConnConfig.Port, pcfg.ConnConfig.Database, err)
+		return nil, fmt.Errorf("%s: connect to %s@%s:%d/%s: %w", cfg.nameEnv("database-url", "DATABASE_URL"), pcfg.ConnConfig.User, pcfg.ConnConfig.Host, pcfg.ConnConfig.Port, pcfg.ConnConfig.Database, err)
 	}
 	return pool, nil
 }
@@ -111,9 +111,9 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 		if cfg.StoreMaxBatch > 0 {
 			gc.MaxBatch = cfg.StoreMaxBatch
 		}
-		s, err := OpenEmbedded(ctx, cfg.DataDir, sqlitestore.WithGroupCommit(gc))
+		s, err := sqlitestore.Open(ctx, cfg.DataDir, sqlitestore.WithGroupCommit(gc))
 		if err != nil {
-			return backend{}, err
+			return backend{}, fmt.Errorf("%s %s: %w", cfg.name("data-dir"), cfg.DataDir, err)
 		}
 		// The store's files are 0600 whatever the umask; a directory others
 		// may list still shows them keys' existence and sizes, and may hold
@@ -138,7 +138,7 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 		applied, err := pgstore.Migrate(ctx, pool)
 		if err != nil {
 			pool.Close()
-			return backend{}, fmt.Errorf("migrate (-migrate-on-start): %w", err)
+			return backend{}, fmt.Errorf("migrate (%s): %w", cfg.name("migrate-on-start"), err)
 		}
 		logger.Info("migrations applied", slog.Any("applied", applied))
 	} else {

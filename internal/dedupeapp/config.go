@@ -102,9 +102,9 @@ type Config struct {
 	MaxOutcomeBytes int
 	// CallerBeginRate is each caller's Begins per second; 0 (also in a
 	// Config built in Go) is no limit, as for the other caller limits.
-	// Defaults to 500 (IDEMGATE_CALLER_BEGIN_RATE).
+	// Defaults to 10000 (IDEMGATE_CALLER_BEGIN_RATE).
 	CallerBeginRate float64
-	// CallerBeginBurst is each caller's Begin burst. Defaults to 1000
+	// CallerBeginBurst is each caller's Begin burst. Defaults to 10000
 	// (IDEMGATE_CALLER_BEGIN_BURST).
 	CallerBeginBurst int
 	// CallerOutcomeByteRate is the outcome bytes each caller's Finishes may
@@ -265,6 +265,10 @@ type Config struct {
 	// lost when the process dies, and a flush is also made at shutdown. 0
 	// takes the default. Defaults to 1s (IDEMGATE_REPLAY_FLUSH_INTERVAL).
 	ReplayFlushInterval time.Duration
+	// names, when set, names a setting in errors (see ValidateNamed and
+	// WithNames); nil names its flag.
+	names func(flag string) string
+
 	// ResolveAdminOnly reserves DedupeService.Resolve to admin identities;
 	// others get PERMISSION_DENIED (DEDUPE_PERMISSION_DENIED). Needs
 	// authentication. Defaults to false: every caller may resolve its own
@@ -491,13 +495,61 @@ func defaultDataDir(getenv func(string) string) string {
 	return "idemgate-data"
 }
 
-func (c Config) validate() error {
+func (c Config) validate() error { return c.ValidateNamed(flagName) }
+
+// flagName is how the command's errors name a setting: by its flag.
+func flagName(flag string) string { return "-" + flag }
+
+// WithNames returns c naming its settings by name(flag) in the errors of
+// opening its store, as ValidateNamed does in its checks.
+func (c Config) WithNames(name func(flag string) string) Config {
+	c.names = name
+	return c
+}
+
+// name is how errors name the setting of flag (without its dash).
+func (c Config) name(flag string) string {
+	if c.names != nil {
+		return c.names(flag)
+	}
+	return flagName(flag)
+}
+
+// nameEnv is name, followed by the environment variable env that also sets
+// it when the setting is named by its flag.
+func (c Config) nameEnv(flag, env string) string {
+	if c.names != nil {
+		return c.names(flag)
+	}
+	return flagName(flag) + " (" + env + ")"
+}
+
+// Defaults is the Config of the dedupesvc command run without flags and
+// without its environment variables: every flag's default. The data
+// directory's default reads only XDG_DATA_HOME and HOME through getenv.
+func Defaults(getenv func(string) string) Config {
+	cfg, err := ParseConfig("dedupesvc", nil, func(name string) string {
+		if name == "XDG_DATA_HOME" || name == "HOME" {
+			return getenv(name)
+		}
+		return ""
+	}, io.Discard)
+	if err != nil {
+		panic("dedupeapp: the flags' defaults do not validate: " + err.Error())
+	}
+	return cfg
+}
+
+// ValidateNamed checks c as ParseConfig does, naming each setting in its
+// errors by name(flag), flag being the setting's flag without its dash:
+// the command names flags, a Go API its own fields.
+func (c Config) ValidateNamed(n func(flag string) string) error {
 	var errs []error
 	if c.DatabaseURL == "" && c.DataDir == "" {
-		errs = append(errs, errors.New("set -database-url (DATABASE_URL) for PostgreSQL, or -data-dir (IDEMGATE_DATA_DIR) for the embedded store"))
+		errs = append(errs, errors.New("set "+n("database-url")+" (DATABASE_URL) for PostgreSQL, or "+n("data-dir")+" (IDEMGATE_DATA_DIR) for the embedded store"))
 	}
 	if c.Listen == "" {
-		errs = append(errs, errors.New("-listen must not be empty"))
+		errs = append(errs, errors.New(n("listen")+" must not be empty"))
 	}
 	if c.ListenDatabaseURL != "" {
 		if c.DatabaseURL == "" {
@@ -507,76 +559,79 @@ func (c Config) validate() error {
 		}
 	}
 	if c.MaxConns < 0 {
-		errs = append(errs, fmt.Errorf("-db-max-conns must be 0 or more, got %d", c.MaxConns))
+		errs = append(errs, fmt.Errorf(n("db-max-conns")+" must be 0 or more, got %d", c.MaxConns))
 	}
 	if c.StoreWriters < 0 {
-		errs = append(errs, fmt.Errorf("-store-writers must be 0 or more, got %d", c.StoreWriters))
+		errs = append(errs, fmt.Errorf(n("store-writers")+" must be 0 or more, got %d", c.StoreWriters))
 	}
 	if c.StoreMaxBatch < 0 {
-		errs = append(errs, fmt.Errorf("-store-max-batch must be 0 or more, got %d", c.StoreMaxBatch))
+		errs = append(errs, fmt.Errorf(n("store-max-batch")+" must be 0 or more, got %d", c.StoreMaxBatch))
 	}
 	if c.UsageCompactionInterval != 0 && c.UsageCompactionInterval < 10*time.Millisecond {
-		errs = append(errs, fmt.Errorf("-usage-compaction-interval must be 10ms or more, got %s", c.UsageCompactionInterval))
+		errs = append(errs, fmt.Errorf(n("usage-compaction-interval")+" must be 10ms or more, got %s", c.UsageCompactionInterval))
 	}
 	if c.SweepInterval <= 0 {
-		errs = append(errs, fmt.Errorf("-sweep-interval must be positive, got %s", c.SweepInterval))
+		errs = append(errs, fmt.Errorf(n("sweep-interval")+" must be positive, got %s", c.SweepInterval))
 	}
 	if c.SweepBatch <= 0 {
-		errs = append(errs, fmt.Errorf("-sweep-batch must be positive, got %d", c.SweepBatch))
+		errs = append(errs, fmt.Errorf(n("sweep-batch")+" must be positive, got %d", c.SweepBatch))
 	}
 	if (c.TLSCert == "") != (c.TLSKey == "") {
-		errs = append(errs, errors.New("-tls-cert and -tls-key go together"))
+		errs = append(errs, errors.New(n("tls-cert")+" and "+n("tls-key")+" go together"))
 	}
 	if c.TLSClientCA != "" && c.TLSCert == "" {
-		errs = append(errs, errors.New("-tls-client-ca needs -tls-cert and -tls-key: client certificates travel over TLS"))
+		errs = append(errs, errors.New(n("tls-client-ca")+" needs "+n("tls-cert")+" and "+n("tls-key")+": client certificates travel over TLS"))
 	}
 	if !loopback.Address(c.Listen) {
 		if c.TLSCert == "" && !c.InsecurePlaintext {
-			errs = append(errs, fmt.Errorf("-listen %s is not a loopback address: serve TLS (-tls-cert, -tls-key) or set -insecure-plaintext", c.Listen))
+			errs = append(errs, fmt.Errorf(n("listen")+" %s is not a loopback address: serve TLS ("+n("tls-cert")+", "+n("tls-key")+") or set "+n("insecure-plaintext"), c.Listen))
 		}
 		if !c.authConfigured() {
-			errs = append(errs, fmt.Errorf("-listen %s is not a loopback address: configure -tls-client-ca or -token-file so callers authenticate", c.Listen))
+			errs = append(errs, fmt.Errorf(n("listen")+" %s is not a loopback address: configure "+n("tls-client-ca")+" or "+n("token-file")+" so callers authenticate", c.Listen))
 		}
 	}
 	if _, err := otlpExporterOptions(c.OTLPEndpoint); err != nil {
 		errs = append(errs, err)
 	}
 	if c.MaxFinishBytesInFlight < 0 {
-		return errors.New("-max-finish-bytes-in-flight must not be negative")
+		errs = append(errs, fmt.Errorf(n("max-finish-bytes-in-flight")+" must not be negative, got %d", c.MaxFinishBytesInFlight))
 	}
 	if c.CallerOutcomeByteRate < 0 || c.CallerOutcomeByteBurst < 0 {
-		errs = append(errs, errors.New("-caller-outcome-byte-rate and -caller-outcome-byte-burst must be 0 (no limit) or more"))
+		errs = append(errs, errors.New(n("caller-outcome-byte-rate")+" and "+n("caller-outcome-byte-burst")+" must be 0 (no limit) or more"))
 	}
-	if c.CallerBeginRate < 0 || (c.CallerBeginRate > 0 && c.CallerBeginBurst < 1) || c.CallerMaxRecords < 0 || c.CallerMaxBytes < 0 {
-		errs = append(errs, errors.New("-caller-begin-rate, -caller-max-records and -caller-max-bytes must be 0 (no limit) or more, -caller-begin-burst 1 or more"))
+	if c.CallerBeginRate < 0 || c.CallerMaxRecords < 0 || c.CallerMaxBytes < 0 {
+		errs = append(errs, errors.New(n("caller-begin-rate")+", "+n("caller-max-records")+" and "+n("caller-max-bytes")+" must be 0 (no limit) or more"))
+	}
+	if c.CallerBeginRate > 0 && c.CallerBeginBurst < 1 {
+		errs = append(errs, fmt.Errorf(n("caller-begin-burst")+" must be 1 or more, got %d", c.CallerBeginBurst))
 	}
 	if c.MaxWaiters < 0 || c.CallerMaxWaiters < 0 {
-		errs = append(errs, errors.New("-max-waiters and -caller-max-waiters must be positive"))
+		errs = append(errs, errors.New(n("max-waiters")+" and "+n("caller-max-waiters")+" must be positive"))
 	}
 	if c.MaxRetention < 0 || c.MaxRetention > dedupesvc.MaxRetention {
-		errs = append(errs, fmt.Errorf("-max-retention must be between 0 and %s, got %s", dedupesvc.MaxRetention, c.MaxRetention))
+		errs = append(errs, fmt.Errorf(n("max-retention")+" must be between 0 and %s, got %s", dedupesvc.MaxRetention, c.MaxRetention))
 	}
 	if c.MaxOutcomeBytes <= 0 {
-		errs = append(errs, fmt.Errorf("-max-outcome-bytes must be positive, got %d", c.MaxOutcomeBytes))
+		errs = append(errs, fmt.Errorf(n("max-outcome-bytes")+" must be positive, got %d", c.MaxOutcomeBytes))
 	}
 	if c.PollInterval <= 0 {
-		errs = append(errs, fmt.Errorf("-poll-interval must be positive, got %s", c.PollInterval))
+		errs = append(errs, fmt.Errorf(n("poll-interval")+" must be positive, got %s", c.PollInterval))
 	}
 	if c.UnknownRetention <= 0 {
-		errs = append(errs, fmt.Errorf("-unknown-retention must be positive, got %s", c.UnknownRetention))
+		errs = append(errs, fmt.Errorf(n("unknown-retention")+" must be positive, got %s", c.UnknownRetention))
 	}
 	if len(c.AgentForwarders) > 0 && !c.authConfigured() {
-		errs = append(errs, errors.New("-agent-forwarders needs -tls-client-ca or -token-file: without authentication no caller is a forwarder"))
+		errs = append(errs, errors.New(n("agent-forwarders")+" needs "+n("tls-client-ca")+" or "+n("token-file")+": without authentication no caller is a forwarder"))
 	}
 	if c.ResolveAdminOnly && !c.authConfigured() {
-		errs = append(errs, errors.New("-resolve-admin-only needs -tls-client-ca or -token-file: without authentication no caller is an admin"))
+		errs = append(errs, errors.New(n("resolve-admin-only")+" needs "+n("tls-client-ca")+" or "+n("token-file")+": without authentication no caller is an admin"))
 	}
 	for _, limit := range []struct {
 		flag string
 		v    int
-	}{{"-max-connections", c.MaxConnections}, {"-max-concurrent-streams", c.MaxConcurrentStreams},
-		{"-max-unauthenticated-connections", c.MaxUnauthenticatedConnections}, {"-max-unauthenticated-connections-per-ip", c.MaxUnauthenticatedConnectionsPerIP},
-		{"-max-unauthenticated-streams", c.MaxUnauthenticatedStreams}} {
+	}{{n("max-connections"), c.MaxConnections}, {n("max-concurrent-streams"), c.MaxConcurrentStreams},
+		{n("max-unauthenticated-connections"), c.MaxUnauthenticatedConnections}, {n("max-unauthenticated-connections-per-ip"), c.MaxUnauthenticatedConnectionsPerIP},
+		{n("max-unauthenticated-streams"), c.MaxUnauthenticatedStreams}} {
 		if limit.v < 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive, got %d", limit.flag, limit.v))
 		}
@@ -584,21 +639,21 @@ func (c Config) validate() error {
 	for _, limit := range []struct {
 		flag string
 		v    time.Duration
-	}{{"-handshake-timeout", c.HandshakeTimeout}, {"-max-connection-idle", c.MaxConnectionIdle}, {"-max-connection-age", c.MaxConnectionAge},
-		{"-max-connection-age-grace", c.MaxConnectionAgeGrace}, {"-keepalive-min-time", c.KeepaliveMinTime},
-		{"-unauthenticated-timeout", c.UnauthenticatedTimeout}} {
+	}{{n("handshake-timeout"), c.HandshakeTimeout}, {n("max-connection-idle"), c.MaxConnectionIdle}, {n("max-connection-age"), c.MaxConnectionAge},
+		{n("max-connection-age-grace"), c.MaxConnectionAgeGrace}, {n("keepalive-min-time"), c.KeepaliveMinTime},
+		{n("unauthenticated-timeout"), c.UnauthenticatedTimeout}} {
 		if limit.v < 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive, got %s", limit.flag, limit.v))
 		}
 	}
 	if c.AuthRefusalLogRate < 0 {
-		errs = append(errs, fmt.Errorf("-auth-refusal-log-rate must be positive, got %g", c.AuthRefusalLogRate))
+		errs = append(errs, fmt.Errorf(n("auth-refusal-log-rate")+" must be positive, got %g", c.AuthRefusalLogRate))
 	}
 	if c.ReplayFlushInterval < 0 {
-		errs = append(errs, fmt.Errorf("-replay-flush-interval must be positive, got %s", c.ReplayFlushInterval))
+		errs = append(errs, fmt.Errorf(n("replay-flush-interval")+" must be positive, got %s", c.ReplayFlushInterval))
 	}
 	if c.ShutdownTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("-shutdown-timeout must be positive, got %s", c.ShutdownTimeout))
+		errs = append(errs, fmt.Errorf(n("shutdown-timeout")+" must be positive, got %s", c.ShutdownTimeout))
 	}
 	return errors.Join(errs...)
 }

@@ -24,9 +24,13 @@ import (
 type service struct {
 	backend
 	registry *prometheus.Registry
-	server   *dedupesvc.Server
-	replays  *dedupesvc.ReplayRecorder
-	logger   *slog.Logger
+	// collectors are the service's own metrics in registry (not the Go
+	// runtime's and the process's), for a registry of the embedding
+	// process's.
+	collectors []prometheus.Collector
+	server     *dedupesvc.Server
+	replays    *dedupesvc.ReplayRecorder
+	logger     *slog.Logger
 
 	background     context.Context
 	stopBackground context.CancelFunc
@@ -50,9 +54,10 @@ func openService(ctx context.Context, cfg Config, logger *slog.Logger) (_ *servi
 	}()
 
 	dedupeMetrics := dedupesvc.NewMetrics()
-	s.registry.MustRegister(dedupeMetrics, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s.register(dedupeMetrics)
 	if b.pool != nil {
-		s.registry.MustRegister(newPoolCollector(b.pool))
+		s.register(newPoolCollector(b.pool))
 	}
 	serverOpts := []dedupesvc.Option{
 		dedupesvc.WithMetrics(dedupeMetrics),
@@ -109,10 +114,16 @@ func openService(ctx context.Context, cfg Config, logger *slog.Logger) (_ *servi
 	if inspector, ok := b.store.(dedupesvc.Inspector); ok {
 		// Records waiting for an operator, for the IdemgateOutcomeUnknownRecordsWaiting alert.
 		unknown := dedupesvc.NewUnknownRecords(inspector, dedupesvc.UnknownRecordsConfig{Logger: logger})
-		s.registry.MustRegister(unknown)
+		s.register(unknown)
 		s.goBackground(unknown.Run)
 	}
 	return s, nil
+}
+
+// register adds one of the service's own collectors to its registry.
+func (s *service) register(c prometheus.Collector) {
+	s.registry.MustRegister(c)
+	s.collectors = append(s.collectors, c)
 }
 
 // goBackground runs f until close, with a context close cancels.
@@ -143,6 +154,28 @@ func (s *service) close(ctx context.Context) {
 type Embedded struct {
 	svc         *service
 	stopMetrics func()
+	closeOnce   sync.Once
+}
+
+// CheckEmbeddable refuses the fields only a gRPC server uses (TLS, tokens,
+// admin identities, reflection, tracing), named by name(flag): an embedded
+// service has no callers but its own process to authenticate or trace, and
+// a token file silently ignored would look like protection.
+func CheckEmbeddable(cfg Config, name func(flag string) string) error {
+	var errs []error
+	for _, f := range []struct {
+		flag string
+		set  bool
+	}{
+		{"tls-cert", cfg.TLSCert != ""}, {"tls-key", cfg.TLSKey != ""}, {"tls-client-ca", cfg.TLSClientCA != ""},
+		{"token-file", cfg.TokenFile != ""}, {"admin-identities", len(cfg.AdminIdentities) > 0}, {"agent-forwarders", len(cfg.AgentForwarders) > 0},
+		{"resolve-admin-only", cfg.ResolveAdminOnly}, {"reflection", cfg.Reflection}, {"otlp-endpoint", cfg.OTLPEndpoint != ""},
+	} {
+		if f.set {
+			errs = append(errs, errors.New(name(f.flag)+" is set, but an embedded Dedupe service has no gRPC server it applies to: its only caller is this process"))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Embed starts an embedded Dedupe service configured by cfg, as from
@@ -151,21 +184,8 @@ type Embedded struct {
 // embedded service has no callers but this process to authenticate or
 // trace. Close it after the last call through its Client.
 func Embed(ctx context.Context, cfg Config, logger *slog.Logger) (*Embedded, error) {
-	var errs []error
-	for _, f := range []struct {
-		flag string
-		set  bool
-	}{
-		{"-tls-cert", cfg.TLSCert != ""}, {"-tls-key", cfg.TLSKey != ""}, {"-tls-client-ca", cfg.TLSClientCA != ""},
-		{"-token-file", cfg.TokenFile != ""}, {"-admin-identities", len(cfg.AdminIdentities) > 0},
-		{"-resolve-admin-only", cfg.ResolveAdminOnly}, {"-reflection", cfg.Reflection}, {"-otlp-endpoint", cfg.OTLPEndpoint != ""},
-	} {
-		if f.set {
-			errs = append(errs, errors.New(f.flag+" is set, but an embedded Dedupe service has no gRPC server it applies to: its only caller is this process"))
-		}
-	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
+	if err := CheckEmbeddable(cfg, flagName); err != nil {
+		return nil, err
 	}
 	cfg = cfg.withDefaults()
 	svc, err := openService(ctx, cfg, logger)
@@ -190,9 +210,18 @@ func (e *Embedded) Client() idemgatev1.DedupeServiceClient {
 	return dedupesvc.NewInProcessClient(e.svc.server)
 }
 
-// Close stops /metrics, stores the replay counts not yet flushed, stops the
-// background work and closes the store.
+// Collectors are the service's own metrics (idemgate_dedupe_*, the
+// database pool's, the outcome-unknown records'), without the Go runtime's
+// and the process's, which the embedding process registers itself if it
+// wants them.
+func (e *Embedded) Collectors() []prometheus.Collector { return e.svc.collectors }
+
+// Close stops /metrics, stores the replay counts not yet flushed (for at
+// most 5s), stops the background work, waits for it to return and closes
+// the store. Calls after the first return at once.
 func (e *Embedded) Close() {
-	e.stopMetrics()
-	e.svc.close(context.Background())
+	e.closeOnce.Do(func() {
+		e.stopMetrics()
+		e.svc.close(context.Background())
+	})
 }

@@ -27,11 +27,14 @@ const (
 	// carries the idempotency key: "io.idemgate/idempotency-key": true.
 	SchemaKeyMark = "io.idemgate/idempotency-key"
 	// KeyArgumentDescription is what the model reads of an added key
-	// argument: the value names the action, not the call.
-	KeyArgumentDescription = "Idempotency key of this action. Make one up the first time you take the action " +
-		"(a fresh UUID, or the id of the thing it acts on, such as an order id) and send exactly the same value " +
-		"when you retry or repeat the same action: the action then runs once and the retry gets its first result. " +
-		"A new value is a new action and runs again. 1 to 255 printable ASCII characters."
+	// argument: one fresh value per intended action, reused only to retry
+	// it. It never suggests an existing id (a customer's, an order's): a
+	// model that reused one for a second real action would be replayed the
+	// first action's result, and the second action silently not taken.
+	KeyArgumentDescription = "Idempotency key of this action: a fresh unique value (a new UUID) for each action you intend to take, " +
+		"reused only to retry that same action after an error, a timeout or a lost answer: the retry then gets the first attempt's result " +
+		"and the action runs once. Never reuse an id of something else (a customer, an account, an earlier order) as the key: " +
+		"a second, different action sent with a used key does not run, and gets the first action's result. 1 to 255 printable ASCII characters."
 )
 
 // keyArgumentName is what an added key argument may be called: a plain

@@ -59,20 +59,23 @@ func ErrorResult(err error) *mcp.CallToolResult {
 }
 
 // KeyMissingMessage is the message of an IDEMPOTENCY_KEY_MISSING refusal
-// to an MCP client: it names the MCP carriers, _meta[MetaKey] and the tool's
-// key arguments (none for the bridge), never the gRPC metadata the tool
-// server behind a bridge speaks of.
+// to an MCP client: it names the MCP carriers, the tool's key arguments
+// first (what a model can set: a stock host sets no _meta) then
+// _meta[MetaKey], never the gRPC metadata the tool server behind a bridge
+// speaks of.
 func KeyMissingMessage(keyArgs ...string) string {
-	carriers := "_meta[\"" + MetaKey + "\"]"
+	meta := "_meta[\"" + MetaKey + "\"]"
+	var carriers string
 	switch len(keyArgs) {
 	case 0:
+		carriers = meta
 	case 1:
-		carriers += " or the argument " + keyArgs[0]
+		carriers = "the argument " + keyArgs[0] + " (or " + meta + ")"
 	default:
-		carriers += " or one of the arguments " + strings.Join(keyArgs, ", ")
+		carriers = "one of the arguments " + strings.Join(keyArgs, ", ") + " (or " + meta + ")"
 	}
 	return "this tool has side effects and needs an idempotency key: send one in " + carriers +
-		", minted once per logical action and reused on every retry of it"
+		", a fresh one for each action you intend, reused only to retry that same action"
 }
 
 // ReplaceMessage returns err with its status message replaced by message,

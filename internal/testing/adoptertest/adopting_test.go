@@ -205,6 +205,15 @@ func TestAdoptingGuide(t *testing.T) {
 	if n := strings.Count(string(serverLog), "side effect:"); n != wantEffects {
 		t.Errorf("mailer.log has %d side effects, want %d (one per key):\n%s", n, wantEffects, serverLog)
 	}
+	// Step 7: the Dedupe service inside the tool server, on the database of
+	// step 5, with dedupesvc stopped.
+	oneboxLog, err := os.ReadFile(filepath.Join(dir, "onebox.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(oneboxLog), "side effect:"); n != 1 || !strings.Contains(string(oneboxLog), "using PostgreSQL") {
+		t.Errorf("onebox.log has %d side effects, want 1, from a server running the Dedupe service on PostgreSQL itself:\n%s", n, oneboxLog)
+	}
 	if !pythonRan {
 		t.Skipf("every other step passed; the Python caller's step was not run: %s with grpcio and protobuf is missing (%v): apt-get install python3-grpcio python3-protobuf", python, pythonErr)
 	}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
@@ -62,8 +63,8 @@ func TestManyLostBeginsAcrossASlowStoreRecoveryAreReleased(t *testing.T) {
 	for i := range keys {
 		wg.Go(func() {
 			_, err := lossyClient.MutateHeld(withKey(key(i)), &testingv1.MutateRequest{Payload: "charge"})
-			if grpcerr.Reason(err) != interceptor.ReasonStoreUnavailable {
-				t.Errorf("call %d while its Begin's answer is lost: %v, want %s", i, err, interceptor.ReasonStoreUnavailable)
+			if grpcerr.Reason(err) != idemgate.ReasonStoreUnavailable {
+				t.Errorf("call %d while its Begin's answer is lost: %v, want %s", i, err, idemgate.ReasonStoreUnavailable)
 			}
 		})
 	}
@@ -76,7 +77,7 @@ func TestManyLostBeginsAcrossASlowStoreRecoveryAreReleased(t *testing.T) {
 	for i := range keys {
 		wg.Go(func() {
 			_, err := otherClient.MutateHeld(withKey(key(i)), &testingv1.MutateRequest{Payload: "charge"})
-			if grpcerr.Reason(err) == interceptor.ReasonInFlight {
+			if grpcerr.Reason(err) == idemgate.ReasonInFlight {
 				reserved.Add(1)
 			}
 		})
@@ -103,7 +104,7 @@ func TestManyLostBeginsAcrossASlowStoreRecoveryAreReleased(t *testing.T) {
 			err := answerOnceBack(t, func() error {
 				for deadline := time.Now().Add(patience); ; time.Sleep(100 * time.Millisecond) {
 					_, err := otherClient.MutateHeld(withKey(key(i)), &testingv1.MutateRequest{Payload: "charge"})
-					if grpcerr.Reason(err) != interceptor.ReasonInFlight || time.Now().After(deadline) {
+					if grpcerr.Reason(err) != idemgate.ReasonInFlight || time.Now().After(deadline) {
 						return err
 					}
 				}
@@ -111,7 +112,7 @@ func TestManyLostBeginsAcrossASlowStoreRecoveryAreReleased(t *testing.T) {
 			switch {
 			case err == nil:
 				ran.Add(1)
-			case grpcerr.Reason(err) == interceptor.ReasonOutcomeUnknown:
+			case grpcerr.Reason(err) == idemgate.ReasonOutcomeUnknown:
 				unknowns.Add(1)
 			default:
 				t.Errorf("duplicate of %s through the other tool server: %v", key(i), err)
@@ -119,9 +120,9 @@ func TestManyLostBeginsAcrossASlowStoreRecoveryAreReleased(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	t.Logf("duplicates through the other tool server: %d ran, %d told %s", ran.Load(), unknowns.Load(), interceptor.ReasonOutcomeUnknown)
+	t.Logf("duplicates through the other tool server: %d ran, %d told %s", ran.Load(), unknowns.Load(), idemgate.ReasonOutcomeUnknown)
 	if unknowns.Load() != 0 {
-		t.Errorf("%d of %d keys whose handler never ran were answered %s", unknowns.Load(), keys, interceptor.ReasonOutcomeUnknown)
+		t.Errorf("%d of %d keys whose handler never ran were answered %s", unknowns.Load(), keys, idemgate.ReasonOutcomeUnknown)
 	}
 	if got := other.Executions(); got != ran.Load() {
 		t.Errorf("%d executions for %d duplicates that ran", got, ran.Load())
