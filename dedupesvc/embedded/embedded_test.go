@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc/embedded"
 	"github.com/idemgate/idemgate/examples/payments"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
@@ -56,7 +57,7 @@ func TestGateOverEmbeddedServiceDeduplicatesConcurrentCalls(t *testing.T) {
 		t.Fatalf("CheckDedupe through the embedded client: %v", err)
 	}
 
-	keyed := metadata.AppendToOutgoingContext(ctx, interceptor.KeyHeader, "order-embedded-1")
+	keyed := metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, "order-embedded-1")
 	const callers = 16
 	ids := make([]string, callers)
 	start := make(chan struct{})

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	"github.com/idemgate/idemgate/examples/payments"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
@@ -96,7 +97,7 @@ func TestGateThroughPgBouncerAsRuntimeRole(t *testing.T) {
 	client := paymentsv1.NewPaymentsServiceClient(stacktest.Serve(t, srv))
 
 	const callers = 8
-	keyed := metadata.AppendToOutgoingContext(callCtx(t), interceptor.KeyHeader, "pgbouncer-charge-1")
+	keyed := metadata.AppendToOutgoingContext(callCtx(t), idemgate.KeyHeader, "pgbouncer-charge-1")
 	req := &paymentsv1.ChargeCardRequest{CustomerId: "cust_pgbouncer", AmountCents: 1234}
 	answers := make([][]byte, callers)
 	errs := make([]error, callers)
