@@ -39,23 +39,43 @@ func TestTermWithTheDedupeServiceGoneIsBoundedAndClean(t *testing.T) {
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set(httpgate.KeyHeader, `"ord-1"`)
 		req.Header.Set("Authorization", "Bearer alice-demo-token")
-		return (&http.Client{Timeout: time.Minute}).Do(req)
+		return http.DefaultClient.Do(req) // the holder's request is cut when the server exits
 	}
-	go func() {
-		if resp, err := post(); err == nil { // cut when the server exits
+	// Whichever request reserves the key first holds it for -charge-delay and
+	// answers only when the server exits, so each request runs on its own and
+	// the first answer to come back must be a duplicate's 409: which request
+	// is the holder is the scheduler's choice, not the test's.
+	answers := make(chan int, 32)
+	send := func() {
+		go func() {
+			resp, err := post()
+			if err != nil {
+				answers <- -1
+				return
+			}
 			resp.Body.Close()
-		}
-	}()
+			answers <- resp.StatusCode
+		}()
+	}
+	send()
 	for try := 0; ; try++ {
-		resp, err := post()
-		if err != nil || try == 20 {
-			t.Fatalf("duplicate %d: %v\n%s", try, err, p.Log())
+		if try == 20 {
+			t.Fatalf("no duplicate was answered 409 after %d tries\n%s", try, p.Log())
 		}
-		resp.Body.Close()
-		if resp.StatusCode == http.StatusConflict {
-			break // the original holds the key
+		send()
+		var code int
+		select {
+		case code = <-answers:
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("no request answered in 2m\n%s", p.Log())
 		}
-		t.Logf("duplicate %d: %d", try, resp.StatusCode)
+		if code == http.StatusConflict {
+			break // another request holds the key
+		}
+		if code < 0 {
+			t.Fatalf("a request failed before the server was stopped\n%s", p.Log())
+		}
+		t.Logf("request %d: %d", try, code)
 	}
 	if err := stopDedupe(); err != nil {
 		t.Fatal(err)
