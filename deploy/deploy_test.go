@@ -323,8 +323,17 @@ func exportedMetrics(t *testing.T) map[string]string {
 		t.Fatalf("call without a token: %v, want Unauthenticated", err)
 	}
 
+	// idemgate_records_outcome_unknown is absent until the service's first
+	// count, which runs beside start-up: on a loaded machine the first scrape
+	// can come before it.
 	exported := map[string]string{}
-	scrapeTypes(t, "http://"+cfg.MetricsListen+"/metrics", exported)
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		clear(exported)
+		scrapeTypes(t, "http://"+cfg.MetricsListen+"/metrics", exported)
+		if _, counted := exported["idemgate_records_outcome_unknown"]; counted || time.Now().After(deadline) {
+			break
+		}
+	}
 	gateMetrics := httptest.NewServer(promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	defer gateMetrics.Close()
 	scrapeTypes(t, gateMetrics.URL, exported)
