@@ -108,8 +108,9 @@ const (
 
 // refusals is the status table docs/gating.md "What an HTTP caller does
 // with each refusal" and doc.go document. A refusal a retry cannot settle
-// has a status generic retriers leave alone (4xx but 408, 413 with
-// Retry-After, 429; 507); one a retry settles carries Retry-After.
+// gets a status generic retriers leave alone (a 4xx other than 408 and
+// 429, 413 without Retry-After, or 507); one a retry settles carries
+// Retry-After.
 var refusals = map[string]refusal{
 	ReasonKeyMissing:          {http.StatusBadRequest, "Idempotency-Key missing", retryNever},
 	ReasonKeyInvalid:          {http.StatusBadRequest, "Idempotency-Key invalid", retryNever},

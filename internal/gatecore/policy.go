@@ -48,7 +48,7 @@ type Durations struct {
 	Keyless bool
 	// NoWait keeps MaxWait 0, which a zero field cannot say: a duplicate
 	// is answered IDEMPOTENCY_IN_FLIGHT at once, as a method's max_wait 0s
-	// is. MaxWait must then be 0.
+	// is. MaxWait must then be 0. Defaults to false.
 	NoWait bool
 }
 

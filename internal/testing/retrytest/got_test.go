@@ -48,23 +48,30 @@ func missing(t *testing.T, msg string) {
 	t.Skip(msg)
 }
 
-// gotColumn reads docs/gating.md's table of refusals: for each reason,
-// whether got (its defaults, POST retried) retries it.
-func gotColumn(t *testing.T) map[string]bool {
+// docsRow is what docs/gating.md's table of refusals says of a reason:
+// whether its answer carries Retry-After ("no", "yes", "for a rate quota")
+// and whether got (its defaults, POST retried) retries it.
+type docsRow struct {
+	retryAfter string
+	retried    bool
+}
+
+// docsTable reads that table.
+func docsTable(t *testing.T) map[string]docsRow {
 	t.Helper()
 	raw, err := os.ReadFile("../../../docs/gating.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	row := regexp.MustCompile("(?m)^\\| \\[`(IDEMPOTENCY_[A-Z_]+)`\\]\\(#[a-z-]+\\) \\| \\d{3} \\| [^|]+ \\| (retried|not retried) \\|")
-	retried := map[string]bool{}
+	row := regexp.MustCompile("(?m)^\\| \\[`(IDEMPOTENCY_[A-Z_]+)`\\]\\(#[a-z-]+\\) \\| \\d{3} \\| ([^|]+) \\| (retried|not retried) \\|")
+	rows := map[string]docsRow{}
 	for _, m := range row.FindAllStringSubmatch(string(raw), -1) {
-		retried[m[1]] = m[2] == "retried"
+		rows[m[1]] = docsRow{retryAfter: strings.TrimSpace(m[2]), retried: m[3] == "retried"}
 	}
-	if len(retried) < 12 {
-		t.Fatalf("docs/gating.md's table of refusals has %d rows with got's column, want every reason's", len(retried))
+	if len(rows) < 12 {
+		t.Fatalf("docs/gating.md's table of refusals has %d rows with got's column, want every reason's", len(rows))
 	}
-	return retried
+	return rows
 }
 
 // refusingDedupe is a Dedupe service that refuses every Begin as the key
@@ -227,7 +234,7 @@ func TestGotRetriesOnlyWhatTheDocsSay(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "got", "package.json")); err != nil {
 		missing(t, "got is not installed: run make npm-ci (npm ci in "+dir+")")
 	}
-	docs := gotColumn(t)
+	docs := docsTable(t)
 
 	pool, schema := pgtest.Schema(t)
 	store := pgstore.New(pool, pgstore.WithChannel(schema), pgstore.WithoutNotify())
@@ -387,13 +394,16 @@ func TestGotRetriesOnlyWhatTheDocsSay(t *testing.T) {
 		if r.Reason != s.reason || r.Status != httpgate.StatusOf(s.reason) {
 			t.Errorf("%s: %d %q, want %d %s", s.Name, r.Status, r.Reason, httpgate.StatusOf(s.reason), s.reason)
 		}
+		if ra := docs[s.reason].retryAfter; (r.RetryAfter != "") != (ra == "yes" || ra == "for a rate quota" && s.Name == "quota-rate") {
+			t.Errorf("%s: Retry-After %q; docs/gating.md says %q", s.Name, r.RetryAfter, ra)
+		}
 		want := 1
-		if s.Client == "default" && docs[s.reason] {
+		if s.Client == "default" && docs[s.reason].retried {
 			want = 3 // got's default limit: 2 retries
 		}
 		if received != want || r.RetryCount != want-1 {
 			t.Errorf("%s (%s): the server received %d requests (got retried %d times); docs/gating.md says got retried: %v, so %d",
-				s.Name, s.reason, received, r.RetryCount, docs[s.reason], want)
+				s.Name, s.reason, received, r.RetryCount, docs[s.reason].retried, want)
 		}
 	}
 
