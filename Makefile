@@ -261,9 +261,9 @@ run-mcp-server: $(BIN_DIR)/mcp-server ## Serve the native Go MCP server gated by
 run-rest: $(BIN_DIR)/rest-payments ## Serve the REST payments API gated by httpgate (examples/rest-payments) on 127.0.0.1:8090, OpenAPI at /openapi.yaml, callers alice and bob (examples/rest-payments/tokens.txt); needs make run. REST_FLAGS adds flags, e.g. REST_FLAGS='-charge-delay 10s' to see a concurrent duplicate's 409.
 	$(BIN_DIR)/rest-payments -dedupe 127.0.0.1:50051 -listen 127.0.0.1:8090 -caller-token-file examples/rest-payments/tokens.txt $(REST_FLAGS)
 
-# NPM_DIRS hold the Node packages the MCP and polyglot tests run (package-lock.json committed).
-NPM_DIRS := internal/testing/mcptest/node internal/testing/mcptest/inspector examples/mcp-typescript-agent examples/typescript
+# NPM_DIRS hold the Node packages the MCP, retry and polyglot tests run (package-lock.json committed).
+NPM_DIRS := internal/testing/mcptest/node internal/testing/mcptest/inspector internal/testing/retrytest/node examples/mcp-typescript-agent examples/typescript
 
 .PHONY: npm-ci
-npm-ci: ## Install the MCP tests' Node packages (npm ci from the committed lock files).
+npm-ci: ## Install the Node packages of the MCP, retry and polyglot tests (npm ci from the committed lock files).
 	@for d in $(NPM_DIRS); do echo "npm ci in $$d"; (cd $$d && npm ci --no-audit --no-fund) || exit 1; done

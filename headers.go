@@ -12,7 +12,8 @@ const (
 	// KeyDerivedHeader is the response header set to "true" when a keyless
 	// call was deduplicated on its fingerprint (KEYLESS_POLICY_FINGERPRINT).
 	KeyDerivedHeader = "idempotency-key-derived"
-	// ExpiresAtHeader is the response header, an RFC 3339 UTC time, until
+	// ExpiresAtHeader is the response header, an RFC 3339 UTC time to the
+	// millisecond (2026-12-01T11:24:00.349Z, as every gate spells it), until
 	// which the outcome is replayed to duplicates: on a replay the record's
 	// expires_at as the Dedupe service holds it; on a first execution the
 	// time this process sent its outcome to be stored (or, under
@@ -22,9 +23,10 @@ const (
 	// long once stored. A trailer instead when the handler already sent the
 	// response headers.
 	ExpiresAtHeader = "idempotency-expires-at"
-	// OriginalTimeHeader is the response header, an RFC 3339 UTC time, that
-	// every answer from a stored outcome carries (a replay, from the Dedupe
-	// service or the replay cache): when that outcome was stored, the
+	// OriginalTimeHeader is the response header, an RFC 3339 UTC time to the
+	// millisecond, that every answer from a stored outcome carries (a
+	// replay, from the Dedupe service or the replay cache): when that
+	// outcome was stored, the
 	// record's completed_at (from a replay cache entry this process filled
 	// with its own Finish: when it sent that Finish).
 	OriginalTimeHeader = "idempotency-original-time"

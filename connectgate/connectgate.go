@@ -384,7 +384,7 @@ func (c *call) run(hctx context.Context, a *gatecore.Attempt) gatecore.Ran {
 
 // headerTimeText spells a time as the gate's time headers carry it.
 func headerTimeText(t time.Time) string {
-	return t.UTC().Format(time.RFC3339Nano)
+	return gatecore.HeaderTime(t)
 }
 
 // statusOf reads a handler's error as a gRPC status: a *connect.Error by its

@@ -91,9 +91,9 @@ func routePolicy(md protoreflect.MethodDescriptor) (httpgate.RoutePolicy, error)
 		FinishAfterReply: mp.GetFinish() == idemgatev1.FinishPolicy_FINISH_POLICY_AFTER_REPLY,
 	}
 	if mp.GetMaxWait() != nil && p.MaxWait == 0 {
-		// RoutePolicy reads 0 as the default (3s); the smallest wait it
-		// keeps is the closest to max_wait 0 it can say.
-		p.MaxWait = time.Nanosecond
+		// RoutePolicy reads a zero MaxWait as the default (3s); NoWait is
+		// max_wait 0.
+		p.NoWait = true
 	}
 	// replay_codes: httpgate stores every 4xx or every 5xx, or none; a code
 	// listed turns on the class of the status the driver gives it.

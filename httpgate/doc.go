@@ -40,20 +40,25 @@
 // runs, up to the route's MaxBodyBytes.
 //
 // Refusals are RFC 9457 problem details (application/problem+json) with
-// the stable reason in "reason" and, where a retry helps, "retry_after" and
-// a Retry-After header:
+// the stable reason in "reason", a "type" that is the reason's section of
+// docs/gating.md (DefaultProblemTypeBase) and, where a retry helps,
+// "retry_after" and a Retry-After header. The statuses are chosen for
+// generic retrying clients, which retry 408, 429, 500, 502, 503 and 504 and
+// honour Retry-After: a refusal a retry settles carries Retry-After, one a
+// person must settle gets a status they do not retry (docs/gating.md "What
+// an HTTP caller does with each refusal", held to this table by a test):
 //
 //	400 IDEMPOTENCY_KEY_MISSING         a gated request without Idempotency-Key
 //	400 IDEMPOTENCY_KEY_INVALID         not one valid key (two fields, bad sf-string, 256+ bytes, ...)
 //	401 IDEMPOTENCY_UNAUTHENTICATED     the TenantFunc refused the request
-//	409 IDEMPOTENCY_IN_FLIGHT           the original is still running after MaxWait (Retry-After)
+//	409 IDEMPOTENCY_IN_FLIGHT           the original is still running after MaxWait (Retry-After: retry)
+//	409 IDEMPOTENCY_OUTCOME_UNKNOWN     an earlier attempt's outcome was lost (FAIL_CLOSED): escalate
 //	413 IDEMPOTENCY_REQUEST_TOO_LARGE   the body is over MaxBodyBytes
-//	422 IDEMPOTENCY_KEY_REUSED          the key was first used with a different request
+//	422 IDEMPOTENCY_KEY_REUSED          the key was first used with a different request: escalate
 //	429 IDEMPOTENCY_QUOTA_EXCEEDED      over a Dedupe quota (Retry-After for the rate quota)
-//	500 IDEMPOTENCY_OUTCOME_UNKNOWN     an earlier attempt's outcome was lost (FAIL_CLOSED)
 //	500 IDEMPOTENCY_STORE_REJECTED      the Dedupe service refused the gate (misconfiguration)
 //	500 IDEMPOTENCY_OUTCOME_TYPE_MISMATCH  the stored outcome is not an HTTP response
-//	503 IDEMPOTENCY_STORE_UNAVAILABLE   the Dedupe service is down; nothing ran (Retry-After)
+//	503 IDEMPOTENCY_STORE_UNAVAILABLE   the Dedupe service is down; nothing ran (Retry-After: retry)
 //	507 IDEMPOTENCY_RESULT_TOO_LARGE    the action ran but its response was over the stored limit
 //
 // What a response means: the handler's mark (MarkFinal, MarkRetryable,

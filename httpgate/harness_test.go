@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -249,6 +250,14 @@ func problem(t *testing.T, res result, status int, reason string) httpgate.Probl
 	}
 	if p.Status != status || p.Reason != reason || p.Title == "" || p.Detail == "" || p.Type == "" {
 		t.Fatalf("problem = %+v, want status %d reason %s with a type, title and detail", p, status, reason)
+	}
+	if ra := res.header.Get("Retry-After"); ra != "" && ra != strconv.Itoa(p.RetryAfter) || ra == "" && p.RetryAfter != 0 {
+		t.Fatalf("Retry-After %q but retry_after %d", ra, p.RetryAfter)
+	}
+	// A refusal a retry cannot settle carries no Retry-After, which generic
+	// retriers would honour.
+	if reason == httpgate.ReasonOutcomeUnknown && p.RetryAfter != 0 {
+		t.Fatalf("%s with Retry-After %d", reason, p.RetryAfter)
 	}
 	return p
 }

@@ -35,13 +35,14 @@ const (
 	// KeyDerivedHeader is set to "true" when a keyless request was
 	// deduplicated on its fingerprint (KeylessFingerprint).
 	KeyDerivedHeader = "Idempotency-Key-Derived"
-	// ExpiresAtHeader, an RFC 3339 UTC time, says until when the outcome is
-	// replayed: on a replay the record's expiry as the Dedupe service holds
-	// it; on a first execution when this process stored (or, under
-	// FinishAfterReply, answered) it plus the retention, by its clock.
+	// ExpiresAtHeader, an RFC 3339 UTC time to the millisecond
+	// (2026-12-01T11:24:00.349Z), says until when the outcome is replayed:
+	// on a replay the record's expiry as the Dedupe service holds it; on a
+	// first execution when this process stored (or, under FinishAfterReply,
+	// answered) it plus the retention, by its clock.
 	ExpiresAtHeader = "Idempotency-Expires-At"
-	// OriginalTimeHeader, an RFC 3339 UTC time, is on every answer from a
-	// stored outcome: when that outcome was stored.
+	// OriginalTimeHeader, an RFC 3339 UTC time to the millisecond, is on
+	// every answer from a stored outcome: when that outcome was stored.
 	OriginalTimeHeader = "Idempotency-Original-Time"
 )
 
@@ -153,7 +154,7 @@ func checkPolicy(name string, p RoutePolicy) error {
 // durationsOf is p's durations, as the core checks and defaults them.
 func durationsOf(p RoutePolicy) gatecore.Durations {
 	return gatecore.Durations{Retention: p.Retention, Lease: p.Lease, MaxWait: p.MaxWait, ExecutionTimeout: p.ExecutionTimeout,
-		KeylessWindow: p.KeylessWindow, Keyless: p.KeylessFingerprint}
+		KeylessWindow: p.KeylessWindow, Keyless: p.KeylessFingerprint, NoWait: p.NoWait}
 }
 
 // withDefaults is p with the core's default for every zero field.
@@ -414,4 +415,4 @@ func (c *call) Run(ctx context.Context, _ *gatecore.Attempt) gatecore.Ran {
 }
 
 // headerTime spells a time as the gate's time headers carry it.
-func headerTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+func headerTime(t time.Time) string { return gatecore.HeaderTime(t) }

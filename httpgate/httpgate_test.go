@@ -89,7 +89,7 @@ func TestRefusalsAreProblemDetails(t *testing.T) {
 		if !strings.Contains(p.Detail, "Idempotency-Key") || p.RetryAfter != 0 {
 			t.Fatalf("problem = %+v", p)
 		}
-		if p.Type != "https://idemgate.dev/problems/idempotency-key-missing" {
+		if p.Type != httpgate.DefaultProblemTypeBase+"idempotency-key-missing" {
 			t.Fatalf("type = %q", p.Type)
 		}
 	})
@@ -269,8 +269,8 @@ func TestResponseVerdicts(t *testing.T) {
 		}
 	})
 	t.Run("a response marked outcome-unknown fails closed", func(t *testing.T) {
-		problem(t, post(t, f.url+"/unknown", `"unknown"`, ""), http.StatusInternalServerError, httpgate.ReasonOutcomeUnknown)
-		problem(t, post(t, f.url+"/unknown", `"unknown"`, ""), http.StatusInternalServerError, httpgate.ReasonOutcomeUnknown)
+		problem(t, post(t, f.url+"/unknown", `"unknown"`, ""), http.StatusConflict, httpgate.ReasonOutcomeUnknown)
+		problem(t, post(t, f.url+"/unknown", `"unknown"`, ""), http.StatusConflict, httpgate.ReasonOutcomeUnknown)
 	})
 	if got := f.runs.Load(); got != 2+1+1 {
 		t.Fatalf("runs = %d, want 4 (flaky twice, declined once, unknown once)", got)
@@ -285,7 +285,7 @@ func TestReconcilerSettlesALostOutcome(t *testing.T) {
 			return httpgate.ResolvedResponse(http.StatusAccepted, http.Header{"X-Reconciled": {"yes"}}, []byte("settled\n")), nil
 		},
 	}))
-	problem(t, post(t, f.url+"/unknown", `"lost"`, ""), http.StatusInternalServerError, httpgate.ReasonOutcomeUnknown)
+	problem(t, post(t, f.url+"/unknown", `"lost"`, ""), http.StatusConflict, httpgate.ReasonOutcomeUnknown)
 	res := post(t, f.url+"/unknown", `"lost"`, "")
 	if res.status != http.StatusAccepted || string(res.body) != "settled\n" || res.header.Get("X-Reconciled") != "yes" || res.header.Get(httpgate.ReplayedHeader) != "true" {
 		t.Fatalf("after the reconciler: %d %v %q", res.status, res.header, res.body)

@@ -82,7 +82,7 @@ func ResolvedResponse(status int, header http.Header, body []byte) Resolution {
 // released and the request runs the handler.
 func ResolvedNotRun() Resolution { return Resolution{kind: resolvedNotRun} }
 
-// StillUnknown says the reconciler cannot tell: the request gets 500
+// StillUnknown says the reconciler cannot tell: the request gets 409
 // IDEMPOTENCY_OUTCOME_UNKNOWN.
 func StillUnknown() Resolution { return Resolution{} }
 

@@ -51,12 +51,17 @@ type RoutePolicy struct {
 	// waits for its outcome before it gets 409 IDEMPOTENCY_IN_FLIGHT.
 	// Defaults to 3s.
 	MaxWait time.Duration
+	// NoWait answers a duplicate that arrives while the original runs at
+	// once with 409 IDEMPOTENCY_IN_FLIGHT (and its retry delay) instead of waiting:
+	// what max_wait 0s says in a gRPC method's policy, since a zero MaxWait
+	// takes the default. MaxWait must be 0 with it. Defaults to false.
+	NoWait bool
 	// ExecutionTimeout bounds the handler's run: its request context ends
 	// with the cause ErrExecutionTimeout. Defaults to 60s.
 	ExecutionTimeout time.Duration
 	// OnLostOutcome is what a request finds after an attempt lost its lease
 	// without an outcome, or whose handler marked its outcome unknown:
-	// FAIL_CLOSED refuses it (500 IDEMPOTENCY_OUTCOME_UNKNOWN) until an
+	// FAIL_CLOSED refuses it (409 IDEMPOTENCY_OUTCOME_UNKNOWN) until an
 	// operator or the Reconciler settles the record, REEXECUTE runs the
 	// handler again. Defaults to FAIL_CLOSED.
 	OnLostOutcome idemgatev1.LostOutcomePolicy
@@ -146,7 +151,7 @@ var defaultOptions = options{
 	storeRetry:    time.Second,
 	maxOutcome:    1 << 20,
 	replayTTL:     gatecore.DefaultReplayCacheTTL,
-	problemBase:   "https://idemgate.dev/problems/",
+	problemBase:   DefaultProblemTypeBase,
 }
 
 // Option configures New.
@@ -214,7 +219,8 @@ func WithMaxOutcomeBytes(n int) Option { return func(o *options) { o.maxOutcome 
 // WithProblemTypeBase sets the URI prefix of the problem details' "type":
 // the type of a refusal is the prefix plus its reason in lower case with
 // dashes (e.g. "https://errors.example.com/idempotency-key-missing").
-// Defaults to "https://idemgate.dev/problems/".
+// Defaults to DefaultProblemTypeBase, whose types resolve to the reasons'
+// sections of docs/gating.md.
 func WithProblemTypeBase(base string) Option { return func(o *options) { o.problemBase = base } }
 
 // WithRegisterer registers Prometheus metrics with reg:

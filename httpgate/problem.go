@@ -19,7 +19,10 @@ import (
 
 // Reasons of the gate's refusals, the "reason" member of their problem
 // details. They are stable, the same as the other gates' (gatecore's), plus
-// two of HTTP's own.
+// two of HTTP's own. Each is answered with the status below, chosen so that
+// a generic retrying client (got, axios-retry, urllib3's Retry) retries only
+// what a retry can settle: docs/gating.md "What an HTTP caller does with
+// each refusal" is the table, with what the caller does.
 const (
 	// ReasonKeyMissing: a gated request without Idempotency-Key (400).
 	ReasonKeyMissing = gatecore.ReasonKeyMissing
@@ -32,7 +35,9 @@ const (
 	// (409, Retry-After).
 	ReasonInFlight = gatecore.ReasonInFlight
 	// ReasonOutcomeUnknown: an earlier attempt's outcome was lost
-	// (FAIL_CLOSED) and nothing runs until it is resolved (500).
+	// (FAIL_CLOSED), so the side effect may have happened; nothing runs
+	// until the record is settled (409 without Retry-After: generic
+	// retriers do not retry it, and the caller escalates).
 	ReasonOutcomeUnknown = gatecore.ReasonOutcomeUnknown
 	// ReasonResultTooLarge: the action ran, but its response was over the
 	// size limit, or the stored-bytes quota on the Dedupe service, and
@@ -41,7 +46,8 @@ const (
 	// ReasonStoreUnavailable: the Dedupe service is down; nothing ran
 	// (503, Retry-After).
 	ReasonStoreUnavailable = gatecore.ReasonStoreUnavailable
-	// ReasonQuotaExceeded: over a Dedupe quota; nothing ran (429).
+	// ReasonQuotaExceeded: over a Dedupe quota; nothing ran (429,
+	// Retry-After for a rate quota).
 	ReasonQuotaExceeded = gatecore.ReasonQuotaExceeded
 	// ReasonStoreRejected: the Dedupe service refused the gate (a
 	// misconfiguration); nothing ran (500).
@@ -50,9 +56,9 @@ const (
 	// response; nothing ran (500).
 	ReasonOutcomeTypeMismatch = gatecore.ReasonOutcomeTypeMismatch
 	// ReasonRequestTooLarge: the request body is over the route's
-	// MaxBodyBytes, so it could not be fingerprinted; nothing ran.
+	// MaxBodyBytes, so it could not be fingerprinted; nothing ran (413).
 	ReasonRequestTooLarge = "IDEMPOTENCY_REQUEST_TOO_LARGE"
-	// ReasonUnauthenticated: the TenantFunc refused the request.
+	// ReasonUnauthenticated: the TenantFunc refused the request (401).
 	ReasonUnauthenticated = "IDEMPOTENCY_UNAUTHENTICATED"
 )
 
@@ -61,8 +67,9 @@ const ProblemContentType = "application/problem+json"
 
 // Problem is the RFC 9457 problem details body of a refusal.
 type Problem struct {
-	// Type is a URI naming the kind of problem (WithProblemTypeBase plus
-	// the reason in lower case with dashes).
+	// Type is a URI naming the kind of problem: WithProblemTypeBase plus
+	// the reason in lower case with dashes (ProblemType), by default the
+	// reason's section of docs/gating.md on GitHub.
 	Type string `json:"type"`
 	// Title is the kind of problem in a few words.
 	Title string `json:"title"`
@@ -80,26 +87,43 @@ type Problem struct {
 	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
-// refusal is how one reason is answered: the status and the title.
+// refusal is how one reason is answered: the status, the title, and
+// whether the answer carries Retry-After.
 type refusal struct {
 	status int
 	title  string
+	retry  retryAfter
 }
 
-// refusals is the status table docs/gating.md "HTTP" and doc.go document.
+// retryAfter says when a refusal carries Retry-After (from the core's
+// RetryInfo): the docs' table and this one are held to each other.
+type retryAfter int
+
+const (
+	retryNever retryAfter = iota
+	retryAlways
+	// retryRate: only for a rate quota, which refills.
+	retryRate
+)
+
+// refusals is the status table docs/gating.md "What an HTTP caller does
+// with each refusal" and doc.go document. A refusal a retry cannot settle
+// gets a status generic retriers leave alone (a 4xx other than 408 and
+// 429, 413 without Retry-After, or 507); one a retry settles carries
+// Retry-After.
 var refusals = map[string]refusal{
-	ReasonKeyMissing:          {http.StatusBadRequest, "Idempotency-Key missing"},
-	ReasonKeyInvalid:          {http.StatusBadRequest, "Idempotency-Key invalid"},
-	ReasonKeyReused:           {http.StatusUnprocessableEntity, "Idempotency-Key reused with a different request"},
-	ReasonInFlight:            {http.StatusConflict, "A request with this Idempotency-Key is still being processed"},
-	ReasonOutcomeUnknown:      {http.StatusInternalServerError, "Outcome of an earlier attempt unknown"},
-	ReasonResultTooLarge:      {http.StatusInsufficientStorage, "Outcome too large to replay"},
-	ReasonStoreUnavailable:    {http.StatusServiceUnavailable, "Idempotency store unavailable"},
-	ReasonQuotaExceeded:       {http.StatusTooManyRequests, "Idempotency quota exceeded"},
-	ReasonStoreRejected:       {http.StatusInternalServerError, "Idempotency store refused the request"},
-	ReasonOutcomeTypeMismatch: {http.StatusInternalServerError, "Stored outcome unreadable"},
-	ReasonRequestTooLarge:     {http.StatusRequestEntityTooLarge, "Request body too large"},
-	ReasonUnauthenticated:     {http.StatusUnauthorized, "Caller not identified"},
+	ReasonKeyMissing:          {http.StatusBadRequest, "Idempotency-Key missing", retryNever},
+	ReasonKeyInvalid:          {http.StatusBadRequest, "Idempotency-Key invalid", retryNever},
+	ReasonKeyReused:           {http.StatusUnprocessableEntity, "Idempotency-Key reused with a different request", retryNever},
+	ReasonInFlight:            {http.StatusConflict, "A request with this Idempotency-Key is still being processed", retryAlways},
+	ReasonOutcomeUnknown:      {http.StatusConflict, "Outcome of an earlier attempt unknown", retryNever},
+	ReasonResultTooLarge:      {http.StatusInsufficientStorage, "Outcome too large to replay", retryNever},
+	ReasonStoreUnavailable:    {http.StatusServiceUnavailable, "Idempotency store unavailable", retryAlways},
+	ReasonQuotaExceeded:       {http.StatusTooManyRequests, "Idempotency quota exceeded", retryRate},
+	ReasonStoreRejected:       {http.StatusInternalServerError, "Idempotency store refused the request", retryNever},
+	ReasonOutcomeTypeMismatch: {http.StatusInternalServerError, "Stored outcome unreadable", retryNever},
+	ReasonRequestTooLarge:     {http.StatusRequestEntityTooLarge, "Request body too large", retryNever},
+	ReasonUnauthenticated:     {http.StatusUnauthorized, "Caller not identified", retryNever},
 }
 
 // StatusOf returns the HTTP status code the gate answers a refusal with
@@ -150,11 +174,21 @@ func (g *Gate) problem(reason, detail string) Problem {
 	return Problem{Type: g.problemType(reason), Title: r.title, Status: r.status, Detail: detail, Reason: reason}
 }
 
-func (g *Gate) problemType(reason string) string {
+func (g *Gate) problemType(reason string) string { return ProblemType(g.opts.problemBase, reason) }
+
+// DefaultProblemTypeBase is the default of WithProblemTypeBase: the
+// problem types are the sections of docs/gating.md on GitHub, one heading
+// per reason (#idempotency-key-missing, ...), which say what a caller does.
+const DefaultProblemTypeBase = "https://github.com/idemgate/idemgate/blob/main/docs/gating.md#"
+
+// ProblemType returns the "type" of a refusal for reason: base plus the
+// reason in lower case with dashes ("idempotency-key-missing"), or
+// "about:blank" for no reason (the caller's own cancellation or deadline).
+func ProblemType(base, reason string) string {
 	if reason == "" {
 		return "about:blank"
 	}
-	return g.opts.problemBase + strings.ReplaceAll(strings.ToLower(reason), "_", "-")
+	return base + strings.ReplaceAll(strings.ToLower(reason), "_", "-")
 }
 
 // retrySeconds rounds a retry delay up to whole seconds, at least 1, as

@@ -79,7 +79,7 @@ func MarkRetryable(w http.ResponseWriter) bool { return markWriter(w, gatecore.V
 // MarkOutcomeUnknown marks the response being written to w as leaving the
 // side effect's outcome unknown (the provider timed out mid-charge). Under
 // FAIL_CLOSED the record is marked outcome-unknown and this caller and its
-// retries get 500 IDEMPOTENCY_OUTCOME_UNKNOWN until it is resolved; under
+// retries get 409 IDEMPOTENCY_OUTCOME_UNKNOWN until it is resolved; under
 // REEXECUTE the key is released and this caller gets the response. It
 // reports false when w is not a gated request's writer.
 func MarkOutcomeUnknown(w http.ResponseWriter) bool { return markWriter(w, gatecore.VerdictUnknown) }

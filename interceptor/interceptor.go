@@ -373,7 +373,7 @@ func (g *Gate) suppressed(ctx context.Context, c *call, stored gatecore.Stored) 
 
 // headerTimeText spells a time as the interceptor's time headers carry it.
 func headerTimeText(t time.Time) string {
-	return t.UTC().Format(time.RFC3339Nano)
+	return gatecore.HeaderTime(t)
 }
 
 // setHeaders sets the interceptor's own response headers, or trailers when

@@ -16,11 +16,13 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
@@ -35,12 +37,15 @@ func headerTime(t *testing.T, md metadata.MD, name string) time.Time {
 	if len(vs) != 1 {
 		t.Fatalf("%s = %q, want one time", name, vs)
 	}
-	tm, err := time.Parse(time.RFC3339Nano, vs[0])
+	tm, err := time.Parse(gatecore.HeaderTimeLayout, vs[0])
 	if err != nil || !strings.HasSuffix(vs[0], "Z") {
-		t.Fatalf("%s = %q, want an RFC 3339 UTC time (%v)", name, vs[0], err)
+		t.Fatalf("%s = %q, want an RFC 3339 UTC time with milliseconds (%v)", name, vs[0], err)
 	}
 	return tm
 }
+
+// inHeader is a stored time as the headers carry it: to the millisecond.
+func inHeader(ts *timestamppb.Timestamp) time.Time { return ts.AsTime().Truncate(time.Millisecond) }
 
 // storedRecord reads what the Dedupe service holds for a completed key of
 // a method, through a Begin as the interceptor sends it.
@@ -107,7 +112,7 @@ func TestEveryGatedAnswerSaysWhenItsKeyExpires(t *testing.T) {
 	// First execution: the Finish's send time plus the retention, by the
 	// tool server's clock; the store counts from a moment later.
 	estimate := headerTime(t, first.header, idemgate.ExpiresAtHeader)
-	if estimate.Before(before.Add(retention).Truncate(time.Microsecond)) || estimate.After(after.Add(retention)) {
+	if estimate.Before(before.Add(retention).Truncate(time.Millisecond)) || estimate.After(after.Add(retention)) {
 		t.Fatalf("first answer expires at %v, want retention (%v) after the call, between %v and %v", estimate, retention, before.Add(retention), after.Add(retention))
 	}
 	if got := first.header.Get(idemgate.OriginalTimeHeader); len(got) != 0 {
@@ -122,10 +127,15 @@ func TestEveryGatedAnswerSaysWhenItsKeyExpires(t *testing.T) {
 	if dup.err != nil || !dup.replayed {
 		t.Fatalf("duplicate: %v replayed=%v", dup.err, dup.replayed)
 	}
-	if got := headerTime(t, dup.header, idemgate.ExpiresAtHeader); !got.Equal(record.GetExpiresAt().AsTime()) {
+	if got := headerTime(t, dup.header, idemgate.ExpiresAtHeader); !got.Equal(inHeader(record.GetExpiresAt())) {
 		t.Errorf("replay expires at %v, want the record's %v", got, record.GetExpiresAt().AsTime())
 	}
-	if got := headerTime(t, dup.header, idemgate.OriginalTimeHeader); !got.Equal(record.GetCompletedAt().AsTime()) {
+	// The first answer's estimate and the replay's value of the record are
+	// spelled alike (HeaderTime) and the estimate is never the later.
+	if f, d := first.header.Get(idemgate.ExpiresAtHeader)[0], dup.header.Get(idemgate.ExpiresAtHeader)[0]; len(f) != len(d) || f > d {
+		t.Errorf("first answer's %s %q, replay's %q: want the same format, the first no later", idemgate.ExpiresAtHeader, f, d)
+	}
+	if got := headerTime(t, dup.header, idemgate.OriginalTimeHeader); !got.Equal(inHeader(record.GetCompletedAt())) {
 		t.Errorf("replay's original time %v, want the record's completed_at %v", got, record.GetCompletedAt().AsTime())
 	}
 
@@ -143,7 +153,7 @@ func TestEveryGatedAnswerSaysWhenItsKeyExpires(t *testing.T) {
 		t.Fatalf("replayed failing call: %v, header %v", err, header)
 	}
 	errRecord := h.storedRecord(t, testingv1.TestService_MutateReplayErrors_FullMethodName, "expires-2", failing)
-	if got := headerTime(t, header, idemgate.OriginalTimeHeader); !got.Equal(errRecord.GetCompletedAt().AsTime()) {
+	if got := headerTime(t, header, idemgate.OriginalTimeHeader); !got.Equal(inHeader(errRecord.GetCompletedAt())) {
 		t.Errorf("replayed error's original time %v, want %v", got, errRecord.GetCompletedAt().AsTime())
 	}
 	headerTime(t, header, idemgate.ExpiresAtHeader)
@@ -189,10 +199,10 @@ func TestCachedReplayCarriesTheSameHeaders(t *testing.T) {
 		if i == 1 && rpcs.Load() != before {
 			t.Fatal("the second duplicate was not answered from the replay cache")
 		}
-		if got := headerTime(t, header, idemgate.OriginalTimeHeader); !got.Equal(record.GetCompletedAt().AsTime()) {
+		if got := headerTime(t, header, idemgate.OriginalTimeHeader); !got.Equal(inHeader(record.GetCompletedAt())) {
 			t.Errorf("duplicate %d: original time %v, want %v", i, got, record.GetCompletedAt().AsTime())
 		}
-		if got := headerTime(t, header, idemgate.ExpiresAtHeader); !got.Equal(record.GetExpiresAt().AsTime()) {
+		if got := headerTime(t, header, idemgate.ExpiresAtHeader); !got.Equal(inHeader(record.GetExpiresAt())) {
 			t.Errorf("duplicate %d: expires at %v, want %v", i, got, record.GetExpiresAt().AsTime())
 		}
 	}

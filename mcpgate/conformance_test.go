@@ -70,9 +70,8 @@ func toolPolicy(md protoreflect.MethodDescriptor) (mcpgate.ToolPolicy, error) {
 	if mp.GetMaxWait() == nil {
 		p.MaxWait = mcpgate.DefaultMaxWait
 	} else if p.MaxWait == 0 {
-		// ToolPolicy reads 0 as the default; the smallest wait it keeps is
-		// the closest to max_wait 0 it can say.
-		p.MaxWait = time.Nanosecond
+		// ToolPolicy reads a zero MaxWait as the default; NoWait is max_wait 0.
+		p.NoWait = true
 	}
 	fields := md.Input().Fields()
 	for i := range fields.Len() {

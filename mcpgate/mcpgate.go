@@ -271,7 +271,7 @@ func checkPolicy(name string, p ToolPolicy) error {
 // durationsOf is p's durations, as the core checks and defaults them.
 func durationsOf(p ToolPolicy) gatecore.Durations {
 	return gatecore.Durations{Retention: p.Retention, Lease: p.Lease, MaxWait: p.MaxWait, ExecutionTimeout: p.ExecutionTimeout,
-		KeylessWindow: p.KeylessWindow, Keyless: p.KeylessFingerprint}
+		KeylessWindow: p.KeylessWindow, Keyless: p.KeylessFingerprint, NoWait: p.NoWait}
 }
 
 // withDefaults is p with the core's default for every zero field.

@@ -80,6 +80,11 @@ type ToolPolicy struct {
 	// waits for its outcome before it gets IDEMPOTENCY_IN_FLIGHT. Defaults
 	// to 3s.
 	MaxWait time.Duration
+	// NoWait answers a duplicate that arrives while the original runs at
+	// once with IDEMPOTENCY_IN_FLIGHT (and its retry delay) instead of waiting:
+	// what max_wait 0s says in a gRPC method's policy, since a zero MaxWait
+	// takes the default. MaxWait must be 0 with it. Defaults to false.
+	NoWait bool
 	// ExecutionTimeout bounds the tool's run; its context ends with
 	// ErrExecutionTimeout. Defaults to 60s.
 	ExecutionTimeout time.Duration

@@ -6,8 +6,12 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -37,7 +41,9 @@ type document struct {
 			Ref string `yaml:"$ref"`
 		} `yaml:"parameters"`
 		Responses map[string]struct {
-			Content map[string]any `yaml:"content"`
+			Description string         `yaml:"description"`
+			Headers     map[string]any `yaml:"headers"`
+			Content     map[string]any `yaml:"content"`
 		} `yaml:"responses"`
 	} `yaml:"paths"`
 	Components struct {
@@ -97,7 +103,7 @@ func TestOpenAPIDeclaresTheRoutesAsGated(t *testing.T) {
 			if !declaresKey {
 				continue
 			}
-			for _, status := range []int{400, 401, 409, 413, 422, 429, 500, 503} {
+			for _, status := range []int{400, 401, 409, 413, 422, 429, 500, 503, 507} {
 				resp, ok := op.Responses[strconv.Itoa(status)]
 				if _, problem := resp.Content[httpgate.ProblemContentType]; !ok || !problem {
 					t.Errorf("%s %s does not declare the %d problem the gate answers", method, path, status)
@@ -107,6 +113,55 @@ func TestOpenAPIDeclaresTheRoutesAsGated(t *testing.T) {
 	}
 	if operations != 3 {
 		t.Fatalf("%d operations, want 3", operations)
+	}
+}
+
+// TestOpenAPIDeclaresEveryRefusalAsTheDocsSay holds POST /charges' answers
+// in openapi.yaml to the table of docs/gating.md "What an HTTP caller does
+// with each refusal" (which httpgate's TestDocsTableIsTheCodesMapping holds
+// to the gate): every reason is named in the description of its status,
+// and Retry-After is declared exactly for the statuses whose refusals carry
+// it; no reason is named under another status.
+func TestOpenAPIDeclaresEveryRefusalAsTheDocsSay(t *testing.T) {
+	var doc document
+	if err := yaml.Unmarshal(openAPI, &doc); err != nil {
+		t.Fatalf("openapi.yaml: %v", err)
+	}
+	raw, err := os.ReadFile("../../docs/gating.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile("(?m)^\\| \\[`(IDEMPOTENCY_[A-Z_]+)`\\]\\(#[a-z-]+\\) \\| (\\d{3}) \\| ([^|]+) \\|")
+	rows := row.FindAllStringSubmatch(string(raw), -1)
+	if len(rows) < 12 {
+		t.Fatalf("%d rows in docs/gating.md's table of refusals, want every reason's", len(rows))
+	}
+	responses := doc.Paths["/charges"]["post"].Responses
+	statusOf := map[string]string{}
+	retryAfter := map[string]bool{}
+	for _, r := range rows {
+		reason, status := r[1], r[2]
+		statusOf[reason] = status
+		retryAfter[status] = retryAfter[status] || strings.TrimSpace(r[3]) != "no"
+		if s, _ := strconv.Atoi(status); s != httpgate.StatusOf(reason) {
+			t.Errorf("%s: the docs say %s, httpgate answers %d", reason, status, httpgate.StatusOf(reason))
+		}
+		if !strings.Contains(responses[status].Description, reason) {
+			t.Errorf("POST /charges %s does not name %s: %q", status, reason, responses[status].Description)
+		}
+	}
+	for status, resp := range responses {
+		for _, reason := range regexp.MustCompile(`IDEMPOTENCY_[A-Z_]+`).FindAllString(resp.Description, -1) {
+			if statusOf[reason] != status {
+				t.Errorf("POST /charges %s names %s, which the docs answer %q", status, reason, statusOf[reason])
+			}
+		}
+		if !slices.Contains(slices.Collect(maps.Values(statusOf)), status) {
+			continue // the API's own answer (201, 402)
+		}
+		if _, declared := resp.Headers["Retry-After"]; declared != retryAfter[status] {
+			t.Errorf("POST /charges %s declares Retry-After %v; the docs' refusals at %s carry it: %v", status, declared, status, retryAfter[status])
+		}
 	}
 }
 

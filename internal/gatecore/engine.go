@@ -326,13 +326,15 @@ func timeOf(ts *timestamppb.Timestamp) time.Time {
 
 // OutcomeUnknown is the refusal of a call whose key's outcome was lost. The
 // store cannot tell a holder that died from an attempt whose reservation's
-// answer was lost before its handler ran, so the text names both ways the
-// record is settled: resolved, or taken back by that attempt's late Begin.
+// answer was lost before its handler ran, so the text names every way the
+// record is settled: resolved, released by that attempt's follow-up, or
+// swept after the unknown retention.
 func OutcomeUnknown(key string) error {
 	return grpcerr.New(codes.FailedPrecondition, ReasonOutcomeUnknown,
 		"an earlier attempt with this idempotency key stopped before its outcome was stored, so its side effect may or may not have happened; "+
-			"it will not run again until the record is resolved (idemctl, the Dedupe service's Resolve, or the tool's reconciler), "+
-			"or, if that attempt never ran because its reservation's answer was lost, until its tool server reaches the Dedupe service again and releases the key",
+			"the key is refused until its record is settled: resolved (idemctl, the Dedupe service's Resolve, or the tool's reconciler), "+
+			"released by that attempt's tool server if the attempt never ran (its reservation's answer was lost), "+
+			"or deleted unresolved after the Dedupe service's unknown retention; escalate it, and do not send the action again under a new key",
 		map[string]string{"key": key}, 0)
 }
 
@@ -342,7 +344,8 @@ func OutcomeUnknown(key string) error {
 func HandlerOutcomeUnknown(key, code, message string) error {
 	return grpcerr.New(codes.FailedPrecondition, ReasonOutcomeUnknown,
 		fmt.Sprintf("the handler ended with %s (%s), which leaves its side effect's outcome unknown; the record is marked outcome-unknown "+
-			"and the call will not run again until an operator resolves it (idemctl, or the Dedupe service's Resolve)", code, message),
+			"and the key is refused until the record is resolved (idemctl, the Dedupe service's Resolve, or the tool's reconciler) "+
+			"or deleted unresolved after the Dedupe service's unknown retention", code, message),
 		map[string]string{"key": key}, 0)
 }
 

@@ -46,16 +46,21 @@ type Durations struct {
 	// Keyless says the policy deduplicates keyless calls on their
 	// fingerprint for KeylessWindow.
 	Keyless bool
+	// NoWait keeps MaxWait 0, which a zero field cannot say: a duplicate
+	// is answered IDEMPOTENCY_IN_FLIGHT at once, as a method's max_wait 0s
+	// is. MaxWait must then be 0. Defaults to false.
+	NoWait bool
 }
 
-// WithDefaults returns d with every zero duration set to its default.
+// WithDefaults returns d with every zero duration set to its default, but
+// MaxWait under NoWait.
 func (d Durations) WithDefaults() Durations {
 	for _, f := range []struct {
 		d   *time.Duration
 		def time.Duration
 	}{{&d.Retention, DefaultRetention}, {&d.Lease, DefaultLease}, {&d.MaxWait, DefaultMaxWait},
 		{&d.ExecutionTimeout, DefaultExecutionTimeout}, {&d.KeylessWindow, DefaultKeylessWindow}} {
-		if *f.d == 0 {
+		if *f.d == 0 && (f.d != &d.MaxWait || !d.NoWait) {
 			*f.d = f.def
 		}
 	}
@@ -65,6 +70,9 @@ func (d Durations) WithDefaults() Durations {
 // Check returns an error naming the first duration of d (defaults applied)
 // out of its bounds, by its Go field name; nil when all are in bounds.
 func (d Durations) Check() error {
+	if d.NoWait && d.MaxWait != 0 {
+		return fmt.Errorf("policy MaxWait %s with NoWait: set one of them", d.MaxWait)
+	}
 	d = d.WithDefaults()
 	switch {
 	case d.Lease < MinLease || d.Lease > MaxLease:

@@ -23,6 +23,8 @@ func TestDurationsCheckNamesTheFieldOutOfBounds(t *testing.T) {
 		{gatecore.Durations{ExecutionTimeout: time.Millisecond}, "ExecutionTimeout 1ms"},
 		{gatecore.Durations{Keyless: true, KeylessWindow: time.Second}, "KeylessWindow 1s"},
 		{gatecore.Durations{Keyless: false, KeylessWindow: time.Second}, ""},
+		{gatecore.Durations{NoWait: true}, ""},
+		{gatecore.Durations{NoWait: true, MaxWait: time.Second}, "MaxWait 1s with NoWait"},
 	} {
 		err := tc.d.Check()
 		switch {
@@ -35,5 +37,16 @@ func TestDurationsCheckNamesTheFieldOutOfBounds(t *testing.T) {
 	if d := (gatecore.Durations{}).WithDefaults(); d.Lease != gatecore.DefaultLease || d.Retention != gatecore.DefaultRetention ||
 		d.MaxWait != gatecore.DefaultMaxWait || d.ExecutionTimeout != gatecore.DefaultExecutionTimeout || d.KeylessWindow != gatecore.DefaultKeylessWindow {
 		t.Errorf("defaults %+v", d)
+	}
+}
+
+// TestNoWaitKeepsMaxWaitZero: a zero MaxWait takes the 3s default, but
+// not under NoWait, which is how a Go policy says a method's max_wait 0s.
+func TestNoWaitKeepsMaxWaitZero(t *testing.T) {
+	if d := (gatecore.Durations{NoWait: true}).WithDefaults(); d.MaxWait != 0 || d.Lease != gatecore.DefaultLease {
+		t.Errorf("NoWait: %+v, want MaxWait 0 and the other defaults", d)
+	}
+	if d := (gatecore.Durations{}).WithDefaults(); d.MaxWait != gatecore.DefaultMaxWait {
+		t.Errorf("zero: MaxWait %s, want %s", d.MaxWait, gatecore.DefaultMaxWait)
 	}
 }

@@ -19,7 +19,7 @@ func TestHTTPCode(t *testing.T) {
 		{201, "", codes.OK},
 		{409, "IDEMPOTENCY_IN_FLIGHT", codes.Aborted},
 		{503, "IDEMPOTENCY_STORE_UNAVAILABLE", codes.Unavailable},
-		{500, "IDEMPOTENCY_OUTCOME_UNKNOWN", codes.FailedPrecondition},
+		{409, "IDEMPOTENCY_OUTCOME_UNKNOWN", codes.FailedPrecondition},
 		{429, "IDEMPOTENCY_QUOTA_EXCEEDED", codes.ResourceExhausted},
 		{422, "IDEMPOTENCY_KEY_REUSED", codes.FailedPrecondition},
 		{400, "IDEMPOTENCY_KEY_MISSING", codes.InvalidArgument},
