@@ -35,6 +35,7 @@ import (
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/gobuild"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
@@ -61,6 +62,23 @@ func TestTag(t *testing.T) {
 		if got := Tag(in); got != want {
 			t.Errorf("Tag(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// The image's binary is built with the flags every test's binaries share
+// (internal/gobuild): a different set would compile every dependency again
+// in make test (issue 32: 422 CPU-seconds).
+func TestBinaryUsesTheSharedFlags(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "dedupesvc")
+	root, err := ModuleRoot(context.Background(), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := BuildBinary(context.Background(), root, runtime.GOARCH, bin); err != nil {
+		t.Fatal(err)
+	}
+	if err := gobuild.Check(bin); err != nil {
+		t.Fatal(err)
 	}
 }
 
