@@ -114,9 +114,11 @@ generate: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(PROTOC_GEN_CONNECT_GO)
 	PATH=$(PLUGIN_PATH) $(BUF) generate
 
 .PHONY: protos-export
-protos-export: $(BUF) ## Write the callers' protos to PROTOS_DIR: .proto sources (buf export) and a descriptor set with google/rpc.
-	$(BUF) export proto --exclude-path proto/idemgate/testing -o $(PROTOS_DIR)
-	go run ./internal/protoset/export -o $(PROTOS_DIR)/idemgate-callers.binpb
+# protos-export builds only internal/protoset/export (seconds), not buf: it copies proto/ but the test
+# services and writes the descriptor set from the descriptors compiled into gen/ and genproto.
+protos-export: ## Write the callers' protos to PROTOS_DIR: idemgate's .proto sources and a descriptor set with google/rpc.
+	@mkdir -p $(PROTOS_DIR)
+	go run ./internal/protoset/export -sources $(PROTOS_DIR) -o $(PROTOS_DIR)/idemgate-callers.binpb
 	@echo "protos-export: $(PROTOS_DIR)/ has the .proto sources; $(PROTOS_DIR)/idemgate-callers.binpb is the FileDescriptorSet with google/rpc status and error_details"
 
 .PHONY: lint
