@@ -17,6 +17,7 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/httpgate"
 	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 	"github.com/idemgate/idemgate/mcpgate"
@@ -98,7 +99,7 @@ func documented(docs, metric string) bool {
 // registers (before authentication, the TLS certificate).
 func TestEveryMetricTheServiceAndGatesRegisterIsDocumented(t *testing.T) {
 	ctx := context.Background()
-	cfg, err := dedupeapp.ParseConfig("dedupesvc", []string{"-database-url", pgtest.SchemaURL(t), "-metrics-listen="}, func(string) string { return "" }, io.Discard)
+	cfg, err := dedupeapp.ParseConfig("dedupesvc", []string{"-database-url", pgtest.SchemaURL(t), "-metrics-listen="}, cliflag.Map(nil), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
