@@ -118,8 +118,9 @@ func TestImageRunsAgainstPostgreSQL(t *testing.T) {
 	}
 	// The database first: without PostgreSQL pgtest skips before the build.
 	pool, schema := pgtest.EmptySchema(t)
-	// Generous: on an empty build cache the static, -trimpath build compiles
-	// every dependency again (minutes on 2 cores); on a warm one the whole
+	// Generous: on an empty build cache the build compiles every dependency
+	// its binary shares with the other tests' (internal/gobuild), if no test
+	// has yet (minutes on 2 cores); on a warm one the whole
 	// test takes about 20 s.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
