@@ -88,30 +88,37 @@ help: ## List the targets with what they do.
 .PHONY: tools
 tools: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(PROTOC_GEN_CONNECT_GO) $(STATICCHECK) $(BENCHSTAT) ## Build the pinned tools once (buf, protoc plugins, staticcheck, benchstat).
 
+# GO_INSTALL builds a tool with internal/gobuild's flags (static, -trimpath), which every binary the
+# tests build shares: the adopter's guide's test installs buf and the plugins too, and compiles
+# nothing make tools compiled (internal/gobuild's test holds these lines to it).
+GO_INSTALL := CGO_ENABLED=0 go install -trimpath
+
 $(BUF):
-	GOBIN=$(@D) go install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
+	GOBIN=$(@D) $(GO_INSTALL) github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
 $(PROTOC_GEN_GO):
-	GOBIN=$(@D) go install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	GOBIN=$(@D) $(GO_INSTALL) google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 $(PROTOC_GEN_GO_GRPC):
-	GOBIN=$(@D) go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	GOBIN=$(@D) $(GO_INSTALL) google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 $(PROTOC_GEN_CONNECT_GO):
-	GOBIN=$(@D) go install connectrpc.com/connect/cmd/protoc-gen-connect-go@$(PROTOC_GEN_CONNECT_GO_VERSION)
+	GOBIN=$(@D) $(GO_INSTALL) connectrpc.com/connect/cmd/protoc-gen-connect-go@$(PROTOC_GEN_CONNECT_GO_VERSION)
 $(STATICCHECK):
-	GOBIN=$(@D) go install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	GOBIN=$(@D) $(GO_INSTALL) honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 $(BENCHSTAT):
-	GOBIN=$(@D) go install golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
+	GOBIN=$(@D) $(GO_INSTALL) golang.org/x/perf/cmd/benchstat@$(BENCHSTAT_VERSION)
 # ghz is built on first use by `make loadtest` only (it takes minutes), not by `make tools`.
 $(GHZ):
-	GOBIN=$(@D) go install github.com/bojand/ghz/cmd/ghz@$(GHZ_VERSION)
+	GOBIN=$(@D) $(GO_INSTALL) github.com/bojand/ghz/cmd/ghz@$(GHZ_VERSION)
 
 .PHONY: generate
 generate: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(PROTOC_GEN_CONNECT_GO) ## Regenerate gen/ from proto/ with buf and the local plugins.
 	PATH=$(PLUGIN_PATH) $(BUF) generate
 
 .PHONY: protos-export
-protos-export: $(BUF) ## Write the callers' protos to PROTOS_DIR: .proto sources (buf export) and a descriptor set with google/rpc.
-	$(BUF) export proto --exclude-path proto/idemgate/testing -o $(PROTOS_DIR)
-	go run ./internal/protoset/export -o $(PROTOS_DIR)/idemgate-callers.binpb
+# protos-export builds only internal/protoset/export (seconds), not buf: it copies proto/ but the test
+# services and writes the descriptor set from the descriptors compiled into gen/ and genproto.
+protos-export: ## Write the callers' protos to PROTOS_DIR: idemgate's .proto sources and a descriptor set with google/rpc.
+	@mkdir -p $(PROTOS_DIR)
+	go run ./internal/protoset/export -sources $(PROTOS_DIR) -o $(PROTOS_DIR)/idemgate-callers.binpb
 	@echo "protos-export: $(PROTOS_DIR)/ has the .proto sources; $(PROTOS_DIR)/idemgate-callers.binpb is the FileDescriptorSet with google/rpc status and error_details"
 
 .PHONY: lint

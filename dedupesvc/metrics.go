@@ -36,8 +36,9 @@ var allOutcomes = []string{
 // included (idemgate_dedupe_rpc_duration_seconds{rpc}), the replays served
 // per method (idemgate_dedupe_replays_total{method}), where Begin and Finish
 // spend their time (idemgate_dedupe_stage_seconds{rpc,stage}), the replays a
-// ReplayRecorder could not record (idemgate_dedupe_replay_counts_dropped_total)
-// and the records operators forgot
+// ReplayRecorder could not record (idemgate_dedupe_replay_counts_dropped_total),
+// the compaction lag of the quota usage (idemgate_usage_compaction_lag_seconds,
+// set by RunUsageCompactionWith) and the records operators forgot
 // (idemgate_dedupe_records_forgotten_total{state,forced}).
 // Register it with a prometheus.Registerer and pass it to WithMetrics.
 type Metrics struct {
@@ -48,6 +49,7 @@ type Metrics struct {
 	replays   *prometheus.CounterVec
 	dropped   prometheus.Counter
 	forgotten *prometheus.CounterVec
+	usageLag  prometheus.Gauge
 
 	methodsMu sync.Mutex
 	methods   map[string]bool // the method labels of replays in use
@@ -102,6 +104,10 @@ func NewMetrics() *Metrics {
 			Name: "idemgate_dedupe_records_forgotten_total",
 			Help: "Records an operator forgot (AdminService.ForgetRecord), by the state they were in and whether forced.",
 		}, []string{"state", "forced"}),
+		usageLag: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemgate_usage_compaction_lag_seconds",
+			Help: "Age of the oldest quota usage change not yet added to the totals, as the last compaction round measured it (PostgreSQL store; 0 on the embedded store, which keeps its totals exact): about the compaction interval when it keeps up.",
+		}),
 		methods: map[string]bool{},
 	}
 	for _, o := range allOutcomes {
@@ -127,6 +133,7 @@ func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	m.replays.Describe(ch)
 	m.dropped.Describe(ch)
 	m.forgotten.Describe(ch)
+	m.usageLag.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -138,6 +145,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.replays.Collect(ch)
 	m.dropped.Collect(ch)
 	m.forgotten.Collect(ch)
+	m.usageLag.Collect(ch)
 }
 
 // replay counts a replay served for scope's method.

@@ -202,6 +202,16 @@ type UsageCompactor interface {
 	CompactUsage(ctx context.Context) (int64, error)
 }
 
+// UsageLagCompactor is a UsageCompactor that also tells how far its totals
+// trail the writes (pgstore). RunUsageCompactionWith sets
+// idemgate_usage_compaction_lag_seconds from it.
+type UsageLagCompactor interface {
+	UsageCompactor
+	// CompactUsageLag compacts as CompactUsage does and also returns the
+	// age of the oldest change that waited when it began: 0 when none did.
+	CompactUsageLag(ctx context.Context) (moved int64, lag time.Duration, err error)
+}
+
 // DefaultUsageCompactionInterval is how often RunUsageCompaction compacts
 // by default. A Begin counts the changes not yet compacted too (pgstore:
 // MaxQuotaOvershoot bounds what it misses), so this bounds how many it
@@ -211,15 +221,42 @@ const DefaultUsageCompactionInterval = time.Second
 
 // RunUsageCompaction compacts c's usage every interval (at least 10ms;
 // DefaultUsageCompactionInterval when 0) until ctx ends, logging a failure
-// once per run of failures and the recovery after it.
+// once per run of failures and the recovery after it. It is
+// RunUsageCompactionWith without metrics.
 func RunUsageCompaction(ctx context.Context, c UsageCompactor, interval time.Duration, logger *slog.Logger) {
+	RunUsageCompactionWith(ctx, c, UsageCompactionConfig{Interval: interval, Logger: logger})
+}
+
+// UsageCompactionConfig configures RunUsageCompactionWith.
+type UsageCompactionConfig struct {
+	// Interval is how often to compact, at least 10ms. Defaults to
+	// DefaultUsageCompactionInterval.
+	Interval time.Duration
+	// Logger gets a failure once per run of failures and the recovery
+	// after it. Defaults to discarding them.
+	Logger *slog.Logger
+	// Metrics gets the compaction lag after every round when the store is
+	// a UsageLagCompactor (idemgate_usage_compaction_lag_seconds). Defaults
+	// to none.
+	Metrics *Metrics
+}
+
+// RunUsageCompactionWith compacts c's usage every cfg.Interval until ctx
+// ends, as RunUsageCompaction does, and sets cfg.Metrics' compaction lag to
+// what each round that reached the store measured: about the interval when
+// compaction keeps up, growing round by round while it fails with the store
+// reachable. A round that cannot reach the store leaves it as it was.
+func RunUsageCompactionWith(ctx context.Context, c UsageCompactor, cfg UsageCompactionConfig) {
+	interval := cfg.Interval
 	if interval == 0 {
 		interval = DefaultUsageCompactionInterval
 	}
 	interval = max(interval, 10*time.Millisecond)
+	logger := cfg.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	lagger, _ := c.(UsageLagCompactor)
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	failing := false
@@ -233,7 +270,16 @@ func RunUsageCompaction(ctx context.Context, c UsageCompactor, interval time.Dur
 		// transaction, and one cut short by its timeout would roll back and
 		// leave the backlog to grow.
 		callCtx, cancel := context.WithTimeout(ctx, max(interval, time.Minute))
-		_, err := c.CompactUsage(callCtx)
+		var err error
+		if lagger != nil {
+			var lag time.Duration
+			_, lag, err = lagger.CompactUsageLag(callCtx)
+			if cfg.Metrics != nil && (err == nil || lag > 0) {
+				cfg.Metrics.usageLag.Set(lag.Seconds())
+			}
+		} else {
+			_, err = c.CompactUsage(callCtx)
+		}
 		cancel()
 		switch {
 		case err != nil && ctx.Err() != nil:

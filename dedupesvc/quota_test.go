@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -327,5 +328,86 @@ func TestFinishRefusedForItsBytesSpendsNoFinish(t *testing.T) {
 	_, err := srv.Finish(caller, validFinish(0))
 	if status.Code(err) != codes.ResourceExhausted || errorInfo(t, err).GetMetadata()["limit"] != "0.001/s" {
 		t.Fatalf("a Finish past the count burst = %v; want it refused for the Finish rate", err)
+	}
+}
+
+// lagCompactor reports lag after every round; it fails while failing is set,
+// reporting lag 0 (the store unreachable before it measured anything).
+type lagCompactor struct {
+	calls   atomic.Int64
+	failing atomic.Bool
+	lag     atomic.Int64 // time.Duration
+}
+
+func (l *lagCompactor) CompactUsage(ctx context.Context) (int64, error) {
+	n, _, err := l.CompactUsageLag(ctx)
+	return n, err
+}
+
+func (l *lagCompactor) CompactUsageLag(context.Context) (int64, time.Duration, error) {
+	defer l.calls.Add(1)
+	if l.failing.Load() {
+		return 0, 0, errors.New("store down")
+	}
+	return 1, time.Duration(l.lag.Load()), nil
+}
+
+// RunUsageCompactionWith sets idemgate_usage_compaction_lag_seconds to what
+// each round measured, and leaves it as it was over a round that measured
+// nothing.
+func TestRunUsageCompactionWithSetsTheLag(t *testing.T) {
+	t.Parallel()
+	m := dedupesvc.NewMetrics()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(m)
+	l := &lagCompactor{}
+	l.lag.Store(int64(42 * time.Second))
+	c, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		dedupesvc.RunUsageCompactionWith(c, l, dedupesvc.UsageCompactionConfig{Interval: 10 * time.Millisecond, Metrics: m})
+		close(done)
+	}()
+	defer func() { cancel(); <-done }()
+	waitCalls := func(n int64) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for l.calls.Load() < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d compactions in a minute, want %d", l.calls.Load(), n)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	lag := func() float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "idemgate_usage_compaction_lag_seconds" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("idemgate_usage_compaction_lag_seconds is not registered")
+		return 0
+	}
+	waitCalls(2)
+	if got := lag(); got != 42 {
+		t.Fatalf("lag %v after rounds measuring 42s, want 42", got)
+	}
+	l.failing.Store(true)
+	waitCalls(l.calls.Load() + 2)
+	if got := lag(); got != 42 {
+		t.Fatalf("lag %v after rounds that reached no store, want the last measured 42", got)
+	}
+	l.failing.Store(false)
+	l.lag.Store(0)
+	// Three: the first may have begun before the change, and a round's
+	// gauge is set after its call is counted.
+	waitCalls(l.calls.Load() + 3)
+	if got := lag(); got != 0 {
+		t.Fatalf("lag %v after rounds with nothing waiting, want 0", got)
 	}
 }

@@ -1,12 +1,14 @@
 package mcpgate
 
 import (
-	"github.com/idemgate/idemgate/internal/gatemetrics"
 	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemgate/idemgate"
+	"github.com/idemgate/idemgate/internal/gatemetrics"
 )
 
 // metrics are the Prometheus counters of WithRegisterer.
@@ -17,8 +19,8 @@ type metrics struct {
 }
 
 // StageBuckets are the upper bounds, in seconds, of
-// idemgate_mcpgate_stage_seconds (the interceptor's).
-var StageBuckets = []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1, 2.5, 10}
+// idemgate_mcpgate_stage_seconds: idemgate.StageBuckets, every gate's.
+var StageBuckets = idemgate.StageBuckets
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {

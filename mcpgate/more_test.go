@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemgate/idemgate"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/mcpgate"
 )
@@ -220,6 +221,46 @@ func TestMetrics(t *testing.T) {
 		if v != tc.want {
 			t.Errorf("calls_total{tool=%s,outcome=%s} = %v, want %v", tc.tool, tc.outcome, v, tc.want)
 		}
+	}
+}
+
+// TestStagesTimeEachPartOfACall: as the gRPC gate's
+// idemgate_interceptor_stage_seconds, idemgate_mcpgate_stage_seconds times
+// a run in all four stages and a replay only before and during its Begin
+// (no handler, nothing to store), per tool, with the gates' shared buckets.
+func TestStagesTimeEachPartOfACall(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	f := setup(t, embeddedDedupe(t), mcpgate.WithRegisterer(reg))
+	call(t, f.client, "charge", "st-1", order) // executed
+	call(t, f.client, "charge", "st-1", order) // replayed
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]uint64{}
+	for _, mf := range families {
+		if mf.GetName() != "idemgate_mcpgate_stage_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			h := m.GetHistogram()
+			counts[labels["tool"]+"/"+labels["stage"]] = h.GetSampleCount()
+			var bounds []float64
+			for _, b := range h.GetBucket() {
+				bounds = append(bounds, b.GetUpperBound())
+			}
+			if fmt.Sprint(bounds) != fmt.Sprint(idemgate.StageBuckets) {
+				t.Errorf("%v buckets %v, want idemgate.StageBuckets %v", labels, bounds, idemgate.StageBuckets)
+			}
+		}
+	}
+	want := map[string]uint64{"charge/prepare": 2, "charge/begin": 2, "charge/handler": 1, "charge/finish": 1}
+	if fmt.Sprint(counts) != fmt.Sprint(want) {
+		t.Errorf("stages observed %v, want %v", counts, want)
 	}
 }
 

@@ -52,7 +52,7 @@ in -data-dir. Flags may come before or after the command.
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
-	cfg, words, err := dedupeapp.ParseArgs("dedupesvc", synopsis, args, os.Getenv, stderr)
+	cfg, words, err := dedupeapp.ParseArgs("dedupesvc", synopsis, args, os.LookupEnv, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}

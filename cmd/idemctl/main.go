@@ -65,7 +65,7 @@ import (
 const rpcTimeout = 30 * time.Second
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr))
+	os.Exit(run(os.Args[1:], os.LookupEnv, os.Stdin, os.Stdout, os.Stderr))
 }
 
 const usage = `usage: idemctl [connection flags] <command> [flags]
@@ -95,8 +95,8 @@ connection flags:
 var commands = []string{"show", "list", "count", "resolve", "forget", "migrations"}
 
 // run runs the command line args (without the program name), reading the
-// environment through getenv, and returns the exit code.
-func run(args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
+// environment through lookupEnv, and returns the exit code.
+func run(args []string, lookupEnv func(string) (string, bool), stdin io.Reader, stdout, stderr io.Writer) int {
 	top := flag.NewFlagSet("idemctl", flag.ContinueOnError)
 	// The parse's own complaints wait in parseOut until the token is
 	// checked: a swallowed command is the error to report, not the parse
@@ -114,7 +114,7 @@ func run(args []string, getenv func(string) string, stdin io.Reader, stdout, std
 		"allow plaintext (no -tls-ca) to an address that is not loopback: the token crosses the network readable")
 	// The connection flags read IDEMCTL_<FLAG>; the command's flags read
 	// no variable: a key or -force from the shell could forget a record.
-	env := cliflag.Bind(top, "IDEMCTL_", getenv)
+	env := cliflag.Bind(top, "IDEMCTL_", lookupEnv)
 	showVersion := version.Flag(top) // after Bind: no variable
 	parseErr := top.Parse(args)
 	// Go's flag package takes the next argument as -token's value, so

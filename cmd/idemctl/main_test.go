@@ -27,6 +27,7 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
@@ -141,7 +142,7 @@ func hasRow(table string, cells ...string) bool {
 
 // noEnv is an empty environment, so that the tests do not read the
 // caller's IDEMCTL_* variables.
-func noEnv(string) string { return "" }
+func noEnv(string) (string, bool) { return "", false }
 
 func idemctl(t *testing.T, wantCode int, addr, token string, args ...string) string {
 	t.Helper()
@@ -252,7 +253,7 @@ func TestPlaintextToARemoteAddressNeedsAFlag(t *testing.T) {
 // IDEMCTL_TOKEN in the shell does not clash with -token-file.
 func TestConnectionFlagsFollowTheOneRule(t *testing.T) {
 	t.Parallel()
-	envOf := func(env map[string]string) func(string) string { return func(k string) string { return env[k] } }
+	envOf := cliflag.Map
 	var stdout, stderr bytes.Buffer
 	bad := map[string]string{"IDEMCTL_INSECURE_PLAINTEXT": "maybe", "IDEMCTL_TLS_CA": "", "IDEMCTL_ADDR": "10.0.0.1:50051"}
 	code := run([]string{"-token", adminToken, "list"}, envOf(bad), strings.NewReader(""), &stdout, &stderr)

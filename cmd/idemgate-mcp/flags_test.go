@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/httplimits"
 )
 
@@ -21,7 +22,7 @@ func TestParseFlagsReadsTheEnvironment(t *testing.T) {
 		"IDEMGATE_MCP_DESCRIPTOR_SET": "p.binpb", "IDEMGATE_MCP_SERVICES": "a.S", "IDEMGATE_MCP_TLS_CA": "ca.pem",
 		"IDEMGATE_MCP_TLS_SERVER_NAME": "tool", "IDEMGATE_MCP_KEY_ARGUMENT": "idempotency_key", "IDEMGATE_MCP_KEY_ARGUMENT_TOOLS": "a.S.M",
 	}
-	f, err := parseFlags([]string{"-services", "b.S"}, func(k string) string { return env[k] }, io.Discard)
+	f, err := parseFlags([]string{"-services", "b.S"}, cliflag.Map(env), io.Discard)
 	want := flags{target: "127.0.0.1:50052", token: "s3cret", listen: "127.0.0.1:8080", plaintext: true, callTimeout: 5 * time.Second,
 		descriptorSet: "p.binpb", services: "b.S", caFile: "ca.pem", serverName: "tool", keyArgument: "idempotency_key", keyArgumentTools: "a.S.M",
 		maxBodyBytes: 4 << 20, maxBufferedBytes: 256 << 20,
@@ -29,7 +30,7 @@ func TestParseFlagsReadsTheEnvironment(t *testing.T) {
 	if err != nil || f != want {
 		t.Errorf("parseFlags = %+v, %v; want %+v", f, err, want)
 	}
-	if f, err := parseFlags(nil, func(string) string { return "" }, io.Discard); err != nil || f.callTimeout != time.Minute || f.listen != "" {
+	if f, err := parseFlags(nil, cliflag.Map(nil), io.Discard); err != nil || f.callTimeout != time.Minute || f.listen != "" {
 		t.Errorf("defaults: %+v, %v; want a 1m call timeout and stdio", f, err)
 	}
 }
@@ -38,17 +39,17 @@ func TestParseFlagsReadsTheEnvironment(t *testing.T) {
 // flag, unless the flag is given.
 func TestParseFlagsReportsABadVariable(t *testing.T) {
 	bad := map[string]string{"IDEMGATE_MCP_CALL_TIMEOUT": "soon", "IDEMGATE_MCP_PLAINTEXT": "maybe"}
-	_, err := parseFlags(nil, func(k string) string { return bad[k] }, io.Discard)
+	_, err := parseFlags(nil, cliflag.Map(bad), io.Discard)
 	for _, want := range []string{`IDEMGATE_MCP_CALL_TIMEOUT="soon" (-call-timeout): `, `IDEMGATE_MCP_PLAINTEXT="maybe" (-plaintext): `} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("two bad variables: %v, want both reported, %s among them", err, want)
 		}
 	}
-	if f, err := parseFlags([]string{"-call-timeout", "2s", "-plaintext"}, func(k string) string { return bad[k] }, io.Discard); err != nil || f.callTimeout != 2*time.Second {
+	if f, err := parseFlags([]string{"-call-timeout", "2s", "-plaintext"}, cliflag.Map(bad), io.Discard); err != nil || f.callTimeout != 2*time.Second {
 		t.Errorf("the flags given: %+v, %v; want them to win", f, err)
 	}
 	var usage strings.Builder
-	if _, err := parseFlags([]string{"-h"}, func(string) string { return "" }, &usage); !errors.Is(err, flag.ErrHelp) {
+	if _, err := parseFlags([]string{"-h"}, cliflag.Map(nil), &usage); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("-h: %v, want flag.ErrHelp", err)
 	}
 	for _, want := range []string{"(env IDEMGATE_MCP_TARGET)", "(env IDEMGATE_MCP_TARGET_TOKEN)", "(env IDEMGATE_MCP_LISTEN)", "(env IDEMGATE_MCP_CALL_TIMEOUT)"} {
@@ -71,12 +72,12 @@ func TestParseFlagsChecksTheListener(t *testing.T) {
 		{[]string{"-listen", "127.0.0.1:1", "-listen-tls-cert", "c.pem"}, "-listen-tls-cert and -listen-tls-key go together"},
 		{[]string{"-caller-token-file", "t"}, "need -listen"},
 	} {
-		if _, err := parseFlags(tc.args, func(string) string { return "" }, io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := parseFlags(tc.args, cliflag.Map(nil), io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
 		}
 	}
 	for _, listen := range []string{"127.0.0.1:8080", "localhost:8080", "[::1]:8080"} {
-		if _, err := parseFlags([]string{"-listen", listen}, func(string) string { return "" }, io.Discard); err != nil {
+		if _, err := parseFlags([]string{"-listen", listen}, cliflag.Map(nil), io.Discard); err != nil {
 			t.Errorf("-listen %s: %v, want a loopback address accepted", listen, err)
 		}
 	}
@@ -86,7 +87,7 @@ func TestParseFlagsChecksTheListener(t *testing.T) {
 // IDEMGATE_MCP_TLS_KEY; its files go together, and not with -plaintext.
 func TestParseFlagsChecksTheClientCertificate(t *testing.T) {
 	env := map[string]string{"IDEMGATE_MCP_TARGET": "127.0.0.1:50052", "IDEMGATE_MCP_TLS_CERT": "bridge.crt", "IDEMGATE_MCP_TLS_KEY": "bridge.key"}
-	if f, err := parseFlags(nil, func(k string) string { return env[k] }, io.Discard); err != nil || f.certFile != "bridge.crt" || f.keyFile != "bridge.key" {
+	if f, err := parseFlags(nil, cliflag.Map(env), io.Discard); err != nil || f.certFile != "bridge.crt" || f.keyFile != "bridge.key" {
 		t.Errorf("from the environment: %+v, %v; want bridge.crt and bridge.key", f, err)
 	}
 	for _, tc := range []struct {
@@ -98,7 +99,7 @@ func TestParseFlagsChecksTheClientCertificate(t *testing.T) {
 		{[]string{"-plaintext", "-tls-cert", "c.pem", "-tls-key", "k.pem"}, "not with -plaintext"},
 		{[]string{"-plaintext", "-tls-key", "k.pem"}, "not with -plaintext"},
 	} {
-		if _, err := parseFlags(tc.args, func(string) string { return "" }, io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := parseFlags(tc.args, cliflag.Map(nil), io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
 		}
 	}

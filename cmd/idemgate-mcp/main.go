@@ -91,7 +91,7 @@ type flags struct {
 }
 
 func main() {
-	f, err := parseFlags(os.Args[1:], os.Getenv, os.Stderr)
+	f, err := parseFlags(os.Args[1:], os.LookupEnv, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
 	}
@@ -112,11 +112,11 @@ func main() {
 }
 
 // parseFlags reads args (without the program name) and, for each flag not
-// given, its variable IDEMGATE_MCP_<FLAG> through getenv (-token's is
+// given, its variable IDEMGATE_MCP_<FLAG> through lookupEnv (-token's is
 // IDEMGATE_MCP_TARGET_TOKEN). It returns flag.ErrHelp after printing usage
 // to usage for -h, and version.ErrRequested for -version, checking nothing
 // else.
-func parseFlags(args []string, getenv func(string) string, usage io.Writer) (flags, error) {
+func parseFlags(args []string, lookupEnv func(string) (string, bool), usage io.Writer) (flags, error) {
 	fs := flag.NewFlagSet("idemgate-mcp", flag.ContinueOnError)
 	fs.SetOutput(usage)
 	var f flags
@@ -140,7 +140,7 @@ func parseFlags(args []string, getenv func(string) string, usage io.Writer) (fla
 	fs.StringVar(&f.listenTLSCert, "listen-tls-cert", "", "certificate `file` (PEM) of the HTTP listener, reread when it changes; with -listen-tls-key, serves HTTPS")
 	fs.StringVar(&f.listenTLSKey, "listen-tls-key", "", "key `file` (PEM) of the HTTP listener, reread when it changes")
 	fs.BoolVar(&f.listenInsecurePlaintext, "listen-insecure-plaintext", false, "allow plain HTTP on a -listen address that is not loopback: the callers' tokens cross the network readable")
-	env := cliflag.Bind(fs, "IDEMGATE_MCP_", getenv, cliflag.WithName("token", "IDEMGATE_MCP_TARGET_TOKEN"))
+	env := cliflag.Bind(fs, "IDEMGATE_MCP_", lookupEnv, cliflag.WithName("token", "IDEMGATE_MCP_TARGET_TOKEN"))
 	showVersion := version.Flag(fs) // after Bind: no variable
 	if err := fs.Parse(args); err != nil {
 		return flags{}, err

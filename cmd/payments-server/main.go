@@ -123,7 +123,7 @@ type config struct {
 const inProcessDedupe = "in-process"
 
 func main() {
-	cfg, err := parseConfig(os.Args[1:], os.Getenv, os.Stderr)
+	cfg, err := parseConfig(os.Args[1:], os.LookupEnv, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
 	}
@@ -144,9 +144,9 @@ func main() {
 }
 
 // parseConfig reads args (without the program name) and the environment
-// through getenv. It returns flag.ErrHelp after printing usage for -h, and
+// through lookupEnv. It returns flag.ErrHelp after printing usage for -h, and
 // version.ErrRequested for -version, checking nothing else.
-func parseConfig(args []string, getenv func(string) string, usage io.Writer) (config, error) {
+func parseConfig(args []string, lookupEnv func(string) (string, bool), usage io.Writer) (config, error) {
 	fs := flag.NewFlagSet("payments-server", flag.ContinueOnError)
 	fs.SetOutput(usage)
 	var cfg config
@@ -170,7 +170,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 		"also serve the payments service over Connect, gRPC and gRPC-Web (HTTP/1.1 and h2c) at http://`address`, gated by connectgate on the same Dedupe service; "+
 			"empty, the default, serves none")
 	cfg.http.RegisterFlags(fs)
-	env := cliflag.Bind(fs, "PAYMENTS_", getenv,
+	env := cliflag.Bind(fs, "PAYMENTS_", lookupEnv,
 		cliflag.WithName("dedupe", "IDEMGATE_DEDUPE_ADDR"),
 		cliflag.WithName("dedupe-token", "IDEMGATE_DEDUPE_TOKEN"))
 	showVersion := version.Flag(fs) // after Bind: no variable
@@ -190,7 +190,7 @@ func parseConfig(args []string, getenv func(string) string, usage io.Writer) (co
 		if cfg.token != "" {
 			return config{}, errors.New("-dedupe-token is set, but -dedupe in-process has no Dedupe service to send it to: its only caller is this process")
 		}
-		dcfg, err := embedded.ParseFlags("payments-server -dedupe in-process --", rest, getenv, usage)
+		dcfg, err := embedded.ParseFlags("payments-server -dedupe in-process --", rest, lookupEnv, usage)
 		if err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				return config{}, err

@@ -21,11 +21,12 @@ import (
 	"github.com/idemgate/idemgate/examples/payments"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/httplimits"
 )
 
-func getenvFrom(env map[string]string) func(string) string {
-	return func(k string) string { return env[k] }
+func getenvFrom(env map[string]string) func(string) (string, bool) {
+	return cliflag.Map(env)
 }
 
 // defaultHTTP is the Connect listener's limits by default, as documented.

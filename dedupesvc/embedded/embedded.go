@@ -276,8 +276,10 @@ func fromApp(a dedupeapp.Config) Config {
 func (c Config) Validate() error { return c.app().ValidateNamed(fieldName) }
 
 // ParseFlags reads dedupesvc's flags in args (without a program name) and
-// their environment variables through getenv (DATABASE_URL,
-// IDEMGATE_SWEEP_INTERVAL, ...; the flag wins) into a Config, with the
+// their environment variables through lookupEnv, os.LookupEnv in a command
+// (DATABASE_URL, IDEMGATE_SWEEP_INTERVAL, ...; the flag wins; a variable set
+// to the empty string is its flag given empty, as dedupesvc reads it) into
+// a Config, with the
 // command's defaults, -metrics-listen's 127.0.0.1:9464 included: for a
 // tool server that passes dedupesvc flags through (payments-server -dedupe
 // in-process -- flags). The Config's Logger writes text to standard error
@@ -286,8 +288,8 @@ func (c Config) Validate() error { return c.app().ValidateNamed(fieldName) }
 // -token-file, -reflection, ...) are refused by name: an embedded service
 // has no caller to authenticate or trace but its own process; its
 // connection limits and -listen are accepted and ignored.
-func ParseFlags(name string, args []string, getenv func(string) string, usage io.Writer) (Config, error) {
-	a, err := dedupeapp.ParseConfig(name, args, getenv, usage)
+func ParseFlags(name string, args []string, lookupEnv func(string) (string, bool), usage io.Writer) (Config, error) {
+	a, err := dedupeapp.ParseConfig(name, args, lookupEnv, usage)
 	if err != nil {
 		return Config{}, err
 	}

@@ -28,6 +28,7 @@ import (
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
+	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
@@ -277,7 +278,7 @@ func TestParseFlags(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{"DATABASE_URL": "postgres://db/x", "IDEMGATE_SWEEP_INTERVAL": "5m"}
 	cfg, err := embedded.ParseFlags("tool", []string{"-caller-begin-rate=0", "-migrate-on-start=false", "-notify=false"},
-		func(k string) string { return env[k] }, io.Discard)
+		cliflag.Map(env), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,12 +286,12 @@ func TestParseFlags(t *testing.T) {
 		!cfg.SkipMigrations || !cfg.DisableNotify || cfg.CallerBeginBurst != 10000 || cfg.MetricsListen != "127.0.0.1:9464" {
 		t.Errorf("ParseFlags: %+v", cfg)
 	}
-	if _, err := embedded.ParseFlags("tool", []string{"-token-file", "/x", "-reflection"}, func(string) string { return "" }, io.Discard); err == nil ||
+	if _, err := embedded.ParseFlags("tool", []string{"-token-file", "/x", "-reflection"}, cliflag.Map(nil), io.Discard); err == nil ||
 		!strings.Contains(err.Error(), "-token-file") || !strings.Contains(err.Error(), "-reflection") {
 		t.Errorf("ParseFlags with -token-file and -reflection: %v, want both refused by name", err)
 	}
 	var usage bytes.Buffer
-	if _, err := embedded.ParseFlags("tool", []string{"-h"}, func(string) string { return "" }, &usage); !errors.Is(err, flag.ErrHelp) ||
+	if _, err := embedded.ParseFlags("tool", []string{"-h"}, cliflag.Map(nil), &usage); !errors.Is(err, flag.ErrHelp) ||
 		!strings.Contains(usage.String(), "-sweep-interval") {
 		t.Errorf("ParseFlags -h: %v, usage %q", err, usage.String())
 	}

@@ -115,6 +115,7 @@ var (
 
 	_ dedupesvc.LostOutcomeMarker = (*Store)(nil)
 	_ dedupesvc.UsageCompactor    = (*Store)(nil)
+	_ dedupesvc.UsageLagCompactor = (*Store)(nil)
 	_ dedupesvc.QuotaFinisher     = (*Store)(nil)
 	_ dedupesvc.FinishChecker     = (*Store)(nil)
 )
@@ -1219,22 +1220,47 @@ WITH moved AS (
 )
 SELECT (SELECT count(*) FROM moved), (SELECT count(*) FROM summed)`
 
+// usageLagSQL is a compaction round's first statement, outside any
+// transaction: the age in seconds of the oldest change waiting (migration
+// 012's changed_at), NULL when none waits. It reads the small changes table
+// (about one interval's changes) and takes no row lock, so a round with
+// nothing to move costs every replica this one read, not a write
+// transaction queueing on the compaction row.
+const usageLagSQL = `SELECT extract(epoch FROM now() - min(changed_at))::float8 FROM idemgate_usage_changes`
+
 // CompactUsage implements dedupesvc.UsageCompactor: it adds the usage
 // changes recorded since the last compaction to the namespaces' totals that
 // Begin checks the quotas against, and returns how many changes it moved (0
-// when another replica was compacting at that moment). A quota is enforced
-// against the totals as of the last compaction, so a caller may overshoot it
-// by what it reserves between two compactions.
+// when none waited, or when another replica was compacting at that moment).
+// A quota is enforced against the totals as of the last compaction, so a
+// caller may overshoot it by what it reserves between two compactions.
 func (s *Store) CompactUsage(ctx context.Context) (int64, error) {
+	moved, _, err := s.CompactUsageLag(ctx)
+	return moved, err
+}
+
+// CompactUsageLag implements dedupesvc.UsageLagCompactor: CompactUsage,
+// also returning the age of the oldest change that waited when the round
+// began (0 when none did; the round then takes no lock and writes nothing).
+func (s *Store) CompactUsageLag(ctx context.Context) (moved int64, lag time.Duration, err error) {
 	if err := s.resume(ctx); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	var moved int64
-	err := retrySerialization(ctx, func() error { return s.compactOnce(ctx, &moved) })
+	var age *float64
+	if err := s.pool.QueryRow(ctx, usageLagSQL).Scan(&age); err != nil {
+		return 0, 0, fmt.Errorf("pgstore: compact usage: %w", s.noted(ctx, err))
+	}
+	if age == nil {
+		return 0, 0, nil
+	}
+	// A change stamped by a transaction that began before the store's clock
+	// stepped back, or one committing just now: never a negative age.
+	lag = max(time.Duration(*age*float64(time.Second)), 0)
+	err = retrySerialization(ctx, func() error { return s.compactOnce(ctx, &moved) })
 	if err != nil {
-		return 0, fmt.Errorf("pgstore: compact usage: %w", s.noted(ctx, err))
+		return 0, lag, fmt.Errorf("pgstore: compact usage: %w", s.noted(ctx, err))
 	}
-	return moved, nil
+	return moved, lag, nil
 }
 
 // retrySerialization runs fn again, up to twice, when it fails with a

@@ -457,3 +457,70 @@ func TestUsageEqualsRowsOverEveryPath(t *testing.T) {
 	compactAll(t, pool, s)
 	wantUsage(t, "after every path, compacted", pool)
 }
+
+// TestACompactionRoundWithNothingToMoveTakesNoLock: with no change waiting,
+// a round reads the changes table and nothing else, so it takes no row lock
+// on the compaction row and writes nothing (issue 32: every replica took
+// that lock every second). Another session holding the compaction table in
+// EXCLUSIVE mode, which blocks every write to it and SELECT ... FOR UPDATE
+// but no plain read, shows it: the empty round returns at once; a round
+// with a change to move waits for that session.
+func TestACompactionRoundWithNothingToMoveTakesNoLock(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Schema(t)
+	s := pgstore.New(pgtest.OpenPool(t, schema))
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "LOCK TABLE idemgate_usage_compaction IN EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	held, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if n, lag, err := s.CompactUsageLag(held); err != nil || n != 0 || lag != 0 {
+		t.Fatalf("an empty round while the compaction table is locked = %d, %v, %v; want 0, 0, no error and no wait", n, lag, err)
+	}
+
+	// The lock does stop a round with work to do.
+	bp := begin("t")
+	bp.Namespace, bp.Key = "a", "k"
+	mustBeginPG(t, s, bp, dedupesvc.BeginReserved)
+	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancelShort()
+	if n, err := s.CompactUsage(short); err == nil {
+		t.Fatalf("a round with a change to move compacted %d under the other session's lock", n)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := compactAll(t, pool, s); n != 1 {
+		t.Fatalf("compacted %d changes once the lock was gone, want 1", n)
+	}
+}
+
+// TestCompactionLagIsTheOldestWaitingChangesAge: a round reports how old
+// the oldest change it found waiting was (migration 012's changed_at), and
+// 0 once nothing waits.
+func TestCompactionLagIsTheOldestWaitingChangesAge(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Schema(t)
+	s := pgstore.New(pgtest.OpenPool(t, schema))
+	bp := begin("t")
+	bp.Namespace, bp.Key = "a", "k"
+	mustBeginPG(t, s, bp, dedupesvc.BeginReserved)
+	// A change left over from an hour ago, as if compaction had failed
+	// since (it changes nothing: 0 records, 0 bytes).
+	if _, err := pool.Exec(ctx, `INSERT INTO idemgate_usage_changes (namespace, records, outcome_bytes, changed_at) VALUES ('a', 0, 0, now() - interval '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
+	n, lag, err := s.CompactUsageLag(ctx)
+	if err != nil || n != 2 || lag < time.Hour || lag > time.Hour+10*time.Minute {
+		t.Fatalf("CompactUsageLag = %d, %v, %v; want 2 moved, a lag of an hour", n, lag, err)
+	}
+	if n, lag, err := s.CompactUsageLag(ctx); err != nil || n != 0 || lag != 0 {
+		t.Fatalf("the next round = %d, %v, %v; want 0, 0", n, lag, err)
+	}
+	wantUsage(t, "compacted", pool)
+}

@@ -11,8 +11,8 @@ import (
 // Env binds the flags of one flag set to their environment variables; Bind
 // makes one, and Apply sets the flags from the variables.
 type Env struct {
-	fs     *flag.FlagSet
-	getenv func(string) string
+	fs        *flag.FlagSet
+	lookupEnv func(string) (string, bool)
 	// vars maps each bound flag's name to its variable.
 	vars map[string]string
 	// fromEnv holds the flags Apply set from their variable.
@@ -29,15 +29,16 @@ func VarName(prefix, flagName string) string {
 // Bind binds every flag defined on fs so far to its variable, VarName(prefix,
 // name) unless a WithName option names another, and appends "(env NAME)" to
 // each flag's usage so that fs.PrintDefaults lists it. Flags defined after
-// Bind read no variable. getenv reads the environment: os.Getenv in a
-// command, a map's lookup in a test. It panics when a WithName option names a
-// flag fs does not define, as flag panics on a flag defined twice.
-func Bind(fs *flag.FlagSet, prefix string, getenv func(string) string, opts ...Option) *Env {
+// Bind read no variable. lookupEnv reads the environment and tells a set
+// variable, empty or not, from an unset one: os.LookupEnv in a command, Map
+// in a test. It panics when a WithName option names a flag fs does not
+// define, as flag panics on a flag defined twice.
+func Bind(fs *flag.FlagSet, prefix string, lookupEnv func(string) (string, bool), opts ...Option) *Env {
 	o := options{names: map[string]string{}}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	e := &Env{fs: fs, getenv: getenv, vars: map[string]string{}, fromEnv: map[string]bool{}}
+	e := &Env{fs: fs, lookupEnv: lookupEnv, vars: map[string]string{}, fromEnv: map[string]bool{}}
 	for name := range o.names {
 		if fs.Lookup(name) == nil {
 			panic(fmt.Sprintf("cliflag: WithName(%q, %q): %s defines no flag -%s", name, o.names[name], fs.Name(), name))
@@ -69,8 +70,11 @@ func (e *Env) Parse(args []string) error {
 }
 
 // Apply sets each bound flag that the command line did not give from its
-// variable, when the variable is set and not empty, through the flag's own
-// Value.Set. Call it after parsing. A flag set this way is not marked as
+// variable, when the variable is set, through the flag's own Value.Set: a
+// variable set to the empty string is the flag given as -flag= (a string
+// flag becomes empty; a flag that refuses "", a number, a duration or a
+// boolean, is an error), and only an unset variable leaves the flag at its
+// default. Call it after parsing. A flag set this way is not marked as
 // given: fs.Visit still lists the command line's flags only (Configured
 // tells both). It returns a *VarError for every variable its flag refused,
 // joined (errors.Join), or nil; the flags that did parse are set either way.
@@ -83,8 +87,8 @@ func (e *Env) Apply() error {
 		if !ok || given[f.Name] {
 			return
 		}
-		value := e.getenv(name)
-		if value == "" {
+		value, set := e.lookupEnv(name)
+		if !set {
 			return
 		}
 		if err := f.Value.Set(value); err != nil {
@@ -126,6 +130,15 @@ func (e *VarError) Error() string {
 		msg += ", want " + e.Want
 	}
 	return msg + "; fix the variable, unset it, or give -" + e.Flag
+}
+
+// Map returns a lookup of the variables in env for Bind: a name env holds is
+// set, to its value, even an empty one; any other is unset.
+func Map(env map[string]string) func(string) (string, bool) {
+	return func(name string) (string, bool) {
+		v, ok := env[name]
+		return v, ok
+	}
 }
 
 // Unwrap returns the flag's Value.Set error.

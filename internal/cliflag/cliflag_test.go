@@ -24,7 +24,7 @@ func setup(t *testing.T, env map[string]string, opts ...cliflag.Option) (*flag.F
 	fs.Float64Var(&s.rate, "caller-begin-rate", 500, "Begins a second")
 	fs.BoolVar(&s.notify, "notify", true, "wake waiters")
 	fs.StringVar(&s.url, "database-url", "", "database `URL`")
-	return fs, cliflag.Bind(fs, "T_", func(k string) string { return env[k] }, opts...), &s
+	return fs, cliflag.Bind(fs, "T_", cliflag.Map(env), opts...), &s
 }
 
 type settings struct {
@@ -77,10 +77,32 @@ func TestApply(t *testing.T) {
 			t.Errorf("Visit lists %q, want the command line's flag only", visited)
 		}
 	})
-	t.Run("an empty variable is unset", func(t *testing.T) {
-		_, env, s := setup(t, map[string]string{"T_LISTEN": "", "T_SWEEP_BATCH": ""})
-		if err := env.Parse(nil); err != nil || s.listen != "127.0.0.1:1" || s.batch != 1000 {
-			t.Errorf("listen %q, batch %d, %v; want the defaults", s.listen, s.batch, err)
+	// As the flag package reads -listen= (issue 32: an empty variable was
+	// read as unset, so IDEMGATE_METRICS_LISTEN= could not turn off what
+	// -metrics-listen= does).
+	t.Run("an empty variable is the flag given empty", func(t *testing.T) {
+		_, env, s := setup(t, map[string]string{"T_LISTEN": ""})
+		if err := env.Parse(nil); err != nil || s.listen != "" || !env.Configured("listen") {
+			t.Errorf("listen %q, configured %v, %v; want it emptied, as -listen= does", s.listen, env.Configured("listen"), err)
+		}
+	})
+	t.Run("an empty variable is refused where its flag refuses empty", func(t *testing.T) {
+		_, env, _ := setup(t, map[string]string{"T_SWEEP_BATCH": "", "T_SWEEP_INTERVAL": "", "T_NOTIFY": ""})
+		err := env.Parse(nil)
+		for _, want := range []string{
+			`T_SWEEP_BATCH="" (-sweep-batch): parse error, want a whole number; fix the variable, unset it, or give -sweep-batch`,
+			`T_SWEEP_INTERVAL="" (-sweep-interval): parse error, want a duration such as 30s or 1m30s`,
+			`T_NOTIFY="" (-notify): parse error, want true or false`,
+		} {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("error %v, want it to hold %s", err, want)
+			}
+		}
+	})
+	t.Run("an unset variable leaves its flag at the default", func(t *testing.T) {
+		_, env, s := setup(t, map[string]string{})
+		if err := env.Parse(nil); err != nil || s.listen != "127.0.0.1:1" || env.Configured("listen") {
+			t.Errorf("listen %q, configured %v, %v; want the default", s.listen, env.Configured("listen"), err)
 		}
 	})
 	t.Run("a variable that does not parse names itself, its value and its flag", func(t *testing.T) {
@@ -166,7 +188,7 @@ func TestUsageNamesTheVariables(t *testing.T) {
 // A flag defined after Bind reads no variable.
 func TestFlagsDefinedAfterBindAreNotBound(t *testing.T) {
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	env := cliflag.Bind(fs, "T_", func(string) string { return "x" })
+	env := cliflag.Bind(fs, "T_", func(string) (string, bool) { return "x", true })
 	later := fs.String("later", "default", "")
 	if err := env.Parse(nil); err != nil || *later != "default" || env.Var("later") != "" {
 		t.Errorf("later %q, %v, variable %q; want the default, no variable", *later, err, env.Var("later"))

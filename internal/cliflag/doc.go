@@ -10,8 +10,11 @@
 //     -caller-begin-rate read IDEMGATE_CALLER_BEGIN_RATE), unless WithName
 //     names it otherwise (a documented name such as DATABASE_URL);
 //   - a flag given on the command line wins, and its variable is not read;
-//   - otherwise a set, non-empty variable is applied through the flag's own
-//     flag.Value Set, so a variable parses exactly as the flag would;
+//   - otherwise a set variable is applied through the flag's own flag.Value
+//     Set, so a variable parses exactly as the flag would: one set to the
+//     empty string is the flag given as -flag= (an empty string flag; an
+//     error for a flag that refuses "", as a number or a duration does),
+//     and only an unset variable leaves the flag at its default;
 //   - a variable that does not parse is an error naming the variable, its
 //     value and its flag, and all of them are reported together;
 //   - the usage text shows each flag's variable, "(env NAME)".

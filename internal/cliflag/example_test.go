@@ -14,7 +14,7 @@ func Example() {
 	interval := fs.Duration("sweep-interval", time.Minute, "pause between sweeps")
 	url := fs.String("database-url", "", "PostgreSQL connection `URL`")
 	env := map[string]string{"IDEMGATE_SWEEP_INTERVAL": "30s", "DATABASE_URL": "postgres://db/idemgate"}
-	e := cliflag.Bind(fs, "IDEMGATE_", func(k string) string { return env[k] }, cliflag.WithName("database-url", "DATABASE_URL"))
+	e := cliflag.Bind(fs, "IDEMGATE_", cliflag.Map(env), cliflag.WithName("database-url", "DATABASE_URL"))
 	if err := e.Parse([]string{"-sweep-interval", "5s"}); err != nil {
 		fmt.Println(err)
 		return
@@ -35,7 +35,7 @@ func ExampleEnv_Apply() {
 	fs.Bool("reflection", false, "serve gRPC server reflection")
 	fs.Int("replay-cache-entries", 0, "outcomes kept in memory")
 	env := map[string]string{"PAYMENTS_REFLECTION": "maybe", "PAYMENTS_REPLAY_CACHE_ENTRIES": "lots"}
-	e := cliflag.Bind(fs, "PAYMENTS_", func(k string) string { return env[k] })
+	e := cliflag.Bind(fs, "PAYMENTS_", cliflag.Map(env))
 	fmt.Println(e.Parse(nil))
 	// Output:
 	// PAYMENTS_REFLECTION="maybe" (-reflection): parse error, want true or false; fix the variable, unset it, or give -reflection

@@ -29,6 +29,7 @@ import (
 
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
@@ -37,7 +38,7 @@ import (
 func TestParseConfig(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{"DATABASE_URL": "postgres://env/db", "IDEMGATE_SWEEP_INTERVAL": "30s", "HOME": "/home/u"}
-	cfg, err := dedupeapp.ParseConfig("dedupesvc", []string{"-listen", "127.0.0.1:7000"}, func(k string) string { return env[k] }, io.Discard)
+	cfg, err := dedupeapp.ParseConfig("dedupesvc", []string{"-listen", "127.0.0.1:7000"}, cliflag.Map(env), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,12 +55,12 @@ func TestParseConfig(t *testing.T) {
 		t.Fatalf("config %+v: the limits' defaults not applied", cfg)
 	}
 	limits := map[string]string{"IDEMGATE_MAX_CONCURRENT_STREAMS": "8", "IDEMGATE_RESOLVE_ADMIN_ONLY": "true", "IDEMGATE_TOKEN_FILE": "t", "IDEMGATE_REPLAY_FLUSH_INTERVAL": "250ms"}
-	cfg, err = dedupeapp.ParseConfig("dedupesvc", []string{"-max-connection-idle", "1m"}, func(k string) string { return limits[k] }, io.Discard)
+	cfg, err = dedupeapp.ParseConfig("dedupesvc", []string{"-max-connection-idle", "1m"}, cliflag.Map(limits), io.Discard)
 	if err != nil || cfg.MaxConcurrentStreams != 8 || !cfg.ResolveAdminOnly || cfg.MaxConnectionIdle != time.Minute || cfg.ReplayFlushInterval != 250*time.Millisecond {
 		t.Fatalf("config %+v, %v: the limits' flags and environment not applied", cfg, err)
 	}
 	preauth := map[string]string{"IDEMGATE_TOKEN_FILE": "t", "IDEMGATE_AGENT_FORWARDERS": "tools-a, tools-b", "IDEMGATE_MAX_UNAUTHENTICATED_STREAMS": "3"}
-	cfg, err = dedupeapp.ParseConfig("dedupesvc", []string{"-unauthenticated-timeout", "30s", "-max-unauthenticated-connections", "16"}, func(k string) string { return preauth[k] }, io.Discard)
+	cfg, err = dedupeapp.ParseConfig("dedupesvc", []string{"-unauthenticated-timeout", "30s", "-max-unauthenticated-connections", "16"}, cliflag.Map(preauth), io.Discard)
 	if err != nil || len(cfg.AgentForwarders) != 2 || cfg.AgentForwarders[1] != "tools-b" || cfg.MaxUnauthenticatedStreams != 3 ||
 		cfg.UnauthenticatedTimeout != 30*time.Second || cfg.MaxUnauthenticatedConnections != 16 || cfg.MaxUnauthenticatedConnectionsPerIP != dedupeapp.DefaultMaxUnauthenticatedConnectionsPerIP {
 		t.Fatalf("config %+v, %v: the pre-authentication limits' flags and environment not applied", cfg, err)
@@ -92,17 +93,17 @@ func TestParseConfig(t *testing.T) {
 		{[]string{"-agent-forwarders", "tools"}, nil, "-agent-forwarders needs"},
 	}
 	for _, tt := range bad {
-		_, err := dedupeapp.ParseConfig("dedupesvc", tt.args, func(k string) string { return tt.env[k] }, io.Discard)
+		_, err := dedupeapp.ParseConfig("dedupesvc", tt.args, cliflag.Map(tt.env), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("ParseConfig(%v, %v) = %v, want an error mentioning %q", tt.args, tt.env, err, tt.want)
 		}
 	}
 	for _, endpoint := range []string{"https://collector.example:4317", "http://127.0.0.1:4317", "127.0.0.1:4317"} {
-		if _, err := dedupeapp.ParseConfig("dedupesvc", []string{"-otlp-endpoint", endpoint}, func(string) string { return "" }, io.Discard); err != nil {
+		if _, err := dedupeapp.ParseConfig("dedupesvc", []string{"-otlp-endpoint", endpoint}, cliflag.Map(nil), io.Discard); err != nil {
 			t.Errorf("-otlp-endpoint %s: %v", endpoint, err)
 		}
 	}
-	if _, err := dedupeapp.ParseConfig("dedupesvc", []string{"-h"}, func(string) string { return "" }, io.Discard); !errors.Is(err, flag.ErrHelp) {
+	if _, err := dedupeapp.ParseConfig("dedupesvc", []string{"-h"}, cliflag.Map(nil), io.Discard); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h: %v, want flag.ErrHelp", err)
 	}
 }

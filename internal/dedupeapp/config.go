@@ -361,11 +361,11 @@ func (c Config) withDefaults() Config {
 func (c Config) authConfigured() bool { return c.TLSClientCA != "" || c.TokenFile != "" }
 
 // ParseConfig reads args (without the program name) and the environment
-// through getenv. It returns flag.ErrHelp after printing usage for -h, and an
+// through lookupEnv (os.LookupEnv: a variable set empty is its flag given empty, cliflag). It returns flag.ErrHelp after printing usage for -h, and an
 // error for any argument that is not a flag, -version among them: its
 // caller is a command that embeds the service and has its own -version.
-func ParseConfig(name string, args []string, getenv func(string) string, usage io.Writer) (Config, error) {
-	cfg, words, err := ParseArgs(name, "", args, getenv, usage)
+func ParseConfig(name string, args []string, lookupEnv func(string) (string, bool), usage io.Writer) (Config, error) {
+	cfg, words, err := ParseArgs(name, "", args, lookupEnv, usage)
 	if errors.Is(err, version.ErrRequested) {
 		return Config{}, fmt.Errorf("-version is not for %s: give it before the other flags, to the command itself", name)
 	}
@@ -380,7 +380,7 @@ func ParseConfig(name string, args []string, getenv func(string) string, usage i
 // synopsis, printed by -h above the flags, lists the commands. It returns
 // version.ErrRequested for -version, before reading the environment or
 // checking any other flag.
-func ParseArgs(name, synopsis string, args []string, getenv func(string) string, usage io.Writer) (Config, []string, error) {
+func ParseArgs(name, synopsis string, args []string, lookupEnv func(string) (string, bool), usage io.Writer) (Config, []string, error) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(usage)
 	fs.Usage = func() {
@@ -390,7 +390,7 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 	var cfg Config
 	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:50051", "gRPC listen `address`")
 	fs.StringVar(&cfg.DatabaseURL, "database-url", "", "PostgreSQL connection `URL`; empty uses the embedded SQLite store")
-	fs.StringVar(&cfg.DataDir, "data-dir", defaultDataDir(getenv), "`directory` of the embedded store, used when no database URL is set")
+	fs.StringVar(&cfg.DataDir, "data-dir", defaultDataDir(lookupEnv), "`directory` of the embedded store, used when no database URL is set")
 	fs.BoolVar(&cfg.MigrateOnStart, "migrate-on-start", true, "apply pending migrations before serving")
 	fs.IntVar(&cfg.StoreWriters, "store-writers", 0, "group-commit transactions written at once on PostgreSQL, at most half of -db-max-conns; 0 takes the default, 2: fewer make bigger batches and fewer commits; raise it for a database with many cores")
 	fs.IntVar(&cfg.StoreMaxBatch, "store-max-batch", 0, "most Begins and Finishes written in one transaction by concurrent callers (group commit); 1 turns batching off, 0 takes the store's default: 64 on PostgreSQL, 128 embedded")
@@ -448,7 +448,7 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 	fs.BoolVar(&cfg.ResolveAdminOnly, "resolve-admin-only", false, "reserve DedupeService.Resolve to admin identities")
 	fs.DurationVar(&cfg.ReplayFlushInterval, "replay-flush-interval", dedupesvc.DefaultReplayFlushInterval, "how often replay counts are added to the records, in one statement; unflushed counts die with the process")
 	level := fs.String("log-level", "info", "log `level`: debug, info, warn or error")
-	env := cliflag.Bind(fs, "IDEMGATE_", getenv,
+	env := cliflag.Bind(fs, "IDEMGATE_", lookupEnv,
 		cliflag.WithName("database-url", "DATABASE_URL"),
 		cliflag.WithName("otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT"))
 	showVersion := version.Flag(fs) // after Bind: no variable
@@ -485,7 +485,8 @@ func ParseArgs(name, synopsis string, args []string, getenv func(string) string,
 }
 
 // defaultDataDir follows the XDG base directory convention.
-func defaultDataDir(getenv func(string) string) string {
+func defaultDataDir(lookupEnv func(string) (string, bool)) string {
+	getenv := func(name string) string { v, _ := lookupEnv(name); return v }
 	if d := getenv("XDG_DATA_HOME"); d != "" {
 		return filepath.Join(d, "idemgate")
 	}
@@ -528,11 +529,12 @@ func (c Config) nameEnv(flag, env string) string {
 // without its environment variables: every flag's default. The data
 // directory's default reads only XDG_DATA_HOME and HOME through getenv.
 func Defaults(getenv func(string) string) Config {
-	cfg, err := ParseConfig("dedupesvc", nil, func(name string) string {
+	cfg, err := ParseConfig("dedupesvc", nil, func(name string) (string, bool) {
 		if name == "XDG_DATA_HOME" || name == "HOME" {
-			return getenv(name)
+			v := getenv(name)
+			return v, v != ""
 		}
-		return ""
+		return "", false
 	}, io.Discard)
 	if err != nil {
 		panic("dedupeapp: the flags' defaults do not validate: " + err.Error())

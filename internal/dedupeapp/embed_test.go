@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
 )
 
@@ -25,7 +26,7 @@ func TestEmbedServesInProcessWithTheConfigsLimits(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	cfg, err := dedupeapp.ParseConfig("embedded", []string{"-data-dir", dir, "-metrics-listen=", "-replay-flush-interval=1h",
-		"-caller-begin-rate=0.001", "-caller-begin-burst=3"}, func(string) string { return "" }, io.Discard)
+		"-caller-begin-rate=0.001", "-caller-begin-burst=3"}, cliflag.Map(nil), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -106,7 +106,9 @@ func openService(ctx context.Context, cfg Config, logger *slog.Logger) (_ *servi
 
 	if compactor, ok := b.store.(dedupesvc.UsageCompactor); ok {
 		s.goBackground(func(background context.Context) {
-			dedupesvc.RunUsageCompaction(background, compactor, cfg.UsageCompactionInterval, logger)
+			dedupesvc.RunUsageCompactionWith(background, compactor, dedupesvc.UsageCompactionConfig{
+				Interval: cfg.UsageCompactionInterval, Logger: logger, Metrics: dedupeMetrics,
+			})
 		})
 	}
 	sweeper := dedupesvc.NewSweeper(b.store, dedupesvc.SweeperConfig{Interval: cfg.SweepInterval, BatchSize: cfg.SweepBatch, Logger: logger})

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
 )
 
@@ -26,7 +27,7 @@ func TestParseArgsTakesFlagsAroundTheCommand(t *testing.T) {
 		{"migrate", "-data-dir", "/x", "status"},
 		{"migrate", "status", "-data-dir", "/x"},
 	} {
-		cfg, words, err := dedupeapp.ParseArgs("dedupesvc", "", args, func(string) string { return "" }, io.Discard)
+		cfg, words, err := dedupeapp.ParseArgs("dedupesvc", "", args, cliflag.Map(nil), io.Discard)
 		if err != nil || cfg.DataDir != "/x" || !reflect.DeepEqual(words, []string{"migrate", "status"}) {
 			t.Errorf("ParseArgs(%q) = data dir %q, words %q, %v; want /x, [migrate status]", args, cfg.DataDir, words, err)
 		}
@@ -37,7 +38,7 @@ func TestParseArgsTakesFlagsAroundTheCommand(t *testing.T) {
 func TestUsageListsTheCommands(t *testing.T) {
 	t.Parallel()
 	var usage bytes.Buffer
-	_, _, err := dedupeapp.ParseArgs("dedupesvc", "Commands:\n  migrate status   list migrations\n", []string{"-h"}, func(string) string { return "" }, &usage)
+	_, _, err := dedupeapp.ParseArgs("dedupesvc", "Commands:\n  migrate status   list migrations\n", []string{"-h"}, cliflag.Map(nil), &usage)
 	if !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("-h: %v, want flag.ErrHelp", err)
 	}
@@ -58,12 +59,7 @@ func TestEnvironmentErrorsNameTheirFlag(t *testing.T) {
 		{"IDEMGATE_SWEEP_BATCH", "many", "-sweep-batch"},
 		{"IDEMGATE_NOTIFY", "perhaps", "-notify"},
 	} {
-		getenv := func(k string) string {
-			if k == tt.env {
-				return tt.value
-			}
-			return ""
-		}
+		getenv := cliflag.Map(map[string]string{tt.env: tt.value})
 		_, err := dedupeapp.ParseConfig("dedupesvc", nil, getenv, io.Discard)
 		if want := fmt.Sprintf("%s=%q (%s): ", tt.env, tt.value, tt.flag); err == nil || !strings.HasPrefix(err.Error(), want) {
 			t.Errorf("%s=%s: %v, want an error starting %s", tt.env, tt.value, err, want)
@@ -81,19 +77,19 @@ func TestEnvironmentErrorsNameTheirFlag(t *testing.T) {
 func TestEnvironmentFollowsTheOneRule(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{"IDEMGATE_CALLER_BEGIN_RATE": "2.5", "DATABASE_URL": "postgres://db/x", "OTEL_EXPORTER_OTLP_ENDPOINT": "127.0.0.1:4317"}
-	cfg, err := dedupeapp.ParseConfig("dedupesvc", nil, func(k string) string { return env[k] }, io.Discard)
+	cfg, err := dedupeapp.ParseConfig("dedupesvc", nil, cliflag.Map(env), io.Discard)
 	if err != nil || cfg.CallerBeginRate != 2.5 || cfg.DatabaseURL != "postgres://db/x" || cfg.OTLPEndpoint != "127.0.0.1:4317" {
 		t.Errorf("rate %v, database %q, OTLP %q, %v; want 2.5 and the two documented names read", cfg.CallerBeginRate, cfg.DatabaseURL, cfg.OTLPEndpoint, err)
 	}
 	bad := map[string]string{"IDEMGATE_CALLER_BEGIN_RATE": "fast", "IDEMGATE_SWEEP_INTERVAL": "x"}
-	_, err = dedupeapp.ParseConfig("dedupesvc", nil, func(k string) string { return bad[k] }, io.Discard)
+	_, err = dedupeapp.ParseConfig("dedupesvc", nil, cliflag.Map(bad), io.Discard)
 	for _, want := range []string{`IDEMGATE_CALLER_BEGIN_RATE="fast" (-caller-begin-rate): `, `IDEMGATE_SWEEP_INTERVAL="x" (-sweep-interval): `} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("two bad variables: %v, want both reported, %s among them", err, want)
 		}
 	}
 	var usage bytes.Buffer
-	if _, err := dedupeapp.ParseConfig("dedupesvc", []string{"-h"}, func(string) string { return "" }, &usage); !errors.Is(err, flag.ErrHelp) {
+	if _, err := dedupeapp.ParseConfig("dedupesvc", []string{"-h"}, cliflag.Map(nil), &usage); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("-h: %v", err)
 	}
 	for _, want := range []string{"(env IDEMGATE_CALLER_BEGIN_RATE)", "(env DATABASE_URL)", "(env OTEL_EXPORTER_OTLP_ENDPOINT)", "(env IDEMGATE_LOG_LEVEL)"} {
@@ -148,5 +144,23 @@ func TestStartupErrorsNameTheirFlag(t *testing.T) {
 				t.Errorf("Serve: %v, want an error starting %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// A variable set to the empty string is its flag given empty, as
+// docs/service.md says: IDEMGATE_METRICS_LISTEN= turns the endpoint off as
+// -metrics-listen= does, and IDEMGATE_SWEEP_INTERVAL= is refused as
+// -sweep-interval= is; unset, each keeps its default.
+func TestAnEmptyVariableIsItsFlagGivenEmpty(t *testing.T) {
+	cfg, err := dedupeapp.ParseConfig("dedupesvc", nil, cliflag.Map(map[string]string{"IDEMGATE_METRICS_LISTEN": ""}), io.Discard)
+	if err != nil || cfg.MetricsListen != "" {
+		t.Errorf("IDEMGATE_METRICS_LISTEN=: metrics on %q, %v; want off", cfg.MetricsListen, err)
+	}
+	if cfg, err := dedupeapp.ParseConfig("dedupesvc", nil, cliflag.Map(nil), io.Discard); err != nil || cfg.MetricsListen != "127.0.0.1:9464" {
+		t.Errorf("unset: metrics on %q, %v; want the default 127.0.0.1:9464", cfg.MetricsListen, err)
+	}
+	_, err = dedupeapp.ParseConfig("dedupesvc", nil, cliflag.Map(map[string]string{"IDEMGATE_SWEEP_INTERVAL": ""}), io.Discard)
+	if want := `IDEMGATE_SWEEP_INTERVAL="" (-sweep-interval): `; err == nil || !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("IDEMGATE_SWEEP_INTERVAL=: %v, want an error starting %s", err, want)
 	}
 }

@@ -21,6 +21,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/idemgate/idemgate/internal/gobuild"
 )
 
 // What the image's configuration promises; docs/service.md "Container image"
@@ -159,14 +161,14 @@ func ModuleRoot(ctx context.Context, dir string) (string, error) {
 }
 
 // BuildBinary builds cmd/dedupesvc of the module at moduleDir into out for
-// linux/goarch: statically (CGO_ENABLED=0; the embedded store's
+// linux/goarch with internal/gobuild's flags, which every binary a test
+// builds shares: statically (CGO_ENABLED=0; the embedded store's
 // modernc.org/sqlite is pure Go), -trimpath so the binary holds no path of
-// this machine, and stripped of its symbol table and DWARF (-s -w; panics
+// this machine; and stripped of its symbol table and DWARF (-s -w; panics
 // still print symbolised stacks).
 func BuildBinary(ctx context.Context, moduleDir, goarch, out string) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, "./cmd/dedupesvc")
-	cmd.Dir = moduleDir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+goarch)
+	cmd := gobuild.Command(ctx, moduleDir, "-s -w", "-o", out, "./cmd/dedupesvc")
+	cmd.Env = append(cmd.Env, "GOOS=linux", "GOARCH="+goarch)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build ./cmd/dedupesvc: %v\n%s", err, b)
 	}

@@ -2,11 +2,13 @@ package version_test
 
 import (
 	"bytes"
+	"context"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"testing"
 
+	"github.com/idemgate/idemgate/internal/gobuild"
 	"github.com/idemgate/idemgate/internal/testing/proctest"
 )
 
@@ -56,8 +58,8 @@ func TestStampedVersion(t *testing.T) {
 	const pkg = "github.com/idemgate/idemgate/internal/version"
 	ldflags := "-X " + pkg + ".version=v0.3.0 -X " + pkg + ".revision=4e37491c0ffee0ddba11ab1ec0ffee0ddba11ab1 -X " +
 		pkg + ".commitTime=2026-12-02T02:50:15Z -X " + pkg + ".modified=true"
-	if out, err := exec.Command("go", "build", "-buildvcs=false", "-ldflags", ldflags, "-o", bin, "github.com/idemgate/idemgate/cmd/paymentsctl").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	if err := gobuild.Build(context.Background(), "", ldflags, "-buildvcs=false", "-o", bin, "github.com/idemgate/idemgate/cmd/paymentsctl"); err != nil {
+		t.Fatal(err)
 	}
 	out, err := exec.Command(bin, "-version").Output()
 	if want := "paymentsctl v0.3.0 (commit 4e37491, 2026-12-02T02:50:15Z, modified)\n"; err != nil || string(out) != want {

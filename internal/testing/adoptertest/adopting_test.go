@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemgate/idemgate/internal/gobuild"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
@@ -310,7 +311,14 @@ func runScript(t *testing.T, dir, script string) (stdout, stderr string, err err
 	cmd := exec.CommandContext(ctx, "bash", script)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = out, errOut
-	cmd.Env = append(newcomerEnv(), "BUF_CACHE_DIR="+filepath.Join(dir, "buf-cache"))
+	// The guide's go build and go install lines build with the flags the
+	// other tests' binaries share, so that they compile no dependency those
+	// compiled (a newcomer's defaults would compile each once more).
+	env, err := gobuild.Environ(newcomerEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Env = append(env, "BUF_CACHE_DIR="+filepath.Join(dir, "buf-cache"))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	start := time.Now()

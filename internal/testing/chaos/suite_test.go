@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemgate/idemgate/internal/gobuild"
 	"github.com/idemgate/idemgate/internal/testing/netfault"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 	"github.com/idemgate/idemgate/internal/testing/proctest"
@@ -137,9 +137,9 @@ func buildAll(t *testing.T) binaries {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if out, err := exec.Command("go", "build", "-o", *into, pkg).CombinedOutput(); err != nil {
+			if err := gobuild.Build(context.Background(), "", "", "-o", *into, pkg); err != nil {
 				mu.Lock()
-				errs = append(errs, fmt.Errorf("build %s: %v\n%s", pkg, err, out))
+				errs = append(errs, err)
 				mu.Unlock()
 			}
 		}()

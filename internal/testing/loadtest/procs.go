@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/idemgate/idemgate/internal/gobuild"
 )
 
 // server is a long-running child: a Dedupe service or a payments server.
@@ -160,9 +162,8 @@ func buildBinaries(ctx context.Context, dir string, pkgs ...string) ([]string, e
 	var bins []string
 	for _, pkg := range pkgs {
 		bin := filepath.Join(dir, filepath.Base(pkg))
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+		if err := gobuild.Build(ctx, "", "", "-o", bin, pkg); err != nil {
+			return nil, err
 		}
 		bins = append(bins, bin)
 	}

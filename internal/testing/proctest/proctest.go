@@ -1,6 +1,7 @@
 package proctest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemgate/idemgate/internal/gobuild"
 )
 
 // ErrStillRunning is what Wait returns when the process outlives its timeout.
@@ -39,7 +42,9 @@ var (
 )
 
 // Build builds the main package pkg (an import path, or a path relative to
-// the test's package directory) with go build and returns the binary's path.
+// the test's package directory) with go build and internal/gobuild's flags
+// (static, -trimpath, no race detector), which every builder shares so that
+// each dependency compiles once, and returns the binary's path.
 // It builds each package once per test process: parallel tests share the
 // binary. A failed build fails every test that asks for it.
 //
@@ -70,10 +75,8 @@ func goBuild(pkg string) (string, error) {
 	// The counter keeps two packages with one base name apart.
 	bin := filepath.Join(binDir, fmt.Sprintf("%d-%s", binCount, filepath.Base(pkg)))
 	binCountMu.Unlock()
-	// go test puts its own go first on PATH, so this is the toolchain that
-	// built the test.
-	if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
-		return "", fmt.Errorf("%v\n%s", err, out)
+	if err := gobuild.Build(context.Background(), "", "", "-o", bin, pkg); err != nil {
+		return "", err
 	}
 	return bin, nil
 }

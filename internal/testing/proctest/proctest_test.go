@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate/internal/gobuild"
 	"github.com/idemgate/idemgate/internal/testing/proctest"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
@@ -51,6 +52,15 @@ func TestBuildBuildsOncePerPackage(t *testing.T) {
 		t.Fatalf("Build gave %s, then %s", a, b)
 	}
 	if _, err := os.Stat(a); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Build uses the flags every builder shares (internal/gobuild), so that a
+// cold make test compiles each dependency once for the non-race binaries.
+func TestBuildUsesTheSharedFlags(t *testing.T) {
+	t.Parallel()
+	if err := gobuild.Check(proctest.Build(t, echoPkg)); err != nil {
 		t.Fatal(err)
 	}
 }

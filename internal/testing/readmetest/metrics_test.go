@@ -10,9 +10,11 @@ import (
 	"testing"
 )
 
-// metricName is a Prometheus metric the code registers: every one is named
-// in full, idemgate_ and its subsystem included, as a collector's Name.
-var metricName = regexp.MustCompile(`\bName:\s*"(idemgate_[a-z0-9_]+)"`)
+// metricName is a Prometheus metric the code registers, named in full,
+// idemgate_ and its subsystem included, as a collector's Name or a Desc's
+// name. A name built at run time is not seen here:
+// TestEveryMetricTheServiceAndGatesRegisterIsDocumented asks the collectors.
+var metricName = regexp.MustCompile(`(?:\bName:\s*|\bNewDesc\()"(idemgate_[a-z0-9_]+)"`)
 
 // registeredMetrics returns the metric names the repository's non-test Go
 // code registers, with the file of each.
