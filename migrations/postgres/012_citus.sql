@@ -47,9 +47,20 @@ BEGIN
         LANGUAGE sql IMMUTABLE PARALLEL SAFE
         AS $f$ SELECT ts + ms * interval '1 millisecond' $f$;
     PERFORM create_distributed_function('idemgate_plus_ms(timestamptz,bigint)');
+    -- Citus refuses a CASE holding a STABLE function (now()) in UPDATE and
+    -- DELETE; this is CASE WHEN c THEN a ELSE b END as a function, whose
+    -- arguments the coordinator evaluates first. PL/pgSQL: PostgreSQL
+    -- would inline an SQL function back into the CASE Citus refuses.
+    CREATE OR REPLACE FUNCTION idemgate_case(c boolean, a anycompatible, b anycompatible) RETURNS anycompatible
+        LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+        AS $f$ BEGIN IF c THEN RETURN a; END IF; RETURN b; END $f$;
+    PERFORM create_distributed_function('idemgate_case(boolean,anycompatible,anycompatible)');
 
     ALTER TABLE idemgate_usage_changes ADD COLUMN IF NOT EXISTS idempotency_key text NOT NULL DEFAULT '';
-    CREATE OR REPLACE FUNCTION idemgate_count_usage() RETURNS trigger LANGUAGE plpgsql AS $f$
+    -- The function runs on the workers, in sessions whose search_path is
+    -- not this schema's: it names its schema itself.
+    EXECUTE format($fn$
+    CREATE OR REPLACE FUNCTION idemgate_count_usage() RETURNS trigger LANGUAGE plpgsql SET search_path = %I AS $f$
     BEGIN
         IF TG_OP = 'INSERT' THEN
             INSERT INTO idemgate_usage_changes (namespace, records, outcome_bytes, idempotency_key)
@@ -64,7 +75,7 @@ BEGIN
         END IF;
         RETURN NULL;
     END
-    $f$;
+    $f$ $fn$, current_schema());
 
     SET LOCAL citus.enable_unsafe_triggers = on;
     PERFORM create_reference_table('idemgate_store_state');

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -100,7 +101,13 @@ func exec(ctx context.Context, tb testing.TB, url, sql string) {
 	}
 }
 
-var schemas atomic.Int64
+var (
+	schemas atomic.Int64
+	// ddlMu runs one test's schema DDL (create, migrate, drop) at a time:
+	// Citus propagates each to every node, and two at once can deadlock
+	// across nodes.
+	ddlMu sync.Mutex
+)
 
 // EmptySchema creates a schema on the coordinator (Citus creates it on the
 // workers too) and returns a pool of 16 connections whose search_path is
@@ -111,10 +118,14 @@ func (c *Cluster) EmptySchema(tb testing.TB) (*pgxpool.Pool, string) {
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
 	schema := fmt.Sprintf("citustest_%d_%d", os.Getpid(), schemas.Add(1))
+	ddlMu.Lock()
 	exec(ctx, tb, c.URL(), "CREATE SCHEMA "+schema)
+	ddlMu.Unlock()
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 		defer cancel()
+		ddlMu.Lock()
+		defer ddlMu.Unlock()
 		exec(ctx, tb, c.URL(), "DROP SCHEMA "+schema+" CASCADE")
 	})
 	return c.OpenPool(tb, schema), schema
@@ -127,6 +138,8 @@ func (c *Cluster) Schema(tb testing.TB) (*pgxpool.Pool, string) {
 	pool, schema := c.EmptySchema(tb)
 	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 	defer cancel()
+	ddlMu.Lock()
+	defer ddlMu.Unlock()
 	if _, err := pgstore.Migrate(ctx, pool); err != nil {
 		tb.Fatalf("citustest: migrate: %v", err)
 	}
