@@ -49,18 +49,8 @@ func WithCitus() Option {
 // coordinator whose schema is distributed (migration 012 ran with the
 // citus extension installed), so the Store must run WithCitus.
 func DetectCitus(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
-	var distributed bool
-	err := pool.QueryRow(ctx, `
-SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')
-   AND EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass('idemgate_records'))`).Scan(&distributed)
-	if err != nil {
-		var pgErr interface{ SQLState() string }
-		if errors.As(err, &pgErr) && pgErr.SQLState() == "42P01" { // no pg_dist_partition: no citus
-			return false, nil
-		}
-		return false, fmt.Errorf("pgstore: detect citus: %w", err)
-	}
-	return distributed, nil
+	_, distributed, err := citusState(ctx, pool)
+	return distributed, err
 }
 
 // IsCitus reports whether the Store runs the Citus forms (WithCitus).

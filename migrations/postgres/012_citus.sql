@@ -11,7 +11,8 @@
 -- - idemgate_usage_changes gets the key of the record whose change it holds
 --   and is distributed by it, co-located with the records: a change lands
 --   on the shard of its record, on the same worker.
--- - The usage triggers (005, 010) stay. Citus refuses to distribute a table
+-- - The usage triggers (005, 010) stay (dropped while the rows are copied
+--   to the shards, which the totals already count). Citus refuses to distribute a table
 --   with triggers unless citus.enable_unsafe_triggers is on while it does,
 --   because a trigger on a shard may query other shards. These insert only
 --   the change of their own row, under its key, so the insert goes to the
@@ -77,6 +78,10 @@ BEGIN
     END
     $f$ $fn$, current_schema());
 
+    -- The triggers come off while the rows are copied to the shards (the
+    -- totals already count them) and back on afterwards, on every shard.
+    DROP TRIGGER IF EXISTS idemgate_records_usage_rows ON idemgate_records;
+    DROP TRIGGER IF EXISTS idemgate_records_usage_bytes ON idemgate_records;
     SET LOCAL citus.enable_unsafe_triggers = on;
     PERFORM create_reference_table('idemgate_store_state');
     PERFORM create_reference_table('idemgate_namespace_usage');
@@ -88,5 +93,13 @@ BEGIN
     PERFORM truncate_local_data_after_distributing_table('idemgate_usage_compaction');
     PERFORM truncate_local_data_after_distributing_table('idemgate_records');
     PERFORM truncate_local_data_after_distributing_table('idemgate_usage_changes');
+    CREATE TRIGGER idemgate_records_usage_rows
+        AFTER INSERT OR DELETE ON idemgate_records
+        FOR EACH ROW EXECUTE FUNCTION idemgate_count_usage();
+    CREATE TRIGGER idemgate_records_usage_bytes
+        AFTER UPDATE OF outcome_value ON idemgate_records
+        FOR EACH ROW
+        WHEN (octet_length(OLD.outcome_value) IS DISTINCT FROM octet_length(NEW.outcome_value))
+        EXECUTE FUNCTION idemgate_count_usage();
 END
 $citus$;
