@@ -174,7 +174,7 @@ faults: ## Run the real-process fault tests (build tag faults): dedupesvc killed
 .PHONY: citus
 citus: ## Run the store's conformance suite on a Citus coordinator and two workers (build tag citus; needs ../shared/citus/build.sh run once).
 	@echo 'make citus: starts a Citus coordinator and two workers (PostgreSQL 15 with citus installed by ../shared/citus/build.sh)'
-	go test $(GO_TEST_FLAGS) -tags citus -run 'Citus' ./dedupesvc/pgstore/ ./internal/testing/citustest/
+	go test $(GO_TEST_FLAGS) -tags citus -run 'Citus' ./dedupesvc/pgstore/ ./internal/dedupeapp/ ./internal/testing/citustest/
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZ_TIME (default 50000 executions; FUZZ_TIME=2000000x nightly).
