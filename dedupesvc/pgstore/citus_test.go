@@ -25,6 +25,7 @@ func TestCitusConformance(t *testing.T) {
 	c := citustest.New(t, 2)
 	t.Run("MigrateDistributesAnExistingSchema", func(t *testing.T) { testCitusMigrateExisting(t, c) })
 	t.Run("UsageChangesCommitWithTheirRows", func(t *testing.T) { testCitusUsageTriggers(t, c) })
+	t.Run("EpochsComeFromOneSequence", func(t *testing.T) { testCitusEpochs(t, c) })
 	storetest.RunWithNotifier(t, func(t *testing.T) dedupesvc.Store {
 		pool, schema := c.Schema(t)
 		return pgstore.New(pool, pgstore.WithChannel(schema), pgstore.WithCitus())
@@ -132,5 +133,42 @@ SELECT (SELECT nodeport FROM citus_shards WHERE shardid = get_shard_id_for_distr
      = (SELECT nodeport FROM citus_shards WHERE shardid = get_shard_id_for_distribution_column('idemgate_usage_changes', 'committed'))`).Scan(&sameNode)
 	if err != nil || !sameNode {
 		t.Fatalf("the record's shard and its usage change's shard on one worker = %v, %v; want true", sameNode, err)
+	}
+}
+
+// testCitusEpochs: fresh keys reserved one after another, on shards of
+// both workers, get ever higher epochs, and so do takeovers (an UPDATE's
+// epoch): one sequence, on the coordinator, hands out every epoch, never
+// one per worker, which would repeat them across workers and could move a
+// key's epochs back when its shard moves.
+func testCitusEpochs(t *testing.T, c *citustest.Cluster) {
+	pool, _ := c.Schema(t)
+	s := pgstore.New(pool, pgstore.WithoutNotify(), pgstore.WithCitus())
+	var last int64
+	for i := range 16 {
+		p := begin("t1")
+		p.Key = "epoch-" + string(rune('a'+i))
+		res, err := s.Begin(ctx, p)
+		if err != nil || res.State != dedupesvc.BeginReserved {
+			t.Fatalf("Begin %s = %+v, %v", p.Key, res, err)
+		}
+		if err := s.Release(ctx, dedupesvc.ReleaseParams{Scope: p.Scope, Key: p.Key, AttemptToken: "t1", Epoch: res.Epoch}); err != nil {
+			t.Fatal(err)
+		}
+		again := p
+		again.AttemptToken = "t2"
+		res2, err := s.Begin(ctx, again) // takes the released key: reserveSQL's UPDATE
+		if err != nil || res2.State != dedupesvc.BeginReserved {
+			t.Fatalf("Begin %s again = %+v, %v", p.Key, res2, err)
+		}
+		if res.Epoch <= last || res2.Epoch <= res.Epoch {
+			t.Fatalf("key %s: epochs %d then %d after %d; want each above the one before", p.Key, res.Epoch, res2.Epoch, last)
+		}
+		last = res2.Epoch
+	}
+	var workers int
+	if err := pool.QueryRow(ctx, `SELECT count(DISTINCT nodeport) FROM citus_shards WHERE table_name = 'idemgate_records'::regclass AND shardid IN (
+    SELECT get_shard_id_for_distribution_column('idemgate_records', 'epoch-' || chr(97 + i)) FROM generate_series(0, 15) AS i)`).Scan(&workers); err != nil || workers != 2 {
+		t.Fatalf("the keys are on %d workers (%v), want 2", workers, err)
 	}
 }

@@ -12,9 +12,10 @@
 --   and is distributed by it, co-located with the records: a change lands
 --   on the shard of its record, on the same worker.
 -- - The usage triggers (005, 010) stay (dropped while the rows are copied
---   to the shards, which the totals already count). Citus refuses to distribute a table
---   with triggers unless citus.enable_unsafe_triggers is on while it does,
---   because a trigger on a shard may query other shards. These insert only
+--   to the shards, which the totals already count). Citus refuses to
+--   distribute a table with triggers unless citus.enable_unsafe_triggers
+--   is on while it does, because a trigger on a shard may query other
+--   shards. These insert only
 --   the change of their own row, under its key, so the insert goes to the
 --   co-located shard on the same worker, in the same transaction; and a
 --   trigger on a shard may run only such local tasks (Citus errors on a
