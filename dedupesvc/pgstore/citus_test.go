@@ -4,7 +4,10 @@ package pgstore_test
 
 import (
 	"bytes"
+	"context"
+	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -26,6 +29,7 @@ func TestCitusConformance(t *testing.T) {
 	t.Run("MigrateDistributesAnExistingSchema", func(t *testing.T) { testCitusMigrateExisting(t, c) })
 	t.Run("UsageChangesCommitWithTheirRows", func(t *testing.T) { testCitusUsageTriggers(t, c) })
 	t.Run("EpochsComeFromOneSequence", func(t *testing.T) { testCitusEpochs(t, c) })
+	t.Run("ListenerOnTheCoordinatorIsWoken", func(t *testing.T) { testCitusListener(t, c) })
 	storetest.RunWithNotifier(t, func(t *testing.T) dedupesvc.Store {
 		pool, schema := c.Schema(t)
 		return pgstore.New(pool, pgstore.WithChannel(schema), pgstore.WithCitus())
@@ -170,5 +174,39 @@ func testCitusEpochs(t *testing.T, c *citustest.Cluster) {
 	if err := pool.QueryRow(ctx, `SELECT count(DISTINCT nodeport) FROM citus_shards WHERE table_name = 'idemgate_records'::regclass AND shardid IN (
     SELECT get_shard_id_for_distribution_column('idemgate_records', 'epoch-' || chr(97 + i)) FROM generate_series(0, 15) AS i)`).Scan(&workers); err != nil || workers != 2 {
 		t.Fatalf("the keys are on %d workers (%v), want 2", workers, err)
+	}
+}
+
+// testCitusListener: a Listener on the coordinator is woken when a record
+// whose shard is on a worker settles while a duplicate waits for it: the
+// Citus store sends the NOTIFY from the coordinator (in the settling
+// statement, pg_notify would run on the worker, and nobody listens there).
+func testCitusListener(t *testing.T, c *citustest.Cluster) {
+	pool, schema := c.Schema(t)
+	s := pgstore.New(pool, pgstore.WithChannel(schema), pgstore.WithCitus())
+	l := pgstore.NewListener(pool, schema, slog.Default())
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(runCtx) }()
+	defer func() { cancel(); <-done }()
+	// The listener connects in the background; keep settling fresh
+	// waited-for reservations until one notification arrives (a bounded
+	// wait, no timing assertion: it fails only if none is ever delivered).
+	deadline := time.After(30 * time.Second)
+	for {
+		epoch := mustReserve(t, s)
+		woken, unsubscribe := l.Subscribe(ctx, dedupesvc.RecordID{Scope: "/pkg.S/M", Key: "key-1"})
+		if err := s.Release(ctx, dedupesvc.ReleaseParams{Scope: "/pkg.S/M", Key: "key-1", AttemptToken: "t1", Epoch: epoch}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-woken:
+			unsubscribe()
+			return
+		case <-time.After(100 * time.Millisecond):
+			unsubscribe()
+		case <-deadline:
+			t.Fatal("no notification arrived within 30s")
+		}
 	}
 }
