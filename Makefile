@@ -123,8 +123,8 @@ protos-export: ## Write the callers' protos to PROTOS_DIR: idemgate's .proto sou
 
 .PHONY: lint
 lint: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC) $(PROTOC_GEN_CONNECT_GO) $(STATICCHECK) ## go vet, staticcheck, gofmt, buf lint, buf format, buf breaking against the last commit and the released protos (internal/protocontract), and a check that gen/ is fresh.
-	go vet -tags faults ./...
-	$(STATICCHECK) -tags faults ./...
+	go vet -tags faults,citus ./...
+	$(STATICCHECK) -tags faults,citus ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	$(BUF) lint
@@ -177,6 +177,11 @@ test: ## Run every test (fuzz seed corpora included) with the race detector agai
 faults: ## Run the real-process fault tests (build tag faults): dedupesvc killed, PostgreSQL crashed and failed over, store outages.
 	@echo 'make faults: builds cmd/dedupesvc and starts throwaway PostgreSQL clusters; $(FIRST_BUILD)'
 	go test $(GO_TEST_FLAGS) -tags faults ./cmd/dedupesvc/ ./internal/testing/outagetest/
+
+.PHONY: citus
+citus: ## Run the store's conformance suite on a Citus coordinator and two workers (build tag citus; needs ../shared/citus/build.sh run once).
+	@echo 'make citus: starts a Citus coordinator and two workers (PostgreSQL 15 with citus installed by ../shared/citus/build.sh)'
+	go test $(GO_TEST_FLAGS) -tags citus -run 'Citus' ./dedupesvc/pgstore/ ./internal/dedupeapp/ ./internal/testing/citustest/
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZ_TIME (default 50000 executions; FUZZ_TIME=2000000x nightly).

@@ -74,7 +74,61 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 			applied = append(applied, m.Name)
 		}
 	}
+	again, err := citusPending(ctx, pool)
+	if err != nil || !again {
+		return applied, err
+	}
+	// A schema migrated before the citus extension was installed ran
+	// the Citus migration as a no-op: run it again, now that it
+	// distributes the tables.
+	for _, m := range all {
+		if strings.HasSuffix(m.Name, citusMigrationSuffix) {
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, m.SQL, pgx.QueryExecModeSimpleProtocol)
+				return err
+			})
+			if err != nil {
+				return applied, fmt.Errorf("pgstore: apply migration %s again, for citus: %w", m.Name, err)
+			}
+			applied = append(applied, m.Name)
+		}
+	}
 	return applied, nil
+}
+
+// citusMigrationSuffix names the migration that distributes the schema on
+// a Citus coordinator (012_citus.sql).
+const citusMigrationSuffix = "_citus.sql"
+
+// citusPending reports whether the citus extension is installed while the
+// records are not distributed: the schema ran the Citus migration before
+// citus was installed (a single-node database made a Citus coordinator),
+// so Migrate runs it again.
+func citusPending(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+	installed, distributed, err := citusState(ctx, pool)
+	return installed && !distributed, err
+}
+
+// citusState reports whether the citus extension is installed in the
+// database, and whether idemgate_records (of the search_path) is a
+// distributed table. Without the extension it asks nothing of Citus's
+// catalog, which does not exist then.
+func citusState(ctx context.Context, pool *pgxpool.Pool) (installed, distributed bool, err error) {
+	err = pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&installed)
+	if err != nil || !installed {
+		return false, false, wrapCitusErr(err)
+	}
+	err = pool.QueryRow(ctx, `
+SELECT to_regclass('idemgate_records') IS NOT NULL
+   AND EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass('idemgate_records'))`).Scan(&distributed)
+	return true, distributed, wrapCitusErr(err)
+}
+
+func wrapCitusErr(err error) error {
+	if err != nil {
+		return fmt.Errorf("pgstore: check citus: %w", err)
+	}
+	return nil
 }
 
 // Pending returns the names of the embedded migrations the database lacks,
@@ -88,6 +142,17 @@ func Pending(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 	for _, m := range status {
 		if !m.Applied {
 			pending = append(pending, m.Name)
+		}
+	}
+	if len(pending) == 0 {
+		again, err := citusPending(ctx, pool)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range status {
+			if again && strings.HasSuffix(m.Name, citusMigrationSuffix) {
+				pending = append(pending, m.Name)
+			}
 		}
 	}
 	return pending, nil

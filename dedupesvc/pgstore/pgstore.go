@@ -13,6 +13,10 @@
 // that can be turned off (WithoutNotify), leaving waiters to poll; and
 // pg_postmaster_start_time(), so a database restart never counts against a
 // live holder's lease.
+//
+// On the coordinator of a Citus cluster whose schema migration 012
+// distributed, the Store runs WithCitus (DetectCitus tells): the same
+// statements in the forms Citus accepts on distributed tables.
 package pgstore
 
 import (
@@ -72,6 +76,13 @@ type Store struct {
 	// statement and Finish (nil with batching off).
 	commit GroupCommit
 	group  *groupcommit.Group[*op]
+	// citus selects the Citus forms of the statements (WithCitus);
+	// citusForms caches them by plain form, under citusMu.
+	citus      bool
+	citusMu    sync.Mutex
+	citusForms map[string]string
+	// citusExtra holds the extra parameters of Citus forms (citusForm).
+	citusExtra map[string][]string
 }
 
 // GroupCommit configures how the Store writes the first statements of
@@ -142,6 +153,10 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	for _, opt := range opts {
 		opt(s)
 	}
+	if s.citus {
+		s.citusForms, s.citusExtra = map[string]string{}, map[string][]string{}
+		s.commit.MaxBatch = 1
+	}
 	if s.commit.MaxBatch > 1 {
 		s.group = groupcommit.New(groupcommit.Config{MaxBatch: s.commit.MaxBatch, MaxDelay: s.commit.MaxDelay, Writers: s.commit.Writers}, s.flush)
 	}
@@ -168,6 +183,10 @@ func (s *Store) Channel() string { return s.channel }
 // the record's notify ID become parameters $next and $next+1. It answers
 // how many rows changed.
 func (s *Store) announced(update string, next int) string {
+	if s.citus {
+		// The coordinator sends the NOTIFY afterwards (notifyAfter).
+		return s.q(fmt.Sprintf("WITH changed AS (%s\nRETURNING waiters)\nSELECT count(*), coalesce(bool_or(waiters), false) FROM changed", update))
+	}
 	if s.channel == "" {
 		return fmt.Sprintf("WITH changed AS (%s\nRETURNING 1)\nSELECT count(*) FROM changed", update)
 	}
@@ -181,6 +200,9 @@ SELECT (SELECT count(*) FROM changed) + 0 * (SELECT count(*) FROM notified)`, up
 // outcome fitted the quota (false: the marker was stored in its place; true
 // when no row changed).
 func (s *Store) announcedFinish(update string, next int) string {
+	if s.citus {
+		return s.q(fmt.Sprintf("WITH changed AS (%s\nRETURNING q.fits, r.waiters)\nSELECT count(*), coalesce(bool_and(fits), true), coalesce(bool_or(waiters), false) FROM changed", update))
+	}
 	if s.channel == "" {
 		return fmt.Sprintf("WITH changed AS (%s\nRETURNING q.fits)\nSELECT count(*), coalesce(bool_and(fits), true) FROM changed", update)
 	}
@@ -196,10 +218,22 @@ func (s *Store) change(ctx context.Context, sql string, id dedupesvc.RecordID, a
 	if err := s.resume(ctx); err != nil {
 		return 0, err
 	}
+	var n int
+	if s.citus {
+		var err error
+		if args, err = s.citusExtraArgs(ctx, sql, args); err != nil {
+			return 0, err
+		}
+		var woken bool
+		err = s.pool.QueryRow(ctx, sql, args...).Scan(&n, &woken)
+		if err == nil {
+			s.notifyAfter(ctx, woken, NotifyID(id))
+		}
+		return n, s.noted(ctx, err)
+	}
 	if s.channel != "" {
 		args = append(args, s.channel, NotifyID(id))
 	}
-	var n int
 	err := s.pool.QueryRow(ctx, sql, args...).Scan(&n)
 	return n, s.noted(ctx, err)
 }
@@ -316,7 +350,7 @@ func (s *Store) MarkResumed(ctx context.Context) error {
 	if s.markHook != nil {
 		s.markHook(ctx)
 	}
-	if _, err := s.pool.Exec(ctx, markResumedSQL); err != nil {
+	if _, err := s.pool.Exec(ctx, s.q(markResumedSQL)); err != nil {
 		return fmt.Errorf("pgstore: mark resumed: %w", s.noted(ctx, err))
 	}
 	return nil
@@ -692,7 +726,7 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 				return time.Time{}, false, err
 			}
 			var until time.Time
-			err := s.noted(ctx, s.pool.QueryRow(ctx, renewSQL, p.Scope, p.Key, p.AttemptToken, epoch, p.Lease.Milliseconds(), p.Namespace, p.ResolveOnly).Scan(&until))
+			err := s.noted(ctx, s.pool.QueryRow(ctx, s.q(renewSQL), p.Scope, p.Key, p.AttemptToken, epoch, p.Lease.Milliseconds(), p.Namespace, p.ResolveOnly).Scan(&until))
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
 				return time.Time{}, false, nil
@@ -703,7 +737,7 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 		},
 		Usage: func(ctx context.Context) (int64, int64, error) {
 			var records, bytes int64
-			if err := s.noted(ctx, s.pool.QueryRow(ctx, usageSQL, p.Namespace).Scan(&records, &bytes)); err != nil {
+			if err := s.noted(ctx, s.pool.QueryRow(ctx, s.q(usageSQL), p.Namespace).Scan(&records, &bytes)); err != nil {
 				return 0, 0, fmt.Errorf("pgstore: read usage: %w", err)
 			}
 			return records, bytes, nil
@@ -716,10 +750,14 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 				epoch    int64
 				leaseEnd time.Time
 			)
-			err := s.noted(ctx, s.pool.QueryRow(ctx, reserveSQL,
+			sql := s.q(reserveSQL)
+			args, err := s.citusExtraArgs(ctx, sql, []any{
 				p.Scope, p.Key, p.Fingerprint, p.AttemptToken, p.Lease.Milliseconds(), p.Retention.Milliseconds(),
 				p.OnLostOutcome == dedupesvc.Reexecute, p.Namespace, p.LostRetention().Milliseconds(),
-			).Scan(&epoch, &leaseEnd))
+			})
+			if err == nil {
+				err = s.noted(ctx, s.pool.QueryRow(ctx, sql, args...).Scan(&epoch, &leaseEnd))
+			}
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
 				return 0, time.Time{}, false, nil
@@ -742,7 +780,7 @@ func (s *Store) first(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.F
 		unknownMS                      *int64
 	)
 	r := &res.Record
-	o := &op{order: orderOf(p.ID()), sql: firstSQL, args: []any{
+	o := &op{order: orderOf(p.ID()), sql: s.q(firstSQL), args: []any{
 		p.Scope, p.Key, p.Fingerprint, p.AttemptToken, p.Lease.Milliseconds(), p.Retention.Milliseconds(),
 		p.Namespace, p.MaxRecords, p.MaxOutcomeBytes, p.LostRetention().Milliseconds(),
 	}}
@@ -793,7 +831,7 @@ func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (record, bool, 
 	if err := s.resume(ctx); err != nil {
 		return record{}, false, err
 	}
-	err := s.noted(ctx, s.pool.QueryRow(ctx, readSQL, id.Scope, id.Key, id.Namespace).Scan(
+	err := s.noted(ctx, s.pool.QueryRow(ctx, s.q(readSQL), id.Scope, id.Key, id.Namespace).Scan(
 		&row.Fingerprint, &row.State, &row.AttemptToken, &row.Epoch, &typeURL, &row.Outcome.Value, &keyID,
 		&row.LeaseExpiresAt, &completedAt, &row.ExpiresAt, &unknownMS, &row.now))
 	switch {
@@ -873,16 +911,21 @@ func (s *Store) FinishWithinQuota(ctx context.Context, p dedupesvc.FinishParams)
 	}
 	args := []any{p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Outcome.TypeURL, p.Outcome.Value, p.Namespace, keyIDParam(p.Outcome.KeyID),
 		p.MaxOutcomeBytes, markerURL, markerValue, markerKey, p.ResolveOnly}
-	if s.channel != "" {
+	if s.channel != "" && !s.citus {
 		args = append(args, s.channel, NotifyID(p.ID()))
 	}
 	var (
-		n    int
-		fits bool
+		n           int
+		fits, woken bool
 	)
-	if err := s.run(ctx, &op{order: orderOf(p.ID()), sql: s.finishSQL, args: args, scan: func(row pgx.Row) error { return row.Scan(&n, &fits) }}); err != nil {
+	scan := func(row pgx.Row) error { return row.Scan(&n, &fits) }
+	if s.citus {
+		scan = func(row pgx.Row) error { return row.Scan(&n, &fits, &woken) }
+	}
+	if err := s.run(ctx, &op{order: orderOf(p.ID()), sql: s.finishSQL, args: args, scan: scan}); err != nil {
 		return false, fmt.Errorf("pgstore: finish: %w", err)
 	}
+	s.notifyAfter(ctx, woken, NotifyID(p.ID()))
 	if n == 1 {
 		return !fits, nil
 	}
@@ -904,7 +947,7 @@ func (s *Store) holder(ctx context.Context, id dedupesvc.RecordID) (dedupesvc.Re
 		return dedupesvc.Record{}, false, err
 	}
 	var r dedupesvc.Record
-	err := s.noted(ctx, s.pool.QueryRow(ctx, holderSQL, id.Scope, id.Key, id.Namespace).Scan(&r.State, &r.AttemptToken, &r.Epoch))
+	err := s.noted(ctx, s.pool.QueryRow(ctx, s.q(holderSQL), id.Scope, id.Key, id.Namespace).Scan(&r.State, &r.AttemptToken, &r.Epoch))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return dedupesvc.Record{}, false, nil
@@ -1005,7 +1048,7 @@ func (s *Store) Heartbeat(ctx context.Context, p dedupesvc.HeartbeatParams) (tim
 		return time.Time{}, err
 	}
 	var until time.Time
-	err := s.noted(ctx, s.pool.QueryRow(ctx, heartbeatSQL, p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Lease.Milliseconds(), p.Namespace, p.ResolveOnly).Scan(&until))
+	err := s.noted(ctx, s.pool.QueryRow(ctx, s.q(heartbeatSQL), p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Lease.Milliseconds(), p.Namespace, p.ResolveOnly).Scan(&until))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return time.Time{}, dedupesvc.ErrNotHeld
@@ -1095,6 +1138,9 @@ func (s *Store) DeleteExpired(ctx context.Context, limit int) (int, []dedupesvc.
 	if err := s.resume(ctx); err != nil {
 		return 0, nil, err
 	}
+	if s.citus {
+		return s.citusDeleteExpired(ctx, limit)
+	}
 	rows, err := s.pool.Query(ctx, deleteExpiredSQL, limit)
 	if err = s.noted(ctx, err); err != nil {
 		return 0, nil, fmt.Errorf("pgstore: delete expired: %w", err)
@@ -1155,7 +1201,7 @@ func (s *Store) MarkLostOutcomes(ctx context.Context, limit int) (int, error) {
 	if err := s.resume(ctx); err != nil {
 		return 0, err
 	}
-	rows, err := s.pool.Query(ctx, lostCandidatesSQL, limit)
+	rows, err := s.pool.Query(ctx, s.q(lostCandidatesSQL), limit)
 	if err = s.noted(ctx, err); err != nil {
 		return 0, fmt.Errorf("pgstore: find lost outcomes: %w", err)
 	}
@@ -1285,10 +1331,10 @@ func (s *Store) compactOnce(ctx context.Context, moved *int64) error {
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		// Recreated if someone deleted it: without the row no replica
 		// would ever compact, and the quotas would stop seeing new usage.
-		if _, err := tx.Exec(ctx, compactRowSQL); err != nil {
+		if _, err := tx.Exec(ctx, s.q(compactRowSQL)); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, compactLockSQL)
+		rows, err := tx.Query(ctx, s.q(compactLockSQL))
 		if err != nil {
 			return err
 		}
@@ -1298,6 +1344,6 @@ func (s *Store) compactOnce(ctx context.Context, moved *int64) error {
 			return err
 		}
 		var namespaces int64
-		return tx.QueryRow(ctx, compactUsageSQL).Scan(moved, &namespaces)
+		return tx.QueryRow(ctx, s.q(compactUsageSQL)).Scan(moved, &namespaces)
 	})
 }

@@ -54,6 +54,13 @@ func (s *Store) AddReplays(ctx context.Context, counts []dedupesvc.ReplayCount) 
 	for i, c := range counts {
 		namespaces[i], scopes[i], keys[i], completed[i], n[i], since[i] = c.ID.Namespace, c.ID.Scope, c.ID.Key, c.CompletedAt, c.Count, c.Since.Microseconds()
 	}
+	if s.citus {
+		n, err := s.citusAddReplays(ctx, counts)
+		if err != nil {
+			return 0, fmt.Errorf("pgstore: add replays: %w", s.noted(ctx, err))
+		}
+		return n, nil
+	}
 	tag, err := s.pool.Exec(ctx, addReplaysSQL, namespaces, scopes, keys, completed, n, since)
 	if err != nil {
 		return 0, fmt.Errorf("pgstore: add replays: %w", s.noted(ctx, err))
@@ -81,7 +88,12 @@ func (s *Store) ForgetRecord(ctx context.Context, p dedupesvc.ForgetParams) (ded
 	return dedupesvc.RunForget(ctx, p, func(ctx context.Context) (dedupesvc.StoredRecord, bool, error) {
 		return s.GetRecord(ctx, id)
 	}, func(ctx context.Context, r dedupesvc.StoredRecord) (bool, error) {
-		tag, err := s.pool.Exec(ctx, forgetSQL, id.Scope, id.Key, id.Namespace, r.Epoch, r.State)
+		sql := s.q(forgetSQL)
+		args, err := s.citusExtraArgs(ctx, sql, []any{id.Scope, id.Key, id.Namespace, r.Epoch, r.State})
+		if err != nil {
+			return false, fmt.Errorf("pgstore: forget record: %w", err)
+		}
+		tag, err := s.pool.Exec(ctx, sql, args...)
 		if err != nil {
 			return false, fmt.Errorf("pgstore: forget record: %w", s.noted(ctx, err))
 		}

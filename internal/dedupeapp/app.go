@@ -163,6 +163,17 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 		gc.MaxBatch = cfg.StoreMaxBatch
 	}
 	storeOpts := []pgstore.Option{pgstore.WithGroupCommit(gc)}
+	// On a Citus coordinator whose schema is distributed (migration 012),
+	// the store runs the statements' Citus forms.
+	citus, err := pgstore.DetectCitus(ctx, pool)
+	if err != nil {
+		pool.Close()
+		return backend{}, err
+	}
+	if citus {
+		logger.Info("the database is a Citus coordinator: the store runs its Citus forms")
+		storeOpts = append(storeOpts, pgstore.WithCitus())
+	}
 	if cfg.Notify {
 		b.store = pgstore.New(pool, storeOpts...)
 		var listenOpts []pgstore.ListenerOption

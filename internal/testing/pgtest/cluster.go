@@ -364,3 +364,26 @@ func (c *Cluster) EnableTLS(tb testing.TB, certPEM, keyPEM []byte) {
 		}
 	}
 }
+
+// NewClusterConf is NewCluster with conf appended to the cluster's
+// postgresql.conf before its first start, for settings a running server
+// cannot take (shared_preload_libraries).
+func NewClusterConf(tb testing.TB, conf string) *Cluster {
+	tb.Helper()
+	c := newCluster(tb)
+	c.initdb(tb)
+	appendConf(tb, c, conf)
+	c.startOnFreePort(tb)
+	return c
+}
+
+// LibDir returns the directory of the server's extension libraries (the
+// lib beside the bin of the binaries NewCluster runs), for tests that
+// need an extension installed there.
+func LibDir() (string, error) {
+	bin, err := postgresBinDir()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(filepath.Dir(bin), "lib"), nil
+}

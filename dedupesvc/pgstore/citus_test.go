@@ -1,0 +1,212 @@
+//go:build citus
+
+package pgstore_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/dedupesvc/pgstore"
+	"github.com/idemgate/idemgate/dedupesvc/storetest"
+	"github.com/idemgate/idemgate/internal/testing/citustest"
+	"github.com/idemgate/idemgate/migrations"
+)
+
+// TestCitusConformance runs the store's conformance suite against the
+// coordinator of a Citus cluster of a coordinator and two workers, each
+// test on a schema of its own distributed by migration 012, with waiting
+// duplicates woken by a Listener on the coordinator. Before it, on the
+// same cluster: an existing single-node schema distributed by Migrate, and
+// the usage triggers' changes committed exactly with their rows.
+func TestCitusConformance(t *testing.T) {
+	c := citustest.New(t, 2)
+	t.Run("MigrateDistributesAnExistingSchema", func(t *testing.T) { testCitusMigrateExisting(t, c) })
+	t.Run("UsageChangesCommitWithTheirRows", func(t *testing.T) { testCitusUsageTriggers(t, c) })
+	t.Run("EpochsComeFromOneSequence", func(t *testing.T) { testCitusEpochs(t, c) })
+	t.Run("ListenerOnTheCoordinatorIsWoken", func(t *testing.T) { testCitusListener(t, c) })
+	storetest.RunWithNotifier(t, func(t *testing.T) dedupesvc.Store {
+		pool, schema := c.Schema(t)
+		return pgstore.New(pool, pgstore.WithChannel(schema), pgstore.WithCitus())
+	}, listener)
+}
+
+// testCitusMigrateExisting: a schema migrated while the database had no
+// citus (every migration recorded, 012 having done nothing) holds a
+// completed record; Migrate on the Citus coordinator distributes it, and
+// the Citus store replays that outcome byte for byte and counts its usage.
+func testCitusMigrateExisting(t *testing.T, c *citustest.Cluster) {
+	pool, _ := c.EmptySchema(t)
+	all, err := migrations.List(migrations.Postgres, "postgres")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `CREATE TABLE idemgate_schema_migrations (version bigint PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			return err
+		}
+		for _, m := range all {
+			if m.Name != "012_citus.sql" { // what it did without citus: nothing
+				if _, err := tx.Exec(ctx, m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
+					return err
+				}
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO idemgate_schema_migrations (version, name) VALUES ($1, $2)`, m.Version, m.Name); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the single-node schema: %v", err)
+	}
+	single := pgstore.New(pool, pgstore.WithoutNotify())
+	epoch := mustReserve(t, single)
+	outcome := dedupesvc.Outcome{TypeURL: "type.googleapis.com/test.A", Value: []byte("the outcome")}
+	if err := single.Finish(ctx, dedupesvc.FinishParams{Scope: "/pkg.S/M", Key: "key-1", AttemptToken: "t1", Epoch: epoch, Outcome: outcome}); err != nil {
+		t.Fatal(err)
+	}
+	if pending, err := pgstore.Pending(ctx, pool); err != nil || len(pending) != 1 || pending[0] != "012_citus.sql" {
+		t.Fatalf("Pending = %v, %v; want 012_citus.sql again", pending, err)
+	}
+	applied, err := pgstore.Migrate(ctx, pool)
+	if err != nil || len(applied) != 1 || applied[0] != "012_citus.sql" {
+		t.Fatalf("Migrate = %v, %v; want 012_citus.sql applied again", applied, err)
+	}
+	if citus, err := pgstore.DetectCitus(ctx, pool); err != nil || !citus {
+		t.Fatalf("DetectCitus = %v, %v; want the schema distributed", citus, err)
+	}
+	if applied, err := pgstore.Migrate(ctx, pool); err != nil || len(applied) != 0 {
+		t.Fatalf("a second Migrate = %v, %v; want nothing", applied, err)
+	}
+	s := pgstore.New(pool, pgstore.WithoutNotify(), pgstore.WithCitus())
+	res, err := s.Begin(ctx, begin("t2"))
+	if err != nil || res.State != dedupesvc.BeginCompleted || !bytes.Equal(res.Outcome.Value, outcome.Value) || res.Outcome.TypeURL != outcome.TypeURL {
+		t.Fatalf("Begin after distributing = %+v, %v; want the stored outcome", res, err)
+	}
+	if _, err := s.CompactUsage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var records, bytesStored int64
+	if err := pool.QueryRow(ctx, `SELECT coalesce(sum(records), 0), coalesce(sum(outcome_bytes), 0) FROM idemgate_namespace_usage`).Scan(&records, &bytesStored); err != nil {
+		t.Fatal(err)
+	}
+	if records != 1 || bytesStored != int64(len(outcome.Value)) {
+		t.Fatalf("usage after distributing = %d records, %d bytes; want 1, %d", records, bytesStored, len(outcome.Value))
+	}
+}
+
+// testCitusUsageTriggers: the usage trigger on a record's shard appends
+// its change to the co-located shard of idemgate_usage_changes in the
+// row's own transaction: a rolled-back insert leaves no change, a
+// committed one exactly one, on the worker holding the row.
+func testCitusUsageTriggers(t *testing.T, c *citustest.Cluster) {
+	pool, _ := c.Schema(t)
+	insert := `INSERT INTO idemgate_records (namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch, retention_ms, lease_expires_at, expires_at)
+VALUES ('ns', 's', $1, '\x00', 'in_flight', 't', 1, 1000, now(), now())`
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, insert, "rolled-back"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, insert, "committed"); err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]int{"rolled-back": 0, "committed": 1} {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM idemgate_usage_changes WHERE idempotency_key = $1`, key).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n != want {
+			t.Errorf("key %q: %d usage changes, want %d", key, n, want)
+		}
+	}
+	var sameNode bool
+	err = pool.QueryRow(ctx, `
+SELECT (SELECT nodeport FROM citus_shards WHERE shardid = get_shard_id_for_distribution_column('idemgate_records', 'committed'))
+     = (SELECT nodeport FROM citus_shards WHERE shardid = get_shard_id_for_distribution_column('idemgate_usage_changes', 'committed'))`).Scan(&sameNode)
+	if err != nil || !sameNode {
+		t.Fatalf("the record's shard and its usage change's shard on one worker = %v, %v; want true", sameNode, err)
+	}
+}
+
+// testCitusEpochs: fresh keys reserved one after another, on shards of
+// both workers, get ever higher epochs, and so do takeovers (an UPDATE's
+// epoch): one sequence, on the coordinator, hands out every epoch, never
+// one per worker, which would repeat them across workers and could move a
+// key's epochs back when its shard moves.
+func testCitusEpochs(t *testing.T, c *citustest.Cluster) {
+	pool, _ := c.Schema(t)
+	s := pgstore.New(pool, pgstore.WithoutNotify(), pgstore.WithCitus())
+	var last int64
+	for i := range 16 {
+		p := begin("t1")
+		p.Key = "epoch-" + string(rune('a'+i))
+		res, err := s.Begin(ctx, p)
+		if err != nil || res.State != dedupesvc.BeginReserved {
+			t.Fatalf("Begin %s = %+v, %v", p.Key, res, err)
+		}
+		if err := s.Release(ctx, dedupesvc.ReleaseParams{Scope: p.Scope, Key: p.Key, AttemptToken: "t1", Epoch: res.Epoch}); err != nil {
+			t.Fatal(err)
+		}
+		again := p
+		again.AttemptToken = "t2"
+		res2, err := s.Begin(ctx, again) // takes the released key: reserveSQL's UPDATE
+		if err != nil || res2.State != dedupesvc.BeginReserved {
+			t.Fatalf("Begin %s again = %+v, %v", p.Key, res2, err)
+		}
+		if res.Epoch <= last || res2.Epoch <= res.Epoch {
+			t.Fatalf("key %s: epochs %d then %d after %d; want each above the one before", p.Key, res.Epoch, res2.Epoch, last)
+		}
+		last = res2.Epoch
+	}
+	var workers int
+	if err := pool.QueryRow(ctx, `SELECT count(DISTINCT nodeport) FROM citus_shards WHERE table_name = 'idemgate_records'::regclass AND shardid IN (
+    SELECT get_shard_id_for_distribution_column('idemgate_records', 'epoch-' || chr(97 + i)) FROM generate_series(0, 15) AS i)`).Scan(&workers); err != nil || workers != 2 {
+		t.Fatalf("the keys are on %d workers (%v), want 2", workers, err)
+	}
+}
+
+// testCitusListener: a Listener on the coordinator is woken when a record
+// whose shard is on a worker settles while a duplicate waits for it: the
+// Citus store sends the NOTIFY from the coordinator (in the settling
+// statement, pg_notify would run on the worker, and nobody listens there).
+func testCitusListener(t *testing.T, c *citustest.Cluster) {
+	pool, schema := c.Schema(t)
+	s := pgstore.New(pool, pgstore.WithChannel(schema), pgstore.WithCitus())
+	l := pgstore.NewListener(pool, schema, slog.Default())
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); l.Run(runCtx) }()
+	defer func() { cancel(); <-done }()
+	// The listener connects in the background; keep settling fresh
+	// waited-for reservations until one notification arrives (a bounded
+	// wait, no timing assertion: it fails only if none is ever delivered).
+	deadline := time.After(30 * time.Second)
+	for {
+		epoch := mustReserve(t, s)
+		woken, unsubscribe := l.Subscribe(ctx, dedupesvc.RecordID{Scope: "/pkg.S/M", Key: "key-1"})
+		if err := s.Release(ctx, dedupesvc.ReleaseParams{Scope: "/pkg.S/M", Key: "key-1", AttemptToken: "t1", Epoch: epoch}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-woken:
+			unsubscribe()
+			return
+		case <-time.After(100 * time.Millisecond):
+			unsubscribe()
+		case <-deadline:
+			t.Fatal("no notification arrived within 30s")
+		}
+	}
+}
