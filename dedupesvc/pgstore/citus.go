@@ -15,12 +15,12 @@ import (
 )
 
 // WithCitus runs the Store on the coordinator of a Citus cluster whose
-// schema migration 012 distributed (docs/operating.md, "When one primary
+// schema migration 013 distributed (docs/operating.md, "When one primary
 // is not enough"). Defaults to off: plain PostgreSQL. It selects the
 // Citus-safe forms of the statements that differ:
 //
 //   - A time plus milliseconds of a column is idemgate_plus_ms (migration
-//     012), not timestamptz + interval, which is STABLE, and Citus refuses
+//     013), not timestamptz + interval, which is STABLE, and Citus refuses
 //     STABLE functions of columns in UPDATE and DELETE.
 //   - NOTIFY is sent from the coordinator, in a statement of its own after
 //     the change committed, when the change found the waiters flag set: in
@@ -46,7 +46,7 @@ func WithCitus() Option {
 }
 
 // DetectCitus reports whether the database at pool is a Citus cluster's
-// coordinator whose schema is distributed (migration 012 ran with the
+// coordinator whose schema is distributed (migration 013 ran with the
 // citus extension installed), so the Store must run WithCitus.
 func DetectCitus(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 	_, distributed, err := citusState(ctx, pool)
@@ -104,7 +104,7 @@ func (s *Store) citusExtraArgs(ctx context.Context, sql string, args []any) ([]a
 const msSuffix = ` * interval '1 millisecond'`
 
 // citusForm is sql in the forms Citus accepts in UPDATE, DELETE and INSERT
-// on distributed tables, by the functions of migration 012, each giving
+// on distributed tables, by the functions of migration 013, each giving
 // what the plain form gives:
 //
 //   - "a + b * interval '1 millisecond'" becomes "idemgate_plus_ms(a, b)",

@@ -20,7 +20,7 @@ import (
 
 // TestCitusConformance runs the store's conformance suite against the
 // coordinator of a Citus cluster of a coordinator and two workers, each
-// test on a schema of its own distributed by migration 012, with waiting
+// test on a schema of its own distributed by migration 013, with waiting
 // duplicates woken by a Listener on the coordinator. Before it, on the
 // same cluster: an existing single-node schema distributed by Migrate, and
 // the usage triggers' changes committed exactly with their rows.
@@ -37,7 +37,7 @@ func TestCitusConformance(t *testing.T) {
 }
 
 // testCitusMigrateExisting: a schema migrated while the database had no
-// citus (every migration recorded, 012 having done nothing) holds a
+// citus (every migration recorded, 013 having done nothing) holds a
 // completed record; Migrate on the Citus coordinator distributes it, and
 // the Citus store replays that outcome byte for byte and counts its usage.
 func testCitusMigrateExisting(t *testing.T, c *citustest.Cluster) {
@@ -51,7 +51,7 @@ func testCitusMigrateExisting(t *testing.T, c *citustest.Cluster) {
 			return err
 		}
 		for _, m := range all {
-			if m.Name != "012_citus.sql" { // what it did without citus: nothing
+			if m.Name != "013_citus.sql" { // what it did without citus: nothing
 				if _, err := tx.Exec(ctx, m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
 					return err
 				}
@@ -71,12 +71,12 @@ func testCitusMigrateExisting(t *testing.T, c *citustest.Cluster) {
 	if err := single.Finish(ctx, dedupesvc.FinishParams{Scope: "/pkg.S/M", Key: "key-1", AttemptToken: "t1", Epoch: epoch, Outcome: outcome}); err != nil {
 		t.Fatal(err)
 	}
-	if pending, err := pgstore.Pending(ctx, pool); err != nil || len(pending) != 1 || pending[0] != "012_citus.sql" {
-		t.Fatalf("Pending = %v, %v; want 012_citus.sql again", pending, err)
+	if pending, err := pgstore.Pending(ctx, pool); err != nil || len(pending) != 1 || pending[0] != "013_citus.sql" {
+		t.Fatalf("Pending = %v, %v; want 013_citus.sql again", pending, err)
 	}
 	applied, err := pgstore.Migrate(ctx, pool)
-	if err != nil || len(applied) != 1 || applied[0] != "012_citus.sql" {
-		t.Fatalf("Migrate = %v, %v; want 012_citus.sql applied again", applied, err)
+	if err != nil || len(applied) != 1 || applied[0] != "013_citus.sql" {
+		t.Fatalf("Migrate = %v, %v; want 013_citus.sql applied again", applied, err)
 	}
 	if citus, err := pgstore.DetectCitus(ctx, pool); err != nil || !citus {
 		t.Fatalf("DetectCitus = %v, %v; want the schema distributed", citus, err)

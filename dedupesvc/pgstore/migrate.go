@@ -97,7 +97,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 }
 
 // citusMigrationSuffix names the migration that distributes the schema on
-// a Citus coordinator (012_citus.sql).
+// a Citus coordinator (013_citus.sql).
 const citusMigrationSuffix = "_citus.sql"
 
 // citusPending reports whether the citus extension is installed while the

@@ -14,7 +14,7 @@
 // pg_postmaster_start_time(), so a database restart never counts against a
 // live holder's lease.
 //
-// On the coordinator of a Citus cluster whose schema migration 012
+// On the coordinator of a Citus cluster whose schema migration 013
 // distributed, the Store runs WithCitus (DetectCitus tells): the same
 // statements in the forms Citus accepts on distributed tables.
 package pgstore

@@ -163,7 +163,7 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 		gc.MaxBatch = cfg.StoreMaxBatch
 	}
 	storeOpts := []pgstore.Option{pgstore.WithGroupCommit(gc)}
-	// On a Citus coordinator whose schema is distributed (migration 012),
+	// On a Citus coordinator whose schema is distributed (migration 013),
 	// the store runs the statements' Citus forms.
 	citus, err := pgstore.DetectCitus(ctx, pool)
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 )
 
 // TestCitusServiceRunsTheCitusForms: a service started on a Citus
-// coordinator migrates a fresh schema there (migration 012 distributes
+// coordinator migrates a fresh schema there (migration 013 distributes
 // it), finds it distributed and runs the store's Citus forms.
 func TestCitusServiceRunsTheCitusForms(t *testing.T) {
 	c := citustest.New(t, 1)

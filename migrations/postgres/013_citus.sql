@@ -1,4 +1,4 @@
--- 012: the schema distributed over a Citus cluster; nothing on plain
+-- 013: the schema distributed over a Citus cluster; nothing on plain
 -- PostgreSQL.
 --
 -- Only where the citus extension is installed in this database (the
