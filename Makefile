@@ -14,6 +14,8 @@ BENCHSTAT_VERSION          := v0.0.0-20260908200009-22c9c6c9d4da
 GHZ_VERSION                := v0.120.0
 
 TOOLS_DIR ?= $(HOME)/.cache/idemgate/tools
+# Exported for internal/testing/adoptertest, which serves the guide's go install lines from here when make tools built them.
+export TOOLS_DIR
 BUF                := $(TOOLS_DIR)/buf-$(BUF_VERSION)/buf
 PROTOC_GEN_GO      := $(TOOLS_DIR)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION)/protoc-gen-go
 PROTOC_GEN_GO_GRPC := $(TOOLS_DIR)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION)/protoc-gen-go-grpc

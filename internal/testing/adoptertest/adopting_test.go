@@ -272,7 +272,7 @@ func buildScript(t *testing.T, blocks []block, vars map[string]string, work stri
 				pythonRan = true
 			}
 			ran = append(ran, i)
-			s.WriteString(b.body)
+			s.WriteString(servePrebuilt(t, b.body))
 		case outputBlock:
 			if !skipped[b.of] {
 				outputs = append(outputs, b)
@@ -283,6 +283,24 @@ func buildScript(t *testing.T, blocks []block, vars map[string]string, work stri
 		t.Fatal("docs/adopting.md has no env block")
 	}
 	return s.String(), ran, outputs, pythonRan
+}
+
+// servePrebuilt replaces each go install line of body whose binary make
+// tools has already built (prebuilt) by a copy of that binary into the
+// line's GOBIN, and logs which lines it served and why it did not serve the
+// others, which run as written.
+func servePrebuilt(t *testing.T, body string) string {
+	t.Helper()
+	return goInstallLine.ReplaceAllStringFunc(body, func(line string) string {
+		m := goInstallLine.FindStringSubmatch(line)
+		bin, err := prebuilt(toolsDir(), m[1], m[2])
+		if err != nil {
+			t.Logf("runs %q as written: no prebuilt binary (%v)", line, err)
+			return line
+		}
+		t.Logf("serves %q from make tools' %s: the same package, version, toolchain and flags", line, bin)
+		return fmt.Sprintf("mkdir -p bin && cp %s bin/%s  # adoptertest: %s", shellQuote(bin), filepath.Base(bin), line)
+	})
 }
 
 // runScript runs the script with bash in dir, in a process group of its own
