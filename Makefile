@@ -29,8 +29,10 @@ PLUGIN_PATH        := $(dir $(PROTOC_GEN_GO)):$(dir $(PROTOC_GEN_GO_GRPC)):$(dir
 DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/idemgate?sslmode=disable
 # BENCH_COUNT is how many times `make bench` runs each benchmark for benchstat.
 BENCH_COUNT ?= 6
-# GO_TEST_FLAGS are passed to `go test` by `make test` and `make faults`.
-GO_TEST_FLAGS ?= -race -count=1 -timeout=15m
+# GO_TEST_FLAGS are passed to `go test` by `make test`, `make faults` and `make citus`. -vet=off:
+# `make lint` runs go vet with every analyzer on every package and build tag, a superset of the
+# few checks go test would run again on each test package of a cold make test.
+GO_TEST_FLAGS ?= -race -count=1 -timeout=15m -vet=off
 # TEST_PACKAGES are what `make test` tests, e.g. TEST_PACKAGES=./deploy/ for one package.
 TEST_PACKAGES ?= ./...
 # BIN_DIR holds the commands `make build` links (ignored by git); `make run`, `make demo` and

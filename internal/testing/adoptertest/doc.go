@@ -17,6 +17,14 @@
 // An unmarked sh block runs; any other unmarked block fails the test, so
 // every block of the guide is either run, written, compared or said not to be.
 //
+// One substitution: a `GOBIN=$PWD/bin go install PKG@VERSION` line whose
+// binary make tools has already built in TOOLS_DIR (the Makefile's rule is
+// the same line with another GOBIN) with this toolchain and
+// internal/gobuild's flags is served by copying that binary (prebuilt): the
+// line would build the same bytes, and on an empty build cache buf alone
+// compiles 559 packages nothing else in make test needs. Without such a
+// binary the line runs as written; the test logs which it did.
+//
 // The run needs the Go module proxy (go mod tidy, go install of buf and the
 // protoc plugins at the Makefile's pins, into the run's own bin/), PostgreSQL
 // at pgtest.URL(), curl, and /usr/bin/python3 with grpcio and protobuf for
