@@ -406,7 +406,7 @@ type Stack struct {
 	// schema the Dedupe replicas' URL selects on its coordinator.
 	Citus       *citustest.Cluster
 	CitusSchema string
-	DataDir       string
+	DataDir     string
 	// Dedupes and Tools are the processes; Setup may change their addresses
 	// before they start.
 	Dedupes, Tools []*Member
