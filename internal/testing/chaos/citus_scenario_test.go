@@ -13,10 +13,9 @@ import (
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 )
 
-// citusConf is added to every Citus node's configuration: logical WAL, so
-// citus_move_shard_placement's default transfer (auto: logical
-// replication) moves a shard while it is written.
-const citusConf = "wal_level = logical\n"
+// citusConf is added to every Citus node's configuration (none needed:
+// the shard moves block writes, moveCitusShard).
+const citusConf = ""
 
 // citusStore starts a Citus coordinator and two workers of the scenario's
 // own (citustest: 4 shards per table, two per worker) and an empty schema
@@ -165,12 +164,13 @@ func keysOf(m map[int64]bool) []int64 {
 // moveCitusShard returns a fault that waits for a handler at the pause
 // point, alternately of a REEXECUTE and a FAIL_CLOSED method, and moves
 // its key's shard (with its co-located shard of the usage changes) to the
-// other worker with citus_move_shard_placement, in its default transfer
-// mode (logical replication: the shard is written during the copy, writes
-// wait only for the final switch), while the workload runs; the handler
-// renews and finishes across the move. It fails unless the coordinator
-// then places the key on the other worker. No store outage: the strict
-// rules hold.
+// other worker with citus_move_shard_placement while the workload runs;
+// the handler renews and finishes across the move. It fails unless the
+// coordinator then places the key on the other worker. The transfer mode
+// is block_writes: the default (auto) moves by logical replication, which
+// Citus refuses for idemgate_usage_changes, a table with no primary key
+// nor replica identity; so writes to the shard's keys wait for the copy.
+// No store outage: the strict rules hold.
 func moveCitusShard() func(*Stack, <-chan struct{}) error {
 	n := 0
 	return func(st *Stack, done <-chan struct{}) error {
@@ -196,7 +196,7 @@ func moveCitusShard() func(*Stack, <-chan struct{}) error {
 		}
 		defer conn.Close(context.Background())
 		start := time.Now()
-		if _, err := conn.Exec(ctx, `SELECT citus_move_shard_placement($1, '127.0.0.1', $2, '127.0.0.1', $3)`, shard, from.Port(), to.Port()); err != nil {
+		if _, err := conn.Exec(ctx, `SELECT citus_move_shard_placement($1, '127.0.0.1', $2, '127.0.0.1', $3, shard_transfer_mode => 'block_writes')`, shard, from.Port(), to.Port()); err != nil {
 			return fmt.Errorf("move shard %d of %s from port %d to %d: %w", shard, key, from.Port(), to.Port(), err)
 		}
 		took := time.Since(start)
