@@ -13,10 +13,6 @@ import (
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 )
 
-// citusConf is added to every Citus node's configuration (none needed:
-// the shard moves block writes, moveCitusShard).
-const citusConf = ""
-
 // citusStore starts a Citus coordinator and two workers of the scenario's
 // own (citustest: 4 shards per table, two per worker) and an empty schema
 // on the coordinator, which the Dedupe replicas' URL selects. The first
@@ -24,7 +20,7 @@ const citusConf = ""
 // replica finds it distributed and runs the store's Citus forms.
 func citusStore(st *Stack) {
 	t := st.T()
-	st.Citus = citustest.NewConf(t, 2, citusConf)
+	st.Citus = citustest.New(t, 2)
 	_, st.CitusSchema = st.Citus.EmptySchema(t)
 	st.DatabaseURL = st.Citus.URL() + "&search_path=" + st.CitusSchema
 	t.Logf("Citus: coordinator on port %d, workers on %d and %d, schema %s",

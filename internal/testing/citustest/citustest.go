@@ -51,16 +51,8 @@ type Cluster struct {
 // node is stopped and removed when the test ends.
 func New(tb testing.TB, workers int) *Cluster {
 	tb.Helper()
-	return NewConf(tb, workers, "")
-}
-
-// NewConf is New with conf appended to every node's postgresql.conf, for
-// settings a running server cannot take (wal_level = logical, which
-// citus_move_shard_placement needs to move a shard while it is written).
-func NewConf(tb testing.TB, workers int, conf string) *Cluster {
-	tb.Helper()
 	requireCitus(tb)
-	conf = fmt.Sprintf("shared_preload_libraries = 'citus'\ncitus.shard_count = %d\nmax_connections = 200\n", ShardCount) + conf
+	conf := fmt.Sprintf("shared_preload_libraries = 'citus'\ncitus.shard_count = %d\nmax_connections = 200\n", ShardCount)
 	c := &Cluster{Coordinator: pgtest.NewClusterConf(tb, conf)}
 	for range workers {
 		c.Workers = append(c.Workers, pgtest.NewClusterConf(tb, conf))
