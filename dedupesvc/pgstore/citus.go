@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -110,6 +111,20 @@ const msSuffix = ` * interval '1 millisecond'`
 //   - "a + b * interval '1 millisecond'" becomes "idemgate_plus_ms(a, b)",
 //     IMMUTABLE where timestamptz + interval is STABLE; a is a token or a
 //     parenthesised expression, optionally a function call; b a token.
+//   - The server's start in a lease's grace (leaseEnd),
+//     "idemgate_plus_ms(pg_postmaster_start_time(), t.lease_ms)", is
+//     followed by "idemgate_server_start_plus_ms(t.lease_ms)" (migration
+//     014): the start of the worker holding the row, evaluated there. Citus
+//     evaluates pg_postmaster_start_time() on the coordinator in UPDATE and
+//     DELETE, and it is the coordinator's parameter in INSERT (below), so
+//     alone it gave no grace after a worker's restart, which cuts off the
+//     holders on that worker's shards as a restart of one PostgreSQL cuts
+//     off every holder. Both count: the coordinator's restart cuts off every
+//     holder. The worker's own start rather than the latest start across
+//     the nodes: it is read in the statement, where the row is, for no round
+//     trip and no cache that could miss a restart; and a worker's restart
+//     delays takeovers on its shards only. (A shard moved to another worker
+//     within a lease of its old worker's restart loses that grace.)
 //   - "CASE WHEN c THEN a ELSE b END" becomes "idemgate_case(c, a, b)":
 //     Citus refuses a CASE holding a STABLE function such as now().
 //   - The epoch of an UPDATE, "greatest(nextval('idemgate_epochs'), ",
@@ -160,6 +175,7 @@ func citusForm(sql string) (string, []string) {
 		}
 		sql = sql[:lStart] + "idemgate_plus_ms(" + sql[lStart:lEnd] + ", " + sql[rStart:end] + ")" + sql[end+len(msSuffix):]
 	}
+	sql = serverStartOfLease.ReplaceAllString(sql, "$0, idemgate_server_start_plus_ms($1)")
 	sql = rewriteCases(sql)
 	if strings.Contains(sql, nextEpochInUpdate) {
 		extra = append(extra, extraEpoch)
@@ -188,6 +204,11 @@ const (
 	extraStart     = "pg_postmaster_start_time()"
 	extraNow       = "now()"
 )
+
+// serverStartOfLease matches the server's start term of leaseEnd once its
+// milliseconds are added by idemgate_plus_ms (citusForm); $1 is the row's
+// lease_ms.
+var serverStartOfLease = regexp.MustCompile(`idemgate_plus_ms\(pg_postmaster_start_time\(\), ([a-z_]+\.lease_ms)\)`)
 
 // resumedAtSubquery is how leaseEnd reads the store's resume time.
 const resumedAtSubquery = "(SELECT resumed_at FROM idemgate_store_state)"

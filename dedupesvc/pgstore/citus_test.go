@@ -6,6 +6,8 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -30,6 +32,7 @@ func TestCitusConformance(t *testing.T) {
 	t.Run("UsageChangesCommitWithTheirRows", func(t *testing.T) { testCitusUsageTriggers(t, c) })
 	t.Run("EpochsComeFromOneSequence", func(t *testing.T) { testCitusEpochs(t, c) })
 	t.Run("ListenerOnTheCoordinatorIsWoken", func(t *testing.T) { testCitusListener(t, c) })
+	t.Run("BeginTouchesOnlyItsKeysShard", func(t *testing.T) { testCitusBeginOneShard(t, c) })
 	storetest.RunWithNotifier(t, func(t *testing.T) dedupesvc.Store {
 		pool, schema := c.Schema(t)
 		return pgstore.New(pool, pgstore.WithChannel(schema), pgstore.WithCitus())
@@ -37,7 +40,7 @@ func TestCitusConformance(t *testing.T) {
 }
 
 // testCitusMigrateExisting: a schema migrated while the database had no
-// citus (every migration recorded, 013 having done nothing) holds a
+// citus (every migration recorded, 013 and 014 having done nothing) holds a
 // completed record; Migrate on the Citus coordinator distributes it, and
 // the Citus store replays that outcome byte for byte and counts its usage.
 func testCitusMigrateExisting(t *testing.T, c *citustest.Cluster) {
@@ -51,7 +54,7 @@ func testCitusMigrateExisting(t *testing.T, c *citustest.Cluster) {
 			return err
 		}
 		for _, m := range all {
-			if m.Name != "013_citus.sql" { // what it did without citus: nothing
+			if !strings.HasSuffix(m.Name, "_citus.sql") { // what they did without citus: nothing
 				if _, err := tx.Exec(ctx, m.SQL, pgx.QueryExecModeSimpleProtocol); err != nil {
 					return err
 				}
@@ -71,12 +74,13 @@ func testCitusMigrateExisting(t *testing.T, c *citustest.Cluster) {
 	if err := single.Finish(ctx, dedupesvc.FinishParams{Scope: "/pkg.S/M", Key: "key-1", AttemptToken: "t1", Epoch: epoch, Outcome: outcome}); err != nil {
 		t.Fatal(err)
 	}
-	if pending, err := pgstore.Pending(ctx, pool); err != nil || len(pending) != 1 || pending[0] != "013_citus.sql" {
-		t.Fatalf("Pending = %v, %v; want 013_citus.sql again", pending, err)
+	again := []string{"013_citus.sql", "014_worker_start_citus.sql"}
+	if pending, err := pgstore.Pending(ctx, pool); err != nil || !slices.Equal(pending, again) {
+		t.Fatalf("Pending = %v, %v; want %v again", pending, err, again)
 	}
 	applied, err := pgstore.Migrate(ctx, pool)
-	if err != nil || len(applied) != 1 || applied[0] != "013_citus.sql" {
-		t.Fatalf("Migrate = %v, %v; want 013_citus.sql applied again", applied, err)
+	if err != nil || !slices.Equal(applied, again) {
+		t.Fatalf("Migrate = %v, %v; want %v applied again", applied, err, again)
 	}
 	if citus, err := pgstore.DetectCitus(ctx, pool); err != nil || !citus {
 		t.Fatalf("DetectCitus = %v, %v; want the schema distributed", citus, err)
@@ -208,5 +212,64 @@ func testCitusListener(t *testing.T, c *citustest.Cluster) {
 		case <-deadline:
 			t.Fatal("no notification arrived within 30s")
 		}
+	}
+}
+
+// testCitusBeginOneShard: a Begin without quotas reads and writes only the
+// shards of its key. A transaction on the other worker holds a shard of
+// the usage changes locked, and Begins of a fresh key, of a duplicate and
+// of a takeover all end. The first statement of a Begin on one PostgreSQL
+// (firstSQL) reads the namespace's usage in a CTE: Citus plans it apart,
+// across every shard, for every Begin, whether or not it has a quota,
+// which under load forked a backend on every worker for each call, and
+// here waits for the lock until its context ends.
+func testCitusBeginOneShard(t *testing.T, c *citustest.Cluster) {
+	pool, schema := c.Schema(t)
+	s := pgstore.New(pool, pgstore.WithoutNotify(), pgstore.WithCitus())
+	p := begin("t1")
+	p.Key = "one-shard"
+	home, _ := c.WorkerOf(t, schema, p.Key)
+	other := c.Workers[0]
+	if other == home {
+		other = c.Workers[1]
+	}
+	var shard string
+	if err := pool.QueryRow(ctx, `SELECT shard_name FROM citus_shards WHERE table_name = 'idemgate_usage_changes'::regclass AND nodeport = $1 LIMIT 1`,
+		other.Port()).Scan(&shard); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, other.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	for _, stmt := range []string{"SET LOCAL citus.enable_manual_changes_to_shards = on", "LOCK TABLE " + shard + " IN ACCESS EXCLUSIVE MODE"} {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bounded, cancel := context.WithTimeout(ctx, time.Minute) // ample: it fails only if a Begin waits for the lock
+	defer cancel()
+	res, err := s.Begin(bounded, p)
+	if err != nil || res.State != dedupesvc.BeginReserved {
+		t.Fatalf("Begin of a fresh key = %+v, %v; want reserved without the other worker's shards", res, err)
+	}
+	dup := begin("t2")
+	dup.Key = p.Key
+	if dup, err := s.Begin(bounded, dup); err != nil || dup.State != dedupesvc.BeginInFlight {
+		t.Fatalf("a duplicate's Begin = %+v, %v; want in flight without the other worker's shards", dup, err)
+	}
+	if err := s.Release(bounded, dedupesvc.ReleaseParams{Scope: p.Scope, Key: p.Key, AttemptToken: "t1", Epoch: res.Epoch}); err != nil {
+		t.Fatal(err)
+	}
+	again := begin("t2")
+	again.Key = p.Key
+	if res, err := s.Begin(bounded, again); err != nil || res.State != dedupesvc.BeginReserved {
+		t.Fatalf("Begin of the released key = %+v, %v; want reserved without the other worker's shards", res, err)
 	}
 }

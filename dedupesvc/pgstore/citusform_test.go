@@ -8,7 +8,9 @@ import (
 // TestCitusFormsKeepNoFormCitusRefuses: every statement's Citus form has
 // no timestamptz + interval, CASE, subquery on the store state or nextval
 // in an UPDATE left, which Citus refuses in UPDATE, DELETE or INSERT on a
-// distributed table; the plain forms are what they were.
+// distributed table; every server start in a lease's grace is joined by
+// the start of the worker holding the row; the plain forms are what they
+// were.
 func TestCitusFormsKeepNoFormCitusRefuses(t *testing.T) {
 	for name, sql := range map[string]string{
 		"read": readSQL, "first": firstSQL, "reserve": reserveSQL, "markUnknown": markUnknownSQL, "finish": finishSQL,
@@ -17,6 +19,9 @@ func TestCitusFormsKeepNoFormCitusRefuses(t *testing.T) {
 		"citusExpired": citusExpiredSQL, "citusDelete": citusDeleteSQL, "citusAddReplay": citusAddReplaySQL,
 	} {
 		out, _ := citusForm(sql)
+		if starts, workers := strings.Count(sql, "pg_postmaster_start_time()"), strings.Count(out, "idemgate_server_start_plus_ms("); starts != workers {
+			t.Errorf("%s: %d server starts in a lease's grace, %d of them the worker's in the Citus form:\n%s", name, starts, workers, out)
+		}
 		for _, refused := range []string{"interval '1 millisecond'", "CASE WHEN", "greatest(nextval"} {
 			if strings.Contains(out, refused) {
 				t.Errorf("%s: Citus form still has %q:\n%s", name, refused, out)

@@ -706,10 +706,7 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 	if err := s.resume(ctx); err != nil {
 		return dedupesvc.BeginResult{}, err
 	}
-	return dedupesvc.RunBegin(ctx, p, dedupesvc.BeginSteps{
-		First: func(ctx context.Context) (dedupesvc.FirstResult, error) {
-			return s.first(ctx, p)
-		},
+	steps := dedupesvc.BeginSteps{
 		Read: func(ctx context.Context) (dedupesvc.Record, bool, time.Time, error) {
 			row, found, err := s.read(ctx, p.ID())
 			return row.Record, found, row.now, err
@@ -766,7 +763,17 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 			}
 			return epoch, leaseEnd, true, nil
 		},
-	})
+	}
+	// On Citus, no first statement: its usage CTE is planned apart, across
+	// every shard, for every Begin with or without a quota. The read and the
+	// reserving upsert each go to the one shard of the key (and the quota's
+	// usage across shards only for a fresh key with a quota).
+	if !s.citus {
+		steps.First = func(ctx context.Context) (dedupesvc.FirstResult, error) {
+			return s.first(ctx, p)
+		}
+	}
+	return dedupesvc.RunBegin(ctx, p, steps)
 }
 
 // first runs firstSQL for p.

@@ -34,6 +34,9 @@ type Outage struct {
 	// Start is when the store was certainly gone; End when it was brought
 	// back (it may answer only later).
 	Start, End time.Time
+	// Keys, when set, says which keys the store was away for (those on a
+	// Citus worker that was down); nil means every key.
+	Keys func(key string) bool
 }
 
 // HolderFault is a tool server the suite killed (Start equals End) or
@@ -56,6 +59,10 @@ func (h HolderFault) hit(a Attempt) bool {
 
 func (o Outage) covers(server string) bool {
 	return len(o.Servers) == 0 || slices.Contains(o.Servers, server)
+}
+
+func (o Outage) coversKey(key string) bool {
+	return o.Keys == nil || o.Keys(key)
 }
 
 // Rules say what a scenario's faults make legitimate, per docs/failure-semantics.md's
@@ -228,7 +235,7 @@ func Check(scenario string, seed uint64, history []Attempt, ledger []LedgerEntry
 			r.Reasons[a.Reason]++
 		}
 		for _, o := range outages {
-			if a.Start.Before(o.End) && a.End.After(o.Start) {
+			if o.coversKey(a.Key) && a.Start.Before(o.End) && a.End.After(o.Start) {
 				r.AttemptsDuringOutage++
 				f.triedDuringOutage = true
 				break
@@ -247,7 +254,7 @@ func Check(scenario string, seed uint64, history []Attempt, ledger []LedgerEntry
 		case EventStart:
 			f.starts = append(f.starts, e)
 			for _, o := range outages {
-				if o.covers(e.Server) && e.Time.After(o.Start.Add(outageStartMargin)) && e.Time.Before(o.End) {
+				if o.covers(e.Server) && o.coversKey(e.Key) && e.Time.After(o.Start.Add(outageStartMargin)) && e.Time.Before(o.End) {
 					r.ExecutionsDuringOutage++
 					r.violate("%s: a handler started on %s at %s, while the store was away (%s, %s to %s)",
 						e.Key, e.Server, e.Time.Format(time.StampMilli), o.What, o.Start.Format(time.StampMilli), o.End.Format(time.StampMilli))

@@ -184,6 +184,16 @@ func TestCheck(t *testing.T) {
 			ledger:  run("k", failClosed, "tool0", "r1", t0.Add(20*time.Second), ""),
 			outages: []Outage{{What: "replica", Start: outage[0].Start, End: outage[0].End, Servers: []string{"tool1"}}},
 			check:   func(r *Report) bool { return r.ExecutionsDuringOutage == 0 }},
+		{name: "execution of a key on another Citus worker than the one down", fails: false,
+			history: []Attempt{ok("k", failClosed, 0, "r1", false)},
+			ledger:  run("k", failClosed, "tool0", "r1", t0.Add(20*time.Second), ""),
+			outages: []Outage{{What: "worker", Start: outage[0].Start, End: outage[0].End, Keys: func(key string) bool { return key != "k" }}},
+			check:   func(r *Report) bool { return r.ExecutionsDuringOutage == 0 }},
+		{name: "execution of a key on the Citus worker down", fails: true,
+			history: []Attempt{ok("k", failClosed, 0, "r1", false)},
+			ledger:  run("k", failClosed, "tool0", "r1", t0.Add(20*time.Second), ""),
+			outages: []Outage{{What: "worker", Start: outage[0].Start, End: outage[0].End, Keys: func(key string) bool { return key == "k" }}},
+			check:   func(r *Report) bool { return r.ExecutionsDuringOutage == 1 }},
 		// A tool server killed while a try was at it: its Begin may have
 		// reserved the key just before the process died, with no handler
 		// started, so FAIL_CLOSED goes outcome-unknown and no run is seen.

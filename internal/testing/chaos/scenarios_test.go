@@ -17,6 +17,9 @@ import (
 const (
 	StorePostgres = "postgres"
 	StoreSQLite   = "sqlite"
+	// StoreCitus is PostgreSQL on a Citus coordinator and two workers of
+	// the scenario's own (citusStore).
+	StoreCitus = "citus"
 )
 
 // lease is the ChaosService methods' lease (proto/idemgate/testing/v1/chaos.proto).
@@ -67,7 +70,7 @@ type Workload struct {
 type Scenario struct {
 	// Name is the subtest's name: store/fault.
 	Name string
-	// Store is StorePostgres or StoreSQLite.
+	// Store is StorePostgres, StoreSQLite or StoreCitus.
 	Store string
 	// OwnCluster gives the scenario a PostgreSQL cluster of its own, for
 	// faults that stop it; others share one, each with its own database.
@@ -487,6 +490,9 @@ func scenarios() []Scenario {
 			Workload: Workload{Reexecute: 0.3, TryTimeout: 5 * time.Second, Spread: 12 * time.Second, Actions: 150, Concurrency: 96}, Outages: 1,
 			Setup: proxyDedupe, Fault: lostBeginsAcrossSlowRecovery, MustSee: storeAwayReasons},
 	)
+	// The store on Citus: a worker killed -9 and restarted, a shard moved
+	// (issue 33).
+	list = append(list, citusScenarios()...)
 	// A holder's first Finish lost, then the holder cut off past its lease
 	// (issue 31 item 1).
 	list = append(list, firstFinishLostScenarios()...)

@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemgate/idemgate/internal/gobuild"
+	"github.com/idemgate/idemgate/internal/testing/citustest"
 	"github.com/idemgate/idemgate/internal/testing/netfault"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 	"github.com/idemgate/idemgate/internal/testing/proctest"
@@ -184,6 +185,8 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 			st.Cluster = pgtest.NewCluster(t)
 		}
 		st.DatabaseURL = s.newDatabase(t, st.Cluster)
+	case StoreCitus:
+		citusStore(st)
 	case StoreSQLite:
 		st.DataDir = filepath.Join(dir, "sqlite")
 	default:
@@ -399,7 +402,11 @@ type Stack struct {
 	// started, nil otherwise; patroniFaults counts the faults it suffered.
 	Patroni       *pgtest.Patroni
 	patroniFaults int
-	DataDir       string
+	// Citus is the Citus cluster of a StoreCitus scenario, CitusSchema the
+	// schema the Dedupe replicas' URL selects on its coordinator.
+	Citus       *citustest.Cluster
+	CitusSchema string
+	DataDir     string
 	// Dedupes and Tools are the processes; Setup may change their addresses
 	// before they start.
 	Dedupes, Tools []*Member
@@ -495,6 +502,13 @@ var errNoPause = errors.New("no handler reached the pause point")
 // its return, and returns that tool. It gives up with errNoPause when the
 // workload ends first.
 func (st *Stack) AtPausePoint(done <-chan struct{}, method string, tools ...*Member) (*Member, error) {
+	m, _, err := st.PausedKey(done, method, tools...)
+	return m, err
+}
+
+// PausedKey is AtPausePoint that also returns the idempotency key of the
+// handler at the pause point.
+func (st *Stack) PausedKey(done <-chan struct{}, method string, tools ...*Member) (*Member, string, error) {
 	if len(tools) == 0 {
 		tools = st.Tools
 	}
@@ -508,17 +522,17 @@ func (st *Stack) AtPausePoint(done <-chan struct{}, method string, tools ...*Mem
 	}
 	for {
 		for i, m := range tools {
-			var found bool
-			cursors[i].off, found = scanForPause(m.Ledger, cursors[i].off, cursors[i].pid, method)
-			if found {
-				return m, nil
+			var key string
+			cursors[i].off, key = scanForPause(m.Ledger, cursors[i].off, cursors[i].pid, method)
+			if key != "" {
+				return m, key, nil
 			}
 		}
 		select {
 		case <-done:
-			return nil, errNoPause
+			return nil, "", errNoPause
 		case <-st.ctx.Done():
-			return nil, errors.New("interrupted")
+			return nil, "", errors.New("interrupted")
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -532,28 +546,28 @@ func fileSize(path string) int64 {
 	return fi.Size()
 }
 
-// scanForPause reads whole ledger lines from off and reports whether one is
-// the side effect of a pausing key by pid (of method, unless ""), and the
-// offset after the lines read.
-func scanForPause(path string, off int64, pid int, method string) (int64, bool) {
+// scanForPause reads whole ledger lines from off and returns the key of the
+// first that is the side effect of a pausing key by pid (of method, unless
+// ""), "" if none is, and the offset after the lines read.
+func scanForPause(path string, off int64, pid int, method string) (int64, string) {
 	f, err := os.Open(path)
 	if err != nil {
-		return off, false
+		return off, ""
 	}
 	defer f.Close()
 	if _, err := f.Seek(off, 0); err != nil {
-		return off, false
+		return off, ""
 	}
 	r := bufio.NewReader(f)
 	for {
 		line, err := r.ReadBytes('\n')
 		if err != nil {
-			return off, false // a partial line is read again next time
+			return off, "" // a partial line is read again next time
 		}
 		off += int64(len(line))
 		var e LedgerEntry
 		if json.Unmarshal(line, &e) == nil && e.Event == EventEffect && e.Pid == pid && strings.Contains(e.Key, "-p") && (method == "" || e.Method == method) {
-			return off, true
+			return off, e.Key
 		}
 	}
 }

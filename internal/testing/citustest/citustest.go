@@ -193,3 +193,33 @@ ORDER BY 1`, schema)
 	}
 	return out
 }
+
+// WorkerOf returns the worker holding the shard of schema's
+// idemgate_records that key hashes to, and that shard's id.
+func (c *Cluster) WorkerOf(tb testing.TB, schema, key string) (*pgtest.Cluster, int64) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, c.URL())
+	if err != nil {
+		tb.Fatalf("citustest: %v", err)
+	}
+	defer conn.Close(context.Background())
+	var (
+		shard int64
+		port  int
+	)
+	err = conn.QueryRow(ctx, `
+SELECT s.shardid, s.nodeport FROM citus_shards AS s
+WHERE s.shardid = get_shard_id_for_distribution_column($1::regclass, $2::text)`, schema+".idemgate_records", key).Scan(&shard, &port)
+	if err != nil {
+		tb.Fatalf("citustest: the shard of key %q: %v", key, err)
+	}
+	for _, w := range c.Workers {
+		if w.Port() == port {
+			return w, shard
+		}
+	}
+	tb.Fatalf("citustest: the shard %d of key %q is on port %d, no worker's", shard, key, port)
+	return nil, 0
+}

@@ -153,6 +153,90 @@ func (c *Cluster) Stop(tb testing.TB, mode string) {
 	}
 }
 
+// Kill kills the server as kill -9 (or the kernel's OOM killer) would: the
+// postmaster is stopped first, so it forks no more, then it and every
+// process it started get SIGKILL, with no shutdown at all, not even the
+// quit signal an immediate stop sends the backends. It returns once they
+// have all exited (its lock files removed); the next Start runs crash
+// recovery.
+func (c *Cluster) Kill(tb testing.TB) {
+	tb.Helper()
+	pid, err := postmasterPID(c.dataDir())
+	if err != nil {
+		tb.Fatalf("pgtest: kill cluster on port %d: %v", c.port, err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		tb.Fatalf("pgtest: kill cluster on port %d: stop postmaster %d: %v", c.port, pid, err)
+	}
+	// Each backend leads a process group of its own, so the postmaster's
+	// group is not all of them: find them by their parent.
+	procs := append(childrenOf(pid), pid)
+	for _, p := range procs {
+		_ = syscall.Kill(p, syscall.SIGKILL)
+	}
+	deadline := time.Now().Add(clusterTimeout)
+	for _, p := range procs {
+		for alive(p) {
+			if time.Now().After(deadline) {
+				tb.Fatalf("pgtest: kill cluster on port %d: process %d still runs after SIGKILL", c.port, p)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// The lock files stay behind, naming a pid that may linger as a zombie
+	// nobody reaps (a container's first process may not): pg_ctl would
+	// think the server runs, and the next postmaster would refuse to start.
+	// Every process of the server is gone, so it names no live server.
+	socket := filepath.Join(c.dir, "socket", fmt.Sprintf(".s.PGSQL.%d", c.port))
+	for _, f := range []string{filepath.Join(c.dataDir(), "postmaster.pid"), socket + ".lock", socket} {
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			tb.Fatalf("pgtest: kill cluster on port %d: %v", c.port, err)
+		}
+	}
+}
+
+// childrenOf returns the processes whose parent is pid, from /proc.
+func childrenOf(pid int) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, _, ok := procStat(p); ok && ppid == pid {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// alive reports whether process pid exists and is no zombie (a container's
+// first process may never reap the orphans it inherits).
+func alive(pid int) bool {
+	_, state, ok := procStat(pid)
+	return ok && state != 'Z' && state != 'X'
+}
+
+// procStat reads a process's parent and state from /proc/<pid>/stat.
+func procStat(pid int) (ppid int, state byte, ok bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0, false
+	}
+	// pid (comm) state ppid ...; comm may hold spaces and parentheses.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 || len(f[0]) != 1 {
+		return 0, 0, false
+	}
+	ppid, err = strconv.Atoi(f[1])
+	return ppid, f[0][0], err == nil
+}
+
 // Start starts the stopped server again on the same port and data directory
 // and returns once it accepts connections.
 func (c *Cluster) Start(tb testing.TB) {

@@ -43,10 +43,11 @@ func count(t *testing.T, conn *pgx.Conn, table string) int {
 }
 
 // A stopped cluster refuses connections; started again on the same port, it
-// has the rows committed before, after a clean stop and after a crash alike.
+// has the rows committed before, after a clean stop, an immediate one and a
+// kill -9 (Kill) alike.
 func TestClusterKeepsCommittedRowsAcrossStopAndStart(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []string{"fast", "immediate"} {
+	for _, mode := range []string{"fast", "immediate", "kill"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			c := pgtest.NewCluster(t)
@@ -57,7 +58,11 @@ func TestClusterKeepsCommittedRowsAcrossStopAndStart(t *testing.T) {
 			exec(t, before, "CREATE TABLE orders (id int PRIMARY KEY)")
 			exec(t, before, "INSERT INTO orders VALUES (1), (2)")
 
-			c.Stop(t, mode)
+			if mode == "kill" {
+				c.Kill(t)
+			} else {
+				c.Stop(t, mode)
+			}
 			if c.Running() {
 				t.Fatalf("Running() = true after Stop(%s)", mode)
 			}
