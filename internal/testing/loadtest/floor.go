@@ -156,6 +156,43 @@ func sqlOf(stmts []statement) string {
 type floorScript struct {
 	Script string
 	Vars   []string
+	// reserve and finish are the two statements as the script has them,
+	// without their \gset or semicolon, for batched.
+	reserve, finish string
+}
+
+var (
+	keyVar   = regexp.MustCompile(`:key\b`)
+	epochVar = regexp.MustCompile(`:floor_epoch\b`)
+)
+
+// batched is the floor pair committed as group commit commits it: n
+// reserves in one transaction, then their n Finishes in another, so n
+// pairs share two commits. pgbench counts a run of it as one transaction,
+// of n pairs. The store sends a batch as one pgx.Batch, an implicit
+// transaction in one round trip; the script's BEGIN and COMMIT cost two
+// more round trips on loopback, and no more commits.
+func (fs floorScript) batched(n int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- The floor pair batched: %d reserves in one transaction, then their %d Finishes in\n", n, n)
+	b.WriteString("-- another, as the store's group commit shares commits between callers.\n")
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&b, "\\set key%d random(1, 999999999999999)\n", i)
+	}
+	b.WriteString("BEGIN;\n")
+	for i := 1; i <= n; i++ {
+		sql := keyVar.ReplaceAllString(fs.reserve, fmt.Sprintf(":key%d", i))
+		sql = strings.Replace(sql, "AS floor_epoch,", fmt.Sprintf("AS floor_epoch%d,", i), 1)
+		b.WriteString(sql + " \\gset\n")
+	}
+	b.WriteString("COMMIT;\nBEGIN;\n")
+	for i := 1; i <= n; i++ {
+		sql := keyVar.ReplaceAllString(fs.finish, fmt.Sprintf(":key%d", i))
+		sql = epochVar.ReplaceAllString(sql, fmt.Sprintf(":floor_epoch%d", i))
+		b.WriteString(sql + ";\n")
+	}
+	b.WriteString("COMMIT;\n")
+	return b.String()
 }
 
 var placeholder = regexp.MustCompile(`\$(\d+)`)
@@ -227,8 +264,10 @@ func renderFloor(reserve, finish statement, key string, epoch int64) (floorScrip
 		}
 		b.WriteString(strings.TrimSpace(sql))
 		if st.prefix == "r" {
+			fs.reserve = strings.TrimSpace(sql)
 			b.WriteString(" \\gset\n")
 		} else {
+			fs.finish = strings.TrimSpace(sql)
 			b.WriteString(";\n")
 		}
 	}
