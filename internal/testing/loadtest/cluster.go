@@ -97,16 +97,24 @@ func (h *harness) close() {
 // startCluster starts a durable PostgreSQL server with conf appended to
 // its postgresql.conf, removed by h.close.
 func startCluster(h *harness, conf string) (c *pgtest.Cluster, err error) {
+	err = catch(func() { c = pgtest.NewDurableClusterConf(h, conf) })
+	return c, err
+}
+
+// catch runs f and returns the failure f reported through a harness as an
+// error; any other panic goes on.
+func catch(f func()) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			f, ok := r.(harnessFailure)
+			failure, ok := r.(harnessFailure)
 			if !ok {
 				panic(r)
 			}
-			err = errors.New(f.msg)
+			err = errors.New(failure.msg)
 		}
 	}()
-	return pgtest.NewDurableClusterConf(h, conf), nil
+	f()
+	return nil
 }
 
 // serverConf is every server's configuration beyond the defaults: room
