@@ -135,6 +135,14 @@ func TestWriteCPU(t *testing.T) {
 		{Samples: map[rowID]sample{rowPG64: s(10000, 5*time.Second, 9*time.Second, time.Second, 4000, 20_000_000),
 			rowCitus64: {Count: 1000, RPS: 100, CPU: map[cpuRole]time.Duration{roleCoord: time.Second, roleWorker1: 2 * time.Second, roleWorker2: 2 * time.Second}}}},
 	}
+	// Idle, the server spends 0.1 CPU-s a second: over a 10 s row of
+	// 10,000 calls that is 1 CPU-s, 0.1 per 1,000 calls.
+	for i := range rounds {
+		rounds[i].Samples[rowIdlePG] = sample{Elapsed: 10 * time.Second, CPU: map[cpuRole]time.Duration{rolePG: time.Second, roleTool: 0}}
+		pg := rounds[i].Samples[rowPG64]
+		pg.Elapsed = 10 * time.Second
+		rounds[i].Samples[rowPG64] = pg
+	}
 	var b strings.Builder
 	writeCPU(&b, rounds)
 	out := b.String()
@@ -143,8 +151,9 @@ func TestWriteCPU(t *testing.T) {
 		// servers 1.2; 0.2 and 0.4 transactions → 0.3; 2,000 WAL bytes.
 		"| gated pg c=64 | 1000 | 0.400 | - | 0.800 | - | - | - | 0.100 | 1.200 | 0.30 | 2000 |",
 		"| gated citus c=64 | 100 | - | - | - | 1.000 | 2.000 | 2.000 | - | 5.000 | - | - |",
-		"| gated pg c=64 | 0.800 | 1250 |",
-		"| gated citus c=64 | 5.000 | 200 |",
+		"| gated pg c=64 | 0.800 | 1250 | 0.700 | 1429 |",
+		"| idle pg (no calls): CPU-s per second, medians across rounds | value |\n| --- | ---: |\n| tool server | 0.0000 |\n| PostgreSQL | 0.1000 |",
+		"| gated citus c=64 | 5.000 | 200 | - | - |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in:\n%s", want, out)

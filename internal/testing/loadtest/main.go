@@ -729,11 +729,13 @@ func (lt *loadtest) runRow(ctx context.Context, id rowID, r int) (sample, error)
 	if err != nil {
 		return sample{}, err
 	}
+	start := time.Now()
 	s, err := lt.runRowOnce(ctx, id, r)
 	if err != nil {
 		return s, err
 	}
 	cpuAfter, err := readCPU(targets)
+	s.Elapsed = time.Since(start)
 	if err != nil {
 		return sample{}, err
 	}
@@ -804,6 +806,13 @@ func (lt *loadtest) runRowOnce(ctx context.Context, id rowID, r int) (sample, er
 		return lt.fresh(ctx, name, lt.citusPay, 16, dur)
 	case rowCitus64:
 		return lt.fresh(ctx, name, lt.citusPay, 64, dur)
+	case rowIdlePG, rowIdleCitus:
+		select {
+		case <-ctx.Done():
+			return sample{}, ctx.Err()
+		case <-time.After(lt.cfg.duration):
+		}
+		return sample{}, nil
 	case rowCitusNoQuota16:
 		return lt.fresh(ctx, name, lt.citusNoQuota, 16, dur)
 	case rowCitusNoQuota64:
@@ -1146,7 +1155,7 @@ func (lt *loadtest) accounting(id rowID) ([]cpuTarget, []string, error) {
 	var pay string
 	db := "pg"
 	switch id {
-	case rowUngated, rowPG1, rowPG16, rowPG64, rowReplay:
+	case rowUngated, rowPG1, rowPG16, rowPG64, rowReplay, rowIdlePG:
 		pay = lt.pg
 	case rowReplayCached:
 		pay = lt.pgCached
@@ -1160,7 +1169,7 @@ func (lt *loadtest) accounting(id rowID) ([]cpuTarget, []string, error) {
 		pay, db = lt.sqlite, ""
 	case rowSQLiteInProcess64:
 		pay, db = lt.sqliteInProcess, ""
-	case rowCitus1, rowCitus16, rowCitus64:
+	case rowCitus1, rowCitus16, rowCitus64, rowIdleCitus:
 		pay, db = lt.citusPay, "citus"
 	case rowCitusNoQuota16, rowCitusNoQuota64:
 		pay, db = lt.citusNoQuota, "citus"

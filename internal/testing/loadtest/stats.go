@@ -37,6 +37,13 @@ const (
 	// idemgate_usage_changes, which is distributed by key, not namespace.
 	rowCitusNoQuota16 rowID = "gated citus no-quota c=16"
 	rowCitusNoQuota64 rowID = "gated citus no-quota c=64"
+	// The idle rows make no call for the row's duration: the CPU the
+	// servers spend on their own (the sweeper, the usage compaction, the
+	// metrics' reads, the listeners' probes, autovacuum, Citus's
+	// maintenance), which the per-call figures include and a slow row
+	// divides by few calls.
+	rowIdlePG    rowID = "idle pg (no calls)"
+	rowIdleCitus rowID = "idle citus (no calls)"
 	// The after-reply rows call a second payments server on the PostgreSQL
 	// Dedupe service, whose ChargeCard answers before its outcome is stored
 	// (-finish-after-reply: FINISH_POLICY_AFTER_REPLY).
@@ -76,11 +83,11 @@ var allRows = []rowID{
 	rowUngated, rowPG1, rowPG16, rowPG64, rowAfterReply1, rowAfterReply16, rowAfterReply64, rowInProcess1, rowInProcess64,
 	rowSQLite1, rowSQLite64, rowSQLiteInProcess64, rowReplay, rowReplayCached, rowFloor1, rowFloor16, rowFloor64,
 	rowFloorBatched16, rowFloorBatched64, rowNoGC16, rowNoGC64, rowCitus1, rowCitus16, rowCitus64,
-	rowCitusNoQuota16, rowCitusNoQuota64,
+	rowCitusNoQuota16, rowCitusNoQuota64, rowIdlePG, rowIdleCitus,
 }
 
 // citusRows are the rows that need -stores citus.
-var citusRows = []rowID{rowCitus1, rowCitus16, rowCitus64, rowCitusNoQuota16, rowCitusNoQuota64}
+var citusRows = []rowID{rowCitus1, rowCitus16, rowCitus64, rowCitusNoQuota16, rowCitusNoQuota64, rowIdleCitus}
 
 // sample is one row's result in one round.
 type sample struct {
@@ -108,6 +115,8 @@ type sample struct {
 	// the row's servers; CountsRead says they were read.
 	Xids, WAL  int64
 	CountsRead bool
+	// Elapsed is the time between the row's two reads of the CPU.
+	Elapsed time.Duration
 }
 
 // perCall is the sample's value per successful call; false when none.
@@ -631,9 +640,24 @@ func writeCPU(w io.Writer, rounds []round) {
 			fmt.Fprintln(w, " - | - |")
 		}
 	}
+	bg := map[rowID]map[cpuRole]float64{rowIdlePG: background(rounds, rowIdlePG), rowIdleCitus: background(rounds, rowIdleCitus)}
+	for _, idle := range []rowID{rowIdlePG, rowIdleCitus} {
+		if len(bg[idle]) == 0 {
+			continue
+		}
+		fmt.Fprintln(w)
+		fmt.Fprintf(w, "| %s: CPU-s per second, medians across rounds | value |\n", idle)
+		fmt.Fprintln(w, "| --- | ---: |")
+		for _, role := range cpuRoles {
+			if v, ok := bg[idle][role]; ok && role != roleClient {
+				fmt.Fprintf(w, "| %s | %.4f |\n", role, v)
+			}
+		}
+	}
 	// One primary's capacity: a core gives 1,000 CPU-seconds per 1,000
 	// seconds, so reservations per second per core = 1,000 / (the
-	// database's CPU-s per 1,000 gated calls).
+	// database's CPU-s per 1,000 gated calls); net of the background, the
+	// servers' CPU with no calls times the row's time, when an idle row ran.
 	var lines []string
 	for _, id := range []rowID{rowPG16, rowPG64, rowNoGC16, rowNoGC64, rowCitus16, rowCitus64, rowCitusNoQuota16, rowCitusNoQuota64} {
 		cpu, _, _, _, ran := cpuPerThousand(rounds, id)
@@ -644,16 +668,77 @@ func writeCPU(w io.Writer, rounds []round) {
 		for _, role := range serverRoles {
 			db += cpu[role]
 		}
-		if db > 0 {
-			lines = append(lines, fmt.Sprintf("| %s | %.3f | %.0f |", id, db, 1000/db))
+		if db <= 0 {
+			continue
 		}
+		idle := rowIdlePG
+		if slices.Contains(citusRows, id) {
+			idle = rowIdleCitus
+		}
+		net := "-"
+		if n, ok := netPerThousand(rounds, id, bg[idle]); ok && n > 0 {
+			net = fmt.Sprintf("%.3f | %.0f", n, 1000/n)
+		} else {
+			net = "- | -"
+		}
+		lines = append(lines, fmt.Sprintf("| %s | %.3f | %.0f | %s |", id, db, 1000/db, net))
 	}
 	if len(lines) > 0 {
 		fmt.Fprintln(w)
-		fmt.Fprintln(w, "| capacity of the database's CPU (all its servers) | CPU-s per 1,000 gated calls | gated calls (Begin + Finish) per second per core |")
-		fmt.Fprintln(w, "| --- | ---: | ---: |")
+		fmt.Fprintln(w, "| capacity of the database's CPU (all its servers) | CPU-s per 1,000 gated calls | gated calls (Begin + Finish) per second per core | net of the background: CPU-s per 1,000 | net: per second per core |")
+		fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: |")
 		for _, l := range lines {
 			fmt.Fprintln(w, l)
 		}
 	}
+}
+
+// background is, per role, the median across rounds of the CPU seconds
+// per second the idle row id read; empty when it did not run.
+func background(rounds []round, id rowID) map[cpuRole]float64 {
+	per := map[cpuRole][]float64{}
+	for _, r := range rounds {
+		s, ok := r.Samples[id]
+		if !ok || s.Elapsed <= 0 {
+			continue
+		}
+		for role, d := range s.CPU {
+			per[role] = append(per[role], d.Seconds()/s.Elapsed.Seconds())
+		}
+	}
+	out := map[cpuRole]float64{}
+	for role, vs := range per {
+		out[role] = median(vs)
+	}
+	return out
+}
+
+// netPerThousand is the median across rounds of the database's CPU
+// seconds per 1,000 calls of row id less its background (bg, CPU-s per
+// second per role, times the row's time); false without a background or a
+// round with calls.
+func netPerThousand(rounds []round, id rowID, bg map[cpuRole]float64) (float64, bool) {
+	if len(bg) == 0 {
+		return 0, false
+	}
+	var vs []float64
+	for _, r := range rounds {
+		s, ok := r.Samples[id]
+		if !ok || s.Elapsed <= 0 {
+			continue
+		}
+		var used float64
+		for _, role := range serverRoles {
+			if d, ok := s.CPU[role]; ok {
+				used += d.Seconds() - bg[role]*s.Elapsed.Seconds()
+			}
+		}
+		if v, ok := perThousand(time.Duration(used*float64(time.Second)), s.Count-s.Errors); ok {
+			vs = append(vs, v)
+		}
+	}
+	if len(vs) == 0 {
+		return 0, false
+	}
+	return median(vs), true
 }
