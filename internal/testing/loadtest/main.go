@@ -674,9 +674,16 @@ func (lt *loadtest) settings(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("pgbench --version: %w", err)
 	}
-	return fmt.Sprintf("%d rounds of %s a row; ghz %s (one connection), %s; %s, PostgreSQL %s, %d CPUs, %s",
+	server := "the server at " + redact(lt.admin)
+	if lt.pgServer != nil {
+		server = "servers of the run's own, fsync on"
+		if lt.citus != nil {
+			server += "; Citus: a coordinator and 2 workers, " + citusVersion(ctx, lt.citus.coordinator.URL("postgres"))
+		}
+	}
+	return fmt.Sprintf("%d rounds of %s a row; ghz %s (one connection), %s; %s, PostgreSQL %s (%s), %d CPUs, %s",
 		lt.cfg.rounds, lt.cfg.duration, strings.TrimPrefix(filepath.Base(filepath.Dir(lt.cfg.ghz)), "ghz-"),
-		strings.TrimSpace(string(out)), runtime.Version(), pgVersion, runtime.NumCPU(), cpuModel()) + extraFlags(lt.cfg.dedupeFlags), nil
+		strings.TrimSpace(string(out)), runtime.Version(), pgVersion, server, runtime.NumCPU(), cpuModel()) + extraFlags(lt.cfg.dedupeFlags), nil
 }
 
 // extraFlags names the -dedupe-flags of a run for its settings line.
@@ -1268,4 +1275,19 @@ func (lt *loadtest) writeStorage(w io.Writer) {
 			fmt.Fprintf(w, "| worker %d | %d | %.0f |\n", i+1, b, float64(b)/float64(lt.citusRecords))
 		}
 	}
+}
+
+// citusVersion is the coordinator's citus_version(), or why not.
+func citusVersion(ctx context.Context, url string) string {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err.Error()
+	}
+	defer conn.Close(context.Background())
+	var v string
+	if err := conn.QueryRow(ctx, "SELECT citus_version()").Scan(&v); err != nil {
+		return err.Error()
+	}
+	v, _, _ = strings.Cut(v, " on ")
+	return v
 }
