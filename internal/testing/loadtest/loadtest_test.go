@@ -373,17 +373,30 @@ func TestRenderFloor(t *testing.T) {
 		t.Errorf("vars = %q, want %q", fs.Vars, wantVars)
 	}
 
-	// Batched, each pair has its own key and epoch variables, the reserves
-	// share one transaction and the Finishes another.
-	wantBatched := "\\set key1 random(1, 999999999999999)\n\\set key2 random(1, 999999999999999)\nBEGIN;\n" +
-		"WITH reserved AS (INSERT INTO t (ns, scope, key, fp, lease) VALUES ('', :r1, :key1, :r4, :r5::bigint) ON CONFLICT DO NOTHING RETURNING epoch) SELECT reserved.epoch AS floor_epoch1, :r5 FROM reserved \\gset\n" +
-		"WITH reserved AS (INSERT INTO t (ns, scope, key, fp, lease) VALUES ('', :r1, :key2, :r4, :r5::bigint) ON CONFLICT DO NOTHING RETURNING epoch) SELECT reserved.epoch AS floor_epoch2, :r5 FROM reserved \\gset\n" +
-		"COMMIT;\nBEGIN;\n" +
-		"UPDATE t SET v = :f10, key_id = NULL WHERE key = :key1 AND ok = :f3 AND epoch = :floor_epoch1;\n" +
-		"UPDATE t SET v = :f10, key_id = NULL WHERE key = :key2 AND ok = :f3 AND epoch = :floor_epoch2;\n" +
-		"COMMIT;\n"
-	if got := fs.batched(2); !strings.HasSuffix(got, wantBatched) {
+	// Batched, each pair has its own key; the reserves share one pipeline
+	// (one implicit transaction), the Finishes another, whose epoch check
+	// compares the column with itself, since a pipeline cannot \gset.
+	wantBatched := "\\set key1 random(1, 999999999999999)\n\\set key2 random(1, 999999999999999)\n\\startpipeline\n" +
+		"WITH reserved AS (INSERT INTO t (ns, scope, key, fp, lease) VALUES ('', :r1, :key1, :r4, :r5::bigint) ON CONFLICT DO NOTHING RETURNING epoch) SELECT reserved.epoch AS floor_epoch, :r5 FROM reserved;\n" +
+		"WITH reserved AS (INSERT INTO t (ns, scope, key, fp, lease) VALUES ('', :r1, :key2, :r4, :r5::bigint) ON CONFLICT DO NOTHING RETURNING epoch) SELECT reserved.epoch AS floor_epoch, :r5 FROM reserved;\n" +
+		"\\endpipeline\n\\startpipeline\n" +
+		"UPDATE t SET v = :f10, key_id = NULL WHERE key = :key1 AND ok = :f3 AND epoch = epoch;\n" +
+		"UPDATE t SET v = :f10, key_id = NULL WHERE key = :key2 AND ok = :f3 AND epoch = epoch;\n" +
+		"\\endpipeline\n"
+	got, err := fs.batched(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(got, wantBatched) {
 		t.Errorf("batched(2):\n%s\nwant it to end with:\n%s", got, wantBatched)
+	}
+	aliased := fs
+	aliased.finish = strings.Replace(fs.finish, "epoch = :floor_epoch", "r.epoch = :floor_epoch", 1)
+	if got, err := aliased.batched(1); err != nil || !strings.Contains(got, "r.epoch = r.epoch;") {
+		t.Errorf("batched with an aliased epoch check: %v\n%s", err, got)
+	}
+	if _, err := (floorScript{finish: "UPDATE t SET v = 1"}).batched(2); err == nil {
+		t.Error("batched a Finish without an epoch check")
 	}
 
 	for name, bad := range map[string]statement{

@@ -261,7 +261,11 @@ func (lt *loadtest) run(ctx context.Context) error {
 	}
 	for id, callers := range map[rowID]int{rowFloorBatched16: 16, rowFloorBatched64: 64} {
 		path := filepath.Join(lt.cfg.results, fmt.Sprintf("floor-batched-%d.sql", callers))
-		if err := os.WriteFile(path, []byte(lt.floor.batched(callers/batchedWriters)), 0o644); err != nil {
+		script, err := lt.floor.batched(callers / batchedWriters)
+		if err != nil {
+			return fmt.Errorf("batched floor: %w", err)
+		}
+		if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
 			return err
 		}
 		lt.batchedScripts[id] = path
