@@ -1251,7 +1251,7 @@ func (lt *loadtest) measureStorage(ctx context.Context) error {
 	if lt.citus != nil && lt.runs(citusRows...) {
 		var err error
 		if lt.citusRecords, lt.citusBytes, err = citusStorage(ctx, lt.citus.coordinator.URL("postgres")); err != nil {
-			return fmt.Errorf("Citus storage: %w", err)
+			return fmt.Errorf("storage on Citus: %w", err)
 		}
 	}
 	return nil
