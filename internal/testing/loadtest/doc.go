@@ -14,6 +14,20 @@
 // and issue 19's ratio table, and leaves the raw ghz JSON and pgbench output
 // in the results directory.
 //
+// It runs on PostgreSQL servers of its own, durable as production servers
+// are (fsync on), started with pgtest's pieces, so every process of a
+// server serves this run: before and after each row it reads from /proc
+// the CPU time of the payments server, its Dedupe service and the server
+// (the postmaster, its children and the children it reaped), and prints
+// the CPU seconds each spent per 1,000 calls, which a loaded machine
+// cannot bend as it bends throughput, with the server's write transactions
+// and WAL bytes per call. Beside the floor pair it runs the pair batched as
+// the store's group commit commits it (2 connections, half the callers'
+// statements in each transaction), a Dedupe service with group commit off,
+// and, with -stores citus, the same gated rows on a Citus coordinator with
+// two workers (each node's CPU apart). After the rounds it measures what
+// the stored records take on disk, per million.
+//
 //	go run ./internal/testing/loadtest -ghz PATH [-duration 10s] [-rounds 3] [-rows REGEXP]
 //
 // Every flag also reads an environment variable (LOADTEST_DURATION,

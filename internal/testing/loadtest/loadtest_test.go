@@ -86,6 +86,8 @@ func goalSamples() map[rowID]sample {
 		rowFloor1:            {P50: ms, RPS: 900},
 		rowFloor16:           {RPS: 2000},
 		rowFloor64:           {RPS: 1600},
+		rowFloorBatched16:    {RPS: 4000},
+		rowFloorBatched64:    {RPS: 4800},
 		rowPG1:               {P50: 3 * ms, RPS: 330},
 		rowPG16:              {RPS: 1000},
 		rowPG64:              {RPS: 1200},
@@ -114,6 +116,8 @@ func TestGoals(t *testing.T) {
 		{1.2, true, 1.2, 1.2},     // 0.84ms / (0.2ms + 1ms/2): equal to an at-most goal meets it
 		{0.5, false, 0.5, 0.5},    // 1000 / 2000, both at 16
 		{0.75, false, 0.75, 0.75}, // 1200 / 1600, both at 64
+		{0.25, false, 0.25, 0.25}, // 1000 / 4000, the batched floor at 16
+		{0.25, false, 0.25, 0.25}, // 1200 / 4800, the batched floor at 64
 		{0.6, false, 0.6, 0.6},    // gated's best, 1200 at 64, over the floor's, 2000 at 16
 		{1.25, true, 1.25, 1.25},  // after-reply's best, 2500, over 2000
 		{0.9, false, 0.9, 0.9},    // in-process's best, 1800, over 2000
@@ -367,6 +371,32 @@ func TestRenderFloor(t *testing.T) {
 	wantVars := []string{"r1=scope/a", `r4=\xcafe`, "r5=10000", "f10=ten", "f3=true"}
 	if !slices.Equal(fs.Vars, wantVars) {
 		t.Errorf("vars = %q, want %q", fs.Vars, wantVars)
+	}
+
+	// Batched, each pair has its own key; the reserves share one pipeline
+	// (one implicit transaction), the Finishes another, whose epoch check
+	// compares the column with itself, since a pipeline cannot \gset.
+	wantBatched := "\\set key1 random(1, 999999999999999)\n\\set key2 random(1, 999999999999999)\n\\startpipeline\n" +
+		"WITH reserved AS (INSERT INTO t (ns, scope, key, fp, lease) VALUES ('', :r1, :key1, :r4, :r5::bigint) ON CONFLICT DO NOTHING RETURNING epoch) SELECT reserved.epoch AS floor_epoch, :r5 FROM reserved;\n" +
+		"WITH reserved AS (INSERT INTO t (ns, scope, key, fp, lease) VALUES ('', :r1, :key2, :r4, :r5::bigint) ON CONFLICT DO NOTHING RETURNING epoch) SELECT reserved.epoch AS floor_epoch, :r5 FROM reserved;\n" +
+		"\\endpipeline\n\\startpipeline\n" +
+		"UPDATE t SET v = :f10, key_id = NULL WHERE key = :key1 AND ok = :f3 AND epoch = epoch;\n" +
+		"UPDATE t SET v = :f10, key_id = NULL WHERE key = :key2 AND ok = :f3 AND epoch = epoch;\n" +
+		"\\endpipeline\n"
+	got, err := fs.batched(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(got, wantBatched) {
+		t.Errorf("batched(2):\n%s\nwant it to end with:\n%s", got, wantBatched)
+	}
+	aliased := fs
+	aliased.finish = strings.Replace(fs.finish, "epoch = :floor_epoch", "r.epoch = :floor_epoch", 1)
+	if got, err := aliased.batched(1); err != nil || !strings.Contains(got, "r.epoch = r.epoch;") {
+		t.Errorf("batched with an aliased epoch check: %v\n%s", err, got)
+	}
+	if _, err := (floorScript{finish: "UPDATE t SET v = 1"}).batched(2); err == nil {
+		t.Error("batched a Finish without an epoch check")
 	}
 
 	for name, bad := range map[string]statement{

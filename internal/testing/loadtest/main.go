@@ -29,16 +29,22 @@ import (
 
 	"github.com/idemgate/idemgate"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
+	"github.com/idemgate/idemgate/internal/testing/pgtest"
 )
 
 // config is the load test's settings, from flags and the environment.
 type config struct {
 	ghz, pgbench string
-	databaseURL  string
-	duration     time.Duration
-	rounds       int
-	rows         *regexp.Regexp
-	results      string
+	// databaseURL is a server to run on instead of the load test's own;
+	// "" starts one (and Citus's nodes), whose CPU the rows read.
+	databaseURL string
+	// stores are the stores the gated rows run on: postgres, and citus
+	// for the Citus rows.
+	stores   map[string]bool
+	duration time.Duration
+	rounds   int
+	rows     *regexp.Regexp
+	results  string
 	// dedupeFlags are extra flags for every Dedupe service (after the
 	// load test's own, so they win), to compare settings.
 	dedupeFlags []string
@@ -59,7 +65,7 @@ func run() int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	lt := &loadtest{cfg: cfg}
+	lt := &loadtest{cfg: cfg, h: &harness{}, payments: map[string]*server{}, dedupeOf: map[string]*server{}, batchedScripts: map[rowID]string{}}
 	defer lt.cleanup()
 	if err := lt.run(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -90,8 +96,14 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	var cfg config
 	fs.StringVar(&cfg.ghz, "ghz", env("GHZ", ""), "`path` of the ghz binary; make loadtest builds the pinned one (env GHZ)")
 	fs.StringVar(&cfg.pgbench, "pgbench", env("PGBENCH", "pgbench"), "pgbench `binary` (env PGBENCH)")
-	fs.StringVar(&cfg.databaseURL, "database-url", env("LOADTEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
-		"PostgreSQL server `URL` to create the throwaway databases on; its user needs CREATEDB (env LOADTEST_DATABASE_URL)")
+	fs.StringVar(&cfg.databaseURL, "database-url", env("LOADTEST_DATABASE_URL", ""),
+		"PostgreSQL server `URL` to create the throwaway databases on, its user with CREATEDB; empty: a durable server of the run's own (pgtest), whose CPU the rows read, which a shared server's cannot give (env LOADTEST_DATABASE_URL)")
+	citusDefault := "postgres"
+	if ok, _ := citusInstalled(); ok {
+		citusDefault = "postgres,citus"
+	}
+	stores := fs.String("stores", env("LOADTEST_STORES", citusDefault),
+		"stores the gated rows run on, comma-separated: postgres, and citus (a coordinator and two workers of the run's own); default both when citus.so is installed (env LOADTEST_STORES)")
 	duration := fs.String("duration", env("LOADTEST_DURATION", "10s"), "how long each row runs in each round (env LOADTEST_DURATION)")
 	rounds := fs.String("rounds", env("LOADTEST_ROUNDS", "3"), "interleaved rounds, every row once a round (env LOADTEST_ROUNDS)")
 	rows := fs.String("rows", env("LOADTEST_ROWS", ""), "run only the rows whose names match this `regexp`, e.g. 'pg|floor' (env LOADTEST_ROWS)")
@@ -108,6 +120,15 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 		return config{}, fmt.Errorf("-rounds %q: want 1 or more", *rounds)
 	}
 	cfg.dedupeFlags = strings.Fields(*dedupeFlags)
+	if cfg.stores, err = parseStores(*stores); err != nil {
+		return config{}, err
+	}
+	if ok, path := citusInstalled(); cfg.stores["citus"] && !ok {
+		return config{}, fmt.Errorf("-stores citus: Citus is not installed (no %s); run bash ../shared/citus/build.sh, or LOADTEST_STORES=postgres", path)
+	}
+	if cfg.stores["citus"] && cfg.databaseURL != "" {
+		return config{}, errors.New("-stores citus starts servers of its own, so it runs without -database-url")
+	}
 	for _, f := range cfg.dedupeFlags {
 		if !strings.HasPrefix(f, "-") {
 			return config{}, fmt.Errorf("-dedupe-flags: %q is not a flag; write each as -name=value", f)
@@ -159,6 +180,31 @@ type loadtest struct {
 	sqlite    string // the payments server gated through the embedded store
 	rounds    []round
 	problems  []string
+
+	// h holds the servers the run started (pgtest), removed at cleanup.
+	h *harness
+	// pgServer is the run's own PostgreSQL server; nil with -database-url.
+	pgServer *pgtest.Cluster
+	// citus is the run's Citus cluster; nil without -stores citus.
+	citus *citusCluster
+	// pgNoGC is the payments server on the Dedupe service without group
+	// commit, citusPay the one on the Citus coordinator; "" when their
+	// rows are not run.
+	pgNoGC, citusPay, citusNoQuota string
+	// payments are the payments servers by address, dedupeOf the Dedupe
+	// service each calls (absent for one running its own in-process), for
+	// the CPU a row reads.
+	payments map[string]*server
+	dedupeOf map[string]*server
+	// nogcURL is the no-group-commit Dedupe service's database.
+	nogcURL string
+	// batchedScripts are the batched floor's pgbench scripts by row.
+	batchedScripts map[rowID]string
+	// storage and citusRecords, citusBytes: the sizes read after the
+	// rounds.
+	storage      *storage
+	citusRecords int64
+	citusBytes   map[int]int64
 }
 
 // dbPrefix names the throwaway databases; the pid that follows lets a later
@@ -188,6 +234,18 @@ func (lt *loadtest) run(ctx context.Context) error {
 	}
 	dedupeBin, paymentsBin := bins[0], bins[1]
 
+	if lt.cfg.databaseURL == "" {
+		fmt.Println("loadtest: starting a PostgreSQL server of the run's own (durable: fsync on)")
+		if lt.pgServer, err = startCluster(lt.h, serverConf); err != nil {
+			return err
+		}
+	}
+	if lt.cfg.stores["citus"] && lt.runs(citusRows...) {
+		fmt.Println("loadtest: starting a Citus coordinator and two workers")
+		if lt.citus, err = startCitus(ctx, lt.h); err != nil {
+			return err
+		}
+	}
 	if err := lt.createDatabases(ctx); err != nil {
 		return err
 	}
@@ -200,6 +258,17 @@ func (lt *loadtest) run(ctx context.Context) error {
 	}
 	if err := os.WriteFile(filepath.Join(lt.cfg.results, "floor.sql"), []byte(lt.floor.Script), 0o644); err != nil {
 		return err
+	}
+	for id, callers := range map[rowID]int{rowFloorBatched16: 16, rowFloorBatched64: 64} {
+		path := filepath.Join(lt.cfg.results, fmt.Sprintf("floor-batched-%d.sql", callers))
+		script, err := lt.floor.batched(callers / batchedWriters)
+		if err != nil {
+			return fmt.Errorf("batched floor: %w", err)
+		}
+		if err := os.WriteFile(path, []byte(script), 0o644); err != nil {
+			return err
+		}
+		lt.batchedScripts[id] = path
 	}
 
 	// The Dedupe service's per-caller rate limit (10,000 Begins/s, bursts
@@ -267,6 +336,31 @@ func (lt *loadtest) run(ctx context.Context) error {
 			return err
 		}
 	}
+	if lt.runs(rowNoGC16, rowNoGC64) {
+		if lt.pgNoGC, _, _, err = lt.startStack(ctx, "pg-no-group-commit", dedupeBin, paymentsBin,
+			append(append([]string{"-database-url=" + lt.nogcURL, "-metrics-listen="}, common...), "-store-max-batch=1")); err != nil {
+			return err
+		}
+	}
+	if lt.citus != nil {
+		if lt.citusPay, _, _, err = lt.startStack(ctx, "citus", dedupeBin, paymentsBin,
+			append([]string{"-database-url=" + lt.citus.coordinator.URL("postgres"), "-metrics-listen="}, common...)); err != nil {
+			return err
+		}
+		if err := lt.checkCitusForms("citus"); err != nil {
+			return err
+		}
+		if lt.runs(rowCitusNoQuota16, rowCitusNoQuota64) {
+			if lt.citusNoQuota, _, _, err = lt.startStack(ctx, "citus-no-quota", dedupeBin, paymentsBin,
+				append(append([]string{"-database-url=" + lt.citus.coordinator.URL("postgres"), "-metrics-listen="}, common...),
+					"-caller-max-records=0", "-caller-max-bytes=0")); err != nil {
+				return err
+			}
+			if err := lt.checkCitusForms("citus-no-quota"); err != nil {
+				return err
+			}
+		}
+	}
 	sqliteDir := filepath.Join(lt.tmp, "sqlite")
 	if lt.sqlite, _, _, err = lt.startStack(ctx, "sqlite", dedupeBin, paymentsBin,
 		append([]string{"-database-url=", "-data-dir=" + sqliteDir, "-metrics-listen="}, common...)); err != nil {
@@ -299,15 +393,29 @@ func (lt *loadtest) run(ctx context.Context) error {
 			if h, ok := s.hitRatio(); ok {
 				hits = fmt.Sprintf("  cache hits %.3f", h)
 			}
-			fmt.Printf("round %d/%d  %-25s p50 %-8s p99 %-8s %8.0f req/s  errors %d  load %.2f%s\n",
-				r, lt.cfg.rounds, id, formatDuration(s.P50), formatDuration(s.P99), s.RPS, s.Errors, readLoad()[0], hits)
+			var servers time.Duration
+			for role, d := range s.CPU {
+				if role != roleClient {
+					servers += d
+				}
+			}
+			cpu := ""
+			if v, ok := perThousand(servers, s.Count-s.Errors); ok {
+				cpu = fmt.Sprintf("  CPU-s/1k calls %.3f", v)
+			}
+			fmt.Printf("round %d/%d  %-25s p50 %-8s p99 %-8s %8.0f req/s  errors %d  load %.2f%s%s\n",
+				r, lt.cfg.rounds, id, formatDuration(s.P50), formatDuration(s.P99), s.RPS, s.Errors, readLoad()[0], cpu, hits)
 		}
 		rd.Stop = readLoad()
 		lt.rounds = append(lt.rounds, rd)
 	}
 
+	if err := lt.measureStorage(ctx); err != nil {
+		return err
+	}
 	var report bytes.Buffer
 	writeReport(&report, lt.rounds, settings)
+	lt.writeStorage(&report)
 	fmt.Println()
 	fmt.Print(report.String())
 	fmt.Printf("\nraw output: %s\n", lt.cfg.results)
@@ -320,7 +428,7 @@ func (lt *loadtest) cleanup() {
 	start := time.Now()
 	stopAll()
 	fmt.Fprintf(os.Stderr, "loadtest: servers stopped (%s)\n", time.Since(start).Round(time.Millisecond))
-	if len(lt.dbs) > 0 {
+	if len(lt.dbs) > 0 && lt.pgServer == nil {
 		// DROP DATABASE waits for a checkpoint: seconds after a long run.
 		fmt.Fprintf(os.Stderr, "loadtest: dropping %s\n", strings.Join(lt.dbs, ", "))
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -339,6 +447,7 @@ func (lt *loadtest) cleanup() {
 	if lt.tmp != "" {
 		_ = os.RemoveAll(lt.tmp)
 	}
+	lt.h.close() // the run's own servers
 	fmt.Fprintf(os.Stderr, "loadtest: cleaned up (%s)\n", time.Since(start).Round(time.Millisecond))
 }
 
@@ -374,6 +483,9 @@ func deadPid(s string) (int, bool) {
 // and the floor pair's.
 func (lt *loadtest) createDatabases(ctx context.Context) error {
 	lt.admin = lt.cfg.databaseURL
+	if lt.pgServer != nil {
+		lt.admin = lt.pgServer.URL("postgres")
+	}
 	conn, err := pgx.Connect(ctx, lt.admin)
 	if err != nil {
 		return fmt.Errorf("connect to PostgreSQL at %s: %w", redact(lt.admin), err)
@@ -396,7 +508,11 @@ func (lt *loadtest) createDatabases(ctx context.Context) error {
 		}
 	}
 	suffix := strings.ToLower(rand.Text()[:6])
-	for _, role := range []string{"svc", "floor"} {
+	roles := []string{"svc", "floor"}
+	if lt.runs(rowNoGC16, rowNoGC64) {
+		roles = append(roles, "nogc")
+	}
+	for _, role := range roles {
 		name := fmt.Sprintf("%s%d_%s_%s", dbPrefix, os.Getpid(), suffix, role)
 		if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 			return fmt.Errorf("create database %s: %w", name, err)
@@ -406,9 +522,12 @@ func (lt *loadtest) createDatabases(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if role == "svc" {
+		switch role {
+		case "svc":
 			lt.svcURL = u
-		} else {
+		case "nogc":
+			lt.nogcURL = u
+		default:
 			lt.floorURL = u
 		}
 	}
@@ -495,6 +614,10 @@ func (lt *loadtest) startPayments(ctx context.Context, name, paymentsBin, dedupe
 	if err != nil {
 		return "", err
 	}
+	lt.payments[payAddr] = pay
+	if dedupe != nil {
+		lt.dedupeOf[payAddr] = dedupe
+	}
 	conn, err := grpc.NewClient(payAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return "", err
@@ -555,9 +678,16 @@ func (lt *loadtest) settings(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("pgbench --version: %w", err)
 	}
-	return fmt.Sprintf("%d rounds of %s a row; ghz %s (one connection), %s; %s, PostgreSQL %s, %d CPUs, %s",
+	server := "the server at " + redact(lt.admin)
+	if lt.pgServer != nil {
+		server = "servers of the run's own, fsync on"
+		if lt.citus != nil {
+			server += "; Citus: a coordinator and 2 workers, " + citusVersion(ctx, lt.citus.coordinator.URL("postgres"))
+		}
+	}
+	return fmt.Sprintf("%d rounds of %s a row; ghz %s (one connection), %s; %s, PostgreSQL %s (%s), %d CPUs, %s",
 		lt.cfg.rounds, lt.cfg.duration, strings.TrimPrefix(filepath.Base(filepath.Dir(lt.cfg.ghz)), "ghz-"),
-		strings.TrimSpace(string(out)), runtime.Version(), pgVersion, runtime.NumCPU(), cpuModel()) + extraFlags(lt.cfg.dedupeFlags), nil
+		strings.TrimSpace(string(out)), runtime.Version(), pgVersion, server, runtime.NumCPU(), cpuModel()) + extraFlags(lt.cfg.dedupeFlags), nil
 }
 
 // extraFlags names the -dedupe-flags of a run for its settings line.
@@ -574,7 +704,7 @@ func extraFlags(flags []string) string {
 func (lt *loadtest) warmUp(ctx context.Context) error {
 	fmt.Println("loadtest: warming up")
 	targets := map[string]string{"warmup-pg": lt.pg, "warmup-sqlite": lt.sqlite}
-	for name, target := range map[string]string{"warmup-pg-cached": lt.pgCached, "warmup-pg-after-reply": lt.pgAfterReply, "warmup-pg-in-process": lt.pgInProcess, "warmup-sqlite-in-process": lt.sqliteInProcess} {
+	for name, target := range map[string]string{"warmup-pg-no-group-commit": lt.pgNoGC, "warmup-citus": lt.citusPay, "warmup-citus-no-quota": lt.citusNoQuota, "warmup-pg-cached": lt.pgCached, "warmup-pg-after-reply": lt.pgAfterReply, "warmup-pg-in-process": lt.pgInProcess, "warmup-sqlite-in-process": lt.sqliteInProcess} {
 		if target != "" {
 			targets[name] = target
 		}
@@ -595,8 +725,46 @@ func chargeData(customer string) string {
 	return fmt.Sprintf(`{"customer_id":%q,"amount_cents":100}`, customer)
 }
 
-// runRow runs one row once.
+// runRow runs one row once, and reads the CPU each of its processes used
+// and its servers' writes.
 func (lt *loadtest) runRow(ctx context.Context, id rowID, r int) (sample, error) {
+	targets, dbs, err := lt.accounting(id)
+	if err != nil {
+		return sample{}, err
+	}
+	cpuBefore, err := readCPU(targets)
+	if err != nil {
+		return sample{}, err
+	}
+	countsBefore, err := sumCounts(ctx, dbs)
+	if err != nil {
+		return sample{}, err
+	}
+	start := time.Now()
+	s, err := lt.runRowOnce(ctx, id, r)
+	if err != nil {
+		return s, err
+	}
+	cpuAfter, err := readCPU(targets)
+	s.Elapsed = time.Since(start)
+	if err != nil {
+		return sample{}, err
+	}
+	countsAfter, err := sumCounts(ctx, dbs)
+	if err != nil {
+		return sample{}, err
+	}
+	client := s.CPU[roleClient]
+	s.CPU = cpuBetween(cpuBefore, cpuAfter)
+	s.CPU[roleClient] = client
+	if len(dbs) > 0 {
+		s.Xids, s.WAL, s.CountsRead = countsAfter.xids-countsBefore.xids, countsAfter.wal-countsBefore.wal, true
+	}
+	return s, nil
+}
+
+// runRowOnce runs one row once.
+func (lt *loadtest) runRowOnce(ctx context.Context, id rowID, r int) (sample, error) {
 	name := fmt.Sprintf("r%d-%s", r, strings.NewReplacer(" ", "-", "=", "").Replace(string(id)))
 	secs := int(math.Ceil(lt.cfg.duration.Seconds()))
 	dur := []string{"--duration", lt.cfg.duration.String(), "--duration-stop", "wait"}
@@ -635,6 +803,31 @@ func (lt *loadtest) runRow(ctx context.Context, id rowID, r int) (sample, error)
 		return lt.pgbench(ctx, name, 16, secs)
 	case rowFloor64:
 		return lt.pgbench(ctx, name, 64, secs)
+	case rowFloorBatched16:
+		return lt.pgbenchScript(ctx, name, lt.batchedScripts[id], batchedWriters, secs, 16/batchedWriters)
+	case rowFloorBatched64:
+		return lt.pgbenchScript(ctx, name, lt.batchedScripts[id], batchedWriters, secs, 64/batchedWriters)
+	case rowNoGC16:
+		return lt.fresh(ctx, name, lt.pgNoGC, 16, dur)
+	case rowNoGC64:
+		return lt.fresh(ctx, name, lt.pgNoGC, 64, dur)
+	case rowCitus1:
+		return lt.fresh(ctx, name, lt.citusPay, 1, dur)
+	case rowCitus16:
+		return lt.fresh(ctx, name, lt.citusPay, 16, dur)
+	case rowCitus64:
+		return lt.fresh(ctx, name, lt.citusPay, 64, dur)
+	case rowIdlePG, rowIdleCitus:
+		select {
+		case <-ctx.Done():
+			return sample{}, ctx.Err()
+		case <-time.After(lt.cfg.duration):
+		}
+		return sample{}, nil
+	case rowCitusNoQuota16:
+		return lt.fresh(ctx, name, lt.citusNoQuota, 16, dur)
+	case rowCitusNoQuota64:
+		return lt.fresh(ctx, name, lt.citusNoQuota, 64, dur)
 	}
 	return sample{}, fmt.Errorf("unknown row %q", id)
 }
@@ -655,7 +848,8 @@ func (lt *loadtest) ghz(ctx context.Context, name, target, method string, caller
 		args = append(args, "--metadata", md)
 	}
 	args = append(append(args, extra...), target)
-	if err := runTool(ctx, filepath.Join(lt.cfg.results, name+".ghz.log"), lt.cfg.ghz, args...); err != nil {
+	clientCPU, err := runTool(ctx, filepath.Join(lt.cfg.results, name+".ghz.log"), lt.cfg.ghz, args...)
+	if err != nil {
 		return sample{}, err
 	}
 	f, err := os.Open(out)
@@ -667,6 +861,7 @@ func (lt *loadtest) ghz(ctx context.Context, name, target, method string, caller
 	if err != nil {
 		return sample{}, fmt.Errorf("%s: %w", out, err)
 	}
+	s.CPU = map[cpuRole]time.Duration{roleClient: clientCPU}
 	if s.Errors > 0 {
 		fmt.Printf("loadtest: %s: status codes %v, errors %v\n", name, rep.StatusCodes, rep.Errors)
 	}
@@ -852,7 +1047,14 @@ func (lt *loadtest) withBudget(ctx context.Context, row func() (sample, error)) 
 // pgbench runs the floor pair from clients clients for secs seconds, and
 // checks that every pair it ran completed its record.
 func (lt *loadtest) pgbench(ctx context.Context, name string, clients, secs int) (sample, error) {
-	script := filepath.Join(lt.cfg.results, "floor.sql")
+	return lt.pgbenchScript(ctx, name, filepath.Join(lt.cfg.results, "floor.sql"), clients, secs, 1)
+}
+
+// pgbenchScript runs script, pairs floor pairs a run of it, from clients
+// clients for secs seconds, and checks that every pair it ran completed its
+// record. The sample counts pairs: req/s is pairs a second, the latencies
+// are a run's (pairs pairs).
+func (lt *loadtest) pgbenchScript(ctx context.Context, name, script string, clients, secs, pairs int) (sample, error) {
 	prefix := filepath.Join(lt.cfg.results, name+".pgbench")
 	args := []string{"-n", "-M", "prepared", "-f", script, "-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(clients, runtime.NumCPU())),
 		"-T", strconv.Itoa(secs), "--log", "--log-prefix", prefix}
@@ -861,7 +1063,8 @@ func (lt *loadtest) pgbench(ctx context.Context, name string, clients, secs int)
 	}
 	args = append(args, lt.floorURL)
 	outPath := prefix + ".out"
-	if err := runTool(ctx, outPath, lt.cfg.pgbench, args...); err != nil {
+	clientCPU, err := runTool(ctx, outPath, lt.cfg.pgbench, args...)
+	if err != nil {
 		return sample{}, err
 	}
 	out, err := os.ReadFile(outPath)
@@ -903,7 +1106,12 @@ func (lt *loadtest) pgbench(ctx context.Context, name string, clients, secs int)
 	if inFlight > 0 {
 		return sample{}, fmt.Errorf("%d floor records are still in flight: the script's Finish UPDATE did not match what its INSERT reserved", inFlight)
 	}
-	return pgbenchSample(sum, latencies), nil
+	s := pgbenchSample(sum, latencies)
+	s.Count *= int64(pairs)
+	s.Errors *= int64(pairs)
+	s.RPS *= float64(pairs)
+	s.CPU = map[cpuRole]time.Duration{roleClient: clientCPU}
+	return s, nil
 }
 
 // readLoad reads the load average; zero if it cannot.
@@ -948,4 +1156,142 @@ func repoRoot() (string, error) {
 		}
 		dir = parent
 	}
+}
+
+// accounting returns what a row's CPU and writes are read from: the
+// payments server it calls, that server's Dedupe service, and the servers
+// of the database it writes, when they are the run's own (a shared
+// server's CPU and transactions are not this run's alone).
+func (lt *loadtest) accounting(id rowID) ([]cpuTarget, []string, error) {
+	var pay string
+	db := "pg"
+	switch id {
+	case rowUngated, rowPG1, rowPG16, rowPG64, rowReplay, rowIdlePG:
+		pay = lt.pg
+	case rowReplayCached:
+		pay = lt.pgCached
+	case rowAfterReply1, rowAfterReply16, rowAfterReply64:
+		pay = lt.pgAfterReply
+	case rowInProcess1, rowInProcess64:
+		pay = lt.pgInProcess
+	case rowNoGC16, rowNoGC64:
+		pay = lt.pgNoGC
+	case rowSQLite1, rowSQLite64:
+		pay, db = lt.sqlite, ""
+	case rowSQLiteInProcess64:
+		pay, db = lt.sqliteInProcess, ""
+	case rowCitus1, rowCitus16, rowCitus64, rowIdleCitus:
+		pay, db = lt.citusPay, "citus"
+	case rowCitusNoQuota16, rowCitusNoQuota64:
+		pay, db = lt.citusNoQuota, "citus"
+	}
+	var targets []cpuTarget
+	if p, ok := lt.payments[pay]; ok {
+		targets = append(targets, cpuTarget{role: roleTool, pid: p.cmd.Process.Pid})
+	}
+	if d, ok := lt.dedupeOf[pay]; ok {
+		targets = append(targets, cpuTarget{role: roleService, pid: d.cmd.Process.Pid})
+	}
+	var dbs []string
+	add := func(role cpuRole, c *pgtest.Cluster) error {
+		pid, err := c.PostmasterPID()
+		if err != nil {
+			return err
+		}
+		targets = append(targets, cpuTarget{role: role, pid: pid, tree: true})
+		dbs = append(dbs, c.URL("postgres"))
+		return nil
+	}
+	switch {
+	case db == "pg" && lt.pgServer != nil:
+		if err := add(rolePG, lt.pgServer); err != nil {
+			return nil, nil, err
+		}
+	case db == "citus" && lt.citus != nil:
+		if err := add(roleCoord, lt.citus.coordinator); err != nil {
+			return nil, nil, err
+		}
+		for i, w := range lt.citus.workers {
+			if err := add([]cpuRole{roleWorker1, roleWorker2}[i], w); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	return targets, dbs, nil
+}
+
+// checkCitusForms fails unless the Citus stack's Dedupe service logged that
+// it runs the store's Citus forms: else the Citus rows would measure a
+// store that is not the supported configuration.
+func (lt *loadtest) checkCitusForms(stack string) error {
+	path := filepath.Join(lt.cfg.results, "dedupesvc-"+stack+".log")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(string(b), "the store runs its Citus forms") {
+		return fmt.Errorf("the Dedupe service on the Citus coordinator did not log that it runs the store's Citus forms (pgstore.WithCitus); see %s", path)
+	}
+	return nil
+}
+
+// measureStorage reads, after the rounds, what the records the gated rows
+// stored take: on the PostgreSQL Dedupe service's database (every gated pg
+// row's records, stored by the service, with their usage changes) and on
+// the Citus workers.
+func (lt *loadtest) measureStorage(ctx context.Context) error {
+	if lt.runs(rowPG1, rowPG16, rowPG64) {
+		fmt.Println("loadtest: measuring the store's size (VACUUM, then VACUUM FULL)")
+		st, err := measureStorage(ctx, lt.svcURL)
+		if err != nil {
+			return fmt.Errorf("storage: %w", err)
+		}
+		lt.storage = &st
+	}
+	if lt.citus != nil && lt.runs(citusRows...) {
+		var err error
+		if lt.citusRecords, lt.citusBytes, err = citusStorage(ctx, lt.citus.coordinator.URL("postgres")); err != nil {
+			return fmt.Errorf("storage on Citus: %w", err)
+		}
+	}
+	return nil
+}
+
+// writeStorage prints the storage the run measured, per million records.
+func (lt *loadtest) writeStorage(w io.Writer) {
+	if st := lt.storage; st != nil && st.Records > 0 {
+		v, _ := st.perMillion(st.Vacuumed)
+		c, _ := st.perMillion(st.Compacted)
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| storage of the gated pg rows' records (their database, every idemgate table with indexes and TOAST) | value |")
+		fmt.Fprintln(w, "| --- | ---: |")
+		fmt.Fprintf(w, "| completed records | %d |\n", st.Records)
+		fmt.Fprintf(w, "| mean outcome (outcome_value) / key bytes | %.1f / %.1f |\n", st.OutcomeBytes, st.KeyBytes)
+		fmt.Fprintf(w, "| after VACUUM: bytes, bytes per record, GB per million records | %d, %.0f, %.3f |\n", st.Vacuumed, float64(st.Vacuumed)/float64(st.Records), v)
+		fmt.Fprintf(w, "| after VACUUM FULL: bytes, bytes per record, GB per million records | %d, %.0f, %.3f |\n", st.Compacted, float64(st.Compacted)/float64(st.Records), c)
+	}
+	if lt.citus != nil && lt.citusRecords > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintf(w, "| Citus: shards of the idemgate tables per node (citus_shards), %d completed records | bytes | bytes per record of the cluster |\n", lt.citusRecords)
+		fmt.Fprintln(w, "| --- | ---: | ---: |")
+		for i, wk := range lt.citus.workers {
+			b := lt.citusBytes[wk.Port()]
+			fmt.Fprintf(w, "| worker %d | %d | %.0f |\n", i+1, b, float64(b)/float64(lt.citusRecords))
+		}
+	}
+}
+
+// citusVersion is the coordinator's citus_version(), or why not.
+func citusVersion(ctx context.Context, url string) string {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err.Error()
+	}
+	defer conn.Close(context.Background())
+	var v string
+	if err := conn.QueryRow(ctx, "SELECT citus_version()").Scan(&v); err != nil {
+		return err.Error()
+	}
+	v, _, _ = strings.Cut(v, " on ")
+	return v
 }

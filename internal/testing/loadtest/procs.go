@@ -126,11 +126,12 @@ func (s *server) tail() string {
 }
 
 // runTool runs a measuring tool (ghz, pgbench) to completion, its output in
-// outPath, in its own process group, killed with its group if ctx ends.
-func runTool(ctx context.Context, outPath, bin string, args ...string) error {
+// outPath, in its own process group, killed with its group if ctx ends, and
+// returns the CPU time it used.
+func runTool(ctx context.Context, outPath, bin string, args ...string) (time.Duration, error) {
 	out, err := os.Create(outPath)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer out.Close()
 	cmd := exec.CommandContext(ctx, bin, args...)
@@ -141,9 +142,9 @@ func runTool(ctx context.Context, outPath, bin string, args ...string) error {
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	if err := cmd.Run(); err != nil {
 		b, _ := os.ReadFile(outPath)
-		return fmt.Errorf("%s %s: %w\n%s", filepath.Base(bin), strings.Join(args, " "), err, b)
+		return 0, fmt.Errorf("%s %s: %w\n%s", filepath.Base(bin), strings.Join(args, " "), err, b)
 	}
-	return nil
+	return cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime(), nil
 }
 
 // freeAddr returns a loopback address with a port nothing listens on now.

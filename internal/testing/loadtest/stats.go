@@ -18,6 +18,32 @@ const (
 	rowPG1     rowID = "gated pg c=1"
 	rowPG16    rowID = "gated pg c=16"
 	rowPG64    rowID = "gated pg c=64"
+	// The no-group-commit rows call a payments server on a Dedupe service
+	// of their own whose store commits every statement alone
+	// (-store-max-batch=1), on a database of its own on the same server:
+	// PostgreSQL's cost per call without group commit, and the store as it
+	// runs on Citus, which turns group commit off.
+	rowNoGC16 rowID = "gated pg no-group-commit c=16"
+	rowNoGC64 rowID = "gated pg no-group-commit c=64"
+	// The Citus rows call a payments server on a Dedupe service on the
+	// coordinator of a Citus cluster of two workers (-stores citus).
+	rowCitus1  rowID = "gated citus c=1"
+	rowCitus16 rowID = "gated citus c=16"
+	rowCitus64 rowID = "gated citus c=64"
+	// The Citus no-quota rows call a second payments server and Dedupe
+	// service on the same coordinator, with the per-caller quotas off
+	// (-caller-max-records=0, -caller-max-bytes=0), so no Begin reads the
+	// caller's usage: on Citus that read is a query on every shard of
+	// idemgate_usage_changes, which is distributed by key, not namespace.
+	rowCitusNoQuota16 rowID = "gated citus no-quota c=16"
+	rowCitusNoQuota64 rowID = "gated citus no-quota c=64"
+	// The idle rows make no call for the row's duration: the CPU the
+	// servers spend on their own (the sweeper, the usage compaction, the
+	// metrics' reads, the listeners' probes, autovacuum, Citus's
+	// maintenance), which the per-call figures include and a slow row
+	// divides by few calls.
+	rowIdlePG    rowID = "idle pg (no calls)"
+	rowIdleCitus rowID = "idle citus (no calls)"
 	// The after-reply rows call a second payments server on the PostgreSQL
 	// Dedupe service, whose ChargeCard answers before its outcome is stored
 	// (-finish-after-reply: FINISH_POLICY_AFTER_REPLY).
@@ -41,13 +67,27 @@ const (
 	rowFloor1       rowID = "floor pair c=1"
 	rowFloor16      rowID = "floor pair c=16"
 	rowFloor64      rowID = "floor pair c=64"
+	// The batched floor rows commit as group commit does: 2 pgbench
+	// clients (the store's 2 writers), each transaction carrying half the
+	// callers' reserves, then another their Finishes (floorScript.batched).
+	rowFloorBatched16 rowID = "floor batched c=16 (2 conns x 8 pairs a commit)"
+	rowFloorBatched64 rowID = "floor batched c=64 (2 conns x 32 pairs a commit)"
 )
+
+// batchedWriters is the batched floor's pgbench clients: the store's group
+// commit writers (pgstore.DefaultGroupCommit.Writers).
+const batchedWriters = 2
 
 // allRows is every row in run order.
 var allRows = []rowID{
 	rowUngated, rowPG1, rowPG16, rowPG64, rowAfterReply1, rowAfterReply16, rowAfterReply64, rowInProcess1, rowInProcess64,
 	rowSQLite1, rowSQLite64, rowSQLiteInProcess64, rowReplay, rowReplayCached, rowFloor1, rowFloor16, rowFloor64,
+	rowFloorBatched16, rowFloorBatched64, rowNoGC16, rowNoGC64, rowCitus1, rowCitus16, rowCitus64,
+	rowCitusNoQuota16, rowCitusNoQuota64, rowIdlePG, rowIdleCitus,
 }
+
+// citusRows are the rows that need -stores citus.
+var citusRows = []rowID{rowCitus1, rowCitus16, rowCitus64, rowCitusNoQuota16, rowCitusNoQuota64, rowIdleCitus}
 
 // sample is one row's result in one round.
 type sample struct {
@@ -67,6 +107,25 @@ type sample struct {
 	// after); only for the rows the budget is read on (gated pg c=1,
 	// replay pg c=1).
 	Budget map[stageKey]time.Duration
+	// CPU is the CPU time each process used during the row (/proc), the
+	// load generator's from its exit status.
+	CPU map[cpuRole]time.Duration
+	// Xids and WAL are the transaction ids handed out (one per writing
+	// transaction) and the WAL bytes written during the row, summed over
+	// the row's servers; CountsRead says they were read.
+	Xids, WAL  int64
+	CountsRead bool
+	// Elapsed is the time between the row's two reads of the CPU.
+	Elapsed time.Duration
+}
+
+// perCall is the sample's value per successful call; false when none.
+func (s sample) perCall(v int64) (float64, bool) {
+	ok := s.Count - s.Errors
+	if ok <= 0 {
+		return 0, false
+	}
+	return float64(v) / float64(ok), true
 }
 
 // budgetBetween is each stage's mean between two reads of the stage
@@ -254,6 +313,12 @@ var goals = []goal{
 	{Name: "gated req/s / floor pair tps, 64 callers", Limit: 1.0, value: func(m map[rowID]sample) (float64, bool) {
 		return throughputOver(m, []rowID{rowPG64}, []rowID{rowFloor64})
 	}},
+	{Name: "gated req/s / batched floor pairs/s, 16 callers (the floor committing as group commit does)", Limit: 1.0, value: func(m map[rowID]sample) (float64, bool) {
+		return throughputOver(m, []rowID{rowPG16}, []rowID{rowFloorBatched16})
+	}},
+	{Name: "gated req/s / batched floor pairs/s, 64 callers (the floor committing as group commit does)", Limit: 1.0, value: func(m map[rowID]sample) (float64, bool) {
+		return throughputOver(m, []rowID{rowPG64}, []rowID{rowFloorBatched64})
+	}},
 	{Name: "gated best req/s / floor pair best tps, each over 1, 16 and 64 callers", Limit: 1.0, value: func(m map[rowID]sample) (float64, bool) {
 		return throughputOver(m, []rowID{rowPG1, rowPG16, rowPG64}, floorRows)
 	}},
@@ -408,6 +473,7 @@ func writeReport(w io.Writer, rounds []round, settings string) {
 	}
 	writeBudget(w, rounds, rowPG1)
 	writeBudget(w, rounds, rowReplay)
+	writeCPU(w, rounds)
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "| round | load average at start | load average at end |")
 	fmt.Fprintln(w, "| --- | --- | --- |")
@@ -492,4 +558,187 @@ func writeBudget(w io.Writer, rounds []round, row rowID) {
 	}
 	fmt.Fprintf(w, "| outside the gate: caller to tool server and back, gRPC, the replies (p50 %s less the tool server's stages) | %s |\n",
 		formatDuration(time.Duration(median(p50))), formatDuration(time.Duration(median(p50))-tool))
+}
+
+// cpuPerThousand is, per role, the median across rounds of the row's CPU
+// seconds per 1,000 successful calls; and of its writing transactions and
+// WAL bytes per call.
+func cpuPerThousand(rounds []round, id rowID) (cpu map[cpuRole]float64, xids, wal float64, countsOK, ran bool) {
+	per := map[cpuRole][]float64{}
+	var xs, ws []float64
+	for _, r := range rounds {
+		s, ok := r.Samples[id]
+		if !ok {
+			continue
+		}
+		ran = true
+		for role, d := range s.CPU {
+			if v, ok := perThousand(d, s.Count-s.Errors); ok {
+				per[role] = append(per[role], v)
+			}
+		}
+		if s.CountsRead {
+			if x, ok := s.perCall(s.Xids); ok {
+				xs = append(xs, x)
+			}
+			if v, ok := s.perCall(s.WAL); ok {
+				ws = append(ws, v)
+			}
+		}
+	}
+	cpu = map[cpuRole]float64{}
+	for role, vs := range per {
+		cpu[role] = median(vs)
+	}
+	if len(xs) > 0 {
+		xids, wal, countsOK = median(xs), median(ws), true
+	}
+	return cpu, xids, wal, countsOK, ran
+}
+
+// serverRoles are the roles whose CPU is the database's.
+var serverRoles = []cpuRole{rolePG, roleCoord, roleWorker1, roleWorker2}
+
+// writeCPU prints the CPU each process spent per 1,000 calls of every row
+// that read it, the database's writing transactions and WAL per call, and
+// the capacity of one primary those give.
+func writeCPU(w io.Writer, rounds []round) {
+	fmt.Fprintln(w)
+	fmt.Fprint(w, "| CPU-s per 1,000 calls (pgbench: pairs), medians across rounds | req/s |")
+	for _, role := range cpuRoles {
+		fmt.Fprintf(w, " %s |", role)
+	}
+	fmt.Fprintln(w, " all but the load generator | database write transactions per call | WAL bytes per call |")
+	fmt.Fprint(w, "| --- | ---: |")
+	for range cpuRoles {
+		fmt.Fprint(w, " ---: |")
+	}
+	fmt.Fprintln(w, " ---: | ---: | ---: |")
+	med := medians(rounds)
+	for _, id := range allRows {
+		cpu, xids, wal, countsOK, ran := cpuPerThousand(rounds, id)
+		if !ran || len(cpu) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "| %s | %.0f |", id, med[id].RPS)
+		var servers float64
+		for _, role := range cpuRoles {
+			v, ok := cpu[role]
+			if !ok {
+				fmt.Fprint(w, " - |")
+				continue
+			}
+			fmt.Fprintf(w, " %.3f |", v)
+			if role != roleClient {
+				servers += v
+			}
+		}
+		fmt.Fprintf(w, " %.3f |", servers)
+		if countsOK {
+			fmt.Fprintf(w, " %.2f | %.0f |\n", xids, wal)
+		} else {
+			fmt.Fprintln(w, " - | - |")
+		}
+	}
+	bg := map[rowID]map[cpuRole]float64{rowIdlePG: background(rounds, rowIdlePG), rowIdleCitus: background(rounds, rowIdleCitus)}
+	for _, idle := range []rowID{rowIdlePG, rowIdleCitus} {
+		if len(bg[idle]) == 0 {
+			continue
+		}
+		fmt.Fprintln(w)
+		fmt.Fprintf(w, "| %s: CPU-s per second, medians across rounds | value |\n", idle)
+		fmt.Fprintln(w, "| --- | ---: |")
+		for _, role := range cpuRoles {
+			if v, ok := bg[idle][role]; ok && role != roleClient {
+				fmt.Fprintf(w, "| %s | %.4f |\n", role, v)
+			}
+		}
+	}
+	// One primary's capacity: a core gives 1,000 CPU-seconds per 1,000
+	// seconds, so reservations per second per core = 1,000 / (the
+	// database's CPU-s per 1,000 gated calls); net of the background, the
+	// servers' CPU with no calls times the row's time, when an idle row ran.
+	var lines []string
+	for _, id := range []rowID{rowPG16, rowPG64, rowNoGC16, rowNoGC64, rowCitus16, rowCitus64, rowCitusNoQuota16, rowCitusNoQuota64} {
+		cpu, _, _, _, ran := cpuPerThousand(rounds, id)
+		if !ran {
+			continue
+		}
+		var db float64
+		for _, role := range serverRoles {
+			db += cpu[role]
+		}
+		if db <= 0 {
+			continue
+		}
+		idle := rowIdlePG
+		if slices.Contains(citusRows, id) {
+			idle = rowIdleCitus
+		}
+		net := "-"
+		if n, ok := netPerThousand(rounds, id, bg[idle]); ok && n > 0 {
+			net = fmt.Sprintf("%.3f | %.0f", n, 1000/n)
+		} else {
+			net = "- | -"
+		}
+		lines = append(lines, fmt.Sprintf("| %s | %.3f | %.0f | %s |", id, db, 1000/db, net))
+	}
+	if len(lines) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "| capacity of the database's CPU (all its servers) | CPU-s per 1,000 gated calls | gated calls (Begin + Finish) per second per core | net of the background: CPU-s per 1,000 | net: per second per core |")
+		fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: |")
+		for _, l := range lines {
+			fmt.Fprintln(w, l)
+		}
+	}
+}
+
+// background is, per role, the median across rounds of the CPU seconds
+// per second the idle row id read; empty when it did not run.
+func background(rounds []round, id rowID) map[cpuRole]float64 {
+	per := map[cpuRole][]float64{}
+	for _, r := range rounds {
+		s, ok := r.Samples[id]
+		if !ok || s.Elapsed <= 0 {
+			continue
+		}
+		for role, d := range s.CPU {
+			per[role] = append(per[role], d.Seconds()/s.Elapsed.Seconds())
+		}
+	}
+	out := map[cpuRole]float64{}
+	for role, vs := range per {
+		out[role] = median(vs)
+	}
+	return out
+}
+
+// netPerThousand is the median across rounds of the database's CPU
+// seconds per 1,000 calls of row id less its background (bg, CPU-s per
+// second per role, times the row's time); false without a background or a
+// round with calls.
+func netPerThousand(rounds []round, id rowID, bg map[cpuRole]float64) (float64, bool) {
+	if len(bg) == 0 {
+		return 0, false
+	}
+	var vs []float64
+	for _, r := range rounds {
+		s, ok := r.Samples[id]
+		if !ok || s.Elapsed <= 0 {
+			continue
+		}
+		var used float64
+		for _, role := range serverRoles {
+			if d, ok := s.CPU[role]; ok {
+				used += d.Seconds() - bg[role]*s.Elapsed.Seconds()
+			}
+		}
+		if v, ok := perThousand(time.Duration(used*float64(time.Second)), s.Count-s.Errors); ok {
+			vs = append(vs, v)
+		}
+	}
+	if len(vs) == 0 {
+		return 0, false
+	}
+	return median(vs), true
 }

@@ -39,6 +39,8 @@ type Cluster struct {
 	// asPostgres runs the server programs as the postgres OS user: initdb and
 	// postgres refuse to run as root.
 	asPostgres bool
+	// durable keeps fsync and full_page_writes on (NewDurableClusterConf).
+	durable bool
 }
 
 // NewCluster initdbs a fresh cluster into a new temporary directory, starts
@@ -262,8 +264,10 @@ func (c *Cluster) start() error {
 	// the OS, so what was written to the page cache survives and syncing it
 	// only costs time. synchronous_commit stays on: off, a commit could still
 	// sit in the server's WAL buffers when an immediate stop kills it.
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off",
-		c.port, filepath.Join(c.dir, "socket"))
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1", c.port, filepath.Join(c.dir, "socket"))
+	if !c.durable {
+		opts += " -c fsync=off -c full_page_writes=off"
+	}
 	if out, err := c.pgCtl("start", "-l", c.logFile(), "-o", opts); err != nil {
 		return fmt.Errorf("pg_ctl start: %v\n%s", err, out)
 	}
@@ -459,6 +463,36 @@ func NewClusterConf(tb testing.TB, conf string) *Cluster {
 	appendConf(tb, c, conf)
 	c.startOnFreePort(tb)
 	return c
+}
+
+// NewDurableClusterConf is NewClusterConf for a benchmark: the server
+// keeps fsync and full_page_writes on, as PostgreSQL's defaults have them,
+// so a commit costs what it costs a production server (NewCluster turns
+// both off, which only tests that crash the postmaster can afford).
+func NewDurableClusterConf(tb testing.TB, conf string) *Cluster {
+	tb.Helper()
+	c := newCluster(tb)
+	c.durable = true
+	c.initdb(tb)
+	appendConf(tb, c, conf)
+	c.startOnFreePort(tb)
+	return c
+}
+
+// PostmasterPID returns the process id of the running server's postmaster
+// (the first line of its postmaster.pid), whose children are its backends
+// and background processes.
+func (c *Cluster) PostmasterPID() (int, error) {
+	b, err := os.ReadFile(filepath.Join(c.dataDir(), "postmaster.pid"))
+	if err != nil {
+		return 0, fmt.Errorf("pgtest: the server's pid: %w", err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		return 0, fmt.Errorf("pgtest: postmaster.pid: %w", err)
+	}
+	return pid, nil
 }
 
 // LibDir returns the directory of the server's extension libraries (the

@@ -2,6 +2,10 @@ package pgtest_test
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -124,5 +128,41 @@ func BenchmarkCrashRestart(b *testing.B) {
 	for b.Loop() {
 		c.Stop(b, "immediate")
 		c.Start(b)
+	}
+}
+
+// A durable cluster syncs as a production server does (fsync and full page
+// writes on, which NewCluster turns off), so a benchmark on it pays what a
+// commit costs; its PostmasterPID is the server's process, whose children
+// are the server's backends.
+func TestDurableClusterSyncsAndNamesItsPostmaster(t *testing.T) {
+	t.Parallel()
+	c := pgtest.NewDurableClusterConf(t, "max_connections = 150\n")
+	conn := connect(t, c)
+	for setting, want := range map[string]string{"fsync": "on", "full_page_writes": "on", "max_connections": "150"} {
+		var got string
+		if err := conn.QueryRow(context.Background(), "SHOW "+setting).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("SHOW %s = %q, want %q", setting, got, want)
+		}
+	}
+	pid, err := c.PostmasterPID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var backend int
+	if err := conn.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&backend); err != nil {
+		t.Fatal(err)
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", backend))
+	if err != nil {
+		t.Skipf("no /proc here: %v", err)
+	}
+	// The parent pid is the fourth field, after the command in parentheses.
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	if fields[1] != strconv.Itoa(pid) {
+		t.Errorf("the backend's parent is %s, PostmasterPID() = %d", fields[1], pid)
 	}
 }
