@@ -30,5 +30,6 @@
 // at pgtest.URL(), curl, and /usr/bin/python3 with grpcio and protobuf for
 // the Python step. Without one of them it skips, except under CI=true, where
 // it fails. With a warm Go build cache it takes 13 to 35 seconds on a shared
-// 2-core machine; on an empty one about 5 minutes (2.8 CPU-minutes).
+// 2-core machine; on an empty one, where make tools has not built buf, about
+// 5 minutes (2.8 CPU-minutes).
 package adoptertest
