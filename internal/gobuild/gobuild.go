@@ -23,7 +23,7 @@ var Env = []string{"CGO_ENABLED=0"}
 // Command returns go build with Flags and Env, ldflags (none when empty)
 // and args (-o, packages), run in dir (the current directory when empty).
 // go test puts its own go first on PATH, so in a test this is the toolchain
-// that built the test.
+// that built the test. A caller that runs it takes Lock first, as Build does.
 func Command(ctx context.Context, dir, ldflags string, args ...string) *exec.Cmd {
 	argv := append([]string{"build"}, Flags...)
 	if ldflags != "" {
@@ -35,9 +35,14 @@ func Command(ctx context.Context, dir, ldflags string, args ...string) *exec.Cmd
 	return cmd
 }
 
-// Build runs Command and returns its combined output in the error when it
-// fails.
+// Build runs Command while it holds Lock and returns its combined output in
+// the error when it fails.
 func Build(ctx context.Context, dir, ldflags string, args ...string) error {
+	unlock, err := Lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	cmd := Command(ctx, dir, ldflags, args...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, out)

@@ -167,6 +167,11 @@ func ModuleRoot(ctx context.Context, dir string) (string, error) {
 // this machine; and stripped of its symbol table and DWARF (-s -w; panics
 // still print symbolised stacks).
 func BuildBinary(ctx context.Context, moduleDir, goarch, out string) error {
+	unlock, err := gobuild.Lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	cmd := gobuild.Command(ctx, moduleDir, "-s -w", "-o", out, "./cmd/dedupesvc")
 	cmd.Env = append(cmd.Env, "GOOS=linux", "GOARCH="+goarch)
 	if b, err := cmd.CombinedOutput(); err != nil {
