@@ -9,5 +9,7 @@
 // dependency once more each (issue 32: internal/imagebuild's static,
 // -trimpath build cost 422 CPU-seconds of a cold make test recompiling what
 // proctest had compiled with cgo and full paths). With one set they compile
-// each dependency once; only the link differs (-ldflags).
+// each dependency once; only the link differs (-ldflags). Build holds Lock,
+// so that test processes building at the same time do not each compile what
+// the other is compiling.
 package gobuild
