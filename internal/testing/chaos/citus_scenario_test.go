@@ -105,14 +105,11 @@ func killCitusWorker() func(*Stack, <-chan struct{}) error {
 			shard = st.shardsOf()
 		}
 		n++
-		_, key, err := st.PausedKey(done, alternate(n))
+		key, err := st.pausedStoredKey(done, n)
 		if err != nil {
-			return skipped(st, err)
-		}
-		t := st.T()
-		if err := st.requireRecord(key); err != nil {
 			return err
 		}
+		t := st.T()
 		worker, keyShard := st.Citus.WorkerOf(t, st.CitusSchema, key)
 		down := st.recordShardsOn(worker)
 		worker.Kill(t)
@@ -171,14 +168,11 @@ func moveCitusShard() func(*Stack, <-chan struct{}) error {
 	n := 0
 	return func(st *Stack, done <-chan struct{}) error {
 		n++
-		_, key, err := st.PausedKey(done, alternate(n))
+		key, err := st.pausedStoredKey(done, n)
 		if err != nil {
-			return skipped(st, err)
-		}
-		t := st.T()
-		if err := st.requireRecord(key); err != nil {
 			return err
 		}
+		t := st.T()
 		from, shard := st.Citus.WorkerOf(t, st.CitusSchema, key)
 		to := st.Citus.Workers[0]
 		if to == from {
@@ -219,4 +213,19 @@ func citusScenarios() []Scenario {
 		{Name: StoreCitus + "/shard-moved", Store: StoreCitus, Replicas: 2, Tools: 2, Workload: citusWorkload, Outages: 3,
 			Fault: moveCitusShard()},
 	}
+}
+
+// pausedStoredKey waits for the nth fault's paused handler (under the
+// policy alternate(n) picks) and returns its key once its record is in the
+// store: a Citus fault aims at the shard of that record. A fault that finds
+// no paused handler is skipped (skipped's error).
+func (st *Stack) pausedStoredKey(done <-chan struct{}, n int) (string, error) {
+	_, key, err := st.PausedKey(done, alternate(n))
+	if err != nil {
+		return "", skipped(st, err)
+	}
+	if err := st.requireRecord(key); err != nil {
+		return "", err
+	}
+	return key, nil
 }

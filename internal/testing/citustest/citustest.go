@@ -169,13 +169,8 @@ func (c *Cluster) OpenPool(tb testing.TB, schema string) *pgxpool.Pool {
 // order, so a test can see the shards spread over the workers.
 func (c *Cluster) Placements(tb testing.TB, schema string) []string {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, c.URL())
-	if err != nil {
-		tb.Fatalf("citustest: %v", err)
-	}
-	defer conn.Close(context.Background())
+	ctx, conn, done := c.connect(tb)
+	defer done()
 	rows, err := conn.Query(ctx, `
 SELECT DISTINCT s.table_name::text || ':' || s.nodeport::text
 FROM citus_shards AS s
@@ -198,18 +193,13 @@ ORDER BY 1`, schema)
 // idemgate_records that key hashes to, and that shard's id.
 func (c *Cluster) WorkerOf(tb testing.TB, schema, key string) (*pgtest.Cluster, int64) {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, c.URL())
-	if err != nil {
-		tb.Fatalf("citustest: %v", err)
-	}
-	defer conn.Close(context.Background())
+	ctx, conn, done := c.connect(tb)
+	defer done()
 	var (
 		shard int64
 		port  int
 	)
-	err = conn.QueryRow(ctx, `
+	err := conn.QueryRow(ctx, `
 SELECT s.shardid, s.nodeport FROM citus_shards AS s
 WHERE s.shardid = get_shard_id_for_distribution_column($1::regclass, $2::text)`, schema+".idemgate_records", key).Scan(&shard, &port)
 	if err != nil {
@@ -222,4 +212,20 @@ WHERE s.shardid = get_shard_id_for_distribution_column($1::regclass, $2::text)`,
 	}
 	tb.Fatalf("citustest: the shard %d of key %q is on port %d, no worker's", shard, key, port)
 	return nil, 0
+}
+
+// connect opens a connection to the coordinator for one of the helpers
+// above, bounded by setupTimeout: done closes it and ends the context.
+func (c *Cluster) connect(tb testing.TB) (context.Context, *pgx.Conn, func()) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+	conn, err := pgx.Connect(ctx, c.URL())
+	if err != nil {
+		cancel()
+		tb.Fatalf("citustest: %v", err)
+	}
+	return ctx, conn, func() {
+		conn.Close(context.Background())
+		cancel()
+	}
 }
