@@ -116,7 +116,7 @@ func h2cClient(t *testing.T) *http.Client {
 }
 
 // payments-server's Connect listener refuses a request that inflates past 4
-// MiB (gRPC's limit) before it decodes it: four gzip bodies of about 260 KB
+// MiB (gRPC's limit) before it decodes it: four gzip bodies of about 270 KB
 // sent at once, each a 256 MiB customer_id, over the Connect, gRPC and
 // gRPC-Web protocols, get RESOURCE_EXHAUSTED and
 // IDEMPOTENCY_REQUEST_TOO_LARGE; no charge ran under their keys (a small
