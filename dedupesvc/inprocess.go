@@ -71,6 +71,11 @@ func (c inProcessClient) Release(ctx context.Context, req *idemgatev1.ReleaseReq
 	return invoke(ctx, req, c.srv.Release)
 }
 
+// ReleaseLostBegins implements idemgatev1.DedupeServiceClient.
+func (c inProcessClient) ReleaseLostBegins(ctx context.Context, req *idemgatev1.ReleaseLostBeginsRequest, _ ...grpc.CallOption) (*idemgatev1.ReleaseLostBeginsResponse, error) {
+	return invoke(ctx, req, c.srv.ReleaseLostBegins)
+}
+
 // Heartbeat implements idemgatev1.DedupeServiceClient.
 func (c inProcessClient) Heartbeat(ctx context.Context, req *idemgatev1.HeartbeatRequest, _ ...grpc.CallOption) (*idemgatev1.HeartbeatResponse, error) {
 	return invoke(ctx, req, c.srv.Heartbeat)

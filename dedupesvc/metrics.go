@@ -186,6 +186,13 @@ func (m *Metrics) count(outcome string) {
 	}
 }
 
+// countN counts n of outcome.
+func (m *Metrics) countN(outcome string, n int) {
+	if m != nil && n > 0 {
+		m.outcomes.WithLabelValues(outcome).Add(float64(n))
+	}
+}
+
 // observe records an RPC's latency; call it deferred with the start time.
 func (m *Metrics) observe(rpc string, start time.Time) {
 	if m != nil {

@@ -700,6 +700,41 @@ func (s *Server) resolve(ctx context.Context, req *idemgatev1.ResolveRequest) (*
 	return &idemgatev1.ResolveResponse{}, nil
 }
 
+// ReleaseLostBegins implements idemgatev1.DedupeServiceServer.
+func (s *Server) ReleaseLostBegins(ctx context.Context, req *idemgatev1.ReleaseLostBeginsRequest) (*idemgatev1.ReleaseLostBeginsResponse, error) {
+	defer s.opts.metrics.observe("ReleaseLostBegins", time.Now())
+	resp, err := s.releaseLostBegins(ctx, req)
+	if err == nil {
+		s.opts.metrics.countN(outcomeReleased, int(resp.GetReleased()))
+	} else {
+		s.counted(outcomeReleased, err)
+	}
+	return resp, err
+}
+
+func (s *Server) releaseLostBegins(ctx context.Context, req *idemgatev1.ReleaseLostBeginsRequest) (*idemgatev1.ReleaseLostBeginsResponse, error) {
+	ns, err := namespace(ctx)
+	if err != nil {
+		return nil, err
+	}
+	lost := req.GetLostBegins()
+	if len(lost) == 0 || len(lost) > MaxLostBegins {
+		return nil, invalid("lost_begins", fmt.Sprintf("lost_begins must name 1 to %d attempts, got %d; send more in several calls", MaxLostBegins, len(lost)))
+	}
+	params := ReleaseLostParams{Namespace: ns, Attempts: make([]LostAttempt, len(lost)), ResolveOnly: s.opts.resolveOnly}
+	for i, l := range lost {
+		if err := validateRecordIDAt(fmt.Sprintf("lost_begins[%d].", i), l.GetScope(), l.GetKey(), l.GetAttemptToken()); err != nil {
+			return nil, err
+		}
+		params.Attempts[i] = LostAttempt{Scope: l.GetScope(), Key: l.GetKey(), AttemptToken: l.GetAttemptToken()}
+	}
+	released, err := s.store.ReleaseLost(ctx, params)
+	if err != nil {
+		return nil, s.storeError(ctx, "ReleaseLostBegins", err)
+	}
+	return &idemgatev1.ReleaseLostBeginsResponse{Released: int32(released)}, nil
+}
+
 // storeError maps a store error to the status the caller gets. Driver errors
 // are logged here and never sent: they can name another tenant's rows.
 func (s *Server) storeError(ctx context.Context, rpc string, err error) error {
@@ -798,23 +833,28 @@ func (s *Server) openOutcome(ctx context.Context, id RecordID, outcome Outcome) 
 }
 
 func validateRecordID(scope, key, token string) error {
-	switch {
-	case scope == "":
-		return invalid("scope", "scope is required")
+	return validateRecordIDAt("", scope, key, token)
+}
+
+// validateRecordIDAt is validateRecordID for fields named after prefix (an
+// element of a list, "lost_begins[3].").
+func validateRecordIDAt(prefix, scope, key, token string) error {
+	if scope == "" {
+		return invalid(prefix+"scope", prefix+"scope is required")
 	}
-	if err := checkText("scope", "scope", scope, MaxScopeBytes); err != nil {
+	if err := checkText(prefix+"scope", prefix+"scope", scope, MaxScopeBytes); err != nil {
 		return err
 	}
 	if err := keys.Validate(key); err != nil {
-		return invalid("key", "key "+err.Error())
+		return invalid(prefix+"key", prefix+"key "+err.Error())
 	}
 	switch {
 	case token == "":
-		return invalid("attempt_token", "attempt_token is required")
+		return invalid(prefix+"attempt_token", prefix+"attempt_token is required")
 	case len(token) > MaxAttemptTokenBytes:
-		return invalid("attempt_token", fmt.Sprintf("attempt_token is longer than %d bytes", MaxAttemptTokenBytes))
+		return invalid(prefix+"attempt_token", fmt.Sprintf("%sattempt_token is longer than %d bytes", prefix, MaxAttemptTokenBytes))
 	case !keys.Printable(token):
-		return invalid("attempt_token", "attempt_token must be printable ASCII")
+		return invalid(prefix+"attempt_token", prefix+"attempt_token must be printable ASCII")
 	}
 	return nil
 }

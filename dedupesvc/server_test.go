@@ -3,6 +3,7 @@ package dedupesvc_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -36,6 +37,10 @@ func (f *fakeStore) Heartbeat(context.Context, dedupesvc.HeartbeatParams) (time.
 	return time.Time{}, f.err
 }
 func (f *fakeStore) Resolve(context.Context, dedupesvc.ResolveParams) error { f.calls++; return f.err }
+func (f *fakeStore) ReleaseLost(context.Context, dedupesvc.ReleaseLostParams) (int, error) {
+	f.calls++
+	return 0, f.err
+}
 func (f *fakeStore) DeleteExpired(context.Context, int) (int, []dedupesvc.RecordID, error) {
 	f.calls++
 	return 0, nil, f.err
@@ -210,5 +215,49 @@ func wantInvalid(t *testing.T, err error, field string) {
 		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetMetadata()["field"] != field {
 			t.Fatalf("error names field %q, want %q (%v)", info.GetMetadata()["field"], field, err)
 		}
+	}
+}
+
+// ReleaseLostBegins names 1 to MaxLostBegins attempts, each as Release
+// would; a bad one is refused naming its place, and nothing reaches the
+// store.
+func TestReleaseLostBeginsValidation(t *testing.T) {
+	t.Parallel()
+	lost := func(n int) []*idemgatev1.ReleaseLostBeginsRequest_LostBegin {
+		out := make([]*idemgatev1.ReleaseLostBeginsRequest_LostBegin, n)
+		for i := range out {
+			out[i] = &idemgatev1.ReleaseLostBeginsRequest_LostBegin{Scope: "/pkg.S/M", Key: fmt.Sprintf("order-%d", i), AttemptToken: "attempt-1"}
+		}
+		return out
+	}
+	tests := []struct {
+		name   string
+		lost   []*idemgatev1.ReleaseLostBeginsRequest_LostBegin
+		mutate func([]*idemgatev1.ReleaseLostBeginsRequest_LostBegin)
+		field  string
+	}{
+		{"none", nil, nil, "lost_begins"},
+		{"over the limit", lost(dedupesvc.MaxLostBegins + 1), nil, "lost_begins"},
+		{"no scope", lost(3), func(l []*idemgatev1.ReleaseLostBeginsRequest_LostBegin) { l[1].Scope = "" }, "lost_begins[1].scope"},
+		{"key not printable", lost(3), func(l []*idemgatev1.ReleaseLostBeginsRequest_LostBegin) { l[2].Key = "a\nb" }, "lost_begins[2].key"},
+		{"no token", lost(1), func(l []*idemgatev1.ReleaseLostBeginsRequest_LostBegin) { l[0].AttemptToken = "" }, "lost_begins[0].attempt_token"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			store := &fakeStore{}
+			if tt.mutate != nil {
+				tt.mutate(tt.lost)
+			}
+			_, err := dedupesvc.NewServer(store).ReleaseLostBegins(context.Background(), &idemgatev1.ReleaseLostBeginsRequest{LostBegins: tt.lost})
+			wantInvalid(t, err, tt.field)
+			if store.calls != 0 {
+				t.Fatal("an invalid request reached the store")
+			}
+		})
+	}
+	store := &fakeStore{}
+	if _, err := dedupesvc.NewServer(store).ReleaseLostBegins(context.Background(), &idemgatev1.ReleaseLostBeginsRequest{LostBegins: lost(dedupesvc.MaxLostBegins)}); err != nil || store.calls != 1 {
+		t.Fatalf("ReleaseLostBegins of %d attempts = %v with %d store calls, want one store call", dedupesvc.MaxLostBegins, err, store.calls)
 	}
 }

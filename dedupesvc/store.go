@@ -53,6 +53,14 @@ type Store interface {
 	// in another state.
 	Resolve(ctx context.Context, params ResolveParams) error
 
+	// ReleaseLost frees the records that the named attempts hold, in flight
+	// (lease running or run out) or marked outcome-unknown (unless
+	// params.ResolveOnly), in one transaction: attempts whose Begin's answer
+	// was lost, which never ran their side effect. Records another attempt
+	// holds, settled ones and absent ones are left alone. It returns how many
+	// records it freed; waiters on them are woken as by Release.
+	ReleaseLost(ctx context.Context, params ReleaseLostParams) (released int, err error)
+
 	// DeleteExpired deletes up to limit records past their expiry. It
 	// returns how many it deleted and which of them were outcome-unknown, so
 	// the caller can log each one that was never resolved.
@@ -321,6 +329,33 @@ type ReleaseParams struct {
 	// Release that would free it gets ErrNotHeld
 	// (WithResolveOnlySettlesUnknown). Defaults to false.
 	ResolveOnly bool
+}
+
+// MaxLostBegins is the most attempts one ReleaseLost (and one
+// ReleaseLostBegins RPC) names: a batch the store writes in one round trip
+// and one commit.
+const MaxLostBegins = 500
+
+// ReleaseLostParams are the inputs of Store.ReleaseLost.
+type ReleaseLostParams struct {
+	// Namespace of every attempt (RecordID.Namespace).
+	Namespace string
+	// Attempts name the records by scope and key, and their Begins by
+	// AttemptToken; 1 to MaxLostBegins, each record named once.
+	Attempts []LostAttempt
+	// ResolveOnly leaves a record marked outcome-unknown to Resolve
+	// (WithResolveOnlySettlesUnknown), as Release does. Defaults to false.
+	ResolveOnly bool
+}
+
+// LostAttempt names an attempt whose Begin's answer was lost.
+type LostAttempt struct {
+	// Scope as passed to Begin.
+	Scope string
+	// Key as passed to Begin.
+	Key string
+	// AttemptToken as passed to Begin.
+	AttemptToken string
 }
 
 // HeartbeatParams are the inputs of Store.Heartbeat.

@@ -53,7 +53,7 @@ type Store struct {
 	// finishSQL, releaseSQL, resolveCompleteSQL, resolveReleaseSQL and
 	// markUnknownSQL change a record's state; with notifications on they also
 	// announce the change, in the same statement.
-	finishSQL, releaseSQL, releaseUnknownSQL, resolveCompleteSQL, resolveReleaseSQL, markUnknownSQL, markLostSQL string
+	finishSQL, releaseSQL, releaseLostSQL, releaseUnknownSQL, resolveCompleteSQL, resolveReleaseSQL, markUnknownSQL, markLostSQL string
 	// cutOff is set when a statement failed because the database could not
 	// be reached, and cleared only once a mark of the resume that started
 	// after it committed; until then every statement waits for that mark
@@ -162,6 +162,7 @@ func New(pool *pgxpool.Pool, opts ...Option) *Store {
 	}
 	s.finishSQL = s.announcedFinish(finishSQL, 14)
 	s.releaseSQL = s.announced(releaseSQL, 7)
+	s.releaseLostSQL = s.announced(releaseLostSQL, 6)
 	s.releaseUnknownSQL = s.announced(releaseUnknownSQL, 7)
 	s.resolveCompleteSQL = s.announced(resolveCompleteSQL, 7)
 	s.resolveReleaseSQL = s.announced(resolveReleaseSQL, 4)
@@ -1019,6 +1020,74 @@ func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
 		return err
 	}
 	return dedupesvc.RefusedRelease(row.Record, found, p)
+}
+
+// releaseLostSQL frees a record held by an attempt whose Begin's answer
+// was lost (ReleaseLost): releaseSQL whatever the epoch, which that attempt
+// never learnt. Its token alone names the reservation: tokens are unique
+// per attempt, and Resolve, the only step that gives an attempt's record a
+// new epoch, settles it.
+const releaseLostSQL = `
+UPDATE idemgate_records
+SET state = 'released', lease_expires_at = now()
+WHERE namespace = $4 AND scope = $1 AND idempotency_key = $2 AND attempt_token = $3
+  AND (state = 'in_flight' OR (state = 'unknown' AND NOT $5::boolean))`
+
+// ReleaseLost implements dedupesvc.Store: every attempt's releaseLostSQL in
+// one pgx.Batch, one round trip and one commit, sorted by record as a
+// group commit is, so it cannot deadlock with one. If the batch fails for
+// another reason than an unreachable store (on Citus, a worker down), each
+// statement runs alone, so the records of the nodes that answer are freed
+// and the error names the first that failed.
+func (s *Store) ReleaseLost(ctx context.Context, p dedupesvc.ReleaseLostParams) (int, error) {
+	if err := s.resume(ctx); err != nil {
+		return 0, err
+	}
+	attempts := slices.Clone(p.Attempts)
+	slices.SortStableFunc(attempts, func(a, b dedupesvc.LostAttempt) int {
+		return strings.Compare(orderOf(dedupesvc.RecordID{Scope: a.Scope, Key: a.Key}), orderOf(dedupesvc.RecordID{Scope: b.Scope, Key: b.Key}))
+	})
+	ops := make([]*op, len(attempts))
+	woken := make([]bool, len(attempts))
+	changed := make([]int, len(attempts))
+	for i, a := range attempts {
+		id := dedupesvc.RecordID{Namespace: p.Namespace, Scope: a.Scope, Key: a.Key}
+		args := []any{a.Scope, a.Key, a.AttemptToken, p.Namespace, p.ResolveOnly}
+		scan := func(row pgx.Row) error { return row.Scan(&changed[i]) }
+		if s.citus {
+			scan = func(row pgx.Row) error { return row.Scan(&changed[i], &woken[i]) }
+		} else if s.channel != "" {
+			args = append(args, s.channel, NotifyID(id))
+		}
+		ops[i] = &op{sql: s.releaseLostSQL, args: args, scan: scan}
+	}
+	b := &pgx.Batch{}
+	for _, o := range ops {
+		b.Queue(o.sql, o.args...).QueryRow(o.scan)
+	}
+	err := s.pool.SendBatch(ctx, b).Close()
+	if err != nil {
+		// Rolled back: nothing the batch's statements answered holds.
+		clear(changed)
+		clear(woken)
+	}
+	if err != nil && ctx.Err() == nil && !unreachable(ctx, err) {
+		err = nil
+		for _, o := range ops {
+			if alone := o.scan(s.pool.QueryRow(ctx, o.sql, o.args...)); alone != nil && err == nil {
+				err = alone
+			}
+		}
+	}
+	released := 0
+	for i, a := range attempts {
+		released += changed[i]
+		s.notifyAfter(ctx, woken[i], NotifyID(dedupesvc.RecordID{Namespace: p.Namespace, Scope: a.Scope, Key: a.Key}))
+	}
+	if err != nil {
+		return released, fmt.Errorf("pgstore: release lost Begins: %w", s.noted(ctx, err))
+	}
+	return released, nil
 }
 
 // heartbeatSQL renews the lease of the holder of an in-flight reservation,

@@ -725,6 +725,37 @@ func (s *Store) release(ctx context.Context, x exec, p dedupesvc.ReleaseParams) 
 	return dedupesvc.RefusedRelease(row, found, p)
 }
 
+// releaseLostSQL frees a record held by an attempt whose Begin's answer
+// was lost, whatever its epoch (see pgstore).
+const releaseLostSQL = `
+UPDATE idemgate_records SET state = 'released', lease_expires_at = :now
+WHERE namespace = :ns AND scope = :scope AND idempotency_key = :key AND attempt_token = :token
+  AND (state = 'in_flight' OR (state = 'unknown' AND NOT :resolve_only))`
+
+// ReleaseLost implements dedupesvc.Store: every attempt's releaseLostSQL in
+// one write, so one transaction and one commit.
+func (s *Store) ReleaseLost(ctx context.Context, p dedupesvc.ReleaseLostParams) (int, error) {
+	var released int
+	err := s.write(ctx, func(ctx context.Context, x exec) error {
+		released = 0 // a group commit may run it again alone
+		now := s.now().UnixMilli()
+		for _, a := range p.Attempts {
+			n, err := x.change(ctx, dedupesvc.RecordID{Namespace: p.Namespace, Scope: a.Scope, Key: a.Key}, releaseLostSQL,
+				sql.Named("now", now), sql.Named("ns", p.Namespace), sql.Named("scope", a.Scope), sql.Named("key", a.Key),
+				sql.Named("token", a.AttemptToken), sql.Named("resolve_only", p.ResolveOnly))
+			if err != nil {
+				return fmt.Errorf("sqlitestore: release lost Begins: %w", err)
+			}
+			released += int(n)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return released, nil
+}
+
 // heartbeatSQL renews the holder's lease; it also revives a record a
 // duplicate marked unknown while the holder was in fact alive (see pgstore).
 const heartbeatSQL = `

@@ -48,6 +48,7 @@ func RunWithNotifier(t *testing.T, newStore func(t *testing.T) dedupesvc.Store, 
 	t.Run("BeginConcurrent", func(t *testing.T) { testBeginConcurrent(t, newStore) })
 	t.Run("Finish", func(t *testing.T) { testFinish(t, newStore) })
 	t.Run("Release", func(t *testing.T) { testRelease(t, newStore) })
+	t.Run("ReleaseLost", func(t *testing.T) { testReleaseLost(t, newStore) })
 	t.Run("SweeperDeletesExpiredInBatches", func(t *testing.T) { testSweeperDeletesExpiredInBatches(t, newStore) })
 	t.Run("SweeperPassesLiveRowsPastTheirExpiry", func(t *testing.T) { testSweeperPassesLiveRows(t, newStore) })
 	t.Run("LostOutcome", func(t *testing.T) { testLostOutcome(t, newStore) })

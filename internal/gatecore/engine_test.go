@@ -2,6 +2,7 @@ package gatecore_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -21,9 +22,22 @@ import (
 // records every Release.
 type lossyDedupe struct {
 	idemgatev1.DedupeServiceClient
+	// earlier answers ReleaseLostBegins as a service of an earlier version.
+	earlier  bool
 	mu       sync.Mutex
 	begins   []*idemgatev1.BeginRequest
 	releases []*idemgatev1.ReleaseRequest
+	lost     []*idemgatev1.ReleaseLostBeginsRequest
+}
+
+func (d *lossyDedupe) ReleaseLostBegins(_ context.Context, req *idemgatev1.ReleaseLostBeginsRequest, _ ...grpc.CallOption) (*idemgatev1.ReleaseLostBeginsResponse, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.lost = append(d.lost, req)
+	if d.earlier {
+		return nil, status.Error(codes.Unimplemented, "unknown method ReleaseLostBegins")
+	}
+	return &idemgatev1.ReleaseLostBeginsResponse{Released: 1}, nil
 }
 
 func (d *lossyDedupe) Begin(_ context.Context, req *idemgatev1.BeginRequest, _ ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
@@ -48,32 +62,49 @@ func (d *lossyDedupe) Release(_ context.Context, req *idemgatev1.ReleaseRequest,
 }
 
 // A Begin whose answer was lost fails closed, and the reservation it may
-// have made is found by re-sending the same Begin and released, so the key
-// is free for the retry.
+// have made is released by its attempt (ReleaseLostBegins), so the key is
+// free for the retry; a service of an earlier version, which answers that
+// UNIMPLEMENTED, gets the same Begin re-sent and what it reserved released.
 func TestALostBeginIsFollowedUpAndReleased(t *testing.T) {
-	d := &lossyDedupe{}
-	e := gatecore.New(d, gatecore.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	c := gatecore.NewCall("tool", "scope", "key-1", []byte("fp"), gatecore.Policy{Lease: 10 * time.Second, MaxWait: time.Second, ExecutionTimeout: time.Minute}, time.Hour)
+	for _, earlier := range []bool{false, true} {
+		t.Run(fmt.Sprintf("earlier service %v", earlier), func(t *testing.T) {
+			d := &lossyDedupe{earlier: earlier}
+			e := gatecore.New(d, gatecore.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			c := gatecore.NewCall("tool", "scope", "key-1", []byte("fp"), gatecore.Policy{Lease: 10 * time.Second, MaxWait: time.Second, ExecutionTimeout: time.Minute}, time.Hour)
 
-	_, err := e.Begin(context.Background(), c)
-	if grpcerr.Reason(err) != gatecore.ReasonStoreUnavailable || status.Code(err) != codes.Unavailable {
-		t.Fatalf("Begin = %v, want UNAVAILABLE %s", err, gatecore.ReasonStoreUnavailable)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := e.Close(ctx); err != nil {
-		t.Fatalf("Close: %v", err)
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if len(d.begins) != 2 || d.begins[1].GetAttemptToken() != c.Token || d.begins[1].GetMaxWait().AsDuration() != 0 {
-		t.Fatalf("Begins = %v, want the same attempt re-sent once without waiting", d.begins)
-	}
-	if len(d.releases) != 1 || d.releases[0].GetEpoch() != 1 || d.releases[0].GetAttemptToken() != c.Token || d.releases[0].GetOutcomeUnknown() {
-		t.Fatalf("Releases = %v, want the follow-up's reservation released", d.releases)
-	}
-	if s := e.Stats(); s.LostBegins != 1 {
-		t.Fatalf("LostBegins = %d, want 1", s.LostBegins)
+			_, err := e.Begin(context.Background(), c)
+			if grpcerr.Reason(err) != gatecore.ReasonStoreUnavailable || status.Code(err) != codes.Unavailable {
+				t.Fatalf("Begin = %v, want UNAVAILABLE %s", err, gatecore.ReasonStoreUnavailable)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := e.Close(ctx); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			if len(d.lost) != 1 || len(d.lost[0].GetLostBegins()) != 1 {
+				t.Fatalf("ReleaseLostBegins calls = %v, want one naming the attempt", d.lost)
+			}
+			if l := d.lost[0].GetLostBegins()[0]; l.GetScope() != "scope" || l.GetKey() != "key-1" || l.GetAttemptToken() != c.Token {
+				t.Fatalf("ReleaseLostBegins named %v, want the lost attempt", l)
+			}
+			if !earlier {
+				if len(d.begins) != 1 || len(d.releases) != 0 {
+					t.Fatalf("Begins = %v, Releases = %v; want no Begin re-sent and no Release", d.begins, d.releases)
+				}
+			} else {
+				if len(d.begins) != 2 || d.begins[1].GetAttemptToken() != c.Token || d.begins[1].GetMaxWait().AsDuration() != 0 {
+					t.Fatalf("Begins = %v, want the same attempt re-sent once without waiting", d.begins)
+				}
+				if len(d.releases) != 1 || d.releases[0].GetEpoch() != 1 || d.releases[0].GetAttemptToken() != c.Token || d.releases[0].GetOutcomeUnknown() {
+					t.Fatalf("Releases = %v, want the follow-up's reservation released", d.releases)
+				}
+			}
+			if s := e.Stats(); s.LostBegins != 1 {
+				t.Fatalf("LostBegins = %d, want 1", s.LostBegins)
+			}
+		})
 	}
 }
 
@@ -117,5 +148,9 @@ func (fixedDedupe) Release(context.Context, *idemgatev1.ReleaseRequest, ...grpc.
 }
 
 func (fixedDedupe) Resolve(context.Context, *idemgatev1.ResolveRequest, ...grpc.CallOption) (*idemgatev1.ResolveResponse, error) {
+	panic("not called")
+}
+
+func (fixedDedupe) ReleaseLostBegins(context.Context, *idemgatev1.ReleaseLostBeginsRequest, ...grpc.CallOption) (*idemgatev1.ReleaseLostBeginsResponse, error) {
 	panic("not called")
 }

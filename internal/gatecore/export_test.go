@@ -12,3 +12,10 @@ func (e *Engine) Closing() bool {
 	defer e.backgroundMu.Unlock()
 	return e.closing
 }
+
+// The follow-ups' queue bound and batch size, for the tests that count
+// their calls.
+const (
+	MaxLostBeginFollowUps = maxLostBeginFollowUps
+	FollowUpBatch         = followUpBatch
+)

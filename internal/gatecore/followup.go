@@ -3,6 +3,7 @@ package gatecore
 import (
 	"container/heap"
 	"context"
+	"errors"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -19,24 +20,23 @@ import (
 )
 
 // The follow-ups' schedule. While the Dedupe service does not answer, one
-// re-sent Begin is in flight at a time and the next waits a backoff shared
-// by all of them (from followUpMinBackoff, doubling up to
-// followUpMaxBackoff or a quarter of the shortest lease waiting, whichever
-// is less, each wait jittered down to half), so an outage costs one Begin
-// per backoff step, however many Begins it lost (plus the at most
-// followUpInFlight in flight when it began), and the follow-ups learn the
-// service answers again within a quarter lease (sooner when one of the
-// Gate's own Begins is answered). Once the service answers, up to
-// followUpInFlight are in flight at once, at most followUpRate a second,
-// the one whose lease runs out first first: the rate is a fortieth of the
-// service's default per-caller rate (10,000/s), so the follow-ups cannot
-// use up the callers' quota, and it re-sends a full queue
-// (maxLostBeginFollowUps) in about 4s, within three quarters of the
-// default lease (10s); followUpInFlight keeps that rate while a
-// recovering service takes up to a quarter second per Begin and its
-// Release, so a slow service or a crowd of lost Begins that reserved
-// nothing (callers that gave up waiting as duplicates) cannot hold up one
-// that did.
+// follow-up call (a batch: see followUpBatch) is in flight at a time and
+// the next waits a backoff shared by all of them (from followUpMinBackoff,
+// doubling up to followUpMaxBackoff or a quarter of the shortest lease
+// waiting, whichever is less, each wait jittered down to half), so an
+// outage costs one call per backoff step, however many Begins it lost, and
+// the follow-ups learn the service answers again within a quarter lease
+// (sooner when one of the Gate's own Begins is answered). Once the service
+// answers, the lost Begins go in batches, the ones whose leases run out
+// first first, at most followUpRate calls a second. With a service of an
+// earlier version, which has no ReleaseLostBegins, each lost Begin is
+// re-sent and what it finds reserved released: up to followUpInFlight at
+// once, at most followUpRate a second (a fortieth of the service's default
+// per-caller rate, 10,000/s, so the follow-ups cannot use up the callers'
+// quota); followUpInFlight keeps that rate while a recovering service
+// takes up to a quarter second per Begin and its Release, so a slow
+// service or a crowd of lost Begins that reserved nothing cannot hold up
+// one that did.
 const (
 	followUpMinBackoff = 50 * time.Millisecond
 	followUpMaxBackoff = 5 * time.Second
@@ -45,10 +45,23 @@ const (
 	followUpBurst      = 25
 )
 
+// The follow-ups' batches: a service that has ReleaseLostBegins frees up to
+// followUpBatch lost Begins in one call (one store round trip and one
+// commit), at most followUpBatchesInFlight calls at once, so a crowd of
+// lost Begins costs a few calls, not a Begin and a Release each at
+// followUpRate a second: the whole queue (maxLostBeginFollowUps) goes in
+// 8 calls, 2 at a time. Under followUpBatch the service's limit (500), so
+// one statement batch stays short beside the callers' Begins.
+// While the service does not answer, one batch goes per backoff step.
+const (
+	followUpBatch           = 256
+	followUpBatchesInFlight = 2
+)
+
 // maxLostBeginFollowUps bounds the lost Begins waiting to be followed up;
 // past it a lost Begin is logged and counted, and its reservation, if it
 // was made, runs down its lease.
-const maxLostBeginFollowUps = 1024
+const maxLostBeginFollowUps = 2048
 
 // followUps are the lost Begins waiting to be re-sent, in line by when
 // their leases run out, and whether the goroutine that re-sends them
@@ -64,6 +77,10 @@ type followUps struct {
 	// wake cuts the follow-up's backoff short: the service answered one of
 	// the Gate's Begins.
 	wake chan struct{}
+	// oneByOne: the service answered ReleaseLostBegins UNIMPLEMENTED (an
+	// earlier version), so each lost Begin is re-sent and what it finds
+	// reserved released.
+	oneByOne bool
 }
 
 // lostBeginID names one attempt: its lost Begins are re-sent as one.
@@ -150,12 +167,12 @@ func (q *lostBeginQueue) Pop() any {
 
 // followUpLostBegin runs after a Begin whose answer never arrived: the
 // reservation may have been made, and the handler certainly did not run,
-// so it must not block the key. It queues the same Begin (the same attempt
-// token) to be re-sent by followUp until an answer arrives or the finish
-// retry budget runs out; what the answer shows reserved is released. Once
-// Close began, it only logs the loss: Close must not wait for a budget that
-// starts after it. sent is when the lost Begin was sent: its reservation,
-// if made, lasts at least its lease from then.
+// so it must not block the key. It queues the attempt for followUp, which
+// frees what it reserved (ReleaseLostBegins) once the service answers, or
+// until the finish retry budget runs out. Once Close began, it only logs
+// the loss: Close must not wait for a budget that starts after it. sent is
+// when the lost Begin was sent: its reservation, if made, lasts at least
+// its lease from then.
 func (e *Engine) followUpLostBegin(ctx context.Context, c *Call, sent time.Time) {
 	e.Event(c, EventBeginLost)
 	f := &e.followUps
@@ -247,18 +264,20 @@ func (e *Engine) lostBeginHolds(scope, key string) bool {
 	return found
 }
 
-// followUpResult is what one re-sent Begin found.
+// followUpResult is what one follow-up call found.
 type followUpResult struct {
-	lb *lostBegin
+	batch []*lostBegin
 	// sentUp: it was sent while the service answered.
 	sentUp bool
 	err    error
 }
 
-// followUp re-sends the queued lost Begins until none is left: one at a
-// time on the shared backoff while the Dedupe service does not answer, up
-// to followUpInFlight at once at the capped rate while it does. It stops
-// early when Close's context ends.
+// followUp releases the queued lost Begins until none is left, in batches
+// (ReleaseLostBegins), or one by one (a re-sent Begin, then a Release) with
+// a service of an earlier version: one call at a time on the shared
+// backoff while the Dedupe service does not answer, several at once (at
+// the capped rate) while it does. It stops early when Close's context
+// ends.
 func (e *Engine) followUp() {
 	defer e.background.Done()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -270,24 +289,24 @@ func (e *Engine) followUp() {
 	// The Begin that queued the first one just failed: wait before trying.
 	up, backoff := false, followUpMinBackoff
 	for {
-		for ctx.Err() == nil && (up && inFlight < followUpInFlight || !up && inFlight == 0) {
+		for ctx.Err() == nil && (up && inFlight < e.followUpsAtOnce() || !up && inFlight == 0) {
 			if !up {
 				wait := min(backoff, e.followUpBackoffCap())
 				if !e.sleepOrWake(ctx, wait/2+rand.N(wait/2+1)) {
 					break
 				}
 			}
-			lb := e.nextFollowUp(inFlight == 0)
-			if lb == nil {
+			batch := e.nextFollowUps(inFlight == 0)
+			if len(batch) == 0 {
 				stopped = inFlight == 0
 				break
 			}
 			if limit.Wait(ctx) != nil {
-				e.requeueFollowUp(lb, false)
+				e.requeueFollowUps(batch, false)
 				break
 			}
 			inFlight++
-			go func(sentUp bool) { results <- followUpResult{lb, sentUp, e.resendLostBegin(ctx, lb)} }(up)
+			go func(sentUp bool) { results <- followUpResult{batch, sentUp, e.releaseLostBegins(ctx, batch)} }(up)
 			if !up {
 				break // one at a time: wait for its answer
 			}
@@ -304,20 +323,30 @@ func (e *Engine) followUp() {
 		inFlight--
 		switch {
 		case r.err == nil:
-			e.doneFollowUp(r.lb)
+			for _, lb := range r.batch {
+				e.doneFollowUp(lb)
+			}
+			up, backoff = true, 0
+		case len(r.batch) > 1 && status.Code(r.err) == codes.Unimplemented || errors.Is(r.err, errOneByOne):
+			// An earlier service: the same lost Begins, one by one.
+			e.requeueFollowUps(r.batch, false)
 			up, backoff = true, 0
 		case ctx.Err() != nil:
-			e.lostFollowUp(r.lb, "the Gate was closed")
+			for _, lb := range r.batch {
+				e.lostFollowUp(lb, "the Gate was closed")
+			}
 		case refused(r.err) && status.Code(r.err) != codes.ResourceExhausted:
 			// A refusal that will not change: nothing more to learn.
-			e.lostFollowUp(r.lb, status.Convert(r.err).Message())
+			for _, lb := range r.batch {
+				e.lostFollowUp(lb, status.Convert(r.err).Message())
+			}
 			up, backoff = true, 0
 		default:
-			// Not answered (or over the quota): it goes back in line, behind
+			// Not answered (or over the quota): they go back in line, behind
 			// the next if others got answers (one that keeps failing must
 			// not hold the others up), and the next one waits the next
 			// backoff step once those in flight are back.
-			e.requeueFollowUp(r.lb, r.sentUp && up)
+			e.requeueFollowUps(r.batch, r.sentUp && up)
 			switch {
 			case !r.sentUp:
 				backoff = min(max(2*backoff, followUpMinBackoff), followUpMaxBackoff)
@@ -332,8 +361,56 @@ func (e *Engine) followUp() {
 	}
 }
 
+// errOneByOne: a batch was sent after the service answered UNIMPLEMENTED;
+// its lost Begins go back in line to be re-sent one by one.
+var errOneByOne = errors.New("gatecore: the Dedupe service releases lost Begins one by one")
+
+// followUpsAtOnce is how many follow-up calls may be in flight at once
+// while the service answers.
+func (e *Engine) followUpsAtOnce() int {
+	f := &e.followUps
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.oneByOne {
+		return followUpInFlight
+	}
+	return followUpBatchesInFlight
+}
+
+// releaseLostBegins frees what batch's lost Begins reserved: in one
+// ReleaseLostBegins call, or, with a service that answers it
+// UNIMPLEMENTED, by re-sending a lone lost Begin and releasing what it
+// finds reserved.
+func (e *Engine) releaseLostBegins(ctx context.Context, batch []*lostBegin) error {
+	e.followUps.mu.Lock()
+	oneByOne := e.followUps.oneByOne
+	e.followUps.mu.Unlock()
+	if oneByOne {
+		if len(batch) > 1 {
+			return errOneByOne
+		}
+		return e.resendLostBegin(ctx, batch[0])
+	}
+	req := &idemgatev1.ReleaseLostBeginsRequest{LostBegins: make([]*idemgatev1.ReleaseLostBeginsRequest_LostBegin, len(batch))}
+	for i, lb := range batch {
+		req.LostBegins[i] = &idemgatev1.ReleaseLostBeginsRequest_LostBegin{Scope: lb.id.scope, Key: lb.id.key, AttemptToken: lb.id.token}
+	}
+	callCtx, cancel := context.WithTimeout(ctx, e.opts.DedupeTimeout)
+	_, err := e.dedupe.ReleaseLostBegins(callCtx, req)
+	cancel()
+	if status.Code(err) == codes.Unimplemented {
+		e.followUps.mu.Lock()
+		e.followUps.oneByOne = true
+		e.followUps.mu.Unlock()
+		if len(batch) == 1 {
+			return e.resendLostBegin(ctx, batch[0])
+		}
+	}
+	return err
+}
+
 // resendLostBegin re-sends lb's Begin and releases what it finds reserved,
-// within lb's deadline.
+// within lb's deadline: the follow-up with a service of an earlier version.
 func (e *Engine) resendLostBegin(ctx context.Context, lb *lostBegin) error {
 	callCtx, cancel := context.WithTimeout(lb.c.withAgent(ctx), e.opts.DedupeTimeout)
 	res, err := e.dedupe.Begin(callCtx, lb.req)
@@ -348,17 +425,23 @@ func (e *Engine) resendLostBegin(ctx context.Context, lb *lostBegin) error {
 	return err
 }
 
-// nextFollowUp takes the first lost Begin in line still within its budget
-// (giving up those past it) and marks it in flight, or returns nil when
-// none is left; with last (none in flight) the goroutine must then stop.
-// First in line is one a duplicate waits on, then the one whose lease runs
-// out first, unless it failed while others got answers: that one lets the
+// nextFollowUps takes the first lost Begins in line still within their
+// budget (giving up those past it), a batch of them (one when the service
+// takes them one by one), and marks them in flight; none when none is
+// left, and with last (none in flight) the goroutine must then stop. First
+// in line is one a duplicate waits on, then the one whose lease runs out
+// first, unless it failed while others got answers: that one lets the
 // next go first, once.
-func (e *Engine) nextFollowUp(last bool) *lostBegin {
+func (e *Engine) nextFollowUps(last bool) []*lostBegin {
 	f := &e.followUps
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for f.queue.Len() > 0 {
+	size := followUpBatch
+	if f.oneByOne {
+		size = 1
+	}
+	var batch []*lostBegin
+	for f.queue.Len() > 0 && len(batch) < size {
 		lb := heap.Pop(&f.queue).(*lostBegin)
 		if lb.failedUp && f.queue.Len() > 0 {
 			lb.failedUp = false
@@ -368,15 +451,16 @@ func (e *Engine) nextFollowUp(last bool) *lostBegin {
 		}
 		if time.Now().Before(lb.deadline) {
 			lb.inFlight = true
-			return lb
+			batch = append(batch, lb)
+			continue
 		}
 		f.forget(lb)
 		e.logLostFollowUp(lb, "the retry budget ran out")
 	}
-	if last {
+	if len(batch) == 0 && last {
 		f.queue, f.running = nil, false
 	}
-	return nil
+	return batch
 }
 
 // followUpBackoffCap is the longest backoff step while the service does
@@ -409,15 +493,17 @@ func (e *Engine) sleepOrWake(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// requeueFollowUp puts lb back in line; failedUp says its re-send failed
+// requeueFollowUps puts batch back in line; failedUp says its call failed
 // while others got answers.
-func (e *Engine) requeueFollowUp(lb *lostBegin, failedUp bool) {
+func (e *Engine) requeueFollowUps(batch []*lostBegin, failedUp bool) {
 	f := &e.followUps
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	lb.inFlight, lb.again = false, false
-	lb.failedUp = failedUp
-	heap.Push(&f.queue, lb)
+	for _, lb := range batch {
+		lb.inFlight, lb.again = false, false
+		lb.failedUp = failedUp
+		heap.Push(&f.queue, lb)
+	}
 }
 
 // doneFollowUp forgets lb, followed up, unless it was lost again while in

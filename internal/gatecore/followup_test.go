@@ -56,6 +56,30 @@ func (d *outageDedupe) Begin(ctx context.Context, req *idemgatev1.BeginRequest, 
 	return res, err
 }
 
+// ReleaseLostBegins is a follow-up: while down it fails without reaching
+// the service, and it is counted as the re-sent Begins are.
+func (d *outageDedupe) ReleaseLostBegins(ctx context.Context, req *idemgatev1.ReleaseLostBeginsRequest, opts ...grpc.CallOption) (*idemgatev1.ReleaseLostBeginsResponse, error) {
+	d.mu.Lock()
+	down := d.down
+	if down {
+		d.followUpsDown++
+		if d.followUpsDown == 3 {
+			close(d.probed)
+		}
+	} else {
+		d.followUpsUp++
+	}
+	d.mu.Unlock()
+	if down {
+		return nil, status.Error(codes.Unavailable, "the Dedupe service is unreachable")
+	}
+	return d.DedupeServiceClient.ReleaseLostBegins(ctx, req, opts...)
+}
+
+// unimplemented is what a Dedupe service of an earlier version answers
+// ReleaseLostBegins.
+var unimplemented = status.Error(codes.Unimplemented, "unknown method ReleaseLostBegins for service idemgate.v1.DedupeService")
+
 // maxProbes is how many re-sent Begins a bounded follow-up can send in an
 // outage of w: one at a time, the k-th after k sleeps of at least half the
 // backoff, which starts at lo and doubles up to hi.
@@ -170,6 +194,12 @@ type crowdDedupe struct {
 	realResent int
 }
 
+// ReleaseLostBegins answers as a service of an earlier version: the
+// follow-ups re-send each lost Begin.
+func (d *crowdDedupe) ReleaseLostBegins(context.Context, *idemgatev1.ReleaseLostBeginsRequest, ...grpc.CallOption) (*idemgatev1.ReleaseLostBeginsResponse, error) {
+	return nil, unimplemented
+}
+
 func (d *crowdDedupe) Begin(ctx context.Context, req *idemgatev1.BeginRequest, opts ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
 	decoy := strings.HasPrefix(req.GetKey(), "decoy-")
 	if req.GetMaxWait().AsDuration() > 0 {
@@ -252,6 +282,12 @@ type againDedupe struct {
 	lost2, released chan struct{} // the second Begin was lost; the follow-up released
 	forwarded2      chan struct{} // the second Begin reached the service
 	releaseOnce     sync.Once
+}
+
+// ReleaseLostBegins answers as a service of an earlier version: the
+// follow-ups re-send each lost Begin.
+func (d *againDedupe) ReleaseLostBegins(context.Context, *idemgatev1.ReleaseLostBeginsRequest, ...grpc.CallOption) (*idemgatev1.ReleaseLostBeginsResponse, error) {
+	return nil, unimplemented
 }
 
 func (d *againDedupe) Begin(ctx context.Context, req *idemgatev1.BeginRequest, opts ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
@@ -368,6 +404,12 @@ type stuckReleaseDedupe struct {
 	budget time.Duration
 }
 
+// ReleaseLostBegins answers as a service of an earlier version: the
+// follow-ups re-send each lost Begin.
+func (d *stuckReleaseDedupe) ReleaseLostBegins(context.Context, *idemgatev1.ReleaseLostBeginsRequest, ...grpc.CallOption) (*idemgatev1.ReleaseLostBeginsResponse, error) {
+	return nil, unimplemented
+}
+
 func (d *stuckReleaseDedupe) Begin(ctx context.Context, req *idemgatev1.BeginRequest, opts ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
 	res, err := d.DedupeServiceClient.Begin(ctx, req, opts...)
 	if req.GetMaxWait().AsDuration() > 0 {
@@ -402,5 +444,106 @@ func TestALostBeginsReleaseIsRetriedWithinItsFollowUpsBudget(t *testing.T) {
 	}
 	if s := e.Stats(); s.ReleaseRetries != 0 || s.ReleaseFailures != 1 {
 		t.Errorf("Stats = %+v, want the Release tried once and given up (its follow-up's budget had run out), not retried", s)
+	}
+}
+
+// lostAnswersDedupe is a real Dedupe service behind a connection that loses
+// the answer of every first Begin (max_wait above zero) after the service
+// reserved, and, while down, every ReleaseLostBegins before it reaches the
+// service; it counts the follow-ups' calls once up.
+type lostAnswersDedupe struct {
+	idemgatev1.DedupeServiceClient
+	mu                           sync.Mutex
+	down                         bool
+	resent, releases, batches    int
+	largestBatch, namedInBatches int
+}
+
+func (d *lostAnswersDedupe) Begin(ctx context.Context, req *idemgatev1.BeginRequest, opts ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
+	if req.GetMaxWait().AsDuration() == 0 {
+		d.mu.Lock()
+		d.resent++
+		d.mu.Unlock()
+		return d.DedupeServiceClient.Begin(ctx, req, opts...)
+	}
+	if _, err := d.DedupeServiceClient.Begin(ctx, req, opts...); err != nil {
+		return nil, err
+	}
+	return nil, status.Error(codes.Unavailable, "the connection broke after the reservation")
+}
+
+func (d *lostAnswersDedupe) Release(ctx context.Context, req *idemgatev1.ReleaseRequest, opts ...grpc.CallOption) (*idemgatev1.ReleaseResponse, error) {
+	d.mu.Lock()
+	d.releases++
+	d.mu.Unlock()
+	return d.DedupeServiceClient.Release(ctx, req, opts...)
+}
+
+func (d *lostAnswersDedupe) ReleaseLostBegins(ctx context.Context, req *idemgatev1.ReleaseLostBeginsRequest, opts ...grpc.CallOption) (*idemgatev1.ReleaseLostBeginsResponse, error) {
+	d.mu.Lock()
+	down := d.down
+	if !down {
+		d.batches++
+		d.largestBatch = max(d.largestBatch, len(req.GetLostBegins()))
+		d.namedInBatches += len(req.GetLostBegins())
+	}
+	d.mu.Unlock()
+	if down {
+		return nil, status.Error(codes.Unavailable, "the Dedupe service is unreachable")
+	}
+	return d.DedupeServiceClient.ReleaseLostBegins(ctx, req, opts...)
+}
+
+// A crowd of lost Begins, as many as a Gate follows up, waiting when the
+// service answers again is freed in a few calls, each a batch the store
+// writes in one round trip, not a re-sent Begin and a Release per lost
+// Begin at a capped rate: what following a crowd up costs, and so how long
+// it takes, barely grows with the crowd, where one by one it took
+// crowd / 250 seconds and a crowd of 480 in a 3s lease was found
+// outcome-unknown by duplicates (issue 38).
+func TestACrowdOfLostBeginsIsFreedInAFewCalls(t *testing.T) {
+	const crowd, callers = gatecore.MaxLostBeginFollowUps, 8
+	d := &lostAnswersDedupe{DedupeServiceClient: embeddedDedupe(t), down: true}
+	e := gatecore.New(d, gatecore.Options{Logger: discard(), FinishBudget: 5 * time.Minute})
+	policy := gatecore.Policy{Lease: 10 * time.Minute, MaxWait: time.Second, ExecutionTimeout: time.Minute}
+	fp := testCall("", 0).BeginRequest.GetFingerprint()
+	key := func(i int) string { return fmt.Sprintf("crowd-%04d", i) }
+	var wg sync.WaitGroup
+	for c := range callers {
+		wg.Go(func() {
+			for i := c; i < crowd; i += callers {
+				call := gatecore.NewCall("tool", "scope", key(i), fp, policy, time.Hour)
+				if _, err := e.Begin(context.Background(), call); status.Code(err) != codes.Unavailable {
+					t.Errorf("Begin of %s with its answer lost: %v, want UNAVAILABLE", key(i), err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	d.mu.Lock()
+	d.down = false
+	d.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	if err := e.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	// Each batch full but the last, and one more for a batch in flight
+	// when the service came back.
+	most := (crowd+gatecore.FollowUpBatch-1)/gatecore.FollowUpBatch + 1
+	t.Logf("%d lost Begins: %d ReleaseLostBegins calls (largest %d), %d re-sent Begins, %d Releases", crowd, d.batches, d.largestBatch, d.resent, d.releases)
+	if d.resent != 0 || d.releases != 0 || d.batches > most || d.namedInBatches < crowd {
+		t.Errorf("%d lost Begins were followed up with %d re-sent Begins, %d Releases and %d ReleaseLostBegins calls naming %d attempts; want no Begin or Release, at most %d calls, every attempt named",
+			crowd, d.resent, d.releases, d.batches, d.namedInBatches, most)
+	}
+	check := gatecore.New(d, gatecore.Options{Logger: discard()})
+	for i := range crowd {
+		c := gatecore.NewCall("tool", "scope", key(i), fp, gatecore.Policy{Lease: time.Minute, ExecutionTimeout: time.Minute}, time.Hour)
+		if b, err := check.Begin(context.Background(), c); err != nil || b.Kind != gatecore.Reserved {
+			t.Fatalf("key %s after the follow-ups: %v, %v; want it free (its lost reservation released)", key(i), b.Kind, err)
+		}
+	}
+	if s := e.Stats(); s.LostBegins != crowd {
+		t.Errorf("Stats().LostBegins = %d, want %d", s.LostBegins, crowd)
 	}
 }

@@ -36,6 +36,43 @@ type queuedDedupe struct {
 	probed chan struct{}
 	// unknowns counts OUTCOME_UNKNOWN answers to first Begins.
 	unknowns int
+	// earlier answers ReleaseLostBegins as a service of an earlier version,
+	// so the follow-ups re-send each lost Begin.
+	earlier bool
+}
+
+// ReleaseLostBegins follows the re-sent Begins' rules for the batch: while
+// down it fails (counted as a probe), and once up it fails while it names
+// the urgent key and that is not let through, and hangs while it names a
+// decoy.
+func (d *queuedDedupe) ReleaseLostBegins(ctx context.Context, req *idemgatev1.ReleaseLostBeginsRequest, opts ...grpc.CallOption) (*idemgatev1.ReleaseLostBeginsResponse, error) {
+	if d.earlier {
+		return nil, unimplemented
+	}
+	d.mu.Lock()
+	down, urgentUp := d.down, d.urgentUp
+	if down {
+		if d.probes++; d.probes == 1 {
+			close(d.probed)
+		}
+	}
+	d.mu.Unlock()
+	if down {
+		return nil, status.Error(codes.Unavailable, "the Dedupe service is unreachable")
+	}
+	for _, l := range req.GetLostBegins() {
+		switch {
+		case l.GetKey() == "urgent" && !urgentUp:
+			return nil, status.Error(codes.Unavailable, "the Dedupe service is unreachable")
+		case strings.HasPrefix(l.GetKey(), "decoy-"):
+			select {
+			case <-d.hold:
+			case <-ctx.Done():
+				return nil, status.FromContextError(ctx.Err()).Err()
+			}
+		}
+	}
+	return d.DedupeServiceClient.ReleaseLostBegins(ctx, req, opts...)
 }
 
 func (d *queuedDedupe) Begin(ctx context.Context, req *idemgatev1.BeginRequest, opts ...grpc.CallOption) (*idemgatev1.BeginResponse, error) {
@@ -106,10 +143,12 @@ func loseBegins(t *testing.T, e *gatecore.Engine, lease time.Duration, decoys in
 // answers; a duplicate through another tool server after the urgent lease
 // must find the key free, not IDEMPOTENCY_OUTCOME_UNKNOWN for a handler that
 // never ran (issue 31 item 2). In line by loss, the failed probe sent the
-// urgent key behind the decoys, which hold up every follow-up slot.
+// urgent key behind the decoys, which hold up every follow-up slot. (With a
+// service of an earlier version: a current one frees the crowd in one
+// ReleaseLostBegins call, TestACrowdOfLostBeginsIsFreedInAFewCalls.)
 func TestALostBeginIsFollowedUpBeforeItsLeaseRunsOutBehindACrowd(t *testing.T) {
 	const lease, decoys = 4 * time.Second, 64
-	d := &queuedDedupe{DedupeServiceClient: embeddedDedupe(t), hold: make(chan struct{}), down: true, urgentUp: true, probed: make(chan struct{})}
+	d := &queuedDedupe{DedupeServiceClient: embeddedDedupe(t), hold: make(chan struct{}), down: true, urgentUp: true, probed: make(chan struct{}), earlier: true}
 	e := gatecore.New(d, gatecore.Options{Logger: discard(), FinishBudget: 5 * time.Minute})
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -144,6 +144,17 @@ func (d *Observer) Resolve(ctx context.Context, in *idemgatev1.ResolveRequest, o
 	return resp, err
 }
 
+// ReleaseLostBegins implements idemgatev1.DedupeServiceClient. A service
+// of an earlier version answers UNIMPLEMENTED, which is no failure: the
+// follow-up then re-sends each lost Begin instead.
+func (d *Observer) ReleaseLostBegins(ctx context.Context, in *idemgatev1.ReleaseLostBeginsRequest, opts ...grpc.CallOption) (*idemgatev1.ReleaseLostBeginsResponse, error) {
+	resp, err := d.DedupeServiceClient.ReleaseLostBegins(ctx, in, opts...)
+	if status.Code(err) != codes.Unimplemented {
+		d.observe("ReleaseLostBegins", err, true)
+	}
+	return resp, err
+}
+
 // dedupeFailed reports whether err means the Dedupe service could not serve
 // the tool server: unreachable, too slow, refusing its credentials, over its
 // quota, or broken. The answers the protocol expects (a fenced attempt, a

@@ -75,6 +75,13 @@ func (r *reconnecting) Heartbeat(ctx context.Context, in *idemgatev1.HeartbeatRe
 	return resp, err
 }
 
+// ReleaseLostBegins implements idemgatev1.DedupeServiceClient.
+func (r *reconnecting) ReleaseLostBegins(ctx context.Context, in *idemgatev1.ReleaseLostBeginsRequest, opts ...grpc.CallOption) (*idemgatev1.ReleaseLostBeginsResponse, error) {
+	resp, err := r.DedupeServiceClient.ReleaseLostBegins(ctx, in, opts...)
+	r.observe(err)
+	return resp, err
+}
+
 // Resolve implements idemgatev1.DedupeServiceClient.
 func (r *reconnecting) Resolve(ctx context.Context, in *idemgatev1.ResolveRequest, opts ...grpc.CallOption) (*idemgatev1.ResolveResponse, error) {
 	resp, err := r.DedupeServiceClient.Resolve(ctx, in, opts...)

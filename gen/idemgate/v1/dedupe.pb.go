@@ -865,6 +865,100 @@ func (*ResolveResponse) Descriptor() ([]byte, []int) {
 	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{9}
 }
 
+// ReleaseLostBeginsRequest names the attempts whose Begin answers were lost.
+type ReleaseLostBeginsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// lost_begins are the attempts, 1 to 500, each named once.
+	LostBegins    []*ReleaseLostBeginsRequest_LostBegin `protobuf:"bytes,1,rep,name=lost_begins,json=lostBegins,proto3" json:"lost_begins,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseLostBeginsRequest) Reset() {
+	*x = ReleaseLostBeginsRequest{}
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseLostBeginsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseLostBeginsRequest) ProtoMessage() {}
+
+func (x *ReleaseLostBeginsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseLostBeginsRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseLostBeginsRequest) Descriptor() ([]byte, []int) {
+	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ReleaseLostBeginsRequest) GetLostBegins() []*ReleaseLostBeginsRequest_LostBegin {
+	if x != nil {
+		return x.LostBegins
+	}
+	return nil
+}
+
+// ReleaseLostBeginsResponse: success means no named attempt holds its key
+// any longer.
+type ReleaseLostBeginsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// released counts the records this call freed; the other attempts held
+	// none (their Begin reserved nothing, or an earlier call freed it).
+	Released      int32 `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseLostBeginsResponse) Reset() {
+	*x = ReleaseLostBeginsResponse{}
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseLostBeginsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseLostBeginsResponse) ProtoMessage() {}
+
+func (x *ReleaseLostBeginsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseLostBeginsResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseLostBeginsResponse) Descriptor() ([]byte, []int) {
+	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ReleaseLostBeginsResponse) GetReleased() int32 {
+	if x != nil {
+		return x.Released
+	}
+	return 0
+}
+
 // ResultTooLarge is stored as the outcome in place of a response that was
 // not stored: one larger than the configured size limit (the gate's, or the
 // Dedupe service's), or one that would have taken its caller over its
@@ -886,7 +980,7 @@ type ResultTooLarge struct {
 
 func (x *ResultTooLarge) Reset() {
 	*x = ResultTooLarge{}
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[10]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -898,7 +992,7 @@ func (x *ResultTooLarge) String() string {
 func (*ResultTooLarge) ProtoMessage() {}
 
 func (x *ResultTooLarge) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[10]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -911,7 +1005,7 @@ func (x *ResultTooLarge) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResultTooLarge.ProtoReflect.Descriptor instead.
 func (*ResultTooLarge) Descriptor() ([]byte, []int) {
-	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{10}
+	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ResultTooLarge) GetSizeBytes() int64 {
@@ -949,7 +1043,7 @@ type BeginResponse_Reserved struct {
 
 func (x *BeginResponse_Reserved) Reset() {
 	*x = BeginResponse_Reserved{}
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[11]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -961,7 +1055,7 @@ func (x *BeginResponse_Reserved) String() string {
 func (*BeginResponse_Reserved) ProtoMessage() {}
 
 func (x *BeginResponse_Reserved) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[11]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1006,7 +1100,7 @@ type BeginResponse_Completed struct {
 
 func (x *BeginResponse_Completed) Reset() {
 	*x = BeginResponse_Completed{}
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[12]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1018,7 +1112,7 @@ func (x *BeginResponse_Completed) String() string {
 func (*BeginResponse_Completed) ProtoMessage() {}
 
 func (x *BeginResponse_Completed) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[12]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1066,7 +1160,7 @@ type BeginResponse_InFlight struct {
 
 func (x *BeginResponse_InFlight) Reset() {
 	*x = BeginResponse_InFlight{}
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[13]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1078,7 +1172,7 @@ func (x *BeginResponse_InFlight) String() string {
 func (*BeginResponse_InFlight) ProtoMessage() {}
 
 func (x *BeginResponse_InFlight) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[13]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1110,7 +1204,7 @@ type BeginResponse_FingerprintMismatch struct {
 
 func (x *BeginResponse_FingerprintMismatch) Reset() {
 	*x = BeginResponse_FingerprintMismatch{}
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[14]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1122,7 +1216,7 @@ func (x *BeginResponse_FingerprintMismatch) String() string {
 func (*BeginResponse_FingerprintMismatch) ProtoMessage() {}
 
 func (x *BeginResponse_FingerprintMismatch) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[14]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1153,7 +1247,7 @@ type BeginResponse_OutcomeUnknown struct {
 
 func (x *BeginResponse_OutcomeUnknown) Reset() {
 	*x = BeginResponse_OutcomeUnknown{}
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[15]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1165,7 +1259,7 @@ func (x *BeginResponse_OutcomeUnknown) String() string {
 func (*BeginResponse_OutcomeUnknown) ProtoMessage() {}
 
 func (x *BeginResponse_OutcomeUnknown) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[15]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1204,7 +1298,7 @@ type ResolveRequest_Release struct {
 
 func (x *ResolveRequest_Release) Reset() {
 	*x = ResolveRequest_Release{}
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[16]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1216,7 +1310,7 @@ func (x *ResolveRequest_Release) String() string {
 func (*ResolveRequest_Release) ProtoMessage() {}
 
 func (x *ResolveRequest_Release) ProtoReflect() protoreflect.Message {
-	mi := &file_idemgate_v1_dedupe_proto_msgTypes[16]
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1230,6 +1324,70 @@ func (x *ResolveRequest_Release) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ResolveRequest_Release.ProtoReflect.Descriptor instead.
 func (*ResolveRequest_Release) Descriptor() ([]byte, []int) {
 	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{8, 0}
+}
+
+// LostBegin names one attempt, as its Begin did.
+type ReleaseLostBeginsRequest_LostBegin struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// scope as sent to Begin.
+	Scope string `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
+	// key as sent to Begin.
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// attempt_token as sent to Begin.
+	AttemptToken  string `protobuf:"bytes,3,opt,name=attempt_token,json=attemptToken,proto3" json:"attempt_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseLostBeginsRequest_LostBegin) Reset() {
+	*x = ReleaseLostBeginsRequest_LostBegin{}
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseLostBeginsRequest_LostBegin) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseLostBeginsRequest_LostBegin) ProtoMessage() {}
+
+func (x *ReleaseLostBeginsRequest_LostBegin) ProtoReflect() protoreflect.Message {
+	mi := &file_idemgate_v1_dedupe_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseLostBeginsRequest_LostBegin.ProtoReflect.Descriptor instead.
+func (*ReleaseLostBeginsRequest_LostBegin) Descriptor() ([]byte, []int) {
+	return file_idemgate_v1_dedupe_proto_rawDescGZIP(), []int{10, 0}
+}
+
+func (x *ReleaseLostBeginsRequest_LostBegin) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *ReleaseLostBeginsRequest_LostBegin) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *ReleaseLostBeginsRequest_LostBegin) GetAttemptToken() string {
+	if x != nil {
+		return x.AttemptToken
+	}
+	return ""
 }
 
 var File_idemgate_v1_dedupe_proto protoreflect.FileDescriptor
@@ -1298,7 +1456,16 @@ const file_idemgate_v1_dedupe_proto_rawDesc = "" +
 	"\aReleaseB\f\n" +
 	"\n" +
 	"resolution\"\x11\n" +
-	"\x0fResolveResponse\"\x82\x01\n" +
+	"\x0fResolveResponse\"\xc6\x01\n" +
+	"\x18ReleaseLostBeginsRequest\x12P\n" +
+	"\vlost_begins\x18\x01 \x03(\v2/.idemgate.v1.ReleaseLostBeginsRequest.LostBeginR\n" +
+	"lostBegins\x1aX\n" +
+	"\tLostBegin\x12\x14\n" +
+	"\x05scope\x18\x01 \x01(\tR\x05scope\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12#\n" +
+	"\rattempt_token\x18\x03 \x01(\tR\fattemptToken\"7\n" +
+	"\x19ReleaseLostBeginsResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\x05R\breleased\"\x82\x01\n" +
 	"\x0eResultTooLarge\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x01 \x01(\x03R\tsizeBytes\x12\x19\n" +
@@ -1307,13 +1474,14 @@ const file_idemgate_v1_dedupe_proto_rawDesc = "" +
 	"\x13ResultTooLargeCause\x12&\n" +
 	"\"RESULT_TOO_LARGE_CAUSE_UNSPECIFIED\x10\x00\x12%\n" +
 	"!RESULT_TOO_LARGE_CAUSE_SIZE_LIMIT\x10\x01\x12-\n" +
-	")RESULT_TOO_LARGE_CAUSE_STORED_BYTES_QUOTA\x10\x022\x83\x03\n" +
+	")RESULT_TOO_LARGE_CAUSE_STORED_BYTES_QUOTA\x10\x022\xec\x03\n" +
 	"\rDedupeService\x12C\n" +
 	"\x05Begin\x12\x19.idemgate.v1.BeginRequest\x1a\x1a.idemgate.v1.BeginResponse\"\x03\x90\x02\x02\x12F\n" +
 	"\x06Finish\x12\x1a.idemgate.v1.FinishRequest\x1a\x1b.idemgate.v1.FinishResponse\"\x03\x90\x02\x02\x12I\n" +
 	"\aRelease\x12\x1b.idemgate.v1.ReleaseRequest\x1a\x1c.idemgate.v1.ReleaseResponse\"\x03\x90\x02\x02\x12O\n" +
 	"\tHeartbeat\x12\x1d.idemgate.v1.HeartbeatRequest\x1a\x1e.idemgate.v1.HeartbeatResponse\"\x03\x90\x02\x02\x12I\n" +
-	"\aResolve\x12\x1b.idemgate.v1.ResolveRequest\x1a\x1c.idemgate.v1.ResolveResponse\"\x03\x90\x02\x02B9Z7github.com/idemgate/idemgate/gen/idemgate/v1;idemgatev1b\x06proto3"
+	"\aResolve\x12\x1b.idemgate.v1.ResolveRequest\x1a\x1c.idemgate.v1.ResolveResponse\"\x03\x90\x02\x02\x12g\n" +
+	"\x11ReleaseLostBegins\x12%.idemgate.v1.ReleaseLostBeginsRequest\x1a&.idemgate.v1.ReleaseLostBeginsResponse\"\x03\x90\x02\x02B9Z7github.com/idemgate/idemgate/gen/idemgate/v1;idemgatev1b\x06proto3"
 
 var (
 	file_idemgate_v1_dedupe_proto_rawDescOnce sync.Once
@@ -1328,68 +1496,74 @@ func file_idemgate_v1_dedupe_proto_rawDescGZIP() []byte {
 }
 
 var file_idemgate_v1_dedupe_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_idemgate_v1_dedupe_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_idemgate_v1_dedupe_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_idemgate_v1_dedupe_proto_goTypes = []any{
-	(ResultTooLargeCause)(0),                  // 0: idemgate.v1.ResultTooLargeCause
-	(*BeginRequest)(nil),                      // 1: idemgate.v1.BeginRequest
-	(*BeginResponse)(nil),                     // 2: idemgate.v1.BeginResponse
-	(*FinishRequest)(nil),                     // 3: idemgate.v1.FinishRequest
-	(*FinishResponse)(nil),                    // 4: idemgate.v1.FinishResponse
-	(*ReleaseRequest)(nil),                    // 5: idemgate.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),                   // 6: idemgate.v1.ReleaseResponse
-	(*HeartbeatRequest)(nil),                  // 7: idemgate.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),                 // 8: idemgate.v1.HeartbeatResponse
-	(*ResolveRequest)(nil),                    // 9: idemgate.v1.ResolveRequest
-	(*ResolveResponse)(nil),                   // 10: idemgate.v1.ResolveResponse
-	(*ResultTooLarge)(nil),                    // 11: idemgate.v1.ResultTooLarge
-	(*BeginResponse_Reserved)(nil),            // 12: idemgate.v1.BeginResponse.Reserved
-	(*BeginResponse_Completed)(nil),           // 13: idemgate.v1.BeginResponse.Completed
-	(*BeginResponse_InFlight)(nil),            // 14: idemgate.v1.BeginResponse.InFlight
-	(*BeginResponse_FingerprintMismatch)(nil), // 15: idemgate.v1.BeginResponse.FingerprintMismatch
-	(*BeginResponse_OutcomeUnknown)(nil),      // 16: idemgate.v1.BeginResponse.OutcomeUnknown
-	(*ResolveRequest_Release)(nil),            // 17: idemgate.v1.ResolveRequest.Release
-	(*durationpb.Duration)(nil),               // 18: google.protobuf.Duration
-	(LostOutcomePolicy)(0),                    // 19: idemgate.v1.LostOutcomePolicy
-	(*anypb.Any)(nil),                         // 20: google.protobuf.Any
-	(*timestamppb.Timestamp)(nil),             // 21: google.protobuf.Timestamp
+	(ResultTooLargeCause)(0),                   // 0: idemgate.v1.ResultTooLargeCause
+	(*BeginRequest)(nil),                       // 1: idemgate.v1.BeginRequest
+	(*BeginResponse)(nil),                      // 2: idemgate.v1.BeginResponse
+	(*FinishRequest)(nil),                      // 3: idemgate.v1.FinishRequest
+	(*FinishResponse)(nil),                     // 4: idemgate.v1.FinishResponse
+	(*ReleaseRequest)(nil),                     // 5: idemgate.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),                    // 6: idemgate.v1.ReleaseResponse
+	(*HeartbeatRequest)(nil),                   // 7: idemgate.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),                  // 8: idemgate.v1.HeartbeatResponse
+	(*ResolveRequest)(nil),                     // 9: idemgate.v1.ResolveRequest
+	(*ResolveResponse)(nil),                    // 10: idemgate.v1.ResolveResponse
+	(*ReleaseLostBeginsRequest)(nil),           // 11: idemgate.v1.ReleaseLostBeginsRequest
+	(*ReleaseLostBeginsResponse)(nil),          // 12: idemgate.v1.ReleaseLostBeginsResponse
+	(*ResultTooLarge)(nil),                     // 13: idemgate.v1.ResultTooLarge
+	(*BeginResponse_Reserved)(nil),             // 14: idemgate.v1.BeginResponse.Reserved
+	(*BeginResponse_Completed)(nil),            // 15: idemgate.v1.BeginResponse.Completed
+	(*BeginResponse_InFlight)(nil),             // 16: idemgate.v1.BeginResponse.InFlight
+	(*BeginResponse_FingerprintMismatch)(nil),  // 17: idemgate.v1.BeginResponse.FingerprintMismatch
+	(*BeginResponse_OutcomeUnknown)(nil),       // 18: idemgate.v1.BeginResponse.OutcomeUnknown
+	(*ResolveRequest_Release)(nil),             // 19: idemgate.v1.ResolveRequest.Release
+	(*ReleaseLostBeginsRequest_LostBegin)(nil), // 20: idemgate.v1.ReleaseLostBeginsRequest.LostBegin
+	(*durationpb.Duration)(nil),                // 21: google.protobuf.Duration
+	(LostOutcomePolicy)(0),                     // 22: idemgate.v1.LostOutcomePolicy
+	(*anypb.Any)(nil),                          // 23: google.protobuf.Any
+	(*timestamppb.Timestamp)(nil),              // 24: google.protobuf.Timestamp
 }
 var file_idemgate_v1_dedupe_proto_depIdxs = []int32{
-	18, // 0: idemgate.v1.BeginRequest.lease:type_name -> google.protobuf.Duration
-	18, // 1: idemgate.v1.BeginRequest.retention:type_name -> google.protobuf.Duration
-	19, // 2: idemgate.v1.BeginRequest.on_lost_outcome:type_name -> idemgate.v1.LostOutcomePolicy
-	18, // 3: idemgate.v1.BeginRequest.max_wait:type_name -> google.protobuf.Duration
-	12, // 4: idemgate.v1.BeginResponse.reserved:type_name -> idemgate.v1.BeginResponse.Reserved
-	13, // 5: idemgate.v1.BeginResponse.completed:type_name -> idemgate.v1.BeginResponse.Completed
-	14, // 6: idemgate.v1.BeginResponse.in_flight:type_name -> idemgate.v1.BeginResponse.InFlight
-	15, // 7: idemgate.v1.BeginResponse.fingerprint_mismatch:type_name -> idemgate.v1.BeginResponse.FingerprintMismatch
-	16, // 8: idemgate.v1.BeginResponse.outcome_unknown:type_name -> idemgate.v1.BeginResponse.OutcomeUnknown
-	20, // 9: idemgate.v1.FinishRequest.outcome:type_name -> google.protobuf.Any
-	18, // 10: idemgate.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
-	21, // 11: idemgate.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	20, // 12: idemgate.v1.ResolveRequest.complete:type_name -> google.protobuf.Any
-	17, // 13: idemgate.v1.ResolveRequest.release:type_name -> idemgate.v1.ResolveRequest.Release
-	0,  // 14: idemgate.v1.ResultTooLarge.cause:type_name -> idemgate.v1.ResultTooLargeCause
-	21, // 15: idemgate.v1.BeginResponse.Reserved.lease_expires_at:type_name -> google.protobuf.Timestamp
-	20, // 16: idemgate.v1.BeginResponse.Completed.outcome:type_name -> google.protobuf.Any
-	21, // 17: idemgate.v1.BeginResponse.Completed.completed_at:type_name -> google.protobuf.Timestamp
-	21, // 18: idemgate.v1.BeginResponse.Completed.expires_at:type_name -> google.protobuf.Timestamp
-	21, // 19: idemgate.v1.BeginResponse.InFlight.lease_expires_at:type_name -> google.protobuf.Timestamp
-	21, // 20: idemgate.v1.BeginResponse.OutcomeUnknown.lease_expired_at:type_name -> google.protobuf.Timestamp
-	1,  // 21: idemgate.v1.DedupeService.Begin:input_type -> idemgate.v1.BeginRequest
-	3,  // 22: idemgate.v1.DedupeService.Finish:input_type -> idemgate.v1.FinishRequest
-	5,  // 23: idemgate.v1.DedupeService.Release:input_type -> idemgate.v1.ReleaseRequest
-	7,  // 24: idemgate.v1.DedupeService.Heartbeat:input_type -> idemgate.v1.HeartbeatRequest
-	9,  // 25: idemgate.v1.DedupeService.Resolve:input_type -> idemgate.v1.ResolveRequest
-	2,  // 26: idemgate.v1.DedupeService.Begin:output_type -> idemgate.v1.BeginResponse
-	4,  // 27: idemgate.v1.DedupeService.Finish:output_type -> idemgate.v1.FinishResponse
-	6,  // 28: idemgate.v1.DedupeService.Release:output_type -> idemgate.v1.ReleaseResponse
-	8,  // 29: idemgate.v1.DedupeService.Heartbeat:output_type -> idemgate.v1.HeartbeatResponse
-	10, // 30: idemgate.v1.DedupeService.Resolve:output_type -> idemgate.v1.ResolveResponse
-	26, // [26:31] is the sub-list for method output_type
-	21, // [21:26] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	21, // 0: idemgate.v1.BeginRequest.lease:type_name -> google.protobuf.Duration
+	21, // 1: idemgate.v1.BeginRequest.retention:type_name -> google.protobuf.Duration
+	22, // 2: idemgate.v1.BeginRequest.on_lost_outcome:type_name -> idemgate.v1.LostOutcomePolicy
+	21, // 3: idemgate.v1.BeginRequest.max_wait:type_name -> google.protobuf.Duration
+	14, // 4: idemgate.v1.BeginResponse.reserved:type_name -> idemgate.v1.BeginResponse.Reserved
+	15, // 5: idemgate.v1.BeginResponse.completed:type_name -> idemgate.v1.BeginResponse.Completed
+	16, // 6: idemgate.v1.BeginResponse.in_flight:type_name -> idemgate.v1.BeginResponse.InFlight
+	17, // 7: idemgate.v1.BeginResponse.fingerprint_mismatch:type_name -> idemgate.v1.BeginResponse.FingerprintMismatch
+	18, // 8: idemgate.v1.BeginResponse.outcome_unknown:type_name -> idemgate.v1.BeginResponse.OutcomeUnknown
+	23, // 9: idemgate.v1.FinishRequest.outcome:type_name -> google.protobuf.Any
+	21, // 10: idemgate.v1.HeartbeatRequest.lease:type_name -> google.protobuf.Duration
+	24, // 11: idemgate.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	23, // 12: idemgate.v1.ResolveRequest.complete:type_name -> google.protobuf.Any
+	19, // 13: idemgate.v1.ResolveRequest.release:type_name -> idemgate.v1.ResolveRequest.Release
+	20, // 14: idemgate.v1.ReleaseLostBeginsRequest.lost_begins:type_name -> idemgate.v1.ReleaseLostBeginsRequest.LostBegin
+	0,  // 15: idemgate.v1.ResultTooLarge.cause:type_name -> idemgate.v1.ResultTooLargeCause
+	24, // 16: idemgate.v1.BeginResponse.Reserved.lease_expires_at:type_name -> google.protobuf.Timestamp
+	23, // 17: idemgate.v1.BeginResponse.Completed.outcome:type_name -> google.protobuf.Any
+	24, // 18: idemgate.v1.BeginResponse.Completed.completed_at:type_name -> google.protobuf.Timestamp
+	24, // 19: idemgate.v1.BeginResponse.Completed.expires_at:type_name -> google.protobuf.Timestamp
+	24, // 20: idemgate.v1.BeginResponse.InFlight.lease_expires_at:type_name -> google.protobuf.Timestamp
+	24, // 21: idemgate.v1.BeginResponse.OutcomeUnknown.lease_expired_at:type_name -> google.protobuf.Timestamp
+	1,  // 22: idemgate.v1.DedupeService.Begin:input_type -> idemgate.v1.BeginRequest
+	3,  // 23: idemgate.v1.DedupeService.Finish:input_type -> idemgate.v1.FinishRequest
+	5,  // 24: idemgate.v1.DedupeService.Release:input_type -> idemgate.v1.ReleaseRequest
+	7,  // 25: idemgate.v1.DedupeService.Heartbeat:input_type -> idemgate.v1.HeartbeatRequest
+	9,  // 26: idemgate.v1.DedupeService.Resolve:input_type -> idemgate.v1.ResolveRequest
+	11, // 27: idemgate.v1.DedupeService.ReleaseLostBegins:input_type -> idemgate.v1.ReleaseLostBeginsRequest
+	2,  // 28: idemgate.v1.DedupeService.Begin:output_type -> idemgate.v1.BeginResponse
+	4,  // 29: idemgate.v1.DedupeService.Finish:output_type -> idemgate.v1.FinishResponse
+	6,  // 30: idemgate.v1.DedupeService.Release:output_type -> idemgate.v1.ReleaseResponse
+	8,  // 31: idemgate.v1.DedupeService.Heartbeat:output_type -> idemgate.v1.HeartbeatResponse
+	10, // 32: idemgate.v1.DedupeService.Resolve:output_type -> idemgate.v1.ResolveResponse
+	12, // 33: idemgate.v1.DedupeService.ReleaseLostBegins:output_type -> idemgate.v1.ReleaseLostBeginsResponse
+	28, // [28:34] is the sub-list for method output_type
+	22, // [22:28] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_idemgate_v1_dedupe_proto_init() }
@@ -1415,7 +1589,7 @@ func file_idemgate_v1_dedupe_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idemgate_v1_dedupe_proto_rawDesc), len(file_idemgate_v1_dedupe_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,11 +19,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	DedupeService_Begin_FullMethodName     = "/idemgate.v1.DedupeService/Begin"
-	DedupeService_Finish_FullMethodName    = "/idemgate.v1.DedupeService/Finish"
-	DedupeService_Release_FullMethodName   = "/idemgate.v1.DedupeService/Release"
-	DedupeService_Heartbeat_FullMethodName = "/idemgate.v1.DedupeService/Heartbeat"
-	DedupeService_Resolve_FullMethodName   = "/idemgate.v1.DedupeService/Resolve"
+	DedupeService_Begin_FullMethodName             = "/idemgate.v1.DedupeService/Begin"
+	DedupeService_Finish_FullMethodName            = "/idemgate.v1.DedupeService/Finish"
+	DedupeService_Release_FullMethodName           = "/idemgate.v1.DedupeService/Release"
+	DedupeService_Heartbeat_FullMethodName         = "/idemgate.v1.DedupeService/Heartbeat"
+	DedupeService_Resolve_FullMethodName           = "/idemgate.v1.DedupeService/Resolve"
+	DedupeService_ReleaseLostBegins_FullMethodName = "/idemgate.v1.DedupeService/ReleaseLostBegins"
 )
 
 // DedupeServiceClient is the client API for DedupeService service.
@@ -60,6 +61,17 @@ type DedupeServiceClient interface {
 	// gets FAILED_PRECONDITION (RECORD_NOT_UNKNOWN), except that a retried
 	// Resolve that already took effect succeeds.
 	Resolve(ctx context.Context, in *ResolveRequest, opts ...grpc.CallOption) (*ResolveResponse, error)
+	// ReleaseLostBegins frees, in one call, the reservations of attempts whose
+	// Begin's answer never reached them (a broken connection, a deadline): such
+	// an attempt never ran its side effect, so its reservation, if the Begin
+	// made one, must not outlive it. Each named attempt's record is released
+	// when that attempt holds it, in flight (its lease running or run out) or
+	// marked outcome-unknown by a duplicate after its lease ran out (unless the
+	// service leaves those to Resolve); a record another attempt holds, one
+	// that is settled, or none at all is left as it is. One call frees a crowd
+	// of lost Begins in one store round trip, where a Begin and a Release each
+	// would cost two round trips per attempt.
+	ReleaseLostBegins(ctx context.Context, in *ReleaseLostBeginsRequest, opts ...grpc.CallOption) (*ReleaseLostBeginsResponse, error)
 }
 
 type dedupeServiceClient struct {
@@ -120,6 +132,16 @@ func (c *dedupeServiceClient) Resolve(ctx context.Context, in *ResolveRequest, o
 	return out, nil
 }
 
+func (c *dedupeServiceClient) ReleaseLostBegins(ctx context.Context, in *ReleaseLostBeginsRequest, opts ...grpc.CallOption) (*ReleaseLostBeginsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseLostBeginsResponse)
+	err := c.cc.Invoke(ctx, DedupeService_ReleaseLostBegins_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DedupeServiceServer is the server API for DedupeService service.
 // All implementations must embed UnimplementedDedupeServiceServer
 // for forward compatibility.
@@ -154,6 +176,17 @@ type DedupeServiceServer interface {
 	// gets FAILED_PRECONDITION (RECORD_NOT_UNKNOWN), except that a retried
 	// Resolve that already took effect succeeds.
 	Resolve(context.Context, *ResolveRequest) (*ResolveResponse, error)
+	// ReleaseLostBegins frees, in one call, the reservations of attempts whose
+	// Begin's answer never reached them (a broken connection, a deadline): such
+	// an attempt never ran its side effect, so its reservation, if the Begin
+	// made one, must not outlive it. Each named attempt's record is released
+	// when that attempt holds it, in flight (its lease running or run out) or
+	// marked outcome-unknown by a duplicate after its lease ran out (unless the
+	// service leaves those to Resolve); a record another attempt holds, one
+	// that is settled, or none at all is left as it is. One call frees a crowd
+	// of lost Begins in one store round trip, where a Begin and a Release each
+	// would cost two round trips per attempt.
+	ReleaseLostBegins(context.Context, *ReleaseLostBeginsRequest) (*ReleaseLostBeginsResponse, error)
 	mustEmbedUnimplementedDedupeServiceServer()
 }
 
@@ -178,6 +211,9 @@ func (UnimplementedDedupeServiceServer) Heartbeat(context.Context, *HeartbeatReq
 }
 func (UnimplementedDedupeServiceServer) Resolve(context.Context, *ResolveRequest) (*ResolveResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Resolve not implemented")
+}
+func (UnimplementedDedupeServiceServer) ReleaseLostBegins(context.Context, *ReleaseLostBeginsRequest) (*ReleaseLostBeginsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReleaseLostBegins not implemented")
 }
 func (UnimplementedDedupeServiceServer) mustEmbedUnimplementedDedupeServiceServer() {}
 func (UnimplementedDedupeServiceServer) testEmbeddedByValue()                       {}
@@ -290,6 +326,24 @@ func _DedupeService_Resolve_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DedupeService_ReleaseLostBegins_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseLostBeginsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DedupeServiceServer).ReleaseLostBegins(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DedupeService_ReleaseLostBegins_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DedupeServiceServer).ReleaseLostBegins(ctx, req.(*ReleaseLostBeginsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // DedupeService_ServiceDesc is the grpc.ServiceDesc for DedupeService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -316,6 +370,10 @@ var DedupeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Resolve",
 			Handler:    _DedupeService_Resolve_Handler,
+		},
+		{
+			MethodName: "ReleaseLostBegins",
+			Handler:    _DedupeService_ReleaseLostBegins_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
