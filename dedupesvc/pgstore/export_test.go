@@ -31,3 +31,7 @@ func (s *Store) FinishSQLForTest() string { return s.finishSQL }
 
 // ProbeEveryForTest sets how long l's probe may take before it warns.
 func ProbeEveryForTest(l *Listener, d time.Duration) { l.probeEvery = d }
+
+// UnreachableForTest says whether err means the database could not be
+// reached.
+var UnreachableForTest = unreachable
