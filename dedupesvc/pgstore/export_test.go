@@ -35,3 +35,7 @@ func ProbeEveryForTest(l *Listener, d time.Duration) { l.probeEvery = d }
 // UnreachableForTest says whether err means the database could not be
 // reached.
 var UnreachableForTest = unreachable
+
+// ResumeBackoffCapForTest is the longest a replica waits between tries of
+// a store it could not reach.
+const ResumeBackoffCapForTest = resumeBackoffCap
