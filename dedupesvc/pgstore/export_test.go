@@ -31,3 +31,11 @@ func (s *Store) FinishSQLForTest() string { return s.finishSQL }
 
 // ProbeEveryForTest sets how long l's probe may take before it warns.
 func ProbeEveryForTest(l *Listener, d time.Duration) { l.probeEvery = d }
+
+// UnreachableForTest says whether err means the database could not be
+// reached.
+var UnreachableForTest = unreachable
+
+// ResumeBackoffCapForTest is the longest a replica waits between tries of
+// a store it could not reach.
+const ResumeBackoffCapForTest = resumeBackoffCap

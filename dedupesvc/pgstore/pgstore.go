@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"strings"
@@ -72,6 +73,17 @@ type Store struct {
 	// markTimeouts counts resume's marks in a row that ran out of their
 	// own time (markTimeout), under resumeMu.
 	markTimeouts int
+	// awayErr is the error of resume's last mark when it failed because
+	// the database could not be reached or refused it as read-only (cuts;
+	// nil otherwise); until awayUntil,
+	// resume fails at once with it instead of marking (and connecting)
+	// again. awayDelay is the backoff that set awayUntil (awayBackoff).
+	// All three under resumeMu.
+	awayErr   error
+	awayUntil time.Time
+	awayDelay time.Duration
+	// failedMarks and pacedCalls count for AwayStats.
+	failedMarks, pacedCalls atomic.Int64
 	// commit is the group commit config; group batches Begin's first
 	// statement and Finish (nil with batching off).
 	commit GroupCommit
@@ -384,13 +396,48 @@ func markTimeout(timedOut int) time.Duration {
 	return d
 }
 
+// Bounds of the backoff between resume's marks while the database cannot
+// be reached (awayBackoff).
+const (
+	resumeBackoffMin = 50 * time.Millisecond
+	resumeBackoffCap = time.Second
+)
+
+// awayBackoff is the backoff after a mark that found the database
+// unreachable, given the previous one (0 after a success): doubled from
+// resumeBackoffMin up to resumeBackoffCap. Each mark connects anew (the
+// outage closed the pool's connections), so without it a replica under
+// load connected about once per call: over a thousand refused connects a
+// second, and on loopback some connected to themselves and held the
+// restarted database's port.
+func awayBackoff(prev time.Duration) time.Duration {
+	return min(max(2*prev, resumeBackoffMin), resumeBackoffCap)
+}
+
+// jittered is a wait of between half of d and d, so the replicas that lost
+// the database together do not come back in step.
+func jittered(d time.Duration) time.Duration {
+	return d/2 + rand.N(d/2+1)
+}
+
+// AwayStats returns how many of the store's marks of the resume (resume)
+// failed because the database could not be reached, each one connection
+// attempt, and how many operations failed at once meanwhile, with the last
+// such mark's error, because its backoff had not run out.
+func (s *Store) AwayStats() (failedMarks, pacedCalls int64) {
+	return s.failedMarks.Load(), s.pacedCalls.Load()
+}
+
 // resume runs before every statement of the store (and at the start of every
 // operation): after a statement failed because the database could not be
 // reached, this replica saw an outage, during which holders could not renew
 // their leases, so no statement may decide on a lease before the store is
 // marked resumed (MarkResumed). The first caller marks; the others wait for
 // that mark and then go on, or fail with its error when it failed (the flag
-// stays set and the next operation marks again); a caller whose own context
+// stays set and the next operation marks again; after a mark that found the
+// database unreachable, only once the backoff since, awayBackoff, ran out,
+// and until then every operation fails at once with that mark's error,
+// without connecting); a caller whose own context
 // ended is no verdict on the database, so its waiters mark themselves, and
 // neither is a mark that ran out of its own time (markTimeout): then the
 // marking caller, while its context lasts, tries again like its waiters.
@@ -420,6 +467,12 @@ func (s *Store) resume(ctx context.Context) error {
 			}
 			continue
 		}
+		if s.awayErr != nil && time.Now().Before(s.awayUntil) {
+			err := s.awayErr
+			s.resumeMu.Unlock()
+			s.pacedCalls.Add(1)
+			return err
+		}
 		c := &markCall{done: make(chan struct{})}
 		s.marking = c
 		gen := s.cutGen
@@ -433,11 +486,16 @@ func (s *Store) resume(ctx context.Context) error {
 		switch {
 		case err == nil:
 			s.markTimeouts = 0
+			s.awayErr, s.awayDelay = nil, 0
 			if s.cutGen == gen {
 				s.cutOff.Store(false)
 			}
 		case timedOut:
 			s.markTimeouts++
+		case ctx.Err() == nil && cuts(ctx, err):
+			s.failedMarks.Add(1)
+			s.awayDelay = awayBackoff(s.awayDelay)
+			s.awayErr, s.awayUntil = err, time.Now().Add(jittered(s.awayDelay))
 		}
 		c.err, c.gaveUp = err, err != nil && (timedOut || ctx.Err() != nil)
 		close(c.done)
@@ -458,17 +516,25 @@ func (s *Store) resume(ctx context.Context) error {
 // target_session_attrs=read-write), and holders get the resume's grace for
 // the renewals refused meanwhile.
 func (s *Store) noted(ctx context.Context, err error) error {
-	readOnly := err != nil && readOnlyServer(err)
-	if readOnly {
+	if err == nil {
+		return nil
+	}
+	if readOnlyServer(err) {
 		s.pool.Reset()
 	}
-	if readOnly || err != nil && unreachable(ctx, err) {
+	if cuts(ctx, err) {
 		s.resumeMu.Lock()
 		s.cutGen++
 		s.cutOff.Store(true)
 		s.resumeMu.Unlock()
 	}
 	return err
+}
+
+// cuts reports whether err cuts the replica off from the store (noted):
+// the database could not be reached, or refused a write as read-only.
+func cuts(ctx context.Context, err error) bool {
+	return readOnlyServer(err) || unreachable(ctx, err)
 }
 
 // readOnlyServer reports whether err is a write refused because the server

@@ -8,6 +8,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,13 +63,15 @@ func reexecute(p dedupesvc.BeginParams) dedupesvc.BeginParams {
 
 // proxy forwards TCP connections to the database until cut, which closes
 // every connection and refuses new ones (it accepts and closes them at once),
-// as a database that went away would.
+// as a database that went away would. accepts counts the connections it
+// accepted, up or down: the dials that reached it.
 type proxy struct {
-	lis    net.Listener
-	target string
-	mu     sync.Mutex
-	down   bool
-	conns  []net.Conn
+	lis     net.Listener
+	target  string
+	accepts atomic.Int64
+	mu      sync.Mutex
+	down    bool
+	conns   []net.Conn
 }
 
 func newProxy(t *testing.T, target string) *proxy {
@@ -88,6 +91,7 @@ func (p *proxy) serve() {
 		if err != nil {
 			return
 		}
+		p.accepts.Add(1)
 		p.mu.Lock()
 		down := p.down
 		if !down {
@@ -355,7 +359,8 @@ func TestOperationsWaitForThePendingResumeMark(t *testing.T) {
 
 // TestAFailedResumeMarkFailsTheWaitingOperations: when the mark itself
 // cannot reach the database, the operations that waited for it fail with a
-// store error instead of deciding, and the next operation marks again.
+// store error instead of deciding, and the first operation after the
+// backoff marks again.
 func TestAFailedResumeMarkFailsTheWaitingOperations(t *testing.T) {
 	t.Parallel()
 	_, replica, px := abandonedAfterOutage(t, "1 hour")
@@ -379,6 +384,9 @@ func TestAFailedResumeMarkFailsTheWaitingOperations(t *testing.T) {
 	}
 	px.cut(false)
 	pgstore.HoldMarkForTest(replica, nil)
+	// Until the backoff since the failed mark runs out, operations fail at
+	// once with its error.
+	time.Sleep(pgstore.ResumeBackoffCapForTest)
 	if res, err := replica.Begin(ctx, reexecute(begin("taker"))); err != nil || res.State != dedupesvc.BeginInFlight {
 		t.Fatalf("REEXECUTE Begin once the database is back = %+v, %v; want in flight (marked again, the grace)", res, err)
 	}

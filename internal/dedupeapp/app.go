@@ -60,6 +60,8 @@ func OpenPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	if cfg.MaxConns > 0 {
 		pcfg.MaxConns = int32(cfg.MaxConns)
 	}
+	// Also the NOTIFY listener's, which connects like the pool.
+	pcfg.ConnConfig.DialFunc = pgstore.RejectSelfConnects(pcfg.ConnConfig.DialFunc)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("%s: open database pool: %w", cfg.nameEnv("database-url", "DATABASE_URL"), err)
@@ -183,6 +185,7 @@ func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend,
 				pool.Close()
 				return backend{}, fmt.Errorf("-listen-database-url: not a PostgreSQL URL: %w", err)
 			}
+			listenConfig.DialFunc = pgstore.RejectSelfConnects(listenConfig.DialFunc)
 			listenOpts = append(listenOpts, pgstore.ListenOn(listenConfig))
 		}
 		listener := pgstore.NewListener(pool, pgstore.DefaultChannel, logger, listenOpts...)

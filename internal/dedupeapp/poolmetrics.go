@@ -64,3 +64,40 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.total, s.TotalConns())
 	gauge(c.max, s.MaxConns())
 }
+
+// awayStats is a store that counts its tries of a database it could not
+// reach (pgstore.Store.AwayStats).
+type awayStats interface {
+	AwayStats() (failedMarks, pacedCalls int64)
+}
+
+// awayCollector exports a store's awayStats, read at each scrape: how often
+// the replica tried PostgreSQL while it was away, and how many calls the
+// backoff between tries failed at once.
+type awayCollector struct {
+	store        awayStats
+	tries, paced *prometheus.Desc
+}
+
+func newAwayCollector(store awayStats) *awayCollector {
+	return &awayCollector{
+		store: store,
+		tries: prometheus.NewDesc("idemgate_db_unreachable_tries_total",
+			"Tries to reach PostgreSQL again (to mark the store resumed, each a connection attempt) that failed while it was away: at most about two a second.", nil, nil),
+		paced: prometheus.NewDesc("idemgate_db_paced_calls_total",
+			"Store operations failed at once, with the last try's error and without connecting, because PostgreSQL was away and the backoff since that try had not run out.", nil, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *awayCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.tries
+	ch <- c.paced
+}
+
+// Collect implements prometheus.Collector.
+func (c *awayCollector) Collect(ch chan<- prometheus.Metric) {
+	tries, paced := c.store.AwayStats()
+	ch <- prometheus.MustNewConstMetric(c.tries, prometheus.CounterValue, float64(tries))
+	ch <- prometheus.MustNewConstMetric(c.paced, prometheus.CounterValue, float64(paced))
+}

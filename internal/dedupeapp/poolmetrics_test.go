@@ -15,7 +15,8 @@ import (
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
-// The pool's statistics are on /metrics of a service on PostgreSQL. Only
+// The pool's statistics, and the store's tries while PostgreSQL is away,
+// are on /metrics of a service on PostgreSQL. Only
 // the names are checked: the values are timings and counts of a shared
 // machine.
 func TestPoolMetricsExported(t *testing.T) {
@@ -29,6 +30,7 @@ func TestPoolMetricsExported(t *testing.T) {
 		"idemgate_db_pool_empty_acquires_total", "idemgate_db_pool_empty_acquire_wait_seconds_total", "idemgate_db_pool_new_connections_total",
 		"idemgate_db_pool_acquired_connections", "idemgate_db_pool_idle_connections", "idemgate_db_pool_constructing_connections",
 		"idemgate_db_pool_total_connections", "idemgate_db_pool_max_connections",
+		"idemgate_db_unreachable_tries_total", "idemgate_db_paced_calls_total",
 	} {
 		if !strings.Contains(metrics, "\n"+name+" ") {
 			t.Errorf("/metrics lacks %s", name)

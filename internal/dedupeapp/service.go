@@ -59,6 +59,9 @@ func openService(ctx context.Context, cfg Config, logger *slog.Logger) (_ *servi
 	if b.pool != nil {
 		s.register(newPoolCollector(b.pool))
 	}
+	if away, ok := b.store.(awayStats); ok {
+		s.register(newAwayCollector(away))
+	}
 	serverOpts := []dedupesvc.Option{
 		dedupesvc.WithMetrics(dedupeMetrics),
 		dedupesvc.WithLogger(logger),
