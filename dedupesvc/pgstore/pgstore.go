@@ -83,6 +83,10 @@ type Store struct {
 	citusForms map[string]string
 	// citusExtra holds the extra parameters of Citus forms (citusForm).
 	citusExtra map[string][]string
+	// nodes is the resume state of each Citus node group (WithCitus),
+	// under resumeMu: on Citus a failure is noted, and the resume marked,
+	// per worker (resumeNodes).
+	nodes nodeStates
 }
 
 // GroupCommit configures how the Store writes the first statements of
@@ -215,7 +219,7 @@ SELECT (SELECT count(*) FROM changed) + 0 * (SELECT count(*) FROM notified), coa
 // change runs one of the announced statements and reports how many rows it
 // changed.
 func (s *Store) change(ctx context.Context, sql string, id dedupesvc.RecordID, args ...any) (int, error) {
-	if err := s.resume(ctx); err != nil {
+	if err := s.resumeFor(ctx, id); err != nil {
 		return 0, err
 	}
 	var n int
@@ -229,13 +233,13 @@ func (s *Store) change(ctx context.Context, sql string, id dedupesvc.RecordID, a
 		if err == nil {
 			s.notifyAfter(ctx, woken, NotifyID(id))
 		}
-		return n, s.noted(ctx, err)
+		return n, s.notedFor(ctx, id, err)
 	}
 	if s.channel != "" {
 		args = append(args, s.channel, NotifyID(id))
 	}
 	err := s.pool.QueryRow(ctx, sql, args...).Scan(&n)
-	return n, s.noted(ctx, err)
+	return n, s.notedFor(ctx, id, err)
 }
 
 // op is one single-row statement that may share a transaction with others
@@ -247,8 +251,10 @@ type op struct {
 	// triggers append (migration 010) instead of updating shared counter
 	// rows, and the sweeper skips rows a batch holds (deleteExpiredSQL).
 	order string
-	sql   string
-	args  []any
+	// id is the record the statement is on.
+	id   dedupesvc.RecordID
+	sql  string
+	args []any
 	// scan reads the statement's row into the caller's variables.
 	scan func(pgx.Row) error
 	err  error
@@ -263,7 +269,7 @@ func orderOf(id dedupesvc.RecordID) string {
 
 // run runs o, in a batch when group commit is on, and returns its error.
 func (s *Store) run(ctx context.Context, o *op) error {
-	if err := s.resume(ctx); err != nil {
+	if err := s.resumeFor(ctx, o.id); err != nil {
 		return err
 	}
 	stages := dedupesvc.StageTimerFrom(ctx)
@@ -271,7 +277,7 @@ func (s *Store) run(ctx context.Context, o *op) error {
 		start := time.Now()
 		err := o.scan(s.pool.QueryRow(ctx, o.sql, o.args...))
 		stages.AddStatement(0, time.Since(start))
-		return s.noted(ctx, err)
+		return s.notedFor(ctx, o.id, err)
 	}
 	o.queued = time.Now()
 	if err := s.group.Do(ctx, o); err != nil {
@@ -346,7 +352,13 @@ ON CONFLICT (id) DO UPDATE SET resumed_at = greatest(st.resumed_at, excluded.res
 // by the database's clock, for every replica on this database. Call it when
 // a Dedupe service process starts, after Migrate; the store also calls it
 // itself after it could not reach the database (see resume).
+//
+// On Citus it marks the shards of every worker (markNodes): one worker's
+// marks need only that worker and the coordinator.
 func (s *Store) MarkResumed(ctx context.Context) error {
+	if s.citus {
+		return s.markNodes(ctx)
+	}
 	if s.markHook != nil {
 		s.markHook(ctx)
 	}
@@ -396,8 +408,12 @@ func markTimeout(timedOut int) time.Duration {
 // The flag is cleared only by a mark that started after the last failure
 // noted. A statement already on its way when the failure is noted is not
 // held back: the window this leaves is one statement's flight, not the
-// mark's.
+// mark's. On Citus the same holds per worker (resumeNodes); resume is for
+// operations on every worker's shards.
 func (s *Store) resume(ctx context.Context) error {
+	if s.citus {
+		return s.resumeNodes(ctx, "")
+	}
 	for s.cutOff.Load() {
 		s.resumeMu.Lock()
 		if !s.cutOff.Load() {
@@ -456,14 +472,48 @@ func (s *Store) resume(ctx context.Context) error {
 // statement connects anew (to a writable server, given
 // target_session_attrs=read-write), and holders get the resume's grace for
 // the renewals refused meanwhile.
+//
+// On Citus the failure cuts off every worker (notedFor tells one).
 func (s *Store) noted(ctx context.Context, err error) error {
+	return s.notedOn(ctx, "", err)
+}
+
+// resumeFor is resume for an operation on the record id alone: on Citus it
+// waits for the mark of the worker holding id's shard only.
+func (s *Store) resumeFor(ctx context.Context, id dedupesvc.RecordID) error {
+	if s.citus {
+		return s.resumeNodes(ctx, id.Key)
+	}
+	return s.resume(ctx)
+}
+
+// notedFor is noted for a statement on the record id alone: on Citus, a
+// coordinator that answered that it could not reach a worker (class 08)
+// cuts off the worker holding id's shard only, the one whose holders'
+// renewals may have failed too; anything else cuts off every worker.
+func (s *Store) notedFor(ctx context.Context, id dedupesvc.RecordID, err error) error {
+	return s.notedOn(ctx, id.Key, err)
+}
+
+// notedOn is noted, for a statement on the records of key ("" when on
+// several).
+func (s *Store) notedOn(ctx context.Context, key string, err error) error {
 	readOnly := err != nil && readOnlyServer(err)
 	if readOnly {
 		s.pool.Reset()
 	}
 	if readOnly || err != nil && unreachable(ctx, err) {
+		group, one := int32(0), false
+		if s.citus && key != "" && remoteNodeFailed(err) {
+			if g, lookupErr := s.groupOfKey(ctx, key); lookupErr == nil {
+				group, one = g, true
+			}
+		}
 		s.resumeMu.Lock()
 		s.cutGen++
+		if s.citus {
+			s.nodes.cut(group, one, s.cutGen)
+		}
 		s.cutOff.Store(true)
 		s.resumeMu.Unlock()
 	}
@@ -703,7 +753,7 @@ func (s *Store) MaxQuotaOvershoot() int {
 // first, so a duplicate costs one read and no commit; only a free key is
 // written, and then the single upsert decides who holds it.
 func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.BeginResult, error) {
-	if err := s.resume(ctx); err != nil {
+	if err := s.resumeFor(ctx, p.ID()); err != nil {
 		return dedupesvc.BeginResult{}, err
 	}
 	steps := dedupesvc.BeginSteps{
@@ -719,11 +769,11 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 			return n == 1, nil
 		},
 		Renew: func(ctx context.Context, epoch int64, _ time.Time) (time.Time, bool, error) {
-			if err := s.resume(ctx); err != nil {
+			if err := s.resumeFor(ctx, p.ID()); err != nil {
 				return time.Time{}, false, err
 			}
 			var until time.Time
-			err := s.noted(ctx, s.pool.QueryRow(ctx, s.q(renewSQL), p.Scope, p.Key, p.AttemptToken, epoch, p.Lease.Milliseconds(), p.Namespace, p.ResolveOnly).Scan(&until))
+			err := s.notedFor(ctx, p.ID(), s.pool.QueryRow(ctx, s.q(renewSQL), p.Scope, p.Key, p.AttemptToken, epoch, p.Lease.Milliseconds(), p.Namespace, p.ResolveOnly).Scan(&until))
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
 				return time.Time{}, false, nil
@@ -740,7 +790,7 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 			return records, bytes, nil
 		},
 		Reserve: func(ctx context.Context, _ time.Time) (int64, time.Time, bool, error) {
-			if err := s.resume(ctx); err != nil {
+			if err := s.resumeFor(ctx, p.ID()); err != nil {
 				return 0, time.Time{}, false, err
 			}
 			var (
@@ -753,7 +803,7 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 				p.OnLostOutcome == dedupesvc.Reexecute, p.Namespace, p.LostRetention().Milliseconds(),
 			})
 			if err == nil {
-				err = s.noted(ctx, s.pool.QueryRow(ctx, sql, args...).Scan(&epoch, &leaseEnd))
+				err = s.notedFor(ctx, p.ID(), s.pool.QueryRow(ctx, sql, args...).Scan(&epoch, &leaseEnd))
 			}
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
@@ -789,7 +839,7 @@ func (s *Store) first(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.F
 		unknownMS                      *int64
 	)
 	r := &res.Record
-	o := &op{order: orderOf(p.ID()), sql: s.q(firstSQL), args: []any{
+	o := &op{order: orderOf(p.ID()), id: p.ID(), sql: s.q(firstSQL), args: []any{
 		p.Scope, p.Key, p.Fingerprint, p.AttemptToken, p.Lease.Milliseconds(), p.Retention.Milliseconds(),
 		p.Namespace, p.MaxRecords, p.MaxOutcomeBytes, p.LostRetention().Milliseconds(),
 	}}
@@ -837,10 +887,10 @@ func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (record, bool, 
 		completedAt *time.Time
 		unknownMS   int64
 	)
-	if err := s.resume(ctx); err != nil {
+	if err := s.resumeFor(ctx, id); err != nil {
 		return record{}, false, err
 	}
-	err := s.noted(ctx, s.pool.QueryRow(ctx, s.q(readSQL), id.Scope, id.Key, id.Namespace).Scan(
+	err := s.notedFor(ctx, id, s.pool.QueryRow(ctx, s.q(readSQL), id.Scope, id.Key, id.Namespace).Scan(
 		&row.Fingerprint, &row.State, &row.AttemptToken, &row.Epoch, &typeURL, &row.Outcome.Value, &keyID,
 		&row.LeaseExpiresAt, &completedAt, &row.ExpiresAt, &unknownMS, &row.now))
 	switch {
@@ -904,7 +954,7 @@ func (s *Store) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
 
 // FinishWithinQuota implements dedupesvc.QuotaFinisher.
 func (s *Store) FinishWithinQuota(ctx context.Context, p dedupesvc.FinishParams) (bool, error) {
-	if err := s.resume(ctx); err != nil {
+	if err := s.resumeFor(ctx, p.ID()); err != nil {
 		return false, err
 	}
 	var (
@@ -931,7 +981,7 @@ func (s *Store) FinishWithinQuota(ctx context.Context, p dedupesvc.FinishParams)
 	if s.citus {
 		scan = func(row pgx.Row) error { return row.Scan(&n, &fits, &woken) }
 	}
-	if err := s.run(ctx, &op{order: orderOf(p.ID()), sql: s.finishSQL, args: args, scan: scan}); err != nil {
+	if err := s.run(ctx, &op{order: orderOf(p.ID()), id: p.ID(), sql: s.finishSQL, args: args, scan: scan}); err != nil {
 		return false, fmt.Errorf("pgstore: finish: %w", err)
 	}
 	s.notifyAfter(ctx, woken, NotifyID(p.ID()))
@@ -952,11 +1002,11 @@ WHERE namespace = $3 AND scope = $1 AND idempotency_key = $2`
 
 // holder reads a record's state, token and epoch (holderSQL).
 func (s *Store) holder(ctx context.Context, id dedupesvc.RecordID) (dedupesvc.Record, bool, error) {
-	if err := s.resume(ctx); err != nil {
+	if err := s.resumeFor(ctx, id); err != nil {
 		return dedupesvc.Record{}, false, err
 	}
 	var r dedupesvc.Record
-	err := s.noted(ctx, s.pool.QueryRow(ctx, s.q(holderSQL), id.Scope, id.Key, id.Namespace).Scan(&r.State, &r.AttemptToken, &r.Epoch))
+	err := s.notedFor(ctx, id, s.pool.QueryRow(ctx, s.q(holderSQL), id.Scope, id.Key, id.Namespace).Scan(&r.State, &r.AttemptToken, &r.Epoch))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return dedupesvc.Record{}, false, nil
@@ -996,7 +1046,7 @@ WHERE namespace = $6 AND scope = $1 AND idempotency_key = $2 AND attempt_token =
 
 // Release implements dedupesvc.Store.
 func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
-	if err := s.resume(ctx); err != nil {
+	if err := s.resumeFor(ctx, p.ID()); err != nil {
 		return err
 	}
 	var (
@@ -1053,11 +1103,11 @@ RETURNING lease_expires_at`
 
 // Heartbeat implements dedupesvc.Store.
 func (s *Store) Heartbeat(ctx context.Context, p dedupesvc.HeartbeatParams) (time.Time, error) {
-	if err := s.resume(ctx); err != nil {
+	if err := s.resumeFor(ctx, p.ID()); err != nil {
 		return time.Time{}, err
 	}
 	var until time.Time
-	err := s.noted(ctx, s.pool.QueryRow(ctx, s.q(heartbeatSQL), p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Lease.Milliseconds(), p.Namespace, p.ResolveOnly).Scan(&until))
+	err := s.notedFor(ctx, p.ID(), s.pool.QueryRow(ctx, s.q(heartbeatSQL), p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Lease.Milliseconds(), p.Namespace, p.ResolveOnly).Scan(&until))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return time.Time{}, dedupesvc.ErrNotHeld
@@ -1093,7 +1143,7 @@ SET state = 'released', lease_expires_at = now(), epoch = ` + nextEpochOf("r") +
 
 // Resolve implements dedupesvc.Store.
 func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
-	if err := s.resume(ctx); err != nil {
+	if err := s.resumeFor(ctx, p.ID()); err != nil {
 		return err
 	}
 	var (
