@@ -125,6 +125,11 @@ const msSuffix = ` * interval '1 millisecond'`
 //     trip and no cache that could miss a restart; and a worker's restart
 //     delays takeovers on its shards only. (A shard moved to another worker
 //     within a lease of its old worker's restart loses that grace.)
+//   - With them, "idemgate_shard_resumed_plus_ms(t.idempotency_key,
+//     t.lease_ms)" (migration 015): the resume mark of the row's shard,
+//     read on the worker holding it, which a replica that saw that worker
+//     unreachable writes there alone (resumeNodes); the store-wide mark,
+//     still read, is a write on every node.
 //   - "CASE WHEN c THEN a ELSE b END" becomes "idemgate_case(c, a, b)":
 //     Citus refuses a CASE holding a STABLE function such as now().
 //   - The epoch of an UPDATE, "greatest(nextval('idemgate_epochs'), ",
@@ -175,7 +180,7 @@ func citusForm(sql string) (string, []string) {
 		}
 		sql = sql[:lStart] + "idemgate_plus_ms(" + sql[lStart:lEnd] + ", " + sql[rStart:end] + ")" + sql[end+len(msSuffix):]
 	}
-	sql = serverStartOfLease.ReplaceAllString(sql, "$0, idemgate_server_start_plus_ms($1)")
+	sql = serverStartOfLease.ReplaceAllString(sql, "$0, idemgate_server_start_plus_ms($1.lease_ms), idemgate_shard_resumed_plus_ms($1.idempotency_key, $1.lease_ms)")
 	sql = rewriteCases(sql)
 	if strings.Contains(sql, nextEpochInUpdate) {
 		extra = append(extra, extraEpoch)
@@ -207,8 +212,8 @@ const (
 
 // serverStartOfLease matches the server's start term of leaseEnd once its
 // milliseconds are added by idemgate_plus_ms (citusForm); $1 is the row's
-// lease_ms.
-var serverStartOfLease = regexp.MustCompile(`idemgate_plus_ms\(pg_postmaster_start_time\(\), ([a-z_]+\.lease_ms)\)`)
+// alias.
+var serverStartOfLease = regexp.MustCompile(`idemgate_plus_ms\(pg_postmaster_start_time\(\), ([a-z_]+)\.lease_ms\)`)
 
 // resumedAtSubquery is how leaseEnd reads the store's resume time.
 const resumedAtSubquery = "(SELECT resumed_at FROM idemgate_store_state)"

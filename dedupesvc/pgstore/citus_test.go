@@ -40,7 +40,7 @@ func TestCitusConformance(t *testing.T) {
 }
 
 // testCitusMigrateExisting: a schema migrated while the database had no
-// citus (every migration recorded, 013 and 014 having done nothing) holds a
+// citus (every migration recorded, 013 to 015 having done nothing) holds a
 // completed record; Migrate on the Citus coordinator distributes it, and
 // the Citus store replays that outcome byte for byte and counts its usage.
 func testCitusMigrateExisting(t *testing.T, c *citustest.Cluster) {
@@ -74,7 +74,7 @@ func testCitusMigrateExisting(t *testing.T, c *citustest.Cluster) {
 	if err := single.Finish(ctx, dedupesvc.FinishParams{Scope: "/pkg.S/M", Key: "key-1", AttemptToken: "t1", Epoch: epoch, Outcome: outcome}); err != nil {
 		t.Fatal(err)
 	}
-	again := []string{"013_citus.sql", "014_worker_start_citus.sql"}
+	again := []string{"013_citus.sql", "014_worker_start_citus.sql", "015_shard_resume_citus.sql"}
 	if pending, err := pgstore.Pending(ctx, pool); err != nil || !slices.Equal(pending, again) {
 		t.Fatalf("Pending = %v, %v; want %v again", pending, err, again)
 	}

@@ -9,8 +9,8 @@ import (
 // no timestamptz + interval, CASE, subquery on the store state or nextval
 // in an UPDATE left, which Citus refuses in UPDATE, DELETE or INSERT on a
 // distributed table; every server start in a lease's grace is joined by
-// the start of the worker holding the row; the plain forms are what they
-// were.
+// the start of the worker holding the row and by the resume mark of the
+// row's shard; the plain forms are what they were.
 func TestCitusFormsKeepNoFormCitusRefuses(t *testing.T) {
 	for name, sql := range map[string]string{
 		"read": readSQL, "first": firstSQL, "reserve": reserveSQL, "markUnknown": markUnknownSQL, "finish": finishSQL,
@@ -21,6 +21,9 @@ func TestCitusFormsKeepNoFormCitusRefuses(t *testing.T) {
 		out, _ := citusForm(sql)
 		if starts, workers := strings.Count(sql, "pg_postmaster_start_time()"), strings.Count(out, "idemgate_server_start_plus_ms("); starts != workers {
 			t.Errorf("%s: %d server starts in a lease's grace, %d of them the worker's in the Citus form:\n%s", name, starts, workers, out)
+		}
+		if starts, marks := strings.Count(sql, "pg_postmaster_start_time()"), strings.Count(out, "idemgate_shard_resumed_plus_ms("); starts != marks {
+			t.Errorf("%s: %d leases' graces, %d of them with the shard's resume mark in the Citus form:\n%s", name, starts, marks, out)
 		}
 		for _, refused := range []string{"interval '1 millisecond'", "CASE WHEN", "greatest(nextval"} {
 			if strings.Contains(out, refused) {

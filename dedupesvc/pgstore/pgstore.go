@@ -95,6 +95,10 @@ type Store struct {
 	citusForms map[string]string
 	// citusExtra holds the extra parameters of Citus forms (citusForm).
 	citusExtra map[string][]string
+	// nodes is the resume state of each Citus node group (WithCitus),
+	// under resumeMu: on Citus a failure is noted, and the resume marked,
+	// per worker (resumeNodes).
+	nodes nodeStates
 }
 
 // GroupCommit configures how the Store writes the first statements of
@@ -228,7 +232,7 @@ SELECT (SELECT count(*) FROM changed) + 0 * (SELECT count(*) FROM notified), coa
 // change runs one of the announced statements and reports how many rows it
 // changed.
 func (s *Store) change(ctx context.Context, sql string, id dedupesvc.RecordID, args ...any) (int, error) {
-	if err := s.resume(ctx); err != nil {
+	if err := s.resumeFor(ctx, id); err != nil {
 		return 0, err
 	}
 	var n int
@@ -242,13 +246,13 @@ func (s *Store) change(ctx context.Context, sql string, id dedupesvc.RecordID, a
 		if err == nil {
 			s.notifyAfter(ctx, woken, NotifyID(id))
 		}
-		return n, s.noted(ctx, err)
+		return n, s.notedFor(ctx, id, err)
 	}
 	if s.channel != "" {
 		args = append(args, s.channel, NotifyID(id))
 	}
 	err := s.pool.QueryRow(ctx, sql, args...).Scan(&n)
-	return n, s.noted(ctx, err)
+	return n, s.notedFor(ctx, id, err)
 }
 
 // op is one single-row statement that may share a transaction with others
@@ -260,8 +264,10 @@ type op struct {
 	// triggers append (migration 010) instead of updating shared counter
 	// rows, and the sweeper skips rows a batch holds (deleteExpiredSQL).
 	order string
-	sql   string
-	args  []any
+	// id is the record the statement is on.
+	id   dedupesvc.RecordID
+	sql  string
+	args []any
 	// scan reads the statement's row into the caller's variables.
 	scan func(pgx.Row) error
 	err  error
@@ -276,7 +282,7 @@ func orderOf(id dedupesvc.RecordID) string {
 
 // run runs o, in a batch when group commit is on, and returns its error.
 func (s *Store) run(ctx context.Context, o *op) error {
-	if err := s.resume(ctx); err != nil {
+	if err := s.resumeFor(ctx, o.id); err != nil {
 		return err
 	}
 	stages := dedupesvc.StageTimerFrom(ctx)
@@ -284,7 +290,7 @@ func (s *Store) run(ctx context.Context, o *op) error {
 		start := time.Now()
 		err := o.scan(s.pool.QueryRow(ctx, o.sql, o.args...))
 		stages.AddStatement(0, time.Since(start))
-		return s.noted(ctx, err)
+		return s.notedFor(ctx, o.id, err)
 	}
 	o.queued = time.Now()
 	if err := s.group.Do(ctx, o); err != nil {
@@ -359,7 +365,13 @@ ON CONFLICT (id) DO UPDATE SET resumed_at = greatest(st.resumed_at, excluded.res
 // by the database's clock, for every replica on this database. Call it when
 // a Dedupe service process starts, after Migrate; the store also calls it
 // itself after it could not reach the database (see resume).
+//
+// On Citus it marks the shards of every worker (markNodes): one worker's
+// marks need only that worker and the coordinator.
 func (s *Store) MarkResumed(ctx context.Context) error {
+	if s.citus {
+		return s.markNodes(ctx)
+	}
 	if s.markHook != nil {
 		s.markHook(ctx)
 	}
@@ -444,8 +456,12 @@ func (s *Store) AwayStats() (failedMarks, pacedCalls int64) {
 // The flag is cleared only by a mark that started after the last failure
 // noted. A statement already on its way when the failure is noted is not
 // held back: the window this leaves is one statement's flight, not the
-// mark's.
+// mark's. On Citus the same holds per worker (resumeNodes); resume is for
+// operations on every worker's shards.
 func (s *Store) resume(ctx context.Context) error {
+	if s.citus {
+		return s.resumeNodes(ctx, "")
+	}
 	for s.cutOff.Load() {
 		s.resumeMu.Lock()
 		if !s.cutOff.Load() {
@@ -515,7 +531,32 @@ func (s *Store) resume(ctx context.Context) error {
 // statement connects anew (to a writable server, given
 // target_session_attrs=read-write), and holders get the resume's grace for
 // the renewals refused meanwhile.
+//
+// On Citus the failure cuts off every worker (notedFor tells one).
 func (s *Store) noted(ctx context.Context, err error) error {
+	return s.notedOn(ctx, "", err)
+}
+
+// resumeFor is resume for an operation on the record id alone: on Citus it
+// waits for the mark of the worker holding id's shard only.
+func (s *Store) resumeFor(ctx context.Context, id dedupesvc.RecordID) error {
+	if s.citus {
+		return s.resumeNodes(ctx, id.Key)
+	}
+	return s.resume(ctx)
+}
+
+// notedFor is noted for a statement on the record id alone: on Citus, a
+// coordinator that answered that it could not reach a worker (class 08)
+// cuts off the worker holding id's shard only, the one whose holders'
+// renewals may have failed too; anything else cuts off every worker.
+func (s *Store) notedFor(ctx context.Context, id dedupesvc.RecordID, err error) error {
+	return s.notedOn(ctx, id.Key, err)
+}
+
+// notedOn is noted, for a statement on the records of key ("" when on
+// several).
+func (s *Store) notedOn(ctx context.Context, key string, err error) error {
 	if err == nil {
 		return nil
 	}
@@ -523,8 +564,17 @@ func (s *Store) noted(ctx context.Context, err error) error {
 		s.pool.Reset()
 	}
 	if cuts(ctx, err) {
+		group, one := int32(0), false
+		if s.citus && key != "" && remoteNodeFailed(err) {
+			if g, lookupErr := s.groupOfKey(ctx, key); lookupErr == nil {
+				group, one = g, true
+			}
+		}
 		s.resumeMu.Lock()
 		s.cutGen++
+		if s.citus {
+			s.nodes.cut(group, one, s.cutGen)
+		}
 		s.cutOff.Store(true)
 		s.resumeMu.Unlock()
 	}
@@ -770,7 +820,7 @@ func (s *Store) MaxQuotaOvershoot() int {
 // first, so a duplicate costs one read and no commit; only a free key is
 // written, and then the single upsert decides who holds it.
 func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.BeginResult, error) {
-	if err := s.resume(ctx); err != nil {
+	if err := s.resumeFor(ctx, p.ID()); err != nil {
 		return dedupesvc.BeginResult{}, err
 	}
 	steps := dedupesvc.BeginSteps{
@@ -786,11 +836,11 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 			return n == 1, nil
 		},
 		Renew: func(ctx context.Context, epoch int64, _ time.Time) (time.Time, bool, error) {
-			if err := s.resume(ctx); err != nil {
+			if err := s.resumeFor(ctx, p.ID()); err != nil {
 				return time.Time{}, false, err
 			}
 			var until time.Time
-			err := s.noted(ctx, s.pool.QueryRow(ctx, s.q(renewSQL), p.Scope, p.Key, p.AttemptToken, epoch, p.Lease.Milliseconds(), p.Namespace, p.ResolveOnly).Scan(&until))
+			err := s.notedFor(ctx, p.ID(), s.pool.QueryRow(ctx, s.q(renewSQL), p.Scope, p.Key, p.AttemptToken, epoch, p.Lease.Milliseconds(), p.Namespace, p.ResolveOnly).Scan(&until))
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
 				return time.Time{}, false, nil
@@ -807,7 +857,7 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 			return records, bytes, nil
 		},
 		Reserve: func(ctx context.Context, _ time.Time) (int64, time.Time, bool, error) {
-			if err := s.resume(ctx); err != nil {
+			if err := s.resumeFor(ctx, p.ID()); err != nil {
 				return 0, time.Time{}, false, err
 			}
 			var (
@@ -820,7 +870,7 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 				p.OnLostOutcome == dedupesvc.Reexecute, p.Namespace, p.LostRetention().Milliseconds(),
 			})
 			if err == nil {
-				err = s.noted(ctx, s.pool.QueryRow(ctx, sql, args...).Scan(&epoch, &leaseEnd))
+				err = s.notedFor(ctx, p.ID(), s.pool.QueryRow(ctx, sql, args...).Scan(&epoch, &leaseEnd))
 			}
 			switch {
 			case errors.Is(err, pgx.ErrNoRows):
@@ -856,7 +906,7 @@ func (s *Store) first(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.F
 		unknownMS                      *int64
 	)
 	r := &res.Record
-	o := &op{order: orderOf(p.ID()), sql: s.q(firstSQL), args: []any{
+	o := &op{order: orderOf(p.ID()), id: p.ID(), sql: s.q(firstSQL), args: []any{
 		p.Scope, p.Key, p.Fingerprint, p.AttemptToken, p.Lease.Milliseconds(), p.Retention.Milliseconds(),
 		p.Namespace, p.MaxRecords, p.MaxOutcomeBytes, p.LostRetention().Milliseconds(),
 	}}
@@ -904,10 +954,10 @@ func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (record, bool, 
 		completedAt *time.Time
 		unknownMS   int64
 	)
-	if err := s.resume(ctx); err != nil {
+	if err := s.resumeFor(ctx, id); err != nil {
 		return record{}, false, err
 	}
-	err := s.noted(ctx, s.pool.QueryRow(ctx, s.q(readSQL), id.Scope, id.Key, id.Namespace).Scan(
+	err := s.notedFor(ctx, id, s.pool.QueryRow(ctx, s.q(readSQL), id.Scope, id.Key, id.Namespace).Scan(
 		&row.Fingerprint, &row.State, &row.AttemptToken, &row.Epoch, &typeURL, &row.Outcome.Value, &keyID,
 		&row.LeaseExpiresAt, &completedAt, &row.ExpiresAt, &unknownMS, &row.now))
 	switch {
@@ -971,7 +1021,7 @@ func (s *Store) Finish(ctx context.Context, p dedupesvc.FinishParams) error {
 
 // FinishWithinQuota implements dedupesvc.QuotaFinisher.
 func (s *Store) FinishWithinQuota(ctx context.Context, p dedupesvc.FinishParams) (bool, error) {
-	if err := s.resume(ctx); err != nil {
+	if err := s.resumeFor(ctx, p.ID()); err != nil {
 		return false, err
 	}
 	var (
@@ -998,7 +1048,7 @@ func (s *Store) FinishWithinQuota(ctx context.Context, p dedupesvc.FinishParams)
 	if s.citus {
 		scan = func(row pgx.Row) error { return row.Scan(&n, &fits, &woken) }
 	}
-	if err := s.run(ctx, &op{order: orderOf(p.ID()), sql: s.finishSQL, args: args, scan: scan}); err != nil {
+	if err := s.run(ctx, &op{order: orderOf(p.ID()), id: p.ID(), sql: s.finishSQL, args: args, scan: scan}); err != nil {
 		return false, fmt.Errorf("pgstore: finish: %w", err)
 	}
 	s.notifyAfter(ctx, woken, NotifyID(p.ID()))
@@ -1019,11 +1069,11 @@ WHERE namespace = $3 AND scope = $1 AND idempotency_key = $2`
 
 // holder reads a record's state, token and epoch (holderSQL).
 func (s *Store) holder(ctx context.Context, id dedupesvc.RecordID) (dedupesvc.Record, bool, error) {
-	if err := s.resume(ctx); err != nil {
+	if err := s.resumeFor(ctx, id); err != nil {
 		return dedupesvc.Record{}, false, err
 	}
 	var r dedupesvc.Record
-	err := s.noted(ctx, s.pool.QueryRow(ctx, s.q(holderSQL), id.Scope, id.Key, id.Namespace).Scan(&r.State, &r.AttemptToken, &r.Epoch))
+	err := s.notedFor(ctx, id, s.pool.QueryRow(ctx, s.q(holderSQL), id.Scope, id.Key, id.Namespace).Scan(&r.State, &r.AttemptToken, &r.Epoch))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return dedupesvc.Record{}, false, nil
@@ -1063,7 +1113,7 @@ WHERE namespace = $6 AND scope = $1 AND idempotency_key = $2 AND attempt_token =
 
 // Release implements dedupesvc.Store.
 func (s *Store) Release(ctx context.Context, p dedupesvc.ReleaseParams) error {
-	if err := s.resume(ctx); err != nil {
+	if err := s.resumeFor(ctx, p.ID()); err != nil {
 		return err
 	}
 	var (
@@ -1188,11 +1238,11 @@ RETURNING lease_expires_at`
 
 // Heartbeat implements dedupesvc.Store.
 func (s *Store) Heartbeat(ctx context.Context, p dedupesvc.HeartbeatParams) (time.Time, error) {
-	if err := s.resume(ctx); err != nil {
+	if err := s.resumeFor(ctx, p.ID()); err != nil {
 		return time.Time{}, err
 	}
 	var until time.Time
-	err := s.noted(ctx, s.pool.QueryRow(ctx, s.q(heartbeatSQL), p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Lease.Milliseconds(), p.Namespace, p.ResolveOnly).Scan(&until))
+	err := s.notedFor(ctx, p.ID(), s.pool.QueryRow(ctx, s.q(heartbeatSQL), p.Scope, p.Key, p.AttemptToken, p.Epoch, p.Lease.Milliseconds(), p.Namespace, p.ResolveOnly).Scan(&until))
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return time.Time{}, dedupesvc.ErrNotHeld
@@ -1228,7 +1278,7 @@ SET state = 'released', lease_expires_at = now(), epoch = ` + nextEpochOf("r") +
 
 // Resolve implements dedupesvc.Store.
 func (s *Store) Resolve(ctx context.Context, p dedupesvc.ResolveParams) error {
-	if err := s.resume(ctx); err != nil {
+	if err := s.resumeFor(ctx, p.ID()); err != nil {
 		return err
 	}
 	var (

@@ -505,3 +505,81 @@ func LibDir() (string, error) {
 	}
 	return filepath.Join(filepath.Dir(bin), "lib"), nil
 }
+
+// refusingTCP is prepended to pg_hba.conf by RefuseTCP: every TCP
+// connection rejected, the unix socket's lines left as they were.
+const refusingTCP = "host all all 0.0.0.0/0 reject\nhost all all ::/0 reject\n"
+
+// RefuseTCP makes the running server look cut off by the network to its
+// TCP clients without restarting it (so pg_postmaster_start_time() stays):
+// pg_hba.conf rejects every new TCP connection (a reload), and every client
+// backend is ended, so no open connection gets through either. Background
+// workers keep running; AcceptTCP undoes it. It returns once a TCP
+// connection is refused.
+func (c *Cluster) RefuseTCP(tb testing.TB) {
+	tb.Helper()
+	hba := filepath.Join(c.dataDir(), "pg_hba.conf")
+	conf, err := os.ReadFile(hba)
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	if !strings.HasPrefix(string(conf), refusingTCP) {
+		// WriteFile on the existing file keeps its owner (postgres).
+		if err := os.WriteFile(hba, append([]byte(refusingTCP), conf...), 0o600); err != nil {
+			tb.Fatalf("pgtest: %v", err)
+		}
+	}
+	c.reloadUntil(tb, false)
+	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
+	defer cancel()
+	// Over the unix socket, which pg_hba.conf still trusts.
+	conn, err := pgx.Connect(ctx, fmt.Sprintf("postgres://postgres@/postgres?host=%s&port=%d&sslmode=disable", filepath.Join(c.dir, "socket"), c.port))
+	if err != nil {
+		tb.Fatalf("pgtest: connect over the unix socket: %v", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()`); err != nil {
+		tb.Fatalf("pgtest: end the client backends: %v", err)
+	}
+}
+
+// AcceptTCP undoes RefuseTCP: pg_hba.conf as it was, reloaded. It returns
+// once a TCP connection is accepted.
+func (c *Cluster) AcceptTCP(tb testing.TB) {
+	tb.Helper()
+	hba := filepath.Join(c.dataDir(), "pg_hba.conf")
+	conf, err := os.ReadFile(hba)
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	if err := os.WriteFile(hba, []byte(strings.TrimPrefix(string(conf), refusingTCP)), 0o600); err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	c.reloadUntil(tb, true)
+}
+
+// reloadUntil reloads the server's configuration (pg_ctl reload, which only
+// signals it) and waits until a TCP connection is accepted (accept) or
+// refused (!accept).
+func (c *Cluster) reloadUntil(tb testing.TB, accept bool) {
+	tb.Helper()
+	if out, err := c.pgCtl("reload"); err != nil {
+		tb.Fatalf("pgtest: pg_ctl reload: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), clusterTimeout)
+	defer cancel()
+	for {
+		conn, err := pgx.Connect(ctx, c.URL("postgres"))
+		if err == nil {
+			conn.Close(ctx)
+		}
+		if ctx.Err() == nil && (err == nil) == accept {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			tb.Fatalf("pgtest: the server on port %d still %s TCP connections after a reload", c.port, map[bool]string{true: "refuses", false: "accepts"}[accept])
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

@@ -166,3 +166,35 @@ func TestDurableClusterSyncsAndNamesItsPostmaster(t *testing.T) {
 		t.Errorf("the backend's parent is %s, PostmasterPID() = %d", fields[1], pid)
 	}
 }
+
+// RefuseTCP cuts the server off from its TCP clients without restarting
+// it: an open connection is ended and a new one refused, and after
+// AcceptTCP a new one gets through to the same server (same start time).
+func TestClusterRefusesAndAcceptsTCP(t *testing.T) {
+	t.Parallel()
+	c := pgtest.NewCluster(t)
+	startOf := func(conn *pgx.Conn) time.Time {
+		t.Helper()
+		var start time.Time
+		if err := conn.QueryRow(context.Background(), "SELECT pg_postmaster_start_time()").Scan(&start); err != nil {
+			t.Fatal(err)
+		}
+		return start
+	}
+	open := connect(t, c)
+	before := startOf(open)
+	c.RefuseTCP(t)
+	if _, err := open.Exec(context.Background(), "SELECT 1"); err == nil {
+		t.Error("a connection opened before RefuseTCP still works")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if conn, err := pgx.Connect(ctx, c.URL("postgres")); err == nil {
+		conn.Close(ctx)
+		t.Fatal("a TCP connection got through after RefuseTCP")
+	}
+	c.AcceptTCP(t)
+	if after := startOf(connect(t, c)); !after.Equal(before) {
+		t.Errorf("the server started at %v, then %v: RefuseTCP restarted it", before, after)
+	}
+}
