@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"strings"
@@ -85,14 +84,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "migrate", "migrate status":
 		err = migrate(ctx, cfg, logger, command == "migrate status", stdout)
 	default:
-		var lis net.Listener
-		lis, err = net.Listen("tcp", cfg.Listen)
-		if err != nil {
-			err = fmt.Errorf("-listen %s: %w", cfg.Listen, err)
-		} else {
-			logger.Info("dedupesvc starting", version.Attr())
-			err = dedupeapp.Serve(ctx, cfg, lis, logger)
-		}
+		logger.Info("dedupesvc starting", version.Attr())
+		// Listens only once it can serve: a TCP readiness check on -listen
+		// passes after the migrations, not during them.
+		err = dedupeapp.ListenAndServe(ctx, cfg, logger)
 	}
 	if err != nil {
 		logger.Error("dedupesvc failed", slog.Any("error", err))

@@ -313,7 +313,9 @@ type Service struct {
 // its migrations, or opening the embedded store), starts the service's
 // background work, and returns the running service. ctx bounds the start
 // only: the service runs until Close, whatever becomes of ctx. A cfg that
-// does not validate is refused with every error, each naming its field.
+// does not validate is refused with every error, each naming its field; a
+// MetricsListen another socket listens on is refused before the store
+// opens, not after its migrations.
 func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("embedded: %w", err)

@@ -301,11 +301,45 @@ func redactedURL(raw string) string {
 	return u.Redacted()
 }
 
+// ListenAndServe runs the Dedupe service on cfg.Listen, as dedupesvc does,
+// and listens there only once it can serve: its store open (migrated under
+// MigrateOnStart, its resume mark made), its gRPC server and health service
+// registered, /metrics on cfg.MetricsListen up. Until then a connection is
+// refused, so a TCP readiness check passes only when a Begin would be
+// served. A listen address taken by another process is reported, naming
+// its flag, before the store opens (on unix; elsewhere once it has), not
+// after the migrations. It stops as Serve does.
+func ListenAndServe(ctx context.Context, cfg Config, logger *slog.Logger) error {
+	if err := checkListen(ctx, cfg.Listen); err != nil {
+		return fmt.Errorf("%s %s: %w", cfg.name("listen"), cfg.Listen, err)
+	}
+	if cfg.MetricsListen != "" {
+		if err := checkListen(ctx, cfg.MetricsListen); err != nil {
+			return fmt.Errorf("%s %s: %w", cfg.name("metrics-listen"), cfg.MetricsListen, err)
+		}
+	}
+	return serve(ctx, cfg, logger, func() (net.Listener, error) {
+		lis, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: %w", cfg.name("listen"), cfg.Listen, err)
+		}
+		return lis, nil
+	})
+}
+
 // Serve runs the Dedupe service on lis until ctx is done, then stops
 // gracefully: health turns NOT_SERVING first, in-flight calls get
 // cfg.ShutdownTimeout to finish, and the rest are cut. It returns nil after a
-// clean stop.
+// clean stop. lis, bound already, completes connections while the store
+// opens, before they are served: for a port a readiness check may probe,
+// use ListenAndServe.
 func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logger) error {
+	return serve(ctx, cfg, logger, func() (net.Listener, error) { return lis, nil })
+}
+
+// serve is Serve on the listener listen returns, called once the service
+// can serve.
+func serve(ctx context.Context, cfg Config, logger *slog.Logger, listen func() (net.Listener, error)) error {
 	cfg = cfg.withDefaults()
 	svc, err := openService(ctx, cfg, logger)
 	if err != nil {
@@ -379,11 +413,16 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 	}
 	grpcMetrics.InitializeMetrics(srv)
 	if cfg.MetricsListen != "" {
-		stopMetrics, err := ServeMetrics(cfg.MetricsListen, registry, logger)
+		stopMetrics, err := serveMetrics(cfg.name("metrics-listen"), cfg.MetricsListen, registry, logger)
 		if err != nil {
 			return err
 		}
 		defer stopMetrics()
+	}
+	// Last: a connection completed from here on is served.
+	lis, err := listen()
+	if err != nil {
+		return err
 	}
 
 	serveErr := make(chan error, 1)
@@ -446,9 +485,14 @@ func codeLevel(code codes.Code) logging.Level {
 // function is called; the Dedupe service's -metrics-listen, and a tool
 // server's.
 func ServeMetrics(addr string, registry *prometheus.Registry, logger *slog.Logger) (func(), error) {
+	return serveMetrics(flagName("metrics-listen"), addr, registry, logger)
+}
+
+// serveMetrics is ServeMetrics, its errors naming the setting name.
+func serveMetrics(name, addr string, registry *prometheus.Registry, logger *slog.Logger) (func(), error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("-metrics-listen %s: %w", addr, err)
+		return nil, fmt.Errorf("%s %s: %w", name, addr, err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))

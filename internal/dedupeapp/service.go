@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -193,13 +194,19 @@ func Embed(ctx context.Context, cfg Config, logger *slog.Logger) (*Embedded, err
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	// A taken port is reported now, not after the migrations.
+	if cfg.MetricsListen != "" {
+		if err := checkListen(ctx, cfg.MetricsListen); err != nil {
+			return nil, fmt.Errorf("%s %s: %w", cfg.name("metrics-listen"), cfg.MetricsListen, err)
+		}
+	}
 	svc, err := openService(ctx, cfg, logger)
 	if err != nil {
 		return nil, err
 	}
 	e := &Embedded{svc: svc, stopMetrics: func() {}}
 	if cfg.MetricsListen != "" {
-		if e.stopMetrics, err = ServeMetrics(cfg.MetricsListen, svc.registry, logger); err != nil {
+		if e.stopMetrics, err = serveMetrics(cfg.name("metrics-listen"), cfg.MetricsListen, svc.registry, logger); err != nil {
 			svc.close(ctx)
 			return nil, err
 		}

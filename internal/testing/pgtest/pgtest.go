@@ -138,6 +138,20 @@ func unreachable(tb testing.TB, err error) {
 func SchemaURL(tb testing.TB) string {
 	tb.Helper()
 	_, schema := Schema(tb)
+	return schemaURL(schema)
+}
+
+// EmptySchemaURL is EmptySchema as a connection URL that selects the
+// schema, for a process that opens its own pool; it returns the schema's
+// name too.
+func EmptySchemaURL(tb testing.TB) (url, schema string) {
+	tb.Helper()
+	_, schema = EmptySchema(tb)
+	return schemaURL(schema), schema
+}
+
+// schemaURL is URL with the search_path that selects schema.
+func schemaURL(schema string) string {
 	sep := "?"
 	if strings.Contains(URL(), "?") {
 		sep = "&"
