@@ -55,6 +55,10 @@ type Workload struct {
 	// others this long after it (chaos-workload -duplicates-after); 0 starts
 	// them together.
 	DuplicatesAfter time.Duration
+	// FirstToolFirst sends every action's first caller to the first tool
+	// server, and caller k to tool k (mod the tools) (chaos-workload
+	// -first-target 0); false spreads them over every tool.
+	FirstToolFirst bool
 }
 
 // Scenario is one fault against one topology, with the rules its faults
@@ -212,6 +216,30 @@ func lostBeginsAcrossSlowRecovery(st *Stack, done <-chan struct{}) error {
 	st.sleep(lease)
 	m.DedupeProxy.Heal()
 	st.T().Logf("%s: Dedupe replies on time again", m.Name)
+	st.sleep(recovery)
+	return nil
+}
+
+// lostBeginsCrowd loses a crowd of Begins (issue 38 item 1): the first
+// tool server's Dedupe replies are dropped for 1.2s a second into a
+// workload whose every first caller goes to it, about 1,000 actions a
+// second, so about 1,200 first Begins reserve keys whose answers never come
+// back; each action's other callers come a lease and a second later, one
+// through the other tool server and one through this one. Every
+// reservation whose answer was lost must be freed before its lease runs
+// out: no caller gets IDEMPOTENCY_OUTCOME_UNKNOWN for a handler that never
+// ran (the checker's "false unknown"), under the strict rules. The
+// follow-ups before ReleaseLostBegins took 250 a second one by one and
+// dropped those past 1,024 queued; with a 3s lease, 113, 51 and 17 keys of
+// 480 were told so on a loaded machine.
+func lostBeginsCrowd(st *Stack, done <-chan struct{}) error {
+	m := st.Tools[0]
+	start := time.Now()
+	m.DedupeProxy.DropReplies()
+	st.T().Logf("%s: Dedupe replies dropped for 1.2s", m.Name)
+	st.sleep(1200 * time.Millisecond)
+	m.DedupeProxy.Heal()
+	st.outage(m.Name+": Dedupe replies dropped", start, time.Now(), m.Name)
 	st.sleep(recovery)
 	return nil
 }
@@ -490,6 +518,20 @@ func scenarios() []Scenario {
 			Workload: Workload{Reexecute: 0.3, TryTimeout: 5 * time.Second, Spread: 12 * time.Second, Actions: 150, Concurrency: 96}, Outages: 1,
 			Setup: proxyDedupe, Fault: lostBeginsAcrossSlowRecovery, MustSee: storeAwayReasons},
 	)
+	// A crowd of lost Begins freed before their leases run out (issue 38
+	// item 1): all first callers through the first tool server, their
+	// duplicates a lease later; 480 actions over 1.2s, as the issue found,
+	// and 2,200 over 2.2s, past what a Gate follows up (2,048).
+	for _, crowd := range []struct {
+		name    string
+		actions int
+		spread  time.Duration
+	}{{"lost-begins-crowd-480", 480, 1200 * time.Millisecond}, {"lost-begins-crowd", 2200, 2200 * time.Millisecond}} {
+		list = append(list, Scenario{Name: StorePostgres + "/" + crowd.name, Store: StorePostgres, Tools: 2,
+			Workload: Workload{Reexecute: 0.3, TryTimeout: 5 * time.Second, Spread: crowd.spread, Actions: crowd.actions, Concurrency: crowd.actions,
+				DuplicatesAfter: lease + time.Second, FirstToolFirst: true}, Outages: 1,
+			Setup: proxyDedupe, Fault: lostBeginsCrowd})
+	}
 	// The store on Citus: a worker killed -9 and restarted, a shard moved
 	// (issue 33).
 	list = append(list, citusScenarios()...)

@@ -257,6 +257,9 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 	if w.AmbiguousFailClosed > 0 {
 		args = append(args, "-ambiguous-fail-closed", strconv.Itoa(w.AmbiguousFailClosed*scale))
 	}
+	if w.FirstToolFirst {
+		args = append(args, "-first-target", "0")
+	}
 	if w.DuplicatesAfter > 0 {
 		args = append(args, "-duplicates-after", w.DuplicatesAfter.String())
 	}

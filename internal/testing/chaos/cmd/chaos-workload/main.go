@@ -104,6 +104,10 @@ type config struct {
 	transport           string
 	// duplicatesAfter delays every caller of an action but the first.
 	duplicatesAfter time.Duration
+	// firstTarget, when 0 or more, sends every action's first caller to
+	// that target (caller k to firstTarget+k); -1 sends caller k of action
+	// i to target i+k (mod the targets).
+	firstTarget int
 }
 
 func main() {
@@ -124,6 +128,7 @@ func main() {
 	flag.Float64Var(&c.lateMetadata, "late-metadata", 0, `fraction of actions whose key ends in "-m": their callers give up on the first try once the side effect is in a ledger, before the handler sets its metadata`)
 	ledgers := flag.String("ledgers", "", "comma-separated ledger `files` of the tool servers, watched for -late-metadata actions' side effects")
 	flag.DurationVar(&c.duplicatesAfter, "duplicates-after", 0, "every caller of an action but the first (which goes to target i mod n for action i) starts this long after the action")
+	flag.IntVar(&c.firstTarget, "first-target", -1, "send every action's first caller to this target (index into -targets) and caller k to the one k after it; -1: caller k of action i goes to target i+k")
 	flag.StringVar(&c.transport, "transport", chaos.TransportGRPC, "how callers reach the targets: grpc, http (chaos-tool -http-listen addresses) or connect (-connect-listen addresses)")
 	flag.Parse()
 	if c.transport != chaos.TransportGRPC && c.transport != chaos.TransportHTTP && c.transport != chaos.TransportConnect {
@@ -136,6 +141,9 @@ func main() {
 		log.Fatal("chaos-workload: -targets and -history are required")
 	}
 	c.targets = strings.Split(*targets, ",")
+	if c.firstTarget >= len(c.targets) {
+		log.Fatalf("chaos-workload: -first-target %d, but -targets names %d (the first is 0)", c.firstTarget, len(c.targets))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.spread+c.actionDeadline+time.Minute)
 	defer cancel()
 	if err := run(ctx, c); err != nil {
@@ -302,15 +310,19 @@ func run(ctx context.Context, c config) error {
 						return
 					}
 				}
+				target := (i + k) % len(c.targets)
+				if c.firstTarget >= 0 {
+					target = (c.firstTarget + k) % len(c.targets)
+				}
 				switch {
 				case httpClients != nil:
-					httpClients[(i+k)%len(httpClients)].callAction(ctx, c, a, k)
+					httpClients[target].callAction(ctx, c, a, k)
 					return
 				case connectClients != nil:
-					connectClients[(i+k)%len(connectClients)].callAction(ctx, c, a, k)
+					connectClients[target].callAction(ctx, c, a, k)
 					return
 				}
-				client := testingv1.NewChaosServiceClient(conns[(i+k)%len(conns)])
+				client := testingv1.NewChaosServiceClient(conns[target])
 				callAction(ctx, c, client, a, k, effects)
 			}()
 		}
