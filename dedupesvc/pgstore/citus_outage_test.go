@@ -109,6 +109,9 @@ VALUES ('', $1, $2, $3, 'in_flight', 'holder', 1, 3600000, $4, 3600000, now() - 
 	}
 
 	away.AcceptTCP(t)
+	// A mark that found the worker away is not made again before its
+	// backoff ends: until then its keys fail at once with that error.
+	time.Sleep(pgstore.ResumeBackoffCapForTest)
 	back := time.Now()
 	q := reexecute(begin("taker"))
 	q.Key = reexecuteKey
