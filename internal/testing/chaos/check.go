@@ -141,6 +141,11 @@ type Report struct {
 	// AttemptsDuringOutage counts tries that overlapped an outage (not a
 	// violation); TornLedgerLines the ledger lines cut short by a SIGKILL.
 	AttemptsDuringOutage, TornLedgerLines int
+	// SparedTries counts the tries that started during an outage of some
+	// keys only (Outage.Keys: a Citus worker down) on a key it spared;
+	// SparedRefused those of them answered IDEMPOTENCY_STORE_UNAVAILABLE
+	// (RequireSpared).
+	SparedTries, SparedRefused int
 	// LateMetadataActions counts the actions whose handler set its metadata
 	// only after its caller gave up (LateMetadataSuffix), GaveUp their
 	// callers' first tries given up, LateMetadataRuns the runs that set it
@@ -189,6 +194,9 @@ func (r *Report) String() string {
 		fmt.Fprintf(&b, "  outcome-unknown answers for a holder cut off past its lease %d (allowed)\n", r.UnknownsAfterCutOff)
 	}
 	fmt.Fprintf(&b, "  answers %s %d, %s %d\n", reasonStoreUnavailable, r.Reasons[reasonStoreUnavailable], reasonInFlight, r.Reasons[reasonInFlight])
+	if r.SparedTries > 0 {
+		fmt.Fprintf(&b, "  tries on keys a partial outage spared %d, answered %s %d\n", r.SparedTries, reasonStoreUnavailable, r.SparedRefused)
+	}
 	b.WriteString(r.metadataLine())
 	const shown = 20
 	for i, v := range r.Violations {
@@ -238,6 +246,15 @@ func Check(scenario string, seed uint64, history []Attempt, ledger []LedgerEntry
 			if o.coversKey(a.Key) && a.Start.Before(o.End) && a.End.After(o.Start) {
 				r.AttemptsDuringOutage++
 				f.triedDuringOutage = true
+				break
+			}
+		}
+		for _, o := range outages {
+			if o.Keys != nil && !o.Keys(a.Key) && !a.Start.Before(o.Start) && a.Start.Before(o.End) {
+				r.SparedTries++
+				if a.Reason == reasonStoreUnavailable {
+					r.SparedRefused++
+				}
 				break
 			}
 		}
@@ -292,6 +309,20 @@ func (r *Report) RequireReasons(reasons ...string) {
 		if r.Reasons[reason] == 0 {
 			r.violate("no caller was answered %s: the fault never reached the callers, so the run did not test it", reason)
 		}
+	}
+}
+
+// RequireSpared checks that an outage of some keys only (a Citus worker
+// down) did not stop the others: at least least tries started on the keys
+// it spared while it lasted, and at most 1 - share of them were answered
+// IDEMPOTENCY_STORE_UNAVAILABLE.
+func (r *Report) RequireSpared(share float64, least int) {
+	switch {
+	case r.SparedTries < least:
+		r.violate("%d tries started on keys the outage spared while it lasted, fewer than %d: the run did not test them", r.SparedTries, least)
+	case float64(r.SparedTries-r.SparedRefused) < share*float64(r.SparedTries):
+		r.violate("%d of %d tries on keys the outage spared were answered %s while it lasted; want at most %.0f%%",
+			r.SparedRefused, r.SparedTries, reasonStoreUnavailable, 100*(1-share))
 	}
 }
 

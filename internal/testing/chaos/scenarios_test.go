@@ -112,6 +112,12 @@ type Scenario struct {
 	// the fault must make callers see at least once, or the run did not
 	// test it (Report.RequireReasons); none by default.
 	MustSee []string
+	// Spared, when above 0, is the least share of the tries on keys an
+	// outage of some keys spared (a Citus worker down: the other worker's
+	// keys) that must not be answered IDEMPOTENCY_STORE_UNAVAILABLE while
+	// it lasts, with at least SparedTries of them (Report.RequireSpared).
+	Spared      float64
+	SparedTries int
 }
 
 // standard is the traffic of the core scenarios: spread over long enough

@@ -330,6 +330,9 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 	st.mu.Unlock()
 	report := Check(sc.Name, s.seed, attempts, entries, torn, windows, holders, sc.Rules)
 	report.RequireReasons(sc.MustSee...)
+	if sc.Spared > 0 {
+		report.RequireSpared(sc.Spared, sc.SparedTries)
+	}
 	_ = os.WriteFile(filepath.Join(dir, "report.txt"), []byte(report.String()), 0o644)
 	s.mu.Lock()
 	s.reports = append(s.reports, report)
@@ -409,6 +412,8 @@ type Stack struct {
 	// schema the Dedupe replicas' URL selects on its coordinator.
 	Citus       *citustest.Cluster
 	CitusSchema string
+	// DedupeFlags are more flags for every Dedupe replica.
+	DedupeFlags []string
 	DataDir     string
 	// Dedupes and Tools are the processes; Setup may change their addresses
 	// before they start.
@@ -439,6 +444,7 @@ func (st *Stack) startDedupe(m *Member) {
 	} else {
 		args = append(args, "-database-url=", "-data-dir", st.DataDir)
 	}
+	args = append(args, st.DedupeFlags...)
 	p := proctest.Start(st.t, st.s.bins.dedupesvc, args, nil)
 	st.keepLog(p, m.Name)
 	p.WaitTCP(st.t, m.Addr, patience)
