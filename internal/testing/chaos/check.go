@@ -146,6 +146,11 @@ type Report struct {
 	// SparedRefused those of them answered IDEMPOTENCY_STORE_UNAVAILABLE
 	// (RequireSpared).
 	SparedTries, SparedRefused int
+	// RefusedAfterOutage is how long after an outage of some keys ended (a
+	// Citus worker started again) the last try on its keys answered
+	// IDEMPOTENCY_STORE_UNAVAILABLE ended: how long the service took to
+	// serve them again, as the callers saw it (0: none after the end).
+	RefusedAfterOutage time.Duration
 	// LateMetadataActions counts the actions whose handler set its metadata
 	// only after its caller gave up (LateMetadataSuffix), GaveUp their
 	// callers' first tries given up, LateMetadataRuns the runs that set it
@@ -195,7 +200,8 @@ func (r *Report) String() string {
 	}
 	fmt.Fprintf(&b, "  answers %s %d, %s %d\n", reasonStoreUnavailable, r.Reasons[reasonStoreUnavailable], reasonInFlight, r.Reasons[reasonInFlight])
 	if r.SparedTries > 0 {
-		fmt.Fprintf(&b, "  tries on keys a partial outage spared %d, answered %s %d\n", r.SparedTries, reasonStoreUnavailable, r.SparedRefused)
+		fmt.Fprintf(&b, "  tries on keys a partial outage spared %d, answered %s %d; its own keys' last %s ended %s after it\n",
+			r.SparedTries, reasonStoreUnavailable, r.SparedRefused, reasonStoreUnavailable, r.RefusedAfterOutage.Round(time.Millisecond))
 	}
 	b.WriteString(r.metadataLine())
 	const shown = 20
@@ -247,6 +253,11 @@ func Check(scenario string, seed uint64, history []Attempt, ledger []LedgerEntry
 				r.AttemptsDuringOutage++
 				f.triedDuringOutage = true
 				break
+			}
+		}
+		for _, o := range outages {
+			if o.Keys != nil && o.Keys(a.Key) && a.Reason == reasonStoreUnavailable && a.End.After(o.End) {
+				r.RefusedAfterOutage = max(r.RefusedAfterOutage, a.End.Sub(o.End))
 			}
 		}
 		for _, o := range outages {

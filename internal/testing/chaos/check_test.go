@@ -3,6 +3,7 @@ package chaos
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -284,4 +285,56 @@ func TestRequireReasons(t *testing.T) {
 		t.Errorf("a run whose callers saw neither %s nor %s: Failed() = %t, %d violations, want 2; report:\n%s",
 			reasonStoreUnavailable, reasonInFlight, r.Failed(), len(r.Violations), r)
 	}
+}
+
+// TestRequireSpared holds a partial outage (a Citus worker down) to the keys
+// it spared: their tries while it lasted must be served, and a run with too
+// few of them did not test it. The outage's own keys do not count, and the
+// last refusal of one after the outage ended is measured.
+func TestRequireSpared(t *testing.T) {
+	t.Parallel()
+	start, end := t0.Add(10*time.Second), t0.Add(20*time.Second)
+	down := []Outage{{What: "worker", Start: start, End: end, Keys: func(key string) bool { return key == "down" }}}
+	try := func(key string, at time.Time, refused bool) Attempt {
+		a := Attempt{Key: key, Action: key, Method: failClosed, Attempt: 1, Try: 1, Start: at, End: at.Add(time.Second), Code: "OK", Response: []byte("r")}
+		if refused {
+			a.Code, a.Reason, a.Response = "Unavailable", reasonStoreUnavailable, nil
+		}
+		return a
+	}
+	var served, refused []Attempt
+	for i := range 10 {
+		at := start.Add(time.Duration(i) * time.Second)
+		served = append(served, try("live", at, i == 0), try("down", at, true))
+		refused = append(refused, try("live", at, i > 0), try("down", at, true))
+	}
+	late := try("down", end.Add(3*time.Second), true)
+	before := try("live", start.Add(-time.Second), true)
+
+	r := Check("served", 7, append(append(served, late, before), try("live", end.Add(5*time.Second), false)), nil, 0, down, nil, Rules{})
+	r.RequireSpared(0.9, 10)
+	if r.SparedTries != 10 || r.SparedRefused != 1 || r.RefusedAfterOutage != 4*time.Second || slicesContain(r.Violations, "spared") {
+		t.Errorf("9 of 10 spared tries served: spared %d, refused %d, refused %s after; violations %v; want 10, 1, 4s and none from RequireSpared",
+			r.SparedTries, r.SparedRefused, r.RefusedAfterOutage, r.Violations)
+	}
+	r = Check("refused", 7, refused, nil, 0, down, nil, Rules{})
+	r.RequireSpared(0.9, 10)
+	if !slicesContain(r.Violations, "spared were answered") {
+		t.Errorf("9 of 10 spared tries refused: violations %v, want one from RequireSpared", r.Violations)
+	}
+	r = Check("untested", 7, refused, nil, 0, down, nil, Rules{})
+	r.RequireSpared(0.9, 11)
+	if !slicesContain(r.Violations, "did not test them") {
+		t.Errorf("10 spared tries where 11 are wanted: violations %v, want the run called untested", r.Violations)
+	}
+}
+
+// slicesContain reports whether some violation contains part.
+func slicesContain(violations []string, part string) bool {
+	for _, v := range violations {
+		if strings.Contains(v, part) {
+			return true
+		}
+	}
+	return false
 }
