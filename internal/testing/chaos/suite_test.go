@@ -229,6 +229,9 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 	if w.Actions == 0 {
 		w.Actions = 30
 	}
+	if w.Callers == 0 {
+		w.Callers = 3
+	}
 	actions, spread := w.Actions*scale, time.Duration(scale)*w.Spread
 	outages := sc.Outages * scale
 	history := filepath.Join(dir, "history.jsonl")
@@ -246,7 +249,7 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 		}
 	}
 	args := []string{"-targets", strings.Join(targets, ","), "-history", history, "-seed", strconv.FormatUint(s.seed^hash(sc.Name), 10),
-		"-actions", strconv.Itoa(actions), "-spread", spread.String(), "-callers", "3",
+		"-actions", strconv.Itoa(actions), "-spread", spread.String(), "-callers", strconv.Itoa(w.Callers),
 		"-reexecute", fmt.Sprint(w.Reexecute), "-pause", fmt.Sprint(w.Pause), "-ambiguous", fmt.Sprint(w.Ambiguous), "-try-timeout", w.TryTimeout.String()}
 	if sc.Transport != "" && sc.Transport != TransportGRPC {
 		args = append(args, "-transport", sc.Transport)
