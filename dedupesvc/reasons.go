@@ -48,3 +48,15 @@ const (
 	// UNAVAILABLE with RetryInfo. Every Dedupe RPC is safe to retry.
 	ReasonStoreUnavailable = "DEDUPE_STORE_UNAVAILABLE"
 )
+
+// MetadataReserved is the ErrorInfo metadata key of a Begin refused
+// DEDUPE_STORE_UNAVAILABLE with the value ReservedNone when the service is
+// sure that Begin reserved nothing: the store failed before it sent any
+// statement of it (ErrNotSent), and it was the call's first try (no
+// grpc-previous-rpc-attempts: an earlier try of a retried call may have
+// reserved). A gate then has no lost Begin to follow up. Absent, the
+// Begin may have reserved.
+const (
+	MetadataReserved = "reserved"
+	ReservedNone     = "none"
+)

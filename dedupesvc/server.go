@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -254,6 +255,9 @@ func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 		stages.waitEnded()
 	}
 	if err != nil {
+		if errors.Is(err, ErrNotSent) && ctx.Err() == nil && firstTry(ctx) {
+			return nil, s.unavailable(ctx, "Begin", err, map[string]string{MetadataReserved: ReservedNone})
+		}
 		return nil, s.storeError(ctx, "Begin", err)
 	}
 	switch res.State {
@@ -761,9 +765,28 @@ func (s *Server) storeError(ctx context.Context, rpc string, err error) error {
 		return quotaExceeded(quota.Quota, strconv.FormatInt(quota.Limit, 10),
 			fmt.Sprintf("this caller holds %d %s, at its quota of %d (%s); nothing was reserved. Space frees as its records expire", quota.Used, quota.Quota, quota.Limit, flag), 0)
 	}
+	return s.unavailable(ctx, rpc, err, nil)
+}
+
+// unavailable logs a store failure and answers it UNAVAILABLE
+// (DEDUPE_STORE_UNAVAILABLE) with metadata.
+func (s *Server) unavailable(ctx context.Context, rpc string, err error, metadata map[string]string) error {
 	s.opts.logger.ErrorContext(ctx, "dedupe store failed", slog.String("rpc", rpc), slog.Any("error", err))
 	return grpcerr.New(codes.Unavailable, ReasonStoreUnavailable,
-		"the dedupe store failed or is unreachable; the call is safe to retry", nil, s.opts.storeRetryAfter)
+		"the dedupe store failed or is unreachable; the call is safe to retry", metadata, s.opts.storeRetryAfter)
+}
+
+// firstTry reports whether ctx's call is its caller's first try: a gRPC
+// client that retried it (its service config's retry policy) says how many
+// tries came before in grpc-previous-rpc-attempts.
+func firstTry(ctx context.Context) bool {
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, v := range md.Get("grpc-previous-rpc-attempts") {
+		if v != "0" {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *Server) validOutcome(field string, outcome *anypb.Any) (Outcome, error) {

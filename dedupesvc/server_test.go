@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -259,5 +262,40 @@ func TestReleaseLostBeginsValidation(t *testing.T) {
 	store := &fakeStore{}
 	if _, err := dedupesvc.NewServer(store).ReleaseLostBegins(context.Background(), &idemgatev1.ReleaseLostBeginsRequest{LostBegins: lost(dedupesvc.MaxLostBegins)}); err != nil || store.calls != 1 {
 		t.Fatalf("ReleaseLostBegins of %d attempts = %v with %d store calls, want one store call", dedupesvc.MaxLostBegins, err, store.calls)
+	}
+}
+
+// A Begin whose store failed before sending anything of it (ErrNotSent) is
+// answered DEDUPE_STORE_UNAVAILABLE with ErrorInfo metadata reserved=none,
+// so its gate has nothing to follow up; not when the store may have sent
+// it, and not on a retried try (an earlier try may have reserved).
+func TestBeginThatReservedNothingSaysSo(t *testing.T) {
+	t.Parallel()
+	failed := errors.New("dial tcp 127.0.0.1:5432: connect: connection refused")
+	for _, tc := range []struct {
+		name     string
+		err      error
+		previous string
+		want     string
+	}{
+		{"not sent, first try", dedupesvc.NotSent(failed), "", dedupesvc.ReservedNone},
+		{"not sent, wrapped again", fmt.Errorf("pgstore: reserve or read: %w", dedupesvc.NotSent(failed)), "0", dedupesvc.ReservedNone},
+		{"not sent, a retried try", dedupesvc.NotSent(failed), "1", ""},
+		{"maybe sent", failed, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			if tc.previous != "" {
+				ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("grpc-previous-rpc-attempts", tc.previous))
+			}
+			_, err := dedupesvc.NewServer(&fakeStore{err: tc.err}, dedupesvc.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil)))).Begin(ctx, validBegin())
+			if status.Code(err) != codes.Unavailable || grpcerr.Reason(err) != dedupesvc.ReasonStoreUnavailable {
+				t.Fatalf("Begin = %v, want UNAVAILABLE %s", err, dedupesvc.ReasonStoreUnavailable)
+			}
+			if got := errorInfo(t, err).GetMetadata()[dedupesvc.MetadataReserved]; got != tc.want {
+				t.Fatalf("ErrorInfo metadata %s = %q, want %q", dedupesvc.MetadataReserved, got, tc.want)
+			}
+		})
 	}
 }

@@ -91,7 +91,29 @@ var (
 	ErrNotUnknown = errors.New("dedupesvc: the record's outcome is not unknown")
 	// ErrRecordNotFound: Resolve of a key with no live record.
 	ErrRecordNotFound = errors.New("dedupesvc: no record for the key")
+	// ErrNotSent: the store failed before it sent any statement of the
+	// operation (it could not connect, or it waits out a backoff after
+	// finding the database unreachable), so the operation wrote nothing.
+	// Stores mark such errors with NotSent; errors.Is finds it.
+	ErrNotSent = errors.New("dedupesvc: the store sent nothing of the operation")
 )
+
+// NotSent marks err, a failure of the store, as one that came before any
+// statement of the operation was sent (ErrNotSent); nil stays nil. A Begin
+// that failed so reserved nothing, and the service tells its caller
+// (MetadataReserved), which then has no lost Begin to follow up.
+func NotSent(err error) error {
+	if err == nil || errors.Is(err, ErrNotSent) {
+		return err
+	}
+	return notSentError{err}
+}
+
+type notSentError struct{ error }
+
+func (e notSentError) Unwrap() error { return e.error }
+
+func (e notSentError) Is(target error) bool { return target == ErrNotSent }
 
 // RecordID names one record.
 type RecordID struct {

@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -135,8 +136,8 @@ func TestRefusedConnectsAreBounded(t *testing.T) {
 				res, err := s.Begin(ctx, p)
 				begins.Add(1)
 				time.Sleep(time.Millisecond)
-				if err == nil || !pgstore.UnreachableForTest(ctx, err) {
-					problem := fmt.Sprintf("a Begin while connections are refused = %+v, %v; want the store's error", res, err)
+				if err == nil || !pgstore.UnreachableForTest(ctx, err) || !errors.Is(err, dedupesvc.ErrNotSent) {
+					problem := fmt.Sprintf("a Begin while connections are refused = %+v, %v; want the store's error, marked as having sent nothing (ErrNotSent)", res, err)
 					wrong.CompareAndSwap(nil, &problem)
 				}
 			}

@@ -460,8 +460,13 @@ func (s *Store) AwayStats() (failedMarks, pacedCalls int64) {
 // operations on every worker's shards.
 func (s *Store) resume(ctx context.Context) error {
 	if s.citus {
-		return s.resumeNodes(ctx, "")
+		return dedupesvc.NotSent(s.resumeNodes(ctx, ""))
 	}
+	return dedupesvc.NotSent(s.resumeOne(ctx))
+}
+
+// resumeOne is resume on one PostgreSQL.
+func (s *Store) resumeOne(ctx context.Context) error {
 	for s.cutOff.Load() {
 		s.resumeMu.Lock()
 		if !s.cutOff.Load() {
@@ -541,7 +546,7 @@ func (s *Store) noted(ctx context.Context, err error) error {
 // waits for the mark of the worker holding id's shard only.
 func (s *Store) resumeFor(ctx context.Context, id dedupesvc.RecordID) error {
 	if s.citus {
-		return s.resumeNodes(ctx, id.Key)
+		return dedupesvc.NotSent(s.resumeNodes(ctx, id.Key))
 	}
 	return s.resume(ctx)
 }
@@ -892,7 +897,14 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 			return s.first(ctx, p)
 		}
 	}
-	return dedupesvc.RunBegin(ctx, p, steps)
+	res, err := dedupesvc.RunBegin(ctx, p, steps)
+	// A step that reserves returns at once, so a Begin whose last step
+	// could not even connect reserved nothing: it sent nothing that
+	// counts (dedupesvc.ErrNotSent, as resume's own errors are).
+	if connectErr := (*pgconn.ConnectError)(nil); errors.As(err, &connectErr) {
+		err = dedupesvc.NotSent(err)
+	}
+	return res, err
 }
 
 // first runs firstSQL for p.

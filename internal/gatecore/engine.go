@@ -275,7 +275,7 @@ func (e *Engine) Begin(ctx context.Context, c *Call) (Begun, error) {
 	cancel()
 	e.Stage(c, StageBegin, time.Since(sent))
 	if err != nil {
-		if !refused(err) {
+		if !refused(err) && !reservedNothing(err) {
 			// The reservation may have been made and only its answer lost:
 			// make sure it does not outlive this call.
 			e.followUpLostBegin(ctx, c, sent)
@@ -441,6 +441,17 @@ func refused(err error) bool {
 		return grpcerr.Reason(err) == reasonDedupeOutcomeUnreadable
 	}
 	return false
+}
+
+// reservedNothing reports whether err is the Dedupe service's answer that
+// the Begin reserved nothing: its store failed before it sent any of it,
+// on the call's first try (ErrorInfo metadata "reserved": "none"). Such a
+// Begin leaves nothing to follow up, so a store outage that refuses every
+// try does not fill the follow-ups' queue with them, which crowded out
+// Begins that did reserve (issue 38 item 2).
+func reservedNothing(err error) bool {
+	return status.Code(err) == codes.Unavailable && grpcerr.Reason(err) == reasonDedupeStoreUnavailable &&
+		grpcerr.Metadata(err)[metadataReserved] == reservedNone
 }
 
 // TooLargeName is the full name of the marker stored in place of an outcome

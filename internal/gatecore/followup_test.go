@@ -2,6 +2,7 @@ package gatecore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -13,8 +14,11 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/idemgate/idemgate/dedupesvc"
+	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate/internal/grpcerr"
 )
 
 // outageDedupe is a real Dedupe service behind a connection that, while
@@ -545,5 +549,57 @@ func TestACrowdOfLostBeginsIsFreedInAFewCalls(t *testing.T) {
 	}
 	if s := e.Stats(); s.LostBegins != crowd {
 		t.Errorf("Stats().LostBegins = %d, want %d", s.LostBegins, crowd)
+	}
+}
+
+// beginFailingStore is a real store whose Begin fails with err.
+type beginFailingStore struct {
+	dedupesvc.Store
+	err error
+}
+
+func (s beginFailingStore) Begin(context.Context, dedupesvc.BeginParams) (dedupesvc.BeginResult, error) {
+	return dedupesvc.BeginResult{}, s.err
+}
+
+// A Begin the Dedupe service answers as having reserved nothing (its store
+// failed before sending any of it) is not followed up: a store outage that
+// refuses every try must not fill the follow-ups' queue with them, which
+// crowded out lost Begins that had reserved (issue 38 item 2). One whose
+// store may have sent it is followed up as before.
+func TestABeginThatReservedNothingIsNotFollowedUp(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		lost int64
+	}{
+		{"not sent", dedupesvc.NotSent(errors.New("connect: connection refused")), 0},
+		{"maybe sent", errors.New("unexpected EOF"), 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store, err := sqlitestore.Open(context.Background(), t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = store.Close() })
+			srv := dedupesvc.NewServer(beginFailingStore{store, tc.err}, dedupesvc.WithLogger(discard()))
+			d := &lostAnswersDedupe{DedupeServiceClient: dedupesvc.NewInProcessClient(srv)}
+			e := gatecore.New(d, gatecore.Options{Logger: discard()})
+			c := testCall("refused", time.Hour)
+			if _, err := e.Begin(context.Background(), c); status.Code(err) != codes.Unavailable || grpcerr.Reason(err) != gatecore.ReasonStoreUnavailable {
+				t.Fatalf("Begin = %v, want UNAVAILABLE %s", err, gatecore.ReasonStoreUnavailable)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := e.Close(ctx); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			if s := e.Stats(); s.LostBegins != tc.lost {
+				t.Errorf("Stats().LostBegins = %d, want %d", s.LostBegins, tc.lost)
+			}
+			if tc.lost == 0 && d.batches != 0 {
+				t.Errorf("%d ReleaseLostBegins calls for a Begin that reserved nothing, want none", d.batches)
+			}
+		})
 	}
 }

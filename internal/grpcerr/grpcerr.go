@@ -47,6 +47,21 @@ func Reason(err error) string {
 	return ""
 }
 
+// Metadata returns the ErrorInfo metadata of err, nil when err carries no
+// ErrorInfo.
+func Metadata(err error) map[string]string {
+	st, ok := status.FromError(err)
+	if !ok {
+		return nil
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info.GetMetadata()
+		}
+	}
+	return nil
+}
+
 // RetryDelay returns the RetryInfo delay of err and whether it has one.
 func RetryDelay(err error) (time.Duration, bool) {
 	st, ok := status.FromError(err)
