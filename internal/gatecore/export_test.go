@@ -13,9 +13,6 @@ func (e *Engine) Closing() bool {
 	return e.closing
 }
 
-// The follow-ups' queue bound and batch size, for the tests that count
+// FollowUpBatch is the follow-ups' batch size, for the tests that count
 // their calls.
-const (
-	MaxLostBeginFollowUps = maxLostBeginFollowUps
-	FollowUpBatch         = followUpBatch
-)
+const FollowUpBatch = followUpBatch

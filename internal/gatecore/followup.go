@@ -49,19 +49,23 @@ const (
 // followUpBatch lost Begins in one call (one store round trip and one
 // commit), at most followUpBatchesInFlight calls at once, so a crowd of
 // lost Begins costs a few calls, not a Begin and a Release each at
-// followUpRate a second: the whole queue (maxLostBeginFollowUps) goes in
-// 8 calls, 2 at a time. Under followUpBatch the service's limit (500), so
-// one statement batch stays short beside the callers' Begins.
-// While the service does not answer, one batch goes per backoff step.
+// followUpRate a second: 2,048 go in 8 calls, 2 at a time. Under the
+// service's limit (500), so one statement batch stays short beside the
+// callers' Begins. While the service does not answer, one batch goes per
+// backoff step.
 const (
 	followUpBatch           = 256
 	followUpBatchesInFlight = 2
 )
 
-// maxLostBeginFollowUps bounds the lost Begins waiting to be followed up;
-// past it a lost Begin is logged and counted, and its reservation, if it
-// was made, runs down its lease.
-const maxLostBeginFollowUps = 2048
+// maxLostBeginFollowUps bounds the lost Begins waiting to be followed up
+// (a few hundred bytes each); past it a lost Begin is logged and counted,
+// and its reservation, if it was made, runs down its lease. A store outage
+// under load fills the queue with the Begins that timed out in the herd
+// once it is back (each may have reserved), for a few seconds: 2,048 were
+// not enough for 800 actions of 6 callers each (chaos
+// postgres/crash-under-load), and were dropping Begins that had reserved.
+const maxLostBeginFollowUps = 16384
 
 // followUps are the lost Begins waiting to be re-sent, in line by when
 // their leases run out, and whether the goroutine that re-sends them

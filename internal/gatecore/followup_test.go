@@ -498,15 +498,14 @@ func (d *lostAnswersDedupe) ReleaseLostBegins(ctx context.Context, req *idemgate
 	return d.DedupeServiceClient.ReleaseLostBegins(ctx, req, opts...)
 }
 
-// A crowd of lost Begins, as many as a Gate follows up, waiting when the
-// service answers again is freed in a few calls, each a batch the store
-// writes in one round trip, not a re-sent Begin and a Release per lost
-// Begin at a capped rate: what following a crowd up costs, and so how long
+// A crowd of 2,048 lost Begins waiting when the service answers again is
+// freed in a few calls, each a batch the store writes in one round trip,
+// not a re-sent Begin and a Release per lost Begin at a capped rate: what following a crowd up costs, and so how long
 // it takes, barely grows with the crowd, where one by one it took
 // crowd / 250 seconds and a crowd of 480 in a 3s lease was found
 // outcome-unknown by duplicates (issue 38).
 func TestACrowdOfLostBeginsIsFreedInAFewCalls(t *testing.T) {
-	const crowd, callers = gatecore.MaxLostBeginFollowUps, 8
+	const crowd, callers = 2048, 8
 	d := &lostAnswersDedupe{DedupeServiceClient: embeddedDedupe(t), down: true}
 	e := gatecore.New(d, gatecore.Options{Logger: discard(), FinishBudget: 5 * time.Minute})
 	policy := gatecore.Policy{Lease: 10 * time.Minute, MaxWait: time.Second, ExecutionTimeout: time.Minute}

@@ -571,7 +571,7 @@ func scenarios() []Scenario {
 	// A crowd of lost Begins freed before their leases run out (issue 38
 	// item 1): all first callers through the first tool server, their
 	// duplicates a lease later; 480 actions over 1.2s, as the issue found,
-	// and 2,200 over 2.2s, past what a Gate follows up (2,048).
+	// and 2,200 over 2.2s.
 	for _, crowd := range []struct {
 		name    string
 		actions int
