@@ -37,6 +37,7 @@ type options struct {
 	finishInFlight   int
 	resolveOnly      bool
 	plaintextOK      bool
+	maxBegins        int
 }
 
 var defaultOptions = options{
@@ -147,6 +148,21 @@ func WithResolveOnlySettlesUnknown(on bool) Option {
 // it on), then off. Without a cipher every outcome is plaintext and replays.
 func WithPlaintextOutcomes(accept bool) Option {
 	return func(o *options) { o.plaintextOK = accept }
+}
+
+// WithMaxConcurrentBegins bounds the Begins that use the store at once to
+// n (n > 0); the others wait for a place within their deadlines, so the
+// store's connections stay free for the Heartbeats, Finishes and Releases
+// of the calls already running. A crowd of Begins (every caller back at
+// once after a store outage, retrying) then cannot keep holders from
+// renewing and storing until their leases run out. A Begin whose place
+// does not come before its deadline nears (a quarter of what was left, at
+// most a second, before it) is answered DEDUPE_STORE_UNAVAILABLE with
+// RetryInfo and, on its first try, ErrorInfo metadata reserved=none: it
+// sent nothing. Defaults to 0, no bound; the Dedupe service binary sets
+// three quarters of its database pool.
+func WithMaxConcurrentBegins(n int) Option {
+	return func(o *options) { o.maxBegins = max(0, n) }
 }
 
 // WithMaxWaiters caps the Begins waiting for in-flight outcomes (max_wait)

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/semaphore"
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -60,6 +61,9 @@ type Server struct {
 	// (AdmitFinishCall), under finishingMu.
 	finishingMu sync.Mutex
 	finishing   map[string]int
+	// begins are the places of Begins at the store
+	// (WithMaxConcurrentBegins); nil for no bound.
+	begins *semaphore.Weighted
 }
 
 type waitCounters struct {
@@ -91,6 +95,9 @@ func NewServer(store Store, opts ...Option) *Server {
 		opt(&o)
 	}
 	srv := &Server{store: store, opts: o, finishing: map[string]int{}}
+	if o.maxBegins > 0 {
+		srv.begins = semaphore.NewWeighted(int64(o.maxBegins))
+	}
 	srv.rates.limit, srv.rates.burst = rate.Limit(o.callerRate), o.callerBurst
 	srv.finishes.limit, srv.finishes.burst = rate.Limit(o.callerRate), o.callerBurst
 	// Every accepted outcome must fit in a full bucket, or it could never
@@ -244,10 +251,15 @@ func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 		return nil, quotaExceeded(QuotaRate, formatRate(s.rates.limit),
 			fmt.Sprintf("this caller is over its rate of %s Begins a second (-caller-begin-rate); retry after the delay", formatRate(s.rates.limit)), wait)
 	}
+	leave, err := s.admitBegin(ctx)
+	if err != nil {
+		return nil, err
+	}
 	stages := StageTimerFrom(ctx)
 	stages.storeStarted()
 	res, err := s.store.Begin(ctx, params)
 	stages.storeEnded()
+	leave()
 	if err == nil && res.State == BeginInFlight && maxWait > 0 {
 		// Its re-reads are the wait stage, not statements of this call's
 		// store stage, which ended.
@@ -774,6 +786,37 @@ func (s *Server) unavailable(ctx context.Context, rpc string, err error, metadat
 	s.opts.logger.ErrorContext(ctx, "dedupe store failed", slog.String("rpc", rpc), slog.Any("error", err))
 	return grpcerr.New(codes.Unavailable, ReasonStoreUnavailable,
 		"the dedupe store failed or is unreachable; the call is safe to retry", metadata, s.opts.storeRetryAfter)
+}
+
+// admitBegin waits for a place for a Begin at the store
+// (WithMaxConcurrentBegins) and returns how to give it back. It gives up
+// before ctx's deadline, by a quarter of what is left (at most a second),
+// so the caller hears that nothing was sent instead of its own deadline.
+func (s *Server) admitBegin(ctx context.Context) (leave func(), err error) {
+	if s.begins == nil {
+		return func() {}, nil
+	}
+	if s.begins.TryAcquire(1) {
+		return func() { s.begins.Release(1) }, nil
+	}
+	waitCtx := ctx
+	if deadline, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		waitCtx, cancel = context.WithDeadline(ctx, deadline.Add(-min(time.Until(deadline)/4, time.Second)))
+		defer cancel()
+	}
+	if err := s.begins.Acquire(waitCtx, 1); err != nil {
+		if ctx.Err() != nil {
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		var metadata map[string]string
+		if firstTry(ctx) {
+			metadata = map[string]string{MetadataReserved: ReservedNone}
+		}
+		return nil, grpcerr.New(codes.Unavailable, ReasonStoreUnavailable,
+			"the dedupe store is busy with other Begins (-max-concurrent-begins); nothing was reserved, retry after the delay", metadata, s.opts.storeRetryAfter)
+	}
+	return func() { s.begins.Release(1) }, nil
 }
 
 // firstTry reports whether ctx's call is its caller's first try: a gRPC

@@ -299,3 +299,76 @@ func TestBeginThatReservedNothingSaysSo(t *testing.T) {
 		})
 	}
 }
+
+// blockingStore's Begin holds its place at the store until release closes;
+// its Heartbeat answers at once.
+type blockingStore struct {
+	fakeStore
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *blockingStore) Begin(ctx context.Context, _ dedupesvc.BeginParams) (dedupesvc.BeginResult, error) {
+	s.entered <- struct{}{}
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return dedupesvc.BeginResult{}, ctx.Err()
+	}
+	return dedupesvc.BeginResult{State: dedupesvc.BeginReserved, Epoch: 1, LeaseExpiresAt: time.Now().Add(time.Minute)}, nil
+}
+
+func (s *blockingStore) Heartbeat(context.Context, dedupesvc.HeartbeatParams) (time.Time, error) {
+	return time.Now().Add(time.Minute), nil
+}
+
+// With WithMaxConcurrentBegins, Begins past the bound wait for a place while
+// a Heartbeat goes straight to the store; one whose place does not come
+// before its deadline nears is answered DEDUPE_STORE_UNAVAILABLE with
+// reserved=none (it sent nothing), not left to its own deadline.
+func TestBeginsPastTheirBoundWaitButRenewalsDoNot(t *testing.T) {
+	t.Parallel()
+	store := &blockingStore{entered: make(chan struct{}, 4), release: make(chan struct{})}
+	srv := dedupesvc.NewServer(store, dedupesvc.WithMaxConcurrentBegins(1), dedupesvc.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	first := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := srv.Begin(ctx, validBegin())
+		first <- err
+	}()
+	<-store.entered // the first Begin holds the only place
+
+	hb := &idemgatev1.HeartbeatRequest{Scope: "/pkg.S/M", Key: "order-1", AttemptToken: "attempt-1", Epoch: 1, Lease: durationpb.New(10 * time.Second)}
+	if _, err := srv.Heartbeat(context.Background(), hb); err != nil {
+		t.Fatalf("Heartbeat while a Begin holds the only place: %v, want it answered", err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	second := validBegin()
+	second.Key = "order-2"
+	_, err := srv.Begin(ctx, second)
+	if ctx.Err() != nil {
+		t.Fatalf("the waiting Begin was left to its own deadline (%v); want it answered before", err)
+	}
+	if status.Code(err) != codes.Unavailable || grpcerr.Reason(err) != dedupesvc.ReasonStoreUnavailable ||
+		errorInfo(t, err).GetMetadata()[dedupesvc.MetadataReserved] != dedupesvc.ReservedNone {
+		t.Fatalf("a Begin that found no place before its deadline = %v, want UNAVAILABLE %s with reserved=none", err, dedupesvc.ReasonStoreUnavailable)
+	}
+	select {
+	case <-store.entered:
+		t.Fatal("the Begin past the bound reached the store")
+	default:
+	}
+
+	close(store.release)
+	if err := <-first; err != nil {
+		t.Fatalf("the first Begin: %v", err)
+	}
+	third := validBegin()
+	third.Key = "order-3"
+	if _, err := srv.Begin(context.Background(), third); err != nil {
+		t.Fatalf("a Begin once the place is free: %v", err)
+	}
+}

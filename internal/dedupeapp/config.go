@@ -136,6 +136,12 @@ type Config struct {
 	// outcomes, in all and per caller; 0 takes the default. Default to
 	// 10000 and 1000 (IDEMGATE_MAX_WAITERS, IDEMGATE_CALLER_MAX_WAITERS).
 	MaxWaiters, CallerMaxWaiters int
+	// MaxConcurrentBegins bounds the Begins at PostgreSQL at once, so a crowd
+	// of them (every caller back after an outage) cannot take the
+	// connections the running calls renew and finish on
+	// (dedupesvc.WithMaxConcurrentBegins); 0 takes three quarters of
+	// MaxConns. Defaults to 0 (IDEMGATE_MAX_CONCURRENT_BEGINS).
+	MaxConcurrentBegins int
 	// MetricsListen is the HTTP address serving Prometheus metrics at
 	// /metrics; empty turns it off. Defaults to 127.0.0.1:9464
 	// (IDEMGATE_METRICS_LISTEN).
@@ -416,6 +422,7 @@ func ParseArgs(name, synopsis string, args []string, lookupEnv func(string) (str
 	fs.DurationVar(&cfg.MaxRetention, "max-retention", dedupesvc.DefaultMaxRetention, "longest retention a Begin may ask for; longer is refused")
 	fs.IntVar(&cfg.MaxWaiters, "max-waiters", dedupesvc.DefaultMaxWaiters, "Begins that may wait for in-flight outcomes at once; past it they answer in_flight at once")
 	fs.IntVar(&cfg.CallerMaxWaiters, "caller-max-waiters", dedupesvc.DefaultMaxCallerWaiters, "of those, how many one caller may have")
+	fs.IntVar(&cfg.MaxConcurrentBegins, "max-concurrent-begins", 0, "Begins at PostgreSQL at once, so renewals and Finishes keep connections when callers crowd back; 0 takes three quarters of -db-max-conns")
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "127.0.0.1:9464", "HTTP `address` of the Prometheus /metrics endpoint; empty turns it off")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "server certificate `file` (PEM), reread when it changes; empty serves plaintext, loopback only")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "server key `file` (PEM), reread when it changes")
@@ -606,6 +613,9 @@ func (c Config) ValidateNamed(n func(flag string) string) error {
 	}
 	if c.CallerBeginRate > 0 && c.CallerBeginBurst < 1 {
 		errs = append(errs, fmt.Errorf(n("caller-begin-burst")+" must be 1 or more, got %d", c.CallerBeginBurst))
+	}
+	if c.MaxConcurrentBegins < 0 {
+		errs = append(errs, fmt.Errorf(n("max-concurrent-begins")+" must be 0 (three quarters of the pool) or more, got %d", c.MaxConcurrentBegins))
 	}
 	if c.MaxWaiters < 0 || c.CallerMaxWaiters < 0 {
 		errs = append(errs, errors.New(n("max-waiters")+" and "+n("caller-max-waiters")+" must be positive"))

@@ -78,6 +78,15 @@ func openService(ctx context.Context, cfg Config, logger *slog.Logger) (_ *servi
 		dedupesvc.WithResolveOnlySettlesUnknown(cfg.ResolveAdminOnly),
 		dedupesvc.WithPlaintextOutcomes(cfg.OutcomeAcceptPlaintext),
 	}
+	if b.pool != nil {
+		// Begins keep a quarter of the pool free for the renewals and
+		// Finishes of the calls already running.
+		n := cfg.MaxConcurrentBegins
+		if n == 0 {
+			n = max(1, int(b.pool.Config().MaxConns)*3/4)
+		}
+		serverOpts = append(serverOpts, dedupesvc.WithMaxConcurrentBegins(n))
+	}
 	if cfg.MaxRetention > 0 { // zero in a Config built in Go: the default
 		serverOpts = append(serverOpts, dedupesvc.WithMaxRetention(cfg.MaxRetention))
 	}
