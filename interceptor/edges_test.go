@@ -450,11 +450,25 @@ func TestStaleFinishAfterResolveIsFenced(t *testing.T) {
 }
 
 // loseBeginReplyAndDelayFollowUp loses the answer of the first Begin of key
-// and holds that attempt's re-sent Begins until release is closed, as a
-// congested path to the Dedupe service would.
+// and holds that attempt's follow-ups (the ReleaseLostBegins naming it, or
+// its re-sent Begins) until release is closed, as a congested path to the
+// Dedupe service would.
 func loseBeginReplyAndDelayFollowUp(key string, release <-chan struct{}) grpc.UnaryClientInterceptor {
 	var token atomic.Pointer[string]
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if lost, ok := req.(*idemgatev1.ReleaseLostBeginsRequest); ok {
+			for _, l := range lost.GetLostBegins() {
+				if t := token.Load(); t != nil && *t == l.GetAttemptToken() {
+					select {
+					case <-release:
+					case <-ctx.Done():
+						return status.FromContextError(ctx.Err()).Err()
+					}
+					break
+				}
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}
 		begin, ok := req.(*idemgatev1.BeginRequest)
 		if !ok || begin.GetKey() != key {
 			return invoker(ctx, method, req, reply, cc, opts...)
