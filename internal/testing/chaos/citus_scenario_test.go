@@ -113,23 +113,30 @@ func killCitusWorker() func(*Stack, <-chan struct{}) error {
 		if err != nil {
 			return err
 		}
-		t := st.T()
-		worker, keyShard := st.Citus.WorkerOf(t, st.CitusSchema, key)
-		down := st.recordShardsOn(worker)
-		worker.Kill(t)
-		downAt := time.Now()
-		t.Logf("Citus worker on port %d (shards %v, %s's %d among them) killed -9 for %s", worker.Port(), keysOf(down), key, keyShard, lease+2*time.Second)
-		st.sleep(lease + 2*time.Second)
-		upAt := time.Now()
-		worker.Start(t)
-		t.Logf("Citus worker on port %d started again after %s", worker.Port(), time.Since(downAt).Round(time.Millisecond))
-		st.mu.Lock()
-		st.outages = append(st.outages, Outage{What: fmt.Sprintf("Citus worker on port %d killed -9", worker.Port()), Start: downAt, End: upAt,
-			Keys: func(k string) bool { return down[shard(k)] }})
-		st.mu.Unlock()
-		st.sleep(recovery)
+		worker, keyShard := st.Citus.WorkerOf(st.T(), st.CitusSchema, key)
+		st.killCitusWorkerPastLease(worker, shard, fmt.Sprintf("%s's shard %d among them", key, keyShard))
 		return nil
 	}
+}
+
+// killCitusWorkerPastLease kills -9 worker, keeps it down for lease + 2s,
+// starts it again and leaves it up for a lease; the outage is recorded for
+// the keys of its shards (shard tells a key's) only. why is logged.
+func (st *Stack) killCitusWorkerPastLease(worker *pgtest.Cluster, shard func(string) int64, why string) {
+	t := st.T()
+	down := st.recordShardsOn(worker)
+	worker.Kill(t)
+	downAt := time.Now()
+	t.Logf("Citus worker on port %d (shards %v; %s) killed -9 for %s", worker.Port(), keysOf(down), why, lease+2*time.Second)
+	st.sleep(lease + 2*time.Second)
+	upAt := time.Now()
+	worker.Start(t)
+	t.Logf("Citus worker on port %d started again after %s", worker.Port(), time.Since(downAt).Round(time.Millisecond))
+	st.mu.Lock()
+	st.outages = append(st.outages, Outage{What: fmt.Sprintf("Citus worker on port %d killed -9", worker.Port()), Start: downAt, End: upAt,
+		Keys: func(k string) bool { return down[shard(k)] }})
+	st.mu.Unlock()
+	st.sleep(recovery)
 }
 
 // killEitherCitusWorker returns a fault that kills -9 the workers in turn,
@@ -144,22 +151,9 @@ func killEitherCitusWorker() func(*Stack, <-chan struct{}) error {
 		if shard == nil {
 			shard = st.shardsOf()
 		}
-		t := st.T()
 		worker := st.Citus.Workers[n%len(st.Citus.Workers)]
 		n++
-		down := st.recordShardsOn(worker)
-		worker.Kill(t)
-		downAt := time.Now()
-		t.Logf("Citus worker on port %d (shards %v) killed -9 for %s", worker.Port(), keysOf(down), lease+2*time.Second)
-		st.sleep(lease + 2*time.Second)
-		upAt := time.Now()
-		worker.Start(t)
-		t.Logf("Citus worker on port %d started again after %s", worker.Port(), time.Since(downAt).Round(time.Millisecond))
-		st.mu.Lock()
-		st.outages = append(st.outages, Outage{What: fmt.Sprintf("Citus worker on port %d killed -9", worker.Port()), Start: downAt, End: upAt,
-			Keys: func(k string) bool { return down[shard(k)] }})
-		st.mu.Unlock()
-		st.sleep(recovery)
+		st.killCitusWorkerPastLease(worker, shard, "not at a pause point")
 		return nil
 	}
 }
