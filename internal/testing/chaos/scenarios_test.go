@@ -115,6 +115,11 @@ type Scenario struct {
 	// the fault must make callers see at least once, or the run did not
 	// test it (Report.RequireReasons); none by default.
 	MustSee []string
+	// Alone runs the scenario by itself, before the parallel ones start:
+	// its traffic is the fault, and it needs the machine to itself (the
+	// 2,200-action crowd, beside three other scenarios on 2 cores, left
+	// holders unable to store their outcomes within their leases).
+	Alone bool
 	// Spared, when above 0, is the least share of the tries on keys an
 	// outage of some keys spared (a Citus worker down: the other worker's
 	// keys) that must not be answered IDEMPOTENCY_STORE_UNAVAILABLE while
@@ -580,7 +585,7 @@ func scenarios() []Scenario {
 		list = append(list, Scenario{Name: StorePostgres + "/" + crowd.name, Store: StorePostgres, Tools: 2,
 			Workload: Workload{Reexecute: 0.3, TryTimeout: 5 * time.Second, Spread: crowd.spread, Actions: crowd.actions, Concurrency: crowd.actions,
 				DuplicatesAfter: lease + time.Second, FirstToolFirst: true}, Outages: 1,
-			Setup: proxyDedupe, Fault: lostBeginsCrowd})
+			Setup: proxyDedupe, Fault: lostBeginsCrowd, Alone: crowd.actions > 1000})
 	}
 	// The store on Citus: a worker killed -9 and restarted, a shard moved
 	// (issue 33).
