@@ -108,6 +108,20 @@ VALUES ('', $1, $2, $3, 'in_flight', 'holder', 1, 3600000, $4, 3600000, now() - 
 		t.Errorf("while a worker was cut off, %d of %d Begins on the other worker's keys reserved; want all", reserved, len(liveKeys))
 	}
 
+	// A gate's follow-up of lost Begins on both workers' keys frees the live
+	// worker's while the other is away (the cut-off worker's fail).
+	lost := make([]dedupesvc.LostAttempt, 0, len(liveKeys)+1)
+	for _, key := range liveKeys {
+		lost = append(lost, dedupesvc.LostAttempt{Scope: p.Scope, Key: key, AttemptToken: "live"})
+	}
+	lost = append(lost, dedupesvc.LostAttempt{Scope: p.Scope, Key: awayKeys[0], AttemptToken: "away"})
+	rctx, cancel := bounded()
+	released, releaseErr := s.ReleaseLost(rctx, dedupesvc.ReleaseLostParams{Attempts: lost})
+	cancel()
+	if released != reserved {
+		t.Errorf("ReleaseLost of the live worker's %d reserved keys and one cut-off key while a worker was away = %d, %v; want the live ones freed", reserved, released, releaseErr)
+	}
+
 	away.AcceptTCP(t)
 	// A mark that found the worker away is not made again before its
 	// backoff ends: until then its keys fail at once with that error.

@@ -1164,10 +1164,13 @@ WHERE namespace = $4 AND scope = $1 AND idempotency_key = $2 AND attempt_token =
 // ReleaseLost implements dedupesvc.Store: every attempt's releaseLostSQL in
 // one pgx.Batch, one round trip and one commit, sorted by record as a
 // group commit is, so it cannot deadlock with one. If the batch fails for
-// another reason than an unreachable store (on Citus, a worker down), each
-// statement runs alone, so the records of the nodes that answer are freed
-// and the error names the first that failed.
+// another reason than an unreachable store, each statement runs alone, and
+// the error names the first that failed. On Citus each runs alone
+// (releaseLostEach).
 func (s *Store) ReleaseLost(ctx context.Context, p dedupesvc.ReleaseLostParams) (int, error) {
+	if s.citus {
+		return s.releaseLostEach(ctx, p)
+	}
 	if err := s.resume(ctx); err != nil {
 		return 0, err
 	}
@@ -1216,6 +1219,24 @@ func (s *Store) ReleaseLost(ctx context.Context, p dedupesvc.ReleaseLostParams) 
 		return released, fmt.Errorf("pgstore: release lost Begins: %w", s.noted(ctx, err))
 	}
 	return released, nil
+}
+
+// releaseLostEach is ReleaseLost on Citus: each statement alone, on its
+// key's worker once that worker's resume mark is made (change), so a
+// worker away fails only its own keys' and the others are freed; the error
+// names the first that failed.
+func (s *Store) releaseLostEach(ctx context.Context, p dedupesvc.ReleaseLostParams) (int, error) {
+	released := 0
+	var first error
+	for _, a := range p.Attempts {
+		id := dedupesvc.RecordID{Namespace: p.Namespace, Scope: a.Scope, Key: a.Key}
+		n, err := s.change(ctx, s.releaseLostSQL, id, a.Scope, a.Key, a.AttemptToken, p.Namespace, p.ResolveOnly)
+		released += n
+		if err != nil && first == nil {
+			first = fmt.Errorf("pgstore: release lost Begins: %w", err)
+		}
+	}
+	return released, first
 }
 
 // heartbeatSQL renews the lease of the holder of an in-flight reservation,
