@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 )
 
@@ -151,6 +153,18 @@ type Report struct {
 	// IDEMPOTENCY_STORE_UNAVAILABLE ended: how long the service took to
 	// serve them again, as the callers saw it (0: none after the end).
 	RefusedAfterOutage time.Duration
+	// UnservedAfterOutage is how long after an outage ended (the node or
+	// database started again) the last try on its keys that started after
+	// that end failed for want of the store ended: answered
+	// IDEMPOTENCY_STORE_UNAVAILABLE, or DeadlineExceeded, Canceled or
+	// Unavailable with no gate reason while no handler of its key started
+	// (issue 38 item 3: calls succeed again within 10s of a restart;
+	// RequireRecovered). 0 when every such try was served.
+	UnservedAfterOutage time.Duration
+	// UnservedAfter counts those tries; LastUnserved describes the latest
+	// few, for the report.
+	UnservedAfter int
+	LastUnserved  []string
 	// LateMetadataActions counts the actions whose handler set its metadata
 	// only after its caller gave up (LateMetadataSuffix), GaveUp their
 	// callers' first tries given up, LateMetadataRuns the runs that set it
@@ -202,6 +216,17 @@ func (r *Report) String() string {
 	if r.SparedTries > 0 {
 		fmt.Fprintf(&b, "  tries on keys a partial outage spared %d, answered %s %d; its own keys' last %s ended %s after it\n",
 			r.SparedTries, reasonStoreUnavailable, r.SparedRefused, reasonStoreUnavailable, r.RefusedAfterOutage.Round(time.Millisecond))
+	}
+	if len(r.outages) > 0 {
+		fmt.Fprintf(&b, "  tries started after an outage ended that failed for want of the store %d, the last ending %s after it\n",
+			r.UnservedAfter, r.UnservedAfterOutage.Round(time.Millisecond))
+		last := r.LastUnserved
+		if len(last) > shownUnserved {
+			last = last[len(last)-shownUnserved:]
+		}
+		for _, u := range last {
+			fmt.Fprintf(&b, "    unserved: %s\n", u)
+		}
 	}
 	b.WriteString(r.metadataLine())
 	const shown = 20
@@ -309,7 +334,62 @@ func Check(scenario string, seed uint64, history []Attempt, ledger []LedgerEntry
 		r.checkAction(key, facts[key])
 	}
 	r.checkMetadataCoverage()
+	r.measureRecovery(history, facts, outages)
 	return r
+}
+
+// measureRecovery sets UnservedAfterOutage and UnservedAfter.
+func (r *Report) measureRecovery(history []Attempt, facts map[string]*actionFacts, outages []Outage) {
+	history = slices.Clone(history)
+	slices.SortStableFunc(history, func(a, b Attempt) int { return a.End.Compare(b.End) })
+	for _, a := range history {
+		for _, o := range outages {
+			if !o.coversKey(a.Key) || a.Start.Before(o.End) || !unserved(a, facts[a.Key]) {
+				continue
+			}
+			r.UnservedAfter++
+			r.UnservedAfterOutage = max(r.UnservedAfterOutage, a.End.Sub(o.End))
+			r.LastUnserved = append(r.LastUnserved, fmt.Sprintf("%s try %d.%d at %s: %s %s, %s to %s after the outage",
+				a.Key, a.Attempt, a.Try, a.Target, a.Code, a.Reason, a.Start.Sub(o.End).Round(time.Millisecond), a.End.Sub(o.End).Round(time.Millisecond)))
+			break
+		}
+	}
+}
+
+// shownUnserved is how many of the unserved tries the report describes.
+const shownUnserved = 5
+
+// unserved reports whether a failed for want of the store: refused as
+// unavailable, or given up (by its caller's deadline or the connection)
+// while no handler of its key started.
+func unserved(a Attempt, f *actionFacts) bool {
+	if a.Reason == reasonStoreUnavailable {
+		return true
+	}
+	if a.Reason != "" || (a.Code != codes.DeadlineExceeded.String() && a.Code != codes.Canceled.String() && a.Code != codes.Unavailable.String()) {
+		return false
+	}
+	for _, e := range f.starts {
+		if !e.Time.Before(a.Start) && !e.Time.After(a.End) {
+			return false
+		}
+	}
+	return true
+}
+
+// RequireRecovered checks that the store served every try on an outage's
+// keys that started more than within after the outage ended (issue 38
+// item 3), and that some tries started after an outage, or the run did not
+// test the recovery.
+func (r *Report) RequireRecovered(within time.Duration) {
+	if len(r.outages) == 0 {
+		r.violate("no outage recorded: the run did not test the recovery")
+		return
+	}
+	if r.UnservedAfterOutage > within {
+		r.violate("%d tries started after an outage ended failed for want of the store, the last ending %s after it; want none past %s",
+			r.UnservedAfter, r.UnservedAfterOutage.Round(time.Millisecond), within)
+	}
 }
 
 // RequireReasons fails a run none of whose callers was answered with one

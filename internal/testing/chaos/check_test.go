@@ -338,3 +338,47 @@ func slicesContain(violations []string, part string) bool {
 	}
 	return false
 }
+
+// TestRequireRecovered holds a restarted node to serving its keys again
+// within a bound (issue 38 item 3): tries that started after the outage
+// ended and were refused as unavailable, or given up while no handler of
+// their key started, count; a try given up while its handler ran (a pause)
+// does not, nor does one on a key the outage spared.
+func TestRequireRecovered(t *testing.T) {
+	t.Parallel()
+	start, end := t0.Add(10*time.Second), t0.Add(20*time.Second)
+	down := []Outage{{What: "worker", Start: start, End: end, Keys: func(key string) bool { return key != "spared" }}}
+	try := func(key string, at time.Time, code, reason string) Attempt {
+		a := Attempt{Key: key, Action: key, Method: failClosed, Attempt: 1, Try: 1, Start: at, End: at.Add(time.Second), Code: code, Reason: reason}
+		if code == "OK" {
+			a.Response = []byte("r")
+		}
+		return a
+	}
+	history := []Attempt{
+		try("refused", end.Add(time.Second), "Unavailable", reasonStoreUnavailable),
+		try("gave-up", end.Add(4*time.Second), "DeadlineExceeded", ""),
+		try("paused", end.Add(20*time.Second), "DeadlineExceeded", ""),
+		try("spared", end.Add(30*time.Second), "Unavailable", reasonStoreUnavailable),
+		try("during", start.Add(time.Second), "Unavailable", reasonStoreUnavailable),
+		try("served", end.Add(40*time.Second), "OK", ""),
+	}
+	ledger := []LedgerEntry{{Key: "paused", Event: EventStart, Time: end.Add(20*time.Second + time.Millisecond)}}
+
+	r := Check("recovered", 7, history, ledger, 0, down, nil, Rules{})
+	r.RequireRecovered(10 * time.Second)
+	if r.UnservedAfter != 2 || r.UnservedAfterOutage != 5*time.Second || slicesContain(r.Violations, "want of the store") {
+		t.Errorf("unserved %d, the last %s after the outage, violations %v; want 2, 5s and none from RequireRecovered",
+			r.UnservedAfter, r.UnservedAfterOutage, r.Violations)
+	}
+	r = Check("slow", 7, history, ledger, 0, down, nil, Rules{})
+	r.RequireRecovered(4 * time.Second)
+	if !slicesContain(r.Violations, "want none past 4s") {
+		t.Errorf("the last unserved try 5s after the outage, 4s allowed: violations %v, want one from RequireRecovered", r.Violations)
+	}
+	r = Check("untested", 7, history, ledger, 0, nil, nil, Rules{})
+	r.RequireRecovered(10 * time.Second)
+	if !slicesContain(r.Violations, "no outage recorded") {
+		t.Errorf("no outage: violations %v, want the run called untested", r.Violations)
+	}
+}

@@ -126,6 +126,12 @@ type Scenario struct {
 	// it lasts, with at least SparedTries of them (Report.RequireSpared).
 	Spared      float64
 	SparedTries int
+	// CitusShards is the shards per distributed table of a StoreCitus
+	// scenario's cluster; 0 means citustest.ShardCount.
+	CitusShards int
+	// RecoverWithin, when above 0, is how soon after each outage ended
+	// every try on its keys must be served again (Report.RequireRecovered).
+	RecoverWithin time.Duration
 }
 
 // standard is the traffic of the core scenarios: spread over long enough

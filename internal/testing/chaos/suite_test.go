@@ -189,7 +189,7 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 		}
 		st.DatabaseURL = s.newDatabase(t, st.Cluster)
 	case StoreCitus:
-		citusStore(st)
+		citusStore(st, sc.CitusShards)
 	case StoreSQLite:
 		st.DataDir = filepath.Join(dir, "sqlite")
 	default:
@@ -338,6 +338,9 @@ func (s *suite) run(t *testing.T, sc Scenario) {
 	report.RequireReasons(sc.MustSee...)
 	if sc.Spared > 0 {
 		report.RequireSpared(sc.Spared, sc.SparedTries)
+	}
+	if sc.RecoverWithin > 0 {
+		report.RequireRecovered(sc.RecoverWithin)
 	}
 	_ = os.WriteFile(filepath.Join(dir, "report.txt"), []byte(report.String()), 0o644)
 	s.mu.Lock()

@@ -51,8 +51,15 @@ type Cluster struct {
 // node is stopped and removed when the test ends.
 func New(tb testing.TB, workers int) *Cluster {
 	tb.Helper()
+	return NewSharded(tb, workers, ShardCount)
+}
+
+// NewSharded is New with shards shards per distributed table: 32, Citus's
+// default, is the cluster docs/operating.md sets up.
+func NewSharded(tb testing.TB, workers, shards int) *Cluster {
+	tb.Helper()
 	requireCitus(tb)
-	conf := fmt.Sprintf("shared_preload_libraries = 'citus'\ncitus.shard_count = %d\nmax_connections = 200\n", ShardCount)
+	conf := fmt.Sprintf("shared_preload_libraries = 'citus'\ncitus.shard_count = %d\nmax_connections = 200\n", shards)
 	c := &Cluster{Coordinator: pgtest.NewClusterConf(tb, conf)}
 	for range workers {
 		c.Workers = append(c.Workers, pgtest.NewClusterConf(tb, conf))
