@@ -93,7 +93,9 @@ func NewListener(pool *pgxpool.Pool, channel string, logger *slog.Logger, opts .
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
 			l.probe.Store(nil)
 			l.healthy.Store(false)
-			return pgx.ConnectConfig(ctx, l.connConfig.Copy())
+			cfg := l.connConfig.Copy()
+			cfg.BuildContextWatcherHandler = closeOnCancel
+			return pgx.ConnectConfig(ctx, cfg)
 		},
 		LogError: func(ctx context.Context, err error) {
 			l.probe.Store(nil)

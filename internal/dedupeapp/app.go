@@ -62,6 +62,7 @@ func OpenPool(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	}
 	// Also the NOTIFY listener's, which connects like the pool.
 	pcfg.ConnConfig.DialFunc = pgstore.RejectSelfConnects(pcfg.ConnConfig.DialFunc)
+	pgstore.KeepConnsOnCancel(&pcfg.ConnConfig.Config)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("%s: open database pool: %w", cfg.nameEnv("database-url", "DATABASE_URL"), err)
