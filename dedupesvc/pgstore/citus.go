@@ -101,6 +101,50 @@ func (s *Store) citusExtraArgs(ctx context.Context, sql string, args []any) ([]a
 	return append(args, values...), nil
 }
 
+// readWithExtras is read with the extra parameters of sql's Citus form
+// (citusExtraArgs) read in the same round trip, one pgx.Batch; extras is
+// nil when sql takes none. Read with the record, the coordinator's now()
+// and resume time are at most one round trip older when sql runs than
+// citusExtraArgs's would be: an INSERT's lease then starts and ends that
+// much earlier, and its takeover judges a lease run out that much later,
+// both on the holder's side; the shard's own resume mark is read in sql.
+func (s *Store) readWithExtras(ctx context.Context, id dedupesvc.RecordID, sql string) (record, bool, []any, error) {
+	if err := s.resumeFor(ctx, id); err != nil {
+		return record{}, false, nil, err
+	}
+	s.citusMu.Lock()
+	extra := s.citusExtra[sql]
+	s.citusMu.Unlock()
+	b := &pgx.Batch{}
+	var (
+		row   record
+		found bool
+		err   error
+	)
+	b.Queue(s.q(readSQL), id.Scope, id.Key, id.Namespace).QueryRow(func(r pgx.Row) error {
+		row, found, err = s.scanRead(ctx, id, r)
+		return err
+	})
+	var values []any
+	if len(extra) > 0 {
+		values = make([]any, len(extra))
+		dest := make([]any, len(extra))
+		for i := range values {
+			dest[i] = &values[i]
+		}
+		b.Queue("SELECT " + strings.Join(extra, ", ")).QueryRow(func(r pgx.Row) error {
+			return r.Scan(dest...)
+		})
+	}
+	if batchErr := s.pool.SendBatch(ctx, b).Close(); batchErr != nil {
+		if err == nil {
+			err = fmt.Errorf("pgstore: read record: %w", s.notedFor(ctx, id, batchErr))
+		}
+		return record{}, false, nil, err
+	}
+	return row, found, values, nil
+}
+
 // msSuffix ends every addition of milliseconds in the statements.
 const msSuffix = ` * interval '1 millisecond'`
 

@@ -5,6 +5,7 @@ package pgstore_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -33,6 +34,7 @@ func TestCitusConformance(t *testing.T) {
 	t.Run("EpochsComeFromOneSequence", func(t *testing.T) { testCitusEpochs(t, c) })
 	t.Run("ListenerOnTheCoordinatorIsWoken", func(t *testing.T) { testCitusListener(t, c) })
 	t.Run("BeginTouchesOnlyItsKeysShard", func(t *testing.T) { testCitusBeginOneShard(t, c) })
+	t.Run("FreshBeginIsTwoRoundTrips", func(t *testing.T) { testCitusFreshBeginRoundTrips(t, c) })
 	storetest.RunWithNotifier(t, func(t *testing.T) dedupesvc.Store {
 		pool, schema := c.Schema(t)
 		return pgstore.New(pool, pgstore.WithChannel(schema), pgstore.WithCitus())
@@ -271,5 +273,36 @@ func testCitusBeginOneShard(t *testing.T, c *citustest.Cluster) {
 	again.Key = p.Key
 	if res, err := s.Begin(bounded, again); err != nil || res.State != dedupesvc.BeginReserved {
 		t.Fatalf("Begin of the released key = %+v, %v; want reserved without the other worker's shards", res, err)
+	}
+}
+
+// testCitusFreshBeginIsTwoRoundTrips: without quotas a fresh key's Begin on
+// Citus reads the key and then inserts it, the insert's extra parameters
+// (the coordinator's now(), start and resume time) read in the read's round
+// trip: two pool round trips, where it took three (issue 38 item 3: each
+// write on Citus took up to three). A duplicate's Begin is one.
+func testCitusFreshBeginRoundTrips(t *testing.T, c *citustest.Cluster) {
+	pool, _ := c.Schema(t)
+	s := pgstore.New(pool, pgstore.WithoutNotify(), pgstore.WithCitus())
+	for i := range 5 {
+		p := begin("t1")
+		p.Key = fmt.Sprintf("round-trips-%d", i)
+		before := pool.Stat().AcquireCount()
+		res, err := s.Begin(ctx, p)
+		if err != nil || res.State != dedupesvc.BeginReserved {
+			t.Fatalf("Begin of a fresh key = %+v, %v; want reserved", res, err)
+		}
+		if n := pool.Stat().AcquireCount() - before; n != 2 {
+			t.Errorf("a fresh key's Begin took %d round trips of the pool, want 2", n)
+		}
+		dup := begin("t2")
+		dup.Key = p.Key
+		before = pool.Stat().AcquireCount()
+		if res, err := s.Begin(ctx, dup); err != nil || res.State != dedupesvc.BeginInFlight {
+			t.Fatalf("a duplicate's Begin = %+v, %v; want in flight", res, err)
+		}
+		if n := pool.Stat().AcquireCount() - before; n != 1 {
+			t.Errorf("a duplicate's Begin took %d round trips of the pool, want 1", n)
+		}
 	}
 }

@@ -828,8 +828,18 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 	if err := s.resumeFor(ctx, p.ID()); err != nil {
 		return dedupesvc.BeginResult{}, err
 	}
+	// On Citus the reserving INSERT's extra parameters (citusForm) are read
+	// beside the record, in its round trip (readWithExtras), so a fresh
+	// key's Begin takes two round trips, not three; extras are the last
+	// read's, nil before one.
+	var extras []any
 	steps := dedupesvc.BeginSteps{
 		Read: func(ctx context.Context) (dedupesvc.Record, bool, time.Time, error) {
+			if s.citus && !p.Peek {
+				row, found, fetched, err := s.readWithExtras(ctx, p.ID(), s.q(reserveSQL))
+				extras = fetched
+				return row.Record, found, row.now, err
+			}
 			row, found, err := s.read(ctx, p.ID())
 			return row.Record, found, row.now, err
 		},
@@ -870,10 +880,16 @@ func (s *Store) Begin(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.B
 				leaseEnd time.Time
 			)
 			sql := s.q(reserveSQL)
-			args, err := s.citusExtraArgs(ctx, sql, []any{
+			args := []any{
 				p.Scope, p.Key, p.Fingerprint, p.AttemptToken, p.Lease.Milliseconds(), p.Retention.Milliseconds(),
 				p.OnLostOutcome == dedupesvc.Reexecute, p.Namespace, p.LostRetention().Milliseconds(),
-			})
+			}
+			var err error
+			if extras != nil {
+				args = append(args, extras...)
+			} else {
+				args, err = s.citusExtraArgs(ctx, sql, args)
+			}
 			if err == nil {
 				err = s.notedFor(ctx, p.ID(), s.pool.QueryRow(ctx, sql, args...).Scan(&epoch, &leaseEnd))
 			}
@@ -959,6 +975,14 @@ type record struct {
 }
 
 func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (record, bool, error) {
+	if err := s.resumeFor(ctx, id); err != nil {
+		return record{}, false, err
+	}
+	return s.scanRead(ctx, id, s.pool.QueryRow(ctx, s.q(readSQL), id.Scope, id.Key, id.Namespace))
+}
+
+// scanRead reads readSQL's row, noting its failure.
+func (s *Store) scanRead(ctx context.Context, id dedupesvc.RecordID, r pgx.Row) (record, bool, error) {
 	var (
 		row         record
 		typeURL     *string
@@ -966,10 +990,7 @@ func (s *Store) read(ctx context.Context, id dedupesvc.RecordID) (record, bool, 
 		completedAt *time.Time
 		unknownMS   int64
 	)
-	if err := s.resumeFor(ctx, id); err != nil {
-		return record{}, false, err
-	}
-	err := s.notedFor(ctx, id, s.pool.QueryRow(ctx, s.q(readSQL), id.Scope, id.Key, id.Namespace).Scan(
+	err := s.notedFor(ctx, id, r.Scan(
 		&row.Fingerprint, &row.State, &row.AttemptToken, &row.Epoch, &typeURL, &row.Outcome.Value, &keyID,
 		&row.LeaseExpiresAt, &completedAt, &row.ExpiresAt, &unknownMS, &row.now))
 	switch {

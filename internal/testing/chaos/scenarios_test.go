@@ -578,7 +578,7 @@ func scenarios() []Scenario {
 	// second through two tool servers, every action in progress at once,
 	// PostgreSQL down 11.7s once; the strict rules.
 	list = append(list, Scenario{Name: StorePostgres + "/crash-under-load", Store: StorePostgres, OwnCluster: true, Tools: 2,
-		Workload: crashUnderLoad, Outages: 1, Fault: crashPostgresUnderLoad, MustSee: storeAwayReasons})
+		Workload: crashUnderLoad, Outages: 1, Fault: crashPostgresUnderLoad, MustSee: storeAwayReasons, RecoverWithin: 10 * time.Second})
 	// A crowd of lost Begins freed before their leases run out (issue 38
 	// item 1): all first callers through the first tool server, their
 	// duplicates a lease later; 480 actions over 1.2s, as the issue found,
