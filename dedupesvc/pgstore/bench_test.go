@@ -35,7 +35,11 @@ func BenchmarkBeginReplay(b *testing.B) {
 // reserving upsert.
 func BenchmarkBeginFresh(b *testing.B) {
 	pool, _ := pgtest.Schema(b)
-	s := pgstore.New(pool)
+	benchBeginFresh(b, pgstore.New(pool))
+}
+
+// benchBeginFresh reserves a fresh key of s per iteration, one caller.
+func benchBeginFresh(b *testing.B, s *pgstore.Store) {
 	i := 0
 	for b.Loop() {
 		p := begin("t1")

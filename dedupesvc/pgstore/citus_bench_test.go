@@ -3,10 +3,8 @@
 package pgstore_test
 
 import (
-	"fmt"
 	"testing"
 
-	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	"github.com/idemgate/idemgate/internal/testing/citustest"
 )
@@ -17,14 +15,5 @@ import (
 func BenchmarkCitusBeginFresh(b *testing.B) {
 	c := citustest.New(b, 2)
 	pool, _ := c.Schema(b)
-	s := pgstore.New(pool, pgstore.WithoutNotify(), pgstore.WithCitus())
-	i := 0
-	for b.Loop() {
-		p := begin("t1")
-		p.Key = fmt.Sprint("key-", i)
-		i++
-		if res, err := s.Begin(ctx, p); err != nil || res.State != dedupesvc.BeginReserved {
-			b.Fatalf("Begin = %+v, %v", res, err)
-		}
-	}
+	benchBeginFresh(b, pgstore.New(pool, pgstore.WithoutNotify(), pgstore.WithCitus()))
 }
