@@ -64,6 +64,30 @@ type Server struct {
 	// begins are the places of Begins at the store
 	// (WithMaxConcurrentBegins); nil for no bound.
 	begins *semaphore.Weighted
+	// storeFailures paces the log of store failures (unavailable).
+	storeFailures pacedLog
+}
+
+// pacedLog lets one line through, then at most one a second, counting the
+// ones held back: a store that is away fails every call, and a line per
+// call (about 1,000 a second per replica in issue 38's outage) buried the
+// one that said what failed. Lock-free: every failing call passes here.
+type pacedLog struct {
+	// next is when, in Unix nanoseconds, the next line may be logged.
+	next atomic.Int64
+	// held counts the lines held back since the last one logged.
+	held atomic.Int64
+}
+
+// take reports whether a line may be logged at now and, when it may, how
+// many were held back since the last one.
+func (l *pacedLog) take(now time.Time) (held int64, ok bool) {
+	next := l.next.Load()
+	if now.UnixNano() < next || !l.next.CompareAndSwap(next, now.Add(time.Second).UnixNano()) {
+		l.held.Add(1)
+		return 0, false
+	}
+	return l.held.Swap(0), true
 }
 
 type waitCounters struct {
@@ -780,10 +804,13 @@ func (s *Server) storeError(ctx context.Context, rpc string, err error) error {
 	return s.unavailable(ctx, rpc, err, nil)
 }
 
-// unavailable logs a store failure and answers it UNAVAILABLE
-// (DEDUPE_STORE_UNAVAILABLE) with metadata.
+// unavailable logs a store failure, paced (pacedLog), and answers it
+// UNAVAILABLE (DEDUPE_STORE_UNAVAILABLE) with metadata.
 func (s *Server) unavailable(ctx context.Context, rpc string, err error, metadata map[string]string) error {
-	s.opts.logger.ErrorContext(ctx, "dedupe store failed", slog.String("rpc", rpc), slog.Any("error", err))
+	if held, ok := s.storeFailures.take(time.Now()); ok {
+		s.opts.logger.ErrorContext(ctx, "dedupe store failed", slog.String("rpc", rpc), slog.Any("error", err),
+			slog.Int64("unlogged_since_last", held))
+	}
 	return grpcerr.New(codes.Unavailable, ReasonStoreUnavailable,
 		"the dedupe store failed or is unreachable; the call is safe to retry", metadata, s.opts.storeRetryAfter)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/testing/testlog"
 )
 
 // fakeStore records calls and answers what the test sets.
@@ -370,5 +371,32 @@ func TestBeginsPastTheirBoundWaitButRenewalsDoNot(t *testing.T) {
 	third.Key = "order-3"
 	if _, err := srv.Begin(context.Background(), third); err != nil {
 		t.Fatalf("a Begin once the place is free: %v", err)
+	}
+}
+
+// A store that fails every call is logged once, then at most once a second
+// with how many failures went unlogged since: during an outage a replica
+// logged one line per call, about 1,000 a second (issue 38), which buried
+// the line that said what failed.
+func TestStoreFailuresAreLoggedPaced(t *testing.T) {
+	t.Parallel()
+	var logs testlog.Buffer
+	srv := dedupesvc.NewServer(&fakeStore{err: errors.New("dial tcp 127.0.0.1:5432: connect: connection refused")},
+		dedupesvc.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	for range 1000 {
+		if _, err := srv.Begin(context.Background(), validBegin()); status.Code(err) != codes.Unavailable {
+			t.Fatalf("Begin = %v, want UNAVAILABLE", err)
+		}
+	}
+	if n := strings.Count(logs.String(), "dedupe store failed"); n < 1 || n > 100 {
+		t.Fatalf("1,000 failed Begins logged %d lines, want 1 (at most one a second after the first)", n)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	if _, err := srv.Begin(context.Background(), validBegin()); status.Code(err) != codes.Unavailable {
+		t.Fatalf("Begin = %v, want UNAVAILABLE", err)
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if last := lines[len(lines)-1]; !strings.Contains(last, "dedupe store failed") || strings.Contains(last, "unlogged_since_last=0") || !strings.Contains(last, "unlogged_since_last=") {
+		t.Fatalf("the line a second later = %q, want the failure with how many went unlogged since the last line", last)
 	}
 }
