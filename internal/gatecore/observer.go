@@ -371,11 +371,12 @@ func (d *Observer) Watch(ctx context.Context, hs HealthSetter) {
 			} else {
 				lastLine = d.now()
 			}
+			// The line before the status: whoever sees the status change
+			// (a probe, a test) finds the line that explains it.
 			if serving {
-				hs.SetServingStatus(DedupeHealthService, healthpb.HealthCheckResponse_SERVING)
 				d.logger.Log(ctx, level, "idemgate: the Dedupe service is reachable; health "+DedupeHealthService+" SERVING", d.targetAttr())
+				hs.SetServingStatus(DedupeHealthService, healthpb.HealthCheckResponse_SERVING)
 			} else {
-				hs.SetServingStatus(DedupeHealthService, healthpb.HealthCheckResponse_NOT_SERVING)
 				attrs := []any{d.targetAttr()}
 				if d.conn != nil {
 					attrs = append(attrs, slog.String("connection", d.conn.GetState().String()))
@@ -384,6 +385,7 @@ func (d *Observer) Watch(ctx context.Context, hs HealthSetter) {
 					level = slog.LevelWarn
 				}
 				d.logger.Log(ctx, level, "idemgate: the Dedupe service is unreachable or refusing; health "+DedupeHealthService+" NOT_SERVING, gated calls fail closed", attrs...)
+				hs.SetServingStatus(DedupeHealthService, healthpb.HealthCheckResponse_NOT_SERVING)
 			}
 		}
 		select {
