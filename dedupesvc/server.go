@@ -66,6 +66,9 @@ type Server struct {
 	begins *semaphore.Weighted
 	// storeFailures paces the log of store failures (unavailable).
 	storeFailures pacedLog
+	// usage lets a Begin far below its caller's quotas skip the store's
+	// usage read; nil without quotas or on a store that is no UsageReader.
+	usage *usageLedger
 }
 
 // pacedLog lets one line through, then at most one a second, counting the
@@ -119,6 +122,9 @@ func NewServer(store Store, opts ...Option) *Server {
 		opt(&o)
 	}
 	srv := &Server{store: store, opts: o, finishing: map[string]int{}}
+	if reader, ok := store.(UsageReader); ok && (o.callerRecords > 0 || o.callerBytes > 0) {
+		srv.usage = newUsageLedger(reader)
+	}
 	if o.maxBegins > 0 {
 		srv.begins = semaphore.NewWeighted(int64(o.maxBegins))
 	}
@@ -281,7 +287,9 @@ func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 	}
 	stages := StageTimerFrom(ctx)
 	stages.storeStarted()
+	params, counted := s.usage.admit(params)
 	res, err := s.store.Begin(ctx, params)
+	counted(err == nil && res.State == BeginReserved)
 	stages.storeEnded()
 	leave()
 	if err == nil && res.State == BeginInFlight && maxWait > 0 {
@@ -402,6 +410,9 @@ func (s *Server) finish(ctx context.Context, req *idemgatev1.FinishRequest) (*id
 	stages.storeEnded()
 	if err != nil {
 		return nil, s.finishError(ctx, params, err)
+	}
+	if !replaced {
+		s.usage.storedBytes(ns, len(params.Outcome.Value))
 	}
 	if replaced {
 		s.opts.metrics.quota(QuotaBytes)

@@ -2,28 +2,52 @@ package pgstore_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 )
 
 // statementCounter is a pgx tracer that counts the statements sent.
 type statementCounter struct {
-	mu  sync.Mutex
-	sql []string
+	mu     sync.Mutex
+	sql    []string
+	traced []tracedStatement
+}
+
+// tracedStatement is one statement sent and its arguments.
+type tracedStatement struct {
+	sql  string
+	args []any
 }
 
 func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sql = append(c.sql, data.SQL)
+	c.traced = append(c.traced, tracedStatement{sql: data.SQL, args: data.Args})
 	return ctx
+}
+
+// takeTraced returns the statements sent since the last take, with their
+// arguments.
+func (c *statementCounter) takeTraced() []tracedStatement {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.traced
+	c.sql, c.traced = nil, nil
+	return out
 }
 
 func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
@@ -32,7 +56,7 @@ func (c *statementCounter) take() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := c.sql
-	c.sql = nil
+	c.sql, c.traced = nil, nil
 	return out
 }
 
@@ -96,5 +120,64 @@ func TestBeginIsOneStatement(t *testing.T) {
 		if before != after {
 			t.Fatalf("a replay rewrote the row (xmin %s, then %s)", before, after)
 		}
+	}
+}
+
+// usageReads counts the statements among sql that read a namespace's usage
+// changes: usageSQL, and a first statement given a quota to check (its
+// usage CTE runs only then).
+func usageReads(stmts []tracedStatement) int {
+	n := 0
+	for _, st := range stmts {
+		if !strings.Contains(st.sql, "FROM idemgate_usage_changes") {
+			continue
+		}
+		if len(st.args) < 9 || st.args[7] != int64(0) || st.args[8] != int64(0) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestBeginsFarBelowTheirQuotasReadNoUsage: through the Dedupe service with
+// quotas on, as its defaults have them, Begins of a caller far below its
+// quotas do not read its usage; the service reads it about once a second
+// instead (issue 39: every Begin walked the caller's usage changes, dead
+// rows included, and on Citus read every shard).
+func TestBeginsFarBelowTheirQuotasReadNoUsage(t *testing.T) {
+	t.Parallel()
+	_, schema := pgtest.Schema(t)
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	counter := &statementCounter{}
+	cfg.ConnConfig.Tracer = counter
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s := pgstore.New(pool)
+	srv := dedupesvc.NewServer(s, dedupesvc.WithCallerQuota(1_000_000, 1<<30))
+	caller := dedupesvc.ContextWithCaller(ctx, dedupesvc.Caller{Name: "busy"})
+	const begins = 300
+	start := time.Now()
+	for i := range begins {
+		begun, err := srv.Begin(caller, &idemgatev1.BeginRequest{Scope: "/pkg.S/M", Key: fmt.Sprint("k", i), Fingerprint: make([]byte, 32), AttemptToken: "t",
+			Lease: durationpb.New(time.Minute), Retention: durationpb.New(time.Hour)})
+		if err != nil || begun.GetReserved() == nil {
+			t.Fatalf("Begin %d = %v, %v", i, begun, err)
+		}
+	}
+	elapsed := time.Since(start)
+	reads := usageReads(counter.takeTraced())
+	// One read a second at most, plus the first Begin's own check and the
+	// read it started.
+	bound := 2 + int(elapsed/dedupesvc.DefaultUsageCompactionInterval)
+	t.Logf("%d fresh Begins in %s read the caller's usage %d times", begins, elapsed, reads)
+	if reads > bound {
+		t.Fatalf("%d fresh Begins far below their quotas read the caller's usage %d times in %s, want at most %d", begins, reads, elapsed, bound)
 	}
 }

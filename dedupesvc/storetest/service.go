@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -247,6 +249,49 @@ func testServiceQuotas(t *testing.T, newStore func(*testing.T) dedupesvc.Store) 
 		// Another caller is not affected.
 		if begun, err := srv.Begin(as("neighbour"), beginReq("/pkg.S/M", "k3", "t1")); err != nil || begun.GetReserved() == nil {
 			t.Fatalf("the neighbour's Begin = %v, %v; want reserved", begun, err)
+		}
+	})
+
+	t.Run("records, concurrent Begins through the service", func(t *testing.T) {
+		// The service lets Begins far below a quota skip the store's usage
+		// read (dedupesvc.UsageReader); near it, the store checks again.
+		// Once the service has read the caller's usage, 1,000 concurrent
+		// Begins against a quota of 200 reserve no more than the store's
+		// own check would let through.
+		t.Parallel()
+		s := newStore(t)
+		const limit, warm, begins = 200, 100, 1000
+		bound := 0
+		if o, ok := s.(QuotaOvershooter); ok {
+			bound = o.MaxQuotaOvershoot()
+		}
+		srv := dedupesvc.NewServer(s, dedupesvc.WithCallerQuota(limit, 0))
+		for i := range warm {
+			if begun, err := srv.Begin(as("greedy"), beginReq("/pkg.S/M", fmt.Sprint("warm", i), "t1")); err != nil || begun.GetReserved() == nil {
+				t.Fatalf("Begin %d = %v, %v", i, begun, err)
+			}
+		}
+		var (
+			wg       sync.WaitGroup
+			reserved atomic.Int64
+		)
+		for i := range begins {
+			wg.Go(func() {
+				begun, err := srv.Begin(as("greedy"), beginReq("/pkg.S/M", fmt.Sprint("k", i), "t1"))
+				switch {
+				case status.Code(err) == codes.ResourceExhausted:
+				case err != nil || begun.GetReserved() == nil:
+					t.Errorf("Begin = %v, %v", begun, err)
+				default:
+					reserved.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		n := warm + reserved.Load()
+		t.Logf("%d Begins, then %d at once, against a records quota of %d: %d reserved (stated bound %d over)", warm, begins, limit, n, bound)
+		if n < limit || n > limit+int64(bound) {
+			t.Fatalf("against a records quota of %d, %d reserved; want %d to %d", limit, n, limit, limit+bound)
 		}
 	})
 

@@ -190,7 +190,7 @@ type loadtest struct {
 	// pgNoGC is the payments server on the Dedupe service without group
 	// commit, citusPay the one on the Citus coordinator; "" when their
 	// rows are not run.
-	pgNoGC, citusPay, citusNoQuota string
+	pgNoGC, pgNoQuota, citusPay, citusNoQuota string
 	// payments are the payments servers by address, dedupeOf the Dedupe
 	// service each calls (absent for one running its own in-process), for
 	// the CPU a row reads.
@@ -339,6 +339,13 @@ func (lt *loadtest) run(ctx context.Context) error {
 	if lt.runs(rowNoGC16, rowNoGC64) {
 		if lt.pgNoGC, _, _, err = lt.startStack(ctx, "pg-no-group-commit", dedupeBin, paymentsBin,
 			append(append([]string{"-database-url=" + lt.nogcURL, "-metrics-listen="}, common...), "-store-max-batch=1")); err != nil {
+			return err
+		}
+	}
+	if lt.runs(rowPGNoQuota16, rowPGNoQuota64) {
+		if lt.pgNoQuota, _, _, err = lt.startStack(ctx, "pg-no-quota", dedupeBin, paymentsBin,
+			append(append([]string{"-database-url=" + lt.svcURL, "-metrics-listen="}, common...),
+				"-caller-max-records=0", "-caller-max-bytes=0")); err != nil {
 			return err
 		}
 	}
@@ -704,7 +711,7 @@ func extraFlags(flags []string) string {
 func (lt *loadtest) warmUp(ctx context.Context) error {
 	fmt.Println("loadtest: warming up")
 	targets := map[string]string{"warmup-pg": lt.pg, "warmup-sqlite": lt.sqlite}
-	for name, target := range map[string]string{"warmup-pg-no-group-commit": lt.pgNoGC, "warmup-citus": lt.citusPay, "warmup-citus-no-quota": lt.citusNoQuota, "warmup-pg-cached": lt.pgCached, "warmup-pg-after-reply": lt.pgAfterReply, "warmup-pg-in-process": lt.pgInProcess, "warmup-sqlite-in-process": lt.sqliteInProcess} {
+	for name, target := range map[string]string{"warmup-pg-no-group-commit": lt.pgNoGC, "warmup-pg-no-quota": lt.pgNoQuota, "warmup-citus": lt.citusPay, "warmup-citus-no-quota": lt.citusNoQuota, "warmup-pg-cached": lt.pgCached, "warmup-pg-after-reply": lt.pgAfterReply, "warmup-pg-in-process": lt.pgInProcess, "warmup-sqlite-in-process": lt.sqliteInProcess} {
 		if target != "" {
 			targets[name] = target
 		}
@@ -824,6 +831,10 @@ func (lt *loadtest) runRowOnce(ctx context.Context, id rowID, r int) (sample, er
 		case <-time.After(lt.cfg.duration):
 		}
 		return sample{}, nil
+	case rowPGNoQuota16:
+		return lt.fresh(ctx, name, lt.pgNoQuota, 16, dur)
+	case rowPGNoQuota64:
+		return lt.fresh(ctx, name, lt.pgNoQuota, 64, dur)
 	case rowCitusNoQuota16:
 		return lt.fresh(ctx, name, lt.citusNoQuota, 16, dur)
 	case rowCitusNoQuota64:
@@ -1176,6 +1187,8 @@ func (lt *loadtest) accounting(id rowID) ([]cpuTarget, []string, error) {
 		pay = lt.pgInProcess
 	case rowNoGC16, rowNoGC64:
 		pay = lt.pgNoGC
+	case rowPGNoQuota16, rowPGNoQuota64:
+		pay = lt.pgNoQuota
 	case rowSQLite1, rowSQLite64:
 		pay, db = lt.sqlite, ""
 	case rowSQLiteInProcess64:

@@ -25,6 +25,12 @@ const (
 	// runs on Citus, which turns group commit off.
 	rowNoGC16 rowID = "gated pg no-group-commit c=16"
 	rowNoGC64 rowID = "gated pg no-group-commit c=64"
+	// The no-quota rows call a payments server on a Dedupe service of their
+	// own with the quotas off (-caller-max-records=0 -caller-max-bytes=0),
+	// on the pg rows' database: what the quotas cost beside the gated pg
+	// rows, which keep them on.
+	rowPGNoQuota16 rowID = "gated pg no-quota c=16"
+	rowPGNoQuota64 rowID = "gated pg no-quota c=64"
 	// The Citus rows call a payments server on a Dedupe service on the
 	// coordinator of a Citus cluster of two workers (-stores citus).
 	rowCitus1  rowID = "gated citus c=1"
@@ -82,7 +88,7 @@ const batchedWriters = 2
 var allRows = []rowID{
 	rowUngated, rowPG1, rowPG16, rowPG64, rowAfterReply1, rowAfterReply16, rowAfterReply64, rowInProcess1, rowInProcess64,
 	rowSQLite1, rowSQLite64, rowSQLiteInProcess64, rowReplay, rowReplayCached, rowFloor1, rowFloor16, rowFloor64,
-	rowFloorBatched16, rowFloorBatched64, rowNoGC16, rowNoGC64, rowCitus1, rowCitus16, rowCitus64,
+	rowFloorBatched16, rowFloorBatched64, rowNoGC16, rowNoGC64, rowPGNoQuota16, rowPGNoQuota64, rowCitus1, rowCitus16, rowCitus64,
 	rowCitusNoQuota16, rowCitusNoQuota64, rowIdlePG, rowIdleCitus,
 }
 
@@ -659,7 +665,7 @@ func writeCPU(w io.Writer, rounds []round) {
 	// database's CPU-s per 1,000 gated calls); net of the background, the
 	// servers' CPU with no calls times the row's time, when an idle row ran.
 	var lines []string
-	for _, id := range []rowID{rowPG16, rowPG64, rowNoGC16, rowNoGC64, rowCitus16, rowCitus64, rowCitusNoQuota16, rowCitusNoQuota64} {
+	for _, id := range []rowID{rowPG16, rowPG64, rowNoGC16, rowNoGC64, rowPGNoQuota16, rowPGNoQuota64, rowCitus16, rowCitus64, rowCitusNoQuota16, rowCitusNoQuota64} {
 		cpu, _, _, _, ran := cpuPerThousand(rounds, id)
 		if !ran {
 			continue
