@@ -144,8 +144,8 @@ type citusCluster struct {
 // the shard count Citus defaults to, creates the extension in database
 // postgres on each, and registers the nodes: what docs/operating.md says a
 // fresh cluster needs, as internal/testing/citustest does.
-func startCitus(ctx context.Context, h *harness) (*citusCluster, error) {
-	conf := serverConf + "shared_preload_libraries = 'citus'\n"
+func startCitus(ctx context.Context, h *harness, pgConf string) (*citusCluster, error) {
+	conf := serverConf + pgConf + "shared_preload_libraries = 'citus'\n"
 	cc := &citusCluster{}
 	var err error
 	if cc.coordinator, err = startCluster(h, conf); err != nil {

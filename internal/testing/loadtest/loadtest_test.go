@@ -527,3 +527,12 @@ func TestParseConfigDedupeFlags(t *testing.T) {
 		t.Errorf("extraFlags = %q", got)
 	}
 }
+
+func TestPgConfLinesSplitsSettings(t *testing.T) {
+	if got, want := pgConfLines(" autovacuum = off ; ; log_autovacuum_min_duration = 0"), "autovacuum = off\nlog_autovacuum_min_duration = 0\n"; got != want {
+		t.Fatalf("pgConfLines = %q, want %q", got, want)
+	}
+	if got := pgConfLines(""); got != "" {
+		t.Fatalf("pgConfLines(\"\") = %q, want nothing", got)
+	}
+}

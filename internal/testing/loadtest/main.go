@@ -48,6 +48,9 @@ type config struct {
 	// dedupeFlags are extra flags for every Dedupe service (after the
 	// load test's own, so they win), to compare settings.
 	dedupeFlags []string
+	// pgConf is more postgresql.conf for the run's own servers, e.g.
+	// "autovacuum = off".
+	pgConf string
 }
 
 func main() {
@@ -108,6 +111,7 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	rounds := fs.String("rounds", env("LOADTEST_ROUNDS", "3"), "interleaved rounds, every row once a round (env LOADTEST_ROUNDS)")
 	rows := fs.String("rows", env("LOADTEST_ROWS", ""), "run only the rows whose names match this `regexp`, e.g. 'pg|floor' (env LOADTEST_ROWS)")
 	dedupeFlags := fs.String("dedupe-flags", env("LOADTEST_DEDUPE_FLAGS", ""), "extra `flags` for every Dedupe service, space-separated, e.g. '-store-writers=8', to compare settings (env LOADTEST_DEDUPE_FLAGS)")
+	fs.StringVar(&cfg.pgConf, "pg-conf", env("LOADTEST_PG_CONF", ""), "more postgresql.conf `lines` for the run's own servers, ';' between settings, e.g. 'autovacuum = off' (env LOADTEST_PG_CONF)")
 	fs.StringVar(&cfg.results, "results", env("LOADTEST_RESULTS", ""), "`directory` for the raw ghz and pgbench output; default loadtest-results/<UTC time> in the repository (env LOADTEST_RESULTS)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
@@ -236,13 +240,13 @@ func (lt *loadtest) run(ctx context.Context) error {
 
 	if lt.cfg.databaseURL == "" {
 		fmt.Println("loadtest: starting a PostgreSQL server of the run's own (durable: fsync on)")
-		if lt.pgServer, err = startCluster(lt.h, serverConf); err != nil {
+		if lt.pgServer, err = startCluster(lt.h, serverConf+pgConfLines(lt.cfg.pgConf)); err != nil {
 			return err
 		}
 	}
 	if lt.cfg.stores["citus"] && lt.runs(citusRows...) {
 		fmt.Println("loadtest: starting a Citus coordinator and two workers")
-		if lt.citus, err = startCitus(ctx, lt.h); err != nil {
+		if lt.citus, err = startCitus(ctx, lt.h, pgConfLines(lt.cfg.pgConf)); err != nil {
 			return err
 		}
 	}
@@ -410,8 +414,14 @@ func (lt *loadtest) run(ctx context.Context) error {
 			if v, ok := perThousand(servers, s.Count-s.Errors); ok {
 				cpu = fmt.Sprintf("  CPU-s/1k calls %.3f", v)
 			}
-			fmt.Printf("round %d/%d  %-25s p50 %-8s p99 %-8s %8.0f req/s  errors %d  load %.2f%s%s\n",
-				r, lt.cfg.rounds, id, formatDuration(s.P50), formatDuration(s.P99), s.RPS, s.Errors, readLoad()[0], cpu, hits)
+			// The service's Begin, all its stages' means: how a Begin's cost
+			// moves from round to round over a long run.
+			begin := ""
+			if d := serviceBegin(s.Budget); d > 0 {
+				begin = "  service Begin " + formatDuration(d)
+			}
+			fmt.Printf("round %d/%d  %-25s p50 %-8s p99 %-8s %8.0f req/s  errors %d  load %.2f%s%s%s\n",
+				r, lt.cfg.rounds, id, formatDuration(s.P50), formatDuration(s.P99), s.RPS, s.Errors, readLoad()[0], cpu, hits, begin)
 		}
 		rd.Stop = readLoad()
 		lt.rounds = append(lt.rounds, rd)
@@ -1307,4 +1317,28 @@ func citusVersion(ctx context.Context, url string) string {
 	}
 	v, _, _ = strings.Cut(v, " on ")
 	return v
+}
+
+// pgConfLines turns -pg-conf's settings, ';' between them, into
+// postgresql.conf lines.
+func pgConfLines(conf string) string {
+	var b strings.Builder
+	for line := range strings.SplitSeq(conf, ";") {
+		if line = strings.TrimSpace(line); line != "" {
+			b.WriteString(line + "\n")
+		}
+	}
+	return b.String()
+}
+
+// serviceBegin is the sum of the service's Begin stage means in a row's
+// latency budget; 0 without one.
+func serviceBegin(budget map[stageKey]time.Duration) time.Duration {
+	var d time.Duration
+	for k, v := range budget {
+		if k.side == "service" && k.rpc == "Begin" {
+			d += v
+		}
+	}
+	return d
 }
