@@ -743,7 +743,29 @@ RETURNING epoch, lease_expires_at`
 // snapshot: a row committed after it conflicts with the INSERT (ON CONFLICT
 // DO NOTHING) yet is not read, and the statement returns neither; the
 // caller then reads again (RunBegin).
-var firstSQL = `
+var firstSQL = firstStatement(true)
+
+// firstNoQuotaSQL is firstSQL for a Begin with no quota to check
+// (BeginParams.MaxRecords and MaxOutcomeBytes 0: the quotas are off, or
+// the Dedupe service found the caller far below them), without the usage
+// CTE and its two parameters ($8 is the unknown retention). One text per
+// form keeps each planned once: sent with zero quotas, firstSQL's custom
+// plans (the usage CTE folded away) cost less than its generic plan, so
+// PostgreSQL re-planned it on every call (TestFirstStatementIsPlannedOnce).
+var firstNoQuotaSQL = firstStatement(false)
+
+// firstStatement is firstSQL, with the quota check or without it.
+func firstStatement(quota bool) string {
+	usage, from, check, retention := `, usage AS (
+    SELECT coalesce(sum(records), 0)::bigint AS records, coalesce(sum(outcome_bytes), 0)::bigint AS bytes
+    FROM (`+namespaceUsage("$7")+`) AS u
+    WHERE ($8::bigint > 0 OR $9::bigint > 0) AND NOT EXISTS (SELECT 1 FROM existing)
+)`, `usage`, `
+      AND ($8::bigint = 0 OR usage.records < $8::bigint) AND ($9::bigint = 0 OR usage.bytes < $9::bigint)`, `$10`
+	if !quota {
+		usage, from, check, retention = ``, `(SELECT 1) AS one`, ``, `$8`
+	}
+	return `
 WITH existing AS (
     SELECT r.fingerprint, r.state, r.attempt_token, r.epoch, r.outcome_type_url, r.outcome_value, r.outcome_key_id,
            CASE WHEN r.state = 'in_flight' THEN ` + leaseEnd("r") + ` ELSE r.lease_expires_at END AS lease_end,
@@ -752,19 +774,14 @@ WITH existing AS (
            r.unknown_retention_ms
     FROM idemgate_records AS r
     WHERE r.namespace = $7 AND r.scope = $1 AND r.idempotency_key = $2
-), usage AS (
-    SELECT coalesce(sum(records), 0)::bigint AS records, coalesce(sum(outcome_bytes), 0)::bigint AS bytes
-    FROM (` + namespaceUsage("$7") + `) AS u
-    WHERE ($8::bigint > 0 OR $9::bigint > 0) AND NOT EXISTS (SELECT 1 FROM existing)
-), reserved AS (
+)` + usage + `, reserved AS (
     INSERT INTO idemgate_records AS r (
         namespace, scope, idempotency_key, fingerprint, state, attempt_token, epoch,
         retention_ms, lease_ms, unknown_retention_ms, lease_expires_at, expires_at)
     SELECT $7, $1, $2, $3, 'in_flight', $4, ` + nextEpoch + `,
-        $6::bigint, $5::bigint, $10::bigint, now() + $5::bigint * interval '1 millisecond', now() + $6::bigint * interval '1 millisecond'
-    FROM usage
-    WHERE NOT EXISTS (SELECT 1 FROM existing)
-      AND ($8::bigint = 0 OR usage.records < $8::bigint) AND ($9::bigint = 0 OR usage.bytes < $9::bigint)
+        $6::bigint, $5::bigint, ` + retention + `::bigint, now() + $5::bigint * interval '1 millisecond', now() + $6::bigint * interval '1 millisecond'
+    FROM ` + from + `
+    WHERE NOT EXISTS (SELECT 1 FROM existing)` + check + `
     ON CONFLICT (namespace, scope, idempotency_key) DO NOTHING
     RETURNING epoch, lease_expires_at
 )
@@ -775,6 +792,7 @@ SELECT reserved.epoch, reserved.lease_expires_at,
 FROM (SELECT 1) AS one
 LEFT JOIN reserved ON true
 LEFT JOIN existing ON true`
+}
 
 // markUnknownSQL turns an in-flight row whose lease ran out into an
 // outcome-unknown one (FAIL_CLOSED), kept for the unknown retention so it is
@@ -952,6 +970,10 @@ func (s *Store) first(ctx context.Context, p dedupesvc.BeginParams) (dedupesvc.F
 		p.Scope, p.Key, p.Fingerprint, p.AttemptToken, p.Lease.Milliseconds(), p.Retention.Milliseconds(),
 		p.Namespace, p.MaxRecords, p.MaxOutcomeBytes, p.LostRetention().Milliseconds(),
 	}}
+	if p.MaxRecords <= 0 && p.MaxOutcomeBytes <= 0 {
+		o.sql = s.q(firstNoQuotaSQL)
+		o.args = append(o.args[:7], p.LostRetention().Milliseconds())
+	}
 	o.scan = func(row pgx.Row) error {
 		return row.Scan(&epoch, &leaseEnd, &r.Fingerprint, &state, &token, &recordEpoch, &typeURL, &r.Outcome.Value, &keyID,
 			&recordLease, &completedAt, &expires, &unknownMS, &res.Now)

@@ -101,7 +101,10 @@ func captureFloor(ctx context.Context, dbURL string) (reserve, finish statement,
 	res, err := store.Begin(ctx, dedupesvc.BeginParams{
 		Scope: floorScope, Key: key, Fingerprint: fingerprint[:], AttemptToken: token,
 		Lease: 10 * time.Second, Retention: 24 * time.Hour, OnLostOutcome: dedupesvc.FailClosed,
-		UnknownRetention: 7 * 24 * time.Hour, MaxRecords: 1 << 40, MaxOutcomeBytes: 1 << 50,
+		// No quota: the Dedupe service asks the store to skip its usage read
+		// for a caller far below its quotas (its usage ledger), as every
+		// caller of the gated rows is.
+		UnknownRetention: 7 * 24 * time.Hour,
 	})
 	if err != nil {
 		return statement{}, statement{}, "", 0, fmt.Errorf("capture Begin: %w", err)
