@@ -287,9 +287,12 @@ func (s *Server) begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 	}
 	stages := StageTimerFrom(ctx)
 	stages.storeStarted()
-	params, counted := s.usage.admit(params)
-	res, err := s.store.Begin(ctx, params)
-	counted(err == nil && res.State == BeginReserved)
+	params, counted, err := s.usage.admit(ctx, params)
+	var res BeginResult
+	if err == nil {
+		res, err = s.store.Begin(ctx, params)
+		counted(err == nil && res.State == BeginReserved)
+	}
 	stages.storeEnded()
 	leave()
 	if err == nil && res.State == BeginInFlight && maxWait > 0 {

@@ -79,8 +79,13 @@ type namespaceUsage struct {
 	// stored and storedAtRead count outcome bytes this replica stored,
 	// the same way.
 	stored, storedAtRead int64
-	// inFlight counts Begins admitted and not yet returned.
-	inFlight int64
+	// inFlight counts Begins admitted and not yet returned; fastInFlight
+	// those of them that skip the store's check.
+	inFlight, fastInFlight int64
+	// checking counts Begins waiting for those to land before the store's
+	// check (none skips it meanwhile); landed is closed when they have.
+	checking int
+	landed   chan struct{}
 	// marginRecords and marginBytes are what the namespace grew by between
 	// its last two reads beyond this replica's own work: other replicas'.
 	marginRecords, marginBytes int64
@@ -97,23 +102,37 @@ func newUsageLedger(reader UsageReader) *usageLedger {
 // them, p unchanged otherwise, and done, which the caller must call with
 // whether the Begin reserved. Every Begin is counted in flight meanwhile,
 // so concurrent Begins of one replica never pass a quota between them on
-// the fast path. A nil ledger or a Begin without quotas passes p through.
-func (l *usageLedger) admit(p BeginParams) (BeginParams, func(reserved bool)) {
+// the fast path. The store's check sees only committed reservations, so a
+// Begin that takes it first waits for this replica's Begins skipping it to
+// land (a store round trip; new ones are not let skip it meanwhile), or
+// for ctx, whose error it then returns. A nil ledger or a Begin without
+// quotas passes p through.
+func (l *usageLedger) admit(ctx context.Context, p BeginParams) (BeginParams, func(reserved bool), error) {
 	if l == nil || (p.MaxRecords <= 0 && p.MaxOutcomeBytes <= 0) {
-		return p, func(bool) {}
+		return p, func(bool) {}, nil
 	}
 	e := l.entry(p.Namespace)
 	if e == nil {
-		return p, func(bool) {}
+		return p, func(bool) {}, nil
 	}
 	now := l.now()
 	e.mu.Lock()
 	e.usedAt = now
 	fresh := e.read && now.Sub(e.readAt) < usageReadStale
-	fast := fresh &&
+	fast := fresh && e.checking == 0 &&
 		(p.MaxRecords <= 0 || e.records+(e.reserved-e.reservedAtRead)+e.inFlight+e.marginRecords+1 <= p.MaxRecords) &&
 		(p.MaxOutcomeBytes <= 0 || e.bytes+(e.stored-e.storedAtRead)+e.marginBytes < p.MaxOutcomeBytes)
 	e.inFlight++
+	var landed chan struct{}
+	if fast {
+		e.fastInFlight++
+	} else if e.fastInFlight > 0 {
+		if e.landed == nil {
+			e.landed = make(chan struct{})
+		}
+		landed = e.landed
+		e.checking++
+	}
 	readNow := !e.reading && (!e.read || now.Sub(e.readAt) >= usageReadEvery)
 	if readNow {
 		readNow = l.startRead()
@@ -123,17 +142,39 @@ func (l *usageLedger) admit(p BeginParams) (BeginParams, func(reserved bool)) {
 	if readNow {
 		go l.readUsage(p.Namespace, e)
 	}
-	if fast {
-		p.MaxRecords, p.MaxOutcomeBytes = 0, 0
-	}
-	return p, func(reserved bool) {
+	done := func(reserved bool) {
 		e.mu.Lock()
 		e.inFlight--
+		if fast {
+			if e.fastInFlight--; e.fastInFlight == 0 && e.landed != nil {
+				close(e.landed)
+				e.landed = nil
+			}
+		}
 		if reserved {
 			e.reserved++
 		}
 		e.mu.Unlock()
 	}
+	if landed != nil {
+		var err error
+		select {
+		case <-landed:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		e.mu.Lock()
+		e.checking--
+		e.mu.Unlock()
+		if err != nil {
+			done(false)
+			return p, nil, err
+		}
+	}
+	if fast {
+		p.MaxRecords, p.MaxOutcomeBytes = 0, 0
+	}
+	return p, done, nil
 }
 
 // stored counts n outcome bytes this replica stored for ns.

@@ -77,6 +77,16 @@ func quotaParams(records, bytes int64) BeginParams {
 	return BeginParams{Namespace: "tenant", MaxRecords: records, MaxOutcomeBytes: bytes}
 }
 
+// admitted is l.admit that must not fail.
+func admitted(t *testing.T, l *usageLedger, p BeginParams) (BeginParams, func(bool)) {
+	t.Helper()
+	p, done, err := l.admit(context.Background(), p)
+	if err != nil {
+		t.Fatalf("admit: %v", err)
+	}
+	return p, done
+}
+
 // fast reports whether admit let p skip the store's check.
 func fast(p BeginParams) bool { return p.MaxRecords == 0 && p.MaxOutcomeBytes == 0 }
 
@@ -84,20 +94,20 @@ func TestUsageLedgerSkipsTheStoresCheckFarBelowTheQuotas(t *testing.T) {
 	l, reader, clock := newTestLedger()
 	reader.set(10, 100, nil)
 	// No read yet: the store checks, and the first Begin starts a read.
-	p, done := l.admit(quotaParams(1000, 1<<20))
+	p, done := admitted(t, l, quotaParams(1000, 1<<20))
 	if fast(p) {
 		t.Fatal("a Begin before any read skipped the store's check")
 	}
 	done(true)
 	settled(t, l, "tenant")
-	p, done = l.admit(quotaParams(1000, 1<<20))
+	p, done = admitted(t, l, quotaParams(1000, 1<<20))
 	if !fast(p) {
 		t.Fatalf("a Begin 989 records below its quota kept the store's check: %+v", p)
 	}
 	done(true)
 	// Only one read an interval, however many Begins.
 	for range 100 {
-		_, done := l.admit(quotaParams(1000, 1<<20))
+		_, done := admitted(t, l, quotaParams(1000, 1<<20))
 		done(true)
 	}
 	settled(t, l, "tenant")
@@ -105,14 +115,14 @@ func TestUsageLedgerSkipsTheStoresCheckFarBelowTheQuotas(t *testing.T) {
 		t.Fatalf("%d reads within one interval, want 1", reader.reads)
 	}
 	clock.add(usageReadEvery)
-	_, done = l.admit(quotaParams(1000, 1<<20))
+	_, done = admitted(t, l, quotaParams(1000, 1<<20))
 	done(false)
 	settled(t, l, "tenant")
 	if reader.reads != 2 {
 		t.Fatalf("%d reads after an interval, want 2", reader.reads)
 	}
 	// A Begin without quotas is passed through untouched.
-	p, done = l.admit(BeginParams{Namespace: "tenant"})
+	p, done = admitted(t, l, BeginParams{Namespace: "tenant"})
 	done(true)
 	if p.MaxRecords != 0 || p.MaxOutcomeBytes != 0 {
 		t.Fatalf("a Begin without quotas got %+v", p)
@@ -122,43 +132,110 @@ func TestUsageLedgerSkipsTheStoresCheckFarBelowTheQuotas(t *testing.T) {
 func TestUsageLedgerCountsItsOwnBeginsUpToTheQuota(t *testing.T) {
 	l, reader, _ := newTestLedger()
 	reader.set(5, 0, nil)
-	_, done := l.admit(quotaParams(10, 0))
+	_, done := admitted(t, l, quotaParams(10, 0))
 	done(false)
 	settled(t, l, "tenant")
-	// 5 held, quota 10: five Begins in flight at once fit, the sixth takes
-	// the store's check.
+	// 5 held, quota 10: five Begins in flight at once fit.
 	var dones []func(bool)
-	for i := range 6 {
-		p, done := l.admit(quotaParams(10, 0))
+	for i := range 5 {
+		p, done := admitted(t, l, quotaParams(10, 0))
 		dones = append(dones, done)
-		if want := i < 5; fast(p) != want {
-			t.Fatalf("Begin %d with %d in flight: fast path %v, want %v", i, i, fast(p), want)
+		if !fast(p) {
+			t.Fatalf("Begin %d with %d in flight kept the store's check", i, i)
 		}
 	}
-	// Three reserved, three did not (duplicates, say): the three still
-	// count until a read sees them.
+	// Three reserved, two did not (duplicates, say): the three still count
+	// until a read sees them.
 	for i, done := range dones {
-		done(i%2 == 0)
+		done(i < 3)
 	}
-	for i := range 3 {
-		p, done := l.admit(quotaParams(10, 0))
-		defer done(false)
-		if want := i < 2; fast(p) != want {
-			t.Fatalf("after 3 reservations, Begin %d: fast path %v, want %v", i, fast(p), want)
+	for _, c := range []struct {
+		quota int64
+		fast  bool
+	}{{10, true}, {9, true}, {8, false}} {
+		p, done := admitted(t, l, quotaParams(c.quota, 0))
+		done(false)
+		if fast(p) != c.fast {
+			t.Errorf("5 held and 3 reserved since, quota %d: fast path %v, want %v", c.quota, fast(p), c.fast)
 		}
+	}
+}
+
+func TestUsageLedgerLetsItsFastBeginsLandBeforeTheStoresCheck(t *testing.T) {
+	l, reader, _ := newTestLedger()
+	reader.set(0, 0, nil)
+	_, done := admitted(t, l, quotaParams(10, 0))
+	done(false)
+	settled(t, l, "tenant")
+	// Ten Begins skip the store's check and have not landed; the store's
+	// check sees only committed records, so the eleventh waits for them.
+	var dones []func(bool)
+	for range 10 {
+		p, done := admitted(t, l, quotaParams(10, 0))
+		if !fast(p) {
+			t.Fatal("a Begin with room kept the store's check")
+		}
+		dones = append(dones, done)
+	}
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, _, err := l.admit(cancelled, quotaParams(10, 0)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a Begin given up while Begins skipping the check were in flight: %v, want context.Canceled", err)
+	}
+	got := make(chan BeginParams, 1)
+	go func() {
+		p, done := admitted(t, l, quotaParams(10, 0))
+		done(false)
+		got <- p
+	}()
+	l.mu.Lock()
+	e := l.m["tenant"]
+	l.mu.Unlock()
+	for {
+		e.mu.Lock()
+		checking := e.checking
+		e.mu.Unlock()
+		if checking == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// While it waits, a Begin with room (one did not reserve) does not
+	// skip the check either: the waiter is not starved.
+	dones[0](false)
+	cancelled2, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	if _, _, err := l.admit(cancelled2, quotaParams(10, 0)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a Begin with room while another waits for the check: %v, want to wait too", err)
+	}
+	select {
+	case p := <-got:
+		t.Fatalf("the store's check was taken with Begins skipping it in flight: %+v", p)
+	default:
+	}
+	for _, done := range dones[1:] {
+		done(true)
+	}
+	if p := <-got; fast(p) || p.MaxRecords != 10 {
+		t.Fatalf("once they landed, the waiting Begin got %+v; want the store's check against the quota, 10", p)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.inFlight != 0 || e.fastInFlight != 0 || e.checking != 0 {
+		t.Fatalf("in flight %d, skipping %d, waiting %d after every Begin returned; want 0", e.inFlight, e.fastInFlight, e.checking)
 	}
 }
 
 func TestUsageLedgerKeepsOtherReplicasGrowthAsAMargin(t *testing.T) {
 	l, reader, clock := newTestLedger()
 	reader.set(100, 0, nil)
-	_, done := l.admit(quotaParams(1000, 0))
+	_, done := admitted(t, l, quotaParams(1000, 0))
 	done(false)
 	settled(t, l, "tenant")
 	// Other replicas add 400 within the next interval, this one 0.
 	reader.set(500, 0, nil)
 	clock.add(usageReadEvery)
-	_, done = l.admit(quotaParams(1000, 0))
+	_, done = admitted(t, l, quotaParams(1000, 0))
 	done(false)
 	settled(t, l, "tenant")
 	// 500 held, 400 a interval elsewhere: up to 599 the store is skipped,
@@ -167,7 +244,7 @@ func TestUsageLedgerKeepsOtherReplicasGrowthAsAMargin(t *testing.T) {
 		quota int64
 		fast  bool
 	}{{902, true}, {901, true}, {900, false}, {600, false}} {
-		p, done := l.admit(quotaParams(c.quota, 0))
+		p, done := admitted(t, l, quotaParams(c.quota, 0))
 		done(false)
 		if fast(p) != c.fast {
 			t.Errorf("500 held, 400 grown elsewhere, quota %d: fast path %v, want %v", c.quota, fast(p), c.fast)
@@ -178,16 +255,16 @@ func TestUsageLedgerKeepsOtherReplicasGrowthAsAMargin(t *testing.T) {
 func TestUsageLedgerCountsStoredBytes(t *testing.T) {
 	l, reader, _ := newTestLedger()
 	reader.set(0, 900, nil)
-	_, done := l.admit(quotaParams(0, 1000))
+	_, done := admitted(t, l, quotaParams(0, 1000))
 	done(true)
 	settled(t, l, "tenant")
-	if p, done := l.admit(quotaParams(0, 1000)); !fast(p) {
+	if p, done := admitted(t, l, quotaParams(0, 1000)); !fast(p) {
 		t.Fatal("900 of 1000 bytes held: the store's check was kept")
 	} else {
 		done(true)
 	}
 	l.storedBytes("tenant", 100)
-	if p, done := l.admit(quotaParams(0, 1000)); fast(p) {
+	if p, done := admitted(t, l, quotaParams(0, 1000)); fast(p) {
 		t.Fatal("1000 of 1000 bytes held after this replica stored 100: the store's check was skipped")
 	} else {
 		done(false)
@@ -197,13 +274,13 @@ func TestUsageLedgerCountsStoredBytes(t *testing.T) {
 func TestUsageLedgerFallsBackToTheStoreWhenItsReadGoesStale(t *testing.T) {
 	l, reader, clock := newTestLedger()
 	reader.set(1, 0, nil)
-	_, done := l.admit(quotaParams(1000, 0))
+	_, done := admitted(t, l, quotaParams(1000, 0))
 	done(false)
 	settled(t, l, "tenant")
 	reader.set(0, 0, errors.New("store away"))
 	for range 10 {
 		clock.add(usageReadEvery)
-		p, done := l.admit(quotaParams(1000, 0))
+		p, done := admitted(t, l, quotaParams(1000, 0))
 		done(false)
 		settled(t, l, "tenant")
 		stale := clock.now().Sub(time.Unix(1e9, 0)) >= usageReadStale
@@ -212,10 +289,10 @@ func TestUsageLedgerFallsBackToTheStoreWhenItsReadGoesStale(t *testing.T) {
 		}
 	}
 	reader.set(1, 0, nil)
-	_, done = l.admit(quotaParams(1000, 0))
+	_, done = admitted(t, l, quotaParams(1000, 0))
 	done(false)
 	settled(t, l, "tenant")
-	if p, done := l.admit(quotaParams(1000, 0)); !fast(p) {
+	if p, done := admitted(t, l, quotaParams(1000, 0)); !fast(p) {
 		t.Fatal("after the store's return and a good read, the store's check was kept")
 	} else {
 		done(false)
@@ -225,7 +302,7 @@ func TestUsageLedgerFallsBackToTheStoreWhenItsReadGoesStale(t *testing.T) {
 func TestUsageLedgerBoundsItsNamespaces(t *testing.T) {
 	l, _, clock := newTestLedger()
 	for i := range maxLedgerNamespaces {
-		_, done := l.admit(BeginParams{Namespace: fmt.Sprint("ns", i), MaxRecords: 10})
+		_, done := admitted(t, l, BeginParams{Namespace: fmt.Sprint("ns", i), MaxRecords: 10})
 		done(false)
 	}
 	for i := range maxLedgerNamespaces {
@@ -233,7 +310,7 @@ func TestUsageLedgerBoundsItsNamespaces(t *testing.T) {
 	}
 	// Full of namespaces used just now: a new one takes the store's check
 	// and is not kept.
-	if p, done := l.admit(BeginParams{Namespace: "late", MaxRecords: 10}); fast(p) {
+	if p, done := admitted(t, l, BeginParams{Namespace: "late", MaxRecords: 10}); fast(p) {
 		t.Fatal("a namespace past the bound skipped the store's check")
 	} else {
 		done(true)
@@ -243,7 +320,7 @@ func TestUsageLedgerBoundsItsNamespaces(t *testing.T) {
 	}
 	// Once they are idle, they make room.
 	clock.add(usageReadStale + time.Second)
-	_, done := l.admit(BeginParams{Namespace: "late", MaxRecords: 10})
+	_, done := admitted(t, l, BeginParams{Namespace: "late", MaxRecords: 10})
 	done(true)
 	settled(t, l, "late")
 	if len(l.m) != 1 {
