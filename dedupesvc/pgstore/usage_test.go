@@ -524,3 +524,60 @@ func TestCompactionLagIsTheOldestWaitingChangesAge(t *testing.T) {
 	}
 	wantUsage(t, "compacted", pool)
 }
+
+// TestCompactionVacuumsTheUsageChanges: a compaction that brings the
+// changes moved since the last vacuum to WithUsageVacuumEvery vacuums
+// idemgate_usage_changes, whose every row a compaction deletes: without a
+// vacuum a round's scan grows with every change ever moved (issue 39: 4.6
+// million dead rows, 311 MB, after 30 minutes on a PostgreSQL without
+// autovacuum). As the runtime role, which does not own the table, it is
+// left to autovacuum and the compaction still moves the changes.
+func TestCompactionVacuumsTheUsageChanges(t *testing.T) {
+	t.Parallel()
+	fill := func(t *testing.T, pool *pgxpool.Pool, n int) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `INSERT INTO idemgate_usage_changes (namespace, records, outcome_bytes) SELECT 'vacuumed', 1, 0 FROM generate_series(1, $1::int)`, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	size := func(t *testing.T, pool *pgxpool.Pool) int64 {
+		t.Helper()
+		var n int64
+		if err := pool.QueryRow(ctx, `SELECT pg_relation_size('idemgate_usage_changes')`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	t.Run("owner", func(t *testing.T) {
+		t.Parallel()
+		pool := pgtest.Pool(t)
+		s := pgstore.New(pool, pgstore.WithoutNotify(), pgstore.WithUsageVacuumEvery(3000))
+		for round, want := range []int64{0, 1, 1, 2} {
+			fill(t, pool, 2000)
+			before := size(t, pool)
+			if moved, err := s.CompactUsage(ctx); err != nil || moved != 2000 {
+				t.Fatalf("round %d: CompactUsage = %d, %v; want 2000 moved", round, moved, err)
+			}
+			vacuums, allowed := s.UsageVacuums()
+			t.Logf("round %d: table %d bytes before, %d after; %d vacuums", round, before, size(t, pool), vacuums)
+			if vacuums != want || (want > 0 && !allowed) {
+				t.Fatalf("after %d changes moved, %d vacuums (allowed %v); want %d, every 3,000", 2000*(round+1), vacuums, allowed, want)
+			}
+		}
+	})
+	t.Run("runtime role", func(t *testing.T) {
+		t.Parallel()
+		roles := pgtest.NewRoles(t)
+		owner := openPool(t, roles.OwnerURL(t))
+		s := pgstore.New(openPool(t, roles.RuntimeURL(t)), pgstore.WithoutNotify(), pgstore.WithUsageVacuumEvery(1000))
+		for range 2 {
+			fill(t, owner, 2000)
+			if moved, err := s.CompactUsage(ctx); err != nil || moved != 2000 {
+				t.Fatalf("CompactUsage as the runtime role = %d, %v; want 2000 moved", moved, err)
+			}
+		}
+		if vacuums, allowed := s.UsageVacuums(); vacuums != 0 || allowed {
+			t.Fatalf("as the runtime role: %d vacuums, allowed %v; want none, left to autovacuum", vacuums, allowed)
+		}
+	})
+}
