@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -50,6 +52,19 @@ func newTestLedger() (*usageLedger, *fakeUsage, *fakeClock) {
 	return l, reader, clock
 }
 
+// ledgerHolding is a test ledger whose store holds records and bytes for
+// "tenant", read once: a first Begin with params first is admitted and
+// lands (reserving when reserved), and its read has settled.
+func ledgerHolding(t *testing.T, records, bytes int64, first BeginParams, reserved bool) *usageLedger {
+	t.Helper()
+	l, reader, _ := newTestLedger()
+	reader.set(records, bytes, nil)
+	_, done := admitted(t, l, first)
+	done(reserved)
+	settled(t, l, "tenant")
+	return l
+}
+
 // settled waits until no read of ns is in flight.
 func settled(t *testing.T, l *usageLedger, ns string) {
 	t.Helper()
@@ -89,6 +104,21 @@ func admitted(t *testing.T, l *usageLedger, p BeginParams) (BeginParams, func(bo
 
 // fast reports whether admit let p skip the store's check.
 func fast(p BeginParams) bool { return p.MaxRecords == 0 && p.MaxOutcomeBytes == 0 }
+
+// expectFastPath admits one Begin of records quota q for each q in fastByQuota,
+// in descending order, each landing with nothing stored, and checks that it
+// skipped the store's check exactly when fastByQuota[q] says; state says
+// what the ledger held, for the failure message.
+func expectFastPath(t *testing.T, l *usageLedger, state string, fastByQuota map[int64]bool) {
+	t.Helper()
+	for _, quota := range slices.Backward(slices.Sorted(maps.Keys(fastByQuota))) {
+		p, done := admitted(t, l, quotaParams(quota, 0))
+		done(false)
+		if fast(p) != fastByQuota[quota] {
+			t.Errorf("%s, quota %d: fast path %v, want %v", state, quota, fast(p), fastByQuota[quota])
+		}
+	}
+}
 
 func TestUsageLedgerSkipsTheStoresCheckFarBelowTheQuotas(t *testing.T) {
 	l, reader, clock := newTestLedger()
@@ -130,11 +160,7 @@ func TestUsageLedgerSkipsTheStoresCheckFarBelowTheQuotas(t *testing.T) {
 }
 
 func TestUsageLedgerCountsItsOwnBeginsUpToTheQuota(t *testing.T) {
-	l, reader, _ := newTestLedger()
-	reader.set(5, 0, nil)
-	_, done := admitted(t, l, quotaParams(10, 0))
-	done(false)
-	settled(t, l, "tenant")
+	l := ledgerHolding(t, 5, 0, quotaParams(10, 0), false)
 	// 5 held, quota 10: five Begins in flight at once fit.
 	var dones []func(bool)
 	for i := range 5 {
@@ -149,24 +175,11 @@ func TestUsageLedgerCountsItsOwnBeginsUpToTheQuota(t *testing.T) {
 	for i, done := range dones {
 		done(i < 3)
 	}
-	for _, c := range []struct {
-		quota int64
-		fast  bool
-	}{{10, true}, {9, true}, {8, false}} {
-		p, done := admitted(t, l, quotaParams(c.quota, 0))
-		done(false)
-		if fast(p) != c.fast {
-			t.Errorf("5 held and 3 reserved since, quota %d: fast path %v, want %v", c.quota, fast(p), c.fast)
-		}
-	}
+	expectFastPath(t, l, "5 held and 3 reserved since", map[int64]bool{10: true, 9: true, 8: false})
 }
 
 func TestUsageLedgerLetsItsFastBeginsLandBeforeTheStoresCheck(t *testing.T) {
-	l, reader, _ := newTestLedger()
-	reader.set(0, 0, nil)
-	_, done := admitted(t, l, quotaParams(10, 0))
-	done(false)
-	settled(t, l, "tenant")
+	l := ledgerHolding(t, 0, 0, quotaParams(10, 0), false)
 	// Ten Begins skip the store's check and have not landed; the store's
 	// check sees only committed records, so the eleventh waits for them.
 	var dones []func(bool)
@@ -240,24 +253,11 @@ func TestUsageLedgerKeepsOtherReplicasGrowthAsAMargin(t *testing.T) {
 	settled(t, l, "tenant")
 	// 500 held, 400 a interval elsewhere: up to 599 the store is skipped,
 	// within 400 of the quota it checks.
-	for _, c := range []struct {
-		quota int64
-		fast  bool
-	}{{902, true}, {901, true}, {900, false}, {600, false}} {
-		p, done := admitted(t, l, quotaParams(c.quota, 0))
-		done(false)
-		if fast(p) != c.fast {
-			t.Errorf("500 held, 400 grown elsewhere, quota %d: fast path %v, want %v", c.quota, fast(p), c.fast)
-		}
-	}
+	expectFastPath(t, l, "500 held, 400 grown elsewhere", map[int64]bool{902: true, 901: true, 900: false, 600: false})
 }
 
 func TestUsageLedgerCountsStoredBytes(t *testing.T) {
-	l, reader, _ := newTestLedger()
-	reader.set(0, 900, nil)
-	_, done := admitted(t, l, quotaParams(0, 1000))
-	done(true)
-	settled(t, l, "tenant")
+	l := ledgerHolding(t, 0, 900, quotaParams(0, 1000), true)
 	if p, done := admitted(t, l, quotaParams(0, 1000)); !fast(p) {
 		t.Fatal("900 of 1000 bytes held: the store's check was kept")
 	} else {

@@ -13,13 +13,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	"github.com/idemgate/idemgate/dedupesvc/storetest"
-	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/testing/citustest"
 	"github.com/idemgate/idemgate/migrations"
 )
@@ -319,32 +316,10 @@ func testCitusFreshBeginRoundTrips(t *testing.T, c *citustest.Cluster) {
 // calls without quotas.
 func testCitusQuotasReadNoShards(t *testing.T, c *citustest.Cluster) {
 	_, schema := c.Schema(t)
-	cfg, err := pgxpool.ParseConfig(c.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	counter := &statementCounter{}
-	cfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, counter := tracedPool(t, c.URL(), schema)
 	srv := dedupesvc.NewServer(pgstore.New(pool, pgstore.WithoutNotify(), pgstore.WithCitus()), dedupesvc.WithCallerQuota(1_000_000, 1<<30))
-	caller := dedupesvc.ContextWithCaller(ctx, dedupesvc.Caller{Name: "busy"})
 	const begins = 60
-	start := time.Now()
-	for i := range begins {
-		begun, err := srv.Begin(caller, &idemgatev1.BeginRequest{Scope: "/pkg.S/M", Key: fmt.Sprint("k", i), Fingerprint: make([]byte, 32), AttemptToken: "t",
-			Lease: durationpb.New(time.Minute), Retention: durationpb.New(time.Hour)})
-		if err != nil || begun.GetReserved() == nil {
-			t.Fatalf("Begin %d = %v, %v", i, begun, err)
-		}
-	}
-	elapsed := time.Since(start)
-	reads := usageReads(counter.takeTraced())
-	bound := 2 + int(elapsed/dedupesvc.DefaultUsageCompactionInterval)
+	reads, bound, elapsed := freshBeginsReadingUsage(t, srv, counter, begins)
 	t.Logf("%d fresh Begins in %s read the caller's usage (every shard) %d times", begins, elapsed, reads)
 	if reads > bound {
 		t.Fatalf("%d fresh Begins far below their quotas read the caller's usage, every shard, %d times in %s; want at most %d", begins, reads, elapsed, bound)

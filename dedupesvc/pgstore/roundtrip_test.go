@@ -68,18 +68,7 @@ func (c *statementCounter) take() []string {
 func TestBeginIsOneStatement(t *testing.T) {
 	t.Parallel()
 	_, schema := pgtest.Schema(t)
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	counter := &statementCounter{}
-	cfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, counter := tracedPool(t, pgtest.URL(), schema)
 	s := pgstore.New(pool)
 	if err := pool.Ping(ctx); err != nil {
 		t.Fatal(err)
@@ -147,35 +136,11 @@ func usageReads(stmts []tracedStatement) int {
 func TestBeginsFarBelowTheirQuotasReadNoUsage(t *testing.T) {
 	t.Parallel()
 	_, schema := pgtest.Schema(t)
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	counter := &statementCounter{}
-	cfg.ConnConfig.Tracer = counter
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, counter := tracedPool(t, pgtest.URL(), schema)
 	s := pgstore.New(pool)
 	srv := dedupesvc.NewServer(s, dedupesvc.WithCallerQuota(1_000_000, 1<<30))
-	caller := dedupesvc.ContextWithCaller(ctx, dedupesvc.Caller{Name: "busy"})
 	const begins = 300
-	start := time.Now()
-	for i := range begins {
-		begun, err := srv.Begin(caller, &idemgatev1.BeginRequest{Scope: "/pkg.S/M", Key: fmt.Sprint("k", i), Fingerprint: make([]byte, 32), AttemptToken: "t",
-			Lease: durationpb.New(time.Minute), Retention: durationpb.New(time.Hour)})
-		if err != nil || begun.GetReserved() == nil {
-			t.Fatalf("Begin %d = %v, %v", i, begun, err)
-		}
-	}
-	elapsed := time.Since(start)
-	reads := usageReads(counter.takeTraced())
-	// One read a second at most, plus the first Begin's own check and the
-	// read it started.
-	bound := 2 + int(elapsed/dedupesvc.DefaultUsageCompactionInterval)
+	reads, bound, elapsed := freshBeginsReadingUsage(t, srv, counter, begins)
 	t.Logf("%d fresh Begins in %s read the caller's usage %d times", begins, elapsed, reads)
 	if reads > bound {
 		t.Fatalf("%d fresh Begins far below their quotas read the caller's usage %d times in %s, want at most %d", begins, reads, elapsed, bound)
@@ -275,4 +240,43 @@ func TestHotStatementsArePlannedOnce(t *testing.T) {
 			}
 		})
 	}
+}
+
+// tracedPool is a pool on url with schema as its search path, every
+// statement it runs counted by the returned statementCounter.
+func tracedPool(t *testing.T, url, schema string) (*pgxpool.Pool, *statementCounter) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	counter := &statementCounter{}
+	cfg.ConnConfig.Tracer = counter
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, counter
+}
+
+// freshBeginsReadingUsage runs begins fresh Begins of one caller through
+// srv and returns how many of the statements counter saw read the caller's
+// usage, the most a ledger reading it once an interval may (one a
+// compaction interval, plus the first Begin's own check and the read it
+// started), and how long the Begins took.
+func freshBeginsReadingUsage(t *testing.T, srv *dedupesvc.Server, counter *statementCounter, begins int) (reads, bound int, elapsed time.Duration) {
+	t.Helper()
+	caller := dedupesvc.ContextWithCaller(ctx, dedupesvc.Caller{Name: "busy"})
+	start := time.Now()
+	for i := range begins {
+		begun, err := srv.Begin(caller, &idemgatev1.BeginRequest{Scope: "/pkg.S/M", Key: fmt.Sprint("k", i), Fingerprint: make([]byte, 32), AttemptToken: "t",
+			Lease: durationpb.New(time.Minute), Retention: durationpb.New(time.Hour)})
+		if err != nil || begun.GetReserved() == nil {
+			t.Fatalf("Begin %d = %v, %v", i, begun, err)
+		}
+	}
+	elapsed = time.Since(start)
+	return usageReads(counter.takeTraced()), 2 + int(elapsed/dedupesvc.DefaultUsageCompactionInterval), elapsed
 }
