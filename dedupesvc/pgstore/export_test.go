@@ -39,3 +39,11 @@ var UnreachableForTest = unreachable
 // ResumeBackoffCapForTest is the longest a replica waits between tries of
 // a store it could not reach.
 const ResumeBackoffCapForTest = resumeBackoffCap
+
+// VacuumUsageForTest runs what a compaction runs once it has moved
+// usageVacuumEvery changes: vacuumUsage.
+func (s *Store) VacuumUsageForTest(ctx context.Context) { s.vacuumUsage(ctx) }
+
+// VacuumRefusedForTest says whether err means the database will never let
+// this role vacuum the usage changes.
+var VacuumRefusedForTest = vacuumRefused

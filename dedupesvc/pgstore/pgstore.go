@@ -1637,15 +1637,21 @@ const usageVacuumSQL = `VACUUM (SKIP_LOCKED) idemgate_usage_changes`
 // vacuumUsage vacuums idemgate_usage_changes when this role may. A role
 // that may not (a runtime role that does not own the schema, as
 // docs/operating.md sets up), or a database without VACUUM, leaves it to
-// autovacuum; it is asked once and never again. A failure is not the
+// autovacuum: once the database says so, the replica never asks again. A
+// failure for want of the database (a reset connection, a restart, a
+// timeout) is tried again at the next threshold. A failure is not the
 // compaction's: its changes are moved.
 func (s *Store) vacuumUsage(ctx context.Context) {
 	if s.usageVacuum.Load() == 0 {
 		var allowed bool
-		if err := s.pool.QueryRow(ctx, usageVacuumAllowedSQL).Scan(&allowed); err != nil || !allowed {
-			if ctx.Err() == nil {
+		switch err := s.pool.QueryRow(ctx, usageVacuumAllowedSQL).Scan(&allowed); {
+		case err != nil:
+			if vacuumRefused(err) {
 				s.usageVacuum.Store(-1)
 			}
+			return
+		case !allowed:
+			s.usageVacuum.Store(-1)
 			return
 		}
 		s.usageVacuum.Store(1)
@@ -1654,13 +1660,24 @@ func (s *Store) vacuumUsage(ctx context.Context) {
 		return
 	}
 	if _, err := s.pool.Exec(ctx, usageVacuumSQL, pgx.QueryExecModeSimpleProtocol); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
-			s.usageVacuum.Store(-1) // refused, not unreachable: do not ask again
+		if vacuumRefused(err) {
+			s.usageVacuum.Store(-1)
 		}
 		return
 	}
 	s.usageVacuums.Add(1)
+}
+
+// vacuumRefused says whether err is the database refusing the usage vacuum
+// for good: no privilege, or no such statement or feature (SQLSTATE classes
+// 42 and 0A). Any other error (the connection, a restart, a timeout, the
+// server short of resources) may pass.
+func vacuumRefused(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return strings.HasPrefix(pgErr.Code, "42") || strings.HasPrefix(pgErr.Code, "0A")
 }
 
 // UsageVacuums returns how many times compaction vacuumed the usage

@@ -4,16 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
+	"github.com/idemgate/idemgate/internal/testing/netfault"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 )
 
@@ -580,4 +585,71 @@ func TestCompactionVacuumsTheUsageChanges(t *testing.T) {
 			t.Fatalf("as the runtime role: %d vacuums, allowed %v; want none, left to autovacuum", vacuums, allowed)
 		}
 	})
+}
+
+// TestUsageVacuumSurvivesAFailure: a compaction's vacuum that fails for
+// want of the database (the connection reset while it asks whether its
+// role may vacuum, or while it vacuums) is tried again at the next
+// threshold; only the database's refusal (no privilege, no VACUUM) stops
+// the replica asking. Before, any failure of the ownership check, and any
+// error the server sent (a restart's 57P01 among them), turned the vacuum
+// off until the replica restarted, and the usage changes grew again.
+func TestUsageVacuumSurvivesAFailure(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name    string
+		err     error
+		refused bool
+	}{
+		{"insufficient privilege", &pgconn.PgError{Code: "42501"}, true},
+		{"no VACUUM statement", &pgconn.PgError{Code: "42601"}, true},
+		{"feature not supported", &pgconn.PgError{Code: "0A000"}, true},
+		{"admin shutdown", &pgconn.PgError{Code: "57P01"}, false},
+		{"statement timeout", &pgconn.PgError{Code: "57014"}, false},
+		{"connection failure", &pgconn.PgError{Code: "08006"}, false},
+		{"out of memory", &pgconn.PgError{Code: "53200"}, false},
+		{"connection reset", io.ErrUnexpectedEOF, false},
+	} {
+		if got := pgstore.VacuumRefusedForTest(tt.err); got != tt.refused {
+			t.Errorf("%s: refused = %v, want %v", tt.name, got, tt.refused)
+		}
+	}
+
+	_, schema := pgtest.Schema(t)
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := netfault.NewProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	host, port, _ := net.SplitHostPort(proxy.Addr())
+	p, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s := pgstore.New(pool, pgstore.WithoutNotify())
+	// failOnce runs the vacuum with every connection reset, then heals.
+	failOnce := func(want int64) {
+		t.Helper()
+		proxy.Reset()
+		s.VacuumUsageForTest(ctx)
+		proxy.Heal()
+		pool.Reset() // the connections the fault broke
+		if vacuums, _ := s.UsageVacuums(); vacuums != want {
+			t.Fatalf("%d vacuums with every connection reset, want %d", vacuums, want)
+		}
+	}
+	failOnce(0) // in the ownership check
+	s.VacuumUsageForTest(ctx)
+	if vacuums, allowed := s.UsageVacuums(); vacuums != 1 || !allowed {
+		t.Fatalf("after the ownership check failed for want of the database: %d vacuums, allowed %v; want 1 and true", vacuums, allowed)
+	}
+	failOnce(1) // in the vacuum
+	s.VacuumUsageForTest(ctx)
+	if vacuums, allowed := s.UsageVacuums(); vacuums != 2 || !allowed {
+		t.Fatalf("after a vacuum failed for want of the database: %d vacuums, allowed %v; want 2 and true", vacuums, allowed)
+	}
 }

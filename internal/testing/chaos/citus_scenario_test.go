@@ -287,10 +287,14 @@ func citusScenarios() []Scenario {
 		// A worker, then the coordinator, killed -9 for 11.7s under the
 		// load of postgres/crash-under-load: the strict rules, no call that
 		// never ran left outcome-unknown, and the node's keys served again
-		// within 10s of its restart (issue 38 item 3).
-		{Name: StoreCitus + "/worker-restart-under-load", Store: StoreCitus, Replicas: 2, Tools: 2, CitusShards: 32,
+		// within 10s of its restart (issue 38 item 3). Each runs alone: beside
+		// the other Citus scenarios (four clusters of three servers on 2
+		// cores, load 16) the restarted node's herd did not clear within the
+		// 6s lease nor the 10s bound, before issue 39's changes as after
+		// them (CHAOS.md, "A node's restart under load").
+		{Name: StoreCitus + "/worker-restart-under-load", Store: StoreCitus, Replicas: 2, Tools: 2, CitusShards: 32, Alone: true,
 			Workload: crashUnderLoad, Outages: 1, Fault: restartCitusWorkerUnderLoad, MustSee: storeAwayReasons, RecoverWithin: 10 * time.Second},
-		{Name: StoreCitus + "/coordinator-restart-under-load", Store: StoreCitus, Replicas: 2, Tools: 2, CitusShards: 32,
+		{Name: StoreCitus + "/coordinator-restart-under-load", Store: StoreCitus, Replicas: 2, Tools: 2, CitusShards: 32, Alone: true,
 			Workload: crashUnderLoad, Outages: 1, Fault: restartCitusCoordinatorUnderLoad, MustSee: storeAwayReasons, RecoverWithin: 10 * time.Second},
 		// A paused holder's shard moved to the other worker under load: the
 		// strict rules.

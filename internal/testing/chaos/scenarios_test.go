@@ -116,9 +116,11 @@ type Scenario struct {
 	// test it (Report.RequireReasons); none by default.
 	MustSee []string
 	// Alone runs the scenario by itself, before the parallel ones start:
-	// its traffic is the fault, and it needs the machine to itself (the
-	// 2,200-action crowd, beside three other scenarios on 2 cores, left
-	// holders unable to store their outcomes within their leases).
+	// its traffic is the fault, or its check bounds a recovery in time, and
+	// it needs the machine to itself (the 2,200-action crowd, beside three
+	// other scenarios on 2 cores, left holders unable to store their
+	// outcomes within their leases; so did a Citus node's restart under
+	// load beside the other Citus scenarios). False by default.
 	Alone bool
 	// Spared, when above 0, is the least share of the tries on keys an
 	// outage of some keys spared (a Citus worker down: the other worker's
