@@ -283,8 +283,9 @@ run-mcp-server: $(BIN_DIR)/mcp-server ## Serve the native Go MCP server gated by
 	$(BIN_DIR)/mcp-server -dedupe 127.0.0.1:50051 -listen 127.0.0.1:8081
 
 .PHONY: run-rest
-run-rest: $(BIN_DIR)/rest-payments ## Serve the REST payments API gated by httpgate (examples/rest-payments) on 127.0.0.1:8090, OpenAPI at /openapi.yaml, callers alice and bob (examples/rest-payments/tokens.txt); needs make run. REST_FLAGS adds flags, e.g. REST_FLAGS='-charge-delay 10s' to see a concurrent duplicate's 409.
-	$(BIN_DIR)/rest-payments -dedupe 127.0.0.1:50051 -listen 127.0.0.1:8090 -caller-token-file examples/rest-payments/tokens.txt $(REST_FLAGS)
+run-rest: $(BIN_DIR)/rest-payments ## Serve the REST payments API gated by httpgate (examples/rest-payments) on 127.0.0.1:8090, OpenAPI at /openapi.yaml, callers alice and bob (examples/rest-payments/tokens.txt, copied to bin/ as 0600: the server refuses a token file others may read); needs make run. REST_FLAGS adds flags, e.g. REST_FLAGS='-charge-delay 10s' to see a concurrent duplicate's 409.
+	install -m 600 examples/rest-payments/tokens.txt $(BIN_DIR)/rest-tokens.txt
+	$(BIN_DIR)/rest-payments -dedupe 127.0.0.1:50051 -listen 127.0.0.1:8090 -caller-token-file $(BIN_DIR)/rest-tokens.txt $(REST_FLAGS)
 
 # NPM_DIRS hold the Node packages the MCP, retry and polyglot tests run (package-lock.json committed).
 NPM_DIRS := internal/testing/mcptest/node internal/testing/mcptest/inspector internal/testing/retrytest/node examples/mcp-typescript-agent examples/typescript

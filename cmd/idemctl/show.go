@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -31,6 +30,7 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/tokenfile"
 )
 
 // sortOrders maps list's -sort to the admin API's order.
@@ -295,16 +295,9 @@ func readDescriptors(descriptorFile string) (*protoregistry.Files, error) {
 // readTokenFile reads a bearer token from a file only its owner may read,
 // as the service requires of its own token file.
 func readTokenFile(path string) (string, error) {
-	fi, err := os.Stat(path)
+	raw, err := tokenfile.ReadPrivate("-token-file", path, "the secret it sends")
 	if err != nil {
-		return "", fmt.Errorf("-token-file: %w", err)
-	}
-	if runtime.GOOS != "windows" && fi.Mode().Perm()&0o077 != 0 {
-		return "", fmt.Errorf("-token-file %s is open to group or others (mode %#o): run chmod 600 %s", path, fi.Mode().Perm(), path)
-	}
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return "", fmt.Errorf("-token-file: %w", err)
+		return "", err
 	}
 	token := strings.TrimSpace(string(raw))
 	if token == "" || strings.ContainsAny(token, " \t\r\n") {

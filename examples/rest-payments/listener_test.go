@@ -18,7 +18,7 @@ import (
 func TestSlowlorisDoesNotStopACharge(t *testing.T) {
 	t.Parallel()
 	addr := stacktest.FreeAddr(t)
-	prog, args := httpattack.WithFileLimit(160, proctest.Build(t, "."), "-listen", addr, "-data-dir", t.TempDir(), "-caller-token-file", "tokens.txt")
+	prog, args := httpattack.WithFileLimit(160, proctest.Build(t, "."), "-listen", addr, "-data-dir", t.TempDir(), "-caller-token-file", demoTokens(t))
 	p := proctest.Start(t, prog, args, nil)
 	p.WaitTCP(t, addr, 2*time.Minute)
 	head := httpattack.Request(http.MethodPost, "/charges", addr, []string{"Authorization: Bearer alice-demo-token", "Content-Type: application/json",

@@ -4,7 +4,8 @@
 // is safe and never gated. Its OpenAPI 3.1 document is at /openapi.yaml.
 //
 // Every call but GET /openapi.yaml authenticates with a bearer token from
-// -caller-token-file ("name secret" a line); the token's name is the
+// -caller-token-file ("name secret" a line, a file only its owner may
+// read: any other is refused at start); the token's name is the
 // caller's tenant: its keys and charges are its own, so another caller
 // sending its key and body gets a charge of its own, never its answer. A
 // call without a valid token gets 401 problem+json. The listener is bounded
@@ -27,8 +28,9 @@
 // logged as lost, its key left to the Dedupe service's lease, and the
 // server exits 0.
 //
-//	go run ./examples/rest-payments -caller-token-file examples/rest-payments/tokens.txt -dedupe 127.0.0.1:50051   # make run first
-//	go run ./examples/rest-payments -caller-token-file examples/rest-payments/tokens.txt -data-dir /tmp/rest-dedupe # embedded store
+//	install -m 600 examples/rest-payments/tokens.txt /tmp/rest-tokens.txt   # only its owner may read it
+//	go run ./examples/rest-payments -caller-token-file /tmp/rest-tokens.txt -dedupe 127.0.0.1:50051   # make run first
+//	go run ./examples/rest-payments -caller-token-file /tmp/rest-tokens.txt -data-dir /tmp/rest-dedupe # embedded store
 package main
 
 import (

@@ -18,7 +18,7 @@ import (
 func TestInterruptIsLogged(t *testing.T) {
 	t.Parallel()
 	addr := stacktest.FreeAddr(t)
-	p := proctest.Start(t, proctest.Build(t, "."), []string{"-listen", addr, "-data-dir", t.TempDir(), "-caller-token-file", "tokens.txt"}, nil)
+	p := proctest.Start(t, proctest.Build(t, "."), []string{"-listen", addr, "-data-dir", t.TempDir(), "-caller-token-file", demoTokens(t)}, nil)
 	p.WaitTCP(t, addr, 2*time.Minute)
 	p.WantCleanInterrupt(t, "msg=\"stopping", "msg=stopped")
 }
@@ -31,7 +31,7 @@ func TestTermWithTheDedupeServiceGoneIsBoundedAndClean(t *testing.T) {
 	t.Parallel()
 	dedupeAddr, stopDedupe := stacktest.StartApp(t, dedupeapp.Config{DataDir: t.TempDir()})
 	addr := stacktest.FreeAddr(t)
-	p := proctest.Start(t, proctest.Build(t, "."), []string{"-listen", addr, "-dedupe", dedupeAddr, "-caller-token-file", "tokens.txt",
+	p := proctest.Start(t, proctest.Build(t, "."), []string{"-listen", addr, "-dedupe", dedupeAddr, "-caller-token-file", demoTokens(t),
 		"-charge-delay", "10m", "-shutdown-timeout", "2s"}, nil)
 	p.WaitTCP(t, addr, 2*time.Minute)
 	post := func() (*http.Response, error) {

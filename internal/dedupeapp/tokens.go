@@ -7,11 +7,11 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime"
 	"syscall"
 	"time"
 
 	"github.com/idemgate/idemgate/dedupesvc/auth"
+	"github.com/idemgate/idemgate/internal/tokenfile"
 )
 
 // readTokenFile reads the token file, refusing one that group or others may
@@ -37,16 +37,8 @@ func readTokenFile(path string) ([]auth.Token, error) {
 }
 
 // privateFile refuses the file at path, given with flag and holding what,
-// when group or others may read or write it.
-func privateFile(flag, path, what string, fi fs.FileInfo) error {
-	if runtime.GOOS == "windows" { // no Unix permission bits to check
-		return nil
-	}
-	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
-		return fmt.Errorf("%s %s is open to group or others (mode %#o) and holds %s: run chmod 600 %s", flag, path, perm, what, path)
-	}
-	return nil
-}
+// when group or others may read or write it (tokenfile.CheckPrivate).
+var privateFile = tokenfile.CheckPrivate
 
 // fileState is what a change to the token file changes.
 type fileState struct {
