@@ -53,6 +53,9 @@ type Metrics struct {
 
 	methodsMu sync.Mutex
 	methods   map[string]bool // the method labels of replays in use
+	// claimed counts the labels each caller (namespace) added to methods:
+	// at most MaxReplayMethods callers, as each added one.
+	claimed map[string]int
 }
 
 // StageBuckets are the upper bounds, in seconds, of
@@ -65,6 +68,15 @@ var StageBuckets = []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .0
 // the protos. Replays of methods past the first MaxReplayMethods are counted
 // under "other".
 const MaxReplayMethods = 500
+
+// MaxReplayMethodsPerCaller bounds the method labels one caller (the
+// namespace its credentials name; every caller is one without
+// authentication) may add to idemgate_dedupe_replays_total: one caller
+// replaying made-up scopes takes its share, not every label, so the
+// methods other callers replay later keep theirs until five callers have
+// each taken a share. A method another caller added first is counted under
+// its own label whoever replays it.
+const MaxReplayMethodsPerCaller = 100
 
 // OtherMethod is the method label of replays past MaxReplayMethods methods.
 const OtherMethod = "other"
@@ -94,7 +106,7 @@ func NewMetrics() *Metrics {
 		}, []string{"rpc", "stage"}),
 		replays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemgate_dedupe_replays_total",
-			Help: "Duplicates answered with a stored outcome (suppressed executions), by method (the scope's action, at most 500 methods, then \"other\").",
+			Help: "Duplicates answered with a stored outcome (suppressed executions), by method (the scope's action; at most 100 methods added by each caller and 500 in all, then \"other\").",
 		}, []string{"method"}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idemgate_dedupe_replay_counts_dropped_total",
@@ -109,6 +121,7 @@ func NewMetrics() *Metrics {
 			Help: "Age of the oldest quota usage change not yet added to the totals, as the last compaction round measured it (PostgreSQL store; 0 on the embedded store, which keeps its totals exact): about the compaction interval when it keeps up.",
 		}),
 		methods: map[string]bool{},
+		claimed: map[string]int{},
 	}
 	for _, o := range allOutcomes {
 		m.outcomes.WithLabelValues(o)
@@ -148,18 +161,20 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	m.usageLag.Collect(ch)
 }
 
-// replay counts a replay served for scope's method.
-func (m *Metrics) replay(scope string) {
+// replay counts a replay served to the caller of namespace for scope's
+// method.
+func (m *Metrics) replay(namespace, scope string) {
 	if m == nil {
 		return
 	}
 	method := MethodOf(scope)
 	m.methodsMu.Lock()
 	if !m.methods[method] {
-		if len(m.methods) >= MaxReplayMethods {
+		if len(m.methods) >= MaxReplayMethods || m.claimed[namespace] >= MaxReplayMethodsPerCaller {
 			method = OtherMethod
 		} else {
 			m.methods[method] = true
+			m.claimed[namespace]++
 		}
 	}
 	m.methodsMu.Unlock()

@@ -59,7 +59,7 @@ func TestReplaysAreCountedPerMethodAndPerRecord(t *testing.T) {
 	}
 
 	want := `
-# HELP idemgate_dedupe_replays_total Duplicates answered with a stored outcome (suppressed executions), by method (the scope's action, at most 500 methods, then "other").
+# HELP idemgate_dedupe_replays_total Duplicates answered with a stored outcome (suppressed executions), by method (the scope's action; at most 100 methods added by each caller and 500 in all, then "other").
 # TYPE idemgate_dedupe_replays_total counter
 idemgate_dedupe_replays_total{method="/pkg.S/Charge"} 3
 idemgate_dedupe_replays_total{method="/pkg.S/Send"} 1

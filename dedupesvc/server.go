@@ -153,13 +153,13 @@ func (s *Server) Begin(ctx context.Context, req *idemgatev1.BeginRequest) (*idem
 // in the replay recorder, which adds it to the record later (Begin itself
 // stays read-only on a replay).
 func (s *Server) replayed(ctx context.Context, req *idemgatev1.BeginRequest, c *idemgatev1.BeginResponse_Completed) {
-	s.opts.metrics.replay(req.GetScope())
-	if s.opts.replays == nil {
-		return
-	}
 	ns, err := namespace(ctx)
 	if err != nil {
 		return // cannot happen: Begin answered, so the name was valid
+	}
+	s.opts.metrics.replay(ns, req.GetScope())
+	if s.opts.replays == nil {
+		return
 	}
 	s.opts.replays.Record(RecordID{Namespace: ns, Scope: req.GetScope(), Key: req.GetKey()}, c.GetCompletedAt().AsTime())
 }
