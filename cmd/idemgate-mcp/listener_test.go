@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgate/idemgate/internal/mcpwire"
 	"github.com/idemgate/idemgate/internal/testing/httpattack"
 	"github.com/idemgate/idemgate/internal/testing/proctest"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
@@ -69,5 +70,36 @@ func TestNeverReadingCallerIsDropped(t *testing.T) {
 		if !closed[i] || got[i] >= 2*size {
 			t.Errorf("caller %d: closed %v after %d bytes of a %d-byte answer, want dropped short of it", i, closed[i], got[i], 2*size)
 		}
+	}
+}
+
+// One address cannot take the body budget from the others (issue 40 item
+// 1): 64 connections from 127.0.0.2 (its per-address cap), each declaring
+// a 4 MiB body and trickling a byte a second, held the whole default
+// -max-buffered-bytes by their Content-Length alone, and every neighbour
+// got 503. Bodies now hold only the bytes that arrived, and each address
+// at most -max-buffered-bytes-per-ip.
+func TestOneAddressCannotTakeTheBodyBudget(t *testing.T) {
+	t.Parallel()
+	addr := startListening(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	head := httpattack.Request(http.MethodPost, "/mcp", addr, append(mcpHeaders, fmt.Sprintf("Content-Length: %d", mcpwire.DefaultMaxBodyBytes)), nil)
+	attack := httpattack.Slowloris(ctx, "127.0.0.2", addr, 64, head, time.Second)
+	defer attack.Close()
+	if attack.Failed.Load() > 0 {
+		t.Fatalf("%d of the attacker's 64 connections failed to open", attack.Failed.Load())
+	}
+	// Room for a loaded machine to read the 64 heads; the old budget was
+	// gone within milliseconds of them.
+	time.Sleep(2 * time.Second)
+	url := "http://" + addr + "/mcp"
+	for i := range 3 {
+		if res, err := charge(ctx, url, "", fmt.Sprintf("neighbour-%d", i)); err != nil || res.IsError {
+			t.Errorf("the neighbour's call %d beside 64 trickled 4 MiB bodies from one address: %v %+v", i, err, res)
+		}
+	}
+	if open := attack.Open(); open != 64 {
+		t.Logf("%d of the attacker's connections still open", open)
 	}
 }

@@ -85,6 +85,7 @@ type flags struct {
 	keyArgument, keyArgumentTools           string
 	// The HTTP listener's (-listen) limits and its callers' authentication.
 	maxBodyBytes, maxBufferedBytes               int64
+	maxBufferedBytesPerIP                        int64
 	http                                         httplimits.Limits
 	callerTokenFile, listenTLSCert, listenTLSKey string
 	listenInsecurePlaintext                      bool
@@ -135,7 +136,8 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), usage io.W
 	fs.StringVar(&f.keyArgumentTools, "key-argument-tools", "", "comma-separated full `names` of the gated tools that get -key-argument; default: every gated tool")
 	fs.Int64Var(&f.maxBodyBytes, "max-body-bytes", mcpwire.DefaultMaxBodyBytes, "largest HTTP request body; a longer one gets 413, before it is read when its Content-Length says so")
 	f.http.RegisterFlags(fs)
-	fs.Int64Var(&f.maxBufferedBytes, "max-buffered-bytes", mcpwire.DefaultMaxBufferedBytes, "bytes of HTTP request bodies held at once, across requests; a body that would pass it gets 503")
+	fs.Int64Var(&f.maxBufferedBytes, "max-buffered-bytes", mcpwire.DefaultMaxBufferedBytes, "bytes of HTTP request bodies held at once, across requests, taken as they arrive; a body that would pass it gets 503")
+	fs.Int64Var(&f.maxBufferedBytesPerIP, "max-buffered-bytes-per-ip", mcpwire.DefaultMaxBufferedBytesPerIP, "bytes of HTTP request bodies one client address (an IPv6 one's /64) holds at once, within -max-buffered-bytes; a body that would pass it gets 503")
 	fs.StringVar(&f.callerTokenFile, "caller-token-file", "", "`file` of the bearer tokens HTTP callers must send, \"name secret\" per line; required for a -listen address that is not loopback")
 	fs.StringVar(&f.listenTLSCert, "listen-tls-cert", "", "certificate `file` (PEM) of the HTTP listener, reread when it changes; with -listen-tls-key, serves HTTPS")
 	fs.StringVar(&f.listenTLSKey, "listen-tls-key", "", "key `file` (PEM) of the HTTP listener, reread when it changes")
@@ -156,7 +158,7 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), usage io.W
 
 // limits is the HTTP listener's limits.
 func (f flags) limits() mcpwire.HTTPLimits {
-	return mcpwire.HTTPLimits{Limits: f.http, MaxBodyBytes: f.maxBodyBytes, MaxBufferedBytes: f.maxBufferedBytes}
+	return mcpwire.HTTPLimits{Limits: f.http, MaxBodyBytes: f.maxBodyBytes, MaxBufferedBytes: f.maxBufferedBytes, MaxBufferedBytesPerIP: f.maxBufferedBytesPerIP}
 }
 
 // check refuses flags that do not go together, and a -listen address
@@ -324,7 +326,7 @@ func run(f flags, logger *slog.Logger) error {
 		serve = func() error { return srv.ServeTLS(limits.Listener(lis), "", "") }
 	}
 	logger.Info("serving MCP over streamable HTTP", slog.String("address", scheme+lis.Addr().String()+"/mcp"), slog.String("target", f.target),
-		slog.Int64("max_body_bytes", limits.MaxBodyBytes), slog.Duration("read_timeout", limits.ReadTimeout), slog.Int("max_connections", limits.MaxConnections), slog.Int("max_connections_per_ip", limits.MaxConnectionsPerIP), slog.Duration("write_timeout", limits.WriteTimeout), slog.Int64("max_buffered_bytes", limits.MaxBufferedBytes))
+		slog.Int64("max_body_bytes", limits.MaxBodyBytes), slog.Duration("read_timeout", limits.ReadTimeout), slog.Int("max_connections", limits.MaxConnections), slog.Int("max_connections_per_ip", limits.MaxConnectionsPerIP), slog.Duration("write_timeout", limits.WriteTimeout), slog.Int64("max_buffered_bytes", limits.MaxBufferedBytes), slog.Int64("max_buffered_bytes_per_ip", limits.MaxBufferedBytesPerIP))
 	if err := serve(); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}

@@ -183,6 +183,15 @@ func connState(nc net.Conn, state http.ConnState) {
 	}
 }
 
+// RemoteIPGroup is IPGroup of an http.Request's RemoteAddr ("ip:port").
+func RemoteIPGroup(remoteAddr string) string { return IPGroup(remoteAddrString(remoteAddr)) }
+
+// remoteAddrString is a net.Addr of a RemoteAddr's text.
+type remoteAddrString string
+
+func (a remoteAddrString) Network() string { return "tcp" }
+func (a remoteAddrString) String() string  { return string(a) }
+
 // IPGroup is what a per-IP cap counts addr's connections under: an IPv4
 // address (also IPv4-mapped IPv6) as itself, and an IPv6 address by its /64
 // ("2001:db8::/64"), since one IPv6 client is given a /64 at least and can

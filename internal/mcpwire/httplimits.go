@@ -24,10 +24,19 @@ type HTTPLimits struct {
 	MaxBodyBytes int64
 	// MaxBufferedBytes bounds the bytes of request bodies held at once,
 	// across requests (each up to MaxBodyBytes): a body that would pass it
-	// gets 503 with Retry-After. A trickled body holds only what arrived;
-	// one without a Content-Length (chunked) counts twice while its pieces
-	// are joined. Defaults to DefaultMaxBufferedBytes.
+	// gets 503 with Retry-After. A body holds only about the bytes that
+	// arrived, whatever its Content-Length declares (up to one and a half
+	// times while its buffer grows), and one without a Content-Length
+	// (chunked) counts twice while its pieces are joined. Defaults to
+	// DefaultMaxBufferedBytes.
 	MaxBufferedBytes int64
+	// MaxBufferedBytesPerIP bounds the bytes of request bodies one client
+	// address (httplimits.IPGroup: an IPv6 one's /64) holds at once, within
+	// MaxBufferedBytes, so one client trickling bodies on every connection
+	// it may open leaves the others room: a body that would pass it gets
+	// 503 with Retry-After. Clients behind one proxy share it. At least
+	// twice MaxBodyBytes. Defaults to DefaultMaxBufferedBytesPerIP.
+	MaxBufferedBytesPerIP int64
 }
 
 // The HTTPLimits defaults.
@@ -45,6 +54,10 @@ const (
 	DefaultMaxConnections = httplimits.DefaultMaxConnections
 	// DefaultMaxBufferedBytes is 256 MiB: 64 bodies of 4 MiB.
 	DefaultMaxBufferedBytes = 256 << 20
+	// DefaultMaxBufferedBytesPerIP is 32 MiB: an eighth of
+	// DefaultMaxBufferedBytes, as DefaultMaxConnectionsPerIP is of
+	// DefaultMaxConnections; 4 bodies of 4 MiB being joined.
+	DefaultMaxBufferedBytesPerIP = 32 << 20
 )
 
 // WithDefaults returns l with the default of every zero field.
@@ -55,6 +68,9 @@ func (l HTTPLimits) WithDefaults() HTTPLimits {
 	}
 	if l.MaxBufferedBytes == 0 {
 		l.MaxBufferedBytes = DefaultMaxBufferedBytes
+	}
+	if l.MaxBufferedBytesPerIP == 0 {
+		l.MaxBufferedBytesPerIP = DefaultMaxBufferedBytesPerIP
 	}
 	return l
 }
@@ -70,11 +86,17 @@ func (l HTTPLimits) Check(prefix string) error {
 		return fmt.Errorf("%smax-body-bytes must be positive, got %d", prefix, l.MaxBodyBytes)
 	case l.MaxBufferedBytes < 0:
 		return fmt.Errorf("%smax-buffered-bytes must be positive, got %d", prefix, l.MaxBufferedBytes)
+	case l.MaxBufferedBytesPerIP < 0:
+		return fmt.Errorf("%smax-buffered-bytes-per-ip must be positive, got %d", prefix, l.MaxBufferedBytesPerIP)
 	}
 	// A chunked body counts twice while its pieces are joined: a budget
 	// below that would answer 503 to the largest body for ever.
-	if d := l.WithDefaults(); d.MaxBufferedBytes < 2*d.MaxBodyBytes {
+	d := l.WithDefaults()
+	if d.MaxBufferedBytes < 2*d.MaxBodyBytes {
 		return fmt.Errorf("%smax-buffered-bytes (%d) must be at least twice %smax-body-bytes (%d): a chunked body is held twice while it is joined", prefix, d.MaxBufferedBytes, prefix, d.MaxBodyBytes)
+	}
+	if d.MaxBufferedBytesPerIP < 2*d.MaxBodyBytes {
+		return fmt.Errorf("%smax-buffered-bytes-per-ip (%d) must be at least twice %smax-body-bytes (%d): a chunked body is held twice while it is joined", prefix, d.MaxBufferedBytesPerIP, prefix, d.MaxBodyBytes)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemgate/idemgate/internal/mcpwire"
 )
@@ -103,5 +104,69 @@ func TestHTTPMiddlewareBoundsTheBodiesHeldAtOnce(t *testing.T) {
 		if w := post(600<<10, length, false); w.Code != http.StatusOK {
 			t.Errorf("after the first is done (length known %v): %d %s", length, w.Code, w.Body.String())
 		}
+	}
+}
+
+// trickle is a request body that has sent one byte of what its
+// Content-Length declares and blocks until the test ends.
+func trickle(t *testing.T) io.ReadCloser {
+	r, w := io.Pipe()
+	go func() { _, _ = w.Write([]byte("{")) }()
+	t.Cleanup(func() { _ = w.CloseWithError(io.ErrUnexpectedEOF) })
+	return r
+}
+
+// Bodies hold the bytes that arrived, not what their Content-Length
+// declares, and one client address holds at most MaxBufferedBytesPerIP
+// (issue 40 item 1: 64 bodies declaring 4 MiB from one address, one byte
+// each, held the whole budget and every other client got 503).
+func TestHTTPMiddlewareTakesBodiesAsTheyArrivePerAddress(t *testing.T) {
+	h := mcpwire.HTTPMiddleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}),
+		mcpwire.HTTPLimits{MaxBodyBytes: 2 << 20, MaxBufferedBytes: 8 << 20, MaxBufferedBytesPerIP: 4 << 20})
+	post := func(from string, body io.ReadCloser, length int64) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+		r.RemoteAddr = from + ":40000"
+		r.Body, r.ContentLength = body, length
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
+	}
+	// Eight bodies from one address declaring 2 MiB each, a byte sent:
+	// declared, they would hold 16 MiB, more than the 8 MiB budget; as they
+	// arrive, a piece each.
+	waiting := make(chan *httptest.ResponseRecorder, 64)
+	for range 8 {
+		go func() { waiting <- post("192.0.2.1", trickle(t), 2<<20) }()
+	}
+	// Another address's 1.5 MiB body fits beside them; so does the same
+	// address's, within its 4 MiB. (Polled: the trickled bodies take their
+	// pieces on goroutines of their own.)
+	served := func(from string, size int) int {
+		return post(from, io.NopCloser(strings.NewReader(strings.Repeat(" ", size))), int64(size)).Code
+	}
+	for _, from := range []string{"192.0.2.2", "192.0.2.1"} {
+		if code := served(from, 3<<19); code != http.StatusOK {
+			t.Errorf("a 1.5 MiB body from %s beside eight trickled 2 MiB bodies declared: %d, want 200", from, code)
+		}
+	}
+	select {
+	case w := <-waiting:
+		t.Fatalf("a trickled body was answered %d before its bytes arrived", w.Code)
+	default:
+	}
+	// Past its share an address gets 503 while another is served: 64
+	// pieces of 64 KiB is the 4 MiB.
+	for range 56 {
+		go func() { waiting <- post("192.0.2.1", trickle(t), 2<<20) }()
+	}
+	deadline := time.Now().Add(time.Minute) // room for a starved scheduler
+	for served("192.0.2.1", 1<<20) != http.StatusServiceUnavailable {
+		if time.Now().After(deadline) {
+			t.Fatal("an address holding 64 trickled bodies (its 4 MiB in pieces) was never refused a 1 MiB body")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if code := served("192.0.2.3", 3<<19); code != http.StatusOK {
+		t.Errorf("a 1.5 MiB body from another address beside one holding its share: %d, want 200", code)
 	}
 }

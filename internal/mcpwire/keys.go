@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/idemgate/idemgate/internal/httplimits"
 	"io"
 	"net/http"
 	"sync"
@@ -265,12 +266,13 @@ func (k *keyReader) readLine() ([]byte, error) {
 // idempotencyKey parameter of a tools/call POSTed to it reaches the server.
 // It reads the body, at most l.MaxBodyBytes, and hands the handler the
 // rewritten one; a longer body gets 413, before any of it is read when its
-// Content-Length says so. The bodies it holds at once, across requests, are
-// at most l.MaxBufferedBytes: a body that would pass that gets 503 with
-// Retry-After. l's zero fields take their defaults.
+// Content-Length says so. The bodies it holds at once, taken as their bytes
+// arrive, are at most l.MaxBufferedBytes across requests and
+// l.MaxBufferedBytesPerIP for one client address: a body that would pass
+// either gets 503 with Retry-After. l's zero fields take their defaults.
 func HTTPMiddleware(next http.Handler, l HTTPLimits) http.Handler {
 	l = l.WithDefaults()
-	budget := &byteBudget{left: l.MaxBufferedBytes}
+	budget := &byteBudget{left: l.MaxBufferedBytes, perIP: l.MaxBufferedBytesPerIP, held: map[string]int64{}}
 	tooLarge := func(w http.ResponseWriter) {
 		http.Error(w, fmt.Sprintf("request body exceeds %d bytes", l.MaxBodyBytes), http.StatusRequestEntityTooLarge)
 	}
@@ -284,8 +286,9 @@ func HTTPMiddleware(next http.Handler, l HTTPLimits) http.Handler {
 			tooLarge(w)
 			return
 		}
-		body, held, err := budget.read(http.MaxBytesReader(w, r.Body, l.MaxBodyBytes), r.ContentLength)
-		defer budget.give(held)
+		client := httplimits.RemoteIPGroup(r.RemoteAddr)
+		body, held, err := budget.read(client, http.MaxBytesReader(w, r.Body, l.MaxBodyBytes), r.ContentLength)
+		defer budget.give(client, held)
 		if err != nil {
 			var mbe *http.MaxBytesError
 			switch {
@@ -310,51 +313,89 @@ func HTTPMiddleware(next http.Handler, l HTTPLimits) http.Handler {
 // errBudget: reading a body would hold more than the budget's bytes.
 var errBudget = errors.New("request bodies over the memory budget")
 
-// byteBudget is the bytes of request bodies that may be held at once.
+// byteBudget is the bytes of request bodies that may be held at once, in
+// all and by one client address.
 type byteBudget struct {
-	mu   sync.Mutex
-	left int64
+	mu    sync.Mutex
+	left  int64
+	perIP int64
+	held  map[string]int64 // by client address; no entry once it holds none
 }
 
-func (b *byteBudget) take(n int64) bool {
+func (b *byteBudget) take(client string, n int64) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if n > b.left {
+	if n > b.left || b.held[client]+n > b.perIP {
 		return false
 	}
 	b.left -= n
+	b.held[client] += n
 	return true
 }
 
-func (b *byteBudget) give(n int64) {
+func (b *byteBudget) give(client string, n int64) {
+	if n == 0 {
+		return
+	}
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	b.left += n
-	b.mu.Unlock()
+	if b.held[client] -= n; b.held[client] <= 0 {
+		delete(b.held, client)
+	}
 }
 
-// bodyPiece is the size of the pieces a body without a Content-Length is
-// read in; piecePool keeps them between bodies, so a stream of refused
-// bodies leaves no garbage for the heap to grow by.
+// bodyPiece is the size of the pieces a body is read in; piecePool keeps
+// them between bodies, so a stream of refused bodies leaves no garbage for
+// the heap to grow by.
 const bodyPiece = 64 << 10
 
 var piecePool = sync.Pool{New: func() any { p := make([]byte, bodyPiece); return &p }}
 
-// read reads r whole, taking from the budget what it holds: length bytes
-// at once when the length is known, else each piece as it comes and then
-// the joined body (so what is held never passes what was taken). It
+// read reads r whole for client, taking from the budget what it holds as
+// the bytes arrive, whatever the request's Content-Length declares: a
+// client declaring megabytes and sending a byte holds one piece. It
 // returns the bytes taken, to give back when the body is done with.
-func (b *byteBudget) read(r io.Reader, length int64) ([]byte, int64, error) {
+func (b *byteBudget) read(client string, r io.Reader, length int64) ([]byte, int64, error) {
 	if length > 0 {
-		if !b.take(length) {
-			return nil, 0, errBudget
-		}
-		// net/http reads no further than the Content-Length.
-		buf := make([]byte, length)
-		if _, err := io.ReadFull(r, buf); err != nil {
-			return nil, length, err
-		}
-		return buf, length, nil
+		return b.readLength(client, r, length)
 	}
+	return b.readPieces(client, r)
+}
+
+// readLength reads a body of length bytes into a buffer that doubles as
+// its bytes arrive, from one piece up to length: what is taken is the
+// buffer's capacity, and while it grows the old buffer's too, so at most
+// one and a half times what arrived.
+func (b *byteBudget) readLength(client string, r io.Reader, length int64) ([]byte, int64, error) {
+	var buf []byte
+	for int64(len(buf)) < length {
+		if len(buf) == cap(buf) {
+			grown := min(length, max(bodyPiece, 2*int64(cap(buf))))
+			if !b.take(client, grown) {
+				return nil, int64(cap(buf)), errBudget
+			}
+			next := make([]byte, len(buf), grown)
+			copy(next, buf)
+			b.give(client, int64(cap(buf)))
+			buf = next
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			break // net/http reads no further than the Content-Length
+		}
+		if err != nil {
+			return nil, int64(cap(buf)), err
+		}
+	}
+	return buf, int64(cap(buf)), nil
+}
+
+// readPieces reads a body of unknown length (chunked) in pieces, taking
+// each as it comes, then the joined body, so what is held never passes
+// what was taken: twice the body while it is joined.
+func (b *byteBudget) readPieces(client string, r io.Reader) ([]byte, int64, error) {
 	var (
 		pieces []*[]byte
 		held   int64
@@ -366,7 +407,7 @@ func (b *byteBudget) read(r io.Reader, length int64) ([]byte, int64, error) {
 		}
 	}()
 	for {
-		if !b.take(bodyPiece) {
+		if !b.take(client, bodyPiece) {
 			return nil, held, errBudget
 		}
 		held += bodyPiece
@@ -374,6 +415,12 @@ func (b *byteBudget) read(r io.Reader, length int64) ([]byte, int64, error) {
 		pieces = append(pieces, p)
 		n, err := fill(r, *p)
 		total += n
+		if n == 0 && err == io.EOF {
+			// The body ended with the last piece: this one holds nothing.
+			b.give(client, bodyPiece)
+			held -= bodyPiece
+			break
+		}
 		if err == io.EOF {
 			break
 		}
@@ -383,7 +430,7 @@ func (b *byteBudget) read(r io.Reader, length int64) ([]byte, int64, error) {
 			return nil, held, err
 		}
 	}
-	if !b.take(int64(total)) {
+	if !b.take(client, int64(total)) {
 		return nil, held, errBudget
 	}
 	body := make([]byte, 0, total)
@@ -391,7 +438,7 @@ func (b *byteBudget) read(r io.Reader, length int64) ([]byte, int64, error) {
 		body = append(body, (*p)[:min(len(*p), total-len(body))]...)
 	}
 	// The pieces go back to the pool; the joined body stays held.
-	b.give(held)
+	b.give(client, held)
 	return body, int64(total), nil
 }
 
