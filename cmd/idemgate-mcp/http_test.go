@@ -322,15 +322,6 @@ func (b tokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return b.next.RoundTrip(r)
 }
 
-// startBound is the context a start that must fail runs in: a bridge that
-// starts instead is killed after a minute (the failure then reads "signal:
-// killed"), rather than holding the test to its timeout.
-func startBound(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // A -caller-token-file that group or others may read is refused at start,
 // naming the file, its mode and the fix, as dedupesvc refuses its
 // -token-file (issue 40 item 5: the bridge read a 0644 file and served).
@@ -348,14 +339,7 @@ func TestCallerTokenFileOpenToOthersIsRefused(t *testing.T) {
 		if err := os.Chmod(tokens, mode); err != nil {
 			t.Fatal(err)
 		}
-		out, err := exec.CommandContext(startBound(t), bin, "-target", "127.0.0.1:1", "-plaintext", "-listen", "127.0.0.1:0", "-caller-token-file", tokens).CombinedOutput()
-		var exit *exec.ExitError
-		if !errors.As(err, &exit) || exit.ExitCode() != 1 {
-			t.Errorf("mode %#o: %v, want exit status 1\n%s", mode, err, out)
-		}
-		want := fmt.Sprintf("-caller-token-file %s is open to group or others (mode %#o)", tokens, mode)
-		if !strings.Contains(string(out), want) || !strings.Contains(string(out), "chmod 600 "+tokens) {
-			t.Errorf("mode %#o: output\n%s\nwant %q and the chmod that fixes it", mode, out, want)
-		}
+		proctest.WantRefusedAtStart(t, bin, []string{"-target", "127.0.0.1:1", "-plaintext", "-listen", "127.0.0.1:0", "-caller-token-file", tokens},
+			fmt.Sprintf("-caller-token-file %s is open to group or others (mode %#o)", tokens, mode), "chmod 600 "+tokens)
 	}
 }

@@ -256,3 +256,25 @@ func (p *Process) WantCleanInterrupt(tb testing.TB, want ...string) {
 		at += i + len(w)
 	}
 }
+
+// WantRefusedAtStart runs bin with args, which must make it refuse to
+// start: it fails tb unless bin exits with status 1 and prints every one of
+// want. A bin that starts instead is killed after a minute (reported as
+// "signal: killed"), rather than holding the test to its timeout. It
+// returns the output.
+func WantRefusedAtStart(tb testing.TB, bin string, args []string, want ...string) string {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		tb.Errorf("%s %s: %v, want exit status 1\n%s", filepath.Base(bin), strings.Join(args, " "), err, out)
+	}
+	for _, w := range want {
+		if !strings.Contains(string(out), w) {
+			tb.Errorf("%s %s: output\n%s\nwant %q", filepath.Base(bin), strings.Join(args, " "), out, w)
+		}
+	}
+	return string(out)
+}
