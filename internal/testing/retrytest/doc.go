@@ -1,5 +1,5 @@
 // Package retrytest runs a generic retrying HTTP client nobody here wrote,
-// got 14 (node/, pinned in its package-lock.json; make npm-ci installs it),
+// got 14 and got 16 (node/, both pinned in its package-lock.json; make npm-ci installs them),
 // against an httpgate-gated server on the real Dedupe service and
 // PostgreSQL, and counts what the server received: every refusal
 // docs/gating.md says to escalate reaches the server once, every refusal it

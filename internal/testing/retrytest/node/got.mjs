@@ -3,7 +3,10 @@
 // order and prints what got returned, as one JSON array on stdout; the Go
 // test counts what the server received.
 //
-//   node got.mjs <plan.json>
+//   node got.mjs <plan.json> [module]
+//
+// module is the got to import: "got" (got 14, the default) or "got16"
+// (got 16, npm's current release; package.json installs both).
 //
 // The plan is [{name, url, headers, body, client}]. client "default" is got
 // with its default retry settings, POST added to the methods it retries
@@ -12,7 +15,8 @@
 // HTTP caller to add: retry a 409 only when it carries Retry-After
 // (IDEMPOTENCY_IN_FLIGHT).
 import { readFileSync } from "node:fs";
-import got from "got";
+
+const got = (await import(process.argv[3] ?? "got")).default;
 
 const retryPost = { methods: [...got.defaults.options.retry.methods, "POST"] };
 
@@ -22,10 +26,10 @@ const clients = {
   documented: got.extend({
     retry: {
       methods: [...got.defaults.options.retry.methods, "POST"],
+      statusCodes: [...got.defaults.options.retry.statusCodes, 409],
       // IDEMPOTENCY_IN_FLIGHT: a 409 with Retry-After; every other 409 is final.
-      calculateDelay: ({ attemptCount, retryOptions, error, retryAfter, computedValue }) =>
-        error.response?.statusCode === 409 && retryAfter && attemptCount <= retryOptions.limit
-          ? retryAfter : computedValue,
+      calculateDelay: ({ error, retryAfter, computedValue }) =>
+        error.response?.statusCode === 409 && !retryAfter ? 0 : computedValue,
     },
   }),
 };
