@@ -27,6 +27,7 @@ package embedded
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -44,18 +45,22 @@ import (
 // with 0, turns it off: in a Config 0 takes the flag's default.
 const Unlimited = -1
 
-// Config configures the embedded service. Its zero value is dedupesvc's
-// defaults on the embedded store in the default data directory. Each field
-// names the dedupesvc flag it is; 0 (or empty, or false) takes that flag's
-// default, given here.
+// Config configures the embedded service. It must select one store:
+// DatabaseURL (PostgreSQL) or DataDir (the embedded SQLite store); Start
+// refuses neither and both. Each other field names the dedupesvc flag it
+// is; 0 (or empty, or false) takes that flag's default, given here.
 type Config struct {
-	// DatabaseURL is the PostgreSQL connection URL (-database-url). Empty
-	// selects the embedded SQLite store in DataDir: one process, one
-	// machine. Defaults to empty.
+	// DatabaseURL is the PostgreSQL connection URL (-database-url), the
+	// store of a service shared by several processes. Defaults to empty:
+	// set it or DataDir.
 	DatabaseURL string
-	// DataDir holds the embedded store's file when DatabaseURL is empty
-	// (-data-dir). Defaults to $XDG_DATA_HOME/idemgate, else
-	// ~/.local/share/idemgate, as dedupesvc's: give a tool server its own.
+	// DataDir is the directory of the embedded SQLite store (-data-dir):
+	// one process, one machine; give each tool server its own. Defaults to
+	// empty: set it or DatabaseURL. Unlike dedupesvc, which defaults to
+	// $XDG_DATA_HOME/idemgate (else ~/.local/share/idemgate), an empty
+	// Config never opens that directory, whose store another program may
+	// have left; ParseFlags, which reads dedupesvc's flags, keeps their
+	// default.
 	DataDir string
 	// SkipMigrations does not apply pending PostgreSQL migrations at start
 	// (-migrate-on-start=false): for a runtime role that may not run DDL,
@@ -212,7 +217,7 @@ func (c Config) app() dedupeapp.Config {
 	d := dedupeapp.Defaults(os.Getenv)
 	a := d
 	a.DatabaseURL = c.DatabaseURL
-	a.DataDir = orDefault(c.DataDir, d.DataDir)
+	a.DataDir = c.DataDir
 	a.MigrateOnStart = !c.SkipMigrations
 	a.MaxConns = orDefault(c.MaxConns, d.MaxConns)
 	a.StoreMaxBatch = orDefault(c.StoreMaxBatch, d.StoreMaxBatch)
@@ -256,8 +261,12 @@ func fromApp(a dedupeapp.Config) Config {
 		}
 		return v
 	}
+	dataDir := a.DataDir
+	if a.DatabaseURL != "" {
+		dataDir = "" // -data-dir's default, unused with a database
+	}
 	return Config{
-		DatabaseURL: a.DatabaseURL, DataDir: a.DataDir, SkipMigrations: !a.MigrateOnStart, MaxConns: a.MaxConns,
+		DatabaseURL: a.DatabaseURL, DataDir: dataDir, SkipMigrations: !a.MigrateOnStart, MaxConns: a.MaxConns,
 		StoreMaxBatch: a.StoreMaxBatch, StoreWriters: a.StoreWriters, SweepInterval: a.SweepInterval, SweepBatch: a.SweepBatch,
 		UsageCompactionInterval: a.UsageCompactionInterval, DisableNotify: !a.Notify, PollInterval: a.PollInterval,
 		UnknownRetention: a.UnknownRetention, MaxOutcomeBytes: a.MaxOutcomeBytes,
@@ -272,8 +281,18 @@ func fromApp(a dedupeapp.Config) Config {
 }
 
 // Validate reports what Start would refuse in c, each setting named by its
-// field (embedded.Config.SweepInterval).
-func (c Config) Validate() error { return c.app().ValidateNamed(fieldName) }
+// field (embedded.Config.SweepInterval): a Config that selects no store or
+// two among them.
+func (c Config) Validate() error {
+	var store error
+	switch {
+	case c.DatabaseURL == "" && c.DataDir == "":
+		store = errors.New("no store: set embedded.Config.DatabaseURL (PostgreSQL) or embedded.Config.DataDir (a directory of this process's own for the embedded store)")
+	case c.DatabaseURL != "" && c.DataDir != "":
+		store = errors.New("embedded.Config.DatabaseURL and embedded.Config.DataDir are both set: DataDir is the embedded store's, unused with a database; set one")
+	}
+	return errors.Join(store, c.app().ValidateNamed(fieldName))
+}
 
 // ParseFlags reads dedupesvc's flags in args (without a program name) and
 // their environment variables through lookupEnv, os.LookupEnv in a command

@@ -296,3 +296,42 @@ func TestParseFlags(t *testing.T) {
 		t.Errorf("ParseFlags -h: %v, usage %q", err, usage.String())
 	}
 }
+
+// A Config selects its store: with neither DatabaseURL nor DataDir Start
+// refused nothing and opened dedupesvc's own default data directory
+// (~/.local/share/idemgate), a store another program may have left; with
+// both it silently ignored DataDir (issue 41 item 4). Both are refused,
+// naming the fields, and the embedded store's first log line names the
+// field that selects PostgreSQL, not dedupesvc's DATABASE_URL, which Start
+// never reads.
+func TestStartNeedsOneStore(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		cfg  embedded.Config
+		want string
+	}{
+		{"neither", embedded.Config{}, "set embedded.Config.DatabaseURL (PostgreSQL) or embedded.Config.DataDir"},
+		{"both", embedded.Config{DatabaseURL: "postgres://postgres@127.0.0.1:1/x", DataDir: t.TempDir()}, "embedded.Config.DatabaseURL and embedded.Config.DataDir are both set"},
+	} {
+		tc.cfg.Logger = quietLogger()
+		if err := tc.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Validate = %v, want %q", tc.name, err, tc.want)
+		}
+		if svc, err := embedded.Start(context.Background(), tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			if svc != nil {
+				svc.Close()
+			}
+			t.Errorf("%s: Start = %v, want %q", tc.name, err, tc.want)
+		}
+	}
+	var logs bytes.Buffer
+	svc, err := embedded.Start(context.Background(), embedded.Config{DataDir: t.TempDir(), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Close()
+	if want := "set embedded.Config.DatabaseURL to use PostgreSQL"; !strings.Contains(logs.String(), want) || strings.Contains(logs.String(), "set DATABASE_URL") {
+		t.Errorf("the embedded store's log:\n%s\nwant %q", logs.String(), want)
+	}
+}

@@ -108,7 +108,7 @@ type backend struct {
 // where, before anything can fail.
 func openBackend(ctx context.Context, cfg Config, logger *slog.Logger) (backend, error) {
 	if cfg.DatabaseURL == "" {
-		logger.Info("using the embedded store (SQLite); set DATABASE_URL to use PostgreSQL",
+		logger.Info("using the embedded store (SQLite); set "+cfg.nameEnv("database-url", "DATABASE_URL")+" to use PostgreSQL",
 			slog.String("store", "sqlite"), slog.String("path", filepath.Join(cfg.DataDir, sqlitestore.FileName)))
 		gc := sqlitestore.DefaultGroupCommit
 		if cfg.StoreMaxBatch > 0 {
