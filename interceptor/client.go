@@ -10,6 +10,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoregistry"
+
+	"github.com/idemgate/idemgate"
 )
 
 type outgoingKey struct{}
@@ -26,7 +28,7 @@ func WithKey(ctx context.Context, key string) context.Context {
 // IsReplayed reports whether response headers (grpc.Header) say the response
 // is a stored outcome replayed instead of a fresh execution.
 func IsReplayed(header metadata.MD) bool {
-	v := header.Get(ReplayedHeader)
+	v := header.Get(idemgate.ReplayedHeader)
 	return len(v) == 1 && v[0] == "true"
 }
 
@@ -108,7 +110,7 @@ func (c *Caller) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 			return err
 		}
 		if key != "" {
-			ctx = metadata.AppendToOutgoingContext(ctx, KeyHeader, key)
+			ctx = metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, key)
 		}
 		var (
 			into   *bool
@@ -143,7 +145,7 @@ func (c *Caller) StreamClientInterceptor() grpc.StreamClientInterceptor {
 // one. It sends none when the caller already put one in the metadata or in
 // the request's key field.
 func (c *Caller) keyFor(ctx context.Context, m *gatedMethod, req any) (string, error) {
-	if md, ok := metadata.FromOutgoingContext(ctx); ok && len(md.Get(KeyHeader)) > 0 {
+	if md, ok := metadata.FromOutgoingContext(ctx); ok && len(md.Get(idemgate.KeyHeader)) > 0 {
 		return "", nil
 	}
 	if key, ok := ctx.Value(outgoingKey{}).(string); ok && key != "" {

@@ -14,13 +14,6 @@ import (
 // server whose Dedupe service is down, or refuses its credentials, fails
 // every gated call and logs nothing, and its own health looks fine.
 
-// DedupeHealthService is the service name under which WatchDedupe reports
-// the Dedupe service's health on the tool server's gRPC health service.
-//
-// Deprecated: use idemgate.DedupeHealthService, its home shared by every
-// gate.
-const DedupeHealthService = idemgate.DedupeHealthService
-
 // DefaultDedupeFailureLogInterval is how often at most a Dedupe RPC failure
 // is logged while the failure stays the same (WithDedupeFailureLogInterval).
 const DefaultDedupeFailureLogInterval = gatecore.DefaultDedupeFailureLogInterval
@@ -46,12 +39,6 @@ func WithDedupeConn(conn *grpc.ClientConn) Option {
 func WithDedupeFailureLogInterval(d time.Duration) Option {
 	return func(o *options) { o.dedupeLogEvery = d }
 }
-
-// HealthSetter is the part of *health.Server (google.golang.org/grpc/health)
-// WatchDedupe uses.
-//
-// Deprecated: use idemgate.HealthSetter, its home shared by every gate.
-type HealthSetter = idemgate.HealthSetter
 
 // CheckDedupe asks the Dedupe service whether it serves this tool server,
 // for a start-up check: it renews the lease of a record that never exists

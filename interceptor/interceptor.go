@@ -26,20 +26,6 @@ import (
 	"github.com/idemgate/idemgate/internal/replayfields"
 )
 
-// Metadata names the interceptor reads and writes.
-const (
-	// Deprecated: use idemgate.KeyHeader, its home shared by every gate.
-	KeyHeader = idemgate.KeyHeader
-	// Deprecated: use idemgate.ReplayedHeader, its home shared by every gate.
-	ReplayedHeader = idemgate.ReplayedHeader
-	// Deprecated: use idemgate.KeyDerivedHeader, its home shared by every gate.
-	KeyDerivedHeader = idemgate.KeyDerivedHeader
-	// Deprecated: use idemgate.ExpiresAtHeader, its home shared by every gate.
-	ExpiresAtHeader = idemgate.ExpiresAtHeader
-	// Deprecated: use idemgate.OriginalTimeHeader, its home shared by every gate.
-	OriginalTimeHeader = idemgate.OriginalTimeHeader
-)
-
 // DedupeServiceConfig is a gRPC service config for the client connection to
 // the Dedupe service: it retries every Dedupe RPC on UNAVAILABLE with
 // backoff, which is safe because each of them is idempotent, and spreads
@@ -286,7 +272,7 @@ func (g *Gate) gate(ctx context.Context, req any, fullMethod string, m *gatedMet
 		// window only.
 		key = derivedKeyPrefix + hex.EncodeToString(fingerprint)
 		retention = m.policy.KeylessWindow
-		if err := grpc.SetHeader(ctx, metadata.Pairs(KeyDerivedHeader, "true")); err != nil {
+		if err := grpc.SetHeader(ctx, metadata.Pairs(idemgate.KeyDerivedHeader, "true")); err != nil {
 			g.metadataRefused(ctx, "idemgate: could not set the derived-key header", slog.Any("error", err))
 		}
 	}
@@ -314,7 +300,7 @@ func (c *call) Replay(ctx context.Context, s gatecore.Stored) (any, error, bool)
 // Committed implements gatecore.Transport: the caller learns until when the
 // outcome is replayed.
 func (c *call) Committed(ctx context.Context, expiresAt time.Time) {
-	c.g.setHeaders(ctx, ExpiresAtHeader, headerTimeText(expiresAt))
+	c.g.setHeaders(ctx, idemgate.ExpiresAtHeader, headerTimeText(expiresAt))
 }
 
 // Run implements gatecore.Transport: the handler, on the attempt's context
@@ -359,14 +345,14 @@ func (c *call) Run(hctx context.Context, _ *gatecore.Attempt) gatecore.Ran {
 func (g *Gate) suppressed(ctx context.Context, c *call, stored gatecore.Stored) {
 	var pairs []string
 	if !stored.CompletedAt.IsZero() {
-		pairs = append(pairs, OriginalTimeHeader, headerTimeText(stored.CompletedAt))
+		pairs = append(pairs, idemgate.OriginalTimeHeader, headerTimeText(stored.CompletedAt))
 		if g.metrics != nil {
 			// A clock behind the service's must not observe a negative age.
 			g.metrics.replayAge.WithLabelValues(c.fullMethod).Observe(max(time.Since(stored.CompletedAt), 0).Seconds())
 		}
 	}
 	if !stored.ExpiresAt.IsZero() {
-		pairs = append(pairs, ExpiresAtHeader, headerTimeText(stored.ExpiresAt))
+		pairs = append(pairs, idemgate.ExpiresAtHeader, headerTimeText(stored.ExpiresAt))
 	}
 	g.setHeaders(ctx, pairs...)
 }
@@ -418,7 +404,7 @@ func (g *Gate) replay(ctx context.Context, m *gatedMethod, outcome *anypb.Any) (
 }
 
 func (g *Gate) markReplayed(ctx context.Context) {
-	if err := grpc.SetHeader(ctx, metadata.Pairs(ReplayedHeader, "true")); err != nil {
+	if err := grpc.SetHeader(ctx, metadata.Pairs(idemgate.ReplayedHeader, "true")); err != nil {
 		g.metadataRefused(ctx, "idemgate: could not set the replayed header", slog.Any("error", err))
 	}
 }
@@ -432,7 +418,7 @@ const derivedKeyPrefix = protogate.DerivedKeyPrefix
 // fingerprint, or the status error to refuse the call with.
 func (m *gatedMethod) keyOf(ctx context.Context, req proto.Message) (string, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
-	return m.Key("the "+KeyHeader+" metadata", md.Get(KeyHeader), req)
+	return m.Key("the "+idemgate.KeyHeader+" metadata", md.Get(idemgate.KeyHeader), req)
 }
 
 // scopeOf joins the method and the tenant (protogate.Scope).

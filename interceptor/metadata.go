@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/protogate"
 	"github.com/idemgate/idemgate/internal/replayfields"
 )
@@ -189,7 +190,7 @@ func (r *metadataRecorder) wrap(result *anypb.Any, err error) (*anypb.Any, error
 // itself), content-type, te and user-agent; gRPC drops or overwrites what a
 // handler sets there. The interceptor sets its own headers on every replay.
 func replayableKey(k string) bool {
-	return protogate.ReplayableKey(k, ReplayedHeader, KeyDerivedHeader, ExpiresAtHeader, OriginalTimeHeader) && (replayfields.Rule{}).Stored(k)
+	return protogate.ReplayableKey(k, idemgate.ReplayedHeader, idemgate.KeyDerivedHeader, idemgate.ExpiresAtHeader, idemgate.OriginalTimeHeader) && (replayfields.Rule{}).Stored(k)
 }
 
 // replayable is replayableKey less the keys of WithPerCallerMetadata: the

@@ -11,6 +11,8 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+
+	"github.com/idemgate/idemgate"
 )
 
 // fakeStream refuses headers once they are sent, as gRPC's stream does.
@@ -53,10 +55,10 @@ func (s *fakeStream) SetTrailer(md metadata.MD) error {
 func TestMetadataRecorderRecordsWhatTheHandlerSet(t *testing.T) {
 	stream := &fakeStream{}
 	ctx := grpc.NewContextWithServerTransportStream(context.Background(), stream)
-	_ = grpc.SetHeader(ctx, metadata.Pairs(KeyDerivedHeader, "true")) // before the recorder: not recorded
+	_ = grpc.SetHeader(ctx, metadata.Pairs(idemgate.KeyDerivedHeader, "true")) // before the recorder: not recorded
 	ctx, rec := recordMetadata(ctx, context.Background(), nil)
 
-	md := metadata.Pairs("x-b", "1", "grpc-custom", "no", "content-type", "no", ReplayedHeader, "no")
+	md := metadata.Pairs("x-b", "1", "grpc-custom", "no", "content-type", "no", idemgate.ReplayedHeader, "no")
 	md["X-Upper"] = []string{"u"}
 	if err := grpc.SetHeader(ctx, md); err != nil {
 		t.Fatal(err)
@@ -71,7 +73,7 @@ func TestMetadataRecorderRecordsWhatTheHandlerSet(t *testing.T) {
 	if err := grpc.SetTrailer(ctx, metadata.Pairs("x-t", "1", "x-t", "2", ":pseudo", "no")); err != nil {
 		t.Fatal(err)
 	}
-	if got := stream.header.Get("x-late"); len(got) != 0 || len(stream.header.Get(ReplayedHeader)) != 1 {
+	if got := stream.header.Get("x-late"); len(got) != 0 || len(stream.header.Get(idemgate.ReplayedHeader)) != 1 {
 		t.Fatalf("the stream got header %v: the recorder must forward exactly what the handler set", stream.header)
 	}
 

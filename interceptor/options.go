@@ -39,7 +39,7 @@ type options struct {
 	storeRetry     time.Duration
 	outcomeTimeout time.Duration
 	finishBudget   time.Duration
-	reconcilers    map[string]Reconciler
+	reconcilers    map[string]idemgate.Reconciler
 	strict         bool
 	strictServices []string
 	maxOutcome     int
@@ -176,7 +176,7 @@ func WithStrict(services ...string) Option {
 func WithReconciler(fullMethod string, r idemgate.Reconciler) Option {
 	return func(o *options) {
 		if o.reconcilers == nil {
-			o.reconcilers = map[string]Reconciler{}
+			o.reconcilers = map[string]idemgate.Reconciler{}
 		}
 		o.reconcilers[fullMethod] = r
 	}

@@ -43,17 +43,12 @@ const (
 	MaxActionBytes = protogate.MaxActionBytes
 )
 
-// Policy is the resolved idemgate policy of one method.
-//
-// Deprecated: use idemgate.Policy, its home shared by every gate.
-type Policy = idemgate.Policy
-
 // gatedMethod is what the interceptor needs at call time, resolved once
 // (protogate, which connectgate shares), and its policy as this package
 // spells it.
 type gatedMethod struct {
 	*protogate.Method
-	policy Policy
+	policy idemgate.Policy
 	// mapped: its response can hold a map field (Gate.checkCodec).
 	mapped bool
 }
@@ -72,14 +67,14 @@ type resolved struct {
 }
 
 // resolvePolicies resolves every method in files (protogate.Resolve).
-func resolvePolicies(files *protoregistry.Files, types *protoregistry.Types, reconcilers map[string]Reconciler) (resolved, error) {
+func resolvePolicies(files *protoregistry.Files, types *protoregistry.Types, reconcilers map[string]idemgate.Reconciler) (resolved, error) {
 	r, err := protogate.Resolve(files, types, reconcilers)
 	if err != nil {
 		return resolved{}, err
 	}
 	gated := make(map[string]*gatedMethod, len(r.Gated))
 	for name, m := range r.Gated {
-		gated[name] = &gatedMethod{Method: m, policy: Policy(m.Policy), mapped: protogate.HasMap(m.Output.Descriptor())}
+		gated[name] = &gatedMethod{Method: m, policy: idemgate.Policy(m.Policy), mapped: protogate.HasMap(m.Output.Descriptor())}
 	}
 	return resolved{gated: gated, unclassified: r.Unclassified, services: r.Services}, nil
 }

@@ -83,18 +83,6 @@ type metrics struct {
 	stages *prometheus.HistogramVec
 }
 
-// StageBuckets are the upper bounds, in seconds, of
-// idemgate_interceptor_stage_seconds.
-//
-// Deprecated: use idemgate.StageBuckets, its home shared by every gate.
-var StageBuckets = idemgate.StageBuckets
-
-// ReplayAgeBuckets are the upper bounds, in seconds, of
-// idemgate_interceptor_replay_age_seconds.
-//
-// Deprecated: use idemgate.ReplayAgeBuckets, its home shared by every gate.
-var ReplayAgeBuckets = idemgate.ReplayAgeBuckets
-
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return nil, nil
@@ -112,12 +100,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.replayAge = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "idemgate_interceptor_replay_age_seconds",
 		Help:    "Age of each outcome answered from storage instead of running the handler (a replay from the Dedupe service or the replay cache): seconds since it was stored, by method.",
-		Buckets: ReplayAgeBuckets,
+		Buckets: idemgate.ReplayAgeBuckets,
 	}, []string{"method"})
 	m.stages = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "idemgate_interceptor_stage_seconds",
 		Help:    "Where a gated call's time goes on the tool server, by method and stage: prepare (key, scope, fingerprint), begin (the Dedupe round trip), handler (with the gate's encoding of its answer), finish (storing the outcome before the reply).",
-		Buckets: StageBuckets,
+		Buckets: idemgate.StageBuckets,
 	}, []string{"method", "stage"})
 	// A second Gate on one registry shares the first one's metrics.
 	var err error
@@ -176,7 +164,7 @@ func reasonLabel(reason string) string {
 }
 
 var interceptorReasons = map[string]bool{
-	ReasonKeyMissing: true, ReasonKeyInvalid: true, ReasonKeyConflict: true, ReasonKeyReused: true,
-	ReasonInFlight: true, ReasonOutcomeUnknown: true, ReasonResultTooLarge: true, ReasonStoreUnavailable: true,
-	ReasonStoreRejected: true, ReasonOutcomeTypeMismatch: true, ReasonQuotaExceeded: true,
+	idemgate.ReasonKeyMissing: true, idemgate.ReasonKeyInvalid: true, idemgate.ReasonKeyConflict: true, idemgate.ReasonKeyReused: true,
+	idemgate.ReasonInFlight: true, idemgate.ReasonOutcomeUnknown: true, idemgate.ReasonResultTooLarge: true, idemgate.ReasonStoreUnavailable: true,
+	idemgate.ReasonStoreRejected: true, idemgate.ReasonOutcomeTypeMismatch: true, idemgate.ReasonQuotaExceeded: true,
 }

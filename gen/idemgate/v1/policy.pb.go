@@ -235,7 +235,7 @@ type MethodPolicy struct {
 	// whose errors are final for this method: they are stored, with their
 	// details, and replayed to duplicates like a response. Errors with other
 	// codes release the key, so a retry runs again. A handler can override
-	// this per error with interceptor.FinalError and interceptor.RetryableError.
+	// this per error with idemgate.FinalError and idemgate.RetryableError.
 	// Defaults to none.
 	ReplayCodes []string `protobuf:"bytes,5,rep,name=replay_codes,json=replayCodes,proto3" json:"replay_codes,omitempty"`
 	// max_wait is how long a duplicate that arrives while the first call runs

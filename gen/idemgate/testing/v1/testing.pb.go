@@ -29,9 +29,9 @@ type ErrorMark int32
 const (
 	// ERROR_MARK_UNSPECIFIED leaves the error unmarked: the policy decides.
 	ErrorMark_ERROR_MARK_UNSPECIFIED ErrorMark = 0
-	// ERROR_MARK_FINAL wraps it in interceptor.FinalError.
+	// ERROR_MARK_FINAL wraps it in idemgate.FinalError.
 	ErrorMark_ERROR_MARK_FINAL ErrorMark = 1
-	// ERROR_MARK_RETRYABLE wraps it in interceptor.RetryableError.
+	// ERROR_MARK_RETRYABLE wraps it in idemgate.RetryableError.
 	ErrorMark_ERROR_MARK_RETRYABLE ErrorMark = 2
 )
 
