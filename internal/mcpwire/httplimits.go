@@ -24,11 +24,11 @@ type HTTPLimits struct {
 	MaxBodyBytes int64
 	// MaxBufferedBytes bounds the bytes of request bodies held at once,
 	// across requests (each up to MaxBodyBytes): a body that would pass it
-	// gets 503 with Retry-After. A body holds only about the bytes that
-	// arrived, whatever its Content-Length declares (up to one and a half
-	// times while its buffer grows), and one without a Content-Length
-	// (chunked) counts twice while its pieces are joined. Defaults to
-	// DefaultMaxBufferedBytes.
+	// gets 503 with Retry-After. A body holds what arrived, whatever its
+	// Content-Length declares: its buffer doubles as bytes arrive (at most
+	// twice what arrived, or 64 KiB; never more than one and a half times
+	// its length), and one without a Content-Length (chunked) counts twice
+	// while its pieces are joined. Defaults to DefaultMaxBufferedBytes.
 	MaxBufferedBytes int64
 	// MaxBufferedBytesPerIP bounds the bytes of request bodies one client
 	// address (httplimits.IPGroup: an IPv6 one's /64) holds at once, within

@@ -365,8 +365,9 @@ func (b *byteBudget) read(client string, r io.Reader, length int64) ([]byte, int
 
 // readLength reads a body of length bytes into a buffer that doubles as
 // its bytes arrive, from one piece up to length: what is taken is the
-// buffer's capacity, and while it grows the old buffer's too, so at most
-// one and a half times what arrived.
+// buffer's capacity (at most twice what arrived, or one piece), and for
+// the moment it grows the old buffer's too; never more than one and a half
+// times length.
 func (b *byteBudget) readLength(client string, r io.Reader, length int64) ([]byte, int64, error) {
 	var buf []byte
 	for int64(len(buf)) < length {
