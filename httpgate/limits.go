@@ -40,7 +40,10 @@ type ServerLimits struct {
 	IdleTimeout time.Duration
 	// MaxConnections bounds the connections held at once: one past it
 	// closes the oldest idle keep-alive connection of the client holding the
-	// most, or waits until a connection closes or idles. Defaults to 512.
+	// most, else the connection reading a request body slowest when it
+	// reads under 240 bytes a second counted from 5s after it began (a
+	// trickle), or waits until a connection closes, idles or turns that
+	// slow. Defaults to 512.
 	MaxConnections int
 	// MaxConnectionsPerIP bounds one client address's connections (an IPv6
 	// client's /64): one past it closes that client's oldest idle

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -32,6 +33,40 @@ func TestSlowlorisDoesNotStopACharge(t *testing.T) {
 	resp, err := httpattack.Client("127.0.0.2", 2*time.Minute).Do(req)
 	if err != nil {
 		t.Fatalf("a charge beside %d slowloris connections: %v", a.Opened.Load(), err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("a charge beside the slowloris: %s, want 201", resp.Status)
+	}
+}
+
+// Slowloris from many addresses, as many trickling connections as the
+// server holds (issue 40 item 4: 512 from 18 addresses held every slot
+// until the read timeout reaped them, and a charge waited for it): once
+// the listener is full, the connection reading its body slowest (below
+// 240 bytes a second after 5 s) gives its slot to the new one, and the
+// charge is served. The read timeout is 10 minutes here, so only that can
+// make room within the charge's 2 minutes.
+func TestSlowlorisFromManyAddressesDoesNotStopACharge(t *testing.T) {
+	t.Parallel()
+	addr := stacktest.FreeAddr(t)
+	p := proctest.Start(t, proctest.Build(t, "."), []string{"-listen", addr, "-data-dir", t.TempDir(), "-caller-token-file", demoTokens(t),
+		"-max-connections", "32", "-read-timeout", "10m"}, nil)
+	p.WaitTCP(t, addr, 2*time.Minute)
+	head := httpattack.Request(http.MethodPost, "/charges", addr, []string{"Authorization: Bearer alice-demo-token", "Content-Type: application/json",
+		`Idempotency-Key: "slow"`, "Content-Length: 1000000"}, nil)
+	for i := range 4 {
+		a := httpattack.Slowloris(context.Background(), fmt.Sprintf("127.0.0.%d", 10+i), addr, 8, head, time.Second)
+		defer a.Close()
+	}
+	time.Sleep(2 * time.Second) // the server admits the 32 and reads their heads
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/charges", strings.NewReader(`{"customer":"cus_1","amount":1999,"currency":"usd"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", `"legit-many"`)
+	req.Header.Set("Authorization", "Bearer bob-demo-token")
+	resp, err := httpattack.Client("127.0.0.2", 2*time.Minute).Do(req)
+	if err != nil {
+		t.Fatalf("a charge beside 32 trickling connections from 4 addresses, the listener full: %v", err)
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusCreated {

@@ -36,8 +36,10 @@ type Limits struct {
 	IdleTimeout time.Duration
 	// MaxConnections bounds the connections held at once. A connection past
 	// it closes the oldest idle keep-alive connection of the client holding
-	// the most; when none is idle it waits to be served until one closes.
-	// Defaults to DefaultMaxConnections.
+	// the most; when none is idle, the connection reading a request body
+	// slowest, under 240 bytes a second counted from 5s after it began (a
+	// trickle); when none is that slow it waits to be served until one
+	// closes, idles or turns slow. Defaults to DefaultMaxConnections.
 	MaxConnections int
 	// MaxConnectionsPerIP bounds the connections of one client address (an
 	// IPv6 one's /64) at once. A connection past it closes that client's
@@ -107,13 +109,17 @@ func (l Limits) Check(prefix string) error {
 
 // Server returns an http.Server serving h with l's timeouts, h wrapped so
 // that each write of a response has l.WriteTimeout (http.Server's own
-// WriteTimeout would count the handler's time too), and a ConnState hook
-// that tells l.Listener's connections which are idle. Set its Protocols,
-// TLSConfig and the like as needed, but not ConnState.
+// WriteTimeout would count the handler's time too) and each request
+// body's reading is counted against its connection, and ConnState and
+// ConnContext hooks that tell l.Listener's connections which are idle and
+// which read their bodies slowly (evicted when the listener is full). Set
+// its Protocols, TLSConfig and the like as needed, but not ConnState nor
+// ConnContext.
 func (l Limits) Server(h http.Handler) *http.Server {
 	l = l.WithDefaults()
 	return &http.Server{
-		Handler:           writeDeadlines(h, l.WriteTimeout),
+		Handler:           watchBodies(writeDeadlines(h, l.WriteTimeout)),
+		ConnContext:       connContext,
 		ReadHeaderTimeout: l.ReadHeaderTimeout,
 		ReadTimeout:       l.ReadTimeout,
 		IdleTimeout:       l.IdleTimeout,
@@ -174,6 +180,6 @@ func (l *Limits) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&l.ReadTimeout, "read-timeout", DefaultReadTimeout, "bound on reading a whole HTTP request, body included; a slower one is cut")
 	fs.DurationVar(&l.WriteTimeout, "write-timeout", DefaultWriteTimeout, "bound on each write of an HTTP response once it starts: a client that reads nothing this long is dropped (the handler's time before it answers is not counted)")
 	fs.DurationVar(&l.IdleTimeout, "idle-timeout", DefaultIdleTimeout, "close an HTTP keep-alive connection idle this long")
-	fs.IntVar(&l.MaxConnections, "max-connections", DefaultMaxConnections, "HTTP connections held at once; past it the oldest idle connection of the client holding the most is closed, or the new one waits")
+	fs.IntVar(&l.MaxConnections, "max-connections", DefaultMaxConnections, "HTTP connections held at once; past it the oldest idle connection of the client holding the most is closed, else the one reading a request body slowest (under 240 bytes a second after 5s), or the new one waits")
 	fs.IntVar(&l.MaxConnectionsPerIP, "max-connections-per-ip", DefaultMaxConnectionsPerIP, "HTTP connections of one client address (IPv6: its /64) at once; past it that client's oldest idle connection is closed, or the new one")
 }

@@ -221,3 +221,56 @@ func TestCloseEndsAWaitForASlot(t *testing.T) {
 		t.Fatal("Accept still waits a minute after Close")
 	}
 }
+
+// A full listener, none of its connections idle, gives the slot of the
+// connection reading its body slowest to a new one (issue 40 item 4:
+// trickles from many addresses held every slot until the read timeout, an
+// hour here): three connections trickling a byte a second give way, one by
+// one; a fourth sending its body at 4 KiB a second, well above the 240
+// bytes a second, keeps its slot, and another client is served.
+func TestFullListenerEvictsTheSlowestReader(t *testing.T) {
+	t.Parallel()
+	addr := serve(t, httplimits.Limits{MaxConnections: 4, MaxConnectionsPerIP: 4, ReadTimeout: time.Hour}, ok)
+	head := httpattack.Request(http.MethodPost, "/", addr, []string{"Content-Length: 100000000"}, nil)
+	trickles := httpattack.Slowloris(context.Background(), "127.0.0.2", addr, 3, head, time.Second)
+	defer trickles.Close()
+	steady, err := httpattack.Dial(context.Background(), "127.0.0.3", addr, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer steady.Close()
+	stop := make(chan struct{})
+	defer close(stop)
+	cut := make(chan error, 1)
+	go func() {
+		if _, err := steady.Write(head); err != nil {
+			cut <- err
+			return
+		}
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				if _, err := steady.Write(bytes.Repeat([]byte(" "), 1024)); err != nil {
+					cut <- err
+					return
+				}
+			}
+		}
+	}()
+	eventually(t, "the four connections admitted", func() bool { return trickles.Opened.Load() == 3 })
+	if err := call(t, "127.0.0.4", addr); err != nil {
+		t.Fatalf("another client beside a full listener of three trickles and a steady upload: %v", err)
+	}
+	if trickles.Closed.Load() == 0 {
+		t.Error("served, yet no trickle gave way")
+	}
+	select {
+	case err := <-cut:
+		t.Errorf("the steady upload (4 KiB a second) was cut: %v", err)
+	default:
+	}
+}

@@ -1,10 +1,29 @@
 package httplimits
 
 import (
+	"context"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A connection reading a request body slower than minBodyRate bytes a
+// second, counted from bodyRateGrace after it began, gives its slot to a
+// new connection when the listener is full and none is idle: Kestrel's
+// MinRequestBodyDataRate (240 bytes a second after 5 s), applied only under
+// pressure, so a slow link is cut only when another client needs the slot.
+// A handler's own time (the body read, the call running) never counts.
+const (
+	minBodyRate   = 240
+	bodyRateGrace = 5 * time.Second
+	// pressureRecheck is how often an Accept waiting for a slot looks
+	// again for a slow reader to evict: a reader turns slow as time passes,
+	// which wakes nothing.
+	pressureRecheck = time.Second
 )
 
 // listener caps the connections it holds, in total and per IPGroup.
@@ -40,9 +59,48 @@ type conn struct {
 	l  *listener
 	ip string
 	// idle is under l.mu: the server reports it between requests.
-	idle      bool
-	closeOnce sync.Once
-	closeErr  error
+	idle bool
+	// readers is how many of the connection's requests are reading their
+	// bodies (HTTP/2: streams), readingSince when the first of them began,
+	// both under l.mu; bodyBytes what they read since then.
+	readers      int
+	readingSince time.Time
+	bodyBytes    atomic.Int64
+	closeOnce    sync.Once
+	closeErr     error
+}
+
+// slowness is how far c's body reading falls short of minBodyRate at now:
+// above 0 when it is slow, 0 when it reads nothing or is within the
+// grace or the rate. Under l.mu.
+func (c *conn) slowness(now time.Time) float64 {
+	if c.readers == 0 {
+		return 0
+	}
+	elapsed := now.Sub(c.readingSince)
+	if elapsed < bodyRateGrace {
+		return 0
+	}
+	owed := minBodyRate * (elapsed - bodyRateGrace).Seconds()
+	return max(owed-float64(c.bodyBytes.Load()), 0)
+}
+
+// startReading marks a request of c reading its body.
+func (c *conn) startReading() {
+	c.l.mu.Lock()
+	defer c.l.mu.Unlock()
+	if c.readers == 0 {
+		c.readingSince = time.Now()
+		c.bodyBytes.Store(0)
+	}
+	c.readers++
+}
+
+// stopReading marks a request of c done with its body.
+func (c *conn) stopReading() {
+	c.l.mu.Lock()
+	defer c.l.mu.Unlock()
+	c.readers--
 }
 
 // Close implements net.Conn: the listener forgets the connection.
@@ -96,15 +154,23 @@ func (l *listener) admit(raw net.Conn) (*conn, error) {
 				}
 			}
 			if evict == nil {
-				// Every connection is busy: wait for one to close or idle.
+				evict = l.slowestReaderLocked(time.Now())
+			}
+			if evict == nil {
+				// Every connection is busy: wait for one to close or idle,
+				// or for a reader to turn slow.
 				freed := l.freed
 				l.mu.Unlock()
+				recheck := time.NewTimer(pressureRecheck)
 				select {
 				case <-freed:
+				case <-recheck.C:
 				case <-l.done:
+					recheck.Stop()
 					_ = raw.Close()
 					return nil, net.ErrClosed
 				}
+				recheck.Stop()
 				l.mu.Lock()
 				continue
 			}
@@ -121,6 +187,21 @@ func (l *listener) admit(raw net.Conn) (*conn, error) {
 		l.mu.Unlock()
 		return c, nil
 	}
+}
+
+// slowestReaderLocked returns the connection whose body reading falls
+// furthest short of minBodyRate, nil when none does.
+func (l *listener) slowestReaderLocked(now time.Time) *conn {
+	var slowest *conn
+	worst := 0.0
+	for _, list := range l.byIP {
+		for _, c := range list {
+			if s := c.slowness(now); s > worst {
+				slowest, worst = c, s
+			}
+		}
+	}
+	return slowest
 }
 
 func oldestIdle(list []*conn) *conn {
@@ -159,6 +240,88 @@ func (l *listener) forget(c *conn) {
 	l.mu.Lock()
 	l.dropLocked(c)
 	l.mu.Unlock()
+}
+
+// connKey is the context key of the listener's connection a request came
+// on (connContext).
+type connKey struct{}
+
+// connContext is the Server's ConnContext hook: it keeps the listener's
+// connection in each request's context, for watchBodies.
+func connContext(ctx context.Context, nc net.Conn) context.Context {
+	if c := listenerConn(nc); c != nil {
+		return context.WithValue(ctx, connKey{}, c)
+	}
+	return ctx
+}
+
+// listenerConn is the listener's connection nc is or wraps (TLS), nil
+// when it came from another listener.
+func listenerConn(nc net.Conn) *conn {
+	for {
+		if c, ok := nc.(*conn); ok {
+			return c
+		}
+		u, ok := nc.(interface{ NetConn() net.Conn })
+		if !ok {
+			return nil
+		}
+		nc = u.NetConn()
+	}
+}
+
+// watchBodies counts each request body's bytes against its connection as
+// it is read, so that a full listener can tell the slow readers
+// (slowestReaderLocked).
+func watchBodies(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c, ok := r.Context().Value(connKey{}).(*conn); ok && r.Body != nil && r.Body != http.NoBody {
+			r.Body = &watchedBody{ReadCloser: r.Body, c: c}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// watchedBody is a request body whose reading its connection counts:
+// from the first Read until it ends, fails or is closed. Read and Close
+// may come from different goroutines (net/http closes the body after the
+// handler).
+type watchedBody struct {
+	io.ReadCloser
+	c                *conn
+	mu               sync.Mutex
+	started, stopped bool
+}
+
+// Read implements io.Reader.
+func (b *watchedBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	if !b.started && !b.stopped {
+		b.started = true
+		b.c.startReading()
+	}
+	b.mu.Unlock()
+	n, err := b.ReadCloser.Read(p)
+	b.c.bodyBytes.Add(int64(n))
+	if err != nil {
+		b.stop()
+	}
+	return n, err
+}
+
+// Close implements io.Closer.
+func (b *watchedBody) Close() error {
+	b.stop()
+	return b.ReadCloser.Close()
+}
+
+func (b *watchedBody) stop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.started && !b.stopped {
+		b.c.stopReading()
+	}
+	b.stopped = true
 }
 
 // connState is the Server's ConnState hook: it marks the listener's
