@@ -26,18 +26,27 @@ func TestSlowlorisDoesNotStopACharge(t *testing.T) {
 		`Idempotency-Key: "slow"`, "Content-Length: 1000000"}, nil)
 	a := httpattack.Slowloris(context.Background(), "127.0.0.1", addr, 300, head, 10*time.Second)
 	defer a.Close()
+	if err := bobCharges(addr, `"legit-1"`); err != nil {
+		t.Fatalf("a charge beside %d slowloris connections: %v", a.Opened.Load(), err)
+	}
+}
+
+// bobCharges posts bob's charge with key from 127.0.0.2, waiting up to 2
+// minutes for a 201.
+func bobCharges(addr, key string) error {
 	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/charges", strings.NewReader(`{"customer":"cus_1","amount":1999,"currency":"usd"}`))
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", `"legit-1"`)
+	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("Authorization", "Bearer bob-demo-token")
 	resp, err := httpattack.Client("127.0.0.2", 2*time.Minute).Do(req)
 	if err != nil {
-		t.Fatalf("a charge beside %d slowloris connections: %v", a.Opened.Load(), err)
+		return err
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusCreated {
-		t.Fatalf("a charge beside the slowloris: %s, want 201", resp.Status)
+		return fmt.Errorf("%s, want 201", resp.Status)
 	}
+	return nil
 }
 
 // Slowloris from many addresses, as many trickling connections as the
@@ -60,16 +69,7 @@ func TestSlowlorisFromManyAddressesDoesNotStopACharge(t *testing.T) {
 		defer a.Close()
 	}
 	time.Sleep(2 * time.Second) // the server admits the 32 and reads their heads
-	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/charges", strings.NewReader(`{"customer":"cus_1","amount":1999,"currency":"usd"}`))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", `"legit-many"`)
-	req.Header.Set("Authorization", "Bearer bob-demo-token")
-	resp, err := httpattack.Client("127.0.0.2", 2*time.Minute).Do(req)
-	if err != nil {
+	if err := bobCharges(addr, `"legit-many"`); err != nil {
 		t.Fatalf("a charge beside 32 trickling connections from 4 addresses, the listener full: %v", err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		t.Fatalf("a charge beside the slowloris: %s, want 201", resp.Status)
 	}
 }
