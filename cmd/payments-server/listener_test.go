@@ -41,3 +41,37 @@ func TestConnectSlowlorisDoesNotStopACharge(t *testing.T) {
 		t.Fatalf("a charge beside the slowloris: %s, want 200", resp.Status)
 	}
 }
+
+// Rapid reset on the Connect listener (issue 40 item 2: 20,000 HEADERS
+// and RST_STREAM a second on 4 connections left a neighbour 4 to 11% of
+// its throughput, and the process grew by 54 to 325 MB): a connection
+// whose streams arrive reset faster than 100 a second is closed, within
+// 10,000 streams, and another client's charge is served.
+func TestConnectRapidResetIsCut(t *testing.T) {
+	t.Parallel()
+	grpcAddr, connectAddr := stacktest.FreeAddr(t), stacktest.FreeAddr(t)
+	p := proctest.Start(t, proctest.Build(t, "."), []string{"-listen", grpcAddr, "-connect-listen", connectAddr,
+		"-metrics-listen=", "-dedupe", "in-process", "--", "-data-dir", t.TempDir(), "-metrics-listen="}, []string{"DATABASE_URL="})
+	p.WaitTCP(t, connectAddr, 2*time.Minute)
+	sent, closed, err := httpattack.RapidReset(context.Background(), "127.0.0.1", connectAddr, http.MethodPost,
+		paymentsv1connect.PaymentsServiceChargeCardProcedure, [][2]string{{"content-type", "application/json"}, {"idempotency-key", "reset"}}, 10000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !closed {
+		t.Fatalf("%d streams opened and reset at once, and the connection is still open a minute later", sent)
+	}
+	t.Logf("the Connect listener closed the connection after %d streams opened and reset", sent)
+	req, _ := http.NewRequest(http.MethodPost, "http://"+connectAddr+paymentsv1connect.PaymentsServiceChargeCardProcedure,
+		strings.NewReader(`{"customerId":"c","amountCents":5}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", "legit-after-reset")
+	resp, err := httpattack.Client("127.0.0.2", 2*time.Minute).Do(req)
+	if err != nil {
+		t.Fatalf("a charge after the rapid reset: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("a charge after the rapid reset: %s, want 200", resp.Status)
+	}
+}

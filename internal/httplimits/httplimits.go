@@ -109,16 +109,19 @@ func (l Limits) Check(prefix string) error {
 
 // Server returns an http.Server serving h with l's timeouts, h wrapped so
 // that each write of a response has l.WriteTimeout (http.Server's own
-// WriteTimeout would count the handler's time too) and each request
-// body's reading is counted against its connection, and ConnState and
-// ConnContext hooks that tell l.Listener's connections which are idle and
-// which read their bodies slowly (evicted when the listener is full). Set
+// WriteTimeout would count the handler's time too), each request body's
+// reading counted against its connection, and the requests a client
+// cancelled before they arrived counted too (a connection past
+// MaxResetsPerSecond is closed),
+// and ConnState and ConnContext hooks that tell l.Listener's connections
+// which are idle and which read their bodies slowly (evicted when the
+// listener is full). Set
 // its Protocols, TLSConfig and the like as needed, but not ConnState nor
 // ConnContext.
 func (l Limits) Server(h http.Handler) *http.Server {
 	l = l.WithDefaults()
 	return &http.Server{
-		Handler:           watchBodies(writeDeadlines(h, l.WriteTimeout)),
+		Handler:           perRequest(writeDeadlines(h, l.WriteTimeout)),
 		ConnContext:       connContext,
 		ReadHeaderTimeout: l.ReadHeaderTimeout,
 		ReadTimeout:       l.ReadTimeout,

@@ -265,12 +265,54 @@ func TestFullListenerEvictsTheSlowestReader(t *testing.T) {
 	if err := call(t, "127.0.0.4", addr); err != nil {
 		t.Fatalf("another client beside a full listener of three trickles and a steady upload: %v", err)
 	}
-	if trickles.Closed.Load() == 0 {
-		t.Error("served, yet no trickle gave way")
-	}
+	eventually(t, "a trickle gave way", func() bool { return trickles.Closed.Load() > 0 })
 	select {
 	case err := <-cut:
 		t.Errorf("the steady upload (4 KiB a second) was cut: %v", err)
 	default:
+	}
+}
+
+// An HTTP/2 connection resetting its streams as fast as it opens them
+// (rapid reset, issue 40 item 2: 20,000 HEADERS and RST_STREAM a second on
+// 4 connections left a neighbour 4 to 11% of its throughput) is closed once
+// more than MaxResetsPerSecond of its streams arrived reset in a second,
+// and a neighbour is served.
+func TestRapidResetClosesTheConnection(t *testing.T) {
+	t.Parallel()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := httplimits.Limits{}
+	// A call that takes a while, as a gated one does: a reset cancels it.
+	calls := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-time.After(time.Second):
+		}
+		_, _ = io.WriteString(w, "ok")
+	})
+	srv := l.Server(calls)
+	srv.Protocols = new(http.Protocols)
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	go func() { _ = srv.Serve(l.Listener(lis)) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	addr := lis.Addr().String()
+
+	sent, closed, err := httpattack.RapidReset(context.Background(), "127.0.0.2", addr, http.MethodGet, "/", nil, 10000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Before, the server ran a handler for each and closed nothing until
+	// far past this bound (504,127 streams in one run).
+	if !closed {
+		t.Fatalf("%d streams opened and reset at once, and the connection is still open a minute later", sent)
+	}
+	t.Logf("the server closed the connection after %d streams opened and reset", sent)
+	if err := call(t, "127.0.0.3", addr); err != nil {
+		t.Fatalf("a neighbour after the rapid reset: %v", err)
 	}
 }

@@ -66,8 +66,12 @@ type conn struct {
 	readers      int
 	readingSince time.Time
 	bodyBytes    atomic.Int64
-	closeOnce    sync.Once
-	closeErr     error
+	// resets counts the requests the client cancelled since resetsSince
+	// (a window of a second), under l.mu.
+	resets      int
+	resetsSince time.Time
+	closeOnce   sync.Once
+	closeErr    error
 }
 
 // slowness is how far c's body reading falls short of minBodyRate at now:
@@ -247,7 +251,7 @@ func (l *listener) forget(c *conn) {
 type connKey struct{}
 
 // connContext is the Server's ConnContext hook: it keeps the listener's
-// connection in each request's context, for watchBodies.
+// connection in each request's context, for perRequest.
 func connContext(ctx context.Context, nc net.Conn) context.Context {
 	if c := listenerConn(nc); c != nil {
 		return context.WithValue(ctx, connKey{}, c)
@@ -270,16 +274,52 @@ func listenerConn(nc net.Conn) *conn {
 	}
 }
 
-// watchBodies counts each request body's bytes against its connection as
+// MaxResetsPerSecond is how many of one connection's requests may arrive
+// already cancelled by the client (an HTTP/2 stream reset before its
+// handler started) within a second before the connection is closed: a
+// client resetting streams as fast as it opens them (rapid reset) makes
+// the server take up and drop a request each time, and grpc-go's and
+// net/http's own defences bound only how many run at once. A call its
+// client gives up on while it runs is not counted, so a herd of callers'
+// deadlines running out together on one connection does not close it.
+const MaxResetsPerSecond = 100
+
+// perRequest counts each request body's bytes against its connection as
 // it is read, so that a full listener can tell the slow readers
-// (slowestReaderLocked).
-func watchBodies(h http.Handler) http.Handler {
+// (slowestReaderLocked), and does not serve a request its client cancelled
+// before it arrived, counting it against its connection (cancelled).
+func perRequest(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if c, ok := r.Context().Value(connKey{}).(*conn); ok && r.Body != nil && r.Body != http.NoBody {
+		c, ok := r.Context().Value(connKey{}).(*conn)
+		if !ok {
+			h.ServeHTTP(w, r)
+			return
+		}
+		if r.Context().Err() != nil {
+			c.cancelled()
+			return
+		}
+		if r.Body != nil && r.Body != http.NoBody {
 			r.Body = &watchedBody{ReadCloser: r.Body, c: c}
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// cancelled counts a request of c its client cancelled, and closes c past
+// MaxResetsPerSecond of them in a second.
+func (c *conn) cancelled() {
+	c.l.mu.Lock()
+	now := time.Now()
+	if now.Sub(c.resetsSince) > time.Second {
+		c.resetsSince, c.resets = now, 0
+	}
+	c.resets++
+	tooMany := c.resets > MaxResetsPerSecond
+	c.l.mu.Unlock()
+	if tooMany {
+		_ = c.Close()
+	}
 }
 
 // watchedBody is a request body whose reading its connection counts:

