@@ -16,7 +16,8 @@ import (
 // new connection when the listener is full and none is idle: Kestrel's
 // MinRequestBodyDataRate (240 bytes a second after 5 s), applied only under
 // pressure, so a slow link is cut only when another client needs the slot.
-// A handler's own time (the body read, the call running) never counts.
+// Only a body being read counts: a handler's time after its body (the call
+// running) never does.
 const (
 	minBodyRate   = 240
 	bodyRateGrace = 5 * time.Second
@@ -266,6 +267,7 @@ func listenerConn(nc net.Conn) *conn {
 		if c, ok := nc.(*conn); ok {
 			return c
 		}
+		// A TLS connection wraps the listener's.
 		u, ok := nc.(interface{ NetConn() net.Conn })
 		if !ok {
 			return nil
@@ -367,23 +369,16 @@ func (b *watchedBody) stop() {
 // connState is the Server's ConnState hook: it marks the listener's
 // connections idle between requests (HTTP/2: with no stream open).
 func connState(nc net.Conn, state http.ConnState) {
-	for {
-		if c, ok := nc.(*conn); ok {
-			c.l.mu.Lock()
-			c.idle = state == http.StateIdle
-			if c.idle {
-				c.l.wakeLocked()
-			}
-			c.l.mu.Unlock()
-			return
-		}
-		// A TLS connection wraps the listener's.
-		u, ok := nc.(interface{ NetConn() net.Conn })
-		if !ok {
-			return
-		}
-		nc = u.NetConn()
+	c := listenerConn(nc)
+	if c == nil {
+		return
 	}
+	c.l.mu.Lock()
+	c.idle = state == http.StateIdle
+	if c.idle {
+		c.l.wakeLocked()
+	}
+	c.l.mu.Unlock()
 }
 
 // RemoteIPGroup is IPGroup of an http.Request's RemoteAddr ("ip:port").
