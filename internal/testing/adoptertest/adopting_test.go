@@ -86,20 +86,35 @@ func TestGuidePinsAreTheMakefiles(t *testing.T) {
 		}
 		return string(m[1])
 	}
-	var installs []string
+	// The lines run, and the shown ones: buf built from source is the
+	// alternative for a machine without npm, pinned all the same.
+	var run, shown []string
+	installLine := regexp.MustCompile(`go install (\S+)|npm install .*?(@bufbuild/buf@\S+)`)
 	for _, b := range readGuide(t) {
-		if b.kind == runBlock {
-			installs = append(installs, regexp.MustCompile(`go install (\S+)`).FindAllString(b.body, -1)...)
+		for _, m := range installLine.FindAllStringSubmatch(b.body, -1) {
+			line := m[0]
+			if m[2] != "" {
+				line = "npm install " + m[2]
+			}
+			switch b.kind {
+			case runBlock:
+				run = append(run, line)
+			case shownBlock:
+				shown = append(shown, line)
+			}
 		}
 	}
 	for _, want := range []string{
-		"go install github.com/bufbuild/buf/cmd/buf@" + pin("BUF_VERSION"),
+		"npm install @bufbuild/buf@" + strings.TrimPrefix(pin("BUF_VERSION"), "v"),
 		"go install google.golang.org/protobuf/cmd/protoc-gen-go@" + pin("PROTOC_GEN_GO_VERSION"),
 		"go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@" + pin("PROTOC_GEN_GO_GRPC_VERSION"),
 	} {
-		if !slices.Contains(installs, want) {
-			t.Errorf("docs/adopting.md does not run %q (the Makefile's pin); it runs %q", want, installs)
+		if !slices.Contains(run, want) {
+			t.Errorf("docs/adopting.md does not run %q (the Makefile's pin); it runs %q", want, run)
 		}
+	}
+	if want := "go install github.com/bufbuild/buf/cmd/buf@" + pin("BUF_VERSION"); !slices.Contains(shown, want) {
+		t.Errorf("docs/adopting.md does not show %q (the Makefile's pin) for a machine without npm; it shows %q", want, shown)
 	}
 	gomod, err := os.ReadFile(filepath.Join(root, "go.mod"))
 	if err != nil {
@@ -118,6 +133,11 @@ func TestAdoptingGuide(t *testing.T) {
 
 	_, err := exec.LookPath("curl")
 	need(t, "curl", err)
+	// Step 2 installs buf's prebuilt binary with npm; its launcher runs on node.
+	_, err = exec.LookPath("npm")
+	need(t, "npm", err)
+	_, err = exec.LookPath("node")
+	need(t, "node", err)
 	need(t, "bash", func() error { _, err := exec.LookPath("bash"); return err }())
 	pythonErr := exec.Command(python, "-c", "import grpc, google.protobuf").Run()
 	if pythonErr != nil && os.Getenv("CI") == "true" {

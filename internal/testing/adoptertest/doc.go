@@ -21,15 +21,15 @@
 // binary make tools has already built in TOOLS_DIR (the Makefile's rule is
 // the same line with another GOBIN) with this toolchain and
 // internal/gobuild's flags is served by copying that binary (prebuilt): the
-// line would build the same bytes, and on an empty build cache buf alone
-// compiles 559 packages nothing else in make test needs. Without such a
-// binary the line runs as written; the test logs which it did.
+// line would build the same bytes. Without such a binary the line runs as
+// written; the test logs which it did. buf itself comes from npm's prebuilt
+// package, as the guide installs it (building it from source, the guide's
+// alternative, compiles 559 packages nothing else in make test needs).
 //
-// The run needs the Go module proxy (go mod tidy, go install of buf and the
-// protoc plugins at the Makefile's pins, into the run's own bin/), PostgreSQL
-// at pgtest.URL(), curl, and /usr/bin/python3 with grpcio and protobuf for
-// the Python step. Without one of them it skips, except under CI=true, where
-// it fails. With a warm Go build cache it takes 13 to 35 seconds on a shared
-// 2-core machine; on an empty one, where make tools has not built buf, about
-// 5 minutes (2.8 CPU-minutes).
+// The run needs the Go module proxy (go mod tidy, go install of the protoc
+// plugins at the Makefile's pins, into the run's own bin/), npm and the npm
+// registry (buf), node, PostgreSQL at pgtest.URL(), curl, and
+// /usr/bin/python3 with grpcio and protobuf for the Python step. Without one
+// of them it skips, except under CI=true, where it fails. With a warm Go
+// build cache it takes 13 to 35 seconds on a shared 2-core machine.
 package adoptertest
