@@ -57,6 +57,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -65,6 +66,7 @@ import (
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -82,9 +84,9 @@ import (
 	"github.com/idemgate/idemgate/examples/payments"
 	paymentsv1 "github.com/idemgate/idemgate/gen/examples/payments/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/httpgate"
 	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/cliflag"
-	"github.com/idemgate/idemgate/internal/dedupeapp"
 	"github.com/idemgate/idemgate/internal/httplimits"
 	"github.com/idemgate/idemgate/internal/version"
 )
@@ -305,7 +307,7 @@ func run(cfg config, logger *slog.Logger) error {
 	logger.Info("payments-server starting", version.Attr())
 	if cfg.metricsListen != "" {
 		cfg.registry = prometheus.NewRegistry()
-		stop, err := dedupeapp.ServeMetrics(cfg.metricsListen, cfg.registry, logger)
+		stop, err := serveMetrics(cfg.metricsListen, cfg.registry, logger)
 		if err != nil {
 			return err
 		}
@@ -422,4 +424,30 @@ func serve(cfg config, gate *interceptor.Gate, dedupe idemgatev1.DedupeServiceCl
 		slog.String("SendReceipt", gate.Policy(paymentsv1.PaymentsService_SendReceipt_FullMethodName).String()),
 		slog.String("GetBalance", gate.Policy(paymentsv1.PaymentsService_GetBalance_FullMethodName).String()))
 	return srv.Serve(lis)
+}
+
+// serveMetrics serves registry at addr's /metrics until the returned stop is
+// called, with httpgate.ServerLimits' defaults (timeouts, connection caps per
+// client address): a scraper needs one connection, a stranger gets no more.
+// Written from public packages only, as a copy of this server must be.
+func serveMetrics(addr string, registry *prometheus.Registry, logger *slog.Logger) (stop func(), err error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("-metrics-listen %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
+	limits := httpgate.ServerLimits{ReadHeaderTimeout: 5 * time.Second}
+	srv := limits.Server(mux)
+	go func() {
+		if err := srv.Serve(limits.Listener(lis)); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("metrics endpoint failed", slog.Any("error", err))
+		}
+	}()
+	logger.Info("metrics serving", slog.String("address", "http://"+lis.Addr().String()+"/metrics"))
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
 }
