@@ -2,8 +2,9 @@ package idemgate
 
 import (
 	"context"
+	"errors"
 
-	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate/internal/vocab"
 )
 
 // Causes a gated handler's context can end with (context.Cause). The handler
@@ -14,9 +15,9 @@ var (
 	// another attempt took the key over, or an operator settled the record),
 	// so whatever it does next is refused by the Dedupe service. Stop, and do
 	// not write downstream without the FencingToken.
-	ErrFenced = gatecore.ErrFenced
+	ErrFenced = errors.New("idemgate: this attempt was fenced: its reservation was taken over or settled by another attempt, and its outcome will be refused")
 	// ErrExecutionTimeout: the method's execution_timeout ran out.
-	ErrExecutionTimeout = gatecore.ErrExecutionTimeout
+	ErrExecutionTimeout = errors.New("idemgate: the handler ran past its execution_timeout")
 )
 
 // FencingToken names one reservation of one key. Epoch grows every time the
@@ -41,7 +42,7 @@ type FencingToken struct {
 // or methods, so do not send it to a downstream system that dedupes on it:
 // send DownstreamKeyFromContext instead.
 func KeyFromContext(ctx context.Context) (string, bool) {
-	c, ok := gatecore.CallFrom(ctx)
+	c, ok := vocab.CallFrom(ctx)
 	if !ok {
 		return "", false
 	}
@@ -57,7 +58,7 @@ func KeyFromContext(ctx context.Context) (string, bool) {
 // use the same key, so they never collide at the provider. It reports false
 // outside a gated call.
 func DownstreamKeyFromContext(ctx context.Context) (string, bool) {
-	c, ok := gatecore.CallFrom(ctx)
+	c, ok := vocab.CallFrom(ctx)
 	if !ok {
 		return "", false
 	}
@@ -68,7 +69,7 @@ func DownstreamKeyFromContext(ctx context.Context) (string, bool) {
 // under, for a downstream system that supports conditional writes. It
 // reports false outside a gated call.
 func FencingTokenFromContext(ctx context.Context) (FencingToken, bool) {
-	c, ok := gatecore.CallFrom(ctx)
+	c, ok := vocab.CallFrom(ctx)
 	if !ok {
 		return FencingToken{}, false
 	}

@@ -11,4 +11,8 @@
 // (MCP). Each of them uses these names, so a handler or a caller written
 // against this package works behind any of them, and importing one gate
 // does not pull in another.
+//
+// It is a leaf the gates build on: their shared engine (internal/gatecore)
+// imports this package, never the reverse, so a handler that imports only
+// this package links no gate and no engine.
 package idemgate

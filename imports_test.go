@@ -25,3 +25,50 @@ func TestNoGateImportsTheGRPCGate(t *testing.T) {
 		}
 	}
 }
+
+// The root package is the vocabulary the gates build on, so it must not
+// stand on them: a handler that imports only idemgate links no engine, and
+// gatecore (the lifecycle engine) imports idemgate, never the other way. It
+// may use these packages of this module, each a leaf (it imports no other
+// package of this module):
+var vocabularyDeps = map[string]bool{
+	// The protos' Go code: Policy.OnLostOutcome is a LostOutcomePolicy.
+	"github.com/idemgate/idemgate/gen/idemgate/v1": true,
+	// The google.rpc.Code spelling of codes that Policy.String writes, the
+	// same one the policies are written in.
+	"github.com/idemgate/idemgate/internal/grpcerr": true,
+	// What idemgate's exported names create or read but do not show: the
+	// call a handler's context carries, the mark on a handler's error, a
+	// Reconciler's answer. gatecore and protogate read their insides, and
+	// Go shares unexported state only within a package, so it lives in a
+	// leaf both sides import.
+	"github.com/idemgate/idemgate/internal/vocab": true,
+}
+
+func TestVocabularyIsALeaf(t *testing.T) {
+	t.Parallel()
+	const module = "github.com/idemgate/idemgate"
+	deps := func(pkg string) []string {
+		t.Helper()
+		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, out)
+		}
+		var own []string
+		for _, dep := range strings.Fields(string(out)) {
+			if dep != pkg && (dep == module || strings.HasPrefix(dep, module+"/")) {
+				own = append(own, dep)
+			}
+		}
+		return own
+	}
+	for _, dep := range deps(module) {
+		if !vocabularyDeps[dep] {
+			t.Errorf("package idemgate depends on %s; the vocabulary must not stand on the machinery (gatecore imports idemgate, not the reverse)", dep)
+			continue
+		}
+		if own := deps(dep); len(own) > 0 {
+			t.Errorf("package idemgate depends on %s, which is no longer a leaf: it imports %v", dep, own)
+		}
+	}
+}

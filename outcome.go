@@ -1,10 +1,11 @@
 package idemgate
 
 import (
+	"context"
+
 	"google.golang.org/protobuf/proto"
 
-	"github.com/idemgate/idemgate/internal/gatecore"
-	"github.com/idemgate/idemgate/internal/protogate"
+	"github.com/idemgate/idemgate/internal/vocab"
 )
 
 // FinalError marks a handler error as the action's final outcome, whatever
@@ -12,7 +13,7 @@ import (
 // to every duplicate. Return it when the side effect was decided (a card
 // declined by the provider) and running again must not happen.
 func FinalError(err error) error {
-	return gatecore.MarkFinal(err)
+	return vocab.MarkError(err, vocab.Final)
 }
 
 // RetryableError marks a handler error as not an outcome, whatever the
@@ -27,7 +28,7 @@ func FinalError(err error) error {
 // sent the request with one of those, wrap it in OutcomeUnknownError or list
 // its code in unknown_codes.
 func RetryableError(err error) error {
-	return gatecore.MarkRetryable(err)
+	return vocab.MarkError(err, vocab.Retryable)
 }
 
 // OutcomeUnknownError marks a handler error as leaving the side effect's
@@ -41,7 +42,7 @@ func RetryableError(err error) error {
 // and errors with the codes DEADLINE_EXCEEDED, CANCELLED or the method's
 // unknown_codes, are treated so without the mark.
 func OutcomeUnknownError(err error) error {
-	return gatecore.MarkOutcomeUnknown(err)
+	return vocab.MarkError(err, vocab.OutcomeUnknown)
 }
 
 // Reconciler is asked, when a call finds that an earlier attempt's outcome
@@ -50,38 +51,36 @@ func OutcomeUnknownError(err error) error {
 // call's request. An error leaves the outcome unknown: the caller gets
 // IDEMPOTENCY_OUTCOME_UNKNOWN. A ResolvedResponse of a type other than the
 // method's response leaves it unknown too, and the caller gets INTERNAL (a
-// bug in the reconciler, logged). Its type is
-//
-//	func(ctx context.Context, key string, req proto.Message) (Resolution, error)
-//
-// for interceptor.WithReconciler and connectgate.WithReconciler alike, so
-// one reconciler serves a method over gRPC and over Connect.
-type Reconciler = protogate.Reconciler
+// bug in the reconciler, logged). interceptor.WithReconciler and
+// connectgate.WithReconciler take the same type, so one reconciler serves a
+// method over gRPC and over Connect.
+type Reconciler func(ctx context.Context, key string, req proto.Message) (Resolution, error)
 
 // Resolution is a Reconciler's answer; build it with ResolvedResponse,
-// ResolvedError, ResolvedNotRun or StillUnknown.
-type Resolution = protogate.Resolution
+// ResolvedError, ResolvedNotRun or StillUnknown. Its zero value is
+// StillUnknown's.
+type Resolution = vocab.Resolution
 
 // ResolvedResponse says the side effect happened and resp is what the method
 // would have returned. It is stored and replayed like a response.
 func ResolvedResponse(resp proto.Message) Resolution {
-	return protogate.ResolvedResponse(resp)
+	return vocab.Resolve(vocab.ResolvedResponse, resp, nil)
 }
 
 // ResolvedError says the action ended with a final error, which is stored and
 // replayed like a response.
 func ResolvedError(err error) Resolution {
-	return protogate.ResolvedError(err)
+	return vocab.Resolve(vocab.ResolvedError, nil, err)
 }
 
 // ResolvedNotRun says the side effect did not happen: the record is released
 // and the call runs the handler.
 func ResolvedNotRun() Resolution {
-	return protogate.ResolvedNotRun()
+	return vocab.Resolve(vocab.ResolvedNotRun, nil, nil)
 }
 
 // StillUnknown says the reconciler cannot tell; the caller gets
 // IDEMPOTENCY_OUTCOME_UNKNOWN.
 func StillUnknown() Resolution {
-	return protogate.StillUnknown()
+	return vocab.Resolve(vocab.StillUnknown, nil, nil)
 }

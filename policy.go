@@ -1,12 +1,14 @@
 package idemgate
 
 import (
+	"fmt"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
 
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
-	"github.com/idemgate/idemgate/internal/protogate"
+	"github.com/idemgate/idemgate/internal/grpcerr"
 )
 
 // Policy is the resolved idemgate policy of one method (or procedure):
@@ -52,4 +54,30 @@ type Policy struct {
 // String describes the policy as logged, for example
 // "gated(action=/pkg.S/M, retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[], unknown_codes=[], max_wait=3s, keyless=reject, execution_timeout=1m0s, finish=before_reply)"
 // or "ungated".
-func (p Policy) String() string { return protogate.Policy(p).String() }
+func (p Policy) String() string {
+	if !p.Gated {
+		return "ungated"
+	}
+	onLost := "fail_closed"
+	if p.OnLostOutcome == idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_REEXECUTE {
+		onLost = "reexecute"
+	}
+	keyless := "reject"
+	if p.KeylessFingerprint {
+		keyless = "fingerprint(" + p.KeylessWindow.String() + ")"
+	}
+	finish := "before_reply"
+	if p.FinishAfterReply {
+		finish = "after_reply"
+	}
+	return fmt.Sprintf("gated(action=%s, retention=%s, lease=%s, on_lost_outcome=%s, replay_codes=[%s], unknown_codes=[%s], max_wait=%s, keyless=%s, execution_timeout=%s, finish=%s)",
+		p.Action, p.Retention, p.Lease, onLost, codeNames(p.ReplayCodes), codeNames(p.UnknownCodes), p.MaxWait, keyless, p.ExecutionTimeout, finish)
+}
+
+func codeNames(cs []codes.Code) string {
+	names := make([]string, len(cs))
+	for i, c := range cs {
+		names[i] = grpcerr.CodeName(c)
+	}
+	return strings.Join(names, " ")
+}

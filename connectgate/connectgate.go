@@ -129,34 +129,21 @@ func (g *Gate) Stats() Stats { return g.engine.Stats() }
 // one it does not gate reports Gated false.
 func (g *Gate) Policy(procedure string) idemgate.Policy {
 	if m, ok := g.methods[procedure]; ok {
-		return idemgate.Policy(m.Policy)
+		return m.Policy
 	}
 	return idemgate.Policy{}
 }
 
-// Interceptor returns the connect.Interceptor that gates unary procedures
-// on the handler side; add it with connect.WithInterceptors. Put it after
-// authentication (the tenant function may read the caller's identity) and
-// after any panic recovery (a panicking handler is a lost outcome, and the
-// gate panics again), before anything that retries the handler. On a client
-// it does nothing, and streams pass through: a streaming method marked
-// mutating makes New fail, because a stream's outcome is not one message to
-// store and replay.
-//
-// Interceptor alone carries no request or response size limit (connect-go
-// decodes and decompresses a request before any interceptor sees it) and
-// no deterministic codec (a response's map is encoded in Go's random order,
-// on the first answer and on each replay). Build
-// the handler with HandlerOptions, which includes this interceptor, and wrap
-// it in HTTPMiddleware; a gate whose interceptor runs without them logs a
-// warning once.
-func (g *Gate) Interceptor() connect.Interceptor { return gateInterceptor{g: g} }
-
-// gateInterceptor is the gate's interceptor; limited when it came with the
-// gate's limits (HandlerOptions).
+// gateInterceptor is the gate's interceptor, which HandlerOptions adds with
+// the gate's codecs and limits. Add it with connect.WithInterceptors-style
+// options after authentication (the tenant function may read the caller's
+// identity) and after any panic recovery (a panicking handler is a lost
+// outcome, and the gate panics again), before anything that retries the
+// handler. On a client it does nothing, and streams pass through: a streaming
+// method marked mutating makes New fail, because a stream's outcome is not
+// one message to store and replay.
 type gateInterceptor struct {
-	g       *Gate
-	limited bool
+	g *Gate
 }
 
 func (i gateInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
@@ -165,12 +152,6 @@ func (i gateInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		m, ok := i.g.methods[spec.Procedure]
 		if !ok || spec.IsClient {
 			return next(ctx, req)
-		}
-		if !i.limited {
-			i.g.unlimited.Do(func() {
-				i.g.opts.logger.WarnContext(ctx, "idemgate: a gated Connect handler was built with Gate.Interceptor alone, so its requests have no size limit before they are decoded and a map in its responses may be encoded in another order on each replay; build it with Gate.HandlerOptions and wrap it in Gate.HTTPMiddleware",
-					slog.String("procedure", spec.Procedure))
-			})
 		}
 		return i.g.gate(ctx, req, m, next)
 	}
@@ -289,7 +270,7 @@ func (c *call) Replay(_ context.Context, s gatecore.Stored) (any, error, bool) {
 		return nil, ce, true
 	}
 	if r.Response == nil {
-		return nil, grpcerr.New(codes.Internal, gatecore.ReasonOutcomeTypeMismatch,
+		return nil, grpcerr.New(codes.Internal, idemgate.ReasonOutcomeTypeMismatch,
 			"the stored outcome decoded as no message; the call was not run again", nil, 0), false
 	}
 	resp := connect.NewResponse(&replayedMessage{r.Response})

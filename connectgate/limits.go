@@ -3,9 +3,11 @@ package connectgate
 import (
 	"compress/gzip"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -60,13 +62,20 @@ const envelopePrefix = 5
 // own refuses without a reason, after inflating the rest of a bomb to count
 // it), and connect.WithSendMaxBytes of WithMaxResponseBytes. A
 // WithReadMaxBytes, WithSendMaxBytes or gzip WithCompression in extra is
-// overridden: set the limits on the Gate. Interceptor alone carries no
-// limit and no codec, because connect-go's interceptors only see decoded
-// messages: mount with HandlerOptions and HTTPMiddleware.
+// refused: HandlerOptions panics, naming the Gate's option to set instead
+// (connect-go would apply whichever came last, so one of the two limits
+// would silently not hold). The gate's interceptor is offered only here,
+// not alone, because connect-go's interceptors only see decoded messages:
+// mount with HandlerOptions and HTTPMiddleware.
 func (g *Gate) HandlerOptions(extra ...connect.HandlerOption) []connect.HandlerOption {
+	for _, o := range extra {
+		if err := conflicting(reflect.ValueOf(o)); err != nil {
+			panic(err)
+		}
+	}
 	limit := g.opts.maxRequest
 	return append(append(codecOptions(), extra...),
-		connect.WithInterceptors(gateInterceptor{g: g, limited: true}),
+		connect.WithInterceptors(gateInterceptor{g: g}),
 		connect.WithReadMaxBytes(limit),
 		connect.WithSendMaxBytes(g.opts.maxResponse),
 		// Drop connect-go's gzip, then add the bounded one under its name,
@@ -248,10 +257,45 @@ func (d *boundedGzip) Reset(r io.Reader) error {
 func (d *boundedGzip) Close() error { return d.r.Close() }
 
 // limitsState is the part of a Gate that mounting needs: the procedures
-// HTTPMiddleware leaves unbounded, resolved on first use, and whether the
-// warning about a gate mounted without limits was logged.
+// HTTPMiddleware leaves unbounded, resolved on first use.
 type limitsState struct {
 	streamsOnce sync.Once
 	streams     map[string]bool
-	unlimited   sync.Once
+}
+
+// conflicting reports an option that would override one of the gate's limits:
+// connect-go's read or send limit, or its gzip compression (the gate's
+// bounded decompressor is registered under that name), looking inside
+// connect.WithHandlerOptions and connect.WithOptions groups. connect-go's
+// options are opaque types; their concrete names are stable API in practice
+// (the constructors return them), and an option of an unknown type passes.
+func conflicting(v reflect.Value) error {
+	for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
+		if v.IsNil() {
+			return nil
+		}
+		v = v.Elem()
+	}
+	if v.Kind() != reflect.Struct || v.Type().PkgPath() != "connectrpc.com/connect" {
+		return nil
+	}
+	switch v.Type().Name() {
+	case "readMaxBytesOption":
+		return errors.New("connectgate: HandlerOptions: connect.WithReadMaxBytes would override the gate's request limit; set connectgate.WithMaxRequestBytes on the Gate instead")
+	case "sendMaxBytesOption":
+		return errors.New("connectgate: HandlerOptions: connect.WithSendMaxBytes would override the gate's response limit; set connectgate.WithMaxResponseBytes on the Gate instead")
+	case "compressionOption":
+		if f := v.FieldByName("Name"); f.IsValid() && f.Kind() == reflect.String && f.String() == "gzip" {
+			return errors.New(`connectgate: HandlerOptions: connect.WithCompression("gzip", ...) would replace the gate's gzip decompressor, which stops at connectgate.WithMaxRequestBytes; leave gzip to the gate and set that limit on the Gate instead`)
+		}
+	case "handlerOptionsOption", "optionsOption":
+		if f := v.FieldByName("options"); f.IsValid() && f.Kind() == reflect.Slice {
+			for i := range f.Len() {
+				if err := conflicting(f.Index(i)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
 }

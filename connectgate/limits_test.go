@@ -3,8 +3,8 @@ package connectgate_test
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -41,8 +41,8 @@ func wantNotReserved(t *testing.T, hs *harness, client testingv1connect.TestServ
 // 64 KB body, over the default 4 MiB) is refused while it is decompressed,
 // over every protocol, with RESOURCE_EXHAUSTED and
 // IDEMPOTENCY_REQUEST_TOO_LARGE: the gate never reserves the key and the
-// handler never runs. Under Interceptor alone connect-go inflated it whole
-// and the handler ran.
+// handler never runs. Under an interceptor alone (no HandlerOptions)
+// connect-go inflated it whole and the handler ran.
 func TestGzipBombRefusedBeforeDecoding(t *testing.T) {
 	hs := setup(t, nil)
 	bomb := connectbomb.Gzip(64<<20, nil)
@@ -174,26 +174,42 @@ func TestLimitsMustBePositive(t *testing.T) {
 	}
 }
 
-// A gate whose interceptor runs without HandlerOptions (Interceptor alone,
-// so no limit) logs a warning, once.
-func TestInterceptorAloneWarnsOnce(t *testing.T) {
-	hs := setup(t, nil)
-	var logs syncBuffer
-	gate, err := connectgate.New(hs.stack.Dedupe, connectgate.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+// An option among HandlerOptions' extra that would undo the gate's limits
+// (connect-go's read or send limit, its own gzip, even inside
+// connect.WithHandlerOptions) is refused where the handler is built, naming
+// the gate's option to use, instead of being silently overridden; other
+// compressions and options pass.
+func TestHandlerOptionsRefuseConflictingLimits(t *testing.T) {
+	gate, err := connectgate.New(setup(t, nil).stack.Dedupe)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, service := testingv1connect.NewTestServiceHandler(hs.h, connect.WithInterceptors(gate.Interceptor()))
-	for i := range 2 {
-		req := connect.NewRequest(&testingv1.MutateRequest{Payload: "x"})
-		req.Header().Set(connectgate.KeyHeader, "alone-"+string(rune('a'+i)))
-		client := testingv1connect.NewTestServiceClient(handlerClient{service}, "http://gate")
-		if _, err := client.Mutate(testCtx(t), req); err != nil {
-			t.Fatal(err)
-		}
+	refused := []struct {
+		name string
+		opt  connect.HandlerOption
+		want string
+	}{
+		{"WithReadMaxBytes", connect.WithReadMaxBytes(1 << 30), "WithMaxRequestBytes"},
+		{"WithSendMaxBytes", connect.WithSendMaxBytes(1 << 30), "WithMaxResponseBytes"},
+		{"gzip WithCompression", connect.WithCompression("gzip", nil, nil), "WithMaxRequestBytes"},
+		{"WithReadMaxBytes in WithHandlerOptions", connect.WithHandlerOptions(connect.WithRecover(nil), connect.WithReadMaxBytes(1)), "WithMaxRequestBytes"},
 	}
-	if n := strings.Count(logs.String(), "no size limit"); n != 1 {
-		t.Fatalf("%d warnings about the missing limit, want 1:\n%s", n, logs.String())
+	for _, c := range refused {
+		t.Run(c.name, func(t *testing.T) {
+			defer func() {
+				p := recover()
+				if p == nil || !strings.Contains(fmt.Sprint(p), c.want) {
+					t.Fatalf("HandlerOptions(%s): panic %v, want a refusal naming connectgate.%s", c.name, p, c.want)
+				}
+			}()
+			gate.HandlerOptions(c.opt)
+		})
+	}
+	// Another compression, a codec, interceptors: the gate's limits hold.
+	opts := gate.HandlerOptions(connect.WithCompression("br", nil, nil), connect.WithRecover(nil),
+		connect.WithHandlerOptions(connect.WithCompressMinBytes(1)))
+	if len(opts) == 0 {
+		t.Fatal("no options")
 	}
 }
 

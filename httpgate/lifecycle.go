@@ -26,7 +26,7 @@ func (g *Gate) Stats() Stats { return g.engine.Stats() }
 
 // DedupeHealthService is the service name under which WatchDedupe reports
 // the Dedupe service's health (the other gates' name).
-const DedupeHealthService = gatecore.DedupeHealthService
+const DedupeHealthService = idemgate.DedupeHealthService
 
 // DefaultDedupeFailureLogInterval is how often at most a Dedupe RPC failure
 // is logged while it stays the same (WithDedupeFailureLogInterval): 10s.
@@ -35,7 +35,7 @@ const DefaultDedupeFailureLogInterval = gatecore.DefaultDedupeFailureLogInterval
 // HealthSetter is the part of a health service WatchDedupe uses;
 // *health.Server (google.golang.org/grpc/health) implements it, and so can
 // the state behind an HTTP readiness endpoint.
-type HealthSetter = gatecore.HealthSetter
+type HealthSetter = idemgate.HealthSetter
 
 // CheckDedupe asks the Dedupe service whether it serves this API, for a
 // start-up or readiness check: one Heartbeat of a record that never exists,
@@ -149,7 +149,7 @@ var (
 	// ErrFenced: the attempt lost its reservation (its lease ran out and
 	// another attempt took the key over, or an operator settled the record):
 	// stop, and do not write downstream without the fencing token.
-	ErrFenced = gatecore.ErrFenced
+	ErrFenced = idemgate.ErrFenced
 	// ErrExecutionTimeout: the route's ExecutionTimeout ran out.
-	ErrExecutionTimeout = gatecore.ErrExecutionTimeout
+	ErrExecutionTimeout = idemgate.ErrExecutionTimeout
 )

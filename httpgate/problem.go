@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 )
 
@@ -25,36 +25,36 @@ import (
 // each refusal" is the table, with what the caller does.
 const (
 	// ReasonKeyMissing: a gated request without Idempotency-Key (400).
-	ReasonKeyMissing = gatecore.ReasonKeyMissing
+	ReasonKeyMissing = idemgate.ReasonKeyMissing
 	// ReasonKeyInvalid: not one valid key (400).
-	ReasonKeyInvalid = gatecore.ReasonKeyInvalid
+	ReasonKeyInvalid = idemgate.ReasonKeyInvalid
 	// ReasonKeyReused: the key was first used with a different request
 	// (422).
-	ReasonKeyReused = gatecore.ReasonKeyReused
+	ReasonKeyReused = idemgate.ReasonKeyReused
 	// ReasonInFlight: the first request with the key is still running
 	// (409, Retry-After).
-	ReasonInFlight = gatecore.ReasonInFlight
+	ReasonInFlight = idemgate.ReasonInFlight
 	// ReasonOutcomeUnknown: an earlier attempt's outcome was lost
 	// (FAIL_CLOSED), so the side effect may have happened; nothing runs
 	// until the record is settled (409 without Retry-After: generic
 	// retriers do not retry it, and the caller escalates).
-	ReasonOutcomeUnknown = gatecore.ReasonOutcomeUnknown
+	ReasonOutcomeUnknown = idemgate.ReasonOutcomeUnknown
 	// ReasonResultTooLarge: the action ran, but its response was over the
 	// size limit, or the stored-bytes quota on the Dedupe service, and
 	// cannot be replayed (507; metadata "cause" says which).
-	ReasonResultTooLarge = gatecore.ReasonResultTooLarge
+	ReasonResultTooLarge = idemgate.ReasonResultTooLarge
 	// ReasonStoreUnavailable: the Dedupe service is down; nothing ran
 	// (503, Retry-After).
-	ReasonStoreUnavailable = gatecore.ReasonStoreUnavailable
+	ReasonStoreUnavailable = idemgate.ReasonStoreUnavailable
 	// ReasonQuotaExceeded: over a Dedupe quota; nothing ran (429,
 	// Retry-After for a rate quota).
-	ReasonQuotaExceeded = gatecore.ReasonQuotaExceeded
+	ReasonQuotaExceeded = idemgate.ReasonQuotaExceeded
 	// ReasonStoreRejected: the Dedupe service refused the gate (a
 	// misconfiguration); nothing ran (500).
-	ReasonStoreRejected = gatecore.ReasonStoreRejected
+	ReasonStoreRejected = idemgate.ReasonStoreRejected
 	// ReasonOutcomeTypeMismatch: the stored outcome is not an HTTP
 	// response; nothing ran (500).
-	ReasonOutcomeTypeMismatch = gatecore.ReasonOutcomeTypeMismatch
+	ReasonOutcomeTypeMismatch = idemgate.ReasonOutcomeTypeMismatch
 	// ReasonRequestTooLarge: the request body is over the route's
 	// MaxBodyBytes, so it could not be fingerprinted; nothing ran (413).
 	ReasonRequestTooLarge = "IDEMPOTENCY_REQUEST_TOO_LARGE"

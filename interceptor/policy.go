@@ -74,7 +74,7 @@ func resolvePolicies(files *protoregistry.Files, types *protoregistry.Types, rec
 	}
 	gated := make(map[string]*gatedMethod, len(r.Gated))
 	for name, m := range r.Gated {
-		gated[name] = &gatedMethod{Method: m, policy: idemgate.Policy(m.Policy), mapped: protogate.HasMap(m.Output.Descriptor())}
+		gated[name] = &gatedMethod{Method: m, policy: m.Policy, mapped: protogate.HasMap(m.Output.Descriptor())}
 	}
 	return resolved{gated: gated, unclassified: r.Unclassified, services: r.Services}, nil
 }

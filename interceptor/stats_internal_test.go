@@ -14,7 +14,7 @@ import (
 // idemgate_interceptor_calls_total; one missing from interceptorReasons
 // would be counted as "refused".
 func TestEveryReasonHasItsOwnLabel(t *testing.T) {
-	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join("..", "internal", "gatecore", "reasons.go"), nil, 0)
+	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join("..", "reasons.go"), nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,12 +20,12 @@ import (
 // result is stored and replayed to every duplicate, even without
 // ReplayErrors. Return it when the side effect was decided (a card declined
 // by the provider) and running again must not happen.
-func FinalError(err error) error { return gatecore.MarkFinal(err) }
+func FinalError(err error) error { return idemgate.FinalError(err) }
 
 // RetryableError marks a tool's error as not an outcome, even with
 // ReplayErrors: the key is released and a retry runs again. Return it only
 // when the side effect certainly did not happen.
-func RetryableError(err error) error { return gatecore.MarkRetryable(err) }
+func RetryableError(err error) error { return idemgate.RetryableError(err) }
 
 // OutcomeUnknownError marks a tool's error as leaving its side effect's
 // outcome unknown (the provider's client timed out after sending the
@@ -34,7 +34,7 @@ func RetryableError(err error) error { return gatecore.MarkRetryable(err) }
 // it is resolved or Reconcile settles it; under REEXECUTE the key is freed.
 // Errors that wrap context.DeadlineExceeded or context.Canceled, or carry
 // the gRPC code DEADLINE_EXCEEDED or CANCELLED, are treated so unmarked.
-func OutcomeUnknownError(err error) error { return gatecore.MarkOutcomeUnknown(err) }
+func OutcomeUnknownError(err error) error { return idemgate.OutcomeUnknownError(err) }
 
 // Reconciler is asked what happened to an earlier attempt whose outcome was
 // lost: key is the call's idempotency key and arguments its arguments. An
@@ -82,7 +82,7 @@ func (r Resolution) core() (gatecore.Resolution, error) {
 // DedupeHealthService is the service name under which WatchDedupe reports
 // the Dedupe service's health: SERVING while gated calls can reach it,
 // NOT_SERVING while they cannot (the gRPC interceptor's name).
-const DedupeHealthService = gatecore.DedupeHealthService
+const DedupeHealthService = idemgate.DedupeHealthService
 
 // DefaultDedupeFailureLogInterval is how often at most a Dedupe RPC failure
 // is logged while the failure stays the same
@@ -92,7 +92,7 @@ const DefaultDedupeFailureLogInterval = gatecore.DefaultDedupeFailureLogInterval
 // HealthSetter is the part of a health service WatchDedupe uses;
 // *health.Server (google.golang.org/grpc/health) implements it, and so can
 // an HTTP readiness endpoint's state.
-type HealthSetter = gatecore.HealthSetter
+type HealthSetter = idemgate.HealthSetter
 
 // CheckDedupe asks the Dedupe service whether it serves this server, for a
 // start-up check: one Heartbeat of a record that never exists, which

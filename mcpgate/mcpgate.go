@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/idemgate/idemgate"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/grpcerr"
@@ -66,35 +67,35 @@ const (
 // constants for when each is given), in _meta[MetaError].reason.
 const (
 	// ReasonKeyMissing: a gated tool was called without a key.
-	ReasonKeyMissing = gatecore.ReasonKeyMissing
+	ReasonKeyMissing = idemgate.ReasonKeyMissing
 	// ReasonKeyInvalid: the key is not 1 to 255 printable ASCII bytes
 	// without edge spaces, or not a string.
-	ReasonKeyInvalid = gatecore.ReasonKeyInvalid
+	ReasonKeyInvalid = idemgate.ReasonKeyInvalid
 	// ReasonKeyConflict: two carriers of the key carry different keys.
-	ReasonKeyConflict = gatecore.ReasonKeyConflict
+	ReasonKeyConflict = idemgate.ReasonKeyConflict
 	// ReasonKeyReused: the key was first used with other arguments.
-	ReasonKeyReused = gatecore.ReasonKeyReused
+	ReasonKeyReused = idemgate.ReasonKeyReused
 	// ReasonInFlight: another call with the key is still running; retry
 	// with the same key after retryAfterSeconds.
-	ReasonInFlight = gatecore.ReasonInFlight
+	ReasonInFlight = idemgate.ReasonInFlight
 	// ReasonOutcomeUnknown: an earlier attempt stopped before its outcome
 	// was stored (FAIL_CLOSED); nothing runs until the record is resolved.
-	ReasonOutcomeUnknown = gatecore.ReasonOutcomeUnknown
+	ReasonOutcomeUnknown = idemgate.ReasonOutcomeUnknown
 	// ReasonResultTooLarge: the action ran, but its result was over the
 	// size limit, or the stored-bytes quota on the Dedupe service, and
 	// cannot be replayed.
-	ReasonResultTooLarge = gatecore.ReasonResultTooLarge
+	ReasonResultTooLarge = idemgate.ReasonResultTooLarge
 	// ReasonStoreUnavailable: the Dedupe service could not be reached; the
 	// tool did not run.
-	ReasonStoreUnavailable = gatecore.ReasonStoreUnavailable
+	ReasonStoreUnavailable = idemgate.ReasonStoreUnavailable
 	// ReasonQuotaExceeded: this server is over a quota at the Dedupe
 	// service; the tool did not run.
-	ReasonQuotaExceeded = gatecore.ReasonQuotaExceeded
+	ReasonQuotaExceeded = idemgate.ReasonQuotaExceeded
 	// ReasonStoreRejected: the Dedupe service refused the gate's request,
 	// or (strict) the tool is unclassified; the tool did not run.
-	ReasonStoreRejected = gatecore.ReasonStoreRejected
+	ReasonStoreRejected = idemgate.ReasonStoreRejected
 	// ReasonOutcomeTypeMismatch: the stored outcome is not a tool result.
-	ReasonOutcomeTypeMismatch = gatecore.ReasonOutcomeTypeMismatch
+	ReasonOutcomeTypeMismatch = idemgate.ReasonOutcomeTypeMismatch
 	// ReasonArgumentsInvalid: the arguments are not a JSON object.
 	ReasonArgumentsInvalid = mcpwire.ReasonArgumentsInvalid
 	// ReasonArgumentsTooLarge: the arguments are over WithMaxArgumentBytes
@@ -104,15 +105,25 @@ const (
 	// to name its tenant by, and the gate is not WithSingleTenant
 	// (UNAUTHENTICATED); the tool did not run.
 	ReasonUnauthenticated = mcpwire.ReasonUnauthenticated
+	// ReasonAnswerBudgetExhausted: over streamable HTTP (HTTPHandler,
+	// HTTPMiddleware), the answers being written held 256 MiB, or 32 MiB for
+	// the caller's address (callers that do not read them), so the tool's
+	// result was not held (RESOURCE_EXHAUSTED with RetryInfo). The tool ran:
+	// a retry with the same key replays a gated tool's stored result.
+	ReasonAnswerBudgetExhausted = mcpwire.ReasonAnswerBudgetExhausted
+	// ReasonAnswerTooLarge: over streamable HTTP, the tool's result is
+	// larger than one caller's share of the answer budget (32 MiB), so it is
+	// never sent (RESOURCE_EXHAUSTED). The tool ran.
+	ReasonAnswerTooLarge = mcpwire.ReasonAnswerTooLarge
 )
 
 // Causes a gated tool's context can end with (context.Cause).
 var (
 	// ErrFenced: the attempt lost its reservation; its result will be
 	// refused.
-	ErrFenced = gatecore.ErrFenced
+	ErrFenced = idemgate.ErrFenced
 	// ErrExecutionTimeout: the tool ran past its ExecutionTimeout.
-	ErrExecutionTimeout = gatecore.ErrExecutionTimeout
+	ErrExecutionTimeout = idemgate.ErrExecutionTimeout
 )
 
 // Policy defaults, the gRPC interceptor's.
@@ -227,7 +238,9 @@ func New(ctx context.Context, dedupe idemgatev1.DedupeServiceClient, server *mcp
 		Logger:      o.logger, DedupeTimeout: o.dedupeTimeout, OutcomeTimeout: o.outcomeTimeout, FinishBudget: o.finishBudget,
 		InFlightRetry: o.inFlightRetry, StoreRetry: o.storeRetry, MaxOutcome: o.maxOutcome, OnEvent: g.metrics.event, OnStage: g.metrics.stage,
 	})
-	server.AddReceivingMiddleware(mcpwire.AdvertiseIdempotency, mcpwire.MarkComplete, g.middleware)
+	// Over streamable HTTP every tools/call result is held within the
+	// answer budget until it is written (mcpwire.HoldAnswers).
+	server.AddReceivingMiddleware(mcpwire.AdvertiseIdempotency, mcpwire.HoldAnswers, mcpwire.MarkComplete, g.middleware)
 	return g, nil
 }
 
@@ -407,7 +420,13 @@ func KeyReader(r io.Reader) io.ReadCloser { return mcpwire.KeyReader(r) }
 // 4 MiB, the SDK's DefaultMaxRequestBodyBytes, gets 413, before it is read
 // when its Content-Length says so (HTTPMiddlewareMaxBytes sets another
 // limit, for a handler with another MaxRequestBodyBytes); past 256 MiB of
-// bodies held at once, a body gets 503 with Retry-After.
+// bodies held at once (32 MiB for one client address), a body gets 503
+// with Retry-After. The tools/call results a gated server answers to a
+// request are held until its response is written, at most 256 MiB at once
+// (32 MiB for one client address): a result past it is not held, and the
+// call is answered ReasonAnswerBudgetExhausted. The answer budget needs a
+// stateless handler (StreamableHTTPOptions.Stateless): a stateful session's
+// calls run on the context of the request that opened it, unbudgeted.
 func HTTPMiddleware(next http.Handler) http.Handler {
 	return mcpwire.HTTPMiddleware(next, mcpwire.HTTPLimits{})
 }
@@ -771,6 +790,10 @@ type storedResult struct {
 	raw               []byte
 	replayed, derived bool
 }
+
+// AnswerSize is the stored result's size, what the answer budget counts
+// (mcpwire.HoldAnswers).
+func (s *storedResult) AnswerSize() int64 { return int64(len(s.raw)) }
 
 // MarshalJSON writes the stored result with the replay mark.
 func (s *storedResult) MarshalJSON() ([]byte, error) {

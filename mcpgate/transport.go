@@ -20,7 +20,10 @@ import (
 // handler in HTTPMiddleware. A body over 4 MiB (the SDK's
 // DefaultMaxRequestBodyBytes) gets 413, before it is read when its
 // Content-Length says so; past 256 MiB of bodies held at once, a body gets
-// 503 with Retry-After. Serve it from an http.Server with ReadTimeout,
+// 503 with Retry-After. A tools/call result is held until it is written,
+// within 256 MiB of results at once and 32 MiB for one client address (so
+// callers that never read theirs cannot take the server's memory): past
+// it the call is answered ReasonAnswerBudgetExhausted. Serve it from an http.Server with ReadTimeout,
 // ReadHeaderTimeout and IdleTimeout set and a bounded listener (as
 // examples/mcp-server does): the handler cannot bound how long a caller
 // holds a connection.

@@ -25,7 +25,7 @@ func TestParseFlagsReadsTheEnvironment(t *testing.T) {
 	f, err := parseFlags([]string{"-services", "b.S"}, cliflag.Map(env), io.Discard)
 	want := flags{target: "127.0.0.1:50052", token: "s3cret", listen: "127.0.0.1:8080", plaintext: true, callTimeout: 5 * time.Second,
 		descriptorSet: "p.binpb", services: "b.S", caFile: "ca.pem", serverName: "tool", keyArgument: "idempotency_key", keyArgumentTools: "a.S.M",
-		maxBodyBytes: 4 << 20, maxBufferedBytes: 256 << 20, maxBufferedBytesPerIP: 32 << 20,
+		maxBodyBytes: 4 << 20, maxBufferedBytes: 256 << 20, maxBufferedBytesPerIP: 32 << 20, maxAnswerBytes: 256 << 20, maxAnswerBytesPerIP: 32 << 20,
 		http: httplimits.Limits{ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, MaxConnections: 512, MaxConnectionsPerIP: 64}}
 	if err != nil || f != want {
 		t.Errorf("parseFlags = %+v, %v; want %+v", f, err, want)
@@ -71,6 +71,8 @@ func TestParseFlagsChecksTheListener(t *testing.T) {
 		{[]string{"-listen", "127.0.0.1:1", "-max-connections", "-1"}, "-max-connections must be positive"},
 		{[]string{"-listen", "127.0.0.1:1", "-max-buffered-bytes-per-ip", "-1"}, "-max-buffered-bytes-per-ip must be positive"},
 		{[]string{"-listen", "127.0.0.1:1", "-max-buffered-bytes-per-ip", "1048576"}, "-max-buffered-bytes-per-ip (1048576) must be at least twice -max-body-bytes (4194304)"},
+		{[]string{"-listen", "127.0.0.1:1", "-max-answer-bytes", "-1"}, "-max-answer-bytes must be positive"},
+		{[]string{"-listen", "127.0.0.1:1", "-max-answer-bytes-per-ip", "-1"}, "-max-answer-bytes-per-ip must be positive"},
 		{[]string{"-listen", "127.0.0.1:1", "-listen-tls-cert", "c.pem"}, "-listen-tls-cert and -listen-tls-key go together"},
 		{[]string{"-caller-token-file", "t"}, "need -listen"},
 	} {

@@ -28,9 +28,16 @@
 // cut), -write-timeout (30s: a caller that reads nothing of its answer this
 // long is dropped), -idle-timeout (2m), -max-connections (512),
 // -max-connections-per-ip (64; past it the caller's idle connections are
-// closed first, then its new ones) and -max-buffered-bytes (256 MiB of
-// bodies held at once; past it a body gets 503). It is stateless, so it
-// keeps no sessions to expire.
+// closed first, then its new ones), -max-buffered-bytes (256 MiB of
+// bodies held at once; past it a body gets 503) and
+// -max-buffered-bytes-per-ip (32 MiB of them for one client address), and
+// -max-answer-bytes (256 MiB of answers held at once, from the tool
+// server's response until the answer is written; past it a call is
+// answered MCP_ANSWER_BUDGET_EXHAUSTED, and a retry with the same key
+// replays it) and -max-answer-bytes-per-ip (32 MiB of them for one client
+// address): callers that never read their answers hold at most those, and
+// leave the others room. It is stateless, so it keeps no sessions to
+// expire.
 //
 // To a tool server that requires mutual TLS the bridge presents -tls-cert
 // and -tls-key (reread when they change), and that tool server's gate
@@ -86,6 +93,7 @@ type flags struct {
 	// The HTTP listener's (-listen) limits and its callers' authentication.
 	maxBodyBytes, maxBufferedBytes               int64
 	maxBufferedBytesPerIP                        int64
+	maxAnswerBytes, maxAnswerBytesPerIP          int64
 	http                                         httplimits.Limits
 	callerTokenFile, listenTLSCert, listenTLSKey string
 	listenInsecurePlaintext                      bool
@@ -138,6 +146,8 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), usage io.W
 	f.http.RegisterFlags(fs)
 	fs.Int64Var(&f.maxBufferedBytes, "max-buffered-bytes", mcpwire.DefaultMaxBufferedBytes, "bytes of HTTP request bodies held at once, across requests, taken as they arrive; a body that would pass it gets 503")
 	fs.Int64Var(&f.maxBufferedBytesPerIP, "max-buffered-bytes-per-ip", mcpwire.DefaultMaxBufferedBytesPerIP, "bytes of HTTP request bodies one client address (an IPv6 one's /64) holds at once, within -max-buffered-bytes; a body that would pass it gets 503")
+	fs.Int64Var(&f.maxAnswerBytes, "max-answer-bytes", mcpwire.DefaultMaxAnswerBytes, "bytes of tools/call answers held at once over HTTP, across requests, from the tool server's response until the answer is written (or its writing fails); a call whose answer would pass it is answered "+mcpwire.ReasonAnswerBudgetExhausted+" (it ran: a retry with the same key replays it)")
+	fs.Int64Var(&f.maxAnswerBytesPerIP, "max-answer-bytes-per-ip", mcpwire.DefaultMaxAnswerBytesPerIP, "bytes of tools/call answers one client address (an IPv6 one's /64) holds at once, within -max-answer-bytes; a call whose answer would pass it is answered "+mcpwire.ReasonAnswerBudgetExhausted+", one larger than it "+mcpwire.ReasonAnswerTooLarge)
 	fs.StringVar(&f.callerTokenFile, "caller-token-file", "", "`file` of the bearer tokens HTTP callers must send, \"name secret\" per line; required for a -listen address that is not loopback")
 	fs.StringVar(&f.listenTLSCert, "listen-tls-cert", "", "certificate `file` (PEM) of the HTTP listener, reread when it changes; with -listen-tls-key, serves HTTPS")
 	fs.StringVar(&f.listenTLSKey, "listen-tls-key", "", "key `file` (PEM) of the HTTP listener, reread when it changes")
@@ -158,7 +168,8 @@ func parseFlags(args []string, lookupEnv func(string) (string, bool), usage io.W
 
 // limits is the HTTP listener's limits.
 func (f flags) limits() mcpwire.HTTPLimits {
-	return mcpwire.HTTPLimits{Limits: f.http, MaxBodyBytes: f.maxBodyBytes, MaxBufferedBytes: f.maxBufferedBytes, MaxBufferedBytesPerIP: f.maxBufferedBytesPerIP}
+	return mcpwire.HTTPLimits{Limits: f.http, MaxBodyBytes: f.maxBodyBytes, MaxBufferedBytes: f.maxBufferedBytes, MaxBufferedBytesPerIP: f.maxBufferedBytesPerIP,
+		MaxAnswerBytes: f.maxAnswerBytes, MaxAnswerBytesPerIP: f.maxAnswerBytesPerIP}
 }
 
 // check refuses flags that do not go together, and a -listen address
@@ -326,7 +337,8 @@ func run(f flags, logger *slog.Logger) error {
 		serve = func() error { return srv.ServeTLS(limits.Listener(lis), "", "") }
 	}
 	logger.Info("serving MCP over streamable HTTP", slog.String("address", scheme+lis.Addr().String()+"/mcp"), slog.String("target", f.target),
-		slog.Int64("max_body_bytes", limits.MaxBodyBytes), slog.Duration("read_timeout", limits.ReadTimeout), slog.Int("max_connections", limits.MaxConnections), slog.Int("max_connections_per_ip", limits.MaxConnectionsPerIP), slog.Duration("write_timeout", limits.WriteTimeout), slog.Int64("max_buffered_bytes", limits.MaxBufferedBytes), slog.Int64("max_buffered_bytes_per_ip", limits.MaxBufferedBytesPerIP))
+		slog.Int64("max_body_bytes", limits.MaxBodyBytes), slog.Duration("read_timeout", limits.ReadTimeout), slog.Int("max_connections", limits.MaxConnections), slog.Int("max_connections_per_ip", limits.MaxConnectionsPerIP), slog.Duration("write_timeout", limits.WriteTimeout), slog.Int64("max_buffered_bytes", limits.MaxBufferedBytes), slog.Int64("max_buffered_bytes_per_ip", limits.MaxBufferedBytesPerIP),
+		slog.Int64("max_answer_bytes", limits.MaxAnswerBytes), slog.Int64("max_answer_bytes_per_ip", limits.MaxAnswerBytesPerIP))
 	if err := serve(); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}

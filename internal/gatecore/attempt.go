@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/idemgate/idemgate"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/keys"
@@ -40,15 +41,15 @@ type Attempt struct {
 // (Context) keeps ctx's values but not its cancellation or deadline: a
 // caller that gave up after the side effect started must find its outcome
 // stored when it retries, not a second run. It ends with
-// ErrExecutionTimeout after the policy's execution timeout, and with
-// ErrFenced when the attempt loses its reservation. It carries the call
-// (CallFrom).
+// idemgate.ErrExecutionTimeout after the policy's execution timeout, and
+// with idemgate.ErrFenced when the attempt loses its reservation. It
+// carries the call (idemgate.KeyFromContext and its siblings read it).
 func (e *Engine) Start(ctx context.Context, c *Call, b Begun) *Attempt {
-	hctx, cancelExecution := context.WithTimeoutCause(context.WithoutCancel(ctx), c.Policy.ExecutionTimeout, ErrExecutionTimeout)
+	hctx, cancelExecution := context.WithTimeoutCause(context.WithoutCancel(ctx), c.Policy.ExecutionTimeout, idemgate.ErrExecutionTimeout)
 	hctx, fence := context.WithCancelCause(withCall(hctx, c, b.Epoch))
 	a := &Attempt{e: e, c: c, epoch: b.Epoch, ctx: ctx, hctx: hctx,
 		cancel: func() { fence(nil); cancelExecution() }}
-	a.lease = e.keepLease(ctx, c, b.Epoch, c.Policy.Lease/3-b.BeginTook, time.Now().Add(-b.BeginTook), func() { fence(ErrFenced) })
+	a.lease = e.keepLease(ctx, c, b.Epoch, c.Policy.Lease/3-b.BeginTook, time.Now().Add(-b.BeginTook), func() { fence(idemgate.ErrFenced) })
 	return a
 }
 
@@ -77,7 +78,7 @@ func (a *Attempt) Abandon() {
 }
 
 // Fenced reports whether the attempt lost its reservation while it ran.
-func (a *Attempt) Fenced() bool { return errors.Is(context.Cause(a.hctx), ErrFenced) }
+func (a *Attempt) Fenced() bool { return errors.Is(context.Cause(a.hctx), idemgate.ErrFenced) }
 
 // Finish stores the outcome of a handler that ran. An outcome over the size
 // limit (the Engine's, or the Dedupe service's when it is lower) is replaced

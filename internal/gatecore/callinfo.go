@@ -4,32 +4,15 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+
+	"github.com/idemgate/idemgate/internal/vocab"
 )
 
-// CallInfo is what a gated handler's context (Attempt.Context) carries,
-// whatever gate ran it, so idemgate.KeyFromContext, httpgate's and
-// mcpgate's read it alike.
-type CallInfo struct {
-	// Key is the idempotency key as the caller sent it.
-	Key string
-	// DownstreamKey is the key to hand on to a downstream API.
-	DownstreamKey string
-	// Scope and Epoch name the reservation (the fencing token).
-	Scope string
-	Epoch int64
-}
-
-type callContextKey struct{}
-
-// withCall returns ctx carrying c's identity under the reservation of epoch.
+// withCall returns ctx carrying c's identity under the reservation of
+// epoch, which idemgate.KeyFromContext and its siblings read, whatever gate
+// ran the handler.
 func withCall(ctx context.Context, c *Call, epoch int64) context.Context {
-	return context.WithValue(ctx, callContextKey{}, &CallInfo{Key: c.Key, DownstreamKey: downstreamKey(c.Scope, c.Key), Scope: c.Scope, Epoch: epoch})
-}
-
-// CallFrom returns the gated call ctx belongs to, or false outside one.
-func CallFrom(ctx context.Context) (*CallInfo, bool) {
-	c, ok := ctx.Value(callContextKey{}).(*CallInfo)
-	return c, ok
+	return vocab.WithCall(ctx, &vocab.Call{Key: c.Key, DownstreamKey: downstreamKey(c.Scope, c.Key), Scope: c.Scope, Epoch: epoch})
 }
 
 // downstreamKey is "idg_" and 32 hex digits of a SHA-256 of the scope and

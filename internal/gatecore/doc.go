@@ -12,9 +12,19 @@
 // httpgate) reads the key, names the scope, fingerprints the request, and
 // implements Transport: how a stored outcome becomes its answer, how the
 // handler runs and what its answer means (a Verdict; handlers can mark
-// their errors with MarkFinal, MarkRetryable, MarkOutcomeUnknown), and where
-// its replay headers go. Observer gives every front end the same logging of
-// a failing Dedupe service, its start-up check and its health.
+// their errors with idemgate.FinalError, RetryableError and
+// OutcomeUnknownError, which Marked reads), and where its replay headers
+// go. Observer gives every front end the same logging of a failing Dedupe
+// service, its start-up check and its health.
 // Its errors are gRPC status errors with one ErrorInfo whose reason is one
-// of the Reason constants, so every front end refuses with the same reasons.
+// of package idemgate's Reason constants, so every front end refuses with
+// the same reasons.
+//
+// It builds on package idemgate, the vocabulary every gate shares (the
+// reasons, ErrFenced and ErrExecutionTimeout, the marks, the health names,
+// the call a handler's context carries), never the reverse: idemgate
+// imports no engine, so a handler that imports only it links none
+// (idemgate's TestVocabularyIsALeaf). What idemgate's names hide from an
+// adopter but the engine reads (the mark on an error, the call in a
+// context) is in internal/vocab, a leaf both import.
 package gatecore

@@ -3,7 +3,6 @@ package gatecore
 import (
 	"context"
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -19,20 +18,10 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/idemgate/idemgate"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/keys"
-)
-
-// Causes a gated handler's context can end with (context.Cause).
-var (
-	// ErrFenced: the attempt lost its reservation (its lease ran out and
-	// another attempt took the key over, or an operator settled the record),
-	// so whatever it does next is refused by the Dedupe service. Stop, and do
-	// not write downstream without the fencing token.
-	ErrFenced = errors.New("idemgate: this attempt was fenced: its reservation was taken over or settled by another attempt, and its outcome will be refused")
-	// ErrExecutionTimeout: the handler's execution timeout ran out.
-	ErrExecutionTimeout = errors.New("idemgate: the handler ran past its execution_timeout")
 )
 
 // Options configure an Engine. A zero field takes the default named.
@@ -291,11 +280,11 @@ func (e *Engine) Begin(ctx context.Context, c *Call) (Begun, error) {
 		return Begun{Kind: Completed, Outcome: result.Completed.GetOutcome(),
 			CompletedAt: timeOf(result.Completed.GetCompletedAt()), ExpiresAt: timeOf(result.Completed.GetExpiresAt())}, nil
 	case *idemgatev1.BeginResponse_InFlight_:
-		return Begun{}, grpcerr.New(codes.Aborted, ReasonInFlight,
+		return Begun{}, grpcerr.New(codes.Aborted, idemgate.ReasonInFlight,
 			"another call with this idempotency key is still running; retry with the same key to get its outcome",
 			nil, e.opts.InFlightRetry)
 	case *idemgatev1.BeginResponse_FingerprintMismatch_:
-		return Begun{}, grpcerr.New(codes.FailedPrecondition, ReasonKeyReused,
+		return Begun{}, grpcerr.New(codes.FailedPrecondition, idemgate.ReasonKeyReused,
 			"this idempotency key was first used with a different request; use a new key for a new action",
 			nil, 0)
 	case *idemgatev1.BeginResponse_OutcomeUnknown_:
@@ -304,13 +293,13 @@ func (e *Engine) Begin(ctx context.Context, c *Call) (Begun, error) {
 			// got through: that attempt's handler never ran, and its
 			// follow-up (now first in line) takes the record back and
 			// releases it.
-			return Begun{}, grpcerr.New(codes.Aborted, ReasonInFlight,
+			return Begun{}, grpcerr.New(codes.Aborted, idemgate.ReasonInFlight,
 				"an earlier call with this idempotency key reserved it but never ran (its reservation's answer was lost), and this server is releasing it; retry with the same key",
 				nil, e.opts.InFlightRetry)
 		}
 		return Begun{Kind: Unknown}, OutcomeUnknown(c.Key)
 	default:
-		return Begun{}, grpcerr.New(codes.Internal, ReasonStoreRejected,
+		return Begun{}, grpcerr.New(codes.Internal, idemgate.ReasonStoreRejected,
 			fmt.Sprintf("the Dedupe service answered Begin with an unknown result %T", result), nil, 0)
 	}
 }
@@ -330,7 +319,7 @@ func timeOf(ts *timestamppb.Timestamp) time.Time {
 // record is settled: resolved, released by that attempt's follow-up, or
 // swept after the unknown retention.
 func OutcomeUnknown(key string) error {
-	return grpcerr.New(codes.FailedPrecondition, ReasonOutcomeUnknown,
+	return grpcerr.New(codes.FailedPrecondition, idemgate.ReasonOutcomeUnknown,
 		"an earlier attempt with this idempotency key stopped before its outcome was stored, so its side effect may or may not have happened; "+
 			"the key is refused until its record is settled: resolved (idemctl, the Dedupe service's Resolve, or the tool's reconciler), "+
 			"released by that attempt's tool server if the attempt never ran (its reservation's answer was lost), "+
@@ -342,7 +331,7 @@ func OutcomeUnknown(key string) error {
 // could not tell whether its side effect happened gets: the same answer its
 // retries will get. code names the handler's error code.
 func HandlerOutcomeUnknown(key, code, message string) error {
-	return grpcerr.New(codes.FailedPrecondition, ReasonOutcomeUnknown,
+	return grpcerr.New(codes.FailedPrecondition, idemgate.ReasonOutcomeUnknown,
 		fmt.Sprintf("the handler ended with %s (%s), which leaves its side effect's outcome unknown; the record is marked outcome-unknown "+
 			"and the key is refused until the record is resolved (idemctl, the Dedupe service's Resolve, or the tool's reconciler) "+
 			"or deleted unresolved after the Dedupe service's unknown retention", code, message),
@@ -354,7 +343,7 @@ func HandlerOutcomeUnknown(key, code, message string) error {
 // operator settled it: IDEMPOTENCY_IN_FLIGHT, so its retry gets the outcome
 // the store holds.
 func (e *Engine) AnswerFenced() error {
-	return grpcerr.New(codes.Aborted, ReasonInFlight,
+	return grpcerr.New(codes.Aborted, idemgate.ReasonInFlight,
 		"this attempt lost its reservation to another attempt before its outcome was stored, so its response is not the action's outcome; "+
 			"retry with the same key to get the outcome that was stored",
 		nil, e.opts.InFlightRetry)
@@ -368,7 +357,7 @@ func (e *Engine) AnswerFenced() error {
 // the background: its retry gets the outcome once stored, or what the
 // key's on_lost_outcome policy gives if it never is.
 func (e *Engine) AnswerUnstored() error {
-	return grpcerr.New(codes.Aborted, ReasonInFlight,
+	return grpcerr.New(codes.Aborted, idemgate.ReasonInFlight,
 		"the call ran, but its outcome was not stored, so it is not answered with a response duplicates might never see; "+
 			"retry with the same key to get what the key keeps",
 		nil, e.opts.InFlightRetry)
@@ -400,22 +389,22 @@ func (e *Engine) BeginError(ctx context.Context, err error) error {
 	switch status.Code(err) {
 	case codes.ResourceExhausted:
 		retry, _ := grpcerr.RetryDelay(err)
-		return grpcerr.New(codes.ResourceExhausted, ReasonQuotaExceeded,
+		return grpcerr.New(codes.ResourceExhausted, idemgate.ReasonQuotaExceeded,
 			"this tool server is over its quota at the Dedupe service ("+status.Convert(err).Message()+"); the handler did not run",
 			map[string]string{"quota": quotaOf(err)}, retry)
 	case codes.InvalidArgument, codes.FailedPrecondition, codes.PermissionDenied, codes.Unauthenticated, codes.Unimplemented, codes.OutOfRange:
-		return grpcerr.New(codes.Internal, ReasonStoreRejected,
+		return grpcerr.New(codes.Internal, idemgate.ReasonStoreRejected,
 			"the Dedupe service refused the reservation: "+status.Convert(err).Message()+"; the handler did not run", nil, 0)
 	case codes.Internal:
 		if grpcerr.Reason(err) == reasonDedupeOutcomeUnreadable {
-			return grpcerr.New(codes.Internal, ReasonStoreRejected,
+			return grpcerr.New(codes.Internal, idemgate.ReasonStoreRejected,
 				"the Dedupe service holds this action's outcome but cannot read it ("+status.Convert(err).Message()+"); the handler did not run, and will not until an operator restores the outcome key", nil, 0)
 		}
-		return grpcerr.New(codes.Unavailable, ReasonStoreUnavailable,
+		return grpcerr.New(codes.Unavailable, idemgate.ReasonStoreUnavailable,
 			"the Dedupe service failed, so the call was not run (fail closed); retry with the same idempotency key",
 			nil, e.opts.StoreRetry)
 	default:
-		return grpcerr.New(codes.Unavailable, ReasonStoreUnavailable,
+		return grpcerr.New(codes.Unavailable, idemgate.ReasonStoreUnavailable,
 			"the Dedupe service is unavailable, so the call was not run (fail closed); retry with the same idempotency key",
 			nil, e.opts.StoreRetry)
 	}
@@ -473,7 +462,7 @@ func TooLarge(outcome *anypb.Any) error {
 	if cause := TooLargeCause(marker); cause == "stored_bytes_quota" {
 		msg = "this action already ran, but its outcome (%d bytes), within the size limit, was not stored: it would have taken this server over its stored-outcome quota on the Dedupe service (-caller-max-bytes). It cannot be replayed; the call was not run again"
 	}
-	return grpcerr.New(codes.FailedPrecondition, ReasonResultTooLarge, fmt.Sprintf(msg, marker.GetSizeBytes()),
+	return grpcerr.New(codes.FailedPrecondition, idemgate.ReasonResultTooLarge, fmt.Sprintf(msg, marker.GetSizeBytes()),
 		map[string]string{"size_bytes": strconv.FormatInt(marker.GetSizeBytes(), 10), "cause": TooLargeCause(marker)}, 0)
 }
 

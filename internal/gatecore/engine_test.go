@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemgate/idemgate"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/grpcerr"
@@ -73,8 +74,8 @@ func TestALostBeginIsFollowedUpAndReleased(t *testing.T) {
 			c := gatecore.NewCall("tool", "scope", "key-1", []byte("fp"), gatecore.Policy{Lease: 10 * time.Second, MaxWait: time.Second, ExecutionTimeout: time.Minute}, time.Hour)
 
 			_, err := e.Begin(context.Background(), c)
-			if grpcerr.Reason(err) != gatecore.ReasonStoreUnavailable || status.Code(err) != codes.Unavailable {
-				t.Fatalf("Begin = %v, want UNAVAILABLE %s", err, gatecore.ReasonStoreUnavailable)
+			if grpcerr.Reason(err) != idemgate.ReasonStoreUnavailable || status.Code(err) != codes.Unavailable {
+				t.Fatalf("Begin = %v, want UNAVAILABLE %s", err, idemgate.ReasonStoreUnavailable)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
@@ -116,9 +117,9 @@ func TestBeginAnswers(t *testing.T) {
 		kind   gatecore.Kind
 		reason string
 	}{
-		{&idemgatev1.BeginResponse{Result: &idemgatev1.BeginResponse_InFlight_{InFlight: &idemgatev1.BeginResponse_InFlight{}}}, 0, gatecore.ReasonInFlight},
-		{&idemgatev1.BeginResponse{Result: &idemgatev1.BeginResponse_FingerprintMismatch_{FingerprintMismatch: &idemgatev1.BeginResponse_FingerprintMismatch{}}}, 0, gatecore.ReasonKeyReused},
-		{&idemgatev1.BeginResponse{Result: &idemgatev1.BeginResponse_OutcomeUnknown_{OutcomeUnknown: &idemgatev1.BeginResponse_OutcomeUnknown{}}}, gatecore.Unknown, gatecore.ReasonOutcomeUnknown},
+		{&idemgatev1.BeginResponse{Result: &idemgatev1.BeginResponse_InFlight_{InFlight: &idemgatev1.BeginResponse_InFlight{}}}, 0, idemgate.ReasonInFlight},
+		{&idemgatev1.BeginResponse{Result: &idemgatev1.BeginResponse_FingerprintMismatch_{FingerprintMismatch: &idemgatev1.BeginResponse_FingerprintMismatch{}}}, 0, idemgate.ReasonKeyReused},
+		{&idemgatev1.BeginResponse{Result: &idemgatev1.BeginResponse_OutcomeUnknown_{OutcomeUnknown: &idemgatev1.BeginResponse_OutcomeUnknown{}}}, gatecore.Unknown, idemgate.ReasonOutcomeUnknown},
 	} {
 		e := gatecore.New(fixedDedupe{tc.answer}, gatecore.Options{})
 		c := gatecore.NewCall("tool", "scope", "k", nil, gatecore.Policy{Lease: time.Second}, time.Hour)

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
@@ -585,8 +586,8 @@ func TestABeginThatReservedNothingIsNotFollowedUp(t *testing.T) {
 			d := &lostAnswersDedupe{DedupeServiceClient: dedupesvc.NewInProcessClient(srv)}
 			e := gatecore.New(d, gatecore.Options{Logger: discard()})
 			c := testCall("refused", time.Hour)
-			if _, err := e.Begin(context.Background(), c); status.Code(err) != codes.Unavailable || grpcerr.Reason(err) != gatecore.ReasonStoreUnavailable {
-				t.Fatalf("Begin = %v, want UNAVAILABLE %s", err, gatecore.ReasonStoreUnavailable)
+			if _, err := e.Begin(context.Background(), c); status.Code(err) != codes.Unavailable || grpcerr.Reason(err) != idemgate.ReasonStoreUnavailable {
+				t.Fatalf("Begin = %v, want UNAVAILABLE %s", err, idemgate.ReasonStoreUnavailable)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/idemgate/idemgate"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/grpcerr"
@@ -336,7 +337,7 @@ func TestABeginAnsweredAfterItsLeaseRunsOnlyOnceConfirmed(t *testing.T) {
 			if got := tr.runs.Load(); got != tc.wantRuns {
 				t.Fatalf("the handler ran %d times, want %d (answer %v)", got, tc.wantRuns, err)
 			}
-			if tc.wantRuns == 0 && grpcerr.Reason(err) != gatecore.ReasonInFlight {
+			if tc.wantRuns == 0 && grpcerr.Reason(err) != idemgate.ReasonInFlight {
 				t.Errorf("answered %v, want IDEMPOTENCY_IN_FLIGHT", err)
 			}
 			if tc.wantRuns == 1 && err != nil {

@@ -139,7 +139,7 @@ const maxReconcileRounds = 3
 // right after it, and the fenced answer. arrived is when the call reached
 // the front end, for StagePrepare. A panicking handler is a lost outcome,
 // and Gate panics again. The error is a gRPC status error with one
-// ErrorInfo of the Reason constants, or the handler's own.
+// ErrorInfo of idemgate's Reason constants, or the handler's own.
 func (e *Engine) Gate(ctx context.Context, c *Call, t Transport, arrived time.Time) (answer any, result Result, err error) {
 	fingerprint := c.BeginRequest.GetFingerprint()
 	cache := e.opts.ReplayCache

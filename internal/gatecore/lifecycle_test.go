@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
@@ -109,7 +110,7 @@ func TestGateSettlesEachVerdict(t *testing.T) {
 		{name: "not run releases", policy: failClosed, ran: gatecore.Ran{Verdict: gatecore.VerdictNotRun, Err: handlerErr},
 			wantRuns: 2},
 		{name: "unknown fails closed", policy: failClosed, ran: gatecore.Ran{Verdict: gatecore.VerdictUnknown, Err: handlerErr, Code: "DEADLINE_EXCEEDED", Message: "timed out"},
-			wantErr: gatecore.ReasonOutcomeUnknown, wantAgain: gatecore.ReasonOutcomeUnknown, wantRuns: 1},
+			wantErr: idemgate.ReasonOutcomeUnknown, wantAgain: idemgate.ReasonOutcomeUnknown, wantRuns: 1},
 		{name: "unknown reexecutes", policy: reexecute, ran: gatecore.Ran{Verdict: gatecore.VerdictUnknown, Err: handlerErr},
 			wantRuns: 2},
 	}
@@ -136,7 +137,7 @@ func TestGateSettlesEachVerdict(t *testing.T) {
 			var again any
 			for range 100 { // after the reply the outcome is stored right after: in flight meanwhile
 				again, _, err = gateOnce(e, "k", tc.policy, tr)
-				if grpcerr.Reason(err) != gatecore.ReasonInFlight {
+				if grpcerr.Reason(err) != idemgate.ReasonInFlight {
 					break
 				}
 				time.Sleep(50 * time.Millisecond)
@@ -166,8 +167,8 @@ func TestGateReconcilesALostOutcome(t *testing.T) {
 	tr := &stringTransport{ran: func(context.Context) gatecore.Ran {
 		return gatecore.Ran{Verdict: gatecore.VerdictUnknown, Code: "DEADLINE_EXCEEDED", Message: "timed out"}
 	}}
-	if _, _, err := gateOnce(e, "k", p, tr); grpcerr.Reason(err) != gatecore.ReasonOutcomeUnknown {
-		t.Fatalf("first call = %v, want %s", err, gatecore.ReasonOutcomeUnknown)
+	if _, _, err := gateOnce(e, "k", p, tr); grpcerr.Reason(err) != idemgate.ReasonOutcomeUnknown {
+		t.Fatalf("first call = %v, want %s", err, idemgate.ReasonOutcomeUnknown)
 	}
 	c := gatecore.NewCall("tool", "scope", "k", fingerprint[:], p, time.Hour)
 	c.Reconcile = func(context.Context) (gatecore.Resolution, error) {
@@ -202,7 +203,7 @@ func TestGatePanickingHandlerLosesItsOutcome(t *testing.T) {
 	}
 	// Not released: in flight until the lease runs out, then unknown.
 	_, _, err := gateOnce(e, "k", p, tr)
-	if r := grpcerr.Reason(err); r != gatecore.ReasonInFlight && r != gatecore.ReasonOutcomeUnknown {
+	if r := grpcerr.Reason(err); r != idemgate.ReasonInFlight && r != idemgate.ReasonOutcomeUnknown {
 		t.Fatalf("duplicate = %v, want in flight or outcome unknown, never a run", err)
 	}
 	if n := tr.runs.Load(); n != 1 {
@@ -241,7 +242,7 @@ func TestGateReconcilerFailures(t *testing.T) {
 		code   codes.Code
 		reason string
 	}{
-		{"fails", errors.New("the provider cannot say"), codes.FailedPrecondition, gatecore.ReasonOutcomeUnknown},
+		{"fails", errors.New("the provider cannot say"), codes.FailedPrecondition, idemgate.ReasonOutcomeUnknown},
 		{"answer cannot be stored", gatecore.BadResolution(errors.New("answered a FooResponse, not a BarResponse")), codes.Internal, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

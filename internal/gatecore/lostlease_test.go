@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemgate/idemgate"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/grpcerr"
@@ -170,7 +171,7 @@ func TestALostBeginIsFollowedUpBeforeItsLeaseRunsOutBehindACrowd(t *testing.T) {
 	b, err := other.Begin(context.Background(), dup)
 	if err != nil || b.Kind != gatecore.Reserved {
 		t.Errorf("a duplicate after the lost Begin's lease: %v, %v; want the key free (the lost reservation released by its follow-up), "+
-			"never %s for a handler that never ran", b.Kind, err, gatecore.ReasonOutcomeUnknown)
+			"never %s for a handler that never ran", b.Kind, err, idemgate.ReasonOutcomeUnknown)
 	}
 }
 
@@ -201,9 +202,9 @@ func TestADuplicateOfALostBeginNotYetFollowedUpIsNotToldOutcomeUnknown(t *testin
 	fp := testCall("", 0).BeginRequest.GetFingerprint()
 	policy := gatecore.Policy{Lease: lease, MaxWait: 100 * time.Millisecond, ExecutionTimeout: time.Minute, OnLostOutcome: idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_FAIL_CLOSED}
 	_, err := e.Begin(context.Background(), gatecore.NewCall("tool", "scope", "urgent", fp, policy, time.Hour))
-	if grpcerr.Reason(err) != gatecore.ReasonInFlight {
+	if grpcerr.Reason(err) != idemgate.ReasonInFlight {
 		t.Fatalf("a duplicate while its gate's lost Begin is still to be followed up: %v; want %s, not %s for a handler that never ran",
-			err, gatecore.ReasonInFlight, gatecore.ReasonOutcomeUnknown)
+			err, idemgate.ReasonInFlight, idemgate.ReasonOutcomeUnknown)
 	}
 	d.mu.Lock()
 	d.urgentUp = true
@@ -214,7 +215,7 @@ func TestADuplicateOfALostBeginNotYetFollowedUpIsNotToldOutcomeUnknown(t *testin
 		if err == nil && b.Kind == gatecore.Reserved {
 			break
 		}
-		if grpcerr.Reason(err) != gatecore.ReasonInFlight || time.Now().After(deadline) {
+		if grpcerr.Reason(err) != idemgate.ReasonInFlight || time.Now().After(deadline) {
 			t.Fatalf("a retry of the duplicate: %v, %v; want IDEMPOTENCY_IN_FLIGHT until the follow-up freed the key, then Reserved", b.Kind, err)
 		}
 		time.Sleep(100 * time.Millisecond)

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/idemgate/idemgate"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/keys"
@@ -21,11 +22,6 @@ import (
 // What the tool server says about its Dedupe service. Without it a tool
 // server whose Dedupe service is down, or refuses its credentials, fails
 // every gated call and logs nothing, and its own health looks fine.
-
-// DedupeHealthService is the service name under which Watch reports
-// the Dedupe service's health on the tool server's gRPC health service:
-// SERVING while gated calls can reach it, NOT_SERVING while they cannot.
-const DedupeHealthService = "idemgate.dedupe"
 
 // DefaultDedupeFailureLogInterval is how often at most a Dedupe RPC failure
 // is logged while the failure stays the same (NewObserver's logEvery).
@@ -39,12 +35,6 @@ const dedupeRecheckInterval = 5 * time.Second
 // Watch runs it without a connection to follow: 5s, the gates' default
 // Dedupe timeout.
 const DefaultDedupeTimeout = 5 * time.Second
-
-// HealthSetter is the part of *health.Server (google.golang.org/grpc/health)
-// Watch uses.
-type HealthSetter interface {
-	SetServingStatus(service string, servingStatus healthpb.HealthCheckResponse_ServingStatus)
-}
 
 // Observer is a gate's Dedupe client: it passes every call through and
 // watches the answers, logging failures (rate-limited) and keeping whether
@@ -300,15 +290,15 @@ func (d *Observer) Check(ctx context.Context, timeout time.Duration) error {
 	msg := status.Convert(err).Message()
 	switch code {
 	case codes.Unavailable, codes.DeadlineExceeded, codes.Internal, codes.Unknown, codes.ResourceExhausted:
-		return grpcerr.New(codes.Unavailable, ReasonStoreUnavailable,
+		return grpcerr.New(codes.Unavailable, idemgate.ReasonStoreUnavailable,
 			where+" cannot serve this tool server ("+code.String()+": "+msg+"); gated calls fail closed until it can: "+dedupeHint(code), meta, 0)
 	default:
-		return grpcerr.New(codes.Internal, ReasonStoreRejected,
+		return grpcerr.New(codes.Internal, idemgate.ReasonStoreRejected,
 			where+" refuses this tool server ("+code.String()+": "+msg+"); gated calls fail closed until that is fixed: "+dedupeHint(code), meta, 0)
 	}
 }
 
-// Watch keeps hs's status for DedupeHealthService in step with the
+// Watch keeps hs's status for idemgate.DedupeHealthService in step with the
 // Dedupe service until ctx ends, then returns: NOT_SERVING while the
 // connection (NewObserver's) is not ready or the service's last answer to
 // a gated call or a check was a failure (unreachable, refusing this tool
@@ -319,7 +309,7 @@ func (d *Observer) Check(ctx context.Context, timeout time.Duration) error {
 // is ready (which also authenticates it at once), and re-checks a failing
 // service every 5s (Check), so health recovers without traffic too. Each
 // change is logged. Run it in its own goroutine.
-func (d *Observer) Watch(ctx context.Context, hs HealthSetter) {
+func (d *Observer) Watch(ctx context.Context, hs idemgate.HealthSetter) {
 	states := make(chan struct{}, 1)
 	if d.conn != nil {
 		go func() {
@@ -342,7 +332,7 @@ func (d *Observer) Watch(ctx context.Context, hs HealthSetter) {
 		_ = d.Check(ctx, DefaultDedupeTimeout)
 	}
 	serving := false
-	hs.SetServingStatus(DedupeHealthService, healthpb.HealthCheckResponse_NOT_SERVING)
+	hs.SetServingStatus(idemgate.DedupeHealthService, healthpb.HealthCheckResponse_NOT_SERVING)
 	recheck := time.NewTicker(dedupeRecheckInterval)
 	defer recheck.Stop()
 	var lastLine time.Time
@@ -374,8 +364,8 @@ func (d *Observer) Watch(ctx context.Context, hs HealthSetter) {
 			// The line before the status: whoever sees the status change
 			// (a probe, a test) finds the line that explains it.
 			if serving {
-				d.logger.Log(ctx, level, "idemgate: the Dedupe service is reachable; health "+DedupeHealthService+" SERVING", d.targetAttr())
-				hs.SetServingStatus(DedupeHealthService, healthpb.HealthCheckResponse_SERVING)
+				d.logger.Log(ctx, level, "idemgate: the Dedupe service is reachable; health "+idemgate.DedupeHealthService+" SERVING", d.targetAttr())
+				hs.SetServingStatus(idemgate.DedupeHealthService, healthpb.HealthCheckResponse_SERVING)
 			} else {
 				attrs := []any{d.targetAttr()}
 				if d.conn != nil {
@@ -384,8 +374,8 @@ func (d *Observer) Watch(ctx context.Context, hs HealthSetter) {
 				if level == slog.LevelInfo {
 					level = slog.LevelWarn
 				}
-				d.logger.Log(ctx, level, "idemgate: the Dedupe service is unreachable or refusing; health "+DedupeHealthService+" NOT_SERVING, gated calls fail closed", attrs...)
-				hs.SetServingStatus(DedupeHealthService, healthpb.HealthCheckResponse_NOT_SERVING)
+				d.logger.Log(ctx, level, "idemgate: the Dedupe service is unreachable or refusing; health "+idemgate.DedupeHealthService+" NOT_SERVING, gated calls fail closed", attrs...)
+				hs.SetServingStatus(idemgate.DedupeHealthService, healthpb.HealthCheckResponse_NOT_SERVING)
 			}
 		}
 		select {

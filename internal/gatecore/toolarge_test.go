@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/idemgate/idemgate"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/gatecore"
 )
@@ -59,8 +60,8 @@ func TestTooLargeSaysWhyTheOutcomeWasNotStored(t *testing.T) {
 					info = i
 				}
 			}
-			if info.GetReason() != gatecore.ReasonResultTooLarge {
-				t.Fatalf("reason %q; want %s, whatever the cause", info.GetReason(), gatecore.ReasonResultTooLarge)
+			if info.GetReason() != idemgate.ReasonResultTooLarge {
+				t.Fatalf("reason %q; want %s, whatever the cause", info.GetReason(), idemgate.ReasonResultTooLarge)
 			}
 			if md := info.GetMetadata(); md["cause"] != tc.wantCause || md["size_bytes"] != "2000" {
 				t.Errorf("ErrorInfo metadata %v; want cause %s and size_bytes 2000", md, tc.wantCause)

@@ -13,10 +13,10 @@ import (
 )
 
 // Every reason the gate declares tells an MCP caller what to do: a reason
-// added to interceptor/reasons.go without advice here would reach agents as
-// an error with none.
+// added to the root package's reasons.go without advice here would reach
+// agents as an error with none.
 func TestEveryReasonHasAdvice(t *testing.T) {
-	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join("..", "gatecore", "reasons.go"), nil, 0)
+	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join("..", "..", "reasons.go"), nil, 0)
 	if err != nil {
 		t.Fatalf("%v (the gate's reasons moved? point this test at them)", err)
 	}

@@ -227,7 +227,9 @@ func New(cfg Config) (*mcp.Server, error) {
 	server := mcp.NewServer(&mcp.Implementation{Name: cfg.Name, Version: cfg.Version}, &mcp.ServerOptions{
 		Capabilities: mcpwire.Capabilities(),
 	})
-	server.AddReceivingMiddleware(mcpwire.AdvertiseIdempotency)
+	// Each answer is encoded once (encodeOnce) and, over HTTP, held within
+	// the answer budget (mcpwire.HoldAnswers) until it is written.
+	server.AddReceivingMiddleware(mcpwire.AdvertiseIdempotency, mcpwire.HoldAnswers, encodeOnce)
 	f := &forwarder{conn: cfg.Conn, types: dynamicpb.NewTypes(cfg.Files), timeout: cfg.CallTimeout, logger: cfg.Logger}
 	for _, m := range methods {
 		server.AddTool(m.Tool, f.handler(m.Descriptor, m.KeyArgument))
@@ -296,10 +298,7 @@ func (f *forwarder) handler(md protoreflect.MethodDescriptor, keyArg string) mcp
 		if err != nil {
 			return nil, fmt.Errorf("encoding the response: %w", err)
 		}
-		res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(js)}}}
-		if structured {
-			res.StructuredContent = json.RawMessage(js)
-		}
+		res := textResult(js, structured)
 		meta := mcp.Meta{MetaReplayed: headerTrue(header, idemgate.ReplayedHeader)}
 		if headerTrue(header, idemgate.KeyDerivedHeader) {
 			meta[MetaKeyDerived] = true
@@ -354,13 +353,41 @@ func resultJSON(types interface {
 	protoregistry.ExtensionTypeResolver
 	protoregistry.MessageTypeResolver
 }, m proto.Message) ([]byte, error) {
-	js, err := (protojson.MarshalOptions{Resolver: types, EmitUnpopulated: true}).Marshal(m)
+	// One buffer for protojson, sized by the message's wire size (about its
+	// JSON's for the strings and bytes that make a response large),
+	// compacted in place; int64Numbers writes the one copy returned.
+	size := proto.Size(m)
+	buf := make([]byte, 0, size+size/4+512)
+	js, err := (protojson.MarshalOptions{Resolver: types, EmitUnpopulated: true}).MarshalAppend(buf, m)
 	if err != nil {
 		return nil, err
 	}
-	var compact bytes.Buffer
-	if err := json.Compact(&compact, js); err != nil {
-		return nil, err
+	return int64Numbers(compactInPlace(js), m.ProtoReflect().Descriptor(), types)
+}
+
+// compactInPlace removes the whitespace between the tokens of valid JSON
+// (protojson's), in place, as json.Compact would; int64Numbers checks the
+// rest.
+func compactInPlace(js []byte) []byte {
+	out := js[:0]
+	inString, escaped := false, false
+	for _, c := range js { // out never passes the byte being read
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			continue
+		}
+		out = append(out, c)
 	}
-	return int64Numbers(compact.Bytes(), m.ProtoReflect().Descriptor(), types)
+	return out
 }

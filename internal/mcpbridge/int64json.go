@@ -27,9 +27,11 @@ type typeResolver interface {
 // strings that are not 64-bit integers, and the other well-known types
 // (Timestamp, Duration, Struct, Value, ListValue, FieldMask, Empty, the
 // other wrappers). It reads js once, guided by the descriptors, so the
-// rewrite is linear and the same bytes give the same bytes.
+// rewrite is linear and the same bytes give the same bytes. It rewrites js
+// in place (the rewrite only drops bytes, so what it writes never passes
+// what it has read) and returns the rewritten prefix of it.
 func int64Numbers(js []byte, md protoreflect.MessageDescriptor, types typeResolver) ([]byte, error) {
-	w := &int64Writer{in: js, out: make([]byte, 0, len(js)), types: types}
+	w := &int64Writer{in: js, out: js[:0], types: types}
 	if err := w.message(md); err != nil {
 		return nil, err
 	}
@@ -40,6 +42,9 @@ func int64Numbers(js []byte, md protoreflect.MessageDescriptor, types typeResolv
 }
 
 // int64Writer copies in to out, value by value, unquoting 64-bit integers.
+// out is in's own memory: every read of in is at or past pos, and every
+// write to out is below it (append's copies may overlap their source, as
+// memmove).
 type int64Writer struct {
 	in    []byte
 	pos   int // the next byte of in to read
@@ -230,13 +235,16 @@ func (w *int64Writer) any() error {
 	if name != "@type" {
 		return w.errorf("an Any's first member is %q, not @type", name)
 	}
-	start := w.pos
+	end, err := valueEnd(w.in, w.pos)
+	if err != nil {
+		return w.errorf("%v", err)
+	}
+	var url string // read before skip copies it over
+	if err := json.Unmarshal(w.in[w.pos:end], &url); err != nil {
+		return w.errorf("an Any's @type: %v", err)
+	}
 	if err := w.skip(); err != nil {
 		return err
-	}
-	var url string
-	if err := json.Unmarshal(w.in[start:w.pos], &url); err != nil {
-		return w.errorf("an Any's @type: %v", err)
 	}
 	if w.peek() != ',' {
 		return w.expect('}')

@@ -46,6 +46,16 @@ const (
 	// INVALID_ARGUMENT; nothing was sent to the tool server. Fix the
 	// arguments.
 	ReasonArgumentsInvalid = mcpwire.ReasonArgumentsInvalid
+	// ReasonAnswerBudgetExhausted is the ErrorInfo reason of a call that
+	// ran but whose answer the bridge did not hold over HTTP: the answers
+	// being written held mcpwire.HTTPLimits.MaxAnswerBytes, or
+	// MaxAnswerBytesPerIP for the caller's address. RESOURCE_EXHAUSTED with
+	// RetryInfo; a retry with the same key replays the stored outcome.
+	ReasonAnswerBudgetExhausted = mcpwire.ReasonAnswerBudgetExhausted
+	// ReasonAnswerTooLarge is the ErrorInfo reason of a call that ran but
+	// whose answer is larger than the bridge holds for one caller over
+	// HTTP. RESOURCE_EXHAUSTED; a retry gets the same refusal.
+	ReasonAnswerTooLarge = mcpwire.ReasonAnswerTooLarge
 )
 
 // Advice values: what a caller does with an error, by its reason (see
@@ -75,7 +85,9 @@ func KeyReader(r io.Reader) io.ReadCloser { return mcpwire.KeyReader(r) }
 // HTTPMiddleware wraps a streamable HTTP MCP handler so that SEP-3182's
 // idempotencyKey parameter of a tools/call POSTed to it reaches the bridge.
 // It reads the body, within l's MaxBodyBytes and MaxBufferedBytes
-// (mcpwire.HTTPMiddleware), and hands the handler the rewritten one.
+// (mcpwire.HTTPMiddleware), and hands the handler the rewritten one; the
+// bridge's answers to the request are held within l's MaxAnswerBytes and
+// MaxAnswerBytesPerIP until its response is written.
 func HTTPMiddleware(next http.Handler, l mcpwire.HTTPLimits) http.Handler {
 	return mcpwire.HTTPMiddleware(next, l)
 }
@@ -89,7 +101,10 @@ func codeName(c codes.Code) string { return mcpwire.CodeName(c) }
 // HTTP; clients of earlier versions initialize and call as before. The
 // bridge keeps nothing in a session: each call is forwarded with its own
 // key. l bounds the bodies (mcpwire.HTTPHandler): one over MaxBodyBytes
-// gets 413, before it is read when its Content-Length says so.
+// gets 413, before it is read when its Content-Length says so; and the
+// answers being written (MaxAnswerBytes, MaxAnswerBytesPerIP): an answer
+// past them is not held, and its call is answered
+// ReasonAnswerBudgetExhausted.
 // idemgate-mcp -listen serves it at /mcp.
 func HTTPHandler(server *mcp.Server, l mcpwire.HTTPLimits) http.Handler {
 	return mcpwire.HTTPHandler(server, l)

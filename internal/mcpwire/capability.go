@@ -128,9 +128,10 @@ func withToolsIdempotency(result any) ([]byte, error) {
 // protocol version 2026-07-28 over HTTP (a stateful handler refuses it);
 // clients of earlier versions still initialize and call as before. Wrapped
 // in HTTPMiddleware, so SEP-3182's idempotencyKey parameter reaches the
-// server, with l's body limits (MaxBodyBytes, MaxBufferedBytes; its zero
-// fields take their defaults). The SDK's other defaults hold (DNS rebinding
-// protection for localhost, SSE responses).
+// server, with l's body limits (MaxBodyBytes, MaxBufferedBytes) and answer
+// budget (MaxAnswerBytes, for the server's results that pass through
+// HoldAnswers); its zero fields take their defaults. The SDK's other
+// defaults hold (DNS rebinding protection for localhost, SSE responses).
 func HTTPHandler(server *mcp.Server, l HTTPLimits) http.Handler {
 	l = l.WithDefaults()
 	return HTTPMiddleware(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server },

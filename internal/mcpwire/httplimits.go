@@ -12,7 +12,7 @@ import (
 
 // HTTPLimits bounds what the callers of a streamable HTTP MCP server can
 // cost it before and while they are served: the memory of the bodies it
-// reads, and the connections (file descriptors) a slow, idle or
+// reads and of the answers it writes, and the connections (file descriptors) a slow, idle or
 // never-reading caller holds (httplimits.Limits: timeouts, and connection
 // caps in total and per client address). The zero value of a field takes
 // its default.
@@ -37,6 +37,23 @@ type HTTPLimits struct {
 	// 503 with Retry-After. Clients behind one proxy share it. At least
 	// twice MaxBodyBytes. Defaults to DefaultMaxBufferedBytesPerIP.
 	MaxBufferedBytesPerIP int64
+	// MaxAnswerBytes bounds the bytes of tools/call answers held at once,
+	// across requests, from when a tool's result is ready until its HTTP
+	// response is written, or the write fails (a caller that reads nothing
+	// is dropped after WriteTimeout): a result that would pass it is not
+	// held, and the call is answered ReasonAnswerBudgetExhausted instead
+	// (HoldAnswers: the server's tools/call results must go through it, as
+	// the bridge's and mcpgate's do, and its streamable handler must be
+	// stateless, as HTTPHandler's is). An answer counts its size
+	// (AnswerSize). Defaults to DefaultMaxAnswerBytes.
+	MaxAnswerBytes int64
+	// MaxAnswerBytesPerIP bounds the bytes of answers one client address
+	// (httplimits.IPGroup: an IPv6 one's /64) holds at once, within
+	// MaxAnswerBytes, so callers that never read their answers from one
+	// address leave the others room. Clients behind one proxy share it. An
+	// answer larger than it is never held (ReasonAnswerTooLarge). Defaults
+	// to DefaultMaxAnswerBytesPerIP.
+	MaxAnswerBytesPerIP int64
 }
 
 // The HTTPLimits defaults.
@@ -58,6 +75,16 @@ const (
 	// DefaultMaxBufferedBytes, as DefaultMaxConnectionsPerIP is of
 	// DefaultMaxConnections; 4 bodies of 4 MiB being joined.
 	DefaultMaxBufferedBytesPerIP = 32 << 20
+	// DefaultMaxAnswerBytes is 256 MiB of answers being written, as
+	// DefaultMaxBufferedBytes is of bodies being read: 32 answers of the
+	// largest a bridge forwards (gRPC's default 4 MiB response, written
+	// twice, as text and as structuredContent).
+	DefaultMaxAnswerBytes = 256 << 20
+	// DefaultMaxAnswerBytesPerIP is 32 MiB: an eighth of
+	// DefaultMaxAnswerBytes, as DefaultMaxBufferedBytesPerIP is of
+	// DefaultMaxBufferedBytes; 4 of the largest answers, or thousands of
+	// ordinary ones.
+	DefaultMaxAnswerBytesPerIP = 32 << 20
 )
 
 // WithDefaults returns l with the default of every zero field.
@@ -71,6 +98,12 @@ func (l HTTPLimits) WithDefaults() HTTPLimits {
 	}
 	if l.MaxBufferedBytesPerIP == 0 {
 		l.MaxBufferedBytesPerIP = DefaultMaxBufferedBytesPerIP
+	}
+	if l.MaxAnswerBytes == 0 {
+		l.MaxAnswerBytes = DefaultMaxAnswerBytes
+	}
+	if l.MaxAnswerBytesPerIP == 0 {
+		l.MaxAnswerBytesPerIP = DefaultMaxAnswerBytesPerIP
 	}
 	return l
 }
@@ -88,6 +121,10 @@ func (l HTTPLimits) Check(prefix string) error {
 		return fmt.Errorf("%smax-buffered-bytes must be positive, got %d", prefix, l.MaxBufferedBytes)
 	case l.MaxBufferedBytesPerIP < 0:
 		return fmt.Errorf("%smax-buffered-bytes-per-ip must be positive, got %d", prefix, l.MaxBufferedBytesPerIP)
+	case l.MaxAnswerBytes < 0:
+		return fmt.Errorf("%smax-answer-bytes must be positive, got %d", prefix, l.MaxAnswerBytes)
+	case l.MaxAnswerBytesPerIP < 0:
+		return fmt.Errorf("%smax-answer-bytes-per-ip must be positive, got %d", prefix, l.MaxAnswerBytesPerIP)
 	}
 	// A chunked body counts twice while its pieces are joined: a budget
 	// below that would answer 503 to the largest body for ever.

@@ -10,7 +10,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 )
 
@@ -160,7 +160,7 @@ func TakeArgument(args json.RawMessage, name string) (key string, ok bool, rest 
 		return "", false, rest, nil
 	}
 	if json.Unmarshal(v, &key) != nil {
-		return "", false, nil, grpcerr.New(codes.InvalidArgument, gatecore.ReasonKeyInvalid,
+		return "", false, nil, grpcerr.New(codes.InvalidArgument, idemgate.ReasonKeyInvalid,
 			"the key argument "+name+" must be a string", map[string]string{"field": name}, 0)
 	}
 	return key, key != "", rest, nil

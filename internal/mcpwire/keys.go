@@ -13,7 +13,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 )
 
@@ -84,7 +84,7 @@ func CallKey(meta map[string]any) (key string, ok bool, err error) {
 	}
 	switch {
 	case ok1 && ok2 && k1 != k2:
-		return "", false, grpcerr.New(codes.InvalidArgument, gatecore.ReasonKeyConflict,
+		return "", false, grpcerr.New(codes.InvalidArgument, idemgate.ReasonKeyConflict,
 			"_meta[\""+MetaKey+"\"] and the idempotencyKey parameter carry different keys; send one, or the same in both", nil, 0)
 	case ok1:
 		key, ok = k1, true
@@ -105,7 +105,7 @@ func CallKey(meta map[string]any) (key string, ok bool, err error) {
 func CheckKeyChars(key string) error {
 	for i := 0; i < len(key); i++ {
 		if key[i] < 0x20 || key[i] > 0x7e {
-			return grpcerr.New(codes.InvalidArgument, gatecore.ReasonKeyInvalid,
+			return grpcerr.New(codes.InvalidArgument, idemgate.ReasonKeyInvalid,
 				"the idempotency key must be 1 to 255 bytes of printable ASCII", nil, 0)
 		}
 	}
@@ -119,7 +119,7 @@ func metaString(meta map[string]any, name string) (string, bool, error) {
 	}
 	s, ok := v.(string)
 	if !ok {
-		return "", false, grpcerr.New(codes.InvalidArgument, gatecore.ReasonKeyInvalid,
+		return "", false, grpcerr.New(codes.InvalidArgument, idemgate.ReasonKeyInvalid,
 			"the idempotency key must be a JSON string", nil, 0)
 	}
 	return s, true, nil
@@ -269,10 +269,14 @@ func (k *keyReader) readLine() ([]byte, error) {
 // Content-Length says so. The bodies it holds at once, taken as their bytes
 // arrive, are at most l.MaxBufferedBytes across requests and
 // l.MaxBufferedBytesPerIP for one client address: a body that would pass
-// either gets 503 with Retry-After. l's zero fields take their defaults.
+// either gets 503 with Retry-After. The answers to a request are held
+// within l.MaxAnswerBytes and l.MaxAnswerBytesPerIP until its response is
+// written or its writing fails (HoldAnswers). l's zero fields take their
+// defaults.
 func HTTPMiddleware(next http.Handler, l HTTPLimits) http.Handler {
 	l = l.WithDefaults()
 	budget := &byteBudget{left: l.MaxBufferedBytes, perIP: l.MaxBufferedBytesPerIP, held: map[string]int64{}}
+	answers := newAnswers(l)
 	tooLarge := func(w http.ResponseWriter) {
 		http.Error(w, fmt.Sprintf("request body exceeds %d bytes", l.MaxBodyBytes), http.StatusRequestEntityTooLarge)
 	}
@@ -306,6 +310,8 @@ func HTTPMiddleware(next http.Handler, l HTTPLimits) http.Handler {
 		body = LiftMessage(body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		r.ContentLength = int64(len(body))
+		r, answered := answers.account(r, client)
+		defer answered()
 		next.ServeHTTP(w, r)
 	})
 }

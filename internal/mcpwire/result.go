@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/idemgate/idemgate/internal/gatecore"
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 )
 
@@ -107,9 +107,9 @@ const KeyReusedText = "This idempotency key was already used with other argument
 // IDEMPOTENCY_KEY_REUSED: KeyReusedText).
 func ModelText(reason, message string) string {
 	switch reason {
-	case gatecore.ReasonOutcomeUnknown:
+	case idemgate.ReasonOutcomeUnknown:
 		return OutcomeUnknownText
-	case gatecore.ReasonKeyReused:
+	case idemgate.ReasonKeyReused:
 		return KeyReusedText
 	}
 	return message
@@ -136,11 +136,11 @@ const (
 // when the error is the tool's own.
 func Advice(reason string, code codes.Code) string {
 	switch reason {
-	case gatecore.ReasonInFlight, gatecore.ReasonStoreUnavailable, gatecore.ReasonQuotaExceeded:
+	case idemgate.ReasonInFlight, idemgate.ReasonStoreUnavailable, idemgate.ReasonQuotaExceeded, ReasonAnswerBudgetExhausted:
 		return AdviceRetrySameKey
-	case gatecore.ReasonKeyMissing, gatecore.ReasonKeyInvalid, gatecore.ReasonKeyConflict, ReasonArgumentsInvalid, ReasonArgumentsTooLarge, ReasonUnauthenticated:
+	case idemgate.ReasonKeyMissing, idemgate.ReasonKeyInvalid, idemgate.ReasonKeyConflict, ReasonArgumentsInvalid, ReasonArgumentsTooLarge, ReasonUnauthenticated:
 		return AdviceFixRequest
-	case gatecore.ReasonKeyReused, gatecore.ReasonOutcomeUnknown, gatecore.ReasonResultTooLarge, gatecore.ReasonStoreRejected, gatecore.ReasonOutcomeTypeMismatch:
+	case idemgate.ReasonKeyReused, idemgate.ReasonOutcomeUnknown, idemgate.ReasonResultTooLarge, idemgate.ReasonStoreRejected, idemgate.ReasonOutcomeTypeMismatch, ReasonAnswerTooLarge:
 		return AdviceEscalate
 	}
 	if reason == "" && (code == codes.Unavailable || code == codes.DeadlineExceeded) {

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 )
@@ -16,8 +17,8 @@ import (
 // table says: advice to mint a new key would have an agent loop run the
 // side effect again.
 func TestKeyReusedIsEscalated(t *testing.T) {
-	if a := Advice(gatecore.ReasonKeyReused, codes.FailedPrecondition); a != AdviceEscalate {
-		t.Errorf("advice for %s = %q, want %q", gatecore.ReasonKeyReused, a, AdviceEscalate)
+	if a := Advice(idemgate.ReasonKeyReused, codes.FailedPrecondition); a != AdviceEscalate {
+		t.Errorf("advice for %s = %q, want %q", idemgate.ReasonKeyReused, a, AdviceEscalate)
 	}
 }
 
@@ -42,7 +43,7 @@ func TestOutcomeUnknownTextIsForTheModel(t *testing.T) {
 		}
 	}
 	e, _ := res.Meta[MetaError].(map[string]any)
-	if msg, _ := e["message"].(string); !strings.Contains(msg, "idemctl") || e["reason"] != gatecore.ReasonOutcomeUnknown || e["advice"] != AdviceEscalate {
+	if msg, _ := e["message"].(string); !strings.Contains(msg, "idemctl") || e["reason"] != idemgate.ReasonOutcomeUnknown || e["advice"] != AdviceEscalate {
 		t.Errorf("_meta error = %+v, want the operator's message, the reason and advice escalate", e)
 	}
 }
@@ -52,7 +53,7 @@ func TestOutcomeUnknownTextIsForTheModel(t *testing.T) {
 // that may be done already, but: nothing ran, do not take it again, ask the
 // user before a new key.
 func TestKeyReusedTextIsForTheModel(t *testing.T) {
-	err := grpcerr.New(codes.FailedPrecondition, gatecore.ReasonKeyReused,
+	err := grpcerr.New(codes.FailedPrecondition, idemgate.ReasonKeyReused,
 		"this idempotency key was first used with a different request; use a new key for a new action", nil, 0)
 	res := ErrorResult(err)
 	text := res.Content[0].(*mcp.TextContent).Text

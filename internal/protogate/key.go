@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/keys"
@@ -29,7 +30,7 @@ func (m *Method) Key(carrier string, values []string, req proto.Message) (string
 		key = values[0]
 		for _, v := range values[1:] {
 			if v != key {
-				return "", grpcerr.New(codes.InvalidArgument, gatecore.ReasonKeyInvalid,
+				return "", grpcerr.New(codes.InvalidArgument, idemgate.ReasonKeyInvalid,
 					carrier+" has more than one value; send exactly one key", nil, 0)
 			}
 		}
@@ -37,7 +38,7 @@ func (m *Method) Key(carrier string, values []string, req proto.Message) (string
 	if m.keyField != nil {
 		if fieldKey := req.ProtoReflect().Get(m.keyField).String(); fieldKey != "" {
 			if hasKey && fieldKey != key {
-				return "", grpcerr.New(codes.InvalidArgument, gatecore.ReasonKeyConflict,
+				return "", grpcerr.New(codes.InvalidArgument, idemgate.ReasonKeyConflict,
 					fmt.Sprintf("%s and the request field %s carry different idempotency keys; send one, or the same in both", carrier, m.keyField.Name()),
 					map[string]string{"field": string(m.keyField.Name())}, 0)
 			}
@@ -52,12 +53,12 @@ func (m *Method) Key(carrier string, values []string, req proto.Message) (string
 		if m.keyField != nil {
 			where += " or the request field " + string(m.keyField.Name())
 		}
-		return "", grpcerr.New(codes.InvalidArgument, gatecore.ReasonKeyMissing,
+		return "", grpcerr.New(codes.InvalidArgument, idemgate.ReasonKeyMissing,
 			"this method has side effects and needs an idempotency key: send one in "+where+", minted once per logical action and reused on every retry of it",
 			nil, 0)
 	}
 	if err := keys.Validate(key); err != nil {
-		return "", grpcerr.New(codes.InvalidArgument, gatecore.ReasonKeyInvalid,
+		return "", grpcerr.New(codes.InvalidArgument, idemgate.ReasonKeyInvalid,
 			"the idempotency key "+err.Error()+": use 1 to 255 bytes of printable ASCII without leading or trailing spaces, such as a UUID", nil, 0)
 	}
 	return key, nil

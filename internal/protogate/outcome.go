@@ -13,46 +13,12 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/idemgate/idemgate"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/vocab"
 )
-
-// Reconciler is asked, when a call finds that an earlier attempt's outcome
-// was lost, what really happened (idemgate.Reconciler documents it).
-type Reconciler func(ctx context.Context, key string, req proto.Message) (Resolution, error)
-
-// Resolution is a Reconciler's answer; its constructors are
-// idemgate.ResolvedResponse and the rest.
-type Resolution struct {
-	kind     resolutionKind
-	response proto.Message
-	err      error
-}
-
-type resolutionKind int
-
-const (
-	stillUnknown resolutionKind = iota
-	resolvedResponse
-	resolvedError
-	resolvedNotRun
-)
-
-// ResolvedResponse says the side effect happened and resp is what the method
-// would have returned.
-func ResolvedResponse(resp proto.Message) Resolution {
-	return Resolution{kind: resolvedResponse, response: resp}
-}
-
-// ResolvedError says the action ended with a final error.
-func ResolvedError(err error) Resolution { return Resolution{kind: resolvedError, err: err} }
-
-// ResolvedNotRun says the side effect did not happen.
-func ResolvedNotRun() Resolution { return Resolution{kind: resolvedNotRun} }
-
-// StillUnknown says the reconciler cannot tell.
-func StillUnknown() Resolution { return Resolution{kind: stillUnknown} }
 
 // ToStatus is how a front end reads a handler's error as a gRPC status
 // (status.Convert for gRPC; a Connect error's code, message and details for
@@ -70,23 +36,24 @@ func (m *Method) Reconciled(ctx context.Context, label, key string, req proto.Me
 	if err != nil {
 		return gatecore.StillUnknown(), err
 	}
-	switch res.kind {
-	case resolvedResponse:
-		if res.response == nil || res.response.ProtoReflect().Descriptor().FullName() != m.OutputName {
-			return gatecore.StillUnknown(), gatecore.BadResolution(fmt.Errorf("the reconciler of %s answered %T, not a %s", label, res.response, m.OutputName))
+	kind, response, resErr := vocab.Read(res)
+	switch kind {
+	case vocab.ResolvedResponse:
+		if response == nil || response.ProtoReflect().Descriptor().FullName() != m.OutputName {
+			return gatecore.StillUnknown(), gatecore.BadResolution(fmt.Errorf("the reconciler of %s answered %T, not a %s", label, response, m.OutputName))
 		}
-		outcome, err := gatecore.MarshalAny(res.response)
+		outcome, err := gatecore.MarshalAny(response)
 		if err != nil {
 			return gatecore.StillUnknown(), gatecore.BadResolution(fmt.Errorf("serialize the reconciler's response: %w", err))
 		}
 		return gatecore.ResolvedOutcome(outcome), nil
-	case resolvedError:
-		outcome, err := gatecore.MarshalAny(toStatus(res.err).Proto())
+	case vocab.ResolvedError:
+		outcome, err := gatecore.MarshalAny(toStatus(resErr).Proto())
 		if err != nil {
 			return gatecore.StillUnknown(), gatecore.BadResolution(fmt.Errorf("serialize the reconciler's error: %w", err))
 		}
 		return gatecore.ResolvedOutcome(outcome), nil
-	case resolvedNotRun:
+	case vocab.ResolvedNotRun:
 		return gatecore.ResolvedNotRun(), nil
 	}
 	return gatecore.StillUnknown(), nil
@@ -207,7 +174,7 @@ func (m *Method) Decode(outcome *anypb.Any) (Replayed, error) {
 	if outcome.MessageName() == StoredOutcomeName {
 		stored := &idemgatev1.StoredOutcome{}
 		if err := proto.Unmarshal(outcome.GetValue(), stored); err != nil {
-			return Replayed{}, grpcerr.New(codes.Internal, gatecore.ReasonOutcomeTypeMismatch,
+			return Replayed{}, grpcerr.New(codes.Internal, idemgate.ReasonOutcomeTypeMismatch,
 				fmt.Sprintf("the stored outcome does not decode: %v; the call was not run again", err), nil, 0)
 		}
 		outcome, r.Header, r.Trailer = stored.GetResult(), metadataOf(stored.GetHeader()), metadataOf(stored.GetTrailer())
@@ -218,20 +185,20 @@ func (m *Method) Decode(outcome *anypb.Any) (Replayed, error) {
 	if outcome.MessageName() == StatusName {
 		st := &spb.Status{}
 		if err := proto.Unmarshal(outcome.GetValue(), st); err != nil {
-			return Replayed{}, grpcerr.New(codes.Internal, gatecore.ReasonOutcomeTypeMismatch,
+			return Replayed{}, grpcerr.New(codes.Internal, idemgate.ReasonOutcomeTypeMismatch,
 				fmt.Sprintf("the stored error outcome does not decode: %v; the call was not run again", err), nil, 0)
 		}
 		r.Err = status.FromProto(st).Err()
 		return r, nil
 	}
 	if outcome.MessageName() != m.OutputName {
-		return Replayed{}, grpcerr.New(codes.Internal, gatecore.ReasonOutcomeTypeMismatch,
+		return Replayed{}, grpcerr.New(codes.Internal, idemgate.ReasonOutcomeTypeMismatch,
 			fmt.Sprintf("the stored outcome is a %s, not this method's response type %s; the call was not run again", outcome.MessageName(), m.OutputName),
 			nil, 0)
 	}
 	resp := m.Output.New().Interface()
 	if err := proto.Unmarshal(outcome.GetValue(), resp); err != nil {
-		return Replayed{}, grpcerr.New(codes.Internal, gatecore.ReasonOutcomeTypeMismatch,
+		return Replayed{}, grpcerr.New(codes.Internal, idemgate.ReasonOutcomeTypeMismatch,
 			fmt.Sprintf("the stored outcome does not decode as %s: %v; the call was not run again", m.OutputName, err), nil, 0)
 	}
 	r.Response = resp

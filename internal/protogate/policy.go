@@ -6,7 +6,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
@@ -15,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/dynamicpb"
 
+	"github.com/idemgate/idemgate"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/grpcerr"
@@ -56,89 +56,18 @@ const (
 	MaxActionBytes = 255
 )
 
-// Policy is the resolved idemgate policy of one method; idemgate.Policy
-// is the same struct, converted.
-type Policy struct {
-	// Gated reports whether calls are deduplicated: the method is marked
-	// mutating and its idempotency_level does not say it is safe.
-	Gated bool
-	// Retention is how long an outcome is replayed.
-	Retention time.Duration
-	// Lease is how long a reservation is held without a heartbeat before it
-	// counts as abandoned.
-	Lease time.Duration
-	// OnLostOutcome says what a call finds after an attempt lost its lease
-	// without an outcome.
-	OnLostOutcome idemgatev1.LostOutcomePolicy
-	// ReplayCodes are the status codes whose errors are stored and replayed.
-	ReplayCodes []codes.Code
-	// MaxWait is how long a duplicate waits for an in-flight outcome.
-	MaxWait time.Duration
-	// KeylessFingerprint reports whether a call without a key is
-	// deduplicated on its fingerprint (KEYLESS_POLICY_FINGERPRINT) instead
-	// of refused.
-	KeylessFingerprint bool
-	// KeylessWindow is how long a keyless call is deduplicated.
-	KeylessWindow time.Duration
-	// ExecutionTimeout is the handler's deadline; the caller's own deadline
-	// and cancellation do not reach the handler.
-	ExecutionTimeout time.Duration
-	// Action names the records' action: the policy's action, or the full
-	// method name.
-	Action string
-	// UnknownCodes are the status codes, beyond DEADLINE_EXCEEDED and
-	// CANCELLED, whose errors leave the outcome unknown instead of freeing
-	// the key.
-	UnknownCodes []codes.Code
-	// FinishAfterReply reports whether the caller is answered before the
-	// outcome is stored (FINISH_POLICY_AFTER_REPLY), the outcome then stored
-	// in the background. False, the default, stores it first.
-	FinishAfterReply bool
-}
-
-// String describes the policy as logged, for example
-// "gated(action=/pkg.S/M, retention=24h0m0s, lease=10s, on_lost_outcome=fail_closed, replay_codes=[], unknown_codes=[], max_wait=3s, keyless=reject, execution_timeout=1m0s, finish=before_reply)"
-// or "ungated".
-func (p Policy) String() string {
-	if !p.Gated {
-		return "ungated"
-	}
-	onLost := "fail_closed"
-	if p.OnLostOutcome == idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_REEXECUTE {
-		onLost = "reexecute"
-	}
-	keyless := "reject"
-	if p.KeylessFingerprint {
-		keyless = "fingerprint(" + p.KeylessWindow.String() + ")"
-	}
-	finish := "before_reply"
-	if p.FinishAfterReply {
-		finish = "after_reply"
-	}
-	return fmt.Sprintf("gated(action=%s, retention=%s, lease=%s, on_lost_outcome=%s, replay_codes=[%s], unknown_codes=[%s], max_wait=%s, keyless=%s, execution_timeout=%s, finish=%s)",
-		p.Action, p.Retention, p.Lease, onLost, codeNames(p.ReplayCodes), codeNames(p.UnknownCodes), p.MaxWait, keyless, p.ExecutionTimeout, finish)
-}
-
-func codeNames(cs []codes.Code) string {
-	names := make([]string, len(cs))
-	for i, c := range cs {
-		names[i] = grpcerr.CodeName(c)
-	}
-	return strings.Join(names, " ")
-}
-
 // Method is what a gate needs of one gated method at call time, resolved
 // once from its descriptor.
 type Method struct {
 	// Policy is the method's resolved policy.
-	Policy Policy
+	Policy idemgate.Policy
 	// Output makes the method's response message to replay into.
 	Output protoreflect.MessageType
 	// OutputName is the response's full name, checked against the stored
 	// outcome's type URL.
 	OutputName protoreflect.FullName
 	// Reconcile is the method's Reconciler, or nil.
-	Reconcile Reconciler
+	Reconcile idemgate.Reconciler
 	// replay holds Policy.ReplayCodes for a lookup per error.
 	replay map[codes.Code]bool
 	// unknown holds Policy.UnknownCodes and the two codes always in it.
@@ -172,7 +101,7 @@ type Resolved struct {
 // each, when a method's policy is inconsistent or a reconciler names a method
 // that is not gated: every misconfigured method is reported, not only the
 // first.
-func Resolve(files *protoregistry.Files, types *protoregistry.Types, reconcilers map[string]Reconciler) (Resolved, error) {
+func Resolve(files *protoregistry.Files, types *protoregistry.Types, reconcilers map[string]idemgate.Reconciler) (Resolved, error) {
 	r := Resolved{Gated: map[string]*Method{}, Services: map[string]bool{}}
 	var errs []error
 	files.RangeFiles(func(fd protoreflect.FileDescriptor) bool {
@@ -218,7 +147,7 @@ func Resolve(files *protoregistry.Files, types *protoregistry.Types, reconcilers
 	return r, nil
 }
 
-func newMethod(md protoreflect.MethodDescriptor, policy Policy, types *protoregistry.Types) (*Method, error) {
+func newMethod(md protoreflect.MethodDescriptor, policy idemgate.Policy, types *protoregistry.Types) (*Method, error) {
 	m := &Method{
 		Policy:     policy,
 		Output:     messageType(types, md.Output()),
@@ -302,42 +231,42 @@ func unclassified(md protoreflect.MethodDescriptor) bool {
 }
 
 // methodPolicy reads md's (idemgate.v1.policy) and idempotency_level.
-func methodPolicy(md protoreflect.MethodDescriptor) (Policy, error) {
+func methodPolicy(md protoreflect.MethodDescriptor) (idemgate.Policy, error) {
 	opts, _ := md.Options().(*descriptorpb.MethodOptions)
 	if opts == nil || !proto.HasExtension(opts, idemgatev1.E_Policy) {
-		return Policy{}, nil
+		return idemgate.Policy{}, nil
 	}
 	raw, _ := proto.GetExtension(opts, idemgatev1.E_Policy).(*idemgatev1.MethodPolicy)
 	if !raw.GetMutating() {
-		return Policy{}, nil
+		return idemgate.Policy{}, nil
 	}
 	name := md.FullName()
 	switch opts.GetIdempotencyLevel() {
 	case descriptorpb.MethodOptions_NO_SIDE_EFFECTS:
-		return Policy{}, fmt.Errorf("idemgate: method %s is marked both mutating and idempotency_level = NO_SIDE_EFFECTS: remove one of them", name)
+		return idemgate.Policy{}, fmt.Errorf("idemgate: method %s is marked both mutating and idempotency_level = NO_SIDE_EFFECTS: remove one of them", name)
 	case descriptorpb.MethodOptions_IDEMPOTENT:
-		return Policy{}, nil // safe to repeat by its own declaration
+		return idemgate.Policy{}, nil // safe to repeat by its own declaration
 	}
 	if md.IsStreamingClient() || md.IsStreamingServer() {
-		return Policy{}, fmt.Errorf("idemgate: streaming method %s is marked mutating, but only unary methods can be gated: a stream's outcome is not one message to store and replay", name)
+		return idemgate.Policy{}, fmt.Errorf("idemgate: streaming method %s is marked mutating, but only unary methods can be gated: a stream's outcome is not one message to store and replay", name)
 	}
-	p := Policy{Gated: true, Retention: DefaultRetention, Lease: DefaultLease, MaxWait: DefaultMaxWait,
+	p := idemgate.Policy{Gated: true, Retention: DefaultRetention, Lease: DefaultLease, MaxWait: DefaultMaxWait,
 		OnLostOutcome:    idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_FAIL_CLOSED,
 		ExecutionTimeout: DefaultExecutionTimeout,
 		Action:           fmt.Sprintf("/%s/%s", md.Parent().FullName(), md.Name())}
 	if a := raw.GetAction(); a != "" {
 		if err := validAction(a); err != nil {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy action %q %v", name, a, err)
+			return idemgate.Policy{}, fmt.Errorf("idemgate: method %s: policy action %q %v", name, a, err)
 		}
 		p.Action = a
 	}
 	if d := raw.GetExecutionTimeout(); d != nil {
 		if err := d.CheckValid(); err != nil {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy execution_timeout: %w", name, err)
+			return idemgate.Policy{}, fmt.Errorf("idemgate: method %s: policy execution_timeout: %w", name, err)
 		}
 		p.ExecutionTimeout = d.AsDuration()
 		if p.ExecutionTimeout < MinExecutionTimeout || p.ExecutionTimeout > MaxExecutionTimeout {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy execution_timeout %s is outside %s to %s", name, p.ExecutionTimeout, MinExecutionTimeout, MaxExecutionTimeout)
+			return idemgate.Policy{}, fmt.Errorf("idemgate: method %s: policy execution_timeout %s is outside %s to %s", name, p.ExecutionTimeout, MinExecutionTimeout, MaxExecutionTimeout)
 		}
 	}
 	switch raw.GetOnLostOutcome() {
@@ -345,22 +274,22 @@ func methodPolicy(md protoreflect.MethodDescriptor) (Policy, error) {
 	case idemgatev1.LostOutcomePolicy_LOST_OUTCOME_POLICY_REEXECUTE:
 		p.OnLostOutcome = raw.GetOnLostOutcome()
 	default:
-		return Policy{}, fmt.Errorf("idemgate: method %s: policy on_lost_outcome %d is not a LostOutcomePolicy", name, raw.GetOnLostOutcome())
+		return idemgate.Policy{}, fmt.Errorf("idemgate: method %s: policy on_lost_outcome %d is not a LostOutcomePolicy", name, raw.GetOnLostOutcome())
 	}
 	for _, codeText := range raw.GetReplayCodes() {
 		c, ok := grpcerr.CodeByName(codeText)
 		if !ok || c == codes.OK {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy replay_codes has %q, which is not an error code name such as \"INVALID_ARGUMENT\"", name, codeText)
+			return idemgate.Policy{}, fmt.Errorf("idemgate: method %s: policy replay_codes has %q, which is not an error code name such as \"INVALID_ARGUMENT\"", name, codeText)
 		}
 		p.ReplayCodes = append(p.ReplayCodes, c)
 	}
 	for _, codeText := range raw.GetUnknownCodes() {
 		c, ok := grpcerr.CodeByName(codeText)
 		if !ok || c == codes.OK {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy unknown_codes has %q, which is not an error code name such as \"INTERNAL\"", name, codeText)
+			return idemgate.Policy{}, fmt.Errorf("idemgate: method %s: policy unknown_codes has %q, which is not an error code name such as \"INTERNAL\"", name, codeText)
 		}
 		if slices.Contains(p.ReplayCodes, c) {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy lists %s in both replay_codes and unknown_codes: an error is either a final outcome or an unknown one", name, codeText)
+			return idemgate.Policy{}, fmt.Errorf("idemgate: method %s: policy lists %s in both replay_codes and unknown_codes: an error is either a final outcome or an unknown one", name, codeText)
 		}
 		p.UnknownCodes = append(p.UnknownCodes, c)
 	}
@@ -369,7 +298,7 @@ func methodPolicy(md protoreflect.MethodDescriptor) (Policy, error) {
 	case idemgatev1.FinishPolicy_FINISH_POLICY_AFTER_REPLY:
 		p.FinishAfterReply = true
 	default:
-		return Policy{}, fmt.Errorf("idemgate: method %s: policy finish %d is not a FinishPolicy", name, raw.GetFinish())
+		return idemgate.Policy{}, fmt.Errorf("idemgate: method %s: policy finish %d is not a FinishPolicy", name, raw.GetFinish())
 	}
 	switch raw.GetKeyless() {
 	case idemgatev1.KeylessPolicy_KEYLESS_POLICY_UNSPECIFIED, idemgatev1.KeylessPolicy_KEYLESS_POLICY_REJECT:
@@ -378,43 +307,43 @@ func methodPolicy(md protoreflect.MethodDescriptor) (Policy, error) {
 		p.KeylessWindow = DefaultKeylessWindow
 		if d := raw.GetKeylessWindow(); d != nil {
 			if err := d.CheckValid(); err != nil {
-				return Policy{}, fmt.Errorf("idemgate: method %s: policy keyless_window: %w", name, err)
+				return idemgate.Policy{}, fmt.Errorf("idemgate: method %s: policy keyless_window: %w", name, err)
 			}
 			p.KeylessWindow = d.AsDuration()
 		}
 	default:
-		return Policy{}, fmt.Errorf("idemgate: method %s: policy keyless %d is not a KeylessPolicy", name, raw.GetKeyless())
+		return idemgate.Policy{}, fmt.Errorf("idemgate: method %s: policy keyless %d is not a KeylessPolicy", name, raw.GetKeyless())
 	}
 	if d := raw.GetMaxWait(); d != nil {
 		if err := d.CheckValid(); err != nil {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy max_wait: %w", name, err)
+			return idemgate.Policy{}, fmt.Errorf("idemgate: method %s: policy max_wait: %w", name, err)
 		}
 		p.MaxWait = d.AsDuration()
 		if p.MaxWait < 0 || p.MaxWait > MaxMaxWait {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy max_wait %s is outside 0s to %s", name, p.MaxWait, MaxMaxWait)
+			return idemgate.Policy{}, fmt.Errorf("idemgate: method %s: policy max_wait %s is outside 0s to %s", name, p.MaxWait, MaxMaxWait)
 		}
 	}
 	if d := raw.GetRetention(); d != nil {
 		if err := d.CheckValid(); err != nil {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy retention: %w", name, err)
+			return idemgate.Policy{}, fmt.Errorf("idemgate: method %s: policy retention: %w", name, err)
 		}
 		p.Retention = d.AsDuration()
 	}
 	if d := raw.GetLease(); d != nil {
 		if err := d.CheckValid(); err != nil {
-			return Policy{}, fmt.Errorf("idemgate: method %s: policy lease: %w", name, err)
+			return idemgate.Policy{}, fmt.Errorf("idemgate: method %s: policy lease: %w", name, err)
 		}
 		p.Lease = d.AsDuration()
 	}
 	switch {
 	case p.Lease < MinLease || p.Lease > MaxLease:
-		return Policy{}, fmt.Errorf("idemgate: method %s: policy lease %s is outside %s to %s", name, p.Lease, MinLease, MaxLease)
+		return idemgate.Policy{}, fmt.Errorf("idemgate: method %s: policy lease %s is outside %s to %s", name, p.Lease, MinLease, MaxLease)
 	case p.Retention > MaxRetention:
-		return Policy{}, fmt.Errorf("idemgate: method %s: policy retention %s is above the maximum %s", name, p.Retention, MaxRetention)
+		return idemgate.Policy{}, fmt.Errorf("idemgate: method %s: policy retention %s is above the maximum %s", name, p.Retention, MaxRetention)
 	case p.Retention < p.Lease:
-		return Policy{}, fmt.Errorf("idemgate: method %s: policy retention %s is shorter than its lease %s: an outcome must outlive its reservation", name, p.Retention, p.Lease)
+		return idemgate.Policy{}, fmt.Errorf("idemgate: method %s: policy retention %s is shorter than its lease %s: an outcome must outlive its reservation", name, p.Retention, p.Lease)
 	case p.KeylessFingerprint && (p.KeylessWindow < p.Lease || p.KeylessWindow > p.Retention):
-		return Policy{}, fmt.Errorf("idemgate: method %s: policy keyless_window %s must be between the lease %s and the retention %s", name, p.KeylessWindow, p.Lease, p.Retention)
+		return idemgate.Policy{}, fmt.Errorf("idemgate: method %s: policy keyless_window %s must be between the lease %s and the retention %s", name, p.KeylessWindow, p.Lease, p.Retention)
 	}
 	return p, nil
 }
