@@ -45,7 +45,7 @@ func newConformanceGate(t *testing.T, cfg gatetest.Config) gatetest.Client {
 	if err != nil {
 		t.Fatalf("interceptor.New: %v", err)
 	}
-	srv := grpc.NewServer(gate.ServerCodec(), grpc.ChainUnaryInterceptor(gate.UnaryServerInterceptor()))
+	srv := grpc.NewServer(gate.ServerOptions()...)
 	testingv1.RegisterConformanceServiceServer(srv, conformanceServer{handle: cfg.Handler})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -14,7 +14,7 @@
 //	conn, _ := grpc.NewClient(dedupeAddr, grpc.WithTransportCredentials(...),
 //		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
 //	gate, err := interceptor.New(idemgatev1.NewDedupeServiceClient(conn))
-//	srv := grpc.NewServer(gate.ServerCodec(), grpc.ChainUnaryInterceptor(gate.UnaryServerInterceptor()))
+//	srv := grpc.NewServer(gate.ServerOptions()...) // the codec and the interceptors
 //
 // For a gated call the interceptor reads the key from the "idempotency-key"
 // metadata, reserves it with the Dedupe service (Begin), runs the handler

@@ -37,11 +37,7 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err) // a misconfigured policy, named
 	}
-	srv := grpc.NewServer(
-		gate.ServerCodec(), // a replay's bytes are the first answer's, map fields included
-		grpc.ChainUnaryInterceptor(gate.UnaryServerInterceptor()),
-		grpc.ChainStreamInterceptor(gate.StreamServerInterceptor()),
-	)
+	srv := grpc.NewServer(gate.ServerOptions()...) // the codec (a replay's bytes are the first answer's) and the interceptors
 	defer srv.Stop()
 
 	fmt.Println(gate.Policy(paymentsv1.PaymentsService_ChargeCard_FullMethodName))

@@ -357,12 +357,9 @@ func run(cfg config, logger *slog.Logger) error {
 // Connect on cfg.connectListen, gated through dedupe on conn, nil for the
 // service in this process) until SIGINT or SIGTERM, then closes the gate.
 func serve(cfg config, gate *interceptor.Gate, dedupe idemgatev1.DedupeServiceClient, conn *grpc.ClientConn, logger *slog.Logger) error {
-	srv := grpc.NewServer(
-		gate.ServerCodec(), // map fields in key order, so a replay's bytes are the first answer's
-		grpc.ChainUnaryInterceptor(
-			recovery.UnaryServerInterceptor(), // a panicking handler is a lost outcome; the gate re-panics it
-			gate.UnaryServerInterceptor(),
-		))
+	srv := grpc.NewServer(gate.ServerOptions( // map fields in key order, so a replay's bytes are the first answer's
+		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor()), // a panicking handler is a lost outcome; the gate re-panics it
+	)...)
 	svc := &payments.Server{Ledger: &payments.Ledger{}}
 	paymentsv1.RegisterPaymentsServiceServer(srv, svc)
 	// The server itself serves ("") whatever the Dedupe service does, so

@@ -31,5 +31,7 @@
 // registry (buf), node, PostgreSQL at pgtest.URL(), curl, and
 // /usr/bin/python3 with grpcio and protobuf for the Python step. Without one
 // of them it skips, except under CI=true, where it fails. With a warm Go
-// build cache it takes 13 to 35 seconds on a shared 2-core machine.
+// build cache it takes 22 to 37 seconds on a shared 2-core machine; with
+// an empty HOME (no module, build or tools cache) 3 minutes 16 seconds
+// (docs/adopting.md gives the command).
 package adoptertest

@@ -70,13 +70,11 @@ func grpcServer(ctx context.Context, creds credentials.TransportCredentials, ten
 	if err != nil {
 		return err // a policy misconfiguration, reported at start-up
 	}
-	srv := grpc.NewServer(
-		gate.ServerCodec(), // encodes map fields in key order: a replay's bytes are the first answer's
+	srv := grpc.NewServer(gate.ServerOptions( // the gate's codec, these, then the gate's interceptors
 		grpc.ChainUnaryInterceptor(
 			recovery.UnaryServerInterceptor(), // outermost: the gate re-panics a handler's panic
 			authInterceptor,                   // so the tenant function can trust the identity
-			gate.UnaryServerInterceptor(),     // then the gate
-		))
+		))...)
 	paymentsv1.RegisterPaymentsServiceServer(srv, impl)
 	if err := gate.CheckServer(srv); err != nil {
 		return err // a served method nobody classified
