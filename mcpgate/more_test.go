@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/prometheus/client_golang/prometheus"
@@ -73,6 +74,16 @@ func TestADownStoreAnswersStoreUnavailable(t *testing.T) {
 	e := wantReason(t, call(t, f.client, "charge", "k", order), mcpgate.ReasonStoreUnavailable)
 	if e["advice"] != "retry_same_key" || e["retryAfterSeconds"] == nil || f.tools.charges.Load() != 0 {
 		t.Fatalf("refusal %v after %d charges, want retry_same_key with a delay and no charge", e, f.tools.charges.Load())
+	}
+}
+
+// WithStoreRetryAfter sets the delay a caller is told to wait before it
+// retries a call the down store refused, as on every other gate.
+func TestStoreRetryAfterSetsTheDelay(t *testing.T) {
+	f := setup(t, unavailableDedupe{}, mcpgate.WithFinishRetryBudget(1), mcpgate.WithStoreRetryAfter(7*time.Second))
+	e := wantReason(t, call(t, f.client, "charge", "k", order), mcpgate.ReasonStoreUnavailable)
+	if e["retryAfterSeconds"] != 7.0 {
+		t.Fatalf("refusal %v, want retryAfterSeconds 7", e)
 	}
 }
 

@@ -232,6 +232,11 @@ func WithFinishRetryBudget(d time.Duration) Option { return func(o *options) { o
 // IDEMPOTENCY_IN_FLIGHT. Defaults to 1s.
 func WithInFlightRetryAfter(d time.Duration) Option { return func(o *options) { o.inFlightRetry = d } }
 
+// WithStoreRetryAfter sets the retry delay sent with
+// IDEMPOTENCY_STORE_UNAVAILABLE (retryAfterSeconds in the error's _meta).
+// Defaults to 1s.
+func WithStoreRetryAfter(d time.Duration) Option { return func(o *options) { o.storeRetry = d } }
+
 // WithMaxOutcomeBytes sets the largest stored result; a larger one reaches
 // its caller and duplicates get IDEMPOTENCY_RESULT_TOO_LARGE. Defaults to
 // 1 MiB, the Dedupe service's default limit.
