@@ -174,7 +174,7 @@ type conformanceClient struct {
 func (c conformanceClient) Call(ctx context.Context, method, key string, msg *testingv1.ConformanceRequest) gatetest.Answer {
 	req := connect.NewRequest(msg)
 	if key != "" {
-		req.Header().Set(connectgate.KeyHeader, key)
+		req.Header().Set(idemgate.KeyHeader, key)
 	}
 	var call func(context.Context, *connect.Request[testingv1.ConformanceRequest]) (*connect.Response[testingv1.ConformanceResponse], error)
 	switch method {
@@ -198,7 +198,7 @@ func (c conformanceClient) Call(ctx context.Context, method, key string, msg *te
 		return errorAnswer(err)
 	}
 	return gatetest.Answer{Code: codes.OK, Response: resp.Msg, Body: c.codec.bytesOf(resp.Msg),
-		Replayed: resp.Header().Get(connectgate.ReplayedHeader) == "true"}
+		Replayed: resp.Header().Get(idemgate.ReplayedHeader) == "true"}
 }
 
 // errorAnswer reads a failed call: its code, the ErrorInfo reason and the
@@ -211,7 +211,7 @@ func errorAnswer(err error) gatetest.Answer {
 		return a
 	}
 	a.Code = codes.Code(ce.Code())
-	a.Replayed = ce.Meta().Get(connectgate.ReplayedHeader) == "true"
+	a.Replayed = ce.Meta().Get(idemgate.ReplayedHeader) == "true"
 	st := &spb.Status{Code: int32(ce.Code()), Message: ce.Message()}
 	for _, d := range ce.Details() {
 		st.Details = append(st.Details, &anypb.Any{TypeUrl: "type.googleapis.com/" + d.Type(), Value: d.Bytes()})

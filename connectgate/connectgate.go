@@ -26,23 +26,9 @@ import (
 	"github.com/idemgate/idemgate/internal/replayfields"
 )
 
-// Header names the gate reads and writes: the interceptor's metadata names,
-// which HTTP spells case-insensitively (Idempotency-Key).
-const (
-	// KeyHeader is the request header that carries the idempotency key.
-	KeyHeader = idemgate.KeyHeader
-	// ReplayedHeader is set to "true" on an answer from a stored outcome.
-	ReplayedHeader = idemgate.ReplayedHeader
-	// KeyDerivedHeader is set to "true" when a keyless call was
-	// deduplicated on its fingerprint (KEYLESS_POLICY_FINGERPRINT).
-	KeyDerivedHeader = idemgate.KeyDerivedHeader
-	// ExpiresAtHeader, an RFC 3339 UTC time, says until when the outcome is
-	// replayed (idemgate.ExpiresAtHeader says how it is counted).
-	ExpiresAtHeader = idemgate.ExpiresAtHeader
-	// OriginalTimeHeader, an RFC 3339 UTC time, says when a replayed
-	// outcome was stored.
-	OriginalTimeHeader = idemgate.OriginalTimeHeader
-)
+// The gate reads and writes the headers of package idemgate's metadata names
+// (idemgate.KeyHeader and the rest), which HTTP spells case-insensitively
+// (Idempotency-Key).
 
 // Gate holds the resolved policies of every procedure and a client of the
 // Dedupe service. It is safe for concurrent use.
@@ -196,7 +182,7 @@ func (c *call) gate(ctx context.Context, arrived time.Time) (any, gatecore.Resul
 	if !ok {
 		return nil, gatecore.ResultRefused, connect.NewError(connect.CodeInternal, fmt.Errorf("idemgate: request of %s is %T, not a protobuf message", procedure, req.Any()))
 	}
-	key, err := m.Key("the "+KeyHeader+" header", req.Header().Values(KeyHeader), msg)
+	key, err := m.Key("the "+idemgate.KeyHeader+" header", req.Header().Values(idemgate.KeyHeader), msg)
 	if err != nil {
 		return nil, gatecore.ResultRefused, err
 	}
@@ -214,7 +200,7 @@ func (c *call) gate(ctx context.Context, arrived time.Time) (any, gatecore.Resul
 		// window only.
 		key = protogate.DerivedKeyPrefix + hex.EncodeToString(fingerprint)
 		retention = m.Policy.KeylessWindow
-		c.own.Set(KeyDerivedHeader, "true")
+		c.own.Set(idemgate.KeyDerivedHeader, "true")
 	}
 	c.Call = gatecore.NewCall(procedure, protogate.Scope(m.Policy.Action, tenant), key, fingerprint, m.CorePolicy(), retention)
 	if m.Reconcile != nil {
@@ -251,16 +237,16 @@ func (c *call) answer(answer any, err error) (connect.AnyResponse, error) {
 // binary lacks it) or the final error, with the metadata the handler set.
 func (c *call) Replay(_ context.Context, s gatecore.Stored) (any, error, bool) {
 	if !s.CompletedAt.IsZero() {
-		c.own.Set(OriginalTimeHeader, headerTimeText(s.CompletedAt))
+		c.own.Set(idemgate.OriginalTimeHeader, headerTimeText(s.CompletedAt))
 	}
 	if !s.ExpiresAt.IsZero() {
-		c.own.Set(ExpiresAtHeader, headerTimeText(s.ExpiresAt))
+		c.own.Set(idemgate.ExpiresAtHeader, headerTimeText(s.ExpiresAt))
 	}
 	r, err := c.method.Decode(s.Outcome)
 	if err != nil {
 		return nil, err, false
 	}
-	c.own.Set(ReplayedHeader, "true")
+	c.own.Set(idemgate.ReplayedHeader, "true")
 	if r.Err != nil {
 		ce := connectError(r.Err)
 		// A unary handler's error sends its metadata as headers, whatever
@@ -289,7 +275,7 @@ type replayedMessage struct{ proto.Message }
 // Committed implements gatecore.Transport: the caller learns until when the
 // outcome is replayed.
 func (c *call) Committed(_ context.Context, expiresAt time.Time) {
-	c.own.Set(ExpiresAtHeader, headerTimeText(expiresAt))
+	c.own.Set(idemgate.ExpiresAtHeader, headerTimeText(expiresAt))
 }
 
 // Run implements gatecore.Transport: the handler, on the attempt's context
@@ -479,7 +465,7 @@ func setStored(h http.Header, md protogate.Metadata, keep func(string) bool) {
 // less what HTTP and the Connect protocol own and the per-caller fields
 // (internal/replayfields, with WithPerCallerHeaders').
 func (g *Gate) replayable(k string) bool {
-	if !protogate.ReplayableKey(k, ReplayedHeader, KeyDerivedHeader, ExpiresAtHeader, OriginalTimeHeader) || strings.HasPrefix(k, "connect-") || !g.opts.perCaller.Stored(k) {
+	if !protogate.ReplayableKey(k, idemgate.ReplayedHeader, idemgate.KeyDerivedHeader, idemgate.ExpiresAtHeader, idemgate.OriginalTimeHeader) || strings.HasPrefix(k, "connect-") || !g.opts.perCaller.Stored(k) {
 		return false
 	}
 	switch k {

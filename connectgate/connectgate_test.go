@@ -48,7 +48,7 @@ func TestOncePerKeyReplaysTheStoredResponse(t *testing.T) {
 			if first.Msg.GetExecution() != int64(i+1) || first.Msg.GetKey() != key || first.Msg.GetEpoch() < 1 || !strings.HasPrefix(first.Msg.GetDownstreamKey(), "idg_") {
 				t.Fatalf("first response %v", first.Msg)
 			}
-			if first.Header().Get(connectgate.ReplayedHeader) != "" || first.Header().Get(connectgate.ExpiresAtHeader) == "" {
+			if first.Header().Get(idemgate.ReplayedHeader) != "" || first.Header().Get(idemgate.ExpiresAtHeader) == "" {
 				t.Fatalf("first answer's headers %v: want expires-at and no replayed", first.Header())
 			}
 			again, err := client.Mutate(ctx, keyed(key, msg))
@@ -64,7 +64,7 @@ func TestOncePerKeyReplaysTheStoredResponse(t *testing.T) {
 				t.Fatalf("%d executions after a duplicate, want %d", hs.h.executions.Load(), i+1)
 			}
 			h := again.Header()
-			if h.Get(connectgate.ReplayedHeader) != "true" || h.Get(connectgate.OriginalTimeHeader) == "" || h.Get(connectgate.ExpiresAtHeader) == "" {
+			if h.Get(idemgate.ReplayedHeader) != "true" || h.Get(idemgate.OriginalTimeHeader) == "" || h.Get(idemgate.ExpiresAtHeader) == "" {
 				t.Fatalf("replay headers %v: want replayed, original-time and expires-at", h)
 			}
 			if got := h.Values("X-Charge-Id"); len(got) != 2 || got[0] != "ch_1" || got[1] != "ch_1b" {
@@ -185,7 +185,7 @@ func TestFinalErrorReplays(t *testing.T) {
 	wantError(t, again, connect.CodeFailedPrecondition, "CARD_DECLINED")
 	var ce *connect.Error
 	errors.As(again, &ce)
-	if ce.Meta().Get(connectgate.ReplayedHeader) != "true" || ce.Meta().Get("X-Decline") != "insufficient" || ce.Message() != "handler failing on request" {
+	if ce.Meta().Get(idemgate.ReplayedHeader) != "true" || ce.Meta().Get("X-Decline") != "insufficient" || ce.Message() != "handler failing on request" {
 		t.Fatalf("replayed error %v with meta %v: want the handler's message and x-decline, replayed", ce, ce.Meta())
 	}
 	if n := hs.h.executions.Load(); n != 1 {
@@ -230,7 +230,7 @@ func TestCallerGivesUpTheRetryReplays(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if resp.Msg.GetExecution() != 1 || resp.Header().Get(connectgate.ReplayedHeader) != "true" {
+		if resp.Msg.GetExecution() != 1 || resp.Header().Get(idemgate.ReplayedHeader) != "true" {
 			t.Fatalf("retry %v (headers %v), want the replayed execution 1", resp.Msg, resp.Header())
 		}
 		break
@@ -275,14 +275,14 @@ func TestAfterReply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if first.Header().Get(connectgate.ExpiresAtHeader) == "" {
+	if first.Header().Get(idemgate.ExpiresAtHeader) == "" {
 		t.Fatalf("first answer's headers %v, want expires-at", first.Header())
 	}
 	again, err := client.MutateAfterReply(ctx, keyed("after", &testingv1.MutateRequest{Payload: "after"}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again.Msg.GetExecution() != 1 || again.Header().Get(connectgate.ReplayedHeader) != "true" {
+	if again.Msg.GetExecution() != 1 || again.Header().Get(idemgate.ReplayedHeader) != "true" {
 		t.Fatalf("duplicate %v (headers %v), want the replayed execution 1", again.Msg, again.Header())
 	}
 	if n := hs.h.executions.Load(); n != 1 {
@@ -305,7 +305,7 @@ func TestKeylessFingerprint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if first.Header().Get(connectgate.KeyDerivedHeader) != "true" || again.Msg.GetExecution() != 1 || hs.h.executions.Load() != 1 {
+	if first.Header().Get(idemgate.KeyDerivedHeader) != "true" || again.Msg.GetExecution() != 1 || hs.h.executions.Load() != 1 {
 		t.Fatalf("keyless duplicate %v (headers %v, %d executions), want one execution, key derived", again.Msg, first.Header(), hs.h.executions.Load())
 	}
 }
@@ -363,7 +363,7 @@ func TestOneKeyAcrossGRPCAndConnect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !proto.Equal(overConnect.Msg, fromGRPC) || overConnect.Header().Get(connectgate.ReplayedHeader) != "true" || hs.h.executions.Load() != 0 {
+	if !proto.Equal(overConnect.Msg, fromGRPC) || overConnect.Header().Get(idemgate.ReplayedHeader) != "true" || hs.h.executions.Load() != 0 {
 		t.Fatalf("over Connect %v (headers %v, %d Connect executions), want the gRPC outcome %v replayed", overConnect.Msg, overConnect.Header(), hs.h.executions.Load(), fromGRPC)
 	}
 
@@ -400,8 +400,8 @@ func TestAHandlersSharedErrorIsNotChanged(t *testing.T) {
 		if !errors.As(err, &ce) || ce.Code() != connect.CodeUnavailable {
 			t.Fatalf("the call answered %v, want the handler's UNAVAILABLE", err)
 		}
-		if ce.Meta().Get(connectgate.KeyDerivedHeader) != "true" {
-			t.Errorf("the answer lacks %s: %v", connectgate.KeyDerivedHeader, ce.Meta())
+		if ce.Meta().Get(idemgate.KeyDerivedHeader) != "true" {
+			t.Errorf("the answer lacks %s: %v", idemgate.KeyDerivedHeader, ce.Meta())
 		}
 	}
 	if len(shared.Meta()) != 0 {

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/connectgate"
 	"github.com/idemgate/idemgate/internal/testing/mapsvc"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
@@ -86,7 +87,7 @@ func TestFirstAnswerAndReplaysOfAMapAreByteIdentical(t *testing.T) {
 					if len(resp.Msg.GetFields()) != mapsvc.Entries {
 						t.Fatalf("response has %d entries, want %d", len(resp.Msg.GetFields()), mapsvc.Entries)
 					}
-					return codec.bytesOf(resp.Msg), resp.Header().Get(connectgate.ReplayedHeader) == "true"
+					return codec.bytesOf(resp.Msg), resp.Header().Get(idemgate.ReplayedHeader) == "true"
 				}
 				first, replayed := call()
 				if replayed {
@@ -118,7 +119,7 @@ func TestFirstAnswerAndReplaysOfAMapAreByteIdentical(t *testing.T) {
 // keyedStruct is a request carrying key in the Idempotency-Key header.
 func keyedStruct(key string) *connect.Request[structpb.Struct] {
 	req := connect.NewRequest(&structpb.Struct{})
-	req.Header().Set(connectgate.KeyHeader, key)
+	req.Header().Set(idemgate.KeyHeader, key)
 	return req
 }
 

@@ -224,7 +224,7 @@ func (hs *harness) client(opts ...connect.ClientOption) testingv1connect.TestSer
 func keyed(key string, msg *testingv1.MutateRequest) *connect.Request[testingv1.MutateRequest] {
 	req := connect.NewRequest(msg)
 	if key != "" {
-		req.Header().Set(connectgate.KeyHeader, key)
+		req.Header().Set(idemgate.KeyHeader, key)
 	}
 	return req
 }

@@ -6,13 +6,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 
 	"connectrpc.com/connect"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/connectgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/gen/idemgate/testing/v1/testingv1connect"
@@ -30,7 +29,7 @@ func wantNotReserved(t *testing.T, hs *harness, client testingv1connect.TestServ
 	if err != nil {
 		t.Fatalf("a small request with the refused request's key: %v", err)
 	}
-	if resp.Msg.GetExecution() != 1 || resp.Header().Get(connectgate.ReplayedHeader) != "" {
+	if resp.Msg.GetExecution() != 1 || resp.Header().Get(idemgate.ReplayedHeader) != "" {
 		t.Fatalf("a small request with the refused request's key: execution %d, headers %v; want the first execution, not a replay",
 			resp.Msg.GetExecution(), resp.Header())
 	}
@@ -211,31 +210,4 @@ func TestHandlerOptionsRefuseConflictingLimits(t *testing.T) {
 	if len(opts) == 0 {
 		t.Fatal("no options")
 	}
-}
-
-// handlerClient serves requests with an http.Handler, in process.
-type handlerClient struct{ h http.Handler }
-
-func (c handlerClient) Do(r *http.Request) (*http.Response, error) {
-	rec := httptest.NewRecorder()
-	c.h.ServeHTTP(rec, r)
-	return rec.Result(), nil
-}
-
-// syncBuffer is a bytes.Buffer a logger may write from any goroutine.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

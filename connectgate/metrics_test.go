@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/connectgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/gen/idemgate/testing/v1/testingv1connect"
@@ -33,7 +34,7 @@ func TestMetricsAndStats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again.Header().Get(connectgate.ReplayedHeader) != "true" {
+	if again.Header().Get(idemgate.ReplayedHeader) != "true" {
 		t.Fatalf("the duplicate was not replayed: headers %v", again.Header())
 	}
 	_, err = client.Mutate(ctx, keyed("", msg))

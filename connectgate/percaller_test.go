@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/connectgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
@@ -103,7 +104,7 @@ func TestPerCallerHeadersAreNeverStoredNorReplayed(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if bob.Header().Get(connectgate.ReplayedHeader) != "true" || bob.Header().Get("X-Charge-Id") != "ch_1" || bob.Header().Get("Cache-Control") != "private" {
+			if bob.Header().Get(idemgate.ReplayedHeader) != "true" || bob.Header().Get("X-Charge-Id") != "ch_1" || bob.Header().Get("Cache-Control") != "private" {
 				t.Fatalf("bob's headers %v: want a replay with x-charge-id and cache-control", bob.Header())
 			}
 			for _, k := range perCaller {
@@ -147,7 +148,7 @@ func TestWithPerCallerHeaders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if bob.Header().Get(connectgate.ReplayedHeader) != "true" || len(bob.Header().Values("X-Caller")) != 0 {
+	if bob.Header().Get(idemgate.ReplayedHeader) != "true" || len(bob.Header().Values("X-Caller")) != 0 {
 		t.Fatalf("bob's headers %v: want a replay without x-caller", bob.Header())
 	}
 	if d.storedKeys(t)["x-caller"] {
@@ -170,7 +171,7 @@ func TestWithPerCallerHeaders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if bob.Header().Get(connectgate.ReplayedHeader) != "true" || bob.Header().Get("X-Charge-Id") != "ch_1" {
+	if bob.Header().Get(idemgate.ReplayedHeader) != "true" || bob.Header().Get("X-Charge-Id") != "ch_1" {
 		t.Fatalf("replay of an old record: %v", bob.Header())
 	}
 	for _, k := range []string{"set-cookie", "x-caller", "access-control-allow-origin"} {

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/httpgate"
@@ -67,12 +68,12 @@ var httpStatus = map[codes.Code]int{
 // reasonCodes is the gRPC code each refusal reason carries on the other
 // gates (gatecore and the interceptor), for the problems' reasons.
 var reasonCodes = map[string]codes.Code{
-	httpgate.ReasonKeyMissing: codes.InvalidArgument, httpgate.ReasonKeyInvalid: codes.InvalidArgument,
-	httpgate.ReasonKeyReused: codes.FailedPrecondition,
-	httpgate.ReasonInFlight:  codes.Aborted, httpgate.ReasonOutcomeUnknown: codes.FailedPrecondition,
-	httpgate.ReasonResultTooLarge: codes.FailedPrecondition, httpgate.ReasonStoreUnavailable: codes.Unavailable,
-	httpgate.ReasonQuotaExceeded: codes.ResourceExhausted, httpgate.ReasonStoreRejected: codes.Internal,
-	httpgate.ReasonOutcomeTypeMismatch: codes.Internal, httpgate.ReasonRequestTooLarge: codes.InvalidArgument,
+	idemgate.ReasonKeyMissing: codes.InvalidArgument, idemgate.ReasonKeyInvalid: codes.InvalidArgument,
+	idemgate.ReasonKeyReused: codes.FailedPrecondition,
+	idemgate.ReasonInFlight:  codes.Aborted, idemgate.ReasonOutcomeUnknown: codes.FailedPrecondition,
+	idemgate.ReasonResultTooLarge: codes.FailedPrecondition, idemgate.ReasonStoreUnavailable: codes.Unavailable,
+	idemgate.ReasonQuotaExceeded: codes.ResourceExhausted, idemgate.ReasonStoreRejected: codes.Internal,
+	idemgate.ReasonOutcomeTypeMismatch: codes.Internal, httpgate.ReasonRequestTooLarge: codes.InvalidArgument,
 	httpgate.ReasonUnauthenticated: codes.Unauthenticated,
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/httpgate"
 )
 
@@ -76,7 +77,7 @@ func TestCurlGetsTheSameBytesAsGo(t *testing.T) {
 	if !strings.HasPrefix(head, "HTTP/1.1 400 ") || headerOf(head, "Content-Type") != httpgate.ProblemContentType {
 		t.Fatalf("missing key: %s", head)
 	}
-	problem(t, result{status: http.StatusBadRequest, header: http.Header{"Content-Type": {httpgate.ProblemContentType}}, body: body}, http.StatusBadRequest, httpgate.ReasonKeyMissing)
+	problem(t, result{status: http.StatusBadRequest, header: http.Header{"Content-Type": {httpgate.ProblemContentType}}, body: body}, http.StatusBadRequest, idemgate.ReasonKeyMissing)
 
 	head, body = curl(t, f.url+"/charges", "-X", "POST", "-H", "Content-Type: application/json", "-H", `Idempotency-Key: "curl-1"`, "--data-binary", `{"customer":"cus_9","amount":1}`)
 	if !strings.HasPrefix(head, "HTTP/1.1 422 ") {

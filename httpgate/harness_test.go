@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
@@ -256,7 +257,7 @@ func problem(t *testing.T, res result, status int, reason string) httpgate.Probl
 	}
 	// A refusal a retry cannot settle carries no Retry-After, which generic
 	// retriers would honour.
-	if reason == httpgate.ReasonOutcomeUnknown && p.RetryAfter != 0 {
+	if reason == idemgate.ReasonOutcomeUnknown && p.RetryAfter != 0 {
 		t.Fatalf("%s with Retry-After %d", reason, p.RetryAfter)
 	}
 	return p

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemgate/idemgate"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/gatecore"
 	"github.com/idemgate/idemgate/internal/grpcerr"
@@ -247,12 +248,12 @@ func (g *Gate) serve(w http.ResponseWriter, r *http.Request, next http.Handler, 
 	p := rt.policy
 	key, hasKey, err := keyOf(r.Header)
 	if err != nil {
-		g.refuse(w, label, g.problem(ReasonKeyInvalid, err.Error()+
+		g.refuse(w, label, g.problem(idemgate.ReasonKeyInvalid, err.Error()+
 			`; send exactly one Idempotency-Key field holding 1 to 255 printable ASCII bytes, quoted as the draft's sf-string ("8e03978e-40d5-43e8-bc93-6894a57f9324") or bare`), nil)
 		return
 	}
 	if !hasKey && !p.KeylessFingerprint {
-		g.refuse(w, label, g.problem(ReasonKeyMissing,
+		g.refuse(w, label, g.problem(idemgate.ReasonKeyMissing,
 			"this request has side effects and needs an Idempotency-Key header: mint one per logical action (a UUID), send it quoted (Idempotency-Key: \"...\"), and reuse it on every retry of that action"), nil)
 		return
 	}
@@ -351,11 +352,11 @@ func (c *call) Replay(_ context.Context, s gatecore.Stored) (any, error, bool) {
 	}
 	resp := &idemgatev1.HttpResponse{}
 	if s.Outcome.MessageName() != httpResponseName {
-		return nil, grpcerr.New(codes.Internal, ReasonOutcomeTypeMismatch,
+		return nil, grpcerr.New(codes.Internal, idemgate.ReasonOutcomeTypeMismatch,
 			fmt.Sprintf("the stored outcome is a %s, not an HTTP response; the request was not run again", s.Outcome.MessageName()), nil, 0), false
 	}
 	if err := proto.Unmarshal(s.Outcome.GetValue(), resp); err != nil {
-		return nil, grpcerr.New(codes.Internal, ReasonOutcomeTypeMismatch,
+		return nil, grpcerr.New(codes.Internal, idemgate.ReasonOutcomeTypeMismatch,
 			fmt.Sprintf("the stored HTTP response does not decode: %v; the request was not run again", err), nil, 0), false
 	}
 	c.header.Set(ReplayedHeader, "true")

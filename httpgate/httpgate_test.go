@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/httpgate"
 )
 
@@ -76,7 +77,7 @@ func TestJSONBodyReencodedIsTheSameRequest(t *testing.T) {
 	}
 	// Another value is another request.
 	other := post(t, f.url+"/charges", `"k"`, `{"customer":"cus_1","amount":501}`)
-	problem(t, other, http.StatusUnprocessableEntity, httpgate.ReasonKeyReused)
+	problem(t, other, http.StatusUnprocessableEntity, idemgate.ReasonKeyReused)
 	if got := f.p.charges.Load(); got != 1 {
 		t.Fatalf("charges = %d, want 1", got)
 	}
@@ -85,7 +86,7 @@ func TestJSONBodyReencodedIsTheSameRequest(t *testing.T) {
 func TestRefusalsAreProblemDetails(t *testing.T) {
 	f := setup(t, dedupe(t))
 	t.Run("missing key is 400", func(t *testing.T) {
-		p := problem(t, post(t, f.url+"/charges", "", chargeBody), http.StatusBadRequest, httpgate.ReasonKeyMissing)
+		p := problem(t, post(t, f.url+"/charges", "", chargeBody), http.StatusBadRequest, idemgate.ReasonKeyMissing)
 		if !strings.Contains(p.Detail, "Idempotency-Key") || p.RetryAfter != 0 {
 			t.Fatalf("problem = %+v", p)
 		}
@@ -101,12 +102,12 @@ func TestRefusalsAreProblemDetails(t *testing.T) {
 		"too long":               {httpgate.KeyHeader, strings.Repeat("k", 256)},
 	} {
 		t.Run(name+" is 400", func(t *testing.T) {
-			problem(t, post(t, f.url+"/charges", "", chargeBody, hdr...), http.StatusBadRequest, httpgate.ReasonKeyInvalid)
+			problem(t, post(t, f.url+"/charges", "", chargeBody, hdr...), http.StatusBadRequest, idemgate.ReasonKeyInvalid)
 		})
 	}
 	t.Run("reused key is 422", func(t *testing.T) {
 		post(t, f.url+"/charges", `"reuse"`, chargeBody)
-		problem(t, post(t, f.url+"/charges", `"reuse"`, `{"customer":"cus_2","amount":1}`), http.StatusUnprocessableEntity, httpgate.ReasonKeyReused)
+		problem(t, post(t, f.url+"/charges", `"reuse"`, `{"customer":"cus_2","amount":1}`), http.StatusUnprocessableEntity, idemgate.ReasonKeyReused)
 	})
 	t.Run("body over the limit is 413", func(t *testing.T) {
 		big := `{"customer":"` + strings.Repeat("x", httpgate.DefaultMaxBodyBytes) + `","amount":1}`
@@ -144,7 +145,7 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 			}
 		case http.StatusConflict:
 			// Waited past MaxWait on a starved machine: still not a second run.
-			problem(t, res, http.StatusConflict, httpgate.ReasonInFlight)
+			problem(t, res, http.StatusConflict, idemgate.ReasonInFlight)
 		default:
 			t.Fatalf("response %d: %d %s", i, res.status, res.body)
 		}
@@ -159,7 +160,7 @@ func TestInFlightDuplicateIs409WithRetryAfter(t *testing.T) {
 	go func() { done <- post(t, f.url+"/charges", `"busy"`, chargeBody) }()
 	<-f.p.started
 	dup := post(t, f.url+"/charges", `"busy"`, chargeBody)
-	p := problem(t, dup, http.StatusConflict, httpgate.ReasonInFlight)
+	p := problem(t, dup, http.StatusConflict, idemgate.ReasonInFlight)
 	if p.RetryAfter != 2 || dup.header.Get("Retry-After") != "2" {
 		t.Fatalf("retry after: %+v, header %q", p, dup.header.Get("Retry-After"))
 	}
@@ -202,7 +203,7 @@ func TestCallerGivesUpAndItsRetryReplays(t *testing.T) {
 func TestDedupeDownIs503AndNothingRuns(t *testing.T) {
 	f := setup(t, downDedupe(t), httpgate.WithStoreRetryAfter(3*time.Second), httpgate.WithDedupeTimeout(10*time.Second))
 	res := post(t, f.url+"/charges", `"down"`, chargeBody)
-	p := problem(t, res, http.StatusServiceUnavailable, httpgate.ReasonStoreUnavailable)
+	p := problem(t, res, http.StatusServiceUnavailable, idemgate.ReasonStoreUnavailable)
 	if p.RetryAfter != 3 || res.header.Get("Retry-After") != "3" {
 		t.Fatalf("retry after: %+v, header %q", p, res.header.Get("Retry-After"))
 	}
@@ -269,8 +270,8 @@ func TestResponseVerdicts(t *testing.T) {
 		}
 	})
 	t.Run("a response marked outcome-unknown fails closed", func(t *testing.T) {
-		problem(t, post(t, f.url+"/unknown", `"unknown"`, ""), http.StatusConflict, httpgate.ReasonOutcomeUnknown)
-		problem(t, post(t, f.url+"/unknown", `"unknown"`, ""), http.StatusConflict, httpgate.ReasonOutcomeUnknown)
+		problem(t, post(t, f.url+"/unknown", `"unknown"`, ""), http.StatusConflict, idemgate.ReasonOutcomeUnknown)
+		problem(t, post(t, f.url+"/unknown", `"unknown"`, ""), http.StatusConflict, idemgate.ReasonOutcomeUnknown)
 	})
 	if got := f.runs.Load(); got != 2+1+1 {
 		t.Fatalf("runs = %d, want 4 (flaky twice, declined once, unknown once)", got)
@@ -285,7 +286,7 @@ func TestReconcilerSettlesALostOutcome(t *testing.T) {
 			return httpgate.ResolvedResponse(http.StatusAccepted, http.Header{"X-Reconciled": {"yes"}}, []byte("settled\n")), nil
 		},
 	}))
-	problem(t, post(t, f.url+"/unknown", `"lost"`, ""), http.StatusConflict, httpgate.ReasonOutcomeUnknown)
+	problem(t, post(t, f.url+"/unknown", `"lost"`, ""), http.StatusConflict, idemgate.ReasonOutcomeUnknown)
 	res := post(t, f.url+"/unknown", `"lost"`, "")
 	if res.status != http.StatusAccepted || string(res.body) != "settled\n" || res.header.Get("X-Reconciled") != "yes" || res.header.Get(httpgate.ReplayedHeader) != "true" {
 		t.Fatalf("after the reconciler: %d %v %q", res.status, res.header, res.body)
@@ -405,7 +406,7 @@ func TestAnUnsendableStatusIsNotStored(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the duplicate: %v (a stored status 1000 replayed)", err)
 	}
-	if reason := problemReason(res); reason != httpgate.ReasonInFlight && reason != httpgate.ReasonOutcomeUnknown {
+	if reason := problemReason(res); reason != idemgate.ReasonInFlight && reason != idemgate.ReasonOutcomeUnknown {
 		t.Fatalf("the duplicate answered %d %s, want in flight or outcome unknown", res.status, res.body)
 	}
 	if n := runs.Load(); n != 1 {

@@ -24,18 +24,9 @@ type Stats = gatecore.Stats
 // Stats returns the counters since New.
 func (g *Gate) Stats() Stats { return g.engine.Stats() }
 
-// DedupeHealthService is the service name under which WatchDedupe reports
-// the Dedupe service's health (the other gates' name).
-const DedupeHealthService = idemgate.DedupeHealthService
-
 // DefaultDedupeFailureLogInterval is how often at most a Dedupe RPC failure
 // is logged while it stays the same (WithDedupeFailureLogInterval): 10s.
 const DefaultDedupeFailureLogInterval = gatecore.DefaultDedupeFailureLogInterval
-
-// HealthSetter is the part of a health service WatchDedupe uses;
-// *health.Server (google.golang.org/grpc/health) implements it, and so can
-// the state behind an HTTP readiness endpoint.
-type HealthSetter = idemgate.HealthSetter
 
 // CheckDedupe asks the Dedupe service whether it serves this API, for a
 // start-up or readiness check: one Heartbeat of a record that never exists,
@@ -52,12 +43,12 @@ func (g *Gate) CheckDedupe(ctx context.Context) error {
 	return g.dedupe.Check(ctx, timeout)
 }
 
-// WatchDedupe keeps hs's status for DedupeHealthService in step with the
+// WatchDedupe keeps hs's status for idemgate.DedupeHealthService in step with the
 // Dedupe service until ctx ends: NOT_SERVING while the connection
 // (WithDedupeConn) is not ready or the last answer was a failure, SERVING
 // otherwise; a failing service is re-checked every 5s, and each change is
 // logged. Run it in its own goroutine.
-func (g *Gate) WatchDedupe(ctx context.Context, hs HealthSetter) { g.dedupe.Watch(ctx, hs) }
+func (g *Gate) WatchDedupe(ctx context.Context, hs idemgate.HealthSetter) { g.dedupe.Watch(ctx, hs) }
 
 // Resolution is a Reconciler's answer about a lost outcome.
 type Resolution struct {
@@ -115,41 +106,3 @@ func (c *call) reconcile(ctx context.Context, key string) (gatecore.Resolution, 
 	}
 	return gatecore.StillUnknown(), nil
 }
-
-// What a gated handler's context carries, as under every gate: see the
-// interceptor's functions of the same names. A handler gets its request's
-// context (for httpgate r.Context(), for mcpgate the tool's ctx).
-
-// FencingToken names one reservation of one key (idemgate.FencingToken).
-type FencingToken = idemgate.FencingToken
-
-// KeyFromContext returns the idempotency key of the gated call ctx belongs
-// to, as the caller sent it (or derived it from the fingerprint); false
-// outside a gated call. Hand DownstreamKeyFromContext's to a downstream
-// API instead.
-func KeyFromContext(ctx context.Context) (string, bool) { return idemgate.KeyFromContext(ctx) }
-
-// DownstreamKeyFromContext returns the key to hand on to a downstream API
-// that dedupes on one: the same for every attempt at one action, different
-// for other scopes and tenants; false outside a gated call.
-func DownstreamKeyFromContext(ctx context.Context) (string, bool) {
-	return idemgate.DownstreamKeyFromContext(ctx)
-}
-
-// FencingTokenFromContext returns the reservation a gated handler runs
-// under, for a downstream system that supports conditional writes; false
-// outside a gated call.
-func FencingTokenFromContext(ctx context.Context) (FencingToken, bool) {
-	return idemgate.FencingTokenFromContext(ctx)
-}
-
-// Causes a gated handler's request context can end with (context.Cause of
-// r.Context()); it keeps the client's values but not its cancellation.
-var (
-	// ErrFenced: the attempt lost its reservation (its lease ran out and
-	// another attempt took the key over, or an operator settled the record):
-	// stop, and do not write downstream without the fencing token.
-	ErrFenced = idemgate.ErrFenced
-	// ErrExecutionTimeout: the route's ExecutionTimeout ran out.
-	ErrExecutionTimeout = idemgate.ErrExecutionTimeout
-)

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/idemgate/idemgate"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/httpgate"
 )
@@ -53,7 +54,7 @@ func TestNoWaitAnswersADuplicateAtOnce(t *testing.T) {
 	first := make(chan result, 1)
 	go func() { first <- post(t, f.url+"/charges", `"nowait"`, chargeBody) }()
 	<-f.p.started
-	dup := problem(t, post(t, f.url+"/charges", `"nowait"`, chargeBody), http.StatusConflict, httpgate.ReasonInFlight)
+	dup := problem(t, post(t, f.url+"/charges", `"nowait"`, chargeBody), http.StatusConflict, idemgate.ReasonInFlight)
 	if dup.RetryAfter == 0 {
 		t.Errorf("IN_FLIGHT without Retry-After: %+v", dup)
 	}

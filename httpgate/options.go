@@ -57,7 +57,7 @@ type RoutePolicy struct {
 	// takes the default. MaxWait must be 0 with it. Defaults to false.
 	NoWait bool
 	// ExecutionTimeout bounds the handler's run: its request context ends
-	// with the cause ErrExecutionTimeout. Defaults to 60s.
+	// with the cause idemgate.ErrExecutionTimeout. Defaults to 60s.
 	ExecutionTimeout time.Duration
 	// OnLostOutcome is what a request finds after an attempt lost its lease
 	// without an outcome, or whose handler marked its outcome unknown:

@@ -17,44 +17,14 @@ import (
 	"github.com/idemgate/idemgate/internal/grpcerr"
 )
 
-// Reasons of the gate's refusals, the "reason" member of their problem
-// details. They are stable, the same as the other gates' (gatecore's), plus
-// two of HTTP's own. Each is answered with the status below, chosen so that
-// a generic retrying client (got, axios-retry, urllib3's Retry) retries only
+// Reasons of the refusals only HTTP has, the "reason" member of their
+// problem details; every other refusal carries one of package idemgate's
+// reasons (idemgate.ReasonKeyMissing and the rest), the same as the other
+// gates'. Each is answered with the status StatusOf gives, chosen so that a
+// generic retrying client (got, axios-retry, urllib3's Retry) retries only
 // what a retry can settle: docs/gating.md "What an HTTP caller does with
 // each refusal" is the table, with what the caller does.
 const (
-	// ReasonKeyMissing: a gated request without Idempotency-Key (400).
-	ReasonKeyMissing = idemgate.ReasonKeyMissing
-	// ReasonKeyInvalid: not one valid key (400).
-	ReasonKeyInvalid = idemgate.ReasonKeyInvalid
-	// ReasonKeyReused: the key was first used with a different request
-	// (422).
-	ReasonKeyReused = idemgate.ReasonKeyReused
-	// ReasonInFlight: the first request with the key is still running
-	// (409, Retry-After).
-	ReasonInFlight = idemgate.ReasonInFlight
-	// ReasonOutcomeUnknown: an earlier attempt's outcome was lost
-	// (FAIL_CLOSED), so the side effect may have happened; nothing runs
-	// until the record is settled (409 without Retry-After: generic
-	// retriers do not retry it, and the caller escalates).
-	ReasonOutcomeUnknown = idemgate.ReasonOutcomeUnknown
-	// ReasonResultTooLarge: the action ran, but its response was over the
-	// size limit, or the stored-bytes quota on the Dedupe service, and
-	// cannot be replayed (507; metadata "cause" says which).
-	ReasonResultTooLarge = idemgate.ReasonResultTooLarge
-	// ReasonStoreUnavailable: the Dedupe service is down; nothing ran
-	// (503, Retry-After).
-	ReasonStoreUnavailable = idemgate.ReasonStoreUnavailable
-	// ReasonQuotaExceeded: over a Dedupe quota; nothing ran (429,
-	// Retry-After for a rate quota).
-	ReasonQuotaExceeded = idemgate.ReasonQuotaExceeded
-	// ReasonStoreRejected: the Dedupe service refused the gate (a
-	// misconfiguration); nothing ran (500).
-	ReasonStoreRejected = idemgate.ReasonStoreRejected
-	// ReasonOutcomeTypeMismatch: the stored outcome is not an HTTP
-	// response; nothing ran (500).
-	ReasonOutcomeTypeMismatch = idemgate.ReasonOutcomeTypeMismatch
 	// ReasonRequestTooLarge: the request body is over the route's
 	// MaxBodyBytes, so it could not be fingerprinted; nothing ran (413).
 	ReasonRequestTooLarge = "IDEMPOTENCY_REQUEST_TOO_LARGE"
@@ -112,18 +82,18 @@ const (
 // 429, 413 without Retry-After, or 507); one a retry settles carries
 // Retry-After.
 var refusals = map[string]refusal{
-	ReasonKeyMissing:          {http.StatusBadRequest, "Idempotency-Key missing", retryNever},
-	ReasonKeyInvalid:          {http.StatusBadRequest, "Idempotency-Key invalid", retryNever},
-	ReasonKeyReused:           {http.StatusUnprocessableEntity, "Idempotency-Key reused with a different request", retryNever},
-	ReasonInFlight:            {http.StatusConflict, "A request with this Idempotency-Key is still being processed", retryAlways},
-	ReasonOutcomeUnknown:      {http.StatusConflict, "Outcome of an earlier attempt unknown", retryNever},
-	ReasonResultTooLarge:      {http.StatusInsufficientStorage, "Outcome too large to replay", retryNever},
-	ReasonStoreUnavailable:    {http.StatusServiceUnavailable, "Idempotency store unavailable", retryAlways},
-	ReasonQuotaExceeded:       {http.StatusTooManyRequests, "Idempotency quota exceeded", retryRate},
-	ReasonStoreRejected:       {http.StatusInternalServerError, "Idempotency store refused the request", retryNever},
-	ReasonOutcomeTypeMismatch: {http.StatusInternalServerError, "Stored outcome unreadable", retryNever},
-	ReasonRequestTooLarge:     {http.StatusRequestEntityTooLarge, "Request body too large", retryNever},
-	ReasonUnauthenticated:     {http.StatusUnauthorized, "Caller not identified", retryNever},
+	idemgate.ReasonKeyMissing:          {http.StatusBadRequest, "Idempotency-Key missing", retryNever},
+	idemgate.ReasonKeyInvalid:          {http.StatusBadRequest, "Idempotency-Key invalid", retryNever},
+	idemgate.ReasonKeyReused:           {http.StatusUnprocessableEntity, "Idempotency-Key reused with a different request", retryNever},
+	idemgate.ReasonInFlight:            {http.StatusConflict, "A request with this Idempotency-Key is still being processed", retryAlways},
+	idemgate.ReasonOutcomeUnknown:      {http.StatusConflict, "Outcome of an earlier attempt unknown", retryNever},
+	idemgate.ReasonResultTooLarge:      {http.StatusInsufficientStorage, "Outcome too large to replay", retryNever},
+	idemgate.ReasonStoreUnavailable:    {http.StatusServiceUnavailable, "Idempotency store unavailable", retryAlways},
+	idemgate.ReasonQuotaExceeded:       {http.StatusTooManyRequests, "Idempotency quota exceeded", retryRate},
+	idemgate.ReasonStoreRejected:       {http.StatusInternalServerError, "Idempotency store refused the request", retryNever},
+	idemgate.ReasonOutcomeTypeMismatch: {http.StatusInternalServerError, "Stored outcome unreadable", retryNever},
+	ReasonRequestTooLarge:              {http.StatusRequestEntityTooLarge, "Request body too large", retryNever},
+	ReasonUnauthenticated:              {http.StatusUnauthorized, "Caller not identified", retryNever},
 }
 
 // StatusOf returns the HTTP status code the gate answers a refusal with

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/interceptor"
@@ -134,11 +135,11 @@ func conformanceTool(method string, handle gatetest.Handler) mcp.ToolHandler {
 			res := &mcp.CallToolResult{IsError: true, StructuredContent: json.RawMessage(out), Content: []mcp.Content{&mcp.TextContent{Text: f.Error()}}}
 			switch f.Kind {
 			case gatetest.Final:
-				res.SetError(mcpgate.FinalError(f))
+				res.SetError(idemgate.FinalError(f))
 			case gatetest.Retryable:
-				res.SetError(mcpgate.RetryableError(f))
+				res.SetError(idemgate.RetryableError(f))
 			case gatetest.OutcomeUnknown:
-				res.SetError(mcpgate.OutcomeUnknownError(f))
+				res.SetError(idemgate.OutcomeUnknownError(f))
 			}
 			res.StructuredContent = json.RawMessage(out)
 			return res, nil

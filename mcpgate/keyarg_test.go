@@ -12,6 +12,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/mcpgate"
 )
 
@@ -112,12 +113,12 @@ func TestAddedKeyArgumentGatesAStockHostsCall(t *testing.T) {
 	if c := f.tools.charges.Load(); c != 2 {
 		t.Errorf("charges = %d, want 2", c)
 	}
-	e := wantReason(t, call(t, f.client, "charge", "", map[string]any{"customer": "cust_host", "amount": 700}), mcpgate.ReasonKeyMissing)
+	e := wantReason(t, call(t, f.client, "charge", "", map[string]any{"customer": "cust_host", "amount": 700}), idemgate.ReasonKeyMissing)
 	if msg, _ := e["message"].(string); !strings.Contains(msg, "idempotency_key") {
 		t.Errorf("KEY_MISSING message %q does not name the key argument", msg)
 	}
-	wantReason(t, call(t, f.client, "charge", "", map[string]any{"customer": "cust_host", "amount": 700, "idempotency_key": 5}), mcpgate.ReasonKeyInvalid)
-	wantReason(t, call(t, f.client, "charge", "other", args("order-1")), mcpgate.ReasonKeyConflict)
+	wantReason(t, call(t, f.client, "charge", "", map[string]any{"customer": "cust_host", "amount": 700, "idempotency_key": 5}), idemgate.ReasonKeyInvalid)
+	wantReason(t, call(t, f.client, "charge", "other", args("order-1")), idemgate.ReasonKeyConflict)
 	if c := f.tools.charges.Load(); c != 2 {
 		t.Errorf("charges = %d after refusals, want 2", c)
 	}
@@ -195,7 +196,7 @@ func TestAddedKeyArgumentOverHTTP(t *testing.T) {
 	}
 	liar := connectAt(t, srv.URL, "2026-07-28", headerOverride{"order-other"})
 	listTools(t, liar)
-	wantReason(t, call(t, liar, "charge", "", args), mcpgate.ReasonKeyConflict)
+	wantReason(t, call(t, liar, "charge", "", args), idemgate.ReasonKeyConflict)
 	if c := ts.charges.Load(); c != 1 {
 		t.Errorf("charges = %d, want 1", c)
 	}
@@ -252,7 +253,7 @@ func TestAToolReAddedUnderTheSamePointerIsResolvedAgain(t *testing.T) {
 	if runs.Load() != 1 || !replayed(res) {
 		t.Errorf("runs = %d with one key, second replayed = %v: the gate kept the stale read-only classification", runs.Load(), replayed(res))
 	}
-	wantReason(t, call(t, cs, "refund", "", map[string]any{}), mcpgate.ReasonKeyMissing)
+	wantReason(t, call(t, cs, "refund", "", map[string]any{}), idemgate.ReasonKeyMissing)
 }
 
 // SEP-2243 sends a header value that looks like its base64 wrapper wrapped
@@ -273,5 +274,5 @@ func TestAddedKeyArgumentHeaderIsDecoded(t *testing.T) {
 	}
 	liar := connectAt(t, srv.URL, "2026-07-28", headerOverride{"=?base64?b3RoZXI=?="}) // "other"
 	listTools(t, liar)
-	wantReason(t, call(t, liar, "charge", "", map[string]any{"customer": "c", "amount": 1, "idempotency_key": "order-x"}), mcpgate.ReasonKeyConflict)
+	wantReason(t, call(t, liar, "charge", "", map[string]any{"customer": "c", "amount": 1, "idempotency_key": "order-x"}), idemgate.ReasonKeyConflict)
 }

@@ -12,29 +12,14 @@ import (
 	"github.com/idemgate/idemgate/internal/gatecore"
 )
 
-// What a tool's error means for the record, whatever the tool policy says.
-// A tool returns the marked error (a typed tool, from mcp.AddTool, as its
-// error; the SDK makes it the error result and the gate reads the mark).
-
-// FinalError marks a tool's error as the action's final outcome: the error
-// result is stored and replayed to every duplicate, even without
-// ReplayErrors. Return it when the side effect was decided (a card declined
-// by the provider) and running again must not happen.
-func FinalError(err error) error { return idemgate.FinalError(err) }
-
-// RetryableError marks a tool's error as not an outcome, even with
-// ReplayErrors: the key is released and a retry runs again. Return it only
-// when the side effect certainly did not happen.
-func RetryableError(err error) error { return idemgate.RetryableError(err) }
-
-// OutcomeUnknownError marks a tool's error as leaving its side effect's
-// outcome unknown (the provider's client timed out after sending the
-// request): under FAIL_CLOSED the record becomes outcome-unknown and the
-// caller, and every duplicate, is refused IDEMPOTENCY_OUTCOME_UNKNOWN until
-// it is resolved or Reconcile settles it; under REEXECUTE the key is freed.
-// Errors that wrap context.DeadlineExceeded or context.Canceled, or carry
-// the gRPC code DEADLINE_EXCEEDED or CANCELLED, are treated so unmarked.
-func OutcomeUnknownError(err error) error { return idemgate.OutcomeUnknownError(err) }
+// What a tool's error means for the record, whatever the tool policy says,
+// a tool says with package idemgate's marks: idemgate.FinalError (stored and
+// replayed even without ReplayErrors), idemgate.RetryableError (the key is
+// released) and idemgate.OutcomeUnknownError. A typed tool (mcp.AddTool)
+// returns the marked error as its error; the SDK makes it the error result
+// and the gate reads the mark. Errors that wrap context.DeadlineExceeded or
+// context.Canceled, or carry the gRPC code DEADLINE_EXCEEDED or CANCELLED,
+// are outcome-unknown unmarked.
 
 // Reconciler is asked what happened to an earlier attempt whose outcome was
 // lost: key is the call's idempotency key and arguments its arguments. An
@@ -79,20 +64,10 @@ func (r Resolution) core() (gatecore.Resolution, error) {
 	return gatecore.ResolvedOutcome(outcome), nil
 }
 
-// DedupeHealthService is the service name under which WatchDedupe reports
-// the Dedupe service's health: SERVING while gated calls can reach it,
-// NOT_SERVING while they cannot (the gRPC interceptor's name).
-const DedupeHealthService = idemgate.DedupeHealthService
-
 // DefaultDedupeFailureLogInterval is how often at most a Dedupe RPC failure
 // is logged while the failure stays the same
 // (WithDedupeFailureLogInterval): 10s.
 const DefaultDedupeFailureLogInterval = gatecore.DefaultDedupeFailureLogInterval
-
-// HealthSetter is the part of a health service WatchDedupe uses;
-// *health.Server (google.golang.org/grpc/health) implements it, and so can
-// an HTTP readiness endpoint's state.
-type HealthSetter = idemgate.HealthSetter
 
 // CheckDedupe asks the Dedupe service whether it serves this server, for a
 // start-up check: one Heartbeat of a record that never exists, which
@@ -111,38 +86,15 @@ func (g *Gate) CheckDedupe(ctx context.Context) error {
 	return g.dedupe.Check(ctx, timeout)
 }
 
-// WatchDedupe keeps hs's status for DedupeHealthService in step with the
+// WatchDedupe keeps hs's status for idemgate.DedupeHealthService in step with the
 // Dedupe service until ctx ends: NOT_SERVING while the connection
 // (WithDedupeConn) is not ready or the last answer to a gated call or a
 // check was a failure, SERVING otherwise, starting NOT_SERVING until it
 // knows; a failing service is re-checked every 5s, and each change is
 // logged, as the gRPC interceptor's WatchDedupe does. Run it in its own
 // goroutine.
-func (g *Gate) WatchDedupe(ctx context.Context, hs HealthSetter) { g.dedupe.Watch(ctx, hs) }
+func (g *Gate) WatchDedupe(ctx context.Context, hs idemgate.HealthSetter) { g.dedupe.Watch(ctx, hs) }
 
-// What a gated handler's context carries, as under every gate: see the
-// interceptor's functions of the same names. A handler gets its request's
-// context (for httpgate r.Context(), for mcpgate the tool's ctx).
-
-// FencingToken names one reservation of one key (idemgate.FencingToken).
-type FencingToken = idemgate.FencingToken
-
-// KeyFromContext returns the idempotency key of the gated call ctx belongs
-// to, as the caller sent it (or derived it from the fingerprint); false
-// outside a gated call. Hand DownstreamKeyFromContext's to a downstream
-// API instead.
-func KeyFromContext(ctx context.Context) (string, bool) { return idemgate.KeyFromContext(ctx) }
-
-// DownstreamKeyFromContext returns the key to hand on to a downstream API
-// that dedupes on one: the same for every attempt at one action, different
-// for other scopes and tenants; false outside a gated call.
-func DownstreamKeyFromContext(ctx context.Context) (string, bool) {
-	return idemgate.DownstreamKeyFromContext(ctx)
-}
-
-// FencingTokenFromContext returns the reservation a gated handler runs
-// under, for a downstream system that supports conditional writes; false
-// outside a gated call.
-func FencingTokenFromContext(ctx context.Context) (FencingToken, bool) {
-	return idemgate.FencingTokenFromContext(ctx)
-}
+// What a gated tool's context carries (its key, the key to hand downstream,
+// its fencing token) a tool reads with package idemgate's KeyFromContext,
+// DownstreamKeyFromContext and FencingTokenFromContext, as under every gate.

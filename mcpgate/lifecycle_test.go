@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/idemgate/idemgate"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/testing/testlog"
@@ -97,7 +98,7 @@ func resultJSON(t *testing.T, res *mcp.CallToolResult) string {
 }
 
 func TestFinalErrorIsStoredAndReplayed(t *testing.T) {
-	p := &provider{fail: func(context.Context) error { return mcpgate.FinalError(errors.New("card declined by the provider")) }}
+	p := &provider{fail: func(context.Context) error { return idemgate.FinalError(errors.New("card declined by the provider")) }}
 	s := markedFixture(t, p, mcpgate.ToolPolicy{})
 	first := call(t, s, "pay", "final-1", payArgs)
 	if !first.IsError || replayed(first) || errInfo(first) != nil {
@@ -117,7 +118,7 @@ func TestRetryableErrorReleasesEvenWhenErrorsReplay(t *testing.T) {
 	fail.Store(true)
 	p := &provider{fail: func(context.Context) error {
 		if fail.Swap(false) {
-			return mcpgate.RetryableError(errors.New("provider refused before acting"))
+			return idemgate.RetryableError(errors.New("provider refused before acting"))
 		}
 		return nil
 	}}
@@ -136,14 +137,14 @@ func TestRetryableErrorReleasesEvenWhenErrorsReplay(t *testing.T) {
 
 func TestOutcomeUnknownErrorFailsClosed(t *testing.T) {
 	p := &provider{fail: func(context.Context) error {
-		return mcpgate.OutcomeUnknownError(errors.New("the provider's answer was lost"))
+		return idemgate.OutcomeUnknownError(errors.New("the provider's answer was lost"))
 	}}
 	s := markedFixture(t, p, mcpgate.ToolPolicy{})
 	first := call(t, s, "pay", "unknown-1", payArgs)
-	if e := wantReason(t, first, mcpgate.ReasonOutcomeUnknown); !strings.Contains(fmt.Sprint(e["message"]), "OutcomeUnknownError") {
+	if e := wantReason(t, first, idemgate.ReasonOutcomeUnknown); !strings.Contains(fmt.Sprint(e["message"]), "OutcomeUnknownError") {
 		t.Errorf("refusal %v does not name the mark", e)
 	}
-	wantReason(t, call(t, s, "pay", "unknown-1", payArgs), mcpgate.ReasonOutcomeUnknown)
+	wantReason(t, call(t, s, "pay", "unknown-1", payArgs), idemgate.ReasonOutcomeUnknown)
 	if n := p.runs.Load(); n != 1 {
 		t.Fatalf("the provider ran %d times, want 1: an unknown outcome never runs again under FAIL_CLOSED", n)
 	}
@@ -154,7 +155,7 @@ func TestOutcomeUnknownErrorRunsAgainUnderReexecute(t *testing.T) {
 	fail.Store(true)
 	p := &provider{fail: func(context.Context) error {
 		if fail.Swap(false) {
-			return mcpgate.OutcomeUnknownError(errors.New("the provider's answer was lost"))
+			return idemgate.OutcomeUnknownError(errors.New("the provider's answer was lost"))
 		}
 		return nil
 	}}
@@ -175,7 +176,7 @@ func TestReconcilerSettlesALostOutcome(t *testing.T) {
 	fail.Store(true)
 	p := &provider{fail: func(context.Context) error {
 		if fail.Swap(false) {
-			return mcpgate.OutcomeUnknownError(errors.New("the provider's answer was lost"))
+			return idemgate.OutcomeUnknownError(errors.New("the provider's answer was lost"))
 		}
 		return nil
 	}}
@@ -188,7 +189,7 @@ func TestReconcilerSettlesALostOutcome(t *testing.T) {
 		}
 		return mcpgate.ResolvedResult(reconciled), nil
 	}})
-	wantReason(t, call(t, s, "pay", "rec-1", payArgs), mcpgate.ReasonOutcomeUnknown)
+	wantReason(t, call(t, s, "pay", "rec-1", payArgs), idemgate.ReasonOutcomeUnknown)
 	again := call(t, s, "pay", "rec-1", payArgs)
 	if again.IsError || !replayed(again) {
 		t.Fatalf("after reconciling = %+v, want the reconciled result replayed", again)
@@ -211,7 +212,7 @@ func TestFinishAfterReplyStoresRightAfterTheAnswer(t *testing.T) {
 	var again *mcp.CallToolResult
 	for range 100 {
 		again = call(t, s, "pay", "after-1", payArgs)
-		if e := errInfo(again); e == nil || e["reason"] != mcpgate.ReasonInFlight {
+		if e := errInfo(again); e == nil || e["reason"] != idemgate.ReasonInFlight {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -231,7 +232,7 @@ type healthRecorder struct {
 }
 
 func (h *healthRecorder) SetServingStatus(service string, s healthpb.HealthCheckResponse_ServingStatus) {
-	if service != mcpgate.DedupeHealthService {
+	if service != idemgate.DedupeHealthService {
 		return
 	}
 	h.mu.Lock()
@@ -272,15 +273,15 @@ func TestDedupeServiceDownIsLoggedAndUnhealthy(t *testing.T) {
 	t.Cleanup(func() { _ = ss.Close() })
 	s := connect(t, ct)
 
-	wantReason(t, call(t, s, "pay", "down-1", payArgs), mcpgate.ReasonStoreUnavailable)
+	wantReason(t, call(t, s, "pay", "down-1", payArgs), idemgate.ReasonStoreUnavailable)
 	if p.runs.Load() != 0 {
 		t.Fatal("the tool ran without a reservation")
 	}
 	if !strings.Contains(logs.String(), "a Dedupe service RPC failed") || !strings.Contains(logs.String(), "127.0.0.1:1") {
 		t.Errorf("log does not say the Dedupe service failed, naming it:\n%s", logs.String())
 	}
-	if err := gate.CheckDedupe(context.Background()); grpcerr.Reason(err) != mcpgate.ReasonStoreUnavailable {
-		t.Errorf("CheckDedupe = %v, want %s", err, mcpgate.ReasonStoreUnavailable)
+	if err := gate.CheckDedupe(context.Background()); grpcerr.Reason(err) != idemgate.ReasonStoreUnavailable {
+		t.Errorf("CheckDedupe = %v, want %s", err, idemgate.ReasonStoreUnavailable)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

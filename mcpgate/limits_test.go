@@ -12,6 +12,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/mcpgate"
 )
 
@@ -44,7 +45,7 @@ func TestAKeylessCallIsRefusedBeforeItsFingerprint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantReason(t, res, mcpgate.ReasonKeyMissing)
+	wantReason(t, res, idemgate.ReasonKeyMissing)
 	res, err = f.client.CallTool(ctx, &mcp.CallToolParams{Name: "charge", Arguments: json.RawMessage(`{"customer":"\ud800x","amount":1}`),
 		Meta: mcp.Meta{mcpgate.MetaKey: "k"}})
 	if err != nil {

@@ -63,39 +63,10 @@ const (
 	SchemaExclude = "io.idemgate/exclude-from-fingerprint"
 )
 
-// The reasons of refusals: the gRPC interceptor's (see its Reason
-// constants for when each is given), in _meta[MetaError].reason.
+// The reasons of the refusals only MCP has, in _meta[MetaError].reason;
+// every other refusal carries one of package idemgate's reasons
+// (idemgate.ReasonKeyMissing and the rest), the same as the other gates'.
 const (
-	// ReasonKeyMissing: a gated tool was called without a key.
-	ReasonKeyMissing = idemgate.ReasonKeyMissing
-	// ReasonKeyInvalid: the key is not 1 to 255 printable ASCII bytes
-	// without edge spaces, or not a string.
-	ReasonKeyInvalid = idemgate.ReasonKeyInvalid
-	// ReasonKeyConflict: two carriers of the key carry different keys.
-	ReasonKeyConflict = idemgate.ReasonKeyConflict
-	// ReasonKeyReused: the key was first used with other arguments.
-	ReasonKeyReused = idemgate.ReasonKeyReused
-	// ReasonInFlight: another call with the key is still running; retry
-	// with the same key after retryAfterSeconds.
-	ReasonInFlight = idemgate.ReasonInFlight
-	// ReasonOutcomeUnknown: an earlier attempt stopped before its outcome
-	// was stored (FAIL_CLOSED); nothing runs until the record is resolved.
-	ReasonOutcomeUnknown = idemgate.ReasonOutcomeUnknown
-	// ReasonResultTooLarge: the action ran, but its result was over the
-	// size limit, or the stored-bytes quota on the Dedupe service, and
-	// cannot be replayed.
-	ReasonResultTooLarge = idemgate.ReasonResultTooLarge
-	// ReasonStoreUnavailable: the Dedupe service could not be reached; the
-	// tool did not run.
-	ReasonStoreUnavailable = idemgate.ReasonStoreUnavailable
-	// ReasonQuotaExceeded: this server is over a quota at the Dedupe
-	// service; the tool did not run.
-	ReasonQuotaExceeded = idemgate.ReasonQuotaExceeded
-	// ReasonStoreRejected: the Dedupe service refused the gate's request,
-	// or (strict) the tool is unclassified; the tool did not run.
-	ReasonStoreRejected = idemgate.ReasonStoreRejected
-	// ReasonOutcomeTypeMismatch: the stored outcome is not a tool result.
-	ReasonOutcomeTypeMismatch = idemgate.ReasonOutcomeTypeMismatch
 	// ReasonArgumentsInvalid: the arguments are not a JSON object.
 	ReasonArgumentsInvalid = mcpwire.ReasonArgumentsInvalid
 	// ReasonArgumentsTooLarge: the arguments are over WithMaxArgumentBytes
@@ -117,14 +88,9 @@ const (
 	ReasonAnswerTooLarge = mcpwire.ReasonAnswerTooLarge
 )
 
-// Causes a gated tool's context can end with (context.Cause).
-var (
-	// ErrFenced: the attempt lost its reservation; its result will be
-	// refused.
-	ErrFenced = idemgate.ErrFenced
-	// ErrExecutionTimeout: the tool ran past its ExecutionTimeout.
-	ErrExecutionTimeout = idemgate.ErrExecutionTimeout
-)
+// A gated tool's context can end with (context.Cause) idemgate.ErrFenced (the
+// attempt lost its reservation; its result will be refused) or
+// idemgate.ErrExecutionTimeout (it ran past its ExecutionTimeout).
 
 // Policy defaults, the gRPC interceptor's.
 const (
@@ -461,17 +427,17 @@ func (g *Gate) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			// Whether the tool is gated is unknown: it must not run ungated.
 			g.opts.logger.ErrorContext(ctx, "mcpgate: cannot list the tools to classify a call; refused, nothing ran",
 				slog.String("tool", call.Params.Name), slog.Any("error", err))
-			return mcpwire.ErrorResult(grpcerr.New(codes.Internal, ReasonStoreRejected,
+			return mcpwire.ErrorResult(grpcerr.New(codes.Internal, idemgate.ReasonStoreRejected,
 				fmt.Sprintf("mcpgate: cannot list the tools to tell whether %q is gated; nothing ran", call.Params.Name), nil, 0)), nil
 		}
 		if r == nil {
 			return next(ctx, method, req) // the SDK answers an unknown tool
 		}
 		if r.err != nil {
-			return mcpwire.ErrorResult(grpcerr.New(codes.Internal, ReasonStoreRejected, "mcpgate: "+r.err.Error(), nil, 0)), nil
+			return mcpwire.ErrorResult(grpcerr.New(codes.Internal, idemgate.ReasonStoreRejected, "mcpgate: "+r.err.Error(), nil, 0)), nil
 		}
 		if r.unclassified && g.opts.strict {
-			return mcpwire.ErrorResult(grpcerr.New(codes.Internal, ReasonStoreRejected,
+			return mcpwire.ErrorResult(grpcerr.New(codes.Internal, idemgate.ReasonStoreRejected,
 				fmt.Sprintf("mcpgate: tool %q is neither annotated nor named with WithTool, and the gate is strict; nothing ran", r.tool.Name), nil, 0)), nil
 		}
 		if !r.gated {
@@ -593,7 +559,7 @@ func (g *Gate) gate(ctx context.Context, next mcp.MethodHandler, call *mcp.CallT
 	}
 	p := r.policy
 	if !hasKey && !p.KeylessFingerprint {
-		return mcpwire.ErrorResult(grpcerr.New(codes.InvalidArgument, ReasonKeyMissing,
+		return mcpwire.ErrorResult(grpcerr.New(codes.InvalidArgument, idemgate.ReasonKeyMissing,
 			mcpwire.KeyMissingMessage(r.keyArgNames()...), nil, 0)), nil
 	}
 	tenant, err := g.opts.tenant(ctx, call)
@@ -625,7 +591,7 @@ func (g *Gate) gate(ctx context.Context, next mcp.MethodHandler, call *mcp.CallT
 		// it: a proxy that read the header saw the key the gate uses.
 		if call.Extra != nil && hasArg {
 			if h, ok := mcpwire.HeaderValue(call.Extra.Header.Get("Mcp-Param-" + mcpwire.KeyHeaderName)); ok && h != argKey {
-				return mcpwire.ErrorResult(grpcerr.New(codes.InvalidArgument, ReasonKeyConflict,
+				return mcpwire.ErrorResult(grpcerr.New(codes.InvalidArgument, idemgate.ReasonKeyConflict,
 					fmt.Sprintf("the Mcp-Param-%s header and the argument %s carry different idempotency keys", mcpwire.KeyHeaderName, r.added),
 					map[string]string{"field": r.added}, 0)), nil
 			}
@@ -683,7 +649,7 @@ func (t *toolCall) Replay(_ context.Context, s gatecore.Stored) (any, error, boo
 func (t *toolCall) Committed(context.Context, time.Time) {}
 
 // Run implements gatecore.Transport: the tool, and what its answer means.
-// A mark (FinalError, RetryableError, OutcomeUnknownError) decides first,
+// A mark (idemgate.FinalError, idemgate.RetryableError, idemgate.OutcomeUnknownError) decides first,
 // on the tool's error or on the error a typed tool's error result carries;
 // then an error that leaves the outcome unknown (unknownOutcome); then any
 // other error, a result that asks for input and an error result not
@@ -757,7 +723,7 @@ func unknownOutcome(err error) bool {
 func unknownCause(err error, marked bool) string {
 	switch {
 	case marked:
-		return "an error marked OutcomeUnknownError"
+		return "an error marked idemgate.OutcomeUnknownError"
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 		return "a context error"
 	}
@@ -774,7 +740,7 @@ func replay(outcome *anypb.Any, replayed, derived bool) (*storedResult, error) {
 	}
 	v := &wrapperspb.BytesValue{}
 	if outcome.MessageName() != bytesName || proto.Unmarshal(outcome.GetValue(), v) != nil || !json.Valid(v.GetValue()) {
-		return nil, grpcerr.New(codes.Internal, ReasonOutcomeTypeMismatch,
+		return nil, grpcerr.New(codes.Internal, idemgate.ReasonOutcomeTypeMismatch,
 			fmt.Sprintf("the stored outcome is a %s, not a tool result; the call was not run again", outcome.MessageName()), nil, 0)
 	}
 	return &storedResult{raw: v.GetValue(), replayed: replayed, derived: derived}, nil
@@ -878,13 +844,13 @@ func (g *Gate) keyOf(call *mcp.CallToolRequest, r *resolved, args map[string]jso
 		}
 		var s string
 		if json.Unmarshal(v, &s) != nil {
-			return "", false, grpcerr.New(codes.InvalidArgument, ReasonKeyInvalid, "the key argument "+name+" must be a string", nil, 0)
+			return "", false, grpcerr.New(codes.InvalidArgument, idemgate.ReasonKeyInvalid, "the key argument "+name+" must be a string", nil, 0)
 		}
 		if s == "" {
 			continue
 		}
 		if hasKey && s != key {
-			return "", false, grpcerr.New(codes.InvalidArgument, ReasonKeyConflict,
+			return "", false, grpcerr.New(codes.InvalidArgument, idemgate.ReasonKeyConflict,
 				fmt.Sprintf("%s and the argument %s carry different idempotency keys; send one, or the same in both", from, name),
 				map[string]string{"field": name}, 0)
 		}
@@ -894,7 +860,7 @@ func (g *Gate) keyOf(call *mcp.CallToolRequest, r *resolved, args map[string]jso
 		return "", false, nil
 	}
 	if err := keys.Validate(key); err != nil {
-		return "", false, grpcerr.New(codes.InvalidArgument, ReasonKeyInvalid,
+		return "", false, grpcerr.New(codes.InvalidArgument, idemgate.ReasonKeyInvalid,
 			"the idempotency key "+err.Error()+": use 1 to 255 bytes of printable ASCII without leading or trailing spaces, such as a UUID", nil, 0)
 	}
 	return key, true, nil

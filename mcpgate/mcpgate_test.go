@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/idemgate/idemgate"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/mcpgate"
 )
@@ -70,7 +71,7 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 		if res.IsError {
 			// Arrived before the original finished and waited past max_wait:
 			// its retry gets the outcome.
-			wantReason(t, res, mcpgate.ReasonInFlight)
+			wantReason(t, res, idemgate.ReasonInFlight)
 			res = call(t, f.client, "charge", "order-1", order)
 		}
 		if !replayed(res) || structured(t, res)["charge_id"] != want {
@@ -83,7 +84,7 @@ func TestKeyReusedWithOtherArgumentsIsRefused(t *testing.T) {
 	f := setup(t, embeddedDedupe(t))
 	call(t, f.client, "charge", "order-2", order)
 	res := call(t, f.client, "charge", "order-2", map[string]any{"customer": "cust_17", "amount": 9900})
-	e := wantReason(t, res, mcpgate.ReasonKeyReused)
+	e := wantReason(t, res, idemgate.ReasonKeyReused)
 	if e["code"] != "FAILED_PRECONDITION" || e["advice"] != "escalate" {
 		t.Fatalf("refusal = %v, want FAILED_PRECONDITION with advice escalate", e)
 	}
@@ -118,7 +119,7 @@ func TestReadOnlyToolsAreNeverGated(t *testing.T) {
 func TestKeylessCallsAreRefused(t *testing.T) {
 	f := setup(t, embeddedDedupe(t))
 	res := call(t, f.client, "charge", "", order)
-	e := wantReason(t, res, mcpgate.ReasonKeyMissing)
+	e := wantReason(t, res, idemgate.ReasonKeyMissing)
 	if e["code"] != "INVALID_ARGUMENT" || e["advice"] != "fix_request" {
 		t.Fatalf("refusal = %v", e)
 	}
@@ -132,7 +133,7 @@ func TestKeylessCallsAreRefused(t *testing.T) {
 func TestKeylessRefusalNamesTheCarriers(t *testing.T) {
 	f := setup(t, embeddedDedupe(t), mcpgate.WithTool("charge", mcpgate.ToolPolicy{KeyArgument: "orderId"}))
 	res := call(t, f.client, "charge", "", order)
-	e := wantReason(t, res, mcpgate.ReasonKeyMissing)
+	e := wantReason(t, res, idemgate.ReasonKeyMissing)
 	text := res.Content[0].(*mcp.TextContent).Text
 	for _, s := range []string{text, fmt.Sprint(e["message"])} {
 		// order_id is marked in the schema, orderId named by the policy.
@@ -208,7 +209,7 @@ func TestACallerThatGivesUpDoesNotCauseASecondRun(t *testing.T) {
 		t.Fatalf("the caller's call = %v, want it cancelled", err)
 	}
 	// While the tool still runs, a retry waits and gets IN_FLIGHT at worst.
-	if res := call(t, f.client, "charge", "order-3", order); !res.IsError || errInfo(res)["reason"] != mcpgate.ReasonInFlight {
+	if res := call(t, f.client, "charge", "order-3", order); !res.IsError || errInfo(res)["reason"] != idemgate.ReasonInFlight {
 		if !replayed(res) {
 			t.Fatalf("retry while running = %+v, want IN_FLIGHT", res)
 		}
@@ -219,7 +220,7 @@ func TestACallerThatGivesUpDoesNotCauseASecondRun(t *testing.T) {
 	}
 	var res *mcp.CallToolResult
 	for res = call(t, f.client, "charge", "order-3", order); res.IsError; res = call(t, f.client, "charge", "order-3", order) {
-		wantReason(t, res, mcpgate.ReasonInFlight) // the Finish may still be on its way
+		wantReason(t, res, idemgate.ReasonInFlight) // the Finish may still be on its way
 	}
 	if !replayed(res) || f.tools.charges.Load() != 1 {
 		t.Fatalf("retry = %+v after %d charges, want the replay of the one charge", res, f.tools.charges.Load())
@@ -244,8 +245,8 @@ func TestAnUnknownOutcomeFailsClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 	cs := connect(t, ct)
-	wantReason(t, call(t, cs, "send", "k", nil), mcpgate.ReasonOutcomeUnknown)
-	e := wantReason(t, call(t, cs, "send", "k", nil), mcpgate.ReasonOutcomeUnknown)
+	wantReason(t, call(t, cs, "send", "k", nil), idemgate.ReasonOutcomeUnknown)
+	e := wantReason(t, call(t, cs, "send", "k", nil), idemgate.ReasonOutcomeUnknown)
 	if e["advice"] != "escalate" || runs != 1 {
 		t.Fatalf("retry = %v after %d runs, want escalate after 1", e, runs)
 	}
@@ -262,8 +263,8 @@ func TestKeyCarriers(t *testing.T) {
 	if res := call(t, f.client, "charge", "", withArg); !replayed(res) {
 		t.Fatalf("the key argument again = %+v, want the replay", res)
 	}
-	wantReason(t, call(t, f.client, "charge", "other", withArg), mcpgate.ReasonKeyConflict)
-	wantReason(t, call(t, f.client, "charge", " padded", order), mcpgate.ReasonKeyInvalid)
+	wantReason(t, call(t, f.client, "charge", "other", withArg), idemgate.ReasonKeyConflict)
+	wantReason(t, call(t, f.client, "charge", " padded", order), idemgate.ReasonKeyInvalid)
 	if c := f.tools.charges.Load(); c != 1 {
 		t.Fatalf("charges = %d, want 1", c)
 	}
@@ -359,7 +360,7 @@ func TestThroughTheDedupeServiceOverGRPC(t *testing.T) {
 	if f.tools.charges.Load() != 1 || !replayed(second) || !bytes.Equal(mustJSON(t, first.StructuredContent), mustJSON(t, second.StructuredContent)) {
 		t.Fatalf("charges %d, second %+v: want one charge and its replay", f.tools.charges.Load(), second)
 	}
-	wantReason(t, call(t, f.client, "charge", "order-9", map[string]any{"customer": "x", "amount": 1}), mcpgate.ReasonKeyReused)
+	wantReason(t, call(t, f.client, "charge", "order-9", map[string]any{"customer": "x", "amount": 1}), idemgate.ReasonKeyReused)
 }
 
 func mustJSON(t *testing.T, v any) []byte {

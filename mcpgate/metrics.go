@@ -18,10 +18,6 @@ type metrics struct {
 	stages *prometheus.HistogramVec
 }
 
-// StageBuckets are the upper bounds, in seconds, of
-// idemgate_mcpgate_stage_seconds: idemgate.StageBuckets, every gate's.
-var StageBuckets = idemgate.StageBuckets
-
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return nil, nil
@@ -39,7 +35,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	stages := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "idemgate_mcpgate_stage_seconds",
 		Help:    "Where a gated tools/call's time goes, by tool and stage: prepare (key, scope, fingerprint), begin (the Dedupe round trip), handler (the tool, with the gate's encoding of its result), finish (storing the outcome before the answer).",
-		Buckets: StageBuckets,
+		Buckets: idemgate.StageBuckets,
 	}, []string{"tool", "stage"})
 	var err error
 	if stages, err = gatemetrics.Register(reg, stages); err != nil {
@@ -99,7 +95,7 @@ func (m *metrics) call(tool string, res mcp.Result, err error) {
 }
 
 var knownReasons = map[string]bool{
-	ReasonKeyMissing: true, ReasonKeyInvalid: true, ReasonKeyConflict: true, ReasonKeyReused: true,
-	ReasonInFlight: true, ReasonOutcomeUnknown: true, ReasonResultTooLarge: true, ReasonStoreUnavailable: true,
-	ReasonStoreRejected: true, ReasonOutcomeTypeMismatch: true, ReasonQuotaExceeded: true,
+	idemgate.ReasonKeyMissing: true, idemgate.ReasonKeyInvalid: true, idemgate.ReasonKeyConflict: true, idemgate.ReasonKeyReused: true,
+	idemgate.ReasonInFlight: true, idemgate.ReasonOutcomeUnknown: true, idemgate.ReasonResultTooLarge: true, idemgate.ReasonStoreUnavailable: true,
+	idemgate.ReasonStoreRejected: true, idemgate.ReasonOutcomeTypeMismatch: true, idemgate.ReasonQuotaExceeded: true,
 }

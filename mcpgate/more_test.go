@@ -38,7 +38,7 @@ func TestConcurrentDuplicatesRunOnceOnPostgreSQL(t *testing.T) {
 	ids := map[any]bool{}
 	for _, res := range results {
 		if res.IsError {
-			wantReason(t, res, mcpgate.ReasonInFlight)
+			wantReason(t, res, idemgate.ReasonInFlight)
 			continue
 		}
 		ids[structured(t, res)["charge_id"]] = true
@@ -57,7 +57,7 @@ func (failingDedupe) Begin(context.Context, *idemgatev1.BeginRequest, ...grpc.Ca
 
 func TestAnUnreachableStoreFailsClosed(t *testing.T) {
 	f := setup(t, failingDedupe{})
-	e := wantReason(t, call(t, f.client, "charge", "k", order), mcpgate.ReasonStoreRejected)
+	e := wantReason(t, call(t, f.client, "charge", "k", order), idemgate.ReasonStoreRejected)
 	if e["code"] != "INTERNAL" || f.tools.charges.Load() != 0 {
 		t.Fatalf("refusal %v after %d charges, want INTERNAL and no charge", e, f.tools.charges.Load())
 	}
@@ -71,7 +71,7 @@ func (unavailableDedupe) Begin(context.Context, *idemgatev1.BeginRequest, ...grp
 
 func TestADownStoreAnswersStoreUnavailable(t *testing.T) {
 	f := setup(t, unavailableDedupe{}, mcpgate.WithFinishRetryBudget(1))
-	e := wantReason(t, call(t, f.client, "charge", "k", order), mcpgate.ReasonStoreUnavailable)
+	e := wantReason(t, call(t, f.client, "charge", "k", order), idemgate.ReasonStoreUnavailable)
 	if e["advice"] != "retry_same_key" || e["retryAfterSeconds"] == nil || f.tools.charges.Load() != 0 {
 		t.Fatalf("refusal %v after %d charges, want retry_same_key with a delay and no charge", e, f.tools.charges.Load())
 	}
@@ -81,7 +81,7 @@ func TestADownStoreAnswersStoreUnavailable(t *testing.T) {
 // retries a call the down store refused, as on every other gate.
 func TestStoreRetryAfterSetsTheDelay(t *testing.T) {
 	f := setup(t, unavailableDedupe{}, mcpgate.WithFinishRetryBudget(1), mcpgate.WithStoreRetryAfter(7*time.Second))
-	e := wantReason(t, call(t, f.client, "charge", "k", order), mcpgate.ReasonStoreUnavailable)
+	e := wantReason(t, call(t, f.client, "charge", "k", order), idemgate.ReasonStoreUnavailable)
 	if e["retryAfterSeconds"] != 7.0 {
 		t.Fatalf("refusal %v, want retryAfterSeconds 7", e)
 	}
@@ -141,13 +141,13 @@ func TestToolsAddedLater(t *testing.T) {
 		}
 		cs := connect(t, ct)
 		if strict {
-			e := wantReason(t, call(t, cs, "late", "k", nil), mcpgate.ReasonStoreRejected)
+			e := wantReason(t, call(t, cs, "late", "k", nil), idemgate.ReasonStoreRejected)
 			if !strings.Contains(e["message"].(string), `"late"`) || runs != 0 {
 				t.Fatalf("strict: %v after %d runs, want a refusal naming late and no run", e, runs)
 			}
 			continue
 		}
-		wantReason(t, call(t, cs, "late", "", nil), mcpgate.ReasonKeyMissing)
+		wantReason(t, call(t, cs, "late", "", nil), idemgate.ReasonKeyMissing)
 		call(t, cs, "late", "k", nil)
 		if res := call(t, cs, "late", "k", nil); !replayed(res) || runs != 1 {
 			t.Fatalf("late tool: %+v after %d runs, want gated", res, runs)
@@ -190,7 +190,7 @@ func TestAToolHiddenFromTheListStaysGated(t *testing.T) {
 		t.Fatal(err)
 	}
 	cs := connect(t, ct)
-	wantReason(t, call(t, cs, "charge", "", order), mcpgate.ReasonKeyMissing)
+	wantReason(t, call(t, cs, "charge", "", order), idemgate.ReasonKeyMissing)
 	if ts.charges.Load() != 0 {
 		t.Fatal("the hidden tool ran ungated")
 	}
@@ -307,7 +307,7 @@ func TestReplayCache(t *testing.T) {
 	if n := d.begins.Load(); n != 1 || !replayed(second) || structured(t, first)["charge_id"] != structured(t, second)["charge_id"] {
 		t.Fatalf("%d Begins, second %+v: want one Begin and the replay", n, second)
 	}
-	wantReason(t, call(t, f.client, "charge", "c-1", map[string]any{"customer": "x", "amount": 1}), mcpgate.ReasonKeyReused)
+	wantReason(t, call(t, f.client, "charge", "c-1", map[string]any{"customer": "x", "amount": 1}), idemgate.ReasonKeyReused)
 	if s := f.gate.Stats(); d.begins.Load() != 2 || s.ReplayCacheHits != 1 || s.ReplayCacheMisses != 2 {
 		t.Fatalf("%d Begins, stats %+v: want the other request asked the service", d.begins.Load(), s)
 	}
@@ -336,7 +336,7 @@ func TestAFailedToolsListRefusesTheCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	cs := connect(t, ct)
-	e := wantReason(t, call(t, cs, "charge", "k-list", order), mcpgate.ReasonStoreRejected)
+	e := wantReason(t, call(t, cs, "charge", "k-list", order), idemgate.ReasonStoreRejected)
 	if e["code"] != "INTERNAL" || ts.charges.Load() != 0 {
 		t.Fatalf("refusal %v after %d charges, want INTERNAL and no charge", e, ts.charges.Load())
 	}
@@ -363,8 +363,8 @@ func TestAGRPCDeadlineOrCancelFromTheToolIsAnUnknownOutcome(t *testing.T) {
 				t.Fatal(err)
 			}
 			cs := connect(t, ct)
-			wantReason(t, call(t, cs, "send", "k", nil), mcpgate.ReasonOutcomeUnknown)
-			wantReason(t, call(t, cs, "send", "k", nil), mcpgate.ReasonOutcomeUnknown)
+			wantReason(t, call(t, cs, "send", "k", nil), idemgate.ReasonOutcomeUnknown)
+			wantReason(t, call(t, cs, "send", "k", nil), idemgate.ReasonOutcomeUnknown)
 			if n := runs.Load(); n != 1 {
 				t.Fatalf("the tool ran %d times, want 1", n)
 			}

@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/idemgate/idemgate"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/mcpgate"
 )
@@ -50,7 +51,7 @@ func TestNoWaitAnswersADuplicateAtOnce(t *testing.T) {
 	first := make(chan map[string]any, 1)
 	go func() { first <- structured(t, call(t, f.client, "charge", "nowait", args)) }()
 	<-ts.started
-	e := wantReason(t, call(t, f.client, "charge", "nowait", args), mcpgate.ReasonInFlight)
+	e := wantReason(t, call(t, f.client, "charge", "nowait", args), idemgate.ReasonInFlight)
 	if e["retryAfterSeconds"] == nil {
 		t.Errorf("IN_FLIGHT without a retry delay: %v", e)
 	}

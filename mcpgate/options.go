@@ -86,7 +86,7 @@ type ToolPolicy struct {
 	// takes the default. MaxWait must be 0 with it. Defaults to false.
 	NoWait bool
 	// ExecutionTimeout bounds the tool's run; its context ends with
-	// ErrExecutionTimeout. Defaults to 60s.
+	// idemgate.ErrExecutionTimeout. Defaults to 60s.
 	ExecutionTimeout time.Duration
 	// OnLostOutcome is what a call finds after an attempt lost its lease
 	// without an outcome. Defaults to FAIL_CLOSED.

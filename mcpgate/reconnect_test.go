@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
@@ -114,7 +115,7 @@ func TestAHolderRenewsWithARestartedDedupeService(t *testing.T) {
 	}
 	var dup *mcp.CallToolResult
 	for dup = call(t, f.client, "charge", "order-restart", order); dup.IsError; dup = call(t, f.client, "charge", "order-restart", order) {
-		wantReason(t, dup, mcpgate.ReasonInFlight) // the Finish may still be on its way
+		wantReason(t, dup, idemgate.ReasonInFlight) // the Finish may still be on its way
 	}
 	if !replayed(dup) || structured(t, dup)["charge_id"] != want || f.tools.charges.Load() != 1 {
 		t.Fatalf("duplicate = %+v after %d charges, want the replay of %v", dup, f.tools.charges.Load(), want)

@@ -18,6 +18,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/mcpgate"
 )
 
@@ -168,7 +169,7 @@ func TestStatelessHTTPAtEachProtocolVersion(t *testing.T) {
 			texts[version] = first.Content[0].(*mcp.TextContent).Text
 
 			res := call(t, cs, "charge", "", map[string]any{"customer": "cust_" + version, "amount": 1})
-			e := wantReason(t, res, mcpgate.ReasonKeyMissing)
+			e := wantReason(t, res, idemgate.ReasonKeyMissing)
 			text := res.Content[0].(*mcp.TextContent).Text
 			for _, want := range []string{"IDEMPOTENCY_KEY_MISSING", "needs an idempotency key", `_meta["` + mcpgate.MetaKey + `"]`, "(fix_request)"} {
 				if !strings.Contains(text, want) {
@@ -228,7 +229,7 @@ func TestStatelessCallerGivesUp(t *testing.T) {
 	retry := connectAt(t, srv.URL, versions[0], nil)
 	res := call(t, retry, "charge", "order-gave-up", order)
 	for res.IsError {
-		wantReason(t, res, mcpgate.ReasonInFlight) // the outcome may still be on its way
+		wantReason(t, res, idemgate.ReasonInFlight) // the outcome may still be on its way
 		res = call(t, retry, "charge", "order-gave-up", order)
 	}
 	if !replayed(res) || ts.charges.Load() != 1 {

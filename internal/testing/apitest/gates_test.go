@@ -225,3 +225,32 @@ func TestGateTableMatchesTheAPIs(t *testing.T) {
 		}
 	}
 }
+
+// A gate does not export again, under its own name, what package idemgate
+// exports: a handler or caller written against the vocabulary works behind
+// every gate, and two names for one thing are one too many. The names a
+// gate shares with the root package are its own transport's (httpgate's
+// header names spelled for HTTP; each gate's Reconciler and Resolution
+// carry its transport's request and answer).
+func TestGatesDoNotRepeatTheVocabulary(t *testing.T) {
+	root := exported(t, "../../..")
+	own := map[string]map[string]string{
+		"httpgate": {
+			"KeyHeader": "HTTP's spelling", "ReplayedHeader": "HTTP's spelling", "KeyDerivedHeader": "HTTP's spelling",
+			"ExpiresAtHeader": "HTTP's spelling", "OriginalTimeHeader": "HTTP's spelling",
+			"Reconciler": "an HTTP request and body", "Resolution": "an HTTP response",
+			"ResolvedNotRun": "httpgate.Resolution", "StillUnknown": "httpgate.Resolution", "ResolvedResponse": "httpgate.Resolution",
+		},
+		"mcpgate": {
+			"Reconciler": "a tool's arguments", "Resolution": "a tool result",
+			"ResolvedNotRun": "mcpgate.Resolution", "StillUnknown": "mcpgate.Resolution",
+		},
+	}
+	for _, p := range []string{"interceptor", "connectgate", "httpgate", "mcpgate"} {
+		for n := range exported(t, filepath.Join("../../..", p)).top {
+			if root.top[n] && own[p][n] == "" {
+				t.Errorf("%s.%s repeats idemgate.%s: use the root package's", p, n, n)
+			}
+		}
+	}
+}

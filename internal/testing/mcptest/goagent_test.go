@@ -8,6 +8,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/mcpbridge"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 	"github.com/idemgate/idemgate/internal/testing/proctest"
@@ -153,8 +154,8 @@ func checkGoAgent(t *testing.T, stdout *bytes.Buffer, conversation, orderA, orde
 	if madeUp.Sent == nil || *madeUp.Sent || !madeUp.IsError || madeUp.Key != "" {
 		t.Errorf("made-up order id = %+v, want not sent", madeUp)
 	}
-	if !reused.IsError || reused.Reason != mcpgate.ReasonKeyReused || reused.Advice != mcpbridge.AdviceEscalate {
-		t.Errorf("key reused = %+v, want %s with advice %s", reused, mcpgate.ReasonKeyReused, mcpbridge.AdviceEscalate)
+	if !reused.IsError || reused.Reason != idemgate.ReasonKeyReused || reused.Advice != mcpbridge.AdviceEscalate {
+		t.Errorf("key reused = %+v, want %s with advice %s", reused, idemgate.ReasonKeyReused, mcpbridge.AdviceEscalate)
 	}
 	if balance.Key != "" || balance.IsError || !wantInt(balance.Structured["charges"], 2) {
 		t.Errorf("balance = %+v, want two charges, read without a key", balance)

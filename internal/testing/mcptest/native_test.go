@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/internal/testing/proctest"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 	"github.com/idemgate/idemgate/mcpgate"
@@ -75,7 +76,7 @@ func TestTypeScriptSDKClientNativeServer(t *testing.T) {
 			ids := map[any]bool{}
 			for _, r := range out.Concurrent {
 				if r.IsError {
-					if r.reason() != mcpgate.ReasonInFlight {
+					if r.reason() != idemgate.ReasonInFlight {
 						t.Errorf("concurrent duplicate: %s", r.text())
 					}
 					continue
@@ -85,11 +86,11 @@ func TestTypeScriptSDKClientNativeServer(t *testing.T) {
 			if len(ids) != 1 {
 				t.Errorf("concurrent duplicates got charges %v, want one", ids)
 			}
-			if !out.Reuse.IsError || out.Reuse.reason() != mcpgate.ReasonKeyReused {
-				t.Errorf("reuse = %+v, want %s", out.Reuse, mcpgate.ReasonKeyReused)
+			if !out.Reuse.IsError || out.Reuse.reason() != idemgate.ReasonKeyReused {
+				t.Errorf("reuse = %+v, want %s", out.Reuse, idemgate.ReasonKeyReused)
 			}
-			if !out.Keyless.IsError || out.Keyless.reason() != mcpgate.ReasonKeyMissing {
-				t.Errorf("keyless = %+v, want %s", out.Keyless, mcpgate.ReasonKeyMissing)
+			if !out.Keyless.IsError || out.Keyless.reason() != idemgate.ReasonKeyMissing {
+				t.Errorf("keyless = %+v, want %s", out.Keyless, idemgate.ReasonKeyMissing)
 			}
 			if out.SepFirst.IsError || out.SepFirst.replayed() || !out.SepSecond.replayed() ||
 				out.SepFirst.StructuredContent["chargeId"] != out.SepSecond.StructuredContent["chargeId"] {

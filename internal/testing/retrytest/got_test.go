@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
@@ -333,22 +334,22 @@ func gotRetriesOnlyWhatTheDocsSay(t *testing.T, node, dir, module string) {
 		reason string
 	}
 	scenarios := []scenario{
-		{step{Name: "key-missing", URL: "/charges", Headers: headers(""), Body: `{"amount":1}`}, httpgate.ReasonKeyMissing},
-		{step{Name: "key-invalid", URL: "/charges", Headers: headers(`"` + strings.Repeat("k", 300) + `"`), Body: `{"amount":1}`}, httpgate.ReasonKeyInvalid},
+		{step{Name: "key-missing", URL: "/charges", Headers: headers(""), Body: `{"amount":1}`}, idemgate.ReasonKeyMissing},
+		{step{Name: "key-invalid", URL: "/charges", Headers: headers(`"` + strings.Repeat("k", 300) + `"`), Body: `{"amount":1}`}, idemgate.ReasonKeyInvalid},
 		{step{Name: "unauthenticated", URL: "/charges", Headers: headers(`"anon"`, "Authorization", "Bearer nobody"), Body: `{"amount":1}`}, httpgate.ReasonUnauthenticated},
 		{step{Name: "request-too-large", URL: "/charges", Headers: headers(`"large"`), Body: `{"pad":"` + strings.Repeat("x", 5<<10) + `"}`}, httpgate.ReasonRequestTooLarge},
-		{step{Name: "key-reused", URL: "/charges", Headers: headers(`"reused"`), Body: `{"amount":2}`}, httpgate.ReasonKeyReused},
-		{step{Name: "outcome-unknown-first", URL: "/unknown", Headers: headers(`"lost"`), Body: `{}`}, httpgate.ReasonOutcomeUnknown},
-		{step{Name: "outcome-unknown-again", URL: "/unknown", Headers: headers(`"lost"`), Body: `{}`}, httpgate.ReasonOutcomeUnknown},
-		{step{Name: "result-too-large", URL: "/big", Headers: headers(`"big"`), Body: `{}`}, httpgate.ReasonResultTooLarge},
-		{step{Name: "store-unavailable", URL: "/down/charges", Headers: headers(`"down"`), Body: `{}`}, httpgate.ReasonStoreUnavailable},
-		{step{Name: "store-rejected", URL: "/fake/charges", Headers: headers(`"rejected"`), Body: `{}`}, httpgate.ReasonStoreRejected},
-		{step{Name: "quota-records", URL: "/fake/charges", Headers: headers(`"quota"`), Body: `{}`}, httpgate.ReasonQuotaExceeded},
-		{step{Name: "quota-rate", URL: "/fake/charges", Headers: headers(`"rate"`), Body: `{}`}, httpgate.ReasonQuotaExceeded},
-		{step{Name: "outcome-type-mismatch", URL: "/fake/charges", Headers: headers(`"mismatch"`), Body: `{}`}, httpgate.ReasonOutcomeTypeMismatch},
-		{step{Name: "in-flight-default", URL: "/charges", Headers: headers(`"held"`), Body: `{"amount":1}`}, httpgate.ReasonInFlight},
+		{step{Name: "key-reused", URL: "/charges", Headers: headers(`"reused"`), Body: `{"amount":2}`}, idemgate.ReasonKeyReused},
+		{step{Name: "outcome-unknown-first", URL: "/unknown", Headers: headers(`"lost"`), Body: `{}`}, idemgate.ReasonOutcomeUnknown},
+		{step{Name: "outcome-unknown-again", URL: "/unknown", Headers: headers(`"lost"`), Body: `{}`}, idemgate.ReasonOutcomeUnknown},
+		{step{Name: "result-too-large", URL: "/big", Headers: headers(`"big"`), Body: `{}`}, idemgate.ReasonResultTooLarge},
+		{step{Name: "store-unavailable", URL: "/down/charges", Headers: headers(`"down"`), Body: `{}`}, idemgate.ReasonStoreUnavailable},
+		{step{Name: "store-rejected", URL: "/fake/charges", Headers: headers(`"rejected"`), Body: `{}`}, idemgate.ReasonStoreRejected},
+		{step{Name: "quota-records", URL: "/fake/charges", Headers: headers(`"quota"`), Body: `{}`}, idemgate.ReasonQuotaExceeded},
+		{step{Name: "quota-rate", URL: "/fake/charges", Headers: headers(`"rate"`), Body: `{}`}, idemgate.ReasonQuotaExceeded},
+		{step{Name: "outcome-type-mismatch", URL: "/fake/charges", Headers: headers(`"mismatch"`), Body: `{}`}, idemgate.ReasonOutcomeTypeMismatch},
+		{step{Name: "in-flight-default", URL: "/charges", Headers: headers(`"held"`), Body: `{"amount":1}`}, idemgate.ReasonInFlight},
 		// The client docs/gating.md shows.
-		{step{Name: "outcome-unknown-documented", URL: "/unknown", Headers: headers(`"lost"`), Body: `{}`, Client: "documented"}, httpgate.ReasonOutcomeUnknown},
+		{step{Name: "outcome-unknown-documented", URL: "/unknown", Headers: headers(`"lost"`), Body: `{}`, Client: "documented"}, idemgate.ReasonOutcomeUnknown},
 		{step{Name: "in-flight-documented", URL: "/charges", Headers: headers(`"held"`), Body: `{"amount":1}`, Client: "documented"}, ""},
 	}
 	plan := make([]step, len(scenarios))
