@@ -235,6 +235,27 @@ func TestAdoptingGuide(t *testing.T) {
 	if n := strings.Count(string(oneboxLog), "side effect:"); n != 1 || !strings.Contains(string(oneboxLog), "using PostgreSQL") {
 		t.Errorf("onebox.log has %d side effects, want 1, from a server running the Dedupe service on PostgreSQL itself:\n%s", n, oneboxLog)
 	}
+	// The server of step 4 talks to a Dedupe service over the network: it
+	// links none of the service's store drivers or exporters; step 7's, built
+	// with the inprocess tag, links the service.
+	for _, c := range []struct {
+		bin  string
+		want bool
+	}{{"server", false}, {"server-onebox", true}} {
+		if fi, err := os.Stat(filepath.Join(dir, "bin", c.bin)); err == nil {
+			t.Logf("bin/%s: %.1f MB", c.bin, float64(fi.Size())/1e6)
+		}
+		mods, err := exec.Command("go", "version", "-m", filepath.Join(dir, "bin", c.bin)).CombinedOutput()
+		if err != nil {
+			t.Errorf("go version -m bin/%s: %v\n%s", c.bin, err, mods)
+			continue
+		}
+		for _, m := range []string{"modernc.org/sqlite", "github.com/jackc/pgx/v5", "go.opentelemetry.io/otel/exporters/otlp"} {
+			if linked := strings.Contains(string(mods), "\tdep\t"+m); linked != c.want {
+				t.Errorf("bin/%s links %s: %v, want %v", c.bin, m, linked, c.want)
+			}
+		}
+	}
 	if !pythonRan {
 		t.Skipf("every other step passed; the Python caller's step was not run: %s with grpcio and protobuf is missing (%v): apt-get install python3-grpcio python3-protobuf", python, pythonErr)
 	}
