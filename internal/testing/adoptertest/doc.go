@@ -32,6 +32,6 @@
 // /usr/bin/python3 with grpcio and protobuf for the Python step. Without one
 // of them it skips, except under CI=true, where it fails. With a warm Go
 // build cache it takes 22 to 37 seconds on a shared 2-core machine; with
-// an empty HOME (no module, build or tools cache) 3 minutes 16 seconds
+// an empty HOME (no module, build or tools cache) 1 minute 15 seconds idle
 // (docs/adopting.md gives the command).
 package adoptertest
