@@ -190,6 +190,11 @@ faults: ## Run the real-process fault tests (build tag faults): dedupesvc killed
 	@echo 'make faults: builds cmd/dedupesvc and starts throwaway PostgreSQL clusters; $(FIRST_BUILD)'
 	go test $(GO_TEST_FLAGS) -tags faults ./cmd/dedupesvc/ ./internal/testing/outagetest/
 
+.PHONY: adopter
+adopter: ## Run docs/adopting.md end to end in a directory of its own (internal/testing/adoptertest with -adopter): a second project built from the module proxy and npm.
+	@echo 'make adopter: runs the adopter'"'"'s guide as written; needs the module proxy, npm, curl and the local PostgreSQL'
+	go test $(GO_TEST_FLAGS) -run '^TestAdoptingGuide$$' ./internal/testing/adoptertest/ -adopter
+
 .PHONY: citus
 citus: ## Run the store's conformance suite on a Citus coordinator and two workers (build tag citus; needs ../shared/citus/build.sh run once).
 	@echo 'make citus: starts a Citus coordinator and two workers (PostgreSQL 15 with citus installed by ../shared/citus/build.sh)'

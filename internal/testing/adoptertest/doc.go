@@ -1,5 +1,6 @@
 // Package adoptertest runs docs/adopting.md, the adopter's guide, exactly as
-// written: in a new directory outside the repository it writes the guide's
+// written (make adopter, which passes -adopter; make test runs only its
+// checks of the guide's text): in a new directory outside the repository it writes the guide's
 // file blocks, runs its sh blocks in order in one bash, and compares each
 // output block with what the sh block before it printed. Only the guide's
 // env block is replaced, by the clone it runs from, a PostgreSQL database of
