@@ -36,8 +36,14 @@ BENCH_COUNT ?= 6
 # with the race detector) and -ldflags=-w does not link it (a third less a link); stacks and race
 # reports are still symbolised from the binary's own tables, only a debugger misses it.
 GO_TEST_FLAGS ?= -race -count=1 -timeout=15m -vet=off -gcflags=all=-dwarf=false -ldflags=-w
-# TEST_PACKAGES are what `make test` tests, e.g. TEST_PACKAGES=./deploy/ for one package.
-TEST_PACKAGES ?= ./...
+# E2E_PACKAGES drive whole other programs end to end: the MCP clients of other languages against the
+# bridge and the gates (internal/testing/mcptest) and the container image's build and run
+# (internal/imagebuild). `make e2e` runs them with the adopter's guide, and CI runs `make e2e`;
+# `make test` leaves them out, so a cold `make test` stays under 600 CPU-seconds.
+E2E_PACKAGES := ./internal/testing/mcptest/ ./internal/imagebuild/
+# TEST_PACKAGES are what `make test` tests: every package but E2E_PACKAGES; e.g. TEST_PACKAGES=./deploy/
+# for one package.
+TEST_PACKAGES ?= $$(go list ./... | grep -v -x -e '.*/internal/testing/mcptest' -e '.*/internal/imagebuild')
 # BIN_DIR holds the commands `make build` links (ignored by git); `make run`, `make demo` and
 # `make run-example`, `make run-mcp` run them from there instead of relinking with go run each time.
 BIN_DIR ?= bin
@@ -189,6 +195,11 @@ test: ## Run every test (fuzz seed corpora included) with the race detector agai
 faults: ## Run the real-process fault tests (build tag faults): dedupesvc killed, PostgreSQL crashed and failed over, store outages.
 	@echo 'make faults: builds cmd/dedupesvc and starts throwaway PostgreSQL clusters; $(FIRST_BUILD)'
 	go test $(GO_TEST_FLAGS) -tags faults ./cmd/dedupesvc/ ./internal/testing/outagetest/
+
+.PHONY: e2e
+e2e: adopter ## Run the end-to-end suites make test leaves out: the adopter's guide, the MCP clients of other languages, the container image.
+	@echo 'make e2e: the MCP clients (node, python3; make npm-ci) and the container image (root, unshare)'
+	go test $(GO_TEST_FLAGS) $(E2E_PACKAGES)
 
 .PHONY: adopter
 adopter: ## Run docs/adopting.md end to end in a directory of its own (internal/testing/adoptertest with -adopter): a second project built from the module proxy and npm.
