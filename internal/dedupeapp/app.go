@@ -319,6 +319,11 @@ func ListenAndServe(ctx context.Context, cfg Config, logger *slog.Logger) error 
 			return fmt.Errorf("%s %s: %w", cfg.name("metrics-listen"), cfg.MetricsListen, err)
 		}
 	}
+	if cfg.ConsoleListen != "" {
+		if err := checkListen(ctx, cfg.ConsoleListen); err != nil {
+			return fmt.Errorf("%s %s: %w", cfg.name("console-listen"), cfg.ConsoleListen, err)
+		}
+	}
 	return serve(ctx, cfg, logger, func() (net.Listener, error) {
 		lis, err := net.Listen("tcp", cfg.Listen)
 		if err != nil {
@@ -419,6 +424,13 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, listen func() (
 			return err
 		}
 		defer stopMetrics()
+	}
+	if cfg.ConsoleListen != "" {
+		stopConsole, err := serveConsole(cfg, admin, authenticator, logger)
+		if err != nil {
+			return err
+		}
+		defer stopConsole()
 	}
 	// Last: a connection completed from here on is served.
 	lis, err := listen()

@@ -142,6 +142,14 @@ type Config struct {
 	// (dedupesvc.WithMaxConcurrentBegins); 0 takes three quarters of
 	// MaxConns. Defaults to 0 (IDEMGATE_MAX_CONCURRENT_BEGINS).
 	MaxConcurrentBegins int
+	// ConsoleListen is the HTTP address of the operator console
+	// (internal/console): pages over the admin API for the on-call
+	// engineer, signed in with an admin token from TokenFile or an admin
+	// client certificate (AdminIdentities over TLSClientCA). Off a loopback
+	// address it is served only over TLS (TLSCert, TLSKey; InsecurePlaintext
+	// does not apply: the console carries admin tokens and session
+	// cookies). Defaults to empty: off (IDEMGATE_CONSOLE_LISTEN).
+	ConsoleListen string
 	// MetricsListen is the HTTP address serving Prometheus metrics at
 	// /metrics; empty turns it off. Defaults to 127.0.0.1:9464
 	// (IDEMGATE_METRICS_LISTEN).
@@ -424,6 +432,8 @@ func ParseArgs(name, synopsis string, args []string, lookupEnv func(string) (str
 	fs.IntVar(&cfg.CallerMaxWaiters, "caller-max-waiters", dedupesvc.DefaultMaxCallerWaiters, "of those, how many one caller may have")
 	fs.IntVar(&cfg.MaxConcurrentBegins, "max-concurrent-begins", 0, "Begins at PostgreSQL at once, so renewals and Finishes keep connections when callers crowd back; 0 takes three quarters of -db-max-conns")
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "127.0.0.1:9464", "HTTP `address` of the Prometheus /metrics endpoint; empty turns it off")
+	fs.StringVar(&cfg.ConsoleListen, "console-listen", "", "HTTP `address` of the operator console (admin sign-in: an admin token of -token-file, or an -admin-identities client certificate); "+
+		"TLS (-tls-cert) off loopback, -insecure-plaintext does not apply; empty turns it off")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "server certificate `file` (PEM), reread when it changes; empty serves plaintext, loopback only")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "server key `file` (PEM), reread when it changes")
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "CA `file` (PEM) of accepted client certificates: mutual TLS; reread when it changes")
@@ -597,6 +607,19 @@ func (c Config) ValidateNamed(n func(flag string) string) error {
 		}
 		if !c.authConfigured() {
 			errs = append(errs, fmt.Errorf(n("listen")+" %s is not a loopback address: configure "+n("tls-client-ca")+" or "+n("token-file")+" so callers authenticate", c.Listen))
+		}
+	}
+	if c.ConsoleListen != "" {
+		if !loopback.Address(c.ConsoleListen) && c.TLSCert == "" {
+			errs = append(errs, fmt.Errorf(n("console-listen")+" %s is not a loopback address: serve the console over TLS ("+n("tls-cert")+", "+n("tls-key")+
+				"); "+n("insecure-plaintext")+" does not apply to it, as admin tokens and session cookies would cross the network readable", c.ConsoleListen))
+		}
+		if c.ConsoleListen == c.Listen || c.ConsoleListen == c.MetricsListen {
+			errs = append(errs, fmt.Errorf(n("console-listen")+" %s is also the gRPC or metrics address: give the console an address of its own", c.ConsoleListen))
+		}
+		if c.TokenFile == "" && (len(c.AdminIdentities) == 0 || c.TLSClientCA == "") {
+			errs = append(errs, errors.New(n("console-listen")+" needs a way for operators to sign in: "+n("token-file")+" with an admin token, or "+
+				n("admin-identities")+" with "+n("tls-client-ca")+" (client certificates)"))
 		}
 	}
 	if _, err := otlpExporterOptions(c.OTLPEndpoint); err != nil {

@@ -173,9 +173,10 @@ type Embedded struct {
 }
 
 // CheckEmbeddable refuses the fields only a gRPC server uses (TLS, tokens,
-// admin identities, reflection, tracing), named by name(flag): an embedded
-// service has no callers but its own process to authenticate or trace, and
-// a token file silently ignored would look like protection.
+// admin identities, reflection, tracing, the console), named by
+// name(flag): an embedded service has no callers but its own process to
+// authenticate or trace, and a token file silently ignored would look like
+// protection.
 func CheckEmbeddable(cfg Config, name func(flag string) string) error {
 	var errs []error
 	for _, f := range []struct {
@@ -185,6 +186,7 @@ func CheckEmbeddable(cfg Config, name func(flag string) string) error {
 		{"tls-cert", cfg.TLSCert != ""}, {"tls-key", cfg.TLSKey != ""}, {"tls-client-ca", cfg.TLSClientCA != ""},
 		{"token-file", cfg.TokenFile != ""}, {"admin-identities", len(cfg.AdminIdentities) > 0}, {"agent-forwarders", len(cfg.AgentForwarders) > 0},
 		{"resolve-admin-only", cfg.ResolveAdminOnly}, {"reflection", cfg.Reflection}, {"otlp-endpoint", cfg.OTLPEndpoint != ""},
+		{"console-listen", cfg.ConsoleListen != ""},
 	} {
 		if f.set {
 			errs = append(errs, errors.New(name(f.flag)+" is set, but an embedded Dedupe service has no gRPC server it applies to: its only caller is this process"))

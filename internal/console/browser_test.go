@@ -1,0 +1,220 @@
+package console_test
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"flag"
+	"image"
+	"image/color"
+	"image/png"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+)
+
+// screenshots, when set, is the directory the browser test saves a PNG of
+// each page to (docs/console/ keeps them): -console-screenshots=DIR, or
+// IDEMGATE_CONSOLE_SCREENSHOTS.
+var screenshots = flag.String("console-screenshots", os.Getenv("IDEMGATE_CONSOLE_SCREENSHOTS"), "save a PNG of each console page to this `directory`")
+
+// smallPNG re-encodes a screenshot with the 256 colours it uses most (the
+// console's pages have few; anti-aliased text takes the nearest), so the
+// PNGs kept in docs/console/ stay small.
+func smallPNG(raw []byte) ([]byte, error) {
+	img, err := png.Decode(bytes.NewReader(raw))
+	if err != nil {
+		return nil, err
+	}
+	b := img.Bounds()
+	freq := map[color.RGBA]int{}
+	for y := b.Min.Y; y < b.Max.Y; y++ {
+		for x := b.Min.X; x < b.Max.X; x++ {
+			freq[color.RGBAModel.Convert(img.At(x, y)).(color.RGBA)]++
+		}
+	}
+	colors := make([]color.RGBA, 0, len(freq))
+	for c := range freq {
+		colors = append(colors, c)
+	}
+	slices.SortFunc(colors, func(a, b color.RGBA) int {
+		if freq[a] != freq[b] {
+			return freq[b] - freq[a]
+		}
+		return cmp.Compare(uint32(a.R)<<16|uint32(a.G)<<8|uint32(a.B), uint32(b.R)<<16|uint32(b.G)<<8|uint32(b.B))
+	})
+	pal := make(color.Palette, 0, 256)
+	for _, c := range colors[:min(256, len(colors))] {
+		pal = append(pal, c)
+	}
+	out := image.NewPaletted(b, pal)
+	index := map[color.RGBA]uint8{}
+	for y := b.Min.Y; y < b.Max.Y; y++ {
+		for x := b.Min.X; x < b.Max.X; x++ {
+			c := color.RGBAModel.Convert(img.At(x, y)).(color.RGBA)
+			i, ok := index[c]
+			if !ok {
+				i = uint8(pal.Index(c))
+				index[c] = i
+			}
+			out.SetColorIndex(x, y, i)
+		}
+	}
+	var buf bytes.Buffer
+	if err := (&png.Encoder{CompressionLevel: png.BestCompression}).Encode(&buf, out); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// chromium finds Debian's browser; under CI=true its absence fails the
+// test, elsewhere it skips.
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if path, err := exec.LookPath(name); err == nil {
+			return path
+		}
+	}
+	msg := "no chromium in PATH: install it (apt-get install chromium) to run the console's browser test"
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// TestConsoleInABrowser drives the console with headless Chromium as an
+// operator would: a client-role token refused, signed in with an admin
+// token, an outcome-unknown key found on the overview, opened and released
+// through its confirmation page; another record forgotten through its
+// confirmation page; the store changed both times.
+func TestConsoleInABrowser(t *testing.T) {
+	t.Parallel()
+	path := chromium(t)
+	f := newFixture(t)
+	f.completed(t, "order-1001")
+	f.completed(t, "order-1002")
+	f.unknown(t, "order-1003")
+	f.unknown(t, "order-1004")
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.WindowSize(1100, 760),
+		chromedp.Flag("disable-dev-shm-usage", true))
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancel := chromedp.NewContext(allocCtx)
+	defer cancel()
+	// A bound on the whole run, so a page that never shows fails the test
+	// instead of hanging it; not a timing assertion.
+	ctx, cancelRun := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancelRun()
+
+	shot := func(name string) chromedp.Action[chromedp.Void] {
+		return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+			if *screenshots == "" {
+				return nil
+			}
+			shot, err := chromedp.FullScreenshot(100)(ctx, t)
+			if err == nil {
+				shot, err = smallPNG(shot)
+			}
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(*screenshots, name+".png"), shot, 0o644)
+		})
+	}
+	if *screenshots != "" {
+		if err := os.MkdirAll(*screenshots, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, actions...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	text := func(what string, sel chromedp.CSS) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Text(sel))
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return s
+	}
+
+	base := f.server.URL
+	run("sign in with a client-role token",
+		chromedp.Navigate(base+"/"),
+		chromedp.WaitVisible(chromedp.CSS("#token")),
+		shot("login"),
+		chromedp.SendKeys(chromedp.CSS("#token"), clientToken),
+		chromedp.Click(chromedp.CSS("#signin")),
+		chromedp.WaitVisible(chromedp.CSS("p.error")))
+	if got := text("refusal", chromedp.CSS("p.error")); !strings.Contains(got, "no admin right") {
+		t.Fatalf("client-role sign-in says %q, want that it has no admin right", got)
+	}
+
+	run("sign in with the admin token",
+		chromedp.SendKeys(chromedp.CSS("#token"), adminToken),
+		chromedp.Click(chromedp.CSS("#signin")),
+		chromedp.WaitVisible(chromedp.CSS("#unknown-records")),
+		shot("overview"))
+
+	run("open the blocked key from the overview",
+		chromedp.Click(`//table[@id="unknown-records"]//a[text()="order-1003"]`),
+		chromedp.WaitVisible(chromedp.CSS("#resolve")),
+		shot("record"))
+	if got := text("record state", chromedp.CSS("#state")); !strings.HasPrefix(got, "unknown since") {
+		t.Fatalf("the record page shows state %q, want outcome-unknown", got)
+	}
+	run("release it through its confirmation",
+		chromedp.Click(chromedp.CSS("#resolve")),
+		chromedp.WaitVisible(chromedp.CSS("#confirm-release")),
+		shot("resolve"),
+		chromedp.Click(chromedp.CSS("#confirm-release")),
+		chromedp.WaitVisible(chromedp.CSS("#result")))
+	if got := text("result", chromedp.CSS("#result")); !strings.HasPrefix(got, "Released") {
+		t.Fatalf("after release the page says %q", got)
+	}
+	if got := f.state(t, "order-1003"); got != "released" {
+		t.Fatalf("order-1003 is %s after the browser released it, want released", got)
+	}
+
+	run("list the completed records",
+		chromedp.Navigate(base+"/records?state=completed"),
+		chromedp.WaitVisible(chromedp.CSS("#records")),
+		shot("records"),
+		chromedp.Click(`//table[@id="records"]//a[text()="order-1001"]`),
+		chromedp.WaitVisible(chromedp.CSS("#forget")),
+		chromedp.Click(chromedp.CSS("#forget")),
+		chromedp.WaitVisible(chromedp.CSS("#confirm-forget")),
+		shot("forget"))
+	if got := text("consequence", chromedp.CSS("#consequence")); !strings.Contains(got, "run the side effect AGAIN") {
+		t.Fatalf("the forget confirmation says %q, want its consequence", got)
+	}
+	run("forget it",
+		chromedp.Click(chromedp.CSS("#confirm-forget")),
+		chromedp.WaitVisible(chromedp.CSS("#result")))
+	if got := text("result", chromedp.CSS("#result")); !strings.HasPrefix(got, "Forgot") {
+		t.Fatalf("after forget the page says %q", got)
+	}
+	if !f.runsAgain(t, "order-1001") {
+		t.Fatal("order-1001 forgotten in the browser, but the next call does not run again")
+	}
+	if got := f.state(t, "order-1002"); got != "completed" {
+		t.Fatalf("order-1002, not acted on, is %s", got)
+	}
+	for _, line := range []string{`"action":"resolve_release","namespace":"tools"`, `"action":"forget","namespace":"tools"`} {
+		if !strings.Contains(f.logs.String(), line) {
+			t.Errorf("no audit line with %s:\n%s", line, f.logs)
+		}
+	}
+}
