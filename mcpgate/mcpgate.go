@@ -384,23 +384,18 @@ func KeyReader(r io.Reader) io.ReadCloser { return mcpwire.KeyReader(r) }
 // (mcp.NewStreamableHTTPHandler) so that SEP-3182's idempotencyKey parameter
 // of a tools/call reaches the gate. It reads each POST's body: one over
 // 4 MiB, the SDK's DefaultMaxRequestBodyBytes, gets 413, before it is read
-// when its Content-Length says so (HTTPMiddlewareMaxBytes sets another
-// limit, for a handler with another MaxRequestBodyBytes); past 256 MiB of
-// bodies held at once (32 MiB for one client address), a body gets 503
-// with Retry-After. The tools/call results a gated server answers to a
-// request are held until its response is written, at most 256 MiB at once
-// (32 MiB for one client address): a result past it is not held, and the
-// call is answered ReasonAnswerBudgetExhausted. The answer budget needs a
-// stateless handler (StreamableHTTPOptions.Stateless): a stateful session's
-// calls run on the context of the request that opened it, unbudgeted.
-func HTTPMiddleware(next http.Handler) http.Handler {
-	return mcpwire.HTTPMiddleware(next, mcpwire.HTTPLimits{})
-}
-
-// HTTPMiddlewareMaxBytes is HTTPMiddleware with a body limit of maxBody
-// bytes; 0 is HTTPMiddleware's 4 MiB.
-func HTTPMiddlewareMaxBytes(next http.Handler, maxBody int64) http.Handler {
-	return mcpwire.HTTPMiddleware(next, mcpwire.HTTPLimits{MaxBodyBytes: maxBody})
+// when its Content-Length says so (WithMaxBodyBytes sets another limit, for
+// a handler with another MaxRequestBodyBytes); past 256 MiB of bodies held
+// at once (32 MiB for one client address; WithMaxBufferedBytes), a body
+// gets 503 with Retry-After. The tools/call results a gated server answers
+// to a request are held until its response is written, at most 256 MiB at
+// once (32 MiB for one client address; WithMaxAnswerBytes): a result past
+// it is not held, and the call is answered ReasonAnswerBudgetExhausted. The
+// answer budget needs a stateless handler (StreamableHTTPOptions.Stateless):
+// a stateful session's calls run on the context of the request that opened
+// it, unbudgeted. Limits that cannot work panic.
+func HTTPMiddleware(next http.Handler, opts ...HTTPOption) http.Handler {
+	return mcpwire.HTTPMiddleware(next, httpLimits(opts))
 }
 
 // middleware gates tools/call (mcpwire.AdvertiseIdempotency, outside it,
