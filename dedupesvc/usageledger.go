@@ -6,6 +6,24 @@ import (
 	"time"
 )
 
+// UsageLister is a Store that lists its namespaces' quota usage a page at a
+// time, by namespace: the operator console's Tenants page reads it.
+type UsageLister interface {
+	// ListNamespaceUsage returns up to limit namespaces named after after
+	// (from the first, the namespace "" included, when after is ""), in
+	// order, with their usage as NamespaceUsage reads it; namespaces
+	// holding nothing are left out.
+	ListNamespaceUsage(ctx context.Context, after string, limit int) ([]NamespaceUsage, error)
+}
+
+// NamespaceUsage is one namespace's usage of the caller quotas
+// (WithCallerQuota): its stored records, expired ones until swept, and
+// their outcome bytes.
+type NamespaceUsage struct {
+	Namespace             string
+	Records, OutcomeBytes int64
+}
+
 // UsageReader is a Store that reads one namespace's quota usage on its own:
 // what Store.Begin checks a quota against (pgstore: the compacted totals
 // plus the changes not yet compacted; sqlitestore: its totals). The Server

@@ -166,3 +166,34 @@ func (s *Store) MigrationStatus(ctx context.Context) (string, []dedupesvc.Migrat
 	}
 	return "sqlite", out, nil
 }
+
+var _ dedupesvc.UsageLister = (*Store)(nil)
+
+// listUsageSQL reads the usage totals the triggers keep exact (migration
+// 004), a page of namespaces at a time.
+const listUsageSQL = `
+SELECT namespace, records, outcome_bytes FROM idemgate_namespace_usage
+WHERE (namespace > ?1 OR ?1 = '') AND (records <> 0 OR outcome_bytes <> 0)
+ORDER BY namespace
+LIMIT ?2`
+
+// ListNamespaceUsage implements dedupesvc.UsageLister.
+func (s *Store) ListNamespaceUsage(ctx context.Context, after string, limit int) ([]dedupesvc.NamespaceUsage, error) {
+	rows, err := s.db.QueryContext(ctx, listUsageSQL, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("sqlitestore: list usage: %w", err)
+	}
+	defer rows.Close()
+	var out []dedupesvc.NamespaceUsage
+	for rows.Next() {
+		var u dedupesvc.NamespaceUsage
+		if err := rows.Scan(&u.Namespace, &u.Records, &u.OutcomeBytes); err != nil {
+			return nil, fmt.Errorf("sqlitestore: list usage: %w", err)
+		}
+		out = append(out, u)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("sqlitestore: list usage: %w", err)
+	}
+	return out, nil
+}

@@ -63,6 +63,7 @@ func RunWithNotifier(t *testing.T, newStore func(t *testing.T) dedupesvc.Store, 
 	t.Run("ServiceQuotas", func(t *testing.T) { testServiceQuotas(t, newStore) })
 	t.Run("FinishQuota", func(t *testing.T) { testFinishQuota(t, newStore) })
 	t.Run("RecordsQuotaConcurrent", func(t *testing.T) { testRecordsQuotaConcurrent(t, newStore) })
+	t.Run("UsageList", func(t *testing.T) { testUsageList(t, newStore) })
 	t.Run("ResolveOnly", func(t *testing.T) { testResolveOnly(t, newStore) })
 	// Not parallel: it measures a neighbour's throughput.
 	t.Run("ServiceWaiters", func(t *testing.T) { testServiceWaiters(t, newStore, notifier) })
@@ -110,7 +111,7 @@ func testInspectorPages(t *testing.T, newStore func(*testing.T) dedupesvc.Store)
 		mustBegin(t, s, p, dedupesvc.BeginOutcomeUnknown)
 	}
 
-	for _, state := range []string{"", dedupesvc.StateInFlight} {
+	for _, state := range []string{"", dedupesvc.StateInFlight, dedupesvc.StateUnknown} {
 		whole, err := inspector.ListRecords(ctx, dedupesvc.ListQuery{State: state, Limit: 100})
 		if err != nil {
 			t.Fatal(err)
@@ -135,10 +136,7 @@ func testInspectorPages(t *testing.T, newStore func(*testing.T) dedupesvc.Store)
 			}
 			return out
 		}
-		want := records
-		if state != "" {
-			want = records - unknown
-		}
+		want := map[string]int{"": records, dedupesvc.StateInFlight: records - unknown, dedupesvc.StateUnknown: unknown}[state]
 		if got := ids(paged); fmt.Sprint(got) != fmt.Sprint(ids(whole)) || len(got) != want {
 			t.Fatalf("state %q: pages of 4 listed %d records\n%v\nwant the %d of one listing\n%v", state, len(got), got, want, ids(whole))
 		}

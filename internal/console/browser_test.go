@@ -17,6 +17,11 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemgate/idemgate"
+	"github.com/idemgate/idemgate/internal/grpcerr"
 )
 
 // screenshots, when set, is the directory the browser test saves a PNG of
@@ -91,18 +96,37 @@ func chromium(t *testing.T) string {
 }
 
 // TestConsoleInABrowser drives the console with headless Chromium as an
-// operator would: a client-role token refused, signed in with an admin
-// token, an outcome-unknown key found on the overview, opened and released
-// through its confirmation page; another record forgotten through its
-// confirmation page; the store changed both times.
+// operator would during an incident, over the Dedupe service of a real
+// gated gRPC tool server: a client-role token refused; signed in with an
+// admin token; a key the tool server blocked (its payment provider never
+// answered) found on the overview, opened and released through its
+// confirmation page, after which the same call runs the handler again;
+// a completed key forgotten through its confirmation page, after which its
+// call, replayed until then, runs the handler again.
 func TestConsoleInABrowser(t *testing.T) {
 	t.Parallel()
 	path := chromium(t)
-	f := newFixture(t)
-	f.completed(t, "order-1001")
-	f.completed(t, "order-1002")
-	f.unknown(t, "order-1003")
-	f.unknown(t, "order-1004")
+	f := newToolFixture(t)
+	for _, key := range []string{"order-1001", "order-1002", "order-1001"} {
+		if resp, err := f.call(t, key, false); err != nil || resp.GetKey() != key {
+			t.Fatalf("call %s: %v, %v", key, resp, err)
+		}
+	}
+	for _, key := range []string{"order-1003", "order-1004"} {
+		if _, err := f.call(t, key, true); status.Code(err) != codes.FailedPrecondition || grpcerr.Reason(err) != idemgate.ReasonOutcomeUnknown {
+			t.Fatalf("call %s whose provider times out: %v, want FAILED_PRECONDITION %s", key, err, idemgate.ReasonOutcomeUnknown)
+		}
+	}
+	// The blocked key refuses its retry without running the handler: only
+	// an operator can say whether the charge happened.
+	if _, err := f.call(t, "order-1003", false); grpcerr.Reason(err) != idemgate.ReasonOutcomeUnknown {
+		t.Fatalf("retry of the blocked order-1003: %v, want %s", err, idemgate.ReasonOutcomeUnknown)
+	}
+	for key, want := range map[string]int{"order-1001": 1, "order-1002": 1, "order-1003": 1, "order-1004": 1} {
+		if got := f.tool.runsOf(key); got != want {
+			t.Fatalf("before the console: %s ran %d times, want %d", key, got, want)
+		}
+	}
 
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox, chromedp.WindowSize(1100, 760),
 		chromedp.Flag("disable-dev-shm-usage", true))
@@ -167,6 +191,9 @@ func TestConsoleInABrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS("#signin")),
 		chromedp.WaitVisible(chromedp.CSS("#unknown-records")),
 		shot("overview"))
+	if got := text("store health", chromedp.CSS("#store-health")); !strings.Contains(got, "answering (the primary") {
+		t.Fatalf("the overview shows the store as %q, want PostgreSQL answering as the primary", got)
+	}
 
 	run("open the blocked key from the overview",
 		chromedp.Click(`//table[@id="unknown-records"]//a[text()="order-1003"]`),
@@ -184,8 +211,18 @@ func TestConsoleInABrowser(t *testing.T) {
 	if got := text("result", chromedp.CSS("#result")); !strings.HasPrefix(got, "Released") {
 		t.Fatalf("after release the page says %q", got)
 	}
-	if got := f.state(t, "order-1003"); got != "released" {
+	if got := f.toolState(t, "order-1003"); got != "released" {
 		t.Fatalf("order-1003 is %s after the browser released it, want released", got)
+	}
+	// The agent's retry now runs the charge: the operator said it did not
+	// happen. Its next retry is a replay.
+	for range 2 {
+		if _, err := f.call(t, "order-1003", false); err != nil {
+			t.Fatalf("call order-1003 after its release: %v", err)
+		}
+	}
+	if got := f.tool.runsOf("order-1003"); got != 2 {
+		t.Fatalf("order-1003 ran %d times after its release and two calls, want 2 (once blocked, once after release, then replayed)", got)
 	}
 
 	run("list the completed records",
@@ -206,13 +243,30 @@ func TestConsoleInABrowser(t *testing.T) {
 	if got := text("result", chromedp.CSS("#result")); !strings.HasPrefix(got, "Forgot") {
 		t.Fatalf("after forget the page says %q", got)
 	}
-	if !f.runsAgain(t, "order-1001") {
-		t.Fatal("order-1001 forgotten in the browser, but the next call does not run again")
+	if _, err := f.call(t, "order-1001", false); err != nil {
+		t.Fatalf("call order-1001 after it was forgotten: %v", err)
 	}
-	if got := f.state(t, "order-1002"); got != "completed" {
-		t.Fatalf("order-1002, not acted on, is %s", got)
+	if got := f.tool.runsOf("order-1001"); got != 2 {
+		t.Fatalf("order-1001 ran %d times after it was forgotten in the browser and called again, want 2", got)
 	}
-	for _, line := range []string{`"action":"resolve_release","namespace":"tools"`, `"action":"forget","namespace":"tools"`} {
+	if got, runs := f.toolState(t, "order-1002"), f.tool.runsOf("order-1002"); got != "completed" || runs != 1 {
+		t.Fatalf("order-1002, not acted on, is %s after %d runs", got, runs)
+	}
+	if got := f.toolState(t, "order-1004"); got != "unknown" {
+		t.Fatalf("order-1004, not acted on, is %s", got)
+	}
+	run("the tenants page",
+		chromedp.Navigate(base+"/tenants"),
+		chromedp.WaitVisible(chromedp.CSS("#tenants")),
+		shot("tenants"))
+	if got := text("usage", chromedp.CSS("#tenants tbody")); !strings.Contains(got, "unauthenticated callers") || !strings.Contains(got, "40.0%") {
+		t.Fatalf("the tenants page shows %q, want the unauthenticated callers' 4 records, 40.0%% of the quota of 10", got)
+	}
+	if got := text("refusals", chromedp.CSS("#quota-refusals")); !strings.Contains(got, "records") {
+		t.Fatalf("the tenants page shows refusals %q, want the service's counters by quota", got)
+	}
+	for _, line := range []string{`"action":"resolve_release","namespace":"","scope":"` + toolScope + `","key":"order-1003"`,
+		`"action":"forget","namespace":"","scope":"` + toolScope + `","key":"order-1001"`} {
 		if !strings.Contains(f.logs.String(), line) {
 			t.Errorf("no audit line with %s:\n%s", line, f.logs)
 		}

@@ -28,6 +28,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
@@ -71,6 +72,28 @@ type Config struct {
 	// MaxSessions bounds the sessions kept at once; signing in past it ends
 	// the oldest. Defaults to DefaultMaxSessions, 256.
 	MaxSessions int
+	// CountsMaxAge is how old the overview's counts by state and method
+	// may be before a page opened starts a recount in the background (and
+	// shows the older ones meanwhile): counting scans every record. A
+	// negative value counts on every overview. Defaults to
+	// DefaultCountsMaxAge, 10s.
+	CountsMaxAge time.Duration
+	// Usage lists each namespace's quota usage for the Tenants page: the
+	// service's store when it is a dedupesvc.UsageLister (both stores are).
+	// Defaults to nil: the page says the store cannot list it.
+	Usage dedupesvc.UsageLister
+	// MaxRecords and MaxBytes are the service's quotas per caller
+	// (-caller-max-records, -caller-max-bytes), shown against each
+	// namespace's usage. Default 0: no limit.
+	MaxRecords, MaxBytes int64
+	// Metrics is the service's Prometheus registry: the Tenants page reads
+	// its quota refusal counters (idemgate_dedupe_quota_exceeded_total).
+	// Defaults to nil: no refusals shown.
+	Metrics prometheus.Gatherer
+	// Health checks the store for the overview, within 2s (its context's
+	// deadline); internal/dedupeapp checks PostgreSQL (and Citus's
+	// workers) or the embedded store. Defaults to nil: no health shown.
+	Health func(context.Context) StoreHealth
 	// SecureCookies marks cookies Secure (sent over HTTPS only); set it when
 	// the console is served over TLS. A request that arrived over TLS gets
 	// Secure cookies anyway. Defaults to false.
@@ -86,6 +109,9 @@ const (
 	DefaultSessionMaxAge = 8 * time.Hour
 	// DefaultMaxSessions is Config.MaxSessions' default: 256.
 	DefaultMaxSessions = 256
+	// DefaultCountsMaxAge is Config.CountsMaxAge's default: 10s, about a
+	// reload during an incident.
+	DefaultCountsMaxAge = 10 * time.Second
 	// MaxFormBytes bounds a request body: the forms hold a token, a
 	// record's name and a CSRF token.
 	MaxFormBytes = 64 << 10
@@ -102,6 +128,7 @@ type Console struct {
 	static   http.Handler
 	mux      *http.ServeMux
 	sessions *sessions
+	counts   *counts
 	// loginLog bounds the refused sign-in lines, so a flood of guesses is
 	// visible without flooding the log.
 	loginLog *rate.Limiter
@@ -126,6 +153,9 @@ func New(cfg Config) (*Console, error) {
 	if cfg.MaxSessions <= 0 {
 		cfg.MaxSessions = DefaultMaxSessions
 	}
+	if cfg.CountsMaxAge == 0 {
+		cfg.CountsMaxAge = DefaultCountsMaxAge
+	}
 	pages, err := parsePages()
 	if err != nil {
 		return nil, err
@@ -135,15 +165,16 @@ func New(cfg Config) (*Console, error) {
 		return nil, err
 	}
 	c := &Console{cfg: cfg, pages: pages, static: http.StripPrefix("/static/", http.FileServerFS(sub)),
-		sessions: newSessions(cfg.SessionIdle, cfg.SessionMaxAge, cfg.MaxSessions), loginLog: rate.NewLimiter(1, 10)}
+		sessions: newSessions(cfg.SessionIdle, cfg.SessionMaxAge, cfg.MaxSessions), loginLog: rate.NewLimiter(1, 10),
+		counts: newCounts(cfg.Admin, cfg.CountsMaxAge, cfg.Logger)}
 	c.routes()
 	return c, nil
 }
 
 func parsePages() (map[string]*template.Template, error) {
-	funcs := template.FuncMap{"stamp": stamp, "age": age, "method": dedupesvc.MethodOf, "tenant": tenantOf, "consequence": consequence}
+	funcs := template.FuncMap{"bytes": byteSize, "stamp": stamp, "age": age, "method": dedupesvc.MethodOf, "tenant": tenantOf, "consequence": consequence}
 	pages := map[string]*template.Template{}
-	for _, name := range []string{"login", "overview", "records", "record", "resolve", "forget", "done", "error"} {
+	for _, name := range []string{"login", "overview", "records", "record", "resolve", "forget", "done", "error", "tenants"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/fields.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", name, err)
@@ -162,6 +193,7 @@ func (c *Console) routes() {
 	m.HandleFunc("GET /{$}", c.authed(c.overview))
 	m.HandleFunc("GET /records", c.authed(c.records))
 	m.HandleFunc("GET /record", c.authed(c.record))
+	m.HandleFunc("GET /tenants", c.authed(c.tenants))
 	m.HandleFunc("GET /resolve", c.authed(c.resolvePage))
 	m.HandleFunc("POST /resolve", c.authed(c.resolve))
 	m.HandleFunc("GET /forget", c.authed(c.forgetPage))
@@ -171,6 +203,11 @@ func (c *Console) routes() {
 	})
 	c.mux = m
 }
+
+// Close ends the console's background work (a recount of the overview's
+// counts under way) and waits for it; call it after the HTTP server that
+// serves the console has shut down, before the store closes.
+func (c *Console) Close() { c.counts.close() }
 
 // ServeHTTP implements http.Handler: every answer gets the security
 // headers, and every request body is bounded by MaxFormBytes.

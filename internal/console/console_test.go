@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -63,15 +64,29 @@ type fixture struct {
 	authn  *auth.Authenticator
 	server *httptest.Server
 	logs   *logBuffer
+	// pool is the fixture's schema's pool, for tests that write rows
+	// themselves.
+	pool *pgxpool.Pool
 }
 
-func newFixture(t *testing.T) *fixture {
+// newFixture is a console over a Dedupe service of its own on a fresh
+// schema; opts change the console's Config.
+func newFixture(t *testing.T, opts ...func(*console.Config)) *fixture {
 	t.Helper()
 	pool, schema := pgtest.Schema(t)
 	store := pgstore.New(pool, pgstore.WithChannel(schema), pgstore.WithoutNotify())
 	logs := &logBuffer{}
 	logger := slog.New(slog.NewJSONHandler(logs, nil))
 	srv := dedupesvc.NewServer(store, dedupesvc.WithLogger(logger))
+	return consoleOver(t, store, srv, pool, logs, opts...)
+}
+
+// consoleOver serves a console over the admin API of srv and its store on
+// pool, logging to logs: the Tenants page reads the store's usage, the
+// overview checks pool's PostgreSQL.
+func consoleOver(t *testing.T, store dedupesvc.Store, srv *dedupesvc.Server, pool *pgxpool.Pool, logs *logBuffer, opts ...func(*console.Config)) *fixture {
+	t.Helper()
+	logger := slog.New(slog.NewJSONHandler(logs, nil))
 	admin, err := dedupesvc.NewAdminServer(store, srv)
 	if err != nil {
 		t.Fatal(err)
@@ -81,13 +96,19 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := console.New(console.Config{Admin: admin, Authenticator: authn, Logger: logger})
+	usage, _ := store.(dedupesvc.UsageLister)
+	cfg := console.Config{Admin: admin, Authenticator: authn, Logger: logger, Usage: usage,
+		Health: func(ctx context.Context) console.StoreHealth { return console.PostgresHealth(ctx, pool, false) }}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	c, err := console.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	server := httptest.NewServer(c)
 	t.Cleanup(server.Close)
-	return &fixture{srv: srv, admin: admin, authn: authn, server: server, logs: logs}
+	return &fixture{srv: srv, admin: admin, authn: authn, server: server, logs: logs, pool: pool}
 }
 
 func toolContext() context.Context {

@@ -255,6 +255,13 @@ type methodRow struct {
 }
 
 type overviewPage struct {
+	// Counted says when the counts were made and how long that took;
+	// CountError why the last recount failed, when it did.
+	Counted, CountError string
+	// MaxAge is Config.CountsMaxAge.
+	MaxAge time.Duration
+	// Health is the store's health as the page is, nil when unknown.
+	Health      *healthRow
 	Totals      methodRow
 	Methods     []methodRow
 	Unknown     []recordRow
@@ -266,14 +273,18 @@ type overviewPage struct {
 func (c *Console) overview(w http.ResponseWriter, r *http.Request, op operator) {
 	ctx := adminContext(r, op)
 	now := time.Now()
-	counts, err := c.cfg.Admin.CountRecords(ctx, &idemgatev1.CountRecordsRequest{})
+	snap, err := c.counts.get(ctx)
 	if err != nil {
 		c.apiFail(w, r, op, err)
 		return
 	}
-	var data overviewPage
+	data := overviewPage{Counted: fmt.Sprintf("%s (%s ago, in %s)", stamp(snap.At), age(time.Since(snap.At)), age(snap.Took)), MaxAge: max(c.cfg.CountsMaxAge, 0)}
+	if snap.Err != nil {
+		data.CountError = "The last recount failed (" + status.Convert(snap.Err).Message() + "): these counts are older. Check the store's health; the next page opened tries again."
+	}
+	data.Health = c.storeHealth(r.Context())
 	byMethod := map[string]*methodRow{}
-	for _, n := range counts.GetCounts() {
+	for _, n := range snap.Counts.GetCounts() {
 		m := byMethod[n.GetMethod()]
 		if m == nil {
 			data.Methods = append(data.Methods, methodRow{Method: n.GetMethod()})

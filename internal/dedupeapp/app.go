@@ -426,7 +426,7 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, listen func() (
 		defer stopMetrics()
 	}
 	if cfg.ConsoleListen != "" {
-		stopConsole, err := serveConsole(cfg, admin, authenticator, logger)
+		stopConsole, err := serveConsole(cfg, svc, admin, authenticator, logger)
 		if err != nil {
 			return err
 		}

@@ -24,7 +24,7 @@ import (
 // behind the HTTP listeners' limits (timeouts, connection caps). It refuses
 // to start without a way to sign in: an admin token in the token file, or
 // admin identities with client CAs.
-func serveConsole(cfg Config, admin *dedupesvc.AdminServer, authenticator *auth.Authenticator, logger *slog.Logger) (func(), error) {
+func serveConsole(cfg Config, svc *service, admin *dedupesvc.AdminServer, authenticator *auth.Authenticator, logger *slog.Logger) (func(), error) {
 	name := cfg.name("console-listen")
 	if authenticator == nil {
 		return nil, fmt.Errorf("%s needs authentication: %s with an admin token, or %s with %s", name, cfg.name("token-file"), cfg.name("admin-identities"), cfg.name("tls-client-ca"))
@@ -54,7 +54,9 @@ func serveConsole(cfg Config, admin *dedupesvc.AdminServer, authenticator *auth.
 		}
 		tlsConfig = tlsfiles.ServerConfig(base, pair, clientCAs)
 	}
-	c, err := console.New(console.Config{Admin: admin, Authenticator: authenticator, Logger: logger, SecureCookies: tlsConfig != nil})
+	usage, _ := svc.store.(dedupesvc.UsageLister)
+	c, err := console.New(console.Config{Admin: admin, Authenticator: authenticator, Logger: logger, SecureCookies: tlsConfig != nil,
+		Usage: usage, MaxRecords: cfg.CallerMaxRecords, MaxBytes: cfg.CallerMaxBytes, Metrics: svc.registry, Health: storeHealth(cfg, svc.backend)})
 	if err != nil {
 		return nil, err
 	}
@@ -81,6 +83,7 @@ func serveConsole(cfg Config, admin *dedupesvc.AdminServer, authenticator *auth.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
+		c.Close()
 	}, nil
 }
 
@@ -105,4 +108,29 @@ func checkConsoleCredentials(cfg Config) error {
 			cfg.name("console-listen"), cfg.name("token-file"), cfg.TokenFile, cfg.name("admin-identities"), cfg.name("tls-client-ca"))
 	}
 	return fmt.Errorf("%s: nobody could sign in: set %s with an admin token, or %s with %s", cfg.name("console-listen"), cfg.name("token-file"), cfg.name("admin-identities"), cfg.name("tls-client-ca"))
+}
+
+// storeHealth is the overview's check of the store b: what the service can
+// see through its own connections, nothing it would have to be told.
+func storeHealth(cfg Config, b backend) func(context.Context) console.StoreHealth {
+	if b.pool == nil {
+		return func(ctx context.Context) console.StoreHealth {
+			h := console.StoreHealth{Store: "embedded store (SQLite) in " + cfg.DataDir}
+			inspector, ok := b.store.(dedupesvc.Inspector)
+			if !ok {
+				h.Detail = "it cannot be checked"
+				return h
+			}
+			if _, _, err := inspector.MigrationStatus(ctx); err != nil {
+				h.Detail = "reading it failed: " + err.Error() + "; check the disk under " + cfg.name("data-dir")
+				return h
+			}
+			h.OK, h.Detail = true, "read and migrated"
+			return h
+		}
+	}
+	citus, _ := b.store.(interface{ IsCitus() bool })
+	return func(ctx context.Context) console.StoreHealth {
+		return console.PostgresHealth(ctx, b.pool, citus != nil && citus.IsCitus())
+	}
 }

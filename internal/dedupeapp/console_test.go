@@ -3,6 +3,7 @@ package dedupeapp_test
 import (
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -16,7 +17,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idemgate/idemgate/dedupesvc/auth"
@@ -115,7 +118,8 @@ func TestServeRunsTheConsole(t *testing.T) {
 	t.Parallel()
 	tokens := consoleTokens(t, "oncall admin oncall-secret-0123456789\npayments client payments-secret-0123456789\n")
 	consoleAddr := stacktest.FreeAddr(t)
-	addr := stacktest.ServeApp(t, dedupeapp.Config{DatabaseURL: pgtest.SchemaURL(t), MigrateOnStart: true, TokenFile: tokens, ConsoleListen: consoleAddr})
+	addr := stacktest.ServeApp(t, dedupeapp.Config{DatabaseURL: pgtest.SchemaURL(t), MigrateOnStart: true, TokenFile: tokens, ConsoleListen: consoleAddr,
+		CallerMaxRecords: 7})
 
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithPerRPCCredentials(auth.BearerToken("payments-secret-0123456789", true)))
@@ -166,8 +170,31 @@ func TestServeRunsTheConsole(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(page, "/shop.v1.Orders/Place") || resp.Header.Get("X-Frame-Options") != "DENY" {
 		t.Fatalf("admin sign-in, then the overview: %s\n%s", resp.Status, page)
 	}
+	if !regexp.MustCompile(`id="store-health" class="ok">PostgreSQL [0-9.]+ .*at 127\.0\.0\.1:[0-9]+: answering \(the primary`).MatchString(page) {
+		t.Fatalf("the overview does not show PostgreSQL answering as the primary:\n%s", page)
+	}
 	resp, page = get("/records?state=in_flight")
 	if resp.StatusCode != http.StatusOK || !strings.Contains(page, "order-77") {
 		t.Fatalf("in-flight records: %s\n%s", resp.Status, page)
+	}
+	// The Tenants page: the caller's usage against the configured quotas,
+	// and the service's own refusal counters, after the caller fills its
+	// records quota of 7 and has its 8th key refused.
+	for i := range 7 {
+		_, err := idemgatev1.NewDedupeServiceClient(conn).Begin(ctx, &idemgatev1.BeginRequest{Scope: "/shop.v1.Orders/Place|acme", Key: fmt.Sprint("order-", 78+i),
+			Fingerprint: fp[:], AttemptToken: "a1", Lease: durationpb.New(time.Minute), Retention: durationpb.New(time.Hour)})
+		if want := codes.OK; i == 6 {
+			want = codes.ResourceExhausted
+			if status.Code(err) != want {
+				t.Fatalf("Begin %d: %v, want %s", i+2, err, want)
+			}
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, page = get("/tenants")
+	if resp.StatusCode != http.StatusOK || !strings.Contains(page, `<tr class="alert"><td>payments</td><td>7</td><td>100.0%</td>`) ||
+		!strings.Contains(page, "records 7 (-caller-max-records)") || !strings.Contains(page, `<tr><td>records</td><td class="alert">1</td></tr>`) {
+		t.Fatalf("tenants: %s\n%s", resp.Status, page)
 	}
 }

@@ -1,0 +1,122 @@
+package console_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemgate/idemgate"
+	"github.com/idemgate/idemgate/dedupesvc"
+	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
+	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/console"
+	"github.com/idemgate/idemgate/internal/testing/stacktest"
+)
+
+// toolScope is the scope the gate stores the tool's calls under: the
+// method's full name (the stack has no tenant).
+const toolScope = testingv1.TestService_Mutate_FullMethodName
+
+// The tool fixture's quotas per caller.
+const (
+	toolMaxRecords = 10
+	toolMaxBytes   = 1 << 20
+)
+
+// tool is a gated tool server's handler that counts its runs per key. The
+// first run of a key named in timeouts fails as a payment provider that
+// took the request and never answered: the side effect may have happened
+// (idemgate.OutcomeUnknownError), so the gate blocks its key.
+type tool struct {
+	testingv1.UnimplementedTestServiceServer
+
+	mu       sync.Mutex
+	runs     map[string]int
+	timeouts map[string]bool
+	total    atomic.Int64
+}
+
+// Mutate implements testingv1.TestServiceServer.
+func (s *tool) Mutate(ctx context.Context, req *testingv1.MutateRequest) (*testingv1.MutateResponse, error) {
+	// Honour the context: a call given up on runs nothing.
+	if err := ctx.Err(); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	key, _ := idemgate.KeyFromContext(ctx)
+	s.mu.Lock()
+	s.runs[key]++
+	timeout := s.timeouts[key]
+	delete(s.timeouts, key)
+	s.mu.Unlock()
+	n := s.total.Add(1)
+	if timeout {
+		return nil, idemgate.OutcomeUnknownError(status.Error(codes.DeadlineExceeded, "the payment provider did not answer"))
+	}
+	return &testingv1.MutateResponse{Payload: req.GetPayload(), Execution: n, Key: key}, nil
+}
+
+// runsOf is how many times the handler ran for key.
+func (s *tool) runsOf(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.runs[key]
+}
+
+// toolFixture is a console over the Dedupe service of a gated tool server
+// (stacktest: the interceptor's gate on a gRPC server, over loopback TCP to
+// the Dedupe service on a fresh schema).
+type toolFixture struct {
+	*fixture
+	tool   *tool
+	client testingv1.TestServiceClient
+}
+
+// newToolFixture's Dedupe service keeps its callers to quotas of
+// toolMaxRecords records and toolMaxBytes outcome bytes, and counts its
+// refusals in a registry the console reads.
+func newToolFixture(t *testing.T) *toolFixture {
+	t.Helper()
+	h := &tool{runs: map[string]int{}, timeouts: map[string]bool{}}
+	metrics := dedupesvc.NewMetrics()
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(metrics)
+	stack := stacktest.Start(t, func(s *grpc.Server) { testingv1.RegisterTestServiceServer(s, h) }, stacktest.Config{DedupeMetrics: metrics,
+		DedupeOptions: []dedupesvc.Option{dedupesvc.WithCallerQuota(toolMaxRecords, toolMaxBytes)}})
+	f := consoleOver(t, stack.Store, stack.Service, stack.Pool, &logBuffer{}, func(c *console.Config) {
+		c.MaxRecords, c.MaxBytes, c.Metrics = toolMaxRecords, toolMaxBytes, registry
+	})
+	return &toolFixture{fixture: f, tool: h, client: testingv1.NewTestServiceClient(stack.Tool)}
+}
+
+// call calls the gated tool with key, as an agent would; timeout makes the
+// handler's first run for key end with its outcome unknown.
+func (f *toolFixture) call(t *testing.T, key string, timeout bool) (*testingv1.MutateResponse, error) {
+	t.Helper()
+	if timeout {
+		f.tool.mu.Lock()
+		f.tool.timeouts[key] = true
+		f.tool.mu.Unlock()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, idemgate.KeyHeader, key)
+	return f.client.Mutate(ctx, &testingv1.MutateRequest{Payload: "charge " + key})
+}
+
+// toolState is the state of the tool's record of key.
+func (f *toolFixture) toolState(t *testing.T, key string) string {
+	t.Helper()
+	resp, err := f.admin.GetRecord(context.Background(), &idemgatev1.GetRecordRequest{Ref: &idemgatev1.RecordRef{Scope: toolScope, Key: key}})
+	if err != nil {
+		t.Fatalf("GetRecord %s: %v", key, err)
+	}
+	return resp.GetRecord().GetState()
+}
