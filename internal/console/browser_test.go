@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"flag"
+	"fmt"
 	"image"
 	"image/color"
 	"image/png"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemgate/idemgate"
+	"github.com/idemgate/idemgate/internal/console"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 )
 
@@ -264,6 +266,28 @@ func TestConsoleInABrowser(t *testing.T) {
 	}
 	if got := text("refusals", chromedp.CSS("#quota-refusals")); !strings.Contains(got, "records") {
 		t.Fatalf("the tenants page shows refusals %q, want the service's counters by quota", got)
+	}
+	// New keys past the caller's quota of toolMaxRecords records: the
+	// last are refused, and the Activity page shows the refusals.
+	for i := range toolMaxRecords {
+		_, _ = f.call(t, fmt.Sprintf("order-2%03d", i), false)
+	}
+	// The gated calls above were timed by the service; one reading now
+	// closes an interval that holds them, whatever the ticks did.
+	console.SampleActivity(f.console)
+	run("the activity page",
+		chromedp.Navigate(base+"/activity"),
+		chromedp.WaitVisible(chromedp.CSS("#chart-calls svg")),
+		chromedp.WaitVisible(chromedp.CSS("#activity-numbers")),
+		shot("activity"))
+	if got := text("stages", chromedp.CSS("#activity-stages")); !strings.Contains(got, "Begin") || !strings.Contains(got, "statement") {
+		t.Fatalf("the activity page's stage table shows %q, want Begin's statement stage", got)
+	}
+	if got := text("refusals", chromedp.CSS("#activity-numbers thead")); !strings.Contains(got, "quota records") {
+		t.Fatalf("the activity page's table has columns %q, want the records quota's refusals", got)
+	}
+	if lines, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#chart-calls polyline, #chart-calls circle").length`)); err != nil || lines == 0 {
+		t.Fatalf("the calls chart draws %d lines or points (%v), want its series drawn", lines, err)
 	}
 	for _, line := range []string{`"action":"resolve_release","namespace":"","scope":"` + toolScope + `","key":"order-1003"`,
 		`"action":"forget","namespace":"","scope":"` + toolScope + `","key":"order-1001"`} {

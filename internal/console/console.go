@@ -87,9 +87,15 @@ type Config struct {
 	// namespace's usage. Default 0: no limit.
 	MaxRecords, MaxBytes int64
 	// Metrics is the service's Prometheus registry: the Tenants page reads
-	// its quota refusal counters (idemgate_dedupe_quota_exceeded_total).
-	// Defaults to nil: no refusals shown.
+	// its quota refusal counters (idemgate_dedupe_quota_exceeded_total),
+	// the Activity page samples its RPC and stage latency histograms and
+	// refusal counters. Defaults to nil: no refusals, no Activity charts.
 	Metrics prometheus.Gatherer
+	// ActivityInterval is how often the Activity page's sampler gathers
+	// Metrics: each interval is one point of its charts, and the last
+	// ActivityWindow of them are kept (at most 600). A negative value turns
+	// the sampler off. Defaults to DefaultActivityInterval, 10s.
+	ActivityInterval time.Duration
 	// Health checks the store for the overview, within 2s (its context's
 	// deadline); internal/dedupeapp checks PostgreSQL (and Citus's
 	// workers) or the embedded store. Defaults to nil: no health shown.
@@ -112,6 +118,9 @@ const (
 	// DefaultCountsMaxAge is Config.CountsMaxAge's default: 10s, about a
 	// reload during an incident.
 	DefaultCountsMaxAge = 10 * time.Second
+	// DefaultActivityInterval is Config.ActivityInterval's default: 10s,
+	// 60 points over the 10 minutes shown, as a Prometheus scrape would.
+	DefaultActivityInterval = 10 * time.Second
 	// MaxFormBytes bounds a request body: the forms hold a token, a
 	// record's name and a CSRF token.
 	MaxFormBytes = 64 << 10
@@ -129,6 +138,8 @@ type Console struct {
 	mux      *http.ServeMux
 	sessions *sessions
 	counts   *counts
+	// activity samples Metrics for the Activity page; nil when off.
+	activity *activity
 	// loginLog bounds the refused sign-in lines, so a flood of guesses is
 	// visible without flooding the log.
 	loginLog *rate.Limiter
@@ -156,6 +167,9 @@ func New(cfg Config) (*Console, error) {
 	if cfg.CountsMaxAge == 0 {
 		cfg.CountsMaxAge = DefaultCountsMaxAge
 	}
+	if cfg.ActivityInterval == 0 {
+		cfg.ActivityInterval = DefaultActivityInterval
+	}
 	pages, err := parsePages()
 	if err != nil {
 		return nil, err
@@ -168,13 +182,14 @@ func New(cfg Config) (*Console, error) {
 		sessions: newSessions(cfg.SessionIdle, cfg.SessionMaxAge, cfg.MaxSessions), loginLog: rate.NewLimiter(1, 10),
 		counts: newCounts(cfg.Admin, cfg.CountsMaxAge, cfg.Logger)}
 	c.routes()
+	c.activity = newActivity(cfg.Metrics, cfg.ActivityInterval, cfg.Logger)
 	return c, nil
 }
 
 func parsePages() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{"bytes": byteSize, "stamp": stamp, "age": age, "method": dedupesvc.MethodOf, "tenant": tenantOf, "consequence": consequence}
 	pages := map[string]*template.Template{}
-	for _, name := range []string{"login", "overview", "records", "record", "resolve", "forget", "done", "error", "tenants"} {
+	for _, name := range []string{"login", "overview", "records", "record", "resolve", "forget", "done", "error", "tenants", "activity"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/fields.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", name, err)
@@ -194,6 +209,7 @@ func (c *Console) routes() {
 	m.HandleFunc("GET /records", c.authed(c.records))
 	m.HandleFunc("GET /record", c.authed(c.record))
 	m.HandleFunc("GET /tenants", c.authed(c.tenants))
+	m.HandleFunc("GET /activity", c.authed(c.activityPage))
 	m.HandleFunc("GET /resolve", c.authed(c.resolvePage))
 	m.HandleFunc("POST /resolve", c.authed(c.resolve))
 	m.HandleFunc("GET /forget", c.authed(c.forgetPage))
@@ -205,9 +221,13 @@ func (c *Console) routes() {
 }
 
 // Close ends the console's background work (a recount of the overview's
-// counts under way) and waits for it; call it after the HTTP server that
-// serves the console has shut down, before the store closes.
-func (c *Console) Close() { c.counts.close() }
+// counts under way, the Activity page's sampler) and waits for it; call it
+// after the HTTP server that serves the console has shut down, before the
+// store closes. Calling it again does nothing.
+func (c *Console) Close() {
+	c.counts.close()
+	c.activity.close()
+}
 
 // ServeHTTP implements http.Handler: every answer gets the security
 // headers, and every request body is bounded by MaxFormBytes.

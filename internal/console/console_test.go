@@ -64,6 +64,9 @@ type fixture struct {
 	authn  *auth.Authenticator
 	server *httptest.Server
 	logs   *logBuffer
+	// console is the console server serves, for tests that drive its
+	// sampler.
+	console *console.Console
 	// pool is the fixture's schema's pool, for tests that write rows
 	// themselves.
 	pool *pgxpool.Pool
@@ -106,9 +109,11 @@ func consoleOver(t *testing.T, store dedupesvc.Store, srv *dedupesvc.Server, poo
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Cleanups run last first: the server closes, then the console.
+	t.Cleanup(c.Close)
 	server := httptest.NewServer(c)
 	t.Cleanup(server.Close)
-	return &fixture{srv: srv, admin: admin, authn: authn, server: server, logs: logs, pool: pool}
+	return &fixture{srv: srv, admin: admin, authn: authn, server: server, logs: logs, pool: pool, console: c}
 }
 
 func toolContext() context.Context {

@@ -81,7 +81,8 @@ type toolFixture struct {
 
 // newToolFixture's Dedupe service keeps its callers to quotas of
 // toolMaxRecords records and toolMaxBytes outcome bytes, and counts its
-// refusals in a registry the console reads.
+// refusals and times its calls in a registry the console reads, sampled
+// every second so the Activity page's screenshot has a few points.
 func newToolFixture(t *testing.T) *toolFixture {
 	t.Helper()
 	h := &tool{runs: map[string]int{}, timeouts: map[string]bool{}}
@@ -91,7 +92,7 @@ func newToolFixture(t *testing.T) *toolFixture {
 	stack := stacktest.Start(t, func(s *grpc.Server) { testingv1.RegisterTestServiceServer(s, h) }, stacktest.Config{DedupeMetrics: metrics,
 		DedupeOptions: []dedupesvc.Option{dedupesvc.WithCallerQuota(toolMaxRecords, toolMaxBytes)}})
 	f := consoleOver(t, stack.Store, stack.Service, stack.Pool, &logBuffer{}, func(c *console.Config) {
-		c.MaxRecords, c.MaxBytes, c.Metrics = toolMaxRecords, toolMaxBytes, registry
+		c.MaxRecords, c.MaxBytes, c.Metrics, c.ActivityInterval = toolMaxRecords, toolMaxBytes, registry, time.Second
 	})
 	return &toolFixture{fixture: f, tool: h, client: testingv1.NewTestServiceClient(stack.Tool)}
 }

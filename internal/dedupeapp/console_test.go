@@ -197,4 +197,11 @@ func TestServeRunsTheConsole(t *testing.T) {
 		!strings.Contains(page, "records 7 (-caller-max-records)") || !strings.Contains(page, `<tr><td>records</td><td class="alert">1</td></tr>`) {
 		t.Fatalf("tenants: %s\n%s", resp.Status, page)
 	}
+	// The Activity page samples the service's registry (every 10s: before
+	// the first interval it says when one comes).
+	resp, page = get("/activity")
+	if resp.StatusCode != http.StatusOK || strings.Contains(page, `id="activity-off"`) ||
+		!strings.Contains(page, `id="activity-none"`) && !strings.Contains(page, `id="chart-calls"`) {
+		t.Fatalf("activity: %s\n%s", resp.Status, page)
+	}
 }
