@@ -24,7 +24,6 @@ import (
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	"github.com/idemgate/idemgate/gen/idemgate/testing/v1/testingv1connect"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/testing/gatetest"
 )
 
@@ -52,7 +51,7 @@ func TestConformance(t *testing.T) {
 func newConformanceGate(t *testing.T, cfg gatetest.Config, clientOpts ...connect.ClientOption) gatetest.Client {
 	t.Helper()
 	dconn, err := grpc.NewClient(cfg.DedupeAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+		grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig))
 	if err != nil {
 		t.Fatalf("dial the Dedupe service: %v", err)
 	}

@@ -275,7 +275,7 @@ func exportedMetrics(t *testing.T) map[string]string {
 	serverTLS := grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, ServerName: "dedupe.internal", MinVersion: tls.VersionTLS12}))
 
 	dedupeConn, err := grpc.NewClient(dedupeAddr, serverTLS,
-		grpc.WithPerRPCCredentials(auth.BearerToken(secret, false)), grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+		grpc.WithPerRPCCredentials(auth.BearerToken(secret, false)), grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -74,7 +74,7 @@ func TestToolServerReachesSeveralReplicas(t *testing.T) {
 	names := manual.NewBuilderWithScheme("replicas")
 	names.InitialState(resolver.State{Addresses: addrs})
 	conn, err := grpc.NewClient(names.Scheme()+":///dedupe.internal:50051", grpc.WithResolvers(names),
-		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig))
 	if err != nil {
 		t.Fatal(err)
 	}

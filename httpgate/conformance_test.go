@@ -26,7 +26,6 @@ import (
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/httpgate"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/testing/gatetest"
 )
@@ -112,7 +111,7 @@ func routePolicy(md protoreflect.MethodDescriptor) (httpgate.RoutePolicy, error)
 func newConformanceGate(t *testing.T, cfg gatetest.Config) gatetest.Client {
 	t.Helper()
 	dconn, err := grpc.NewClient(cfg.DedupeAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+		grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig))
 	if err != nil {
 		t.Fatalf("dial the Dedupe service: %v", err)
 	}

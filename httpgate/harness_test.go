@@ -23,7 +23,6 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/httpgate"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
@@ -38,7 +37,7 @@ func dedupe(t *testing.T) idemgatev1.DedupeServiceClient {
 	store := pgstore.New(pool, pgstore.WithChannel(schema), pgstore.WithoutNotify())
 	srv := grpc.NewServer()
 	idemgatev1.RegisterDedupeServiceServer(srv, dedupesvc.NewServer(store, dedupesvc.WithLogger(quiet()), dedupesvc.WithPollInterval(20*time.Millisecond)))
-	conn := stacktest.Serve(t, srv, grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+	conn := stacktest.Serve(t, srv, grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig))
 	return idemgatev1.NewDedupeServiceClient(conn)
 }
 

@@ -31,7 +31,7 @@ func TestConformance(t *testing.T) {
 func newConformanceGate(t *testing.T, cfg gatetest.Config) gatetest.Client {
 	t.Helper()
 	dconn, err := grpc.NewClient(cfg.DedupeAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+		grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig))
 	if err != nil {
 		t.Fatalf("dial the Dedupe service: %v", err)
 	}

@@ -109,7 +109,7 @@ func gatedTool(t *testing.T, gate *interceptor.Gate) testingv1.TestServiceClient
 func dialDedupe(t *testing.T, addr string, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig),
+		grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig),
 		// Quick reconnects: the test waits for them, never times them.
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, MaxDelay: 500 * time.Millisecond}, MinConnectTimeout: 5 * time.Second}),
 	}, opts...)...)

@@ -12,7 +12,7 @@
 // interceptor on the tool server:
 //
 //	conn, _ := grpc.NewClient(dedupeAddr, grpc.WithTransportCredentials(...),
-//		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+//		grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig))
 //	gate, err := interceptor.New(idemgatev1.NewDedupeServiceClient(conn))
 //	srv := grpc.NewServer(gate.ServerOptions()...) // the codec and the interceptors
 //

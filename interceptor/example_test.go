@@ -28,7 +28,7 @@ import (
 func ExampleNew() {
 	conn, err := grpc.NewClient("127.0.0.1:50051",
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+		grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -26,26 +26,6 @@ import (
 	"github.com/idemgate/idemgate/internal/replayfields"
 )
 
-// DedupeServiceConfig is a gRPC service config for the client connection to
-// the Dedupe service: it retries every Dedupe RPC on UNAVAILABLE with
-// backoff, which is safe because each of them is idempotent, and spreads
-// the RPCs round robin over every address the target resolves to (several
-// replicas behind one DNS name), skipping those that are down. Pass it with
-// grpc.WithDefaultServiceConfig.
-const DedupeServiceConfig = `{
-  "loadBalancingConfig": [{"round_robin": {}}],
-  "methodConfig": [{
-    "name": [{"service": "idemgate.v1.DedupeService"}],
-    "retryPolicy": {
-      "maxAttempts": 4,
-      "initialBackoff": "0.05s",
-      "maxBackoff": "1s",
-      "backoffMultiplier": 2,
-      "retryableStatusCodes": ["UNAVAILABLE"]
-    }
-  }]
-}`
-
 // Gate holds the resolved policies of every method and a client of the
 // Dedupe service. It is safe for concurrent use.
 type Gate struct {

@@ -21,7 +21,6 @@ import (
 	"github.com/idemgate/idemgate"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/testing/gatetest"
 	"github.com/idemgate/idemgate/mcpgate"
@@ -88,7 +87,7 @@ func newConformanceGate(t *testing.T, cfg gatetest.Config) gatetest.Client {
 	t.Helper()
 	policies, unsupported := conformanceTools()
 	dconn, err := grpc.NewClient(cfg.DedupeAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+		grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig))
 	if err != nil {
 		t.Fatalf("dial the Dedupe service: %v", err)
 	}

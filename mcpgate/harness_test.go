@@ -19,11 +19,11 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/grpc"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 	"github.com/idemgate/idemgate/internal/testing/testlog"
@@ -52,7 +52,7 @@ func grpcDedupe(t *testing.T) idemgatev1.DedupeServiceClient {
 	store := pgstore.New(pool, pgstore.WithChannel(schema), pgstore.WithoutNotify())
 	srv := grpc.NewServer()
 	idemgatev1.RegisterDedupeServiceServer(srv, dedupesvc.NewServer(store, dedupesvc.WithLogger(quiet()), dedupesvc.WithPollInterval(20*time.Millisecond)))
-	conn := stacktest.Serve(t, srv, grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+	conn := stacktest.Serve(t, srv, grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig))
 	return idemgatev1.NewDedupeServiceClient(conn)
 }
 

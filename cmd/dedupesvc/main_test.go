@@ -41,7 +41,7 @@ func TestBinaryServesFromTheEmbeddedStore(t *testing.T) {
 		[]string{"DATABASE_URL="})
 
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+		grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -79,6 +79,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/dedupesvc/embedded"
 	"github.com/idemgate/idemgate/examples/payments"
@@ -330,7 +331,7 @@ func run(cfg config, logger *slog.Logger) error {
 	// Plaintext is for this loopback example only; use TLS between machines.
 	dial := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig),
+		grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig),
 		// Drops a connection left half-open (a crashed host, a partition),
 		// which WithDedupeConn cannot: its RPCs end DEADLINE_EXCEEDED. Time
 		// no shorter than the service's -keepalive-min-time (10s).

@@ -34,11 +34,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/dedupesvc/embedded"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/httpgate"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/loopback"
 	"github.com/idemgate/idemgate/mcpgate"
 )
@@ -85,7 +85,7 @@ func run(dedupeAddr, dedupeToken, dataDir, listen string, limits httpgate.Server
 		defer svc.Close() // after gate.Close, deferred below
 		dedupe = svc.Client()
 	} else {
-		dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig)}
+		dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig)}
 		if dedupeToken != "" {
 			dial = append(dial, grpc.WithPerRPCCredentials(auth.BearerToken(dedupeToken, true)))
 		}

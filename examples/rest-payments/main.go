@@ -55,10 +55,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc/embedded"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/httpgate"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/tokenfile"
 )
 
@@ -114,7 +114,7 @@ func run(dedupeAddr, dataDir, listen, tokenFile string, o options, limits httpga
 		dedupe = svc.Client()
 	} else {
 		conn, err := grpc.NewClient(dedupeAddr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+			grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig))
 		if err != nil {
 			return err
 		}

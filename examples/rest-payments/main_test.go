@@ -21,11 +21,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/httpgate"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
@@ -171,7 +171,7 @@ func dedupe(t *testing.T) idemgatev1.DedupeServiceClient {
 	store := pgstore.New(pool, pgstore.WithChannel(schema), pgstore.WithoutNotify())
 	srv := grpc.NewServer()
 	idemgatev1.RegisterDedupeServiceServer(srv, dedupesvc.NewServer(store, dedupesvc.WithLogger(quiet()), dedupesvc.WithPollInterval(20*time.Millisecond)))
-	return idemgatev1.NewDedupeServiceClient(stacktest.Serve(t, srv, grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig)))
+	return idemgatev1.NewDedupeServiceClient(stacktest.Serve(t, srv, grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig)))
 }
 
 var testTokens = map[string]string{"alice-secret": "alice", "bob-secret": "bob"}

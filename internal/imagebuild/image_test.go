@@ -237,7 +237,7 @@ func TestImageRunsAgainstPostgreSQL(t *testing.T) {
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(grpcPort))
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithPerRPCCredentials(auth.BearerToken(secret, true)),
-		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+		grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -323,7 +323,7 @@ func startDedupe(ctx context.Context, cfg Config) (idemgatev1.DedupeServiceClien
 	opts := append(append([]dedupesvc.Option{}, cfg.serviceDefaults...), dedupesvc.WithNotifier(notifier), dedupesvc.WithLogger(quiet),
 		dedupesvc.WithCallerRate(0, 0), dedupesvc.WithCallerQuota(0, 0))
 	idemgatev1.RegisterDedupeServiceServer(srv, dedupesvc.NewServer(store, opts...))
-	conn, stopSrv, err := serve(srv, grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+	conn, stopSrv, err := serve(srv, grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -48,7 +48,7 @@ type Config struct {
 	Handler Handler
 	// DedupeAddr is the Dedupe service's loopback address (host:port),
 	// plaintext gRPC, through the suite's fault proxy. Dial it with
-	// interceptor.DedupeServiceConfig, as in production.
+	// idemgate.DedupeServiceConfig, as in production.
 	DedupeAddr string
 	// ReplayCache turns the gate's replay cache on (a few hundred entries
 	// are plenty). Defaults to false: off.

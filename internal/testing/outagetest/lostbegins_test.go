@@ -135,7 +135,7 @@ func TestManyLostBeginsAcrossASlowStoreRecoveryAreReleased(t *testing.T) {
 func gatedToolOn(t *testing.T, addr string, svc *testsvc.Server, opts ...interceptor.Option) (testingv1.TestServiceClient, *interceptor.Gate) {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+		grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -176,7 +176,7 @@ func gatedTool(t *testing.T, addr string, svc *testsvc.Server, hook grpc.UnaryCl
 	t.Helper()
 	conn, err := grpc.NewClient(addr,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig),
+		grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig),
 		grpc.WithChainUnaryInterceptor(hook),
 		// Reconnect quickly to a restarted service: the default backoff
 		// grows to two minutes.

@@ -222,7 +222,7 @@ func readmeTool(t *testing.T, addr string, svc testingv1.ChaosServiceServer, dia
 	t.Helper()
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig),
+		grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig),
 	}
 	if dial != nil {
 		opts = append(opts, grpc.WithContextDialer(dial))

@@ -41,8 +41,7 @@ var snippets = []any{replicas, grpcServer, httpServer, connectServer, grpcCaller
 
 func replicas(creds credentials.TransportCredentials) error {
 	// README:begin
-	conn, err := grpc.NewClient("dns:///dedupe.internal:50051", grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+	conn, err := idemgate.DialDedupe("dns:///dedupe.internal:50051", grpc.WithTransportCredentials(creds))
 	// README:end
 	if err != nil {
 		return err
@@ -53,10 +52,10 @@ func replicas(creds credentials.TransportCredentials) error {
 func grpcServer(ctx context.Context, creds credentials.TransportCredentials, tenantFromAuth interceptor.TenantFunc,
 	authInterceptor grpc.UnaryServerInterceptor, impl paymentsv1.PaymentsServiceServer, lis net.Listener, logger *slog.Logger) error {
 	// README:begin
-	conn, err := grpc.NewClient("dedupe.internal:50051",
+	// With idemgate.DedupeServiceConfig: Begin/Finish/Release retried on
+	// UNAVAILABLE (safe, each is idempotent), round robin over the replicas.
+	conn, err := idemgate.DialDedupe("dedupe.internal:50051",
 		grpc.WithTransportCredentials(creds),
-		// Retries Begin/Finish/Release on UNAVAILABLE: safe, each is idempotent.
-		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig),
 		// Finds a connection left half-open by a crashed host or a partition.
 		// Time no shorter than the service's -keepalive-min-time (10s).
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{
@@ -169,7 +168,7 @@ func mcpServer(ctx context.Context, creds grpc.DialOption, schema any,
 	mcp.AddTool(server, &mcp.Tool{Name: "get_balance",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}, getBalance) // read-only: never gated
 
-	conn, err := grpc.NewClient("127.0.0.1:50051", creds, grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig))
+	conn, err := idemgate.DialDedupe("127.0.0.1:50051", creds) // with idemgate.DedupeServiceConfig
 	if err != nil {
 		return err
 	}

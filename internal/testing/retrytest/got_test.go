@@ -31,7 +31,6 @@ import (
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/httpgate"
-	"github.com/idemgate/idemgate/interceptor"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
@@ -255,7 +254,7 @@ func gotRetriesOnlyWhatTheDocsSay(t *testing.T, node, dir, module string) {
 	store := pgstore.New(pool, pgstore.WithChannel(schema), pgstore.WithoutNotify())
 	dsrv := grpc.NewServer()
 	idemgatev1.RegisterDedupeServiceServer(dsrv, dedupesvc.NewServer(store, dedupesvc.WithLogger(quiet()), dedupesvc.WithPollInterval(20*time.Millisecond)))
-	live := idemgatev1.NewDedupeServiceClient(stacktest.Serve(t, dsrv, grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig)))
+	live := idemgatev1.NewDedupeServiceClient(stacktest.Serve(t, dsrv, grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig)))
 	downConn, err := grpc.NewClient(stacktest.FreeAddr(t), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

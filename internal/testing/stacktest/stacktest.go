@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/pgstore"
 	"github.com/idemgate/idemgate/dedupesvc/sqlitestore"
@@ -171,7 +172,7 @@ func (s *Stack) serve(tb testing.TB, store dedupesvc.Store, serverOpts []dedupes
 	}))
 	service := dedupesvc.NewServer(store, serverOpts...)
 	idemgatev1.RegisterDedupeServiceServer(srv, service)
-	dial := []grpc.DialOption{grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig)}
+	dial := []grpc.DialOption{grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig)}
 	if cfg.DedupeClientInterceptor != nil {
 		dial = append(dial, grpc.WithChainUnaryInterceptor(cfg.DedupeClientInterceptor))
 	}

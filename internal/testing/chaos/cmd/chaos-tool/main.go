@@ -145,7 +145,7 @@ func run(listen, dedupeAddr, ledgerPath, name string, latency time.Duration, pau
 
 	dial := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(interceptor.DedupeServiceConfig),
+		grpc.WithDefaultServiceConfig(idemgate.DedupeServiceConfig),
 	}
 	if !defaultBackoff {
 		// Reconnect to a restarted Dedupe service within a second, not the
