@@ -44,11 +44,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
-	"google.golang.org/protobuf/types/dynamicpb"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idemgate/idemgate/dedupesvc"
@@ -58,6 +54,7 @@ import (
 	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/grpcerr"
 	"github.com/idemgate/idemgate/internal/loopback"
+	"github.com/idemgate/idemgate/internal/outcomejson"
 	"github.com/idemgate/idemgate/internal/version"
 )
 
@@ -338,41 +335,34 @@ func rpcContext() (context.Context, context.CancelFunc) {
 }
 
 // outcomeFromJSON parses the JSON of the scope's method's response type and
-// packs it as the Any the interceptor would have stored.
+// packs it as the Any the interceptor would have stored. The method is
+// looked up in the descriptors when given, else in the types idemctl links.
 func outcomeFromJSON(scope, text, descriptorFile string) (*anypb.Any, error) {
 	method := dedupesvc.MethodOf(scope)
-	service, name, ok := strings.Cut(strings.TrimPrefix(method, "/"), "/")
-	if !ok {
+	if !strings.HasPrefix(method, "/") || !strings.Contains(method[1:], "/") {
 		return nil, fmt.Errorf("-scope %q does not start with a full method name (/pkg.Service/Method)", scope)
 	}
 	files := protoregistry.GlobalFiles
 	if descriptorFile != "" {
 		var err error
-		if files, err = readDescriptors(descriptorFile); err != nil {
+		if files, err = outcomejson.ReadFile("-descriptors", descriptorFile); err != nil {
 			return nil, err
 		}
 	}
-	d, err := files.FindDescriptorByName(protoreflect.FullName(service))
-	sd, ok := d.(protoreflect.ServiceDescriptor)
-	if err != nil || !ok {
-		return nil, fmt.Errorf("service %s is unknown to idemctl; pass -descriptors (buf build -o set.binpb)", service)
+	md, err := outcomejson.ResponseType(files, method)
+	if err != nil {
+		if descriptorFile == "" {
+			return nil, fmt.Errorf("%w: idemctl does not link it; pass -descriptors (buf build -o set.binpb)", err)
+		}
+		return nil, fmt.Errorf("-descriptors %s: %w", descriptorFile, err)
 	}
-	md := sd.Methods().ByName(protoreflect.Name(name))
-	if md == nil {
-		return nil, fmt.Errorf("service %s has no method %s", service, name)
+	types := outcomejson.Types(nil)
+	if descriptorFile != "" {
+		types = outcomejson.Types(files)
 	}
-	var msg proto.Message
-	if mt, err := protoregistry.GlobalTypes.FindMessageByName(md.Output().FullName()); err == nil && descriptorFile == "" {
-		msg = mt.New().Interface()
-	} else {
-		msg = dynamicpb.NewMessage(md.Output())
-	}
-	if err := protojson.Unmarshal([]byte(text), msg); err != nil {
-		return nil, fmt.Errorf("-complete-json is not a valid %s: %w", md.Output().FullName(), err)
-	}
-	outcome := &anypb.Any{}
-	if err := anypb.MarshalFrom(outcome, msg, proto.MarshalOptions{Deterministic: true}); err != nil {
-		return nil, err
+	outcome, err := outcomejson.FromJSON(md, []byte(text), types)
+	if err != nil {
+		return nil, fmt.Errorf("-complete-json is %w", err)
 	}
 	return outcome, nil
 }

@@ -2,14 +2,11 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -18,18 +15,14 @@ import (
 
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protodesc"
-	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
-	"google.golang.org/protobuf/types/descriptorpb"
-	"google.golang.org/protobuf/types/dynamicpb"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/outcomejson"
 	"github.com/idemgate/idemgate/internal/tokenfile"
 )
 
@@ -42,7 +35,7 @@ var sortOrders = map[string]idemgatev1.RecordOrder{
 
 // showRecord prints a record, its replays and ages (as of now), and its
 // stored outcome as JSON, through resolver.
-func showRecord(out io.Writer, r *idemgatev1.Record, now time.Time, resolver resolver) {
+func showRecord(out io.Writer, r *idemgatev1.Record, now time.Time, resolver outcomejson.Resolver) {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(w, "%s\t%s\n", k, v) }
 	row("namespace", safe(r.GetRef().GetNamespace()))
@@ -108,7 +101,7 @@ var (
 // message and details, the too-large marker (and why: the size limit or the
 // stored-bytes quota), or the response as JSON. A
 // type the resolver does not know is printed as its type URL and base64.
-func printOutcome(out io.Writer, a *anypb.Any, resolver resolver, indent string) {
+func printOutcome(out io.Writer, a *anypb.Any, resolver outcomejson.Resolver, indent string) {
 	switch a.MessageName() {
 	case storedOutcomeName:
 		stored := &idemgatev1.StoredOutcome{}
@@ -163,32 +156,18 @@ func printOutcome(out io.Writer, a *anypb.Any, resolver resolver, indent string)
 
 // printMessage prints one Any as protobuf JSON, or raw when its type is
 // unknown or it does not decode.
-func printMessage(out io.Writer, a *anypb.Any, resolver resolver, indent string) {
-	mt, err := resolver.FindMessageByURL(a.GetTypeUrl())
-	if err != nil {
+func printMessage(out io.Writer, a *anypb.Any, resolver outcomejson.Resolver, indent string) {
+	text, name, err := outcomejson.ToJSON(a, resolver)
+	if errors.Is(err, protoregistry.NotFound) {
 		raw(out, a, indent, errors.New("a type idemctl does not know; pass -descriptors set.binpb (buf build -o set.binpb)"))
 		return
 	}
-	msg := mt.New().Interface()
-	if err := proto.Unmarshal(a.GetValue(), msg); err != nil {
-		raw(out, a, indent, err)
-		return
-	}
-	compact, err := protojson.MarshalOptions{Resolver: resolver}.Marshal(msg)
 	if err != nil {
 		raw(out, a, indent, err)
 		return
 	}
-	// protojson varies its whitespace on purpose, so its output is not
-	// relied on byte for byte; json.Indent drops it and lays the text out
-	// the same way every time.
-	var text bytes.Buffer
-	if err := json.Indent(&text, compact, "", "  "); err != nil {
-		raw(out, a, indent, err)
-		return
-	}
-	fmt.Fprintf(out, "%s%s\n", indent, safe(string(mt.Descriptor().FullName())))
-	for line := range strings.Lines(text.String()) {
+	fmt.Fprintf(out, "%s%s\n", indent, safe(string(name)))
+	for line := range strings.Lines(string(text)) {
 		fmt.Fprintf(out, "%s%s\n", indent, safeLine(strings.TrimRight(line, "\n")))
 	}
 }
@@ -217,79 +196,17 @@ func safeLine(s string) string {
 	return b.String()
 }
 
-// resolver finds message types by URL or name: protojson's Resolver.
-type resolver interface {
-	protoregistry.MessageTypeResolver
-	protoregistry.ExtensionTypeResolver
-}
-
-// chain is the types linked into idemctl, then those of -descriptors.
-type chain []resolver
-
-func (c chain) FindMessageByName(name protoreflect.FullName) (protoreflect.MessageType, error) {
-	for _, r := range c {
-		if mt, err := r.FindMessageByName(name); err == nil {
-			return mt, nil
-		}
-	}
-	return nil, protoregistry.NotFound
-}
-
-func (c chain) FindMessageByURL(url string) (protoreflect.MessageType, error) {
-	for _, r := range c {
-		if mt, err := r.FindMessageByURL(url); err == nil {
-			return mt, nil
-		}
-	}
-	return nil, protoregistry.NotFound
-}
-
-func (c chain) FindExtensionByName(name protoreflect.FullName) (protoreflect.ExtensionType, error) {
-	for _, r := range c {
-		if xt, err := r.FindExtensionByName(name); err == nil {
-			return xt, nil
-		}
-	}
-	return nil, protoregistry.NotFound
-}
-
-func (c chain) FindExtensionByNumber(message protoreflect.FullName, field protoreflect.FieldNumber) (protoreflect.ExtensionType, error) {
-	for _, r := range c {
-		if xt, err := r.FindExtensionByNumber(message, field); err == nil {
-			return xt, nil
-		}
-	}
-	return nil, protoregistry.NotFound
-}
-
 // typesResolver returns the types idemctl links (the example's, idemgate's,
 // google.rpc's), and those of a FileDescriptorSet when one is given.
-func typesResolver(descriptorFile string) (resolver, error) {
-	c := chain{protoregistry.GlobalTypes}
+func typesResolver(descriptorFile string) (outcomejson.Resolver, error) {
 	if descriptorFile == "" {
-		return c, nil
+		return outcomejson.Types(nil), nil
 	}
-	files, err := readDescriptors(descriptorFile)
+	files, err := outcomejson.ReadFile("-descriptors", descriptorFile)
 	if err != nil {
 		return nil, err
 	}
-	return append(c, dynamicpb.NewTypes(files)), nil
-}
-
-func readDescriptors(descriptorFile string) (*protoregistry.Files, error) {
-	raw, err := os.ReadFile(descriptorFile)
-	if err != nil {
-		return nil, err
-	}
-	set := &descriptorpb.FileDescriptorSet{}
-	if err := proto.Unmarshal(raw, set); err != nil {
-		return nil, fmt.Errorf("-descriptors %s is not a FileDescriptorSet: %w", descriptorFile, err)
-	}
-	files, err := protodesc.NewFiles(set)
-	if err != nil {
-		return nil, fmt.Errorf("-descriptors %s: %w", descriptorFile, err)
-	}
-	return files, nil
+	return outcomejson.Types(files), nil
 }
 
 // readTokenFile reads a bearer token from a file only its owner may read,

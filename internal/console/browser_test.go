@@ -103,7 +103,9 @@ func chromium(t *testing.T) string {
 // admin token; a key the tool server blocked (its payment provider never
 // answered) found on the overview, opened and released through its
 // confirmation page, after which the same call runs the handler again;
-// a completed key forgotten through its confirmation page, after which its
+// another completed with the outcome it had, typed as JSON, after which
+// its call is a replay of it and the handler does not run; a completed
+// key forgotten through its confirmation page, after which its
 // call, replayed until then, runs the handler again.
 func TestConsoleInABrowser(t *testing.T) {
 	t.Parallel()
@@ -227,6 +229,43 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Fatalf("order-1003 ran %d times after its release and two calls, want 2 (once blocked, once after release, then replayed)", got)
 	}
 
+	// The other blocked key's charge did happen: the operator completes it
+	// with the provider's answer, typed as the method's response in JSON,
+	// through its confirmation; the agent's retry gets that answer,
+	// replayed, and the handler does not run again.
+	run("complete the other blocked key with its outcome",
+		chromedp.Navigate(base+"/records?state=unknown"),
+		chromedp.WaitVisible(chromedp.CSS("#records")),
+		chromedp.Click(`//table[@id="records"]//a[text()="order-1004"]`),
+		chromedp.WaitVisible(chromedp.CSS("#resolve")),
+		chromedp.Click(chromedp.CSS("#resolve")),
+		chromedp.WaitVisible(chromedp.CSS("#outcome-json")),
+		chromedp.SendKeys(chromedp.CSS("#outcome-json"), `{"payload": "charged by the provider", "execution": "1", "key": "order-1004"}`),
+		chromedp.Click(chromedp.CSS("#review-complete")),
+		chromedp.WaitVisible(chromedp.CSS("#confirm-complete")),
+		shot("complete"))
+	if got := text("consequence", chromedp.CSS("#consequence")); !strings.Contains(got, "Every retry with this key gets this outcome") {
+		t.Fatalf("the complete confirmation says %q, want its consequence", got)
+	}
+	if got := text("outcome", chromedp.CSS("#complete-outcome")); !strings.Contains(got, `"payload": "charged by the provider"`) {
+		t.Fatalf("the complete confirmation shows the outcome %q", got)
+	}
+	if got := f.toolState(t, "order-1004"); got != "unknown" {
+		t.Fatalf("order-1004 is %s before the confirmation, want unknown", got)
+	}
+	run("confirm it",
+		chromedp.Click(chromedp.CSS("#confirm-complete")),
+		chromedp.WaitVisible(chromedp.CSS("#result")))
+	if got := text("result", chromedp.CSS("#result")); !strings.HasPrefix(got, "Completed") {
+		t.Fatalf("after complete the page says %q", got)
+	}
+	if resp, err := f.call(t, "order-1004", false); err != nil || resp.GetPayload() != "charged by the provider" || resp.GetExecution() != 1 {
+		t.Fatalf("call order-1004 after its completion: %v, %v; want the completed outcome replayed", resp, err)
+	}
+	if got := f.tool.runsOf("order-1004"); got != 1 {
+		t.Fatalf("order-1004 ran %d times after its completion and a call, want 1 (the lost run only)", got)
+	}
+
 	run("list the completed records",
 		chromedp.Navigate(base+"/records?state=completed"),
 		chromedp.WaitVisible(chromedp.CSS("#records")),
@@ -253,9 +292,6 @@ func TestConsoleInABrowser(t *testing.T) {
 	}
 	if got, runs := f.toolState(t, "order-1002"), f.tool.runsOf("order-1002"); got != "completed" || runs != 1 {
 		t.Fatalf("order-1002, not acted on, is %s after %d runs", got, runs)
-	}
-	if got := f.toolState(t, "order-1004"); got != "unknown" {
-		t.Fatalf("order-1004, not acted on, is %s", got)
 	}
 	run("the tenants page",
 		chromedp.Navigate(base+"/tenants"),
@@ -290,6 +326,7 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Fatalf("the calls chart draws %d lines or points (%v), want its series drawn", lines, err)
 	}
 	for _, line := range []string{`"action":"resolve_release","namespace":"","scope":"` + toolScope + `","key":"order-1003"`,
+		`"action":"resolve_complete","namespace":"","scope":"` + toolScope + `","key":"order-1004"`,
 		`"action":"forget","namespace":"","scope":"` + toolScope + `","key":"order-1001"`} {
 		if !strings.Contains(f.logs.String(), line) {
 			t.Errorf("no audit line with %s:\n%s", line, f.logs)

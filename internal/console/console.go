@@ -11,6 +11,11 @@
 // ends its sessions at the next request. Sessions live in memory, behind a
 // random HttpOnly, SameSite=Strict cookie; every form carries the
 // session's CSRF token; every action writes one audit log line.
+//
+// The service does not link its tool servers' code: given their
+// descriptors (Config.Descriptors, a FileDescriptorSet), the console
+// decodes their stored outcomes to JSON and completes an outcome-unknown
+// record with an outcome typed as the JSON of its method's response.
 package console
 
 import (
@@ -33,9 +38,11 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
+	"github.com/idemgate/idemgate/internal/outcomejson"
 )
 
 //go:embed templates/*.html
@@ -100,6 +107,14 @@ type Config struct {
 	// deadline); internal/dedupeapp checks PostgreSQL (and Citus's
 	// workers) or the embedded store. Defaults to nil: no health shown.
 	Health func(context.Context) StoreHealth
+	// Descriptors are the types of the gated tool servers' methods, read
+	// from a FileDescriptorSet (-console-descriptors; outcomejson.ReadFile
+	// reads one). With them a key's page decodes a stored outcome of those
+	// types to JSON, and an outcome-unknown record can be completed with
+	// an outcome typed as the JSON of its method's response. Defaults to
+	// nil: none; such outcomes show as base64, and completing a record is
+	// left to idemctl resolve -complete-json.
+	Descriptors *protoregistry.Files
 	// SecureCookies marks cookies Secure (sent over HTTPS only); set it when
 	// the console is served over TLS. A request that arrived over TLS gets
 	// Secure cookies anyway. Defaults to false.
@@ -122,7 +137,8 @@ const (
 	// 60 points over the 10 minutes shown, as a Prometheus scrape would.
 	DefaultActivityInterval = 10 * time.Second
 	// MaxFormBytes bounds a request body: the forms hold a token, a
-	// record's name and a CSRF token.
+	// record's name, a CSRF token and an outcome's JSON (at most a little
+	// under 64 KiB of it, above what most services let an outcome be).
 	MaxFormBytes = 64 << 10
 	// PageSize is how many records a list page shows.
 	PageSize = 50
@@ -138,6 +154,9 @@ type Console struct {
 	mux      *http.ServeMux
 	sessions *sessions
 	counts   *counts
+	// types finds the types of stored outcomes: those linked into the
+	// service, then Config.Descriptors'.
+	types outcomejson.Resolver
 	// activity samples Metrics for the Activity page; nil when off.
 	activity *activity
 	// loginLog bounds the refused sign-in lines, so a flood of guesses is
@@ -180,7 +199,7 @@ func New(cfg Config) (*Console, error) {
 	}
 	c := &Console{cfg: cfg, pages: pages, static: http.StripPrefix("/static/", http.FileServerFS(sub)),
 		sessions: newSessions(cfg.SessionIdle, cfg.SessionMaxAge, cfg.MaxSessions), loginLog: rate.NewLimiter(1, 10),
-		counts: newCounts(cfg.Admin, cfg.CountsMaxAge, cfg.Logger)}
+		counts: newCounts(cfg.Admin, cfg.CountsMaxAge, cfg.Logger), types: outcomejson.Types(cfg.Descriptors)}
 	c.routes()
 	c.activity = newActivity(cfg.Metrics, cfg.ActivityInterval, cfg.Logger)
 	return c, nil
@@ -189,7 +208,7 @@ func New(cfg Config) (*Console, error) {
 func parsePages() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{"bytes": byteSize, "stamp": stamp, "age": age, "method": dedupesvc.MethodOf, "tenant": tenantOf, "consequence": consequence}
 	pages := map[string]*template.Template{}
-	for _, name := range []string{"login", "overview", "records", "record", "resolve", "forget", "done", "error", "tenants", "activity"} {
+	for _, name := range []string{"login", "overview", "records", "record", "resolve", "complete", "forget", "done", "error", "tenants", "activity"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/fields.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", name, err)

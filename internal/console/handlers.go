@@ -5,6 +5,8 @@ import (
 	"cmp"
 	"context"
 	"encoding/base64"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"html/template"
 	"log/slog"
@@ -16,12 +18,13 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idemgate/idemgate/dedupesvc"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/outcomejson"
 )
 
 // page is what every template gets: the layout's fields and the page's own
@@ -412,6 +415,18 @@ type recordPage struct {
 	OutcomeNote string
 	LastReplay  string
 	Unsettled   bool
+	// Complete is how the resolve page offers to complete the record.
+	Complete completeOffer
+}
+
+// completeOffer is what the resolve page says about completing a record
+// with an outcome typed as JSON.
+type completeOffer struct {
+	// Descriptors reports whether the console has Config.Descriptors.
+	Descriptors bool
+	// Type is the full name of the message the JSON is of; empty when the
+	// console cannot encode this record's outcome, and Why says why.
+	Type, Why string
 }
 
 func (c *Console) getRecord(w http.ResponseWriter, r *http.Request, op operator, withOutcome bool) (*idemgatev1.Record, bool) {
@@ -440,8 +455,9 @@ func (c *Console) recordData(rec *idemgatev1.Record, now time.Time) recordPage {
 	}
 	switch {
 	case rec.GetOutcome() != nil:
-		d.Outcome, d.OutcomeNote = outcomeText(rec.GetOutcome())
+		d.Outcome, d.OutcomeNote = c.outcomeText(rec.GetOutcome())
 	case rec.GetOutcomeError() != "":
+		// Sealed under a key the service has not loaded: it stays so.
 		d.OutcomeNote = "The stored outcome cannot be read: " + rec.GetOutcomeError()
 	}
 	return d
@@ -452,15 +468,18 @@ func (c *Console) recordData(rec *idemgatev1.Record, now time.Time) recordPage {
 const maxOutcomeShown = 4096
 
 // outcomeText is the stored outcome as JSON when its types are known to the
-// service (its own and the well-known ones), else as base64.
-func outcomeText(a *anypb.Any) (text, note string) {
-	if msg, err := a.UnmarshalNew(); err == nil {
-		if b, err := (protojson.MarshalOptions{Multiline: true, Indent: "  "}).Marshal(msg); err == nil {
-			return string(b), "as every duplicate receives it, decoded to JSON:"
-		}
+// console (the service's own, the well-known ones, Config.Descriptors'),
+// else as base64.
+func (c *Console) outcomeText(a *anypb.Any) (text, note string) {
+	if b, _, err := outcomejson.ToJSON(a, c.types); err == nil {
+		return string(b), "as every duplicate receives it, decoded to JSON:"
 	}
 	b64 := base64.StdEncoding.EncodeToString(a.GetValue())
-	note = fmt.Sprintf("as every duplicate receives it: %s, %d bytes, base64 (its types are not known to the service; idemctl show -descriptors decodes it):", a.GetTypeUrl(), len(a.GetValue()))
+	hint := "the service was started without -console-descriptors; idemctl show -descriptors decodes it"
+	if c.cfg.Descriptors != nil {
+		hint = "they are not in -console-descriptors, or it does not decode as them; idemctl show -descriptors with a newer set may decode it"
+	}
+	note = fmt.Sprintf("as every duplicate receives it: %s, %d bytes, base64 (its types are not known to the console: %s):", a.GetTypeUrl(), len(a.GetValue()), hint)
 	if len(b64) > maxOutcomeShown {
 		b64, note = b64[:maxOutcomeShown]+"…", note+" (cut at 4096 characters)"
 	}
@@ -482,7 +501,40 @@ func (c *Console) resolvePage(w http.ResponseWriter, r *http.Request, op operato
 	if !ok {
 		return
 	}
-	c.render(w, http.StatusOK, "resolve", c.page(op, "Resolve "+rec.GetRef().GetKey(), c.recordData(rec, time.Now())))
+	d := c.recordData(rec, time.Now())
+	d.Complete.Descriptors = c.cfg.Descriptors != nil
+	if md, err := c.outcomeType(rec); err != nil {
+		d.Complete.Why = err.Error()
+	} else {
+		d.Complete.Type = string(md.FullName())
+	}
+	c.render(w, http.StatusOK, "resolve", c.page(op, "Resolve "+rec.GetRef().GetKey(), d))
+}
+
+// errNoDescriptors is why a console without Config.Descriptors does not
+// complete records.
+var errNoDescriptors = errors.New("the service was started without -console-descriptors, so the console does not know the types of its tool servers' responses")
+
+// outcomeType is the message an outcome completing rec must be: the type of
+// the record's stored outcome when it has one, else the response of the
+// record's method (its scope up to "|") as Config.Descriptors describe it.
+func (c *Console) outcomeType(rec *idemgatev1.Record) (protoreflect.MessageDescriptor, error) {
+	if c.cfg.Descriptors == nil {
+		return nil, errNoDescriptors
+	}
+	if u := rec.GetOutcomeTypeUrl(); u != "" {
+		mt, err := c.types.FindMessageByURL(u)
+		if err != nil {
+			return nil, fmt.Errorf("the record's stored outcome type %s is neither the service's nor in -console-descriptors", u)
+		}
+		return mt.Descriptor(), nil
+	}
+	method := dedupesvc.MethodOf(rec.GetRef().GetScope())
+	md, err := outcomejson.ResponseType(c.cfg.Descriptors, method)
+	if err != nil {
+		return nil, fmt.Errorf("the record's method %s is not in -console-descriptors (%v): give the service a set with its service (buf build -o set.binpb), or, for a scope named by a policy's action rather than a method, use idemctl resolve -complete-json", method, err)
+	}
+	return md, nil
 }
 
 // donePage reports an action's result.
@@ -493,8 +545,13 @@ type donePage struct {
 
 func (c *Console) resolve(w http.ResponseWriter, r *http.Request, op operator) {
 	ref := refOf(r)
-	if r.PostForm.Get("resolution") != "release" {
-		c.fail(w, r, &op, http.StatusBadRequest, "Not resolved", "The console resolves by release only: nothing was changed. To complete the record with the outcome its side effect had, run idemctl resolve -complete-json.")
+	switch r.PostForm.Get("resolution") {
+	case "release":
+	case "complete":
+		c.complete(w, r, op)
+		return
+	default:
+		c.fail(w, r, &op, http.StatusBadRequest, "Not resolved", "The form asked for no resolution the console knows (release or complete): nothing was changed. Open the record's resolve page again.")
 		return
 	}
 	_, err := c.cfg.Admin.ResolveRecord(adminContext(r, op), &idemgatev1.ResolveRecordRequest{Ref: ref,
@@ -507,6 +564,85 @@ func (c *Console) resolve(w http.ResponseWriter, r *http.Request, op operator) {
 	c.render(w, http.StatusOK, "done", c.page(op, "Released", donePage{
 		Message: fmt.Sprintf("Released %s %s: the side effect counts as not having happened, and the next call with this key runs it.", ref.GetScope(), ref.GetKey()),
 		Query:   refQuery(ref)}))
+}
+
+// completePage is the confirmation of a complete: the outcome as it will be
+// stored, and what storing it does.
+type completePage struct {
+	recordPage
+	// Type is the outcome's message, TypeURL the type URL it is stored
+	// under, Size its bytes.
+	Type, TypeURL string
+	Size          int
+	// JSON is the outcome as parsed, laid out again; Compact the same on
+	// one line, posted back by the confirmation.
+	JSON, Compact string
+}
+
+// complete completes an outcome-unknown record with the outcome its form
+// gives as JSON of the record's outcome type (outcomeType). Without
+// confirm=yes it only shows the outcome as parsed with the consequence,
+// and a form to confirm it; with it, it resolves the record. JSON that is
+// not of the type, or a type the console cannot find, is refused (400)
+// with nothing changed.
+func (c *Console) complete(w http.ResponseWriter, r *http.Request, op operator) {
+	if c.cfg.Descriptors == nil {
+		c.fail(w, r, &op, http.StatusBadRequest, "Not resolved", errNoDescriptors.Error()+": nothing was changed. Complete the record with idemctl resolve -complete-json (with -descriptors), or restart the service with -console-descriptors.")
+		return
+	}
+	ref := refOf(r)
+	rec, ok := c.getRecord(w, r, op, false)
+	if !ok {
+		return
+	}
+	confirmed := r.PostForm.Get("confirm") == "yes"
+	// The admin API refuses a settled record too; before the confirmation
+	// the operator is told so rather than asked to confirm the impossible.
+	if !confirmed && rec.GetState() != dedupesvc.StateUnknown {
+		c.fail(w, r, &op, http.StatusConflict, "Not resolved", fmt.Sprintf("The record is %s, not outcome-unknown: only an outcome-unknown record can be completed. Nothing was changed.", rec.GetState()))
+		return
+	}
+	md, err := c.outcomeType(rec)
+	if err != nil {
+		c.fail(w, r, &op, http.StatusBadRequest, "Not resolved", "The console cannot encode this record's outcome: "+err.Error()+". Nothing was changed.")
+		return
+	}
+	outcome, err := outcomejson.FromJSON(md, []byte(r.PostForm.Get("outcome_json")), c.types)
+	if err != nil {
+		c.fail(w, r, &op, http.StatusBadRequest, "Outcome refused", "The outcome is "+err.Error()+". Nothing was changed: go back, correct the JSON and review it again.")
+		return
+	}
+	if !confirmed {
+		text, _, err := outcomejson.ToJSON(outcome, c.types)
+		var compact bytes.Buffer
+		if err == nil {
+			err = json.Compact(&compact, text)
+		}
+		if err != nil {
+			c.fail(w, r, &op, http.StatusBadRequest, "Outcome refused", "The outcome does not read back as JSON ("+err.Error()+"). Nothing was changed.")
+			return
+		}
+		c.render(w, http.StatusOK, "complete", c.page(op, "Complete "+rec.GetRef().GetKey(), completePage{recordPage: c.recordData(rec, time.Now()),
+			Type: string(md.FullName()), TypeURL: outcome.GetTypeUrl(), Size: len(outcome.GetValue()), JSON: string(text), Compact: compact.String()}))
+		return
+	}
+	// What was confirmed is what is stored: a type that changed since (a
+	// record stored with another type meanwhile) is reviewed again.
+	if shown := r.PostForm.Get("type_url"); shown != outcome.GetTypeUrl() {
+		c.fail(w, r, &op, http.StatusConflict, "Not resolved", fmt.Sprintf("The outcome would now be stored as %s, not %s as confirmed: nothing was changed. Open the record's resolve page again.", outcome.GetTypeUrl(), shown))
+		return
+	}
+	_, err = c.cfg.Admin.ResolveRecord(adminContext(r, op), &idemgatev1.ResolveRecordRequest{Ref: ref,
+		Resolution: &idemgatev1.ResolveRecordRequest_Complete{Complete: outcome}})
+	c.audit(r, op, "resolve_complete", ref, err, slog.String("type_url", outcome.GetTypeUrl()), slog.Int("outcome_bytes", len(outcome.GetValue())))
+	if err != nil {
+		c.apiFail(w, r, op, err)
+		return
+	}
+	c.render(w, http.StatusOK, "done", c.page(op, "Completed", donePage{
+		Message: fmt.Sprintf("Completed %s %s with a %s (%d bytes): the side effect counts as having happened; every retry with this key gets this outcome, and the side effect does not run again for it.",
+			ref.GetScope(), ref.GetKey(), md.FullName(), len(outcome.GetValue())),
+		Query: refQuery(ref)}))
 }
 
 func (c *Console) forgetPage(w http.ResponseWriter, r *http.Request, op operator) {

@@ -2,6 +2,12 @@ package console_test
 
 import (
 	"context"
+	"html"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,12 +18,17 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoregistry"
 
 	"github.com/idemgate/idemgate"
 	"github.com/idemgate/idemgate/dedupesvc"
 	testingv1 "github.com/idemgate/idemgate/gen/idemgate/testing/v1"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/console"
+	"github.com/idemgate/idemgate/internal/grpcerr"
+	"github.com/idemgate/idemgate/internal/outcomejson"
+	"github.com/idemgate/idemgate/internal/protoset"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
 
@@ -79,7 +90,32 @@ type toolFixture struct {
 	client testingv1.TestServiceClient
 }
 
-// newToolFixture's Dedupe service keeps its callers to quotas of
+// toolDescriptors are the tool's types as the service reads them from
+// -console-descriptors: testing.proto and its imports, from the descriptors
+// linked into the test (protodesc.ToFileDescriptorProto), written as a
+// FileDescriptorSet file and read back.
+func toolDescriptors(t *testing.T) *protoregistry.Files {
+	t.Helper()
+	set, err := protoset.Build(protoregistry.GlobalFiles, testingv1.File_idemgate_testing_v1_testing_proto.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := proto.Marshal(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "tools.binpb")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	files, err := outcomejson.ReadFile("-console-descriptors", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+// newToolFixture's console has the tool's descriptors; its Dedupe service keeps its callers to quotas of
 // toolMaxRecords records and toolMaxBytes outcome bytes, and counts its
 // refusals and times its calls in a registry the console reads, sampled
 // every second so the Activity page's screenshot has a few points.
@@ -91,8 +127,10 @@ func newToolFixture(t *testing.T) *toolFixture {
 	registry.MustRegister(metrics)
 	stack := stacktest.Start(t, func(s *grpc.Server) { testingv1.RegisterTestServiceServer(s, h) }, stacktest.Config{DedupeMetrics: metrics,
 		DedupeOptions: []dedupesvc.Option{dedupesvc.WithCallerQuota(toolMaxRecords, toolMaxBytes)}})
+	descriptors := toolDescriptors(t)
 	f := consoleOver(t, stack.Store, stack.Service, stack.Pool, &logBuffer{}, func(c *console.Config) {
 		c.MaxRecords, c.MaxBytes, c.Metrics, c.ActivityInterval = toolMaxRecords, toolMaxBytes, registry, time.Second
+		c.Descriptors = descriptors
 	})
 	return &toolFixture{fixture: f, tool: h, client: testingv1.NewTestServiceClient(stack.Tool)}
 }
@@ -120,4 +158,37 @@ func (f *toolFixture) toolState(t *testing.T, key string) string {
 		t.Fatalf("GetRecord %s: %v", key, err)
 	}
 	return resp.GetRecord().GetState()
+}
+
+// An outcome-unknown key of a gated tool server completed through the
+// console with the JSON of the method's response: the agent's next call
+// gets that outcome, replayed, and the handler does not run again.
+func TestCompletedKeyReplaysThroughTheToolServer(t *testing.T) {
+	t.Parallel()
+	f := newToolFixture(t)
+	if _, err := f.call(t, "order-1", true); grpcerr.Reason(err) != idemgate.ReasonOutcomeUnknown {
+		t.Fatalf("call order-1 whose provider times out: %v, want %s", err, idemgate.ReasonOutcomeUnknown)
+	}
+	b := f.browser(t)
+	csrf := b.signedIn()
+	form := url.Values{"ns": {""}, "scope": {toolScope}, "key": {"order-1"}, "csrf": {csrf}, "resolution": {"complete"},
+		"outcome_json": {`{"payload": "charged by hand", "execution": "41", "key": "order-1"}`}}
+	resp, page := b.post("/resolve", form)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(page, "idemgate.testing.v1.MutateResponse") {
+		t.Fatalf("review: %s\n%s", resp.Status, page)
+	}
+	form.Set("outcome_json", html.UnescapeString(field(t, hiddenField("outcome_json"), page)))
+	form.Set("type_url", field(t, hiddenField("type_url"), page))
+	form.Set("confirm", "yes")
+	if resp, page := b.post("/resolve", form); resp.StatusCode != http.StatusOK || !strings.Contains(page, "Completed") {
+		t.Fatalf("complete: %s\n%s", resp.Status, page)
+	}
+	got, err := f.call(t, "order-1", false)
+	want := &testingv1.MutateResponse{Payload: "charged by hand", Execution: 41, Key: "order-1"}
+	if err != nil || !proto.Equal(got, want) {
+		t.Fatalf("call order-1 after its completion: %v, %v; want the replay of %v", got, err, want)
+	}
+	if runs := f.tool.runsOf("order-1"); runs != 1 {
+		t.Fatalf("order-1 ran %d times, want 1 (the run whose outcome was lost; the completion is replayed)", runs)
+	}
 }

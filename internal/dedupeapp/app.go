@@ -347,6 +347,12 @@ func Serve(ctx context.Context, cfg Config, lis net.Listener, logger *slog.Logge
 // can serve.
 func serve(ctx context.Context, cfg Config, logger *slog.Logger, listen func() (net.Listener, error)) error {
 	cfg = cfg.withDefaults()
+	// Before the store opens: a bad file is the operator's to fix, told
+	// before any migration runs.
+	descriptors, err := consoleDescriptors(cfg)
+	if err != nil {
+		return err
+	}
 	svc, err := openService(ctx, cfg, logger)
 	if err != nil {
 		return err
@@ -426,7 +432,7 @@ func serve(ctx context.Context, cfg Config, logger *slog.Logger, listen func() (
 		defer stopMetrics()
 	}
 	if cfg.ConsoleListen != "" {
-		stopConsole, err := serveConsole(cfg, svc, admin, authenticator, logger)
+		stopConsole, err := serveConsole(cfg, svc, admin, authenticator, descriptors, logger)
 		if err != nil {
 			return err
 		}

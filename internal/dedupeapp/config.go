@@ -150,6 +150,14 @@ type Config struct {
 	// does not apply: the console carries admin tokens and session
 	// cookies). Defaults to empty: off (IDEMGATE_CONSOLE_LISTEN).
 	ConsoleListen string
+	// ConsoleDescriptors is a file holding a serialized
+	// google.protobuf.FileDescriptorSet (buf build -o set.binpb, or protoc
+	// --descriptor_set_out --include_imports) with the gated tool servers'
+	// services: with it the console decodes their stored outcomes to JSON
+	// and completes outcome-unknown records with an outcome given as JSON.
+	// Read at start, which fails if it is unreadable or not a set; it needs
+	// ConsoleListen. Defaults to empty: none (IDEMGATE_CONSOLE_DESCRIPTORS).
+	ConsoleDescriptors string
 	// MetricsListen is the HTTP address serving Prometheus metrics at
 	// /metrics; empty turns it off. Defaults to 127.0.0.1:9464
 	// (IDEMGATE_METRICS_LISTEN).
@@ -434,6 +442,8 @@ func ParseArgs(name, synopsis string, args []string, lookupEnv func(string) (str
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "127.0.0.1:9464", "HTTP `address` of the Prometheus /metrics endpoint; empty turns it off")
 	fs.StringVar(&cfg.ConsoleListen, "console-listen", "", "HTTP `address` of the operator console (admin sign-in: an admin token of -token-file, or an -admin-identities client certificate); "+
 		"TLS (-tls-cert) off loopback, -insecure-plaintext does not apply; empty turns it off")
+	fs.StringVar(&cfg.ConsoleDescriptors, "console-descriptors", "", "`file` holding a FileDescriptorSet (buf build -o set.binpb) of the gated services: the console decodes their outcomes to JSON and completes "+
+		"outcome-unknown records with JSON; empty: none")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "server certificate `file` (PEM), reread when it changes; empty serves plaintext, loopback only")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "server key `file` (PEM), reread when it changes")
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "CA `file` (PEM) of accepted client certificates: mutual TLS; reread when it changes")
@@ -608,6 +618,9 @@ func (c Config) ValidateNamed(n func(flag string) string) error {
 		if !c.authConfigured() {
 			errs = append(errs, fmt.Errorf(n("listen")+" %s is not a loopback address: configure "+n("tls-client-ca")+" or "+n("token-file")+" so callers authenticate", c.Listen))
 		}
+	}
+	if c.ConsoleDescriptors != "" && c.ConsoleListen == "" {
+		errs = append(errs, errors.New(n("console-descriptors")+" is for the console, which is off: set "+n("console-listen")+" too, or drop it"))
 	}
 	if c.ConsoleListen != "" {
 		if !loopback.Address(c.ConsoleListen) && c.TLSCert == "" {

@@ -10,11 +10,14 @@ import (
 	"net/http"
 	"time"
 
+	"google.golang.org/protobuf/reflect/protoregistry"
+
 	"github.com/idemgate/idemgate/dedupesvc"
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	"github.com/idemgate/idemgate/internal/console"
 	"github.com/idemgate/idemgate/internal/httplimits"
 	"github.com/idemgate/idemgate/internal/loopback"
+	"github.com/idemgate/idemgate/internal/outcomejson"
 	"github.com/idemgate/idemgate/internal/tlsfiles"
 )
 
@@ -23,8 +26,9 @@ import (
 // (and its client CAs, for admin certificates) when -tls-cert is set,
 // behind the HTTP listeners' limits (timeouts, connection caps). It refuses
 // to start without a way to sign in: an admin token in the token file, or
-// admin identities with client CAs.
-func serveConsole(cfg Config, svc *service, admin *dedupesvc.AdminServer, authenticator *auth.Authenticator, logger *slog.Logger) (func(), error) {
+// admin identities with client CAs. descriptors, from consoleDescriptors,
+// may be nil.
+func serveConsole(cfg Config, svc *service, admin *dedupesvc.AdminServer, authenticator *auth.Authenticator, descriptors *protoregistry.Files, logger *slog.Logger) (func(), error) {
 	name := cfg.name("console-listen")
 	if authenticator == nil {
 		return nil, fmt.Errorf("%s needs authentication: %s with an admin token, or %s with %s", name, cfg.name("token-file"), cfg.name("admin-identities"), cfg.name("tls-client-ca"))
@@ -56,7 +60,8 @@ func serveConsole(cfg Config, svc *service, admin *dedupesvc.AdminServer, authen
 	}
 	usage, _ := svc.store.(dedupesvc.UsageLister)
 	c, err := console.New(console.Config{Admin: admin, Authenticator: authenticator, Logger: logger, SecureCookies: tlsConfig != nil,
-		Usage: usage, MaxRecords: cfg.CallerMaxRecords, MaxBytes: cfg.CallerMaxBytes, Metrics: svc.registry, Health: storeHealth(cfg, svc.backend)})
+		Usage: usage, MaxRecords: cfg.CallerMaxRecords, MaxBytes: cfg.CallerMaxBytes, Metrics: svc.registry, Health: storeHealth(cfg, svc.backend),
+		Descriptors: descriptors})
 	if err != nil {
 		return nil, err
 	}
@@ -85,6 +90,16 @@ func serveConsole(cfg Config, svc *service, admin *dedupesvc.AdminServer, authen
 		_ = srv.Shutdown(ctx)
 		c.Close()
 	}, nil
+}
+
+// consoleDescriptors reads cfg.ConsoleDescriptors, nil when it is not set
+// or the console is off. A file that cannot be read or is not a
+// FileDescriptorSet is an error naming the setting.
+func consoleDescriptors(cfg Config) (*protoregistry.Files, error) {
+	if cfg.ConsoleDescriptors == "" || cfg.ConsoleListen == "" {
+		return nil, nil
+	}
+	return outcomejson.ReadFile(cfg.name("console-descriptors"), cfg.ConsoleDescriptors)
 }
 
 // checkConsoleCredentials refuses a console nobody could sign in to: no

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -20,12 +21,14 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idemgate/idemgate/dedupesvc/auth"
 	idemgatev1 "github.com/idemgate/idemgate/gen/idemgate/v1"
 	"github.com/idemgate/idemgate/internal/cliflag"
 	"github.com/idemgate/idemgate/internal/dedupeapp"
+	"github.com/idemgate/idemgate/internal/protoset"
 	"github.com/idemgate/idemgate/internal/testing/pgtest"
 	"github.com/idemgate/idemgate/internal/testing/stacktest"
 )
@@ -53,11 +56,18 @@ func TestConsoleListenIsCheckedAtParse(t *testing.T) {
 		{[]string{"-console-listen", "127.0.0.1:9464", "-token-file", "t"}, "give the console an address of its own"},
 		// Admin identities need client certificates, so client CAs.
 		{[]string{"-console-listen", "127.0.0.1:8080", "-admin-identities", "spiffe://example.org/oncall"}, "-console-listen needs a way for operators to sign in"},
+		// Descriptors are for the console: without it they would do nothing.
+		{[]string{"-console-descriptors", "set.binpb"}, "-console-descriptors is for the console, which is off"},
 	} {
 		_, err := dedupeapp.ParseConfig("dedupesvc", tt.args, cliflag.Map(nil), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("ParseConfig(%q) = %v, want an error containing %q", tt.args, err, tt.want)
 		}
+	}
+	cfg, err = dedupeapp.ParseConfig("dedupesvc", []string{"-token-file", "t", "-console-listen", "127.0.0.1:8080"},
+		cliflag.Map(map[string]string{"IDEMGATE_CONSOLE_DESCRIPTORS": "/etc/idemgate/tools.binpb"}), io.Discard)
+	if err != nil || cfg.ConsoleDescriptors != "/etc/idemgate/tools.binpb" {
+		t.Fatalf("IDEMGATE_CONSOLE_DESCRIPTORS: %q, %v", cfg.ConsoleDescriptors, err)
 	}
 	if _, err := dedupeapp.ParseConfig("dedupesvc", []string{"-console-listen", "10.0.0.1:8080", "-token-file", "t", "-tls-cert", "c", "-tls-key", "k"}, cliflag.Map(nil), io.Discard); err != nil {
 		t.Errorf("console off loopback over TLS: %v", err)
@@ -77,11 +87,18 @@ func consoleTokens(t *testing.T, text string) string {
 }
 
 // Serve refuses to start a console off loopback without TLS (a Config built
-// in Go skips ParseConfig's checks) or one nobody could sign in to.
+// in Go skips ParseConfig's checks), one nobody could sign in to, or one
+// whose -console-descriptors cannot be read or is not a descriptor set.
 func TestServeRefusesAConsoleItCannotSecure(t *testing.T) {
 	t.Parallel()
 	clientsOnly := consoleTokens(t, "payments client payments-secret-0123456789\n")
 	withAdmin := consoleTokens(t, "oncall admin oncall-secret-0123456789\n")
+	dir := t.TempDir()
+	notASet := filepath.Join(dir, "tools.binpb")
+	if err := os.WriteFile(notASet, []byte("syntax = \"proto3\";\npackage shop.v1;\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(dir, "missing.binpb")
 	for _, tt := range []struct {
 		name string
 		cfg  dedupeapp.Config
@@ -90,6 +107,11 @@ func TestServeRefusesAConsoleItCannotSecure(t *testing.T) {
 		{"off loopback in plaintext", dedupeapp.Config{TokenFile: withAdmin, ConsoleListen: "0.0.0.0:0"}, "-console-listen 0.0.0.0:0 is not a loopback address"},
 		{"no admin token", dedupeapp.Config{TokenFile: clientsOnly, ConsoleListen: "127.0.0.1:0"}, "-console-listen: nobody could sign in: -token-file " + clientsOnly + " has no token with the admin role"},
 		{"no authentication", dedupeapp.Config{ConsoleListen: "127.0.0.1:0"}, "-console-listen needs authentication"},
+		// A .proto source, not the set buf or protoc builds from it.
+		{"descriptors not a set", dedupeapp.Config{TokenFile: withAdmin, ConsoleListen: "127.0.0.1:0", ConsoleDescriptors: notASet},
+			"-console-descriptors " + notASet + " is not a FileDescriptorSet"},
+		{"descriptors unreadable", dedupeapp.Config{TokenFile: withAdmin, ConsoleListen: "127.0.0.1:0", ConsoleDescriptors: missing},
+			"-console-descriptors: open " + missing},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -203,5 +225,73 @@ func TestServeRunsTheConsole(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || strings.Contains(page, `id="activity-off"`) ||
 		!strings.Contains(page, `id="activity-none"`) && !strings.Contains(page, `id="chart-calls"`) {
 		t.Fatalf("activity: %s\n%s", resp.Status, page)
+	}
+}
+
+// With -console-descriptors the console knows the tool servers' response
+// types: the resolve page of an outcome-unknown record offers to complete
+// it with the JSON of its method's response.
+func TestServeGivesTheConsoleItsDescriptors(t *testing.T) {
+	t.Parallel()
+	set, err := protoset.Callers() // the example payments service, with its imports
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := proto.Marshal(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	descriptors := filepath.Join(t.TempDir(), "payments.binpb")
+	if err := os.WriteFile(descriptors, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tokens := consoleTokens(t, "oncall admin oncall-secret-0123456789\npayments client payments-secret-0123456789\n")
+	consoleAddr := stacktest.FreeAddr(t)
+	addr := stacktest.ServeApp(t, dedupeapp.Config{DataDir: t.TempDir(), TokenFile: tokens, ConsoleListen: consoleAddr, ConsoleDescriptors: descriptors})
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithPerRPCCredentials(auth.BearerToken("payments-secret-0123456789", true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const scope = "/examples.payments.v1.PaymentsService/ChargeCard|acme"
+	fp := sha256.Sum256([]byte("r"))
+	dedupe := idemgatev1.NewDedupeServiceClient(conn)
+	begun, err := dedupe.Begin(ctx, &idemgatev1.BeginRequest{Scope: scope, Key: "charge-1", Fingerprint: fp[:], AttemptToken: "a1",
+		Lease: durationpb.New(time.Minute), Retention: durationpb.New(time.Hour)}, grpc.WaitForReady(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dedupe.Release(ctx, &idemgatev1.ReleaseRequest{Scope: scope, Key: "charge-1", AttemptToken: "a1", Epoch: begun.GetReserved().GetEpoch(), OutcomeUnknown: true}); err != nil {
+		t.Fatal(err)
+	}
+
+	jar, _ := cookiejar.New(nil)
+	client := &http.Client{Jar: jar}
+	base := "http://" + consoleAddr
+	resp, err := client.Get(base + "/login")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := regexp.MustCompile(`name="login_csrf" value="([^"]+)"`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("no sign-in form:\n%s", b)
+	}
+	if resp, err = client.PostForm(base+"/login", url.Values{"login_csrf": {string(m[1])}, "token": {"oncall-secret-0123456789"}}); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	resp, err = client.Get(base + "/resolve?" + url.Values{"ns": {"payments"}, "scope": {scope}, "key": {"charge-1"}}.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `id="complete-type">examples.payments.v1.ChargeCardResponse</code>`) {
+		t.Fatalf("resolve page: %s, want the JSON form for examples.payments.v1.ChargeCardResponse:\n%s", resp.Status, b)
 	}
 }

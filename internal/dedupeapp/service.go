@@ -186,7 +186,7 @@ func CheckEmbeddable(cfg Config, name func(flag string) string) error {
 		{"tls-cert", cfg.TLSCert != ""}, {"tls-key", cfg.TLSKey != ""}, {"tls-client-ca", cfg.TLSClientCA != ""},
 		{"token-file", cfg.TokenFile != ""}, {"admin-identities", len(cfg.AdminIdentities) > 0}, {"agent-forwarders", len(cfg.AgentForwarders) > 0},
 		{"resolve-admin-only", cfg.ResolveAdminOnly}, {"reflection", cfg.Reflection}, {"otlp-endpoint", cfg.OTLPEndpoint != ""},
-		{"console-listen", cfg.ConsoleListen != ""},
+		{"console-listen", cfg.ConsoleListen != ""}, {"console-descriptors", cfg.ConsoleDescriptors != ""},
 	} {
 		if f.set {
 			errs = append(errs, errors.New(name(f.flag)+" is set, but an embedded Dedupe service has no gRPC server it applies to: its only caller is this process"))
